@@ -1,0 +1,273 @@
+"""Reddit input-response pairs: raw inputs -> filtered pairs -> thread-hash train/test split.
+
+Two input formats:
+  * pushshift comment dumps (NDJSON, optionally .zst): comments are paired with their parent
+    comment by a distributed join in Ray Data (see `pushshift_pairs`);
+  * paired tables (parquet or jsonl) with a context and a response column, such as the
+    question/answer tables in ../shared/data/reddit.
+
+Every row or line read ends in exactly one bucket of the manifest: a pair (train or test),
+filtered by a named rule, unpaired (dumps only), or malformed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+CONTEXT_COLUMNS = ("context", "question", "input", "parent_body")
+RESPONSE_COLUMNS = ("response", "answer", "reply", "body")
+PAIR_COLUMNS = ["context", "response", "thread_key", "subreddit", "source", "status", "split"]
+MAX_EXAMPLES = 20
+
+
+@dataclass
+class RedditFilterConfig:
+    """The paper's comment filters, applied to both sides of a pair (see docs/data.md)."""
+
+    max_chars: int = 350  # a comment of this many characters or more is removed
+    min_alpha_share: float = 0.7  # removed when alphabetic characters / all characters <= this
+    banned_prefixes: List[str] = field(default_factory=lambda: ["https", "/r/", "@"])
+    banned_bodies: List[str] = field(default_factory=lambda: ["[deleted]", "[removed]"])
+    author_substring: str = "bot"  # removed when the author name contains this (case-insensitive)
+
+
+RULES = ("deleted", "bot_author", "banned_prefix", "too_long", "low_alpha")
+
+
+def failing_rule(text: str, author: Optional[str], cfg: RedditFilterConfig) -> str:
+    """The first rule (in RULES order) that removes this comment, or "" when it is kept.
+
+    Computed on the raw body: `len` counts Unicode code points; the alphabetic share is
+    sum(ch.isalpha()) / len(text), and an empty body has share 0.
+    """
+    if text.strip() in cfg.banned_bodies:
+        return "deleted"
+    if author and cfg.author_substring and cfg.author_substring.lower() in author.lower():
+        return "bot_author"
+    if any(text.startswith(p) for p in cfg.banned_prefixes):
+        return "banned_prefix"
+    if len(text) >= cfg.max_chars:
+        return "too_long"
+    alpha = sum(ch.isalpha() for ch in text)
+    if not text or alpha / len(text) <= cfg.min_alpha_share:
+        return "low_alpha"
+    return ""
+
+
+def split_of(thread_key: str, test_share: float, salt: str = "convsts") -> str:
+    """Deterministic split by a hash of the thread: the same on every machine and every run."""
+    digest = hashlib.sha1(f"{salt}\x00{thread_key}".encode("utf-8")).digest()
+    bucket = int.from_bytes(digest[:8], "big") / 2**64  # uniform in [0, 1)
+    return "test" if bucket < test_share else "train"
+
+
+def _norm_key(text: str) -> str:
+    return " ".join(str(text).lower().split())
+
+
+# ---------------------------------------------------------------------------------------------
+# Paired tables
+
+
+def _pick(columns: Sequence[str], candidates: Sequence[str], path: str, what: str) -> str:
+    for name in candidates:
+        if name in columns:
+            return name
+    raise ValueError(f"{path}: no {what} column; expected one of {list(candidates)}, found {list(columns)}")
+
+
+def read_pairs_file(path: str) -> pd.DataFrame:
+    """One paired table (parquet or jsonl) -> rows with context, response, group, subreddit, source, status.
+
+    Rows whose context or response is missing or not a string are kept with status "malformed"
+    so that the manifest can count and show them.
+    """
+    if path.endswith(".parquet"):
+        df = pq.read_table(path).to_pandas()
+    elif path.endswith((".jsonl", ".json")):
+        rows, bad = [], []
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                try:
+                    obj = json.loads(raw.decode("utf-8"))
+                    if not isinstance(obj, dict):
+                        raise ValueError("not an object")
+                    rows.append({**obj, "__line": lineno})
+                except (UnicodeDecodeError, ValueError):
+                    bad.append(lineno)
+        df = pd.DataFrame(rows)
+        if bad:
+            df = pd.concat([df, pd.DataFrame({"__line": bad, "__bad": True})], ignore_index=True)
+    else:
+        raise ValueError(f"{path}: paired tables must be .parquet or .jsonl")
+    if df.empty:
+        return pd.DataFrame(columns=["context", "response", "group", "subreddit", "source", "status"])
+    ctx = _pick(df.columns, CONTEXT_COLUMNS, path, "context")
+    rsp = _pick(df.columns, RESPONSE_COLUMNS, path, "response")
+    line = df["__line"] if "__line" in df.columns else pd.Series(np.arange(1, len(df) + 1), index=df.index)
+    ok = df[ctx].map(lambda v: isinstance(v, str)) & df[rsp].map(lambda v: isinstance(v, str))
+    if "__bad" in df.columns:
+        ok &= df["__bad"].isna()
+    group = df["source_file"] if "source_file" in df.columns else pd.Series(path, index=df.index)
+    subreddit = df["subreddit"] if "subreddit" in df.columns else pd.Series("", index=df.index)
+    return pd.DataFrame(
+        {
+            "context": df[ctx].where(ok, "").astype(str),
+            "response": df[rsp].where(ok, "").astype(str),
+            "group": group.fillna("").astype(str),
+            "subreddit": subreddit.fillna("").astype(str),
+            "source": [f"{path}:{int(n)}" for n in line],
+            "status": np.where(ok, "", "malformed"),
+        }
+    )
+
+
+def thread_keys(group: pd.DataFrame) -> pd.Series:
+    """Root statement of each pair's thread within one crawled file.
+
+    A reply's text reappears as the `question` of its own replies, so following question ->
+    the question it answered reaches the thread's root (a submission title). Keying the split on
+    (subreddit, root text) keeps a thread crawled on several days on one side of the split.
+    """
+    parent_of: Dict[str, str] = {}
+    for q, a in zip(group["context"], group["response"]):
+        parent_of.setdefault(a, q)
+    roots = []
+    for q in group["context"]:
+        seen = {q}
+        node = q
+        while node in parent_of and parent_of[node] not in seen:
+            node = parent_of[node]
+            seen.add(node)
+        roots.append(node)
+    return pd.Series([f"{s}|{_norm_key(r)}" for s, r in zip(group["subreddit"], roots)], index=group.index)
+
+
+def annotate_pairs(group: pd.DataFrame, cfg: RedditFilterConfig, test_share: float, salt: str) -> pd.DataFrame:
+    """Filter rule, thread key and split for the rows of one crawled file (a Ray Data map_groups fn)."""
+    group = group.copy()
+    well_formed = group["status"] == ""
+    keys = pd.Series("", index=group.index)
+    if well_formed.any():
+        keys[well_formed] = thread_keys(group[well_formed])
+    group["thread_key"] = keys
+    statuses = []
+    for status, ctx, rsp in zip(group["status"], group["context"], group["response"]):
+        statuses.append(status or failing_rule(ctx, None, cfg) or failing_rule(rsp, None, cfg))
+    group["status"] = statuses
+    group["split"] = [split_of(k, test_share, salt) if not s else "" for k, s in zip(keys, statuses)]
+    return group[PAIR_COLUMNS]
+
+
+# ---------------------------------------------------------------------------------------------
+# Format detection
+
+
+def detect_format(path: str) -> str:
+    """"pushshift" for NDJSON comment dumps, "pairs" for paired tables; raises naming the file."""
+    if path.endswith(".parquet"):
+        names = pq.read_schema(path).names
+        if any(c in names for c in CONTEXT_COLUMNS) and any(c in names for c in RESPONSE_COLUMNS):
+            return "pairs"
+        raise ValueError(f"{path}: parquet without a context/response column pair; columns are {names}")
+    first = _first_json_line(path)
+    if "parent_id" in first and "body" in first:
+        return "pushshift"
+    if any(c in first for c in CONTEXT_COLUMNS) and any(c in first for c in RESPONSE_COLUMNS):
+        return "pairs"
+    raise ValueError(f"{path}: cannot tell the format from its first record (keys {sorted(first)})")
+
+
+def open_text(path: str) -> io.BufferedReader:
+    """Binary line reader; .zst files are decompressed as a stream."""
+    raw = open(path, "rb")
+    if path.endswith(".zst"):
+        import zstandard
+
+        # Pushshift's large dumps need a window above zstd's default limit.
+        reader = zstandard.ZstdDecompressor(max_window_size=2**31).stream_reader(raw)
+        return io.BufferedReader(reader)
+    return raw  # type: ignore[return-value]
+
+
+def _first_json_line(path: str) -> Dict[str, Any]:
+    with open_text(path) as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                obj = None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{lineno}: not NDJSON (the first record is not a JSON object)")
+            return obj
+    raise ValueError(f"{path}: no records found")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray Data pipeline
+
+
+def _read_pairs_batch(batch: Dict[str, np.ndarray]) -> pd.DataFrame:
+    return pd.concat([read_pairs_file(str(p)) for p in batch["path"]], ignore_index=True)
+
+
+def pairs_dataset(paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str):
+    """Ray Dataset of annotated pairs (PAIR_COLUMNS) from paired tables, one read task per file."""
+    import ray.data
+
+    files = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=max(1, len(paths)))
+    rows = files.map_batches(_read_pairs_batch, batch_size=1, batch_format="numpy")
+    # One crawled file per group: thread roots are found within the file that holds the thread.
+    return rows.groupby("group").map_groups(
+        annotate_pairs, fn_args=(cfg, test_share, salt), batch_format="pandas"
+    )
+
+
+def write_pairs(annotated, out_dir: str | Path, rows_per_shard: int) -> Dict[str, Any]:
+    """Write kept pairs as train/test parquet shards; return the manifest's counts."""
+    out_dir = Path(out_dir)
+    annotated = annotated.materialize()
+    counts = annotated.groupby(["status", "split"]).count().take_all()
+    by_status: Dict[str, int] = {}
+    by_split = {"train": 0, "test": 0}
+    for row in counts:
+        n = int(row["count()"])
+        if row["status"]:
+            by_status[row["status"]] = by_status.get(row["status"], 0) + n
+        else:
+            by_split[row["split"]] += n
+    examples = [
+        r["source"] for r in annotated.filter(expr="status == 'malformed'").take(MAX_EXAMPLES)
+    ] if by_status.get("malformed") else []
+    for split in ("train", "test"):
+        part = annotated.filter(expr=f"status == '' and split == '{split}'").select_columns(
+            ["context", "response", "thread_key", "subreddit"]
+        )
+        part.write_parquet(str(out_dir / split), min_rows_per_file=rows_per_shard)
+    malformed = by_status.pop("malformed", 0)
+    filtered = {rule: by_status.get(rule, 0) for rule in RULES}
+    unpaired = {k: v for k, v in by_status.items() if k.startswith("unpaired")}
+    lines_read = malformed + sum(filtered.values()) + sum(unpaired.values()) + by_split["train"] + by_split["test"]
+    return {
+        "lines_read": lines_read,
+        "malformed": malformed,
+        "malformed_examples": examples,
+        "filtered_by_rule": filtered,
+        "unpaired": sum(unpaired.values()),
+        "unpaired_by_reason": unpaired,
+        "pairs": by_split["train"] + by_split["test"],
+        "train_pairs": by_split["train"],
+        "test_pairs": by_split["test"],
+    }

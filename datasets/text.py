@@ -1,0 +1,176 @@
+"""Text normalization and tokenizers. A tokenizer is saved with each checkpoint (JSON), so that a
+checkpoint alone can encode new text.
+
+DAN: word ids from a frequency vocabulary built on the training data, and bigram ids hashed into
+a fixed number of buckets (crc32, stable across machines, unlike Python's `hash`).
+Transformer: a WordPiece vocabulary trained with Hugging Face `tokenizers`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import zlib
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Sequence
+
+import numpy as np
+
+PAD_ID = 0
+UNK_ID = 1
+_TOKEN_RE = re.compile(r"\w+(?:'\w+)?|[^\w\s]", re.UNICODE)
+_URL_RE = re.compile(r"https?://\S+|www\.\S+")
+
+
+@dataclass
+class TokenizerConfig:
+    lowercase: bool = True
+    word_vocab_size: int = 50_000  # most frequent training words; the rest map to <unk>
+    min_count: int = 1
+    bigram_buckets: int = 100_000  # bigrams are hashed into this many ids
+    max_words: int = 64  # longer texts are truncated after normalization
+    subword_vocab_size: int = 16_000  # Transformer only
+
+
+def normalize(text: str, lowercase: bool = True) -> str:
+    """Unescape HTML entities (Reddit keeps `&gt;`, `&amp;`), replace URLs by a marker, squeeze spaces."""
+    text = html.unescape(text or "")
+    text = _URL_RE.sub(" <url> ", text)
+    if lowercase:
+        text = text.lower()
+    return " ".join(text.split())
+
+
+def words(text: str, lowercase: bool = True) -> List[str]:
+    return _TOKEN_RE.findall(normalize(text, lowercase))
+
+
+def count_words(texts: Iterable[str], lowercase: bool = True) -> Counter:
+    counts: Counter = Counter()
+    for text in texts:
+        counts.update(words(text, lowercase))
+    return counts
+
+
+def _bigram_id(w1: str, w2: str, buckets: int) -> int:
+    return 1 + zlib.crc32(f"{w1}\x00{w2}".encode("utf-8")) % (buckets - 1)
+
+
+class DanTokenizer:
+    """text -> (word ids, hashed bigram ids), each padded with 0 to the longest text in the batch."""
+
+    kind = "dan"
+
+    def __init__(self, vocab: Sequence[str], config: TokenizerConfig):
+        self.config = config
+        self.vocab = list(vocab)  # index i + 2 is the id of vocab[i]; 0 = pad, 1 = <unk>
+        self._ids = {w: i + 2 for i, w in enumerate(self.vocab)}
+
+    @classmethod
+    def build(cls, counts: Counter, config: TokenizerConfig) -> "DanTokenizer":
+        # Ties broken by the word itself so that the vocabulary is the same on every machine.
+        ranked = sorted((w for w, c in counts.items() if c >= config.min_count), key=lambda w: (-counts[w], w))
+        return cls(ranked[: config.word_vocab_size], config)
+
+    @property
+    def num_words(self) -> int:
+        return len(self.vocab) + 2
+
+    def tokens(self, text: str) -> List[str]:
+        return words(text, self.config.lowercase)[: self.config.max_words]
+
+    def encode(self, texts: Sequence[str], width: int | None = None) -> Dict[str, np.ndarray]:
+        """Returns {"words": (B, L) int64, "bigrams": (B, L) int64}; L = `width` or the longest text."""
+        token_lists = [self.tokens(t) for t in texts]
+        longest = max([len(t) for t in token_lists] + [1])
+        width = width or longest
+        word_ids = np.zeros((len(texts), width), dtype=np.int64)  # (B, L)
+        bigram_ids = np.zeros((len(texts), width), dtype=np.int64)  # (B, L); at most L-1 used
+        buckets = self.config.bigram_buckets
+        for row, toks in enumerate(token_lists):
+            toks = toks[:width]
+            word_ids[row, : len(toks)] = [self._ids.get(w, UNK_ID) for w in toks]
+            bigrams = [_bigram_id(a, b, buckets) for a, b in zip(toks, toks[1:])]
+            bigram_ids[row, : len(bigrams)] = bigrams
+        return {"words": word_ids, "bigrams": bigram_ids}
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "config": asdict(self.config), "vocab": self.vocab}
+
+
+class SubwordTokenizer:
+    """WordPiece ids for the Transformer, trained with Hugging Face `tokenizers` on training text."""
+
+    kind = "subword"
+
+    def __init__(self, hf_json: str, config: TokenizerConfig):
+        from tokenizers import Tokenizer
+
+        self.config = config
+        self._hf_json = hf_json
+        self._tok = Tokenizer.from_str(hf_json)
+
+    @classmethod
+    def train(cls, texts: Iterable[str], config: TokenizerConfig) -> "SubwordTokenizer":
+        from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=config.lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=config.subword_vocab_size, special_tokens=["[PAD]", "[UNK]"], min_frequency=config.min_count
+        )
+        tok.train_from_iterator((normalize(t, lowercase=False) for t in texts), trainer=trainer)
+        return cls(tok.to_str(), config)
+
+    @property
+    def num_words(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, texts: Sequence[str], width: int | None = None) -> Dict[str, np.ndarray]:
+        encodings = self._tok.encode_batch([normalize(t, lowercase=False) for t in texts])
+        limit = self.config.max_words
+        id_lists = [e.ids[:limit] for e in encodings]
+        width = width or max([len(i) for i in id_lists] + [1])
+        ids = np.zeros((len(texts), width), dtype=np.int64)  # (B, L); [PAD] is id 0
+        for row, seq in enumerate(id_lists):
+            seq = seq[:width]
+            ids[row, : len(seq)] = seq
+        return {"ids": ids}
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "config": asdict(self.config), "hf_tokenizer": self._hf_json}
+
+
+def tokenizer_from_dict(data: Dict[str, Any]):
+    config = TokenizerConfig(**data["config"])
+    if data["kind"] == "dan":
+        return DanTokenizer(data["vocab"], config)
+    if data["kind"] == "subword":
+        return SubwordTokenizer(data["hf_tokenizer"], config)
+    raise ValueError(f"unknown tokenizer kind {data['kind']!r}")
+
+
+def save_tokenizer(tokenizer, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(tokenizer.to_dict()), encoding="utf-8")
+
+
+def load_tokenizer(path: str | Path):
+    return tokenizer_from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def encode_columns(tokenizer, batch: Dict[str, Any], columns: Dict[str, str], width: int) -> Dict[str, np.ndarray]:
+    """Tokenize text columns of a batch into fixed-width id columns named `<prefix>__<field>`.
+
+    `columns` maps a text column to its prefix, e.g. {"context": "context", "response": "response"}.
+    Fixed width keeps Ray Data's tensor columns rectangular across blocks.
+    """
+    out: Dict[str, np.ndarray] = {}
+    for column, prefix in columns.items():
+        texts = [str(t) if t is not None else "" for t in batch[column]]
+        for field_name, ids in tokenizer.encode(texts, width=width).items():
+            out[f"{prefix}__{field_name}"] = ids
+    return out

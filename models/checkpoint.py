@@ -1,0 +1,144 @@
+"""Checkpoint folders and `load(path)`: a checkpoint alone (tokenizer included) encodes new text.
+
+Layout of a checkpoint folder:
+  config.json        format version, model config (architecture dataclass), the resolved run config
+  tokenizer.json     the tokenizer (datasets.text)
+  model.safetensors  encoder + task heads (safe to load: no pickle)
+  train_state.pt     optimizer state, step, data position (loaded with weights_only=True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from datasets.text import load_tokenizer, save_tokenizer
+from models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig
+from models.heads import MultitaskModel
+
+FORMAT_VERSION = 1
+
+
+def model_config_from_dict(data: Dict[str, Any]) -> ModelConfig:
+    return ModelConfig(
+        encoder=data["encoder"],
+        dan=DanConfig(**data["dan"]),
+        transformer=TransformerConfig(**data["transformer"]),
+        bilstm=BiLstmConfig(**data.get("bilstm", {})),
+        response_hidden=data["response_hidden"],
+        nli_hidden=data["nli_hidden"],
+        nli_classes=data.get("nli_classes", 3),
+    )
+
+
+def vocab_sizes(tokenizer) -> tuple[int, int]:
+    """(num_words, num_bigrams) that the encoder's tables need for this tokenizer."""
+    return tokenizer.num_words, getattr(tokenizer.config, "bigram_buckets", 1)
+
+
+def build_model(config: ModelConfig, tokenizer) -> MultitaskModel:
+    num_words, num_bigrams = vocab_sizes(tokenizer)
+    return MultitaskModel(config, num_words, num_bigrams)
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: MultitaskModel,
+    tokenizer,
+    run_config: Optional[Dict[str, Any]] = None,
+    train_state: Optional[Dict[str, Any]] = None,
+) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(path / "model.safetensors"))
+    save_tokenizer(tokenizer, path / "tokenizer.json")
+    meta = {
+        "format": FORMAT_VERSION,
+        "model": dataclasses.asdict(model.config),
+        "run_config": run_config or {},
+    }
+    (path / "config.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    if train_state is not None:
+        torch.save(train_state, path / "train_state.pt")
+    return path
+
+
+def read_meta(path: str | Path) -> Dict[str, Any]:
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path} is not a convsts checkpoint: {config_file} is missing")
+    meta = json.loads(config_file.read_text(encoding="utf-8"))
+    if meta.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{config_file}: unsupported checkpoint format {meta.get('format')!r}")
+    return meta
+
+
+def load_model(path: str | Path) -> tuple[MultitaskModel, Any, Dict[str, Any]]:
+    """(model, tokenizer, meta) from a checkpoint folder; the model is in eval mode on CPU."""
+    path = Path(path)
+    meta = read_meta(path)
+    tokenizer = load_tokenizer(path / "tokenizer.json")
+    model = build_model(model_config_from_dict(meta["model"]), tokenizer)
+    model.load_state_dict(load_file(str(path / "model.safetensors")))
+    model.eval()
+    return model, tokenizer, meta
+
+
+def load_train_state(path: str | Path) -> Optional[Dict[str, Any]]:
+    file = Path(path) / "train_state.pt"
+    if not file.is_file():
+        return None
+    return torch.load(file, map_location="cpu", weights_only=True)
+
+
+class SentenceEncoder:
+    """A loaded checkpoint: `.encode(texts) -> (n, dim)` plus the task heads' scores."""
+
+    def __init__(self, model: MultitaskModel, tokenizer, meta: Dict[str, Any], path: Optional[Path] = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.meta = meta
+        self.path = path
+
+    @property
+    def dim(self) -> int:
+        return self.model.encoder.output_dim
+
+    def _inputs(self, texts: Sequence[str]) -> Dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(v) for k, v in self.tokenizer.encode(list(texts)).items()}
+
+    @torch.no_grad()
+    def encode(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+        chunks: List[np.ndarray] = []
+        for start in range(0, len(texts), batch_size):
+            chunks.append(self.model.encode(self._inputs(texts[start : start + batch_size])).numpy())
+        if not chunks:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.concatenate(chunks).astype(np.float32)  # (n, dim)
+
+    @torch.no_grad()
+    def encode_responses(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+        """Response embeddings after the response-side network: the right side of the reddit score."""
+        emb = torch.from_numpy(self.encode(texts, batch_size))
+        return self.model.heads["reddit"](emb).numpy()  # (n, dim)
+
+    @torch.no_grad()
+    def classify_nli(self, premises: Sequence[str], hypotheses: Sequence[str], batch_size: int = 256) -> np.ndarray:
+        """(n, 3) logits: entailment, neutral, contradiction."""
+        u = torch.from_numpy(self.encode(premises, batch_size))
+        v = torch.from_numpy(self.encode(hypotheses, batch_size))
+        return self.model.heads["snli"](u, v).numpy()
+
+
+def load(path: str | Path) -> SentenceEncoder:
+    """Load a checkpoint folder without Ray: `load(p).encode(["a sentence"])`."""
+    model, tokenizer, meta = load_model(path)
+    return SentenceEncoder(model, tokenizer, meta, Path(path))

@@ -1,0 +1,126 @@
+"""Sentence encoders: token-id dict -> (B, D) L2-normalized embeddings. Pure torch."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.config import BiLstmConfig, DanConfig, TransformerConfig
+
+
+class DanEncoder(nn.Module):
+    """Deep averaging network: (word + bigram embeddings) summed, / sqrt(n), then a DNN."""
+
+    def __init__(self, config: DanConfig, num_words: int, num_bigrams: int):
+        super().__init__()
+        self.config = config
+        d = config.embedding_dim
+        self.word_embedding = nn.EmbeddingBag(num_words, d, mode="sum", sparse=config.sparse_embeddings, padding_idx=0)
+        self.bigram_embedding = nn.EmbeddingBag(
+            num_bigrams, d, mode="sum", sparse=config.sparse_embeddings, padding_idx=0
+        )
+        for table in (self.word_embedding, self.bigram_embedding):
+            nn.init.normal_(table.weight, std=d**-0.5)
+            with torch.no_grad():
+                table.weight[0].zero_()
+        sizes = [d, *config.hidden_sizes]
+        layers: list[nn.Module] = []
+        for n_in, n_out in zip(sizes, sizes[1:]):
+            layers += [nn.Linear(n_in, n_out), nn.Tanh()]
+        layers.append(nn.Linear(sizes[-1], config.output_dim))
+        self.dnn = nn.Sequential(*layers)
+
+    @property
+    def output_dim(self) -> int:
+        return self.config.output_dim
+
+    def forward(self, words: torch.Tensor, bigrams: torch.Tensor) -> torch.Tensor:
+        n = (words != 0).sum(dim=1).clamp(min=1).to(torch.float32)  # (B,)
+        summed = self.word_embedding(words) + self.bigram_embedding(bigrams)  # (B, d)
+        averaged = summed / n.sqrt().unsqueeze(1)  # (B, d)
+        return F.normalize(self.dnn(averaged), dim=-1)  # (B, output_dim)
+
+
+def timing_signal(length: int, channels: int, device=None) -> torch.Tensor:
+    """Sinusoidal position signal of Vaswani et al. (2017): (length, channels)."""
+    position = torch.arange(length, dtype=torch.float32, device=device).unsqueeze(1)  # (L, 1)
+    half = channels // 2
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=device) / max(half - 1, 1))
+    angles = position * inv_freq.unsqueeze(0)  # (L, C/2)
+    signal = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)  # (L, 2*(C/2))
+    if channels % 2:
+        signal = F.pad(signal, (0, 1))
+    return signal
+
+
+class TransformerSentenceEncoder(nn.Module):
+    """Transformer encoder with a sinusoidal timing signal and mean pooling over non-padding positions."""
+
+    def __init__(self, config: TransformerConfig, num_tokens: int):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.embedding = nn.Embedding(num_tokens, h, padding_idx=0)
+        nn.init.normal_(self.embedding.weight, std=h**-0.5)
+        layer = nn.TransformerEncoderLayer(
+            h, config.num_heads, config.filter_size, config.dropout, batch_first=True, norm_first=True
+        )
+        # Nested tensors would make a sentence's output depend on the batch's padding layout.
+        self.layers = nn.TransformerEncoder(layer, config.num_layers, enable_nested_tensor=False)
+        self.final_norm = nn.LayerNorm(h)
+        self.projection = nn.Linear(h, config.output_dim)
+        self.register_buffer("timing", timing_signal(config.max_positions, h), persistent=False)
+
+    @property
+    def output_dim(self) -> int:
+        return self.config.output_dim
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids[:, : self.config.max_positions]
+        mask = ids != 0  # (B, L)
+        x = self.embedding(ids) * math.sqrt(self.config.hidden_size)  # (B, L, H)
+        x = x + self.timing[: ids.shape[1]].unsqueeze(0)  # (B, L, H)
+        x = self.final_norm(self.layers(x, src_key_padding_mask=~mask))  # (B, L, H)
+        weights = mask.unsqueeze(-1).to(x.dtype)  # (B, L, 1)
+        pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, H)
+        return F.normalize(self.projection(pooled), dim=-1)  # (B, output_dim)
+
+
+class BiLstmMaxEncoder(nn.Module):
+    """InferSent's encoder: BiLSTM over word embeddings, max pooling over time."""
+
+    def __init__(self, config: BiLstmConfig, num_words: int):
+        super().__init__()
+        self.config = config
+        self.embedding = nn.Embedding(num_words, config.embedding_dim, padding_idx=0)
+        self.lstm = nn.LSTM(config.embedding_dim, config.hidden_size, batch_first=True, bidirectional=True)
+        width = 2 * config.hidden_size
+        self.projection = nn.Linear(width, config.output_dim) if config.output_dim else nn.Identity()
+
+    @property
+    def output_dim(self) -> int:
+        return self.config.output_dim or 2 * self.config.hidden_size
+
+    def forward(self, words: torch.Tensor, bigrams: torch.Tensor | None = None) -> torch.Tensor:
+        mask = words != 0  # (B, L)
+        lengths = mask.sum(1).clamp(min=1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(
+            self.embedding(words), lengths, batch_first=True, enforce_sorted=False
+        )
+        out, _ = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=words.shape[1])  # (B, L, 2H)
+        out = out.masked_fill(~mask.unsqueeze(-1), float("-inf"))
+        pooled = out.max(dim=1).values  # (B, 2H)
+        pooled = torch.where(torch.isinf(pooled), torch.zeros_like(pooled), pooled)
+        return F.normalize(self.projection(pooled), dim=-1)  # (B, output_dim)
+
+
+def encode_inputs(encoder: nn.Module, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+    """Call an encoder with the fields its tokenizer produced."""
+    if isinstance(encoder, TransformerSentenceEncoder):
+        return encoder(inputs["ids"])
+    return encoder(inputs["words"], inputs.get("bigrams"))

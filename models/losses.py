@@ -1,0 +1,27 @@
+"""Losses as pure functions of embeddings and logits."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def in_batch_softmax_loss(context: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
+    """Each response is the positive for its own context and a negative for the other K-1.
+
+    context, response: (K, D). Scores are dot products; the loss is the mean over the K contexts
+    of -log softmax(scores[i])[i].
+    """
+    scores = context @ response.T  # (K, K)
+    targets = torch.arange(scores.shape[0], device=scores.device)  # (K,)
+    return F.cross_entropy(scores, targets)
+
+
+def nli_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of (B, 3) logits against (B,) labels in {0, 1, 2}."""
+    return F.cross_entropy(logits, labels)
+
+
+def in_batch_accuracy(context: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
+    scores = context @ response.T  # (K, K)
+    return (scores.argmax(dim=1) == torch.arange(scores.shape[0], device=scores.device)).float().mean()

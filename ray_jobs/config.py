@@ -1,0 +1,215 @@
+"""The one run config: a dataclass tree, loaded from YAML plus dotted command-line overrides.
+
+Defaults live here and only here. `load_config("configs/demo.yaml", ["trainer.steps=500"])`
+merges defaults <- YAML <- overrides; unknown keys and wrong types raise `ConfigError` naming
+the full dotted key. The resolved config is saved with every checkpoint and logged to MLflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from datasets.reddit import RedditFilterConfig
+from datasets.text import TokenizerConfig
+from models.config import ModelConfig
+
+SAMPLE_TOKEN = "{sample}"
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""
+
+
+@dataclass
+class DataConfig:
+    # Raw inputs of `convsts prepare`. "{sample}" expands to the embedded sample folder.
+    reddit_inputs: List[str] = field(default_factory=lambda: ["{sample}/reddit_pairs.parquet"])
+    reddit_format: str = "auto"  # auto | pushshift | pairs
+    snli_train: str = "{sample}/snli_train.parquet"
+    snli_dev: str = "{sample}/snli_dev.parquet"
+    snli_test: str = ""
+    stsb_dir: str = "{sample}"  # holds stsb_{train,dev,test}.parquet or the official sts-*.csv
+    cqa_test: str = "{sample}/cqa2016_test.parquet"
+    # Where `prepare` writes shards and `train`/`evaluate` read them; "" = <out>/prepared.
+    prepared_dir: str = ""
+    test_share: float = 0.1  # share of Reddit threads held out (paper: 10%)
+    split_salt: str = "convsts"
+    snli_fraction: float = 1.0  # nested subset of SNLI train used for training
+    snli_fraction_seed: int = 0
+    rows_per_shard: int = 50_000
+
+
+@dataclass
+class StageConfig:
+    start_step: int = 0
+    batch_size: int = 128
+    lr: float = 0.01
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 1000
+    num_workers: int = 2
+    cpus_per_worker: float = 0.5  # below 1 so that Ray Data read tasks have room on small nodes
+    use_gpu: bool = False
+    task_weights: Dict[str, float] = field(default_factory=lambda: {"reddit": 0.95, "snli": 0.05})
+    stages: List[StageConfig] = field(
+        default_factory=lambda: [
+            StageConfig(0, 128, 0.01),
+            StageConfig(1_000_000, 256, 0.001),
+        ]
+    )
+    optimizer: str = "sgd"  # sgd | adagrad | adam (adam uses SparseAdam for sparse tables)
+    momentum: float = 0.0
+    grad_clip: float = 0.0  # 0 = off
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 2
+    log_every: int = 20
+    eval_every: int = 0  # STS-B dev Pearson every N steps inside training; 0 = off
+    warm_start: str = ""  # a checkpoint whose shared encoder (and tokenizer) initialise this run
+    resume_from: str = ""  # a checkpoint to continue from (model, optimizers, step, data position)
+    max_failures: int = 2
+    seed: int = 0
+
+
+@dataclass
+class EvalConfig:
+    reddit_pairs: int = 1000  # held-out pairs scored for P@N
+    reddit_negatives: int = 99
+    seed: int = 0
+    batch_size: int = 512
+
+
+@dataclass
+class MlflowConfig:
+    tracking_uri: str = ""  # "" = sqlite:///<out>/mlflow.db; MLFLOW_TRACKING_URI wins when set
+    experiment: str = "convsts"
+    run_name: str = ""
+
+
+@dataclass
+class RunConfig:
+    name: str = "convsts"
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    filters: RedditFilterConfig = field(default_factory=RedditFilterConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+
+    def validate(self) -> "RunConfig":
+        if self.model.encoder not in ("dan", "transformer", "bilstm"):
+            raise ConfigError(f"model.encoder: expected dan|transformer|bilstm, got {self.model.encoder!r}")
+        if self.data.reddit_format not in ("auto", "pushshift", "pairs"):
+            raise ConfigError(f"data.reddit_format: expected auto|pushshift|pairs, got {self.data.reddit_format!r}")
+        if not 0.0 < self.data.snli_fraction <= 1.0:
+            raise ConfigError(f"data.snli_fraction: expected a value in (0, 1], got {self.data.snli_fraction}")
+        if not 0.0 <= self.data.test_share < 1.0:
+            raise ConfigError(f"data.test_share: expected a value in [0, 1), got {self.data.test_share}")
+        if self.trainer.optimizer not in ("sgd", "adagrad", "adam"):
+            raise ConfigError(f"trainer.optimizer: expected sgd|adagrad|adam, got {self.trainer.optimizer!r}")
+        weights = self.trainer.task_weights
+        unknown = set(weights) - {"reddit", "snli"}
+        if unknown or not weights:
+            raise ConfigError(f"trainer.task_weights: tasks must be among reddit, snli; got {sorted(weights)}")
+        if any(w <= 0 for w in weights.values()):
+            raise ConfigError(f"trainer.task_weights: weights must be positive, got {dict(weights)}")
+        if self.trainer.num_workers < 1:
+            raise ConfigError("trainer.num_workers: must be at least 1")
+        if not self.trainer.stages or self.trainer.stages[0].start_step != 0:
+            raise ConfigError("trainer.stages: the first stage must start at step 0")
+        starts = [s.start_step for s in self.trainer.stages]
+        if starts != sorted(starts):
+            raise ConfigError(f"trainer.stages: start_step values must increase, got {starts}")
+        return self
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return OmegaConf.to_yaml(OmegaConf.structured(self))
+
+
+def _describe(err: OmegaConfBaseException, source: str) -> str:
+    key = getattr(err, "full_key", None)
+    msg = str(err).splitlines()[0]
+    where = f" in {source}" if source else ""
+    return f"config key '{key}'{where}: {msg}" if key else f"config{where}: {msg}"
+
+
+def from_dict(values: Dict[str, Any], source: str = "") -> RunConfig:
+    """Build a RunConfig from a (possibly partial) nested dict, rejecting unknown keys."""
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        merged = OmegaConf.merge(schema, OmegaConf.create(values))
+        return OmegaConf.to_object(merged).validate()  # type: ignore[union-attr]
+    except OmegaConfBaseException as err:
+        raise ConfigError(_describe(err, source)) from None
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> RunConfig:
+    """defaults <- YAML file <- dotted overrides such as `trainer.steps=500`."""
+    schema = OmegaConf.structured(RunConfig)
+    layers = [schema]
+    if path:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            layers.append(OmegaConf.load(path))
+        except Exception as err:  # yaml errors name the line
+            raise ConfigError(f"cannot parse config file {path}: {err}") from None
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. trainer.steps=500")
+    try:
+        merged = schema
+        for i, layer in enumerate(layers[1:], start=1):
+            try:
+                merged = OmegaConf.merge(merged, layer)
+            except OmegaConfBaseException as err:
+                raise ConfigError(_describe(err, str(path))) from None
+        if overrides:
+            try:
+                merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+            except OmegaConfBaseException as err:
+                raise ConfigError(_describe(err, "command-line overrides")) from None
+        return OmegaConf.to_object(merged).validate()  # type: ignore[union-attr]
+    except OmegaConfBaseException as err:
+        raise ConfigError(_describe(err, str(path or ""))) from None
+
+
+def flatten(values: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """Nested dict -> {"trainer.steps": 1000, ...} (lists rendered as strings), for MLflow params."""
+    flat: Dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        elif isinstance(value, list):
+            flat[name] = repr(value)
+        else:
+            flat[name] = value
+    return flat
+
+
+def sample_dir() -> Path:
+    """The embedded data sample shipped with the package."""
+    import datasets as convsts_datasets  # ours, not Hugging Face's: see datasets/__init__.py
+
+    return Path(convsts_datasets.__file__).resolve().parent / "sample"
+
+
+def resolve_path(value: str) -> str:
+    """Expand the "{sample}" token; other paths are returned as given (local or s3://, gs://)."""
+    if SAMPLE_TOKEN in value:
+        return value.replace(SAMPLE_TOKEN, str(sample_dir()))
+    return value

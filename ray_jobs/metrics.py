@@ -1,0 +1,71 @@
+"""Metrics as pure functions of arrays: each returns plain floats."""
+
+from __future__ import annotations
+
+from typing import Dict, Sequence
+
+import numpy as np
+from scipy import stats
+
+
+def cosine(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of (n, d) arrays -> (n,)."""
+    un = u / np.maximum(np.linalg.norm(u, axis=1, keepdims=True), 1e-12)
+    vn = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+    return np.sum(un * vn, axis=1)
+
+
+def angular_similarity(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """sim(u, v) = -arccos(cos(u, v)), the paper's STS score (monotone in cos; Pearson differs)."""
+    return -np.arccos(np.clip(cosine(u, v), -1.0, 1.0))
+
+
+def angular_score_0_5(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """5 * (1 - arccos(cos(u, v)) / pi): the tuned variant's score on the STS 0..5 scale."""
+    return 5.0 * (1.0 - np.arccos(np.clip(cosine(u, v), -1.0, 1.0)) / np.pi)
+
+
+def pearson(pred: Sequence[float], gold: Sequence[float]) -> float:
+    pred, gold = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
+    if len(pred) < 2 or np.std(pred) == 0 or np.std(gold) == 0:
+        return float("nan")
+    return float(stats.pearsonr(pred, gold)[0])
+
+
+def spearman(pred: Sequence[float], gold: Sequence[float]) -> float:
+    pred, gold = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
+    if len(pred) < 2 or np.std(pred) == 0 or np.std(gold) == 0:
+        return float("nan")
+    return float(stats.spearmanr(pred, gold)[0])
+
+
+def precision_at_n(scores: np.ndarray, ns: Sequence[int] = (1, 3, 10)) -> Dict[int, float]:
+    """scores: (q, c) with the true candidate in column 0. A hit at N when the true candidate ranks
+    within the top N; ties count against it (rank = 1 + number of candidates scoring >= it, others)."""
+    true = scores[:, :1]  # (q, 1)
+    rank = 1 + np.sum(scores[:, 1:] >= true, axis=1)  # (q,)
+    return {n: float(np.mean(rank <= n)) for n in ns}
+
+
+def average_precision(scores: Sequence[float], relevant: Sequence[bool]) -> float:
+    """AP of one query, candidates sorted by score descending (stable: ties keep the given order,
+    as the official SemEval scorer sorts by score and keeps the file order). 0 when nothing is
+    relevant: the official scorer counts such a query as AP 0 in the mean."""
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    rel = np.asarray(relevant, dtype=bool)[order]
+    if not rel.any():
+        return 0.0
+    hits = np.cumsum(rel)
+    precisions = hits[rel] / (np.flatnonzero(rel) + 1)
+    return float(np.mean(precisions))
+
+
+def mean_average_precision(queries: Sequence[tuple]) -> float:
+    """queries: [(scores, relevant), ...] -> MAP over all queries."""
+    if not queries:
+        return float("nan")
+    return float(np.mean([average_precision(s, r) for s, r in queries]))
+
+
+def accuracy(logits: np.ndarray, labels: Sequence[int]) -> float:
+    return float(np.mean(np.argmax(logits, axis=1) == np.asarray(labels)))

@@ -1,0 +1,200 @@
+"""Task worker groups over one shared encoder (the paper's 95/5 Reddit/SNLI split), made synchronous.
+
+`plan_tasks` maps ranks to tasks and decides how the task weights are realised:
+  head_count          enough workers that the share of ranks per task matches the weights:
+                      every rank's encoder gradient counts the same (a plain mean);
+  gradient_weighting  too few workers for that (2 here): each rank's encoder gradient is scaled
+                      by w_task / n_task_ranks before the sum, so the update is sum_t w_t * mean_t(g);
+  task_sampling       one worker: each step's task is drawn by weight.
+Head gradients are averaged within the task's group only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+HEAD_COUNT_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    mode: str  # head_count | gradient_weighting | task_sampling
+    weights: Dict[str, float]  # normalized configured weights
+    rank_tasks: Tuple[str, ...]  # the task of each rank ("*" for every task in task_sampling)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.rank_tasks)
+
+    @property
+    def tasks(self) -> List[str]:
+        return list(self.weights)
+
+    def ranks_of(self, task: str) -> List[int]:
+        if self.mode == "task_sampling":
+            return [0]
+        return [r for r, t in enumerate(self.rank_tasks) if t == task]
+
+    def tasks_of(self, rank: int) -> List[str]:
+        return self.tasks if self.rank_tasks[rank] == "*" else [self.rank_tasks[rank]]
+
+    def leader(self, task: str) -> int:
+        return self.ranks_of(task)[0]
+
+    def effective_weight(self, task: str) -> float:
+        """The share of the encoder update that comes from `task`."""
+        if self.mode == "head_count":
+            return len(self.ranks_of(task)) / self.world_size
+        return self.weights[task]
+
+    def encoder_grad_scale(self, rank: int) -> float:
+        """Multiply rank's local encoder gradient by this, then SUM across all ranks."""
+        if self.mode == "task_sampling":
+            return 1.0
+        task = self.rank_tasks[rank]
+        return self.effective_weight(task) / len(self.ranks_of(task))
+
+    def describe(self) -> str:
+        groups = ", ".join(f"{t}: ranks {self.ranks_of(t)} weight {self.effective_weight(t):.3f}" for t in self.tasks)
+        return f"task split mode={self.mode} ({groups})"
+
+
+def plan_tasks(weights: Dict[str, float], num_workers: int) -> TaskPlan:
+    total = sum(weights.values())
+    if not weights or total <= 0:
+        raise ValueError(f"task weights must be positive, got {weights}")
+    norm = {t: w / total for t, w in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))}
+    if num_workers == 1 and len(norm) > 1:
+        return TaskPlan("task_sampling", norm, ("*",))
+    if num_workers < len(norm):
+        raise ValueError(f"{num_workers} workers for {len(norm)} tasks: use one worker, or at least one per task")
+    # Largest-remainder allocation with at least one rank per task.
+    counts = {t: max(1, int(w * num_workers)) for t, w in norm.items()}
+    while sum(counts.values()) < num_workers:
+        t = max(norm, key=lambda t: norm[t] * num_workers - counts[t])
+        counts[t] += 1
+    while sum(counts.values()) > num_workers:
+        t = max((t for t in norm if counts[t] > 1), key=lambda t: counts[t] - norm[t] * num_workers)
+        counts[t] -= 1
+    rank_tasks = tuple(t for t in norm for _ in range(counts[t]))
+    matches = all(abs(counts[t] / num_workers - w) <= HEAD_COUNT_TOLERANCE for t, w in norm.items())
+    return TaskPlan("head_count" if matches else "gradient_weighting", norm, rank_tasks)
+
+
+class GradientCombiner:
+    """Collectives that turn local gradients into the plan's combined update (gloo or NCCL)."""
+
+    def __init__(self, plan: TaskPlan, rank: int):
+        self.plan = plan
+        self.rank = rank
+        self.distributed = plan.world_size > 1 and dist.is_available() and dist.is_initialized()
+        # Every rank must create every group, in the same order.
+        self.task_groups = {}
+        if self.distributed:
+            for task in plan.tasks:
+                self.task_groups[task] = dist.new_group(plan.ranks_of(task))
+
+    def combine_encoder(self, params: Sequence[torch.nn.Parameter]) -> None:
+        scale = self.plan.encoder_grad_scale(self.rank)
+        if not self.distributed:
+            if scale != 1.0:
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.mul_(scale)
+            return
+        dense = [p for p in params if not _is_sparse_param(p)]
+        sparse = [p for p in params if _is_sparse_param(p)]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in dense]
+        flat = torch.cat([g.reshape(-1) for g in grads]) * scale  # (sum of numels,)
+        dist.all_reduce(flat)
+        offset = 0
+        for p, g in zip(dense, grads):
+            n = g.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+        for p in sparse:
+            p.grad = _all_reduce_sparse(p, scale)
+
+    def combine_head(self, task: str, params: Iterable[torch.nn.Parameter]) -> None:
+        ranks = self.plan.ranks_of(task)
+        if not self.distributed or len(ranks) == 1:
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.task_groups[task])
+        flat /= len(ranks)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def sync_heads(self, heads: Dict[str, torch.nn.Module]) -> None:
+        """Give every rank each head's weights from that task's leader (before a checkpoint)."""
+        if not self.distributed:
+            return
+        for task in self.plan.tasks:
+            for p in heads[task].parameters():
+                dist.broadcast(p.data, src=self.plan.leader(task))
+
+    def gather_objects(self, obj) -> List:
+        if not self.distributed:
+            return [obj]
+        out: List = [None] * self.plan.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+def _is_sparse_param(p: torch.nn.Parameter) -> bool:
+    return getattr(p, "_convsts_sparse", False)
+
+
+def mark_sparse(params: Iterable[torch.nn.Parameter]) -> None:
+    """Tag parameters whose gradients are sparse, so that every rank runs the same collectives
+    even on a step where a rank's gradient for them is missing."""
+    for p in params:
+        p._convsts_sparse = True  # type: ignore[attr-defined]
+
+
+def _all_reduce_sparse(p: torch.nn.Parameter, scale: float) -> torch.Tensor:
+    """Sum of every rank's scaled sparse gradient: gather (indices, values), add, coalesce."""
+    if p.grad is None:
+        grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long), torch.zeros((0, *p.shape[1:])), p.shape)
+    else:
+        grad = p.grad.coalesce()
+    indices = grad.indices()[0]  # (nnz,)
+    values = grad.values() * scale  # (nnz, D)
+    world = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([indices.numel()], dtype=torch.long))
+    longest = int(max(s.item() for s in sizes))
+    pad = longest - indices.numel()
+    idx_buf = torch.cat([indices, torch.zeros(pad, dtype=torch.long)])
+    val_buf = torch.cat([values, torch.zeros((pad, *values.shape[1:]), dtype=values.dtype)])
+    all_idx = [torch.empty_like(idx_buf) for _ in range(world)]
+    all_val = [torch.empty_like(val_buf) for _ in range(world)]
+    dist.all_gather(all_idx, idx_buf)
+    dist.all_gather(all_val, val_buf)
+    idx = torch.cat([i[: int(s.item())] for i, s in zip(all_idx, sizes)])
+    val = torch.cat([v[: int(s.item())] for v, s in zip(all_val, sizes)])
+    return torch.sparse_coo_tensor(idx.unsqueeze(0), val, p.shape).coalesce()
+
+
+def split_params(model) -> Tuple[List[torch.nn.Parameter], Dict[str, List[torch.nn.Parameter]]]:
+    encoder = list(model.encoder.parameters())
+    heads = {task: list(head.parameters()) for task, head in model.heads.items()}
+    return encoder, heads
+
+
+def draw_task(plan: TaskPlan, generator: torch.Generator) -> str:
+    weights = torch.tensor([plan.weights[t] for t in plan.tasks])
+    return plan.tasks[int(torch.multinomial(weights, 1, generator=generator).item())]
+
+
+def realised_share(plan: TaskPlan) -> Dict[str, Optional[float]]:
+    return {t: plan.effective_weight(t) for t in plan.tasks}

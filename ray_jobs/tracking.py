@@ -1,0 +1,98 @@
+"""MLflow through an explicit client and run id (no global active run): usable from the driver,
+from Ray Train workers and from Tune trials alike."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Dict, Mapping, Optional
+
+MAX_PARAM_LENGTH = 6000
+
+
+def client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def experiment_id(tracking_uri: str, name: str) -> str:
+    c = client(tracking_uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return c.create_experiment(name)
+    except Exception:  # another process created it first
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def start_run(
+    tracking_uri: str,
+    experiment: str,
+    run_name: str,
+    params: Optional[Mapping[str, Any]] = None,
+    tags: Optional[Mapping[str, str]] = None,
+    parent_run_id: Optional[str] = None,
+) -> str:
+    c = client(tracking_uri)
+    all_tags = dict(tags or {})
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    run = c.create_run(experiment_id(tracking_uri, experiment), run_name=run_name or None, tags=all_tags)
+    if params:
+        log_params(tracking_uri, run.info.run_id, params)
+    return run.info.run_id
+
+
+def log_params(tracking_uri: str, run_id: str, params: Mapping[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(str(k), str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
+    c = client(tracking_uri)
+    for start in range(0, len(items), 100):
+        c.log_batch(run_id, params=items[start : start + 100])
+
+
+def log_metrics(tracking_uri: str, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+    """Finite numeric values only; MLflow metric names may not contain ':' or other odd characters."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [
+        Metric(_metric_name(k), float(v), now, step)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and math.isfinite(float(v))
+    ]
+    c = client(tracking_uri)
+    for start in range(0, len(items), 500):
+        c.log_batch(run_id, metrics=items[start : start + 500])
+
+
+def _metric_name(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "_-./ " else "_" for ch in name)
+
+
+def log_artifacts(tracking_uri: str, run_id: str, local_dir: str, artifact_path: Optional[str] = None) -> None:
+    client(tracking_uri).log_artifacts(run_id, local_dir, artifact_path)
+
+
+def log_artifact(tracking_uri: str, run_id: str, local_path: str, artifact_path: Optional[str] = None) -> None:
+    client(tracking_uri).log_artifact(run_id, local_path, artifact_path)
+
+
+def set_tags(tracking_uri: str, run_id: str, tags: Dict[str, str]) -> None:
+    c = client(tracking_uri)
+    for k, v in tags.items():
+        c.set_tag(run_id, k, v)
+
+
+def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
+    client(tracking_uri).set_terminated(run_id, status=status)
+
+
+def ui_command(tracking_uri: str) -> str:
+    return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
