@@ -30,7 +30,8 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
         ray.init(address=address, **kwargs)
     else:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+        # The dashboard (127.0.0.1) serves the state API that Train V2's placement-group cleaner polls.
+        ray.init(num_cpus=num_cpus, **kwargs)
 
 
 def tracking_uri(configured: str, out_dir: Optional[str | Path]) -> str:

@@ -164,7 +164,7 @@ def mark_sparse(params: Iterable[torch.nn.Parameter]) -> None:
 def _all_reduce_sparse(p: torch.nn.Parameter, scale: float) -> torch.Tensor:
     """Sum of every rank's scaled sparse gradient: gather (indices, values), add, coalesce."""
     if p.grad is None:
-        grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long), torch.zeros((0, *p.shape[1:])), p.shape)
+        grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long), torch.zeros((0, *p.shape[1:])), p.shape, check_invariants=False)
     else:
         grad = p.grad.coalesce()
     indices = grad.indices()[0]  # (nnz,)
@@ -182,7 +182,7 @@ def _all_reduce_sparse(p: torch.nn.Parameter, scale: float) -> torch.Tensor:
     dist.all_gather(all_val, val_buf)
     idx = torch.cat([i[: int(s.item())] for i, s in zip(all_idx, sizes)])
     val = torch.cat([v[: int(s.item())] for v, s in zip(all_val, sizes)])
-    return torch.sparse_coo_tensor(idx.unsqueeze(0), val, p.shape).coalesce()
+    return torch.sparse_coo_tensor(idx.unsqueeze(0), val, p.shape, check_invariants=False).coalesce()
 
 
 def split_params(model) -> Tuple[List[torch.nn.Parameter], Dict[str, List[torch.nn.Parameter]]]:

@@ -1,0 +1,42 @@
+"""`convsts <command>`: each command is a module in ray_jobs/ that also runs as `python -m ray_jobs.<command>`."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Sequence
+
+COMMANDS = {
+    "prepare": ("ray_jobs.prepare", "raw Reddit / SNLI inputs -> parquet shards + manifest (Ray Data)"),
+    "train": ("ray_jobs.train", "multitask training on Ray Train"),
+    "evaluate": ("ray_jobs.evaluate", "STS-B, Reddit P@N, SNLI, CQA metrics of a checkpoint or a baseline"),
+    "demo": ("ray_jobs.demo", "the whole pipeline on the embedded sample"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: convsts <command> [args]   (convsts <command> --help for its options)", "", "commands:"]
+    lines += [f"  {name:<10} {desc}" for name, (_, desc) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"convsts: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    from ray_jobs.config import ConfigError
+
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    try:
+        return int(module.main(argv[1:]) or 0)
+    except (ConfigError, FileNotFoundError, FileExistsError) as err:
+        print(f"convsts {argv[0]}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
