@@ -122,5 +122,5 @@ class BiLstmMaxEncoder(nn.Module):
 def encode_inputs(encoder: nn.Module, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
     """Call an encoder with the fields its tokenizer produced."""
     if isinstance(encoder, TransformerSentenceEncoder):
-        return encoder(inputs["ids"])
+        return encoder(inputs["ids"] if "ids" in inputs else inputs["words"])
     return encoder(inputs["words"], inputs.get("bigrams"))

@@ -1,0 +1,36 @@
+"""Shared fixtures: one local Ray instance and one sqlite MLflow store per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def ray_session(tmp_path_factory):
+    """A real local Ray instance on this machine, started once (5-10 s) and shut down at the end."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from ray.data import DataContext
+
+    ray.init(num_cpus=2, include_dashboard=True, logging_level="WARNING")
+    DataContext.get_current().enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory) -> str:
+    """A sqlite tracking store, created once: its first use runs the schema migrations (5-15 s)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    MlflowClient(uri).search_experiments()
+    return uri

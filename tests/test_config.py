@@ -1,0 +1,64 @@
+import pytest
+
+from ray_jobs.config import ConfigError, flatten, from_dict, load_config, resolve_path, sample_dir
+
+
+def test_defaults_follow_the_paper():
+    cfg = load_config()
+    assert cfg.trainer.task_weights == {"reddit": 0.95, "snli": 0.05}
+    assert [(s.batch_size, s.lr) for s in cfg.trainer.stages] == [(128, 0.01), (256, 0.001)]
+    assert cfg.model.dan.hidden_sizes == [300, 300] and cfg.model.dan.output_dim == 500
+    assert cfg.model.transformer.num_layers == 6 and cfg.model.transformer.num_heads == 8
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  steps: 7\n  optimizer: adam\nmodel:\n  dan:\n    hidden_sizes: [16]\n")
+    cfg = load_config(path, ["trainer.steps=9", "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.5}]"])
+    assert cfg.trainer.steps == 9 and cfg.trainer.optimizer == "adam"
+    assert cfg.model.dan.hidden_sizes == [16]
+    assert cfg.trainer.stages[0].batch_size == 4 and cfg.trainer.stages[0].lr == 0.5
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("trainer.stepz=3", "trainer.stepz"),
+        ("trainer.steps=many", "trainer.steps"),
+        ("model.dan.width=3", "model.dan.width"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+def test_unknown_key_in_yaml_names_key_and_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("trainer:\n  step: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "trainer.step" in str(err.value) and str(path) in str(err.value)
+
+
+def test_semantic_validation():
+    with pytest.raises(ConfigError, match="task_weights"):
+        load_config(None, ["trainer.task_weights={reddit: 1.0, wiki: 1.0}"])
+    with pytest.raises(ConfigError, match="snli_fraction"):
+        load_config(None, ["data.snli_fraction=1.5"])
+    with pytest.raises(ConfigError, match="override"):
+        load_config(None, ["trainer.steps"])
+
+
+def test_round_trip_through_dict_and_flatten():
+    cfg = load_config(None, ["trainer.steps=11"])
+    again = from_dict(cfg.to_dict())
+    assert again == cfg
+    flat = flatten(cfg.to_dict())
+    assert flat["trainer.steps"] == 11 and flat["model.encoder"] == "dan"
+
+
+def test_sample_paths_resolve_to_shipped_files():
+    cfg = load_config()
+    assert resolve_path(cfg.data.snli_train).startswith(str(sample_dir()))
+    assert (sample_dir() / "reddit_pairs.parquet").is_file()

@@ -1,0 +1,44 @@
+import math
+
+import numpy as np
+import pytest
+
+from ray_jobs import metrics as M
+
+
+def test_pearson_on_a_tiny_set():
+    # x = [1, 2, 3], y = [1, 3, 2]: r = 0.5 by hand.
+    assert M.pearson([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert math.isnan(M.pearson([1, 1, 1], [1, 2, 3]))
+
+
+def test_angular_similarity():
+    u = np.array([[1.0, 0.0], [1.0, 0.0]])
+    v = np.array([[1.0, 0.0], [0.0, 2.0]])
+    assert M.angular_similarity(u, v) == pytest.approx([0.0, -math.pi / 2])
+    assert M.angular_score_0_5(u, v) == pytest.approx([5.0, 2.5])
+
+
+def test_precision_at_n_ties_count_against():
+    scores = np.array([
+        [0.9, 0.1, 0.2, 0.3],  # rank 1
+        [0.5, 0.5, 0.1, 0.1],  # tie with one negative -> rank 2
+        [0.1, 0.2, 0.3, 0.4],  # rank 4
+    ])
+    p = M.precision_at_n(scores, (1, 3))
+    assert p[1] == pytest.approx(1 / 3)
+    assert p[3] == pytest.approx(2 / 3)
+
+
+def test_average_precision_with_ties_and_no_relevant():
+    # Sorted by score: rel, non, rel -> AP = (1/1 + 2/3) / 2
+    assert M.average_precision([0.9, 0.5, 0.1], [True, False, True]) == pytest.approx((1 + 2 / 3) / 2)
+    # Tie between a relevant and an irrelevant item: the given order is kept.
+    assert M.average_precision([0.5, 0.5], [False, True]) == pytest.approx(0.5)
+    assert M.average_precision([0.5, 0.5], [True, False]) == pytest.approx(1.0)
+    assert M.average_precision([0.3, 0.2], [False, False]) == 0.0
+    assert M.mean_average_precision([([0.9, 0.1], [True, False]), ([0.9, 0.1], [False, False])]) == pytest.approx(0.5)
+
+
+def test_accuracy():
+    assert M.accuracy(np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1]]), [1, 1]) == 0.5

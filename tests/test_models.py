@@ -1,0 +1,120 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from datasets.text import DanTokenizer, TokenizerConfig, count_words
+from models import load, save_checkpoint
+from models.checkpoint import build_model
+from models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig
+from models.encoders import timing_signal
+from models.losses import in_batch_softmax_loss, nli_loss
+
+TEXTS = ["the cat sat on the mat", "a dog", "cats and dogs living together", "the end"]
+
+
+def tiny_config(encoder: str) -> ModelConfig:
+    return ModelConfig(
+        encoder=encoder,
+        dan=DanConfig(embedding_dim=16, hidden_sizes=[12], output_dim=10),
+        transformer=TransformerConfig(num_layers=2, num_heads=2, hidden_size=16, filter_size=32, dropout=0.0,
+                                      output_dim=10),
+        bilstm=BiLstmConfig(hidden_size=8, embedding_dim=12, output_dim=10),
+        response_hidden=14,
+        nli_hidden=9,
+    )
+
+
+@pytest.fixture
+def tokenizer():
+    return DanTokenizer.build(count_words(TEXTS), TokenizerConfig(bigram_buckets=64))
+
+
+def _encode(model, tokenizer, texts, width=None):
+    with torch.no_grad():
+        return model.encode({k: torch.from_numpy(v) for k, v in tokenizer.encode(texts, width=width).items()})
+
+
+@pytest.mark.parametrize("encoder", ["dan", "transformer", "bilstm"])
+def test_shapes_and_unit_norm(encoder, tokenizer):
+    torch.manual_seed(0)
+    model = build_model(tiny_config(encoder), tokenizer).eval()
+    emb = _encode(model, tokenizer, TEXTS)
+    assert emb.shape == (4, 10)
+    assert torch.allclose(emb.norm(dim=1), torch.ones(4), atol=1e-5)
+    ctx = {k: torch.from_numpy(v) for k, v in tokenizer.encode(TEXTS[:2]).items()}
+    c, r = model.reddit_embeddings(ctx, ctx)
+    assert c.shape == r.shape == (2, 10)
+    assert model.nli_logits(ctx, ctx).shape == (2, 3)
+
+
+@pytest.mark.parametrize("encoder", ["dan", "transformer", "bilstm"])
+def test_padding_and_batch_composition_do_not_change_an_embedding(encoder, tokenizer):
+    torch.manual_seed(0)
+    model = build_model(tiny_config(encoder), tokenizer).eval()
+    alone = _encode(model, tokenizer, ["a dog"])
+    padded = _encode(model, tokenizer, ["a dog"], width=12)
+    in_batch = _encode(model, tokenizer, ["cats and dogs living together", "a dog", "the end"])[1:2]
+    assert torch.allclose(alone, padded, atol=1e-5)
+    assert torch.allclose(alone, in_batch, atol=1e-5)
+
+
+def test_dan_is_sum_over_sqrt_n(tokenizer):
+    torch.manual_seed(0)
+    model = build_model(tiny_config("dan"), tokenizer).eval()
+    enc = model.encoder
+    ids = tokenizer.encode(["the cat sat"])
+    w, b = torch.from_numpy(ids["words"]), torch.from_numpy(ids["bigrams"])
+    by_hand = (enc.word_embedding.weight[w[0]].sum(0) + enc.bigram_embedding.weight[b[0][b[0] > 0]].sum(0)) / math.sqrt(3)
+    expected = torch.nn.functional.normalize(enc.dnn(by_hand.unsqueeze(0)), dim=-1)
+    assert torch.allclose(enc(w, b), expected, atol=1e-6)
+
+
+def test_dan_embedding_gradients_are_sparse(tokenizer):
+    model = build_model(tiny_config("dan"), tokenizer)
+    ids = {k: torch.from_numpy(v) for k, v in tokenizer.encode(TEXTS).items()}
+    model.encode(ids).sum().backward()
+    assert model.encoder.word_embedding.weight.grad.is_sparse
+
+
+def test_timing_signal_is_sinusoidal():
+    sig = timing_signal(5, 4)
+    assert sig.shape == (5, 4)
+    assert torch.allclose(sig[:, 0], torch.sin(torch.arange(5.0)))
+    assert torch.allclose(sig[0], torch.tensor([0.0, 0.0, 1.0, 1.0]))
+
+
+def test_in_batch_softmax_loss_by_hand():
+    context = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    response = torch.tensor([[2.0, 0.0], [1.0, 1.0]])
+    # scores = [[2, 1], [0, 1]]; loss = mean(-log softmax(row)[i])
+    row0 = -math.log(math.exp(2) / (math.exp(2) + math.exp(1)))
+    row1 = -math.log(math.exp(1) / (math.exp(0) + math.exp(1)))
+    assert in_batch_softmax_loss(context, response).item() == pytest.approx((row0 + row1) / 2, rel=1e-6)
+
+
+def test_nli_loss_by_hand():
+    logits = torch.tensor([[0.0, 0.0, 0.0], [3.0, 0.0, 0.0]])
+    labels = torch.tensor([1, 0])
+    expected = (math.log(3) + -math.log(math.exp(3) / (math.exp(3) + 2))) / 2
+    assert nli_loss(logits, labels).item() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("encoder", ["dan", "transformer"])
+def test_checkpoint_round_trip_gives_identical_embeddings(encoder, tokenizer, tmp_path):
+    torch.manual_seed(0)
+    model = build_model(tiny_config(encoder), tokenizer).eval()
+    before = _encode(model, tokenizer, TEXTS).numpy()
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer, {"note": "test"})
+    loaded = load(tmp_path / "ckpt")
+    assert np.array_equal(before, loaded.encode(TEXTS, batch_size=len(TEXTS)))
+    # Other batch sizes pad differently: equal up to float rounding.
+    assert np.allclose(before, loaded.encode(TEXTS, batch_size=3), atol=1e-6)
+    assert loaded.meta["run_config"] == {"note": "test"}
+    assert loaded.classify_nli(TEXTS[:2], TEXTS[2:]).shape == (2, 3)
+
+
+def test_load_rejects_a_folder_that_is_not_a_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load(tmp_path)
