@@ -237,6 +237,8 @@ def pairs_dataset(paths: Sequence[str], cfg: RedditFilterConfig, test_share: flo
 
 def write_pairs(annotated, out_dir: str | Path, rows_per_shard: int) -> Dict[str, Any]:
     """Write kept pairs as train/test parquet shards; return the manifest's counts."""
+    from ray.data.expressions import col
+
     out_dir = Path(out_dir)
     annotated = annotated.materialize()
     counts = annotated.groupby(["status", "split"]).count().take_all()
@@ -249,10 +251,10 @@ def write_pairs(annotated, out_dir: str | Path, rows_per_shard: int) -> Dict[str
         else:
             by_split[row["split"]] += n
     examples = [
-        r["source"] for r in annotated.filter(expr="status == 'malformed'").take(MAX_EXAMPLES)
+        r["source"] for r in annotated.filter(expr=col("status") == "malformed").take(MAX_EXAMPLES)
     ] if by_status.get("malformed") else []
     for split in ("train", "test"):
-        part = annotated.filter(expr=f"status == '' and split == '{split}'").select_columns(
+        part = annotated.filter(expr=(col("status") == "") & (col("split") == split)).select_columns(
             ["context", "response", "thread_key", "subreddit"]
         )
         part.write_parquet(str(out_dir / split), min_rows_per_file=rows_per_shard)

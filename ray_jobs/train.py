@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from datasets.text import DanTokenizer, SubwordTokenizer, encode_columns, tokenizer_from_dict, words
-from models.checkpoint import build_model, load_model, load_train_state, read_meta, save_checkpoint
+from models.checkpoint import build_model, load_model, load_train_state, save_checkpoint
 from models.losses import in_batch_accuracy, in_batch_softmax_loss, nli_loss
 from ray_jobs import tracking
 from ray_jobs.config import RunConfig, flatten, from_dict, load_config, resolve_path
@@ -87,8 +87,10 @@ def build_tokenizer(cfg: RunConfig, prepared_dir: str | Path):
 def snli_frame(path: Path, fraction: float):
     import ray.data
 
+    from ray.data.expressions import col
+
     ds = ray.data.read_parquet(str(path))
-    return ds.filter(expr=f"fraction_rank < {float(fraction)!r}") if fraction < 1.0 else ds
+    return ds.filter(expr=col("fraction_rank") < float(fraction)) if fraction < 1.0 else ds
 
 
 def _tokenize_batch(batch: Dict[str, np.ndarray], tokenizer_data: Dict[str, Any], columns: Dict[str, str],

@@ -34,3 +34,17 @@ def mlflow_uri(tmp_path_factory) -> str:
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
     MlflowClient(uri).search_experiments()
     return uri
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the slow end-to-end tests (Ray Train / Tune jobs)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow") or os.environ.get("CONVSTS_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: run with --slow (scripts/test.sh does)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
