@@ -273,3 +273,107 @@ def write_pairs(annotated, out_dir: str | Path, rows_per_shard: int) -> Dict[str
         "train_pairs": by_split["train"],
         "test_pairs": by_split["test"],
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Pushshift comment dumps
+
+DUMP_FIELDS = {"id": str, "parent_id": str, "link_id": str, "author": str, "body": str}
+COMMENT_COLUMNS = ["id", "parent_id", "link_id", "author", "body", "subreddit", "source", "status"]
+
+
+def parse_comment(raw: bytes) -> Optional[Dict[str, str]]:
+    """One NDJSON line -> the fields we use, or None when the line is malformed (not UTF-8, not a
+    JSON object, a required field missing or of the wrong type)."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    for name, kind in DUMP_FIELDS.items():
+        if not isinstance(obj.get(name), kind):
+            return None
+    sub = obj.get("subreddit")
+    return {name: obj[name] for name in DUMP_FIELDS} | {"subreddit": sub if isinstance(sub, str) else ""}
+
+
+def read_dump_file(path: str, batch_rows: int = 100_000) -> Iterator[pd.DataFrame]:
+    """Comments of one dump file (plain or .zst), in batches; malformed lines kept as status "malformed"."""
+    rows: List[Dict[str, str]] = []
+    with open_text(path) as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            comment = parse_comment(raw)
+            if comment is None:
+                comment = {name: "" for name in DUMP_FIELDS} | {"subreddit": "", "status": "malformed"}
+            else:
+                comment["status"] = ""
+            comment["source"] = f"{path}:{lineno}"
+            rows.append(comment)
+            if len(rows) >= batch_rows:
+                yield pd.DataFrame(rows, columns=COMMENT_COLUMNS)
+                rows = []
+    if rows:
+        yield pd.DataFrame(rows, columns=COMMENT_COLUMNS)
+
+
+def _read_dump_batch(batch: Dict[str, np.ndarray]) -> Iterator[pd.DataFrame]:
+    for path in batch["path"]:
+        yield from read_dump_file(str(path))
+
+
+def _comment_rules(batch: pd.DataFrame, cfg: RedditFilterConfig) -> pd.DataFrame:
+    batch = batch.copy()
+    batch["status"] = [s or failing_rule(b, a, cfg) for s, b, a in zip(batch["status"], batch["body"], batch["author"])]
+    return batch
+
+
+def _as_parent(batch: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"parent_key": "t1_" + batch["id"], "parent_body": batch["body"],
+                         "parent_status": batch["status"]})
+
+
+def _classify_child(batch: pd.DataFrame, test_share: float, salt: str) -> pd.DataFrame:
+    """After the join: each comment line becomes a pair (as the response) or gets a named status."""
+    statuses, splits = [], []
+    parent_status = batch["parent_status"] if "parent_status" in batch else pd.Series([None] * len(batch))
+    for status, parent_id, link_id, pstat in zip(batch["status"], batch["parent_id"], batch["link_id"], parent_status):
+        if status:
+            statuses.append(status)
+        elif not parent_id.startswith("t1_"):
+            statuses.append("unpaired_parent_is_submission")
+        elif pstat is None or pd.isna(pstat):
+            statuses.append("unpaired_parent_missing")
+        elif pstat:
+            statuses.append("unpaired_parent_filtered")
+        else:
+            statuses.append("")
+        splits.append(split_of(link_id, test_share, salt) if not statuses[-1] else "")
+    return pd.DataFrame({
+        "context": batch["parent_body"].fillna("").astype(str) if "parent_body" in batch else "",
+        "response": batch["body"].astype(str),
+        "thread_key": batch["link_id"].astype(str),
+        "subreddit": batch["subreddit"].astype(str),
+        "source": batch["source"].astype(str),
+        "status": statuses,
+        "split": splits,
+    })[PAIR_COLUMNS]
+
+
+def pushshift_dataset(paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str,
+                      num_partitions: int = 8):
+    """Ray Dataset of annotated pairs from comment dumps: each comment is joined to its parent
+    comment (`parent_id` = "t1_" + parent id) with a distributed hash join; the split is by a hash
+    of the thread (`link_id`)."""
+    import ray.data
+
+    files = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=max(1, len(paths)))
+    comments = (
+        files.map_batches(_read_dump_batch, batch_size=1, batch_format="numpy")
+        .map_batches(_comment_rules, fn_args=(cfg,), batch_format="pandas")
+        .materialize()
+    )
+    parents = comments.filter(lambda r: r["status"] != "malformed").map_batches(_as_parent, batch_format="pandas")
+    joined = comments.join(parents, join_type="left_outer", num_partitions=num_partitions,
+                           on=("parent_id",), right_on=("parent_key",))
+    return joined.map_batches(_classify_child, fn_args=(test_share, salt), batch_format="pandas")

@@ -58,3 +58,61 @@ def test_prepare_snli_writes_ranked_shards(ray_session, tmp_path):
     table = pq.read_table(tmp_path / "snli" / "train").to_pandas()
     assert set(table.columns) >= {"premise", "hypothesis", "label", "fraction_rank"}
     assert table["fraction_rank"].between(0, 1).all()
+
+
+def _write_dump(path, rows, extra_lines=(), zst=False):
+    data = ("\n".join([json.dumps(r) for r in rows] + list(extra_lines)) + "\n").encode()
+    if zst:
+        import zstandard
+
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+
+
+def _comment(cid, parent, author="alice", body="a perfectly normal comment", link="t3_s1"):
+    return {"id": cid, "parent_id": parent, "link_id": link, "author": author, "body": body,
+            "subreddit": "test", "created_utc": 1420070400}
+
+
+def test_prepare_pushshift_dumps_joins_parents_across_files(ray_session, tmp_path):
+    first = tmp_path / "RC_2015-01.zst"
+    second = tmp_path / "RC_2015-02"
+    _write_dump(first, [
+        _comment("c1", "t3_s1", body="I think this is a great idea"),
+        _comment("c3", "t1_c2", author="helper_bot", body="Beep boop I am a bot here"),
+        _comment("c4", "t1_c3", body="nobody asked you, bot"),
+        _comment("c5", "t1_gone", body="replying to a deleted ghost"),
+        _comment("c6", "t1_c1", body="[deleted]"),
+    ], extra_lines=["this is not json", json.dumps({"id": "c9", "parent_id": "t1_c1"})], zst=True)
+    _write_dump(second, [
+        _comment("c2", "t1_c1", author="bob", body="I completely agree with you"),  # parent in the other file
+        _comment("d1", "t3_s2", link="t3_s2", body="another thread starts here"),
+        _comment("d2", "t1_d1", link="t3_s2", body="and somebody replies to it"),
+    ], extra_lines=[], zst=False)
+    with open(second, "ab") as fh:
+        fh.write(b'{"id": "bad", "body": "\xff\xfe"}\n')
+    cfg = load_config(None, ["data.test_share=0.5"])
+    m = prepare_reddit([str(first), str(second)], tmp_path / "out", cfg)
+    assert m["format"] == "pushshift"
+    assert m["lines_read"] == 11
+    assert m["malformed"] == 3
+    assert sorted(m["malformed_examples"]) == sorted([f"{first}:6", f"{first}:7", f"{second}:4"])
+    assert m["filtered_by_rule"]["bot_author"] == 1 and m["filtered_by_rule"]["deleted"] == 1
+    assert m["unpaired_by_reason"] == {"unpaired_parent_is_submission": 2, "unpaired_parent_filtered": 1,
+                                       "unpaired_parent_missing": 1}
+    assert m["pairs"] == 2
+    assert m["lines_read"] == m["pairs"] + m["malformed"] + m["unpaired"] + sum(m["filtered_by_rule"].values())
+    pairs = []
+    for split in ("train", "test"):
+        if (tmp_path / "out" / split).is_dir():
+            pairs += pq.read_table(tmp_path / "out" / split).to_pylist()
+    got = {(p["context"], p["response"], p["thread_key"]) for p in pairs}
+    assert got == {("I think this is a great idea", "I completely agree with you", "t3_s1"),
+                   ("another thread starts here", "and somebody replies to it", "t3_s2")}
+
+
+def test_a_file_that_is_not_ndjson_fails_at_once_naming_it(ray_session, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello\nworld\n")
+    with pytest.raises(ValueError, match="notes.txt"):
+        prepare_reddit([str(notes)], tmp_path / "out", load_config())
