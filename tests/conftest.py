@@ -20,7 +20,9 @@ def ray_session(tmp_path_factory):
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from ray.data import DataContext
 
-    ray.init(num_cpus=2, include_dashboard=True, logging_level="WARNING")
+    # Worker processes import test modules by name (functions defined in tests are pickled by reference).
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))}
+    ray.init(num_cpus=2, include_dashboard=True, logging_level="WARNING", runtime_env={"env_vars": env})
     DataContext.get_current().enable_progress_bars = False
     yield ray
     ray.shutdown()

@@ -1,0 +1,93 @@
+"""The 95/5 task split on a real Ray Train job (2 workers, gloo): the shared encoder stays identical
+on both workers and its update is the configured weighted mix of the two tasks' gradients."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from datasets.text import DanTokenizer, TokenizerConfig, count_words
+from models.checkpoint import build_model
+from models.config import DanConfig, ModelConfig
+from ray_jobs.task_groups import GradientCombiner, mark_sparse, plan_tasks, split_params
+from ray_jobs.train import task_loss
+
+WEIGHTS = {"reddit": 0.95, "snli": 0.05}
+REDDIT = (["what is your favourite book", "anyone watching the game", "best laptop for coding"],
+          ["dune without a doubt", "yes what a match", "anything with a good keyboard"])
+SNLI = (["a man plays a guitar", "two dogs run in a field", "a woman reads"],
+        ["a person makes music", "cats sleep indoors", "someone is reading"], [0, 2, 0])
+
+
+def _setup():
+    tok = DanTokenizer.build(count_words(REDDIT[0] + REDDIT[1] + SNLI[0] + SNLI[1]), TokenizerConfig(bigram_buckets=97))
+    cfg = ModelConfig(dan=DanConfig(embedding_dim=8, hidden_sizes=[8], output_dim=6), response_hidden=5, nli_hidden=4)
+    torch.manual_seed(0)
+    model = build_model(cfg, tok)
+    mark_sparse([model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight])
+    return tok, model
+
+
+def _batch(tok, task):
+    enc = lambda texts, prefix: {f"{prefix}__{k}": torch.from_numpy(v) for k, v in tok.encode(texts, width=8).items()}
+    if task == "reddit":
+        return {**enc(REDDIT[0], "context"), **enc(REDDIT[1], "response")}
+    return {**enc(SNLI[0], "premise"), **enc(SNLI[1], "hypothesis"), "label": torch.tensor(SNLI[2])}
+
+
+def _dense(grad):
+    return (grad.to_dense() if grad.is_sparse else grad).numpy().copy()
+
+
+def _worker(config):
+    import ray.train
+
+    rank = ray.train.get_context().get_world_rank()
+    plan = plan_tasks(WEIGHTS, ray.train.get_context().get_world_size())
+    tok, model = _setup()
+    combiner = GradientCombiner(plan, rank)
+    encoder, heads = split_params(model)
+    task = plan.tasks_of(rank)[0]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = {}
+    for step in range(2):
+        opt.zero_grad(set_to_none=True)
+        loss, _ = task_loss(model, task, _batch(tok, task))
+        loss.backward()
+        combiner.combine_encoder(encoder)
+        combiner.combine_head(task, heads[task])
+        if step == 0:
+            out.update({f"grad{i}": _dense(p.grad) for i, p in enumerate(encoder)})
+        opt.step()
+        out.update({f"step{step}_param{i}": p.detach().numpy().copy() for i, p in enumerate(encoder)})
+    np.savez(Path(config["out"]) / f"rank{rank}.npz", **out)
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_encoder_with_weighted_gradients(ray_session, tmp_path):
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    TorchTrainer(
+        _worker, train_loop_config={"out": str(tmp_path)},
+        scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+        run_config=ray.train.RunConfig(storage_path=str(tmp_path / "ray"), name="split"),
+    ).fit()
+    r0, r1 = np.load(tmp_path / "rank0.npz"), np.load(tmp_path / "rank1.npz")
+    n_params = len([k for k in r0.files if k.startswith("grad")])
+    for step in range(2):
+        for i in range(n_params):
+            assert np.array_equal(r0[f"step{step}_param{i}"], r1[f"step{step}_param{i}"]), (step, i)
+
+    # The same mix computed in one process on the same batches.
+    expected = None
+    for task, weight in WEIGHTS.items():
+        tok, model = _setup()
+        loss, _ = task_loss(model, task, _batch(tok, task))
+        loss.backward()
+        grads = [weight * _dense(p.grad) for p in model.encoder.parameters()]
+        expected = grads if expected is None else [a + b for a, b in zip(expected, grads)]
+    for i in range(n_params):
+        np.testing.assert_allclose(r0[f"grad{i}"], expected[i], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(r1[f"grad{i}"], expected[i], rtol=1e-5, atol=1e-7)
