@@ -162,7 +162,9 @@ def reddit_heldout(prepared_dir: Optional[Path]) -> Optional[pd.DataFrame]:
         return None
     import pyarrow.parquet as pq
 
-    return pq.read_table(str(test_dir)).to_pandas()
+    frame = pq.read_table(str(test_dir)).to_pandas()
+    # Shard order from Ray Data is not fixed: sort so that the seeded P@N sample is reproducible.
+    return frame.sort_values(["thread_key", "context", "response"], kind="stable").reset_index(drop=True)
 
 
 def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[Path], sts_files: Sequence[str] = ()) -> Dict[str, float]:
