@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Dict
-
 import pandas as pd
 import pyarrow.parquet as pq
 
@@ -70,6 +68,3 @@ def read_cqa(path: str | Path) -> pd.DataFrame:
 def cqa_text(subject: str, body: str) -> str:
     return f"{subject or ''} {body or ''}".strip()
 
-
-def split_counts(df: pd.DataFrame) -> Dict[str, int]:
-    return df["genre"].value_counts().to_dict() if "genre" in df.columns else {}

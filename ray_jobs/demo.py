@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, Sequence
 
 from ray_jobs import tracking
-from ray_jobs.config import RunConfig, load_config
+from ray_jobs.config import RunConfig, flatten, load_config
 from ray_jobs.evaluate import PRIMARY_METRIC, results_table, run_evaluation
 from ray_jobs.prepare import prepare_all
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
@@ -32,8 +32,6 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = ("b
     log.info("[1/4] preparing the embedded sample with Ray Data -> %s", prepared)
     manifests = prepare_all(cfg, prepared)
     uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
-    from ray_jobs.config import flatten
-
     run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name,
                                 flatten(cfg.to_dict()), tags={"convsts.job": "demo"})
     tracking.log_metrics(uri, run_id, {"data/reddit_train_pairs": manifests["reddit"]["train_pairs"],

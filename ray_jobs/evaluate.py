@@ -137,10 +137,7 @@ def cqa_metrics(scorer, frame: pd.DataFrame, prefix: str) -> Dict[str, float]:
     org_vec = scorer.embed([cqa_text(s, b) for s, b in zip(org["orgq_subject"], org["orgq_body"])])
     rel_vec = scorer.embed([cqa_text(s, b) for s, b in zip(frame["relq_subject"], frame["relq_body"])])
     org_row = {q: i for i, q in enumerate(org["orgq_id"])}
-    if isinstance(org_vec, np.ndarray):
-        left = org_vec[[org_row[q] for q in frame["orgq_id"]]]
-    else:
-        left = org_vec[[org_row[q] for q in frame["orgq_id"]]]
+    left = org_vec[[org_row[q] for q in frame["orgq_id"]]]
     cos = _pair_cosine(left, rel_vec)
     queries = []
     for _, idx in frame.groupby("orgq_id", sort=False).indices.items():

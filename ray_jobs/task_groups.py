@@ -12,7 +12,7 @@ Head gradients are averaged within the task's group only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -195,6 +195,3 @@ def draw_task(plan: TaskPlan, generator: torch.Generator) -> str:
     weights = torch.tensor([plan.weights[t] for t in plan.tasks])
     return plan.tasks[int(torch.multinomial(weights, 1, generator=generator).item())]
 
-
-def realised_share(plan: TaskPlan) -> Dict[str, Optional[float]]:
-    return {t: plan.effective_weight(t) for t in plan.tasks}
