@@ -5,6 +5,7 @@ Layout of a checkpoint folder:
   tokenizer.json     the tokenizer (datasets.text)
   model.safetensors  encoder + task heads (safe to load: no pickle)
   train_state.pt     optimizer state, step, data position (loaded with weights_only=True)
+  sts_transform.safetensors   optional: the tuned STS matrix written by `convsts evaluate`
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from safetensors.torch import load_file, save_file
 from datasets.text import load_tokenizer, save_tokenizer
 from models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig
 from models.heads import MultitaskModel
+from models.sts_transform import FILE_NAME as STS_FILE
+from models.sts_transform import load_sts_transform
 
 FORMAT_VERSION = 1
 
@@ -116,13 +119,18 @@ class SentenceEncoder:
         return {k: torch.from_numpy(v) for k, v in self.tokenizer.encode(list(texts)).items()}
 
     @torch.no_grad()
-    def encode(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+    def encode(self, texts: Sequence[str], batch_size: int = 256, tuned: bool = False) -> np.ndarray:
+        """(n, dim) normalized embeddings; `tuned=True` applies the STS matrix saved by `convsts evaluate`."""
         chunks: List[np.ndarray] = []
         for start in range(0, len(texts), batch_size):
             chunks.append(self.model.encode(self._inputs(texts[start : start + batch_size])).numpy())
-        if not chunks:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return np.concatenate(chunks).astype(np.float32)  # (n, dim)
+        emb = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros((0, self.dim), dtype=np.float32)
+        if tuned:
+            transform = load_sts_transform(self.path) if self.path else None
+            if transform is None:
+                raise FileNotFoundError(f"no {STS_FILE} in checkpoint {self.path}; run `convsts evaluate` on it first")
+            emb = transform.apply(emb)
+        return emb  # (n, dim), or (n, rank) when tuned with a low-rank matrix
 
     @torch.no_grad()
     def encode_responses(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from datasets.reddit import RedditFilterConfig
 from datasets.text import TokenizerConfig
 from models.config import ModelConfig
+from models.sts_transform import StsTransformConfig
 
 SAMPLE_TOKEN = "{sample}"
 
@@ -84,6 +85,8 @@ class EvalConfig:
     reddit_negatives: int = 99
     seed: int = 0
     batch_size: int = 512
+    # The "tuned" STS variant: one matrix fit on STS-B train, selected on dev (models/sts_transform.py).
+    tuned: StsTransformConfig = field(default_factory=StsTransformConfig)
 
 
 @dataclass
@@ -129,6 +132,10 @@ class RunConfig:
         starts = [s.start_step for s in self.trainer.stages]
         if starts != sorted(starts):
             raise ConfigError(f"trainer.stages: start_step values must increase, got {starts}")
+        try:
+            self.eval.tuned.validate()
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         return self
 
     def to_dict(self) -> Dict[str, Any]:
@@ -182,9 +189,28 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
                 merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
             except OmegaConfBaseException as err:
                 raise ConfigError(_describe(err, "command-line overrides")) from None
-        return OmegaConf.to_object(merged).validate()  # type: ignore[union-attr]
+        return absolute_paths(OmegaConf.to_object(merged).validate())  # type: ignore[union-attr]
     except OmegaConfBaseException as err:
         raise ConfigError(_describe(err, str(path or ""))) from None
+
+
+def _absolute(value: str) -> str:
+    if not value or SAMPLE_TOKEN in value or "://" in value:
+        return value
+    return str(Path(value).expanduser().resolve())
+
+
+def absolute_paths(cfg: RunConfig) -> RunConfig:
+    """Relative local paths -> absolute, against the directory the config was loaded from (the
+    command's working directory), so that Ray workers, whose working directory differs, read the
+    same files. "{sample}" and URIs (s3://, gs://) are kept as they are."""
+    d = cfg.data
+    d.reddit_inputs = [_absolute(p) for p in d.reddit_inputs]
+    for name in ("snli_train", "snli_dev", "snli_test", "stsb_dir", "cqa_test", "prepared_dir"):
+        setattr(d, name, _absolute(getattr(d, name)))
+    cfg.trainer.warm_start = _absolute(cfg.trainer.warm_start)
+    cfg.trainer.resume_from = _absolute(cfg.trainer.resume_from)
+    return cfg
 
 
 def flatten(values: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:

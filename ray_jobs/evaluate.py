@@ -24,6 +24,7 @@ from ray_jobs import metrics as M
 from ray_jobs import tracking
 from ray_jobs.config import RunConfig, load_config, resolve_path
 from ray_jobs.runtime import log, setup_logging, tracking_uri
+from models.sts_transform import StsTransform, fit_sts_transform
 
 PRIMARY_METRIC = "stsb/dev/pearson"
 
@@ -98,9 +99,12 @@ def _scores_matrix(q, c) -> np.ndarray:
     return (q @ c.T).toarray()
 
 
-def sts_metrics(scorer, frame: pd.DataFrame, prefix: str, by_genre: bool = True) -> Dict[str, float]:
-    cos = _pair_cosine(scorer.embed(frame["sentence1"]), scorer.embed(frame["sentence2"]))
-    sim = -np.arccos(np.clip(cos, -1.0, 1.0))
+def stsb_embeddings(scorer, frame: pd.DataFrame) -> Dict[str, np.ndarray]:
+    return {"u": scorer.embed(frame["sentence1"]), "v": scorer.embed(frame["sentence2"]),
+            "score": frame["score"].to_numpy(dtype=np.float64)}
+
+
+def sts_metrics_from_sim(sim: np.ndarray, frame: pd.DataFrame, prefix: str, by_genre: bool = True) -> Dict[str, float]:
     gold = frame["score"].to_numpy()
     out = {f"{prefix}/pearson": M.pearson(sim, gold), f"{prefix}/spearman": M.spearman(sim, gold)}
     if by_genre and "genre" in frame.columns:
@@ -108,6 +112,28 @@ def sts_metrics(scorer, frame: pd.DataFrame, prefix: str, by_genre: bool = True)
             idx = part.index.to_numpy()
             out[f"{prefix}/{genre}/pearson"] = M.pearson(sim[idx], gold[idx])
     return out
+
+
+def sts_metrics(scorer, frame: pd.DataFrame, prefix: str, by_genre: bool = True,
+                embedded: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, float]:
+    """sim(u, v) = -arccos(cos(u, v)) against the gold scores."""
+    emb = embedded or stsb_embeddings(scorer, frame)
+    cos = _pair_cosine(emb["u"], emb["v"])
+    sim = -np.arccos(np.clip(cos, -1.0, 1.0))
+    return sts_metrics_from_sim(sim, frame, prefix, by_genre)
+
+
+def tuned_sts_metrics(scorer, cfg: RunConfig, frames: Dict[str, pd.DataFrame],
+                      embedded: Dict[str, Dict[str, np.ndarray]]) -> tuple[Dict[str, float], StsTransform]:
+    """Fit one matrix on STS-B train (selected on dev), then score dev and test with it."""
+    if "train" not in embedded:
+        embedded["train"] = stsb_embeddings(scorer, frames["train"])
+    transform = fit_sts_transform(embedded["train"], embedded["dev"], cfg.eval.tuned)
+    results: Dict[str, float] = {"stsb_tuned/best_epoch": float(transform.best_epoch)}
+    for split in ("dev", "test"):
+        emb = embedded[split]
+        results.update(sts_metrics_from_sim(transform.score(emb["u"], emb["v"]), frames[split], f"stsb_tuned/{split}"))
+    return results, transform
 
 
 def reddit_metrics(scorer, pairs: pd.DataFrame, n_queries: int, negatives: int, seed: int) -> Dict[str, float]:
@@ -164,11 +190,26 @@ def reddit_heldout(prepared_dir: Optional[Path]) -> Optional[pd.DataFrame]:
     return frame.sort_values(["thread_key", "context", "response"], kind="stable").reset_index(drop=True)
 
 
-def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[Path], sts_files: Sequence[str] = ()) -> Dict[str, float]:
+def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[Path], sts_files: Sequence[str] = (),
+             transform_dirs: Sequence[Path] = ()) -> Dict[str, float]:
+    """All metrics of one scorer. The tuned STS matrix (embedding scorers only) is saved in each of
+    `transform_dirs`."""
     results: Dict[str, float] = {}
     stsb_dir = resolve_path(cfg.data.stsb_dir)
-    for split in ("dev", "test"):
-        results.update(sts_metrics(scorer, read_stsb(stsb_split_path(stsb_dir, split)), f"stsb/{split}"))
+    frames = {split: read_stsb(stsb_split_path(stsb_dir, split)) for split in ("dev", "test")}
+    embedded = {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
+    for split, frame in frames.items():
+        results.update(sts_metrics(scorer, frame, f"stsb/{split}", embedded=embedded[split]))
+    if cfg.eval.tuned.enabled and isinstance(scorer, EmbeddingScorer):
+        try:
+            frames["train"] = read_stsb(stsb_split_path(stsb_dir, "train"))
+        except FileNotFoundError as err:
+            log.warning("no tuned STS metrics: %s", err)
+        else:
+            tuned, transform = tuned_sts_metrics(scorer, cfg, frames, embedded)
+            results.update(tuned)
+            for folder in transform_dirs:
+                transform.save(folder)
     for path in sts_files:
         results.update(sts_metrics(scorer, read_sts_file(path), f"sts/{Path(path).stem}", by_genre=False))
     heldout = reddit_heldout(prepared_dir)
@@ -243,7 +284,8 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
         scorer = LexicalScorer(baseline, fit)
     else:
         raise ValueError("give --checkpoint or --baseline")
-    results = evaluate(scorer, cfg, prepared, sts_files)
+    transform_dirs = [out_dir] + ([Path(checkpoint)] if checkpoint else [])
+    results = evaluate(scorer, cfg, prepared, sts_files, transform_dirs)
     scatter_plot(scorer, cfg, out_dir / "stsb_test_scatter.png")
     flat: Dict[str, object] = dict(results)
     if checkpoint:

@@ -444,6 +444,8 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     prepared = Path(prepared_dir or resolve_path(cfg.data.prepared_dir) or out_dir / "prepared")
+    if cfg.trainer.eval_every:
+        _stsb_dev(cfg)  # fail here, naming the folder, rather than inside a worker
     ensure_ray()
     uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
     params = flatten(cfg.to_dict())

@@ -1,0 +1,158 @@
+"""The paper's "tuned" STS variant: one matrix W learned on STS-B train and applied to both
+sentence embeddings, scored with 5 (1 - arccos(cos(uW, vW)) / pi) and selected on dev.
+
+Pure torch and numpy: `fit_sts_transform` takes embeddings, so Tune trials can share them
+through the object store instead of re-encoding. The matrix is saved as `sts_transform.safetensors`
+in the checkpoint folder, with its hyperparameters and dev score as metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+FILE_NAME = "sts_transform.safetensors"
+
+
+@dataclass
+class StsTransformConfig:
+    enabled: bool = True  # fit and report stsb_tuned/* in `convsts evaluate`
+    lr: float = 0.01
+    weight_decay: float = 0.0  # L2 penalty on (W - W_init): pulls the matrix towards its start
+    init: str = "identity"  # identity | random (orthogonal)
+    rank: int = 0  # 0 = full dim x dim matrix; r > 0 = a dim x r projection
+    epochs: int = 30
+    loss: str = "mse"  # mse (on the 0-5 scale) | pearson (minus the batch correlation)
+    batch_size: int = 256
+    seed: int = 0
+
+    def validate(self) -> "StsTransformConfig":
+        if self.init not in ("identity", "random"):
+            raise ValueError(f"eval.tuned.init: expected identity|random, got {self.init!r}")
+        if self.loss not in ("mse", "pearson"):
+            raise ValueError(f"eval.tuned.loss: expected mse|pearson, got {self.loss!r}")
+        if self.rank < 0 or self.epochs < 1 or self.batch_size < 2 or self.lr <= 0:
+            raise ValueError("eval.tuned: rank >= 0, epochs >= 1, batch_size >= 2 and lr > 0 are required")
+        return self
+
+
+@dataclass
+class StsTransform:
+    matrix: np.ndarray  # (dim, out_dim)
+    config: StsTransformConfig
+    dev_pearson: float
+    best_epoch: int
+    history: List[float] = field(default_factory=list)  # dev Pearson after each epoch
+
+    def apply(self, emb: np.ndarray) -> np.ndarray:
+        return emb @ self.matrix  # (n, dim) @ (dim, out_dim) -> (n, out_dim)
+
+    def score(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        return angular_score_np(self.apply(u), self.apply(v))
+
+    def save(self, folder: str | Path) -> Path:
+        from safetensors.numpy import save_file
+
+        path = Path(folder) / FILE_NAME
+        meta = {"config": json.dumps(dataclasses.asdict(self.config)), "dev_pearson": repr(self.dev_pearson),
+                "best_epoch": str(self.best_epoch), "history": json.dumps(self.history)}
+        save_file({"matrix": np.ascontiguousarray(self.matrix, dtype=np.float32)}, str(path), metadata=meta)
+        return path
+
+
+def load_sts_transform(folder: str | Path) -> Optional[StsTransform]:
+    """The matrix saved in a checkpoint folder, or None when there is none."""
+    from safetensors import safe_open
+
+    path = Path(folder) / FILE_NAME
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="numpy") as f:
+        meta = f.metadata()
+        matrix = f.get_tensor("matrix")
+    return StsTransform(matrix, StsTransformConfig(**json.loads(meta["config"])), float(meta["dev_pearson"]),
+                        int(meta["best_epoch"]), json.loads(meta["history"]))
+
+
+def angular_score(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """5 (1 - arccos(cos(u, v)) / pi), in [0, 5]; clamped away from +-1 so arccos has a gradient."""
+    cos = torch.nn.functional.cosine_similarity(u, v, dim=-1).clamp(-1 + 1e-6, 1 - 1e-6)  # (B,)
+    return 5.0 * (1.0 - torch.arccos(cos) / math.pi)
+
+
+def angular_score_np(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    un = u / np.maximum(np.linalg.norm(u, axis=1, keepdims=True), 1e-12)
+    vn = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+    cos = np.clip(np.sum(un * vn, axis=1), -1.0, 1.0)
+    return 5.0 * (1.0 - np.arccos(cos) / np.pi)
+
+
+def _pearson_t(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    xc, yc = x - x.mean(), y - y.mean()
+    return (xc * yc).sum() / (xc.norm() * yc.norm() + 1e-12)
+
+
+def _pearson_np(x: np.ndarray, y: np.ndarray) -> float:
+    if np.std(x) == 0 or np.std(y) == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def initial_matrix(dim: int, cfg: StsTransformConfig) -> torch.Tensor:
+    out = cfg.rank or dim
+    if cfg.init == "identity":
+        return torch.eye(dim, out)  # the first `out` coordinates when low rank
+    gen = torch.Generator().manual_seed(cfg.seed)
+    q, _ = torch.linalg.qr(torch.randn(dim, max(dim, out), generator=gen))  # orthonormal columns
+    return q[:, :out].contiguous()
+
+
+def fit_sts_transform(train: Dict[str, np.ndarray], dev: Dict[str, np.ndarray],
+                      cfg: StsTransformConfig) -> StsTransform:
+    """train/dev: {"u": (n, d), "v": (n, d), "score": (n,) gold on 0-5}. Keeps the epoch best on dev."""
+    cfg.validate()
+    torch.manual_seed(cfg.seed)
+    u = torch.tensor(np.asarray(train["u"], dtype=np.float32))
+    v = torch.tensor(np.asarray(train["v"], dtype=np.float32))
+    gold = torch.tensor(np.asarray(train["score"], dtype=np.float32))
+    dim = u.shape[1]
+    w0 = initial_matrix(dim, cfg)  # (d, out)
+    w = torch.nn.Parameter(w0.clone())
+    opt = torch.optim.Adam([w], lr=cfg.lr)
+    gen = torch.Generator().manual_seed(cfg.seed)
+
+    def dev_pearson(matrix: np.ndarray) -> float:
+        return _pearson_np(angular_score_np(dev["u"] @ matrix, dev["v"] @ matrix), np.asarray(dev["score"]))
+
+    best_matrix = w0.numpy().copy()
+    best = dev_pearson(best_matrix)
+    best_epoch, history = 0, []
+    for epoch in range(1, cfg.epochs + 1):
+        order = torch.randperm(len(u), generator=gen)
+        for start in range(0, len(u), cfg.batch_size):
+            idx = order[start : start + cfg.batch_size]
+            if len(idx) < 2:
+                continue
+            pred = angular_score(u[idx] @ w, v[idx] @ w)  # (B,)
+            if cfg.loss == "mse":
+                loss = torch.mean((pred - gold[idx]) ** 2)
+            else:
+                loss = -_pearson_t(pred, gold[idx])
+            if cfg.weight_decay > 0:
+                loss = loss + cfg.weight_decay * torch.sum((w - w0) ** 2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        matrix = w.detach().numpy().copy()
+        r = dev_pearson(matrix)
+        history.append(r)
+        if np.isfinite(r) and (not np.isfinite(best) or r > best):
+            best, best_matrix, best_epoch = r, matrix, epoch
+    return StsTransform(best_matrix, cfg, float(best), best_epoch, history)

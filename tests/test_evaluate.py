@@ -1,0 +1,76 @@
+"""`convsts evaluate` on a tiny real checkpoint (no Ray needed): result names, tuned matrix, MLflow."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from datasets.evalsets import read_stsb, stsb_split_path
+from datasets.text import DanTokenizer, TokenizerConfig, count_words
+from models import load, save_checkpoint
+from models.checkpoint import build_model
+from models.config import DanConfig, ModelConfig
+from models.sts_transform import FILE_NAME, load_sts_transform
+from ray_jobs.config import load_config, resolve_path
+from ray_jobs.evaluate import run_evaluation
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path):
+    stsb = read_stsb(stsb_split_path(resolve_path("{sample}"), "train"))
+    texts = list(stsb["sentence1"]) + list(stsb["sentence2"])
+    tokenizer = DanTokenizer.build(count_words(texts), TokenizerConfig(word_vocab_size=5000, bigram_buckets=500))
+    config = ModelConfig(dan=DanConfig(embedding_dim=24, hidden_sizes=[24], output_dim=16), response_hidden=16,
+                         nli_hidden=8)
+    return save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer).eval(), tokenizer, {})
+
+
+def test_evaluate_checkpoint(tiny_checkpoint, tmp_path, mlflow_uri):
+    sts_file = tmp_path / "my_sts.tsv"
+    pd.DataFrame({"sentence1": ["a cat sits", "a man runs", "rain falls", "two dogs play"],
+                  "sentence2": ["a cat is sitting", "the stock fell", "it is raining", "dogs are playing"],
+                  "score": [4.8, 0.2, 4.0, 4.5]}).to_csv(sts_file, sep="\t", index=False)
+    cfg = load_config(None, ["eval.tuned.epochs=3"])
+    out = tmp_path / "eval"
+    results = run_evaluation(cfg, out, checkpoint=str(tiny_checkpoint), sts_files=[str(sts_file)],
+                             mlflow_uri=mlflow_uri)
+
+    saved = json.loads((out / "results.json").read_text())
+    assert saved == json.loads(json.dumps(results))
+    for split in ("dev", "test"):
+        for name in (f"stsb/{split}/pearson", f"stsb/{split}/spearman", f"stsb/{split}/captions/pearson",
+                     f"stsb/{split}/forums/pearson", f"stsb/{split}/news/pearson",
+                     f"stsb_tuned/{split}/pearson", f"stsb_tuned/{split}/news/pearson"):
+            assert -1 <= saved[name] <= 1, name
+    assert {"sts/my_sts/pearson", "sts/my_sts/spearman", "snli/dev/accuracy", "cqa2016/map"} <= set(saved)
+    assert not any(k.startswith("reddit/") for k in saved)  # no prepared held-out split was given
+    # Selected on dev: the tuned dev score is never below the untuned one (epoch 0 is the identity).
+    assert saved["stsb_tuned/dev/pearson"] >= saved["stsb/dev/pearson"] - 1e-6
+
+    # The matrix sits beside the checkpoint's weights and in the output folder, and encode(tuned=True) uses it.
+    transform = load_sts_transform(tiny_checkpoint)
+    assert (out / FILE_NAME).is_file() and transform.matrix.shape == (16, 16)
+    assert transform.dev_pearson == pytest.approx(saved["stsb_tuned/dev/pearson"], abs=1e-6)
+    encoder = load(tiny_checkpoint)
+    plain = encoder.encode(["a man is playing a guitar"])
+    assert np.allclose(encoder.encode(["a man is playing a guitar"], tuned=True), plain @ transform.matrix)
+
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(mlflow_uri).get_run(saved["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["stsb_tuned/dev/pearson"] == pytest.approx(saved["stsb_tuned/dev/pearson"])
+    assert run.data.params["checkpoint"] == str(tiny_checkpoint)
+
+
+def test_baseline_has_no_tuned_metrics(tmp_path):
+    cfg = load_config(None, ["data.cqa_test=''"])
+    results = run_evaluation(cfg, tmp_path / "bow", baseline="bow", log_to_mlflow=False)
+    assert 0 < results["stsb/dev/pearson"] < 1
+    assert not any(k.startswith("stsb_tuned/") for k in results)
+
+
+def test_tuned_without_checkpoint_matrix_is_a_clear_error(tiny_checkpoint):
+    with pytest.raises(FileNotFoundError, match="sts_transform.safetensors"):
+        load(tiny_checkpoint).encode(["x"], tuned=True)
