@@ -10,6 +10,9 @@ COMMANDS = {
     "prepare": ("ray_jobs.prepare", "raw Reddit / SNLI inputs -> parquet shards + manifest (Ray Data)"),
     "train": ("ray_jobs.train", "multitask training on Ray Train"),
     "evaluate": ("ray_jobs.evaluate", "STS-B, Reddit P@N, SNLI, CQA metrics of a checkpoint or a baseline"),
+    "tune": ("ray_jobs.tune", "Ray Tune sweeps over a space in tune_spaces/ (sts_matrix, snli_fraction)"),
+    "submit": ("ray_jobs.submit", "submit one of these jobs to a Ray cluster (job API) and follow it"),
+    "jobs": ("ray_jobs.jobs", "list, show logs of, or stop jobs on a Ray cluster"),
     "demo": ("ray_jobs.demo", "the whole pipeline on the embedded sample"),
 }
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -253,6 +253,32 @@ def scatter_plot(scorer, cfg: RunConfig, path: Path) -> None:
     ax.set_xlabel("gold similarity")
     ax.set_ylabel("5 (1 - arccos(cos) / pi)")
     ax.set_title(f"STS-B test, r = {M.pearson(pred, frame['score']):.3f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def fraction_curve_plot(rows: Sequence[Dict[str, Any]], metrics: Sequence[str], path: Path) -> None:
+    """A metric against the SNLI fraction (the paper's Figure 8): mean over seeds, one line per metric,
+    each seed as a faint dot. `rows`: dicts with "fraction" and the metric names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in metrics:
+        points = [(float(r["fraction"]), float(r[name])) for r in rows if np.isfinite(float(r.get(name, np.nan)))]
+        if not points:
+            continue
+        fractions = sorted({f for f, _ in points})
+        means = [np.mean([v for f, v in points if f == x]) for x in fractions]
+        line, = ax.plot(fractions, means, marker="o", label=name)
+        ax.scatter([f for f, _ in points], [v for _, v in points], s=8, alpha=0.3, color=line.get_color())
+    ax.set_xlabel("fraction of SNLI train")
+    ax.set_ylabel("Pearson r")
+    ax.set_title("STS Benchmark vs. SNLI data in multitask training")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -96,3 +96,24 @@ def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
 
 def ui_command(tracking_uri: str) -> str:
     return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+
+
+def find_run(tracking_uri: str, experiment: str, tags: Mapping[str, str]) -> Optional[str]:
+    """The newest run of `experiment` whose tags equal `tags`, or None."""
+    c = client(tracking_uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    runs = c.search_runs([exp.experiment_id], filter_string=query, order_by=["attributes.start_time DESC"],
+                         max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def child_runs(tracking_uri: str, experiment: str, parent_run_id: str) -> list:
+    c = client(tracking_uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return c.search_runs([exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
+                         max_results=10_000)

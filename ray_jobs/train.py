@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
+from datasets.snli import fraction_rank
 from datasets.text import DanTokenizer, SubwordTokenizer, encode_columns, tokenizer_from_dict, words
 from models.checkpoint import build_model, load_model, load_train_state, save_checkpoint
 from models.losses import in_batch_accuracy, in_batch_softmax_loss, nli_loss
@@ -66,7 +67,7 @@ def build_tokenizer(cfg: RunConfig, prepared_dir: str | Path):
     paths = prepared_paths(prepared_dir)
     sources = [
         (ray.data.read_parquet(str(paths["reddit"])), ["context", "response"]),
-        (snli_frame(paths["snli"], cfg.data.snli_fraction), ["premise", "hypothesis"]),
+        (snli_frame(paths["snli"], cfg.data.snli_fraction, cfg.data.snli_fraction_seed), ["premise", "hypothesis"]),
     ]
     if cfg.model.encoder == "transformer":
         def texts():
@@ -84,13 +85,20 @@ def build_tokenizer(cfg: RunConfig, prepared_dir: str | Path):
     return DanTokenizer.build(total, cfg.tokenizer)
 
 
-def snli_frame(path: Path, fraction: float):
+def _fraction_filter(batch: Dict[str, np.ndarray], fraction: float, seed: int) -> Dict[str, np.ndarray]:
+    keep = np.array([fraction_rank(str(p), str(h), seed) < fraction
+                     for p, h in zip(batch["premise"], batch["hypothesis"])], dtype=bool)
+    return {name: np.asarray(values)[keep] for name, values in batch.items()}
+
+
+def snli_frame(path: Path, fraction: float, seed: int):
+    """SNLI train shards, cut to the nested subset `fraction` drawn with `seed` (datasets.snli.fraction_rank)."""
     import ray.data
 
-    from ray.data.expressions import col
-
     ds = ray.data.read_parquet(str(path))
-    return ds.filter(expr=col("fraction_rank") < float(fraction)) if fraction < 1.0 else ds
+    if fraction >= 1.0:
+        return ds
+    return ds.map_batches(_fraction_filter, fn_args=(float(fraction), int(seed)), batch_size=4096)
 
 
 def _tokenize_batch(batch: Dict[str, np.ndarray], tokenizer_data: Dict[str, Any], columns: Dict[str, str],
@@ -118,7 +126,7 @@ def task_datasets(cfg: RunConfig, prepared_dir: str | Path, tokenizer) -> Dict[s
     if "snli" in cfg.trainer.task_weights:
         # Small: tokenize once and keep in the object store.
         out["snli"] = (
-            snli_frame(paths["snli"], cfg.data.snli_fraction)
+            snli_frame(paths["snli"], cfg.data.snli_fraction, cfg.data.snli_fraction_seed)
             .map_batches(_tokenize_batch, fn_args=(data, TASK_COLUMNS["snli"], width, ("label",)), batch_size=1024)
             .materialize()
         )
@@ -463,6 +471,8 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
         tokenizer = build_tokenizer(cfg, prepared)
     log.info("tokenizer: %s, %d ids", type(tokenizer).__name__, tokenizer.num_words)
     datasets = task_datasets(cfg, prepared, tokenizer)
+    if "snli" in datasets:  # materialized: counting is free; the SNLI-fraction sweep plots against it
+        tracking.log_metrics(uri, run_id, {"data/snli_train_pairs": datasets["snli"].count()})
     plan = plan_tasks(cfg.trainer.task_weights, cfg.trainer.num_workers)
     log.info("%s", plan.describe())
     loop_config = {

@@ -1,0 +1,181 @@
+"""`convsts submit <job> [job args]`: run `python -m ray_jobs.<job>` on a Ray cluster via the job API.
+
+  convsts submit train --config configs/dan_multitask.yaml --out /mnt/runs/r1 [--address http://HEAD:8265]
+
+The project folder is the job's working_dir and cluster/runtime_env.yaml (or --runtime-env FILE)
+its runtime environment; MLFLOW_TRACKING_URI is passed on when set. Logs are streamed until the
+job ends and the exit status is the job's (0 = SUCCEEDED). `convsts jobs list|logs|stop` wrap the
+rest of the job API.
+
+Address: --address, else RAY_ADDRESS, else http://127.0.0.1:8265. Authentication: when the
+cluster uses Ray's token authentication, the token is read as Ray reads it (RAY_AUTH_TOKEN,
+RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); with RAY_AUTH_MODE unset, a token that is present is sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_RUNTIME_ENV = PROJECT_ROOT / "cluster" / "runtime_env.yaml"
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+JOBS = ("prepare", "train", "evaluate", "tune", "demo")
+FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
+
+
+class SubmitError(RuntimeError):
+    """The job API could not be reached or refused the request."""
+
+
+def job_address(address: Optional[str]) -> str:
+    address = address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS
+    if address.startswith("ray://") or not address.startswith(("http://", "https://")):
+        # The job API speaks HTTP to the dashboard; a bare host:port means that.
+        host = address.split("://")[-1]
+        address = f"http://{host}"
+    return address
+
+
+def _token_available() -> bool:
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    candidate = Path(path) if path else Path.home() / ".ray" / "auth_token"
+    return candidate.is_file() and candidate.stat().st_size > 0
+
+
+def configure_auth() -> str:
+    """RAY_AUTH_MODE for this client: as set, else "token" when a token is present, else "disabled"."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if not mode:
+        mode = "token" if _token_available() else "disabled"
+        os.environ["RAY_AUTH_MODE"] = mode
+    return mode
+
+
+def job_client(address: Optional[str] = None):
+    from ray.job_submission import JobSubmissionClient
+
+    configure_auth()
+    url = job_address(address)
+    try:
+        return JobSubmissionClient(url)
+    except Exception as err:  # connection refused, 401/403, ...
+        raise SubmitError(_explain(err, url)) from None
+
+
+def _explain(err: Exception, url: str) -> str:
+    text = f"{type(err).__name__}: {err}"
+    if "uthenticat" in text or "401" in text or "403" in text:
+        return (f"the Ray cluster at {url} refused this client ({text.splitlines()[0]}). It uses token "
+                f"authentication: set RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, and RAY_AUTH_MODE=token")
+    return f"cannot reach the Ray job API at {url}: {text.splitlines()[0]}"
+
+
+def load_runtime_env(path: Optional[str | Path]) -> Dict[str, Any]:
+    import yaml
+
+    path = Path(path) if path else DEFAULT_RUNTIME_ENV
+    if not path.is_file():
+        raise FileNotFoundError(f"runtime_env file not found: {path}")
+    env = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(env, dict):
+        raise ValueError(f"{path}: a runtime_env must be a mapping")
+    return env
+
+
+def build_runtime_env(path: Optional[str | Path], working_dir: Path = PROJECT_ROOT) -> Dict[str, Any]:
+    env = load_runtime_env(path)
+    env.setdefault("working_dir", str(working_dir))
+    env_vars = dict(env.get("env_vars") or {})
+    for name in FORWARDED_ENV:
+        if os.environ.get(name):
+            env_vars.setdefault(name, os.environ[name])
+    env["env_vars"] = {k: str(v) for k, v in env_vars.items()}
+    return env
+
+
+def entrypoint(job: str, args: Sequence[str], python: str = "python") -> str:
+    if job not in JOBS:
+        raise ValueError(f"unknown job {job!r}: expected one of {', '.join(JOBS)}")
+    return " ".join([python, "-m", f"ray_jobs.{job}", *map(shlex.quote, args)])
+
+
+async def _tail(client, job_id: str) -> None:
+    async for lines in client.tail_job_logs(job_id):
+        print(lines, end="", flush=True)
+
+
+def wait_for_job(client, job_id: str, stream: bool = True, poll_s: float = 1.0, timeout_s: Optional[float] = None):
+    from ray.job_submission import JobStatus
+
+    if stream:
+        asyncio.run(_tail(client, job_id))
+    started = time.time()
+    while True:
+        status = client.get_job_status(job_id)
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            return status
+        if timeout_s is not None and time.time() - started > timeout_s:
+            raise TimeoutError(f"job {job_id} still {status} after {timeout_s} s")
+        time.sleep(poll_s)
+
+
+def submit(job: str, args: Sequence[str], address: Optional[str] = None, runtime_env: Optional[str] = None,
+           python: str = "python", submission_id: Optional[str] = None) -> tuple[Any, str]:
+    client = job_client(address)
+    env = build_runtime_env(runtime_env)
+    try:
+        job_id = client.submit_job(entrypoint=entrypoint(job, args, python), runtime_env=env,
+                                   submission_id=submission_id,
+                                   metadata={"convsts.job": job})
+    except Exception as err:
+        raise SubmitError(_explain(err, job_address(address))) from None
+    return client, job_id
+
+
+def status_name(status) -> str:
+    return str(getattr(status, "value", status))
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="convsts submit", description=__doc__,
+                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--address", default=None, help="Ray dashboard address (default: RAY_ADDRESS)")
+    parser.add_argument("--runtime-env", default=None, help=f"runtime_env YAML (default: {DEFAULT_RUNTIME_ENV.name})")
+    parser.add_argument("--python", default="python", help="the interpreter on the cluster that runs the job")
+    parser.add_argument("--submission-id", default=None)
+    parser.add_argument("--no-wait", action="store_true", help="print the job id and return at once")
+    parser.add_argument("job", choices=JOBS)
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the job's own arguments")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        client, job_id = submit(args.job, args.args, args.address, args.runtime_env, args.python, args.submission_id)
+    except SubmitError as err:
+        print(f"convsts submit: {err}", file=sys.stderr)
+        return 2
+    print(f"submitted {job_id} to {job_address(args.address)}", flush=True)
+    if args.no_wait:
+        return 0
+    try:
+        status = wait_for_job(client, job_id)
+    except KeyboardInterrupt:
+        print(f"\nstopped following {job_id}; it keeps running (convsts jobs stop {job_id} to end it)")
+        return 130
+    print(f"job {job_id}: {status_name(status)}")
+    return 0 if status_name(status) == "SUCCEEDED" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,389 @@
+"""`convsts tune`: Ray Tune sweeps over a named space from tune_spaces/, reviewed in MLflow.
+
+  convsts tune --space sts_matrix --checkpoint C --out DIR
+  convsts tune --space snli_fraction --reddit-checkpoint C --out DIR [--prepared P]
+  convsts tune ... --param data.snli_fraction=[0.5,1.0] --num-samples 4 [dotted.overrides ...]
+
+A trial is the run config (`--config` + overrides) plus the space's sampled dotted keys. One
+MLflow parent run per sweep, one child run per trial. The best trial (on the space's dev metric)
+gives DIR/results.json and DIR/best_config.yaml. Rerunning the same command after an interruption
+resumes the sweep (Tuner.restore) without rerunning finished trials; `--fresh` starts over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from ray_jobs import tracking
+from ray_jobs.config import ConfigError, RunConfig, flatten, from_dict, load_config, resolve_path
+from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
+from tune_spaces import TuneSpace, get_space
+
+STATE_FILE = "sweep.json"  # parent run id and the sweep's arguments, for resumption
+
+
+# ---------------------------------------------------------------------------------------------
+# Trial configs
+
+
+def trial_config(base: Dict[str, Any], params: Dict[str, Any], fixed: Sequence[str] = ()) -> RunConfig:
+    """base config dict + the space's fixed overrides + a trial's dotted keys -> a validated RunConfig."""
+    merged = OmegaConf.create(base)
+    if fixed:
+        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(fixed)))
+    for key, value in params.items():
+        OmegaConf.update(merged, key, value, merge=True)
+    return from_dict(OmegaConf.to_container(merged), source="trial parameters")
+
+
+def check_space_keys(space: TuneSpace, base: RunConfig, extra: Dict[str, Any]) -> None:
+    """Every dotted key of the space names a config field: fail before any trial starts."""
+    flat = flatten(base.to_dict())
+    for key in list(space.params()) + list(extra):
+        if key not in flat:
+            raise ConfigError(f"tune space {space.name}: config key '{key}' does not exist")
+
+
+def grid_overrides(items: Sequence[str]) -> Dict[str, Any]:
+    """--param key=[v1,v2] -> {key: tune.grid_search([v1, v2])}; key=v -> a fixed value."""
+    from ray import tune
+
+    out: Dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--param {item!r}: expected key=value or key=[v1,v2]")
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))["v"]
+        out[key] = tune.grid_search(list(value)) if isinstance(value, list) else value
+    return out
+
+
+def _plain(params: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in params.items()}
+
+
+def _trial_run(uri: str, experiment: str, parent_run_id: str, params: Dict[str, Any]) -> str:
+    """The trial's child run: reused when a restored sweep restarts the trial, else created."""
+    from ray import tune
+
+    trial_id = tune.get_context().get_trial_id()
+    run_id = tracking.find_run(uri, experiment, {"mlflow.parentRunId": parent_run_id, "convsts.trial_id": trial_id})
+    if run_id is None:
+        run_id = tracking.start_run(uri, experiment, f"{tune.get_context().get_trial_name()}", _plain(params),
+                                    tags={"convsts.job": "tune-trial", "convsts.trial_id": trial_id},
+                                    parent_run_id=parent_run_id)
+    # One point per start: a trial that a resumed sweep reruns shows two.
+    tracking.log_metrics(uri, run_id, {"trial/started": time.time()})
+    return run_id
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainables (functions of their config; shared inputs come through the object store)
+
+
+def sts_matrix_trial(params: Dict[str, Any], embeddings: Dict[str, Dict[str, np.ndarray]], base: Dict[str, Any],
+                     fixed: List[str], uri: str, experiment: str, parent_run_id: str) -> None:
+    import ray.tune
+    from ray.tune import Checkpoint
+
+    from models.sts_transform import StsTransform, fit_sts_transform
+
+    cfg = trial_config(base, params, fixed)
+    run_id = _trial_run(uri, experiment, parent_run_id, params)
+
+    def on_epoch(epoch: int, dev_r: float, best: float, new_best: Optional[np.ndarray]) -> None:
+        metrics = {"stsb_tuned/dev/pearson": best, "stsb_tuned/dev/pearson_epoch": dev_r, "epoch": epoch}
+        tracking.log_metrics(uri, run_id, metrics, step=epoch)
+        if new_best is None:
+            ray.tune.report(metrics)
+            return
+        with tempfile.TemporaryDirectory() as tmp:  # the best matrix so far travels with the report
+            StsTransform(new_best, cfg.eval.tuned, best, epoch).save(tmp)
+            ray.tune.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
+
+    fitted = fit_sts_transform(embeddings["train"], embeddings["dev"], cfg.eval.tuned, on_epoch=on_epoch)
+    tracking.log_metrics(uri, run_id, {"stsb_tuned/dev/pearson": fitted.dev_pearson,
+                                       "stsb_tuned/best_epoch": fitted.best_epoch}, step=cfg.eval.tuned.epochs)
+    tracking.end_run(uri, run_id)
+
+
+def train_trial(params: Dict[str, Any], base: Dict[str, Any], fixed: List[str], uri: str, experiment: str,
+                parent_run_id: str, prepared: str) -> None:
+    """One multitask training (a TorchTrainer inside the trial, Train V2 style), then evaluation."""
+    import ray.tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from models import load
+    from ray_jobs.evaluate import EmbeddingScorer, evaluate
+    from ray_jobs.train import run_training
+
+    cfg = trial_config(base, params, fixed)
+    run_id = _trial_run(uri, experiment, parent_run_id, params)
+    trial_dir = Path(ray.tune.get_context().get_trial_dir())
+    try:
+        trained = run_training(cfg, trial_dir / "run", run_id=run_id, prepared_dir=prepared,
+                               extra_callbacks=[TuneReportCallback()])
+        results = evaluate(EmbeddingScorer(load(trained.checkpoint), cfg.eval.batch_size), cfg, Path(prepared))
+    except BaseException:
+        tracking.end_run(uri, run_id, "FAILED")
+        raise
+    run = tracking.client(uri).get_run(run_id)
+    results["data/snli_train_pairs"] = run.data.metrics.get("data/snli_train_pairs", float("nan"))
+    tracking.log_metrics(uri, run_id, results, step=cfg.trainer.steps)
+    tracking.end_run(uri, run_id)
+    ray.tune.report({**results, "checkpoint_dir": str(trained.checkpoint)})
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+
+
+def _concurrency(space: TuneSpace, cfg: RunConfig) -> tuple[Dict[str, float], int]:
+    """(resources of the trial function, trials at once) from the cluster's CPUs."""
+    import ray
+
+    cpus = float(ray.cluster_resources().get("CPU", 1.0))
+    if space.objective == "sts_matrix":
+        return {"cpu": 1.0}, max(1, int(cpus))
+    # The TorchTrainer inside asks for its own workers; keep a CPU free for Ray Data.
+    per_trial = cfg.trainer.num_workers * cfg.trainer.cpus_per_worker + 1.0
+    return {"cpu": 0.1}, max(1, int(cpus // per_trial))
+
+
+def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> Dict[str, Dict[str, np.ndarray]]:
+    from datasets.evalsets import read_stsb, stsb_split_path
+    from models import load
+    from ray_jobs.evaluate import EmbeddingScorer, stsb_embeddings
+
+    scorer = EmbeddingScorer(load(checkpoint), cfg.eval.batch_size)
+    stsb_dir = resolve_path(cfg.data.stsb_dir)
+    return {split: stsb_embeddings(scorer, read_stsb(stsb_split_path(stsb_dir, split)))
+            for split in ("train", "dev", "test")}
+
+
+def _unfinished(result_grid) -> int:
+    """Trials that neither ended nor errored: the sweep was interrupted."""
+    return len(result_grid) - result_grid.num_terminated - result_grid.num_errors
+
+
+def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str] = None,
+              reddit_checkpoint: Optional[str] = None, prepared_dir: Optional[str] = None,
+              param_overrides: Optional[Dict[str, Any]] = None, num_samples: Optional[int] = None,
+              fresh: bool = False, max_concurrent: Optional[int] = None) -> Dict[str, Any]:
+    import ray
+    from ray import tune
+
+    started = time.time()
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    param_overrides = dict(param_overrides or {})
+    check_space_keys(space, cfg, param_overrides)
+    if space.objective == "sts_matrix" and not checkpoint:
+        raise ConfigError(f"space {space.name} needs --checkpoint (the encoder whose embeddings are tuned)")
+    if space.objective == "train":
+        if not reddit_checkpoint:
+            raise ConfigError(f"space {space.name} needs --reddit-checkpoint (every trial warm-starts from it)")
+        cfg.trainer.warm_start = str(Path(reddit_checkpoint).resolve())
+    ensure_ray()
+    uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
+    tracking.experiment_id(uri, cfg.mlflow.experiment)  # create DB and experiment before trials race to
+
+    experiment_path = out_dir / "ray_tune" / space.name
+    state_file = out_dir / STATE_FILE
+    resume = not fresh and state_file.is_file() and tune.Tuner.can_restore(str(experiment_path))
+    if fresh and experiment_path.exists():
+        shutil.rmtree(experiment_path)
+    if resume:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+        parent_run_id = state["parent_run_id"]
+        log.info("resuming sweep %s (MLflow parent run %s) from %s", space.name, parent_run_id, experiment_path)
+    else:
+        parent_run_id = tracking.start_run(
+            uri, cfg.mlflow.experiment, cfg.mlflow.run_name or f"tune-{space.name}",
+            {**flatten(cfg.to_dict()), "tune.space": space.name, "tune.objective": space.objective,
+             "tune.metric": space.metric, "tune.checkpoint": checkpoint or reddit_checkpoint or "",
+             "tune.param_overrides": repr(param_overrides)},
+            tags={"convsts.job": "tune", "convsts.space": space.name})
+        state_file.write_text(json.dumps({"parent_run_id": parent_run_id, "space": space.name}), encoding="utf-8")
+
+    base = cfg.to_dict()
+    resources, concurrency = _concurrency(space, cfg)
+    if max_concurrent:
+        concurrency = min(concurrency, max_concurrent)
+    embeddings = None
+    if space.objective == "sts_matrix":
+        log.info("encoding STS-B train/dev/test once with %s", checkpoint)
+        embeddings = stsb_embeddings_of(checkpoint, cfg)
+        trainable = tune.with_parameters(sts_matrix_trial, embeddings=embeddings, base=base, fixed=space.fixed,
+                                         uri=uri, experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id)
+    else:
+        prepared = Path(prepared_dir or resolve_path(cfg.data.prepared_dir) or out_dir / "prepared").resolve()
+        if not (prepared / "reddit").is_dir():
+            from ray_jobs.prepare import prepare_all
+
+            prepare_all(cfg, prepared)
+        trainable = tune.with_parameters(train_trial, base=base, fixed=space.fixed, uri=uri,
+                                         experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id,
+                                         prepared=str(prepared))
+    trainable = tune.with_resources(trainable, resources)
+
+    scheduler = None
+    if space.scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        scheduler = ASHAScheduler(time_attr="training_iteration", metric=space.metric, mode=space.mode,
+                                  max_t=space.max_t, grace_period=max(1, min(5, space.max_t // 4)), reduction_factor=3)
+    if resume:
+        tuner = tune.Tuner.restore(str(experiment_path), trainable=trainable, resume_unfinished=True,
+                                   resume_errored=True)
+    else:
+        param_space = {**space.params(), **param_overrides}
+        tuner = tune.Tuner(
+            trainable,
+            param_space=param_space,
+            tune_config=tune.TuneConfig(num_samples=num_samples or space.num_samples, scheduler=scheduler,
+                                        max_concurrent_trials=concurrency),
+            run_config=tune.RunConfig(name=space.name, storage_path=str(out_dir / "ray_tune"), verbose=1),
+        )
+    log.info("sweep %s: %s trials at once, %s per trial function", space.name, concurrency, resources)
+    grid = tuner.fit()
+    pending = _unfinished(grid)
+    if pending:
+        raise SweepInterrupted(f"{pending} trial(s) did not finish; rerun the same command to resume "
+                               f"(state in {experiment_path})")
+    _close_stopped_runs(uri, cfg.mlflow.experiment, parent_run_id)
+    errors = [r for r in grid if r.error is not None]
+    best = grid.get_best_result(metric=space.metric, mode=space.mode, scope="last")
+    best_params = {k: v for k, v in best.config.items()}
+    best_cfg = trial_config(base, best_params, space.fixed)
+    (out_dir / "best_config.yaml").write_text(best_cfg.to_yaml(), encoding="utf-8")
+
+    if space.objective == "sts_matrix":
+        results = _sts_matrix_results(best, embeddings, cfg, checkpoint, out_dir)
+    else:
+        results = {k: v for k, v in best.metrics.items() if isinstance(v, (int, float)) and "/" in k}
+        results["checkpoint"] = best.metrics.get("checkpoint_dir", "")
+        _fraction_curve(grid, space, out_dir)
+    results["mlflow_run_id"] = parent_run_id
+    results["best_trial"] = Path(best.path).name
+    results["trials"] = len(grid)
+    results["trials_failed"] = len(errors)
+    results["seconds"] = round(time.time() - started, 1)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+
+    best_child = tracking.find_run(uri, cfg.mlflow.experiment, {"mlflow.parentRunId": parent_run_id,
+                                                                "convsts.trial_id": best.metrics.get("trial_id", "")})
+    tracking.log_params(uri, parent_run_id, {f"best.{k}": v for k, v in _plain(best_params).items()})
+    tracking.log_metrics(uri, parent_run_id, {k: v for k, v in results.items() if "/" in k})
+    tracking.set_tags(uri, parent_run_id, {"convsts.best_trial_run": best_child or ""})
+    for name in ("best_config.yaml", "results.json", "curve.png", "curve.csv", "sts_transform.safetensors"):
+        if (out_dir / name).is_file():
+            tracking.log_artifact(uri, parent_run_id, str(out_dir / name))
+    tracking.end_run(uri, parent_run_id, "FINISHED")
+    log.info("sweep %s: %d trials in %.0f s; best %s = %.4f", space.name, len(grid), results["seconds"],
+             space.metric, float(best.metrics.get(space.metric, math.nan)))
+    return results
+
+
+class SweepInterrupted(RuntimeError):
+    pass
+
+
+def _close_stopped_runs(uri: str, experiment: str, parent_run_id: str) -> None:
+    """Trials stopped early by the scheduler end without closing their run: close them here."""
+    for run in tracking.child_runs(uri, experiment, parent_run_id):
+        if run.info.status == "RUNNING":
+            tracking.set_tags(uri, run.info.run_id, {"convsts.stopped_early": "true"})
+            tracking.end_run(uri, run.info.run_id, "FINISHED")
+
+
+def _sts_matrix_results(best, embeddings, cfg: RunConfig, checkpoint: str, out_dir: Path) -> Dict[str, Any]:
+    """Test is scored for the chosen trial only, with the matrix that its best dev epoch produced."""
+    from datasets.evalsets import read_stsb, stsb_split_path
+    from models.sts_transform import load_sts_transform
+    from ray_jobs.evaluate import sts_metrics_from_sim
+
+    with best.checkpoint.as_directory() as folder:
+        transform = load_sts_transform(folder)
+    stsb_dir = resolve_path(cfg.data.stsb_dir)
+    results: Dict[str, Any] = {"stsb_tuned/best_epoch": transform.best_epoch}
+    for split in ("dev", "test"):
+        emb = embeddings[split]
+        frame = read_stsb(stsb_split_path(stsb_dir, split))
+        results.update(sts_metrics_from_sim(transform.score(emb["u"], emb["v"]), frame, f"stsb_tuned/{split}"))
+    transform.save(out_dir)
+    transform.save(checkpoint)  # beside the checkpoint, where `encode(tuned=True)` finds it
+    results["checkpoint"] = str(checkpoint)
+    return results
+
+
+def _fraction_curve(grid, space: TuneSpace, out_dir: Path) -> None:
+    from ray_jobs.evaluate import fraction_curve_plot
+
+    rows = []
+    for result in grid:
+        if result.error is not None or not result.metrics:
+            continue
+        row = {"fraction": result.config["data.snli_fraction"],
+               "seed": result.config.get("data.snli_fraction_seed", 0),
+               "trial": Path(result.path).name}
+        row.update({name: result.metrics.get(name, math.nan) for name in space.report})
+        rows.append(row)
+    rows.sort(key=lambda r: (r["fraction"], r["seed"]))
+    with open(out_dir / "curve.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    fraction_curve_plot(rows, [m for m in space.report if m.startswith("stsb/")], out_dir / "curve.png")
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="convsts tune", description=__doc__,
+                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--space", required=True, help="a name in tune_spaces/ or package.module:ATTRIBUTE")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--config", default=None, help="base run config YAML")
+    parser.add_argument("--checkpoint", default=None, help="encoder checkpoint (sts_matrix)")
+    parser.add_argument("--reddit-checkpoint", default=None, help="Reddit-only checkpoint to warm-start from (train)")
+    parser.add_argument("--prepared", default=None, help="prepared shards (train objective)")
+    parser.add_argument("--param", action="append", default=[],
+                        help="replace a space dimension: key=[v1,v2] (grid) or key=v (fixed); repeatable")
+    parser.add_argument("--num-samples", type=int, default=None)
+    parser.add_argument("--max-concurrent", type=int, default=None, help="at most this many trials at once")
+    parser.add_argument("--fresh", action="store_true", help="start over instead of resuming DIR's sweep")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides of the base config")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging()
+    try:
+        space = get_space(args.space)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    cfg = load_config(args.config, args.overrides)
+    try:
+        results = run_sweep(space, cfg, args.out, checkpoint=args.checkpoint, reddit_checkpoint=args.reddit_checkpoint,
+                            prepared_dir=args.prepared, param_overrides=grid_overrides(args.param),
+                            num_samples=args.num_samples, fresh=args.fresh, max_concurrent=args.max_concurrent)
+    except SweepInterrupted as err:
+        print(f"convsts tune: {err}")
+        return 130
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

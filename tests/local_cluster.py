@@ -1,0 +1,134 @@
+"""A real Ray head (`ray start --head`, own temp dir) and a real MLflow server, both on 127.0.0.1,
+for tests; each is stopped by its own process ids (never `ray stop`, which ends every Ray process
+on the machine)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _procs() -> Dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line), from /proc."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            out[int(entry)] = (ppid, cmd)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def pids_matching(marker: str) -> List[int]:
+    """Processes whose command line contains `marker`, plus all their descendants."""
+    procs = _procs()
+    found = {pid for pid, (_, cmd) in procs.items() if marker in cmd and pid != os.getpid()}
+    grew = True
+    while grew:
+        children = {pid for pid, (ppid, _) in procs.items() if ppid in found} - found
+        grew = bool(children)
+        found |= children
+    return sorted(found)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # zombies are gone for our purposes (PID 1 here may not reap them)
+
+
+def stop_pids(pids: List[int], grace_s: float = 10.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.time() + grace_s
+        while time.time() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.2)
+        if not any(_alive(p) for p in pids):
+            return
+
+
+def _wait_http(url: str, timeout_s: float, headers: Optional[Dict[str, str]] = None) -> None:
+    deadline = time.time() + timeout_s
+    last: Exception | None = None
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5) as r:
+                if r.status < 500:
+                    return
+        except urllib.error.HTTPError as err:  # 401 still means the server is up
+            if err.code < 500:
+                return
+            last = err
+        except Exception as err:  # noqa: BLE001 - not up yet
+            last = err
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s: {last}")
+
+
+@contextlib.contextmanager
+def ray_head(env: Dict[str, str], num_cpus: int = 2) -> Iterator[Dict[str, str]]:
+    """`ray start --head` with a private temp dir; yields {"address": dashboard URL, "temp_dir": ...}."""
+    temp_dir = tempfile.mkdtemp(prefix="cvray", dir="/tmp")  # short: Ray's unix sockets live under it
+    dashboard_port = free_port()
+    full_env = {**os.environ, **env, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                "RAY_USAGE_STATS_ENABLED": "0"}
+    full_env.pop("RAY_ADDRESS", None)
+    cmd = [str(BIN / "ray"), "start", "--head", f"--port={free_port()}", "--dashboard-host=127.0.0.1",
+           f"--dashboard-port={dashboard_port}", f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}",
+           "--disable-usage-stats", "--include-dashboard=true"]
+    try:
+        done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=180)
+        if done.returncode != 0:
+            raise RuntimeError(f"ray start failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        address = f"http://127.0.0.1:{dashboard_port}"
+        _wait_http(f"{address}/api/version", 120)
+        yield {"address": address, "temp_dir": temp_dir}
+    finally:
+        stop_pids(pids_matching(temp_dir))
+
+
+@contextlib.contextmanager
+def mlflow_server(root: Path) -> Iterator[str]:
+    """`mlflow server` (sqlite backend, proxied artifacts) on 127.0.0.1; yields its URL."""
+    port = free_port()
+    root.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        env=env, stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(f"{url}/health", 180)
+        yield url
+    finally:
+        stop_pids(sorted({proc.pid, *pids_matching(str(root / "mlflow.db"))}), grace_s=15)
+        proc.wait(timeout=30)

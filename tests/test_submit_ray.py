@@ -1,0 +1,98 @@
+"""`convsts submit` / `convsts jobs` against a real Ray head started with `ray start --head` on
+127.0.0.1 (own temp dir), with Ray's token authentication on and off, logging to a real MLflow server."""
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from local_cluster import mlflow_server, pids_matching, ray_head
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_TRAIN = [
+    "trainer.steps=4", "trainer.log_every=2", "trainer.checkpoint_every=2", "trainer.eval_every=0",
+    "tokenizer.word_vocab_size=3000", "tokenizer.bigram_buckets=2000",
+    "model.dan.embedding_dim=32", "model.dan.hidden_sizes=[32]", "model.dan.output_dim=24",
+    "model.response_hidden=16", "model.nli_hidden=16",
+    "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.001}]",
+]
+
+
+def convsts(args, env, timeout=600):
+    return subprocess.run([sys.executable, "-m", "ray_jobs.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def client_env(tmp_path, address, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "MLFLOW_TRACKING"))}
+    env.update({"RAY_ADDRESS": address, "HOME": str(tmp_path / "home")}, **extra)  # no ~/.ray/auth_token
+    return env
+
+
+@pytest.mark.slow
+def test_submit_training_job_with_token_auth(tmp_path):
+    token = secrets.token_hex(16)  # made up for this test cluster only
+    with ray_head({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}) as head, \
+            mlflow_server(tmp_path / "mlflow") as mlflow_url:
+        # Without the token the client is refused, with a message that says what to do.
+        refused = convsts(["jobs", "list"], client_env(tmp_path, head["address"]))
+        assert refused.returncode == 2 and "token authentication" in refused.stderr, refused.stderr
+
+        env = client_env(tmp_path, head["address"], RAY_AUTH_TOKEN=token)
+        out = tmp_path / "job_out"
+        done = convsts(["submit", "--submission-id", "convsts-test-train", "train", "--out", str(out), *TINY_TRAIN,
+                        f"mlflow.tracking_uri={mlflow_url}", "mlflow.experiment=submitted"], env)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        assert "job convsts-test-train: SUCCEEDED" in done.stdout
+        assert "task split mode=gradient_weighting" in done.stdout  # the job's logs were streamed
+
+        train = json.loads((out / "train.json").read_text())
+        assert (out / "checkpoint" / "model.safetensors").is_file()
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(mlflow_url)
+        exp = client.get_experiment_by_name("submitted")
+        runs = client.search_runs([exp.experiment_id])
+        assert [r.info.run_id for r in runs] == [train["mlflow_run_id"]]
+        run = runs[0]
+        assert run.info.status == "FINISHED" and run.data.params["trainer.steps"] == "4"
+        assert "reddit/loss" in run.data.metrics and "snli/loss" in run.data.metrics
+        assert "checkpoint" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+        listed = convsts(["jobs", "list"], env)
+        assert listed.returncode == 0 and "convsts-test-train" in listed.stdout and "SUCCEEDED" in listed.stdout
+        logs = convsts(["jobs", "logs", "convsts-test-train"], env)
+        assert logs.returncode == 0 and "mlflow_run_id" in logs.stdout
+        temp_dir = head["temp_dir"]
+    assert pids_matching(temp_dir) == []  # the head's processes are gone, stopped by pid
+
+
+@pytest.mark.slow
+def test_submit_and_stop_without_auth(tmp_path):
+    with ray_head({"RAY_AUTH_MODE": "disabled"}) as head:
+        env = client_env(tmp_path, head["address"], RAY_AUTH_MODE="disabled")
+        out = tmp_path / "bow"
+        done = convsts(["submit", "evaluate", "--baseline", "bow", "--out", str(out), "data.cqa_test=''"], env)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        assert 0 < json.loads((out / "results.json").read_text())["stsb/dev/pearson"] < 1
+
+        # A long training job is stopped through `convsts jobs stop`; following it then reports failure.
+        started = convsts(["submit", "--no-wait", "--submission-id", "convsts-test-long", "train",
+                           "--out", str(tmp_path / "long"), *TINY_TRAIN, "trainer.steps=100000"], env)
+        assert started.returncode == 0, started.stderr
+        deadline = time.time() + 120
+        while "RUNNING" not in convsts(["jobs", "list"], env).stdout and time.time() < deadline:
+            time.sleep(1)
+        stopped = convsts(["jobs", "stop", "convsts-test-long"], env)
+        assert stopped.returncode == 0 and "stop requested" in stopped.stdout
+        followed = convsts(["jobs", "logs", "--follow", "convsts-test-long"], env)
+        assert followed.returncode == 1
+        listed = convsts(["jobs", "list"], env).stdout
+        assert any("convsts-test-long" in line and "STOPPED" in line for line in listed.splitlines()), listed
+        temp_dir = head["temp_dir"]
+    assert pids_matching(temp_dir) == []

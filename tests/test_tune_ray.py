@@ -1,0 +1,151 @@
+"""Both sweeps on a real local Ray instance at a tiny size, with MLflow parent/child runs, and a
+sweep interrupted midway (SIGINT, as Ctrl+C) then resumed without rerunning finished trials."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from datasets.evalsets import read_stsb, stsb_split_path
+from datasets.snli import fraction_rank
+from datasets.text import DanTokenizer, TokenizerConfig, count_words
+from models import save_checkpoint
+from models.checkpoint import build_model
+from models.config import DanConfig, ModelConfig
+from models.sts_transform import load_sts_transform
+from ray_jobs import tracking
+from ray_jobs.config import load_config, resolve_path
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_MODEL = [
+    "tokenizer.word_vocab_size=3000", "tokenizer.bigram_buckets=2000",
+    "model.dan.embedding_dim=32", "model.dan.hidden_sizes=[32]", "model.dan.output_dim=24",
+    "model.response_hidden=16", "model.nli_hidden=16",
+    "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.001}]", "trainer.optimizer=adam",
+    "trainer.log_every=2", "trainer.eval_every=0", "eval.reddit_pairs=200", "data.cqa_test=''",
+]
+
+
+def _tiny_checkpoint(path):
+    stsb = read_stsb(stsb_split_path(resolve_path("{sample}"), "train"))
+    tokenizer = DanTokenizer.build(count_words(list(stsb["sentence1"]) + list(stsb["sentence2"])),
+                                   TokenizerConfig(word_vocab_size=5000, bigram_buckets=500))
+    config = ModelConfig(dan=DanConfig(embedding_dim=24, hidden_sizes=[24], output_dim=16), response_hidden=16,
+                         nli_hidden=8)
+    return save_checkpoint(path, build_model(config, tokenizer).eval(), tokenizer, {})
+
+
+def _runs(uri, experiment, parent):
+    return {r.data.tags["convsts.trial_id"]: r for r in tracking.child_runs(uri, experiment, parent)}
+
+
+@pytest.mark.slow
+def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_path):
+    checkpoint = _tiny_checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "sweep"
+    experiment = "tune-sts-matrix-test"
+    cmd = [sys.executable, "-m", "ray_jobs.tune", "--space", "sts_matrix", "--checkpoint", str(checkpoint),
+           "--out", str(out), "--num-samples", "6", "--max-concurrent", "1", "--param", "eval.tuned.epochs=[6]",
+           f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"]
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+
+    first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finished_before = {}
+    deadline = time.time() + 300
+    while time.time() < deadline and first.poll() is None:
+        if (out / "sweep.json").is_file():
+            parent = json.loads((out / "sweep.json").read_text())["parent_run_id"]
+            finished_before = {t: r for t, r in _runs(mlflow_uri, experiment, parent).items()
+                               if r.info.status == "FINISHED"}
+            if len(finished_before) >= 2:
+                break
+        time.sleep(0.3)
+    first.send_signal(signal.SIGINT)
+    log_first = first.communicate(timeout=180)[0]
+    assert first.returncode == 130, log_first[-3000:]
+    assert "rerun the same command to resume" in log_first
+    assert 2 <= len(finished_before) < 6
+
+    second = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=400)
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert "resuming sweep sts_matrix" in second.stdout
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["trials"] == 6 and results["trials_failed"] == 0
+    for name in ("stsb_tuned/dev/pearson", "stsb_tuned/test/pearson", "stsb_tuned/test/news/pearson"):
+        assert -1 <= results[name] <= 1, name
+    # The chosen matrix is saved beside the checkpoint; best_config.yaml is a loadable run config.
+    transform = load_sts_transform(checkpoint)
+    assert transform.dev_pearson == pytest.approx(results["stsb_tuned/dev/pearson"], abs=1e-6)
+    best = load_config(out / "best_config.yaml")
+    assert best.eval.tuned == transform.config
+
+    client = tracking.client(mlflow_uri)
+    parent = client.get_run(results["mlflow_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.params["tune.space"] == "sts_matrix"
+    assert parent.data.metrics["stsb_tuned/dev/pearson"] == pytest.approx(results["stsb_tuned/dev/pearson"])
+    assert {"best_config.yaml", "results.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    children = _runs(mlflow_uri, experiment, parent.info.run_id)
+    assert len(children) == 6 and all(r.info.status == "FINISHED" for r in children.values())
+    assert all("eval.tuned.lr" in r.data.params for r in children.values())
+    # Trials that had finished before the interruption were not run again: one start each.
+    for trial_id in finished_before:
+        assert len(client.get_metric_history(children[trial_id].info.run_id, "trial/started")) == 1, trial_id
+    best_child = client.get_run(parent.data.tags["convsts.best_trial_run"])
+    assert best_child.data.metrics["stsb_tuned/dev/pearson"] == pytest.approx(results["stsb_tuned/dev/pearson"])
+
+
+@pytest.mark.slow
+def test_snli_fraction_sweep(ray_session, mlflow_uri, tmp_path):
+    from ray_jobs.prepare import prepare_all
+    from ray_jobs.train import run_training
+    from ray_jobs.tune import grid_overrides, run_sweep
+    from tune_spaces import get_space
+
+    experiment = "tune-snli-fraction-test"
+    base = TINY_MODEL + [f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}",
+                         "trainer.num_workers=2"]
+    prepared = tmp_path / "prepared"
+    prepare_all(load_config(None, base), prepared)
+    reddit_cfg = load_config(None, base + ["trainer.steps=4", "trainer.num_workers=1", "trainer.checkpoint_every=4",
+                                           "trainer.task_weights={reddit: 1.0}"])
+    reddit = run_training(reddit_cfg, tmp_path / "reddit", prepared_dir=prepared)
+
+    cfg = load_config(None, base + ["trainer.steps=4", "trainer.checkpoint_every=2"])
+    results = run_sweep(get_space("snli_fraction"), cfg, tmp_path / "sweep", reddit_checkpoint=str(reddit.checkpoint),
+                        prepared_dir=str(prepared), param_overrides=grid_overrides(["data.snli_fraction=[0.5,1.0]"]))
+
+    out = tmp_path / "sweep"
+    curve = pd.read_csv(out / "curve.csv")
+    assert list(curve["fraction"]) == [0.5, 1.0] and list(curve["seed"]) == [0, 0]
+    for name in ("stsb/dev/pearson", "stsb/dev/captions/pearson", "stsb/test/pearson", "stsb/test/captions/pearson"):
+        assert curve[name].between(-1, 1).all(), name
+    # Nested subsets: the 0.5 trial trained on exactly the rows whose seeded rank is below 0.5.
+    snli = pq.read_table(prepared / "snli" / "train").to_pandas()
+    half = sum(fraction_rank(p, h, 0) < 0.5 for p, h in zip(snli["premise"], snli["hypothesis"]))
+    assert list(curve["data/snli_train_pairs"]) == [half, len(snli)]
+    assert (out / "curve.png").stat().st_size > 0
+
+    best = load_config(out / "best_config.yaml")
+    assert best.trainer.warm_start == str(reddit.checkpoint.resolve())
+    assert best.data.snli_fraction in (0.5, 1.0)
+    assert results["trials"] == 2 and -1 <= results["stsb/dev/pearson"] <= 1
+
+    client = tracking.client(mlflow_uri)
+    parent = client.get_run(results["mlflow_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert {"curve.png", "curve.csv", "best_config.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    children = _runs(mlflow_uri, experiment, parent.info.run_id)
+    assert len(children) == 2
+    for run in children.values():
+        assert run.info.status == "FINISHED"
+        assert {"reddit/loss", "snli/loss", "stsb/dev/pearson", "data/snli_train_pairs"} <= set(run.data.metrics)
+        assert run.data.params["trainer.warm_start"] == str(reddit.checkpoint.resolve())

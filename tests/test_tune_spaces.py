@@ -1,0 +1,57 @@
+"""Search spaces and trial configs: no Ray cluster needed."""
+
+import pytest
+from ray import tune
+
+from ray_jobs.config import ConfigError, load_config
+from ray_jobs.tune import check_space_keys, grid_overrides, trial_config
+from tune_spaces import TuneSpace, builtin_spaces, get_space
+from tune_spaces.snli_fraction import FRACTIONS
+
+
+def test_builtin_spaces():
+    assert {"sts_matrix", "snli_fraction"} <= set(builtin_spaces())
+    sts = get_space("sts_matrix")
+    assert sts.objective == "sts_matrix" and sts.metric == "stsb_tuned/dev/pearson" and sts.scheduler == "asha"
+    assert set(sts.params()) == {"eval.tuned.lr", "eval.tuned.weight_decay", "eval.tuned.init", "eval.tuned.rank",
+                                 "eval.tuned.epochs", "eval.tuned.loss"}
+    snli = get_space("snli_fraction")
+    assert snli.objective == "train"
+    assert FRACTIONS == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+    assert snli.params()["data.snli_fraction"] == tune.grid_search(FRACTIONS)
+    base = load_config()
+    for space in (sts, snli):
+        check_space_keys(space, base, {})
+
+
+MY_SPACE = TuneSpace(name="mine", description="a user's own space", objective="sts_matrix",
+                     metric="stsb_tuned/dev/pearson", mode="max",
+                     params=lambda: {"eval.tuned.lr": tune.choice([0.01, 0.1])})
+BAD_SPACE = TuneSpace(name="bad", description="", objective="sts_matrix", metric="m", mode="max",
+                      params=lambda: {"eval.tuned.learning_rate": 0.1})
+
+
+def test_user_space_by_module_path():
+    assert get_space("test_tune_spaces:MY_SPACE") is MY_SPACE
+    with pytest.raises(ValueError, match="unknown tune space 'nope'"):
+        get_space("nope")
+    with pytest.raises(ConfigError, match="'eval.tuned.learning_rate' does not exist"):
+        check_space_keys(BAD_SPACE, load_config(), {})
+
+
+def test_trial_config_applies_dotted_keys_and_rejects_unknown_ones():
+    base = load_config(None, ["trainer.steps=7"]).to_dict()
+    cfg = trial_config(base, {"data.snli_fraction": 0.3, "eval.tuned.rank": 16}, ["eval.tuned.enabled=false"])
+    assert cfg.data.snli_fraction == 0.3 and cfg.eval.tuned.rank == 16 and cfg.trainer.steps == 7
+    assert cfg.eval.tuned.enabled is False
+    with pytest.raises(ConfigError, match="data.snli_fraction"):
+        trial_config(base, {"data.snli_fraction": 1.5})
+    with pytest.raises(ConfigError, match="eval.tuned.nope"):
+        trial_config(base, {"eval.tuned.nope": 1})
+
+
+def test_grid_overrides():
+    out = grid_overrides(["data.snli_fraction=[0.5,1.0]", "eval.tuned.epochs=3"])
+    assert out == {"data.snli_fraction": tune.grid_search([0.5, 1.0]), "eval.tuned.epochs": 3}
+    with pytest.raises(ConfigError, match="expected key=value"):
+        grid_overrides(["data.snli_fraction"])
