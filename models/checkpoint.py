@@ -25,7 +25,7 @@ from models.heads import MultitaskModel
 from models.sts_transform import FILE_NAME as STS_FILE
 from models.sts_transform import load_sts_transform
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the response head is residual (identity at init)
 
 
 def model_config_from_dict(data: Dict[str, Any]) -> ModelConfig:

@@ -14,14 +14,18 @@ TASKS = ("reddit", "snli")
 
 
 class ResponseHead(nn.Module):
-    """The extra feed-forward network applied to the response embedding only."""
+    """The extra feed-forward network applied to the response embedding only, as a residual
+    branch whose output layer starts at zero: an untrained head is the identity, so training starts
+    from the encoder's own similarity (lexical overlap for a fresh DAN) instead of scrambling it."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(dim, hidden), nn.Tanh(), nn.Linear(hidden, dim))
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.zeros_(self.net[-1].bias)
 
     def forward(self, response: torch.Tensor) -> torch.Tensor:
-        return self.net(response)  # (B, D)
+        return response + self.net(response)  # (B, D)
 
 
 class NliHead(nn.Module):

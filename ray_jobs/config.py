@@ -145,6 +145,20 @@ class RunConfig:
         return OmegaConf.to_yaml(OmegaConf.structured(self))
 
 
+# Maps whose value is a whole: a layer that sets one replaces it rather than adding keys to the
+# default (`trainer.task_weights={reddit: 1.0}` trains on Reddit alone).
+REPLACED_MAPS = ("trainer.task_weights",)
+
+
+def _merge_replacing_maps(base, layer):
+    merged = OmegaConf.merge(base, layer)
+    for key in REPLACED_MAPS:
+        value = OmegaConf.select(layer, key, default=None)
+        if value is not None:
+            OmegaConf.update(merged, key, OmegaConf.to_container(value), merge=False)
+    return merged
+
+
 def _describe(err: OmegaConfBaseException, source: str) -> str:
     key = getattr(err, "full_key", None)
     msg = str(err).splitlines()[0]
@@ -156,7 +170,7 @@ def from_dict(values: Dict[str, Any], source: str = "") -> RunConfig:
     """Build a RunConfig from a (possibly partial) nested dict, rejecting unknown keys."""
     schema = OmegaConf.structured(RunConfig)
     try:
-        merged = OmegaConf.merge(schema, OmegaConf.create(values))
+        merged = _merge_replacing_maps(schema, OmegaConf.create(values))
         return OmegaConf.to_object(merged).validate()  # type: ignore[union-attr]
     except OmegaConfBaseException as err:
         raise ConfigError(_describe(err, source)) from None
@@ -181,12 +195,12 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
         merged = schema
         for i, layer in enumerate(layers[1:], start=1):
             try:
-                merged = OmegaConf.merge(merged, layer)
+                merged = _merge_replacing_maps(merged, layer)
             except OmegaConfBaseException as err:
                 raise ConfigError(_describe(err, str(path))) from None
         if overrides:
             try:
-                merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+                merged = _merge_replacing_maps(merged, OmegaConf.from_dotlist(list(overrides)))
             except OmegaConfBaseException as err:
                 raise ConfigError(_describe(err, "command-line overrides")) from None
         return absolute_paths(OmegaConf.to_object(merged).validate())  # type: ignore[union-attr]

@@ -47,12 +47,13 @@ def precision_at_n(scores: np.ndarray, ns: Sequence[int] = (1, 3, 10)) -> Dict[i
     return {n: float(np.mean(rank <= n)) for n in ns}
 
 
-def average_precision(scores: Sequence[float], relevant: Sequence[bool]) -> float:
-    """AP of one query, candidates sorted by score descending (stable: ties keep the given order,
-    as the official SemEval scorer sorts by score and keeps the file order). 0 when nothing is
-    relevant: the official scorer counts such a query as AP 0 in the mean."""
+def average_precision(scores: Sequence[float], relevant: Sequence[bool], cutoff: int = 10) -> float:
+    """AP of one query as the official SemEval CQA scorer (ev.py, MAP at 10) computes it: candidates
+    sorted by score descending (stable: ties keep the given order, as the scorer keeps file order),
+    the mean of precision at each relevant candidate within the first `cutoff`; 0 when none of
+    those is relevant (such a query still counts in the mean)."""
     order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
-    rel = np.asarray(relevant, dtype=bool)[order]
+    rel = np.asarray(relevant, dtype=bool)[order][:cutoff]
     if not rel.any():
         return 0.0
     hits = np.cumsum(rel)

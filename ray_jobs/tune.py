@@ -30,7 +30,8 @@ from ray_jobs.config import ConfigError, RunConfig, flatten, from_dict, load_con
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
 from tune_spaces import TuneSpace, get_space
 
-STATE_FILE = "sweep.json"  # parent run id and the sweep's arguments, for resumption
+STATE_FILE = "sweep.json"
+TRIAL_FUNCTION_CPU = 0.1  # the trial function only waits on its TorchTrainer  # parent run id and the sweep's arguments, for resumption
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,9 +157,16 @@ def _concurrency(space: TuneSpace, cfg: RunConfig) -> tuple[Dict[str, float], in
     cpus = float(ray.cluster_resources().get("CPU", 1.0))
     if space.objective == "sts_matrix":
         return {"cpu": 1.0}, max(1, int(cpus))
-    # The TorchTrainer inside asks for its own workers; keep a CPU free for Ray Data.
-    per_trial = cfg.trainer.num_workers * cfg.trainer.cpus_per_worker + 1.0
-    return {"cpu": 0.1}, max(1, int(cpus // per_trial))
+    # The TorchTrainer inside asks for its own workers, and Ray Data's read tasks need a whole CPU
+    # beside them (ListFiles asks for 1 CPU: with less free it waits forever).
+    per_trial = TRIAL_FUNCTION_CPU + cfg.trainer.num_workers * cfg.trainer.cpus_per_worker + 1.0
+    if per_trial > cpus:
+        raise ConfigError(
+            f"a trial needs {per_trial:g} CPUs ({TRIAL_FUNCTION_CPU} for the trial function, "
+            f"trainer.num_workers x trainer.cpus_per_worker = {cfg.trainer.num_workers} x {cfg.trainer.cpus_per_worker} "
+            f"for the workers, 1 free for Ray Data) and the cluster has {cpus:g}: lower trainer.cpus_per_worker "
+            f"(e.g. trainer.cpus_per_worker={max(0.1, (cpus - 1.0 - TRIAL_FUNCTION_CPU) / cfg.trainer.num_workers):.2f})")
+    return {"cpu": TRIAL_FUNCTION_CPU}, max(1, int(cpus // per_trial))
 
 
 def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> Dict[str, Dict[str, np.ndarray]]:
@@ -172,9 +180,20 @@ def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> Dict[str, Dict[str, n
             for split in ("train", "dev", "test")}
 
 
-def _unfinished(result_grid) -> int:
-    """Trials that neither ended nor errored: the sweep was interrupted."""
-    return len(result_grid) - result_grid.num_terminated - result_grid.num_errors
+def expected_trials(param_space: Dict[str, Any], num_samples: int) -> int:
+    """num_samples x the size of every grid dimension: what Tune generates for this space."""
+    total = num_samples
+    for value in param_space.values():
+        if isinstance(value, dict) and "grid_search" in value:
+            total *= len(value["grid_search"])
+    return total
+
+
+def _unfinished(result_grid, expected: int) -> int:
+    """Trials not ended: started but neither terminated nor errored, or never created (Tune
+    creates trials lazily, so an interrupted sweep's result grid lacks the ones not yet begun)."""
+    ended = result_grid.num_terminated + result_grid.num_errors
+    return max(expected, len(result_grid)) - ended
 
 
 def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str] = None,
@@ -196,6 +215,7 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
             raise ConfigError(f"space {space.name} needs --reddit-checkpoint (every trial warm-starts from it)")
         cfg.trainer.warm_start = str(Path(reddit_checkpoint).resolve())
     ensure_ray()
+    resources, concurrency = _concurrency(space, cfg)
     uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
     tracking.experiment_id(uri, cfg.mlflow.experiment)  # create DB and experiment before trials race to
 
@@ -204,9 +224,11 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
     resume = not fresh and state_file.is_file() and tune.Tuner.can_restore(str(experiment_path))
     if fresh and experiment_path.exists():
         shutil.rmtree(experiment_path)
+    param_space = {**space.params(), **param_overrides}
     if resume:
         state = json.loads(state_file.read_text(encoding="utf-8"))
         parent_run_id = state["parent_run_id"]
+        expected = state["expected_trials"]
         log.info("resuming sweep %s (MLflow parent run %s) from %s", space.name, parent_run_id, experiment_path)
     else:
         parent_run_id = tracking.start_run(
@@ -215,10 +237,11 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
              "tune.metric": space.metric, "tune.checkpoint": checkpoint or reddit_checkpoint or "",
              "tune.param_overrides": repr(param_overrides)},
             tags={"convsts.job": "tune", "convsts.space": space.name})
-        state_file.write_text(json.dumps({"parent_run_id": parent_run_id, "space": space.name}), encoding="utf-8")
+        expected = expected_trials(param_space, num_samples or space.num_samples)
+        state_file.write_text(json.dumps({"parent_run_id": parent_run_id, "space": space.name,
+                                          "expected_trials": expected}), encoding="utf-8")
 
     base = cfg.to_dict()
-    resources, concurrency = _concurrency(space, cfg)
     if max_concurrent:
         concurrency = min(concurrency, max_concurrent)
     embeddings = None
@@ -248,7 +271,6 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
         tuner = tune.Tuner.restore(str(experiment_path), trainable=trainable, resume_unfinished=True,
                                    resume_errored=True)
     else:
-        param_space = {**space.params(), **param_overrides}
         tuner = tune.Tuner(
             trainable,
             param_space=param_space,
@@ -258,7 +280,7 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
         )
     log.info("sweep %s: %s trials at once, %s per trial function", space.name, concurrency, resources)
     grid = tuner.fit()
-    pending = _unfinished(grid)
+    pending = _unfinished(grid, expected)
     if pending:
         raise SweepInterrupted(f"{pending} trial(s) did not finish; rerun the same command to resume "
                                f"(state in {experiment_path})")

@@ -42,3 +42,31 @@ def test_average_precision_with_ties_and_no_relevant():
 
 def test_accuracy():
     assert M.accuracy(np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1]]), [1, 1]) == 0.5
+
+
+def _scorer_map(queries, th=10):
+    """MAP the way the SemEval-2016/2017 Task 3 scorer (ev.py) computes it, written out
+    independently: rank by score (stable), precision at each 'true' within the first th,
+    averaged over the 'true' ones found; a query with none scores 0 and still counts."""
+    total = 0.0
+    for scores, relevant in queries:
+        ranked = [r for _, r in sorted(zip(scores, relevant), key=lambda t: -t[0])]
+        precisions, correct = [], 0
+        for i, rel in enumerate(ranked[:th]):
+            if rel:
+                correct += 1
+                precisions.append(correct / (i + 1))
+        total += sum(precisions) / len(precisions) if precisions else 0.0
+    return total / len(queries)
+
+
+def test_map_matches_the_official_scorer_definition():
+    rng = np.random.default_rng(0)
+    queries = []
+    for _ in range(200):
+        n = int(rng.integers(1, 15))  # some lists longer than the scorer's cut-off of 10
+        scores = rng.integers(0, 4, size=n) / 4.0  # many ties
+        relevant = rng.random(n) < 0.3  # some queries have no relevant item
+        queries.append((list(scores), list(relevant)))
+    assert any(not any(r) for _, r in queries) and any(len(s) > 10 for s, _ in queries)
+    assert M.mean_average_precision(queries) == pytest.approx(_scorer_map(queries), abs=1e-12)

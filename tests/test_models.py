@@ -118,3 +118,13 @@ def test_checkpoint_round_trip_gives_identical_embeddings(encoder, tokenizer, tm
 def test_load_rejects_a_folder_that_is_not_a_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         load(tmp_path)
+
+
+def test_untrained_response_head_is_the_identity(tokenizer):
+    """The response-side network is a residual branch that starts at zero, so a fresh model scores
+    responses by the encoder's own dot product."""
+    model = build_model(tiny_config("dan"), tokenizer).eval()
+    emb = torch.nn.functional.normalize(torch.randn(5, 10), dim=-1)
+    assert torch.equal(model.heads["reddit"](emb), emb)
+    model.heads["reddit"].net[-1].weight.data.fill_(0.1)  # once trained it does change the response side
+    assert not torch.allclose(model.heads["reddit"](emb), emb)

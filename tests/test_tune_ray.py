@@ -21,7 +21,7 @@ from models.checkpoint import build_model
 from models.config import DanConfig, ModelConfig
 from models.sts_transform import load_sts_transform
 from ray_jobs import tracking
-from ray_jobs.config import load_config, resolve_path
+from ray_jobs.config import ConfigError, load_config, resolve_path
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODEL = [
@@ -120,6 +120,10 @@ def test_snli_fraction_sweep(ray_session, mlflow_uri, tmp_path):
     reddit = run_training(reddit_cfg, tmp_path / "reddit", prepared_dir=prepared)
 
     cfg = load_config(None, base + ["trainer.steps=4", "trainer.checkpoint_every=2"])
+    with pytest.raises(ConfigError, match="trainer.cpus_per_worker"):  # 2 x 0.5 + 0.1 leaves Ray Data no CPU
+        run_sweep(get_space("snli_fraction"), cfg, tmp_path / "infeasible", reddit_checkpoint=str(reddit.checkpoint),
+                  prepared_dir=str(prepared))
+    cfg.trainer.cpus_per_worker = 0.4
     results = run_sweep(get_space("snli_fraction"), cfg, tmp_path / "sweep", reddit_checkpoint=str(reddit.checkpoint),
                         prepared_dir=str(prepared), param_overrides=grid_overrides(["data.snli_fraction=[0.5,1.0]"]))
 
