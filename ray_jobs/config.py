@@ -68,6 +68,8 @@ class TrainerConfig:
     )
     optimizer: str = "sgd"  # sgd | adagrad | adam (adam uses SparseAdam for sparse tables)
     momentum: float = 0.0
+    # lr of dense parameters (encoder DNN, heads) = stage lr x this; embedding tables get the stage lr.
+    dense_lr_scale: float = 1.0
     grad_clip: float = 0.0  # 0 = off
     checkpoint_every: int = 500
     keep_checkpoints: int = 2
@@ -125,6 +127,8 @@ class RunConfig:
             raise ConfigError(f"trainer.task_weights: tasks must be among reddit, snli; got {sorted(weights)}")
         if any(w <= 0 for w in weights.values()):
             raise ConfigError(f"trainer.task_weights: weights must be positive, got {dict(weights)}")
+        if self.trainer.dense_lr_scale <= 0:
+            raise ConfigError(f"trainer.dense_lr_scale: must be positive, got {self.trainer.dense_lr_scale}")
         if self.trainer.num_workers < 1:
             raise ConfigError("trainer.num_workers: must be at least 1")
         if not self.trainer.stages or self.trainer.stages[0].start_step != 0:

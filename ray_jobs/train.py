@@ -218,23 +218,29 @@ def task_loss(model, task: str, batch: Dict[str, torch.Tensor]):
 
 
 def make_optimizer(cfg: RunConfig, params: List[torch.nn.Parameter], lr: float) -> List[torch.optim.Optimizer]:
+    """Sparse embedding tables at the stage's lr; dense parameters at lr x trainer.dense_lr_scale
+    (each param group carries its "lr_scale", which set_lr keeps at stage changes)."""
     sparse = [p for p in params if getattr(p, "_convsts_sparse", False)]
     dense = [p for p in params if not getattr(p, "_convsts_sparse", False)]
+    scale = cfg.trainer.dense_lr_scale
+    groups = [g for g in ({"params": sparse, "lr": lr, "lr_scale": 1.0},
+                          {"params": dense, "lr": lr * scale, "lr_scale": scale}) if g["params"]]
     kind = cfg.trainer.optimizer
     if kind == "sgd":
-        return [torch.optim.SGD(params, lr=lr, momentum=cfg.trainer.momentum)]
+        return [torch.optim.SGD(groups, lr=lr, momentum=cfg.trainer.momentum)]
     if kind == "adagrad":
-        return [torch.optim.Adagrad(params, lr=lr)]
-    opts: List[torch.optim.Optimizer] = [torch.optim.Adam(dense, lr=lr)] if dense else []
-    if sparse:
-        opts.append(torch.optim.SparseAdam(sparse, lr=lr))
+        return [torch.optim.Adagrad(groups, lr=lr)]
+    opts: List[torch.optim.Optimizer] = []
+    for group in groups:  # Adam cannot take sparse gradients: SparseAdam for the tables
+        opt_class = torch.optim.SparseAdam if group["params"] is sparse else torch.optim.Adam
+        opts.append(opt_class([group], lr=group["lr"]))
     return opts
 
 
 def set_lr(optimizers: Sequence[torch.optim.Optimizer], lr: float) -> None:
     for opt in optimizers:
         for group in opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
 def _stsb_dev(cfg: RunConfig):
@@ -335,6 +341,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         print(f"[convsts] {plan.describe()}; world size {world}; device {device}; start step {start}", flush=True)
         if uri and run_id and start == 0:
             tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode})
+        if uri and run_id and checkpoint is not None:  # a restarted worker group (FailureConfig)
+            tracking.log_metrics(uri, run_id, {"train/restarted_at_step": start}, step=start)
     sts_frame = _stsb_dev(cfg) if (rank == 0 and cfg.trainer.eval_every) else None
     task_gen = torch.Generator().manual_seed(cfg.trainer.seed + start)
     window = {t: {"loss": 0.0, "acc": 0.0, "n": 0, "pairs": 0} for t in plan.tasks}

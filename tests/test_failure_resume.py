@@ -1,0 +1,68 @@
+"""A real Ray Train worker process killed mid-run is replaced (FailureConfig) and training resumes
+from the last checkpoint, losing no more than one checkpoint interval."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from local_cluster import pids_matching
+from ray_jobs import tracking
+from models.checkpoint import load_train_state
+
+REPO = Path(__file__).resolve().parent.parent
+EVERY = 40
+TINY = [
+    "trainer.steps=400", f"trainer.checkpoint_every={EVERY}", "trainer.log_every=1", "trainer.eval_every=0",
+    "trainer.keep_checkpoints=2", "trainer.max_failures=2",
+    "tokenizer.word_vocab_size=3000", "tokenizer.bigram_buckets=2000",
+    "model.dan.embedding_dim=32", "model.dan.hidden_sizes=[32]", "model.dan.output_dim=24",
+    "model.response_hidden=16", "model.nli_hidden=16",
+    "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.001}]", "mlflow.experiment=failure-test",
+]
+
+
+def _worker_pids():
+    return [p for p in pids_matching("ray::RayTrainWorker") if "RayTrainWorker" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+
+
+@pytest.mark.slow
+def test_killed_worker_is_replaced_and_training_resumes(ray_session, mlflow_uri, tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    proc = subprocess.Popen([sys.executable, "-m", "ray_jobs.train", "--out", str(out), *TINY,
+                             f"mlflow.tracking_uri={mlflow_uri}"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    checkpoint_steps = []
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:
+        states = list((out / "ray_results").rglob("train_state.pt"))
+        if states:
+            checkpoint_steps = [load_train_state(s.parent)["step"] for s in states]
+            break
+        time.sleep(0.2)
+    assert checkpoint_steps, "no checkpoint was written"
+    victims = _worker_pids()
+    assert len(victims) == 2
+    os.kill(victims[0], signal.SIGKILL)  # a real worker process dies mid-run
+    killed_at = time.time()
+    log = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, log[-4000:]
+
+    train = json.loads((out / "train.json").read_text())
+    assert load_train_state(train["checkpoint"])["step"] == 400
+    client = tracking.client(mlflow_uri)
+    restarts = client.get_metric_history(train["mlflow_run_id"], "train/restarted_at_step")
+    assert len(restarts) == 1, "the worker group was not restarted exactly once"
+    restart_step = int(restarts[0].value)
+    # The last step logged before the kill, against the step training went on from.
+    history = client.get_metric_history(train["mlflow_run_id"], "reddit/loss")
+    before_kill = max(m.step for m in history if m.timestamp / 1000 <= killed_at)
+    assert restart_step >= max(checkpoint_steps) and restart_step % EVERY == 0
+    assert 0 <= before_kill - restart_step <= EVERY, (before_kill, restart_step)
+    assert "start step 0" in log and f"start step {restart_step}" in log
