@@ -55,14 +55,93 @@ def read_sts_file(path: str | Path) -> pd.DataFrame:
                          "score": df["score"].astype(float)})
 
 
-def read_cqa(path: str | Path) -> pd.DataFrame:
-    """SemEval CQA subtask B as parquet: orgq_id, orgq text, relq_id, relq text, ir_rank, relevant."""
-    df = pq.read_table(str(path)).to_pandas()
-    needed = {"orgq_id", "orgq_subject", "orgq_body", "relq_id", "relq_subject", "relq_body", "ir_rank", "relevant"}
-    missing = needed - set(df.columns)
-    if missing:
-        raise ValueError(f"{path}: missing columns {sorted(missing)}")
+CQA_COLUMNS = ["orgq_id", "orgq_subject", "orgq_body", "relq_id", "relq_subject", "relq_body", "ir_rank", "relevant"]
+RELEVANT_LABELS = {"PerfectMatch": True, "Relevant": True, "Irrelevant": False}
+
+
+def read_cqa(path: str | Path, relevancy: str | Path | None = None) -> pd.DataFrame:
+    """SemEval CQA subtask B -> orgq_id, orgq text, relq_id, relq text, ir_rank, relevant.
+
+    Parquet with those columns, or the official XML (2016 and 2017 layouts: OrgQuestion elements
+    holding Thread/RelQuestion). Gold relevance comes from the `.relevancy` file when given (or found
+    beside the XML as <xml>.subtaskB.relevancy), else from RELQ_RELEVANCE2ORGQ in the XML.
+    """
+    path = Path(path)
+    if path.suffix == ".parquet":
+        df = pq.read_table(str(path)).to_pandas()
+        missing = set(CQA_COLUMNS) - set(df.columns)
+        if missing:
+            raise ValueError(f"{path}: missing columns {sorted(missing)}")
+        return df
+    if path.suffix != ".xml":
+        raise ValueError(f"{path}: CQA files must be .parquet or the official .xml")
+    df = _read_cqa_xml(path)
+    if relevancy is None:
+        guess = path.with_name(path.name + ".subtaskB.relevancy")
+        relevancy = guess if guess.is_file() else None
+    if relevancy is not None:
+        gold = read_relevancy(relevancy)
+        keys = list(zip(df["orgq_id"], df["relq_id"]))
+        absent = [k for k in keys if k not in gold]
+        if absent:
+            raise ValueError(f"{relevancy}: no gold label for {len(absent)} related question(s), e.g. "
+                             f"{absent[0][0]} / {absent[0][1]}")
+        df["relevant"] = [gold[k] for k in keys]
+    elif df["label"].isna().any():
+        first = df[df["label"].isna()].iloc[0]
+        raise ValueError(f"{path}: RelQuestion {first['relq_id']} has no RELQ_RELEVANCE2ORGQ; give the gold "
+                         f".relevancy file (data.cqa_relevancy)")
+    else:
+        unknown = sorted(set(df["label"]) - set(RELEVANT_LABELS))
+        if unknown:
+            raise ValueError(f"{path}: unknown RELQ_RELEVANCE2ORGQ value(s) {unknown}")
+        df["relevant"] = df["label"].map(RELEVANT_LABELS).astype(bool)
     return df
+
+
+def _read_cqa_xml(path: Path) -> pd.DataFrame:
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(str(path)).getroot()
+    except ET.ParseError as err:
+        line, column = err.position
+        raise ValueError(f"{path}:{line}:{column}: not well-formed XML ({err.msg if hasattr(err, 'msg') else err})") from None
+    rows = []
+    for org in root.iter("OrgQuestion"):
+        orgq_id = org.get("ORGQ_ID")
+        if not orgq_id:
+            raise ValueError(f"{path}: an OrgQuestion has no ORGQ_ID")
+        subject, body = org.findtext("OrgQSubject", ""), org.findtext("OrgQBody", "")
+        for rel in org.iter("RelQuestion"):
+            relq_id = rel.get("RELQ_ID")
+            try:
+                rank = int(rel.get("RELQ_RANKING_ORDER", ""))
+            except ValueError:
+                raise ValueError(f"{path}: RelQuestion {relq_id} of {orgq_id} has no integer RELQ_RANKING_ORDER") from None
+            rows.append({"orgq_id": orgq_id, "orgq_subject": subject.strip(), "orgq_body": body.strip(),
+                         "relq_id": relq_id, "relq_subject": rel.findtext("RelQSubject", "").strip(),
+                         "relq_body": rel.findtext("RelQBody", "").strip(), "relq_category": rel.get("RELQ_CATEGORY"),
+                         "ir_rank": rank, "label": rel.get("RELQ_RELEVANCE2ORGQ")})
+    if not rows:
+        raise ValueError(f"{path}: no OrgQuestion/RelQuestion elements: not a SemEval CQA subtask B file")
+    df = pd.DataFrame(rows)
+    # The 2016 files repeat an OrgQuestion once per thread: keep each (orgq, relq) once.
+    return df.drop_duplicates(["orgq_id", "relq_id"]).reset_index(drop=True)
+
+
+def read_relevancy(path: str | Path) -> dict:
+    """The scorer's gold file: ORGQ_ID RELQ_ID RANK SCORE true|false per line (tab or space separated)."""
+    gold = {}
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 5 or parts[4] not in ("true", "false"):
+                raise ValueError(f"{path}:{number}: expected ORGQ_ID RELQ_ID RANK SCORE true|false, got {line.strip()!r}")
+            gold[(parts[0], parts[1])] = parts[4] == "true"
+    return gold
 
 
 def cqa_text(subject: str, body: str) -> str:

@@ -36,7 +36,9 @@ class DataConfig:
     snli_dev: str = "{sample}/snli_dev.parquet"
     snli_test: str = ""
     stsb_dir: str = "{sample}"  # holds stsb_{train,dev,test}.parquet or the official sts-*.csv
-    cqa_test: str = "{sample}/cqa2016_test.parquet"
+    cqa_test: str = "{sample}/cqa2016_test.parquet"  # parquet, or the official SemEval 2016/2017 XML
+    cqa_relevancy: str = ""  # gold .relevancy file for an XML without gold labels (2017 test)
+    cqa_name: str = "cqa2016"  # metric prefix: <cqa_name>/map (e.g. cqa2017 for the 2017 test)
     # Where `prepare` writes shards and `train`/`evaluate` read them; "" = <out>/prepared.
     prepared_dir: str = ""
     test_share: float = 0.1  # share of Reddit threads held out (paper: 10%)
@@ -224,7 +226,7 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
     same files. "{sample}" and URIs (s3://, gs://) are kept as they are."""
     d = cfg.data
     d.reddit_inputs = [_absolute(p) for p in d.reddit_inputs]
-    for name in ("snli_train", "snli_dev", "snli_test", "stsb_dir", "cqa_test", "prepared_dir"):
+    for name in ("snli_train", "snli_dev", "snli_test", "stsb_dir", "cqa_test", "cqa_relevancy", "prepared_dir"):
         setattr(d, name, _absolute(getattr(d, name)))
     cfg.trainer.warm_start = _absolute(cfg.trainer.warm_start)
     cfg.trainer.resume_from = _absolute(cfg.trainer.resume_from)

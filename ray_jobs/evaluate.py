@@ -216,7 +216,8 @@ def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[Path], sts_files: Se
     if heldout is not None:
         results.update(reddit_metrics(scorer, heldout, cfg.eval.reddit_pairs, cfg.eval.reddit_negatives, cfg.eval.seed))
     if cfg.data.cqa_test:
-        results.update(cqa_metrics(scorer, read_cqa(resolve_path(cfg.data.cqa_test)), "cqa2016"))
+        frame = read_cqa(resolve_path(cfg.data.cqa_test), resolve_path(cfg.data.cqa_relevancy) or None)
+        results.update(cqa_metrics(scorer, frame, cfg.data.cqa_name))
     if hasattr(scorer, "nli_logits"):
         for split, path in (("dev", cfg.data.snli_dev), ("test", cfg.data.snli_test)):
             if path:
