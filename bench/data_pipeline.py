@@ -1,0 +1,110 @@
+"""Data pipeline throughput: `prepare reddit` on a corpus, and the tokenized Ray Data feed against
+what one DAN training process consumes.
+
+  .venv/bin/python bench/data_pipeline.py [--input ../shared/data/reddit] [--rows 100000]
+
+Prints: prepare rows/s (lines read / wall time, Ray start-up excluded); the feed's rows/s (Ray Data
+read -> map_batches tokenization -> iter_batches, as the trainer streams it, first batch
+included and reported); DAN pairs/s of a single-process training step (batch 128, paper sizes) on
+already-tokenized batches; and the ratio feed / consumption (the target is at least 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", nargs="+", default=[str(Path(__file__).resolve().parents[2] / "shared/data/reddit")])
+    parser.add_argument("--rows", type=int, default=100_000, help="rows of the feed to stream")
+    parser.add_argument("--batch", type=int, default=128)
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+    import numpy as np
+    import ray.data
+    import torch
+
+    from datasets.text import DanTokenizer, count_words, encode_columns
+    from models.checkpoint import build_model
+    from models.config import ModelConfig
+    from ray_jobs.config import load_config
+    from ray_jobs.prepare import prepare_reddit
+    from ray_jobs.runtime import ensure_ray
+    from ray_jobs.task_groups import mark_sparse
+    from ray_jobs.train import TASK_COLUMNS, _tokenize_batch, task_loss
+
+    ensure_ray()
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    work = Path(tempfile.mkdtemp(prefix="convsts-bench-data-"))
+    cfg = load_config(None, ["tokenizer.word_vocab_size=50000", "tokenizer.bigram_buckets=100000"])
+
+    started = time.perf_counter()
+    manifest = prepare_reddit(args.input, work / "reddit", cfg, "auto")
+    prep_s = time.perf_counter() - started
+    print(f"prepare reddit: {manifest['lines_read']} lines -> {manifest['pairs']} pairs in {prep_s:.1f} s = "
+          f"{manifest['lines_read'] / prep_s:,.0f} lines/s  (filtered {json.dumps(manifest['filtered_by_rule'])})")
+
+    import pyarrow.parquet as pq
+
+    train_text = pq.read_table(str(work / "reddit" / "train"), columns=["context", "response"]).to_pandas()
+    tokenizer = DanTokenizer.build(count_words(list(train_text["context"]) + list(train_text["response"])), cfg.tokenizer)
+    ds = (ray.data.read_parquet(str(work / "reddit" / "train"))
+          .map_batches(_tokenize_batch, fn_args=(tokenizer.to_dict(), TASK_COLUMNS["reddit"], cfg.tokenizer.max_words, ()),
+                       batch_size=1024))
+    started = time.perf_counter()
+    first = None
+    rows = 0
+    for batch in ds.iter_torch_batches(batch_size=args.batch, drop_last=True):
+        if first is None:
+            first = time.perf_counter() - started
+        rows += len(batch["context__words"])
+        if rows >= args.rows:
+            break
+    feed_s = time.perf_counter() - started
+    feed = rows / feed_s
+    steady = rows / max(feed_s - first, 1e-9)
+    print(f"tokenized feed: {rows} rows in {feed_s:.1f} s = {feed:,.0f} rows/s "
+          f"(first batch after {first:.1f} s; {steady:,.0f} rows/s after it)")
+
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tokenizer)
+    mark_sparse([model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight])
+    dense = [p for p in model.parameters() if not getattr(p, "_convsts_sparse", False)]
+    sparse = [model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight]
+    opts = [torch.optim.Adam(dense, lr=1e-3), torch.optim.SparseAdam(sparse, lr=1e-3)]
+    frame = pq.read_table(str(work / "reddit" / "train")).slice(0, 40 * args.batch).to_pandas()
+    batches = []
+    for i in range(40):
+        part = frame.iloc[i * args.batch:(i + 1) * args.batch]
+        ids = encode_columns(tokenizer, {c: part[c].to_numpy() for c in TASK_COLUMNS["reddit"]},
+                             TASK_COLUMNS["reddit"], cfg.tokenizer.max_words)
+        batches.append({k: torch.from_numpy(v) for k, v in ids.items()})
+    times = []
+    for batch in batches:
+        start = time.perf_counter()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        loss, _ = task_loss(model, "reddit", batch)
+        loss.backward()
+        for opt in opts:
+            opt.step()
+        times.append(time.perf_counter() - start)
+    consume = args.batch / statistics.median(times[5:])
+    print(f"DAN training step (one process, batch {args.batch}): {consume:,.0f} pairs/s")
+    print(f"ratio feed / DAN consumption: {feed / consume:.1f} (whole stream), {steady / consume:.1f} (after the first batch); target >= 3")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
