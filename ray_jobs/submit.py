@@ -27,6 +27,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUNTIME_ENV = PROJECT_ROOT / "cluster" / "runtime_env.yaml"
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 JOBS = ("prepare", "train", "evaluate", "tune", "demo")
+AGENT_WAIT_S = 120.0
 FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
 
 
@@ -57,6 +58,12 @@ def configure_auth() -> str:
     if not mode:
         mode = "token" if _token_available() else "disabled"
         os.environ["RAY_AUTH_MODE"] = mode
+        if mode == "token" and "ray._raylet" in sys.modules:
+            # Ray reads RAY_AUTH_MODE into its config when first imported; refresh it, as Ray's own
+            # token set-up does (ray._private.authentication.authentication_token_setup).
+            from ray._raylet import Config
+
+            Config.initialize("")
     return mode
 
 
@@ -132,13 +139,19 @@ def submit(job: str, args: Sequence[str], address: Optional[str] = None, runtime
            python: str = "python", submission_id: Optional[str] = None) -> tuple[Any, str]:
     client = job_client(address)
     env = build_runtime_env(runtime_env)
-    try:
-        job_id = client.submit_job(entrypoint=entrypoint(job, args, python), runtime_env=env,
-                                   submission_id=submission_id,
-                                   metadata={"convsts.job": job})
-    except Exception as err:
-        raise SubmitError(_explain(err, job_address(address))) from None
-    return client, job_id
+    command = entrypoint(job, args, python)
+    deadline = time.time() + AGENT_WAIT_S
+    while True:
+        try:
+            job_id = client.submit_job(entrypoint=command, runtime_env=env, submission_id=submission_id,
+                                       metadata={"convsts.job": job})
+            return client, job_id
+        except Exception as err:
+            # A head that has just started answers before its job agent is up: wait for it.
+            if "No available agent" in str(err) and time.time() < deadline:
+                time.sleep(2.0)
+                continue
+            raise SubmitError(_explain(err, job_address(address))) from None
 
 
 def status_name(status) -> str:

@@ -465,7 +465,8 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     ensure_ray()
     uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
     params = flatten(cfg.to_dict())
-    if run_id is None:
+    own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
+    if own_run:
         run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name, params,
                                     tags={"convsts.job": "train"})
     else:
@@ -528,6 +529,8 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     (out_dir / "train.json").write_text(json.dumps(
         {"checkpoint": str(final), "mlflow_run_id": run_id, "tracking_uri": uri, "seconds": round(seconds, 1),
          "task_split_mode": plan.mode}, indent=2), encoding="utf-8")
+    if own_run:
+        tracking.end_run(uri, run_id)
     return TrainResult(final, run_id, uri, seconds, plan.mode)
 
 

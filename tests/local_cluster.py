@@ -101,7 +101,11 @@ def ray_head(env: Dict[str, str], num_cpus: int = 2) -> Iterator[Dict[str, str]]
     full_env.pop("RAY_ADDRESS", None)
     cmd = [str(BIN / "ray"), "start", "--head", f"--port={free_port()}", "--dashboard-host=127.0.0.1",
            f"--dashboard-port={dashboard_port}", f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}",
-           "--disable-usage-stats", "--include-dashboard=true"]
+           "--disable-usage-stats", "--include-dashboard=true",
+           # Fixed default ports (agent 52365, metrics, ...) collide with another Ray on the machine.
+           f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+           f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+           f"--ray-client-server-port={free_port()}"]
     try:
         done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=180)
         if done.returncode != 0:
