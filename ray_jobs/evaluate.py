@@ -285,6 +285,35 @@ def fraction_curve_plot(rows: Sequence[Dict[str, Any]], metrics: Sequence[str], 
     plt.close(fig)
 
 
+CURVE_METRICS = ["stsb/dev/pearson", "stsb/dev/captions/pearson", "stsb/test/pearson", "stsb/test/captions/pearson"]
+
+
+def fraction_curve(checkpoints: Sequence[str], cfg: RunConfig, out_dir: Path) -> List[Dict[str, Any]]:
+    """Figure 8 from checkpoints: each one's STS-B against the data.snli_fraction (and seed) stored
+    in its config.json. Writes out_dir/curve.csv and out_dir/curve.png; returns the rows."""
+    from models import load
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stsb_dir = resolve_path(cfg.data.stsb_dir)
+    frames = {split: read_stsb(stsb_split_path(stsb_dir, split)) for split in ("dev", "test")}
+    rows = []
+    for checkpoint in checkpoints:
+        encoder = load(checkpoint)
+        data = encoder.meta.get("run_config", {}).get("data", {})
+        if "snli_fraction" not in data:
+            raise ValueError(f"{checkpoint}: its config.json has no data.snli_fraction (not a convsts training checkpoint)")
+        scorer = EmbeddingScorer(encoder, cfg.eval.batch_size)
+        row: Dict[str, Any] = {"fraction": data["snli_fraction"], "seed": data.get("snli_fraction_seed", 0),
+                               "checkpoint": str(checkpoint)}
+        for split, frame in frames.items():
+            row.update(sts_metrics(scorer, frame, f"stsb/{split}"))
+        rows.append({k: row[k] for k in ["fraction", "seed", *CURVE_METRICS, "checkpoint"]})
+    rows.sort(key=lambda r: (r["fraction"], r["seed"]))
+    pd.DataFrame(rows).to_csv(out_dir / "curve.csv", index=False)
+    fraction_curve_plot(rows, CURVE_METRICS, out_dir / "curve.png")
+    return rows
+
+
 def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str] = None, baseline: Optional[str] = None,
                    prepared_dir: Optional[str | Path] = None, sts_files: Sequence[str] = (),
                    run_id: Optional[str] = None, log_to_mlflow: bool = True,
@@ -351,6 +380,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--checkpoint")
     group.add_argument("--baseline", choices=["bow", "tfidf"])
+    group.add_argument("--fraction-curve", nargs="+", metavar="CHECKPOINT",
+                       help="STS-B of several checkpoints against the SNLI fraction each was trained with "
+                            "(Figure 8): OUT/curve.csv and OUT/curve.png")
     parser.add_argument("--out", required=True)
     parser.add_argument("--config", default=None)
     parser.add_argument("--prepared", default=None, help="prepared shards (Reddit held-out split)")
@@ -364,6 +396,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
     cfg = load_config(args.config, args.overrides)
+    if args.fraction_curve:
+        rows = fraction_curve(args.fraction_curve, cfg, Path(args.out))
+        print(pd.DataFrame(rows).to_string(index=False))
+        return 0
     prepared = args.prepared
     if prepared is None and args.checkpoint:
         guess = Path(args.checkpoint).resolve().parent / "prepared"

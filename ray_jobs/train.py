@@ -43,9 +43,9 @@ TASK_COLUMNS = {
 # Driver side: tokenizer and datasets
 
 
-def prepared_paths(prepared_dir: str | Path) -> Dict[str, Path]:
+def prepared_paths(prepared_dir: str | Path, tasks: Sequence[str] = ("reddit", "snli")) -> Dict[str, Path]:
     root = Path(prepared_dir)
-    paths = {"reddit": root / "reddit" / "train", "snli": root / "snli" / "train"}
+    paths = {task: root / task / "train" for task in tasks}
     for task, path in paths.items():
         if not path.is_dir():
             raise FileNotFoundError(f"{task} shards not found at {path}; run `convsts prepare all --out {root}` first")
@@ -64,11 +64,13 @@ def build_tokenizer(cfg: RunConfig, prepared_dir: str | Path):
     """A tokenizer from the training text (Reddit train + the SNLI subset used), counted in Ray Data."""
     import ray.data
 
-    paths = prepared_paths(prepared_dir)
-    sources = [
-        (ray.data.read_parquet(str(paths["reddit"])), ["context", "response"]),
-        (snli_frame(paths["snli"], cfg.data.snli_fraction, cfg.data.snli_fraction_seed), ["premise", "hypothesis"]),
-    ]
+    # SNLI text is always counted: a Reddit-only run's tokenizer is reused by the multitask runs
+    # warm-started from it. Reddit text only when Reddit is trained on (InferSent is SNLI alone).
+    tasks = ["snli"] + (["reddit"] if "reddit" in cfg.trainer.task_weights else [])
+    paths = prepared_paths(prepared_dir, tasks)
+    sources = [(snli_frame(paths["snli"], cfg.data.snli_fraction, cfg.data.snli_fraction_seed), ["premise", "hypothesis"])]
+    if "reddit" in paths:
+        sources.insert(0, (ray.data.read_parquet(str(paths["reddit"])), ["context", "response"]))
     if cfg.model.encoder == "transformer":
         def texts():
             for ds, cols in sources:
@@ -114,7 +116,7 @@ def task_datasets(cfg: RunConfig, prepared_dir: str | Path, tokenizer) -> Dict[s
     """{"reddit": Dataset, "snli": Dataset} of token-id columns, only for tasks with a weight."""
     import ray.data
 
-    paths = prepared_paths(prepared_dir)
+    paths = prepared_paths(prepared_dir, list(cfg.trainer.task_weights))
     data = tokenizer.to_dict()
     width = cfg.tokenizer.max_words
     out = {}
@@ -534,6 +536,18 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     return TrainResult(final, run_id, uri, seconds, plan.mode)
 
 
+def ensure_prepared(cfg: RunConfig, prepared: Path) -> None:
+    """Prepare the shards of the tasks this run trains on that are not in `prepared` yet (SNLI
+    always: the tokenizer counts it)."""
+    from ray_jobs.prepare import prepare_reddit, prepare_snli
+
+    ensure_ray()
+    if "reddit" in cfg.trainer.task_weights and not (prepared / "reddit" / "train").is_dir():
+        prepare_reddit(cfg.data.reddit_inputs, prepared / "reddit", cfg, cfg.data.reddit_format)
+    if not (prepared / "snli" / "train").is_dir():
+        prepare_snli(cfg.data.snli_train, prepared / "snli", cfg)
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="convsts train", description=__doc__,
                                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -551,10 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = list(args.overrides) + ([f"trainer.resume_from={args.resume}"] if args.resume else [])
     cfg = load_config(args.config, overrides)
     prepared = Path(args.prepared or resolve_path(cfg.data.prepared_dir) or Path(args.out) / "prepared")
-    if not (prepared / "reddit").is_dir():
-        from ray_jobs.prepare import prepare_all
-
-        prepare_all(cfg, prepared)
+    ensure_prepared(cfg, prepared)
     result = run_training(cfg, args.out, prepared_dir=prepared)
     print(json.dumps({"checkpoint": str(result.checkpoint), "mlflow_run_id": result.run_id,
                       "seconds": round(result.seconds, 1), "task_split_mode": result.mode}, indent=2))

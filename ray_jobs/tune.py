@@ -251,11 +251,10 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
         trainable = tune.with_parameters(sts_matrix_trial, embeddings=embeddings, base=base, fixed=space.fixed,
                                          uri=uri, experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id)
     else:
-        prepared = Path(prepared_dir or resolve_path(cfg.data.prepared_dir) or out_dir / "prepared").resolve()
-        if not (prepared / "reddit").is_dir():
-            from ray_jobs.prepare import prepare_all
+        from ray_jobs.train import ensure_prepared
 
-            prepare_all(cfg, prepared)
+        prepared = Path(prepared_dir or resolve_path(cfg.data.prepared_dir) or out_dir / "prepared").resolve()
+        ensure_prepared(cfg, prepared)
         trainable = tune.with_parameters(train_trial, base=base, fixed=space.fixed, uri=uri,
                                          experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id,
                                          prepared=str(prepared))

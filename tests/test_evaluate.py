@@ -74,3 +74,26 @@ def test_baseline_has_no_tuned_metrics(tmp_path):
 def test_tuned_without_checkpoint_matrix_is_a_clear_error(tiny_checkpoint):
     with pytest.raises(FileNotFoundError, match="sts_transform.safetensors"):
         load(tiny_checkpoint).encode(["x"], tuned=True)
+
+
+def test_fraction_curve_from_checkpoints(tmp_path):
+    from datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from ray_jobs.evaluate import CURVE_METRICS, fraction_curve
+
+    stsb = read_stsb(stsb_split_path(resolve_path("{sample}"), "dev"))
+    tokenizer = DanTokenizer.build(count_words(list(stsb["sentence1"])), TokenizerConfig(bigram_buckets=100))
+    config = ModelConfig(dan=DanConfig(embedding_dim=8, hidden_sizes=[8], output_dim=8), response_hidden=8,
+                         nli_hidden=8)
+    checkpoints = []
+    for fraction in (1.0, 0.5):
+        run = load_config(None, [f"data.snli_fraction={fraction}"]).to_dict()
+        checkpoints.append(str(save_checkpoint(tmp_path / f"f{fraction}", build_model(config, tokenizer).eval(),
+                                               tokenizer, run)))
+    rows = fraction_curve(checkpoints, load_config(), tmp_path / "curve")
+    assert [r["fraction"] for r in rows] == [0.5, 1.0]
+    assert all(-1 <= r[m] <= 1 for r in rows for m in CURVE_METRICS)
+    assert (tmp_path / "curve" / "curve.png").stat().st_size > 0
+    assert list(pd.read_csv(tmp_path / "curve" / "curve.csv")["fraction"]) == [0.5, 1.0]
+    bare = save_checkpoint(tmp_path / "bare", build_model(config, tokenizer).eval(), tokenizer, {})
+    with pytest.raises(ValueError, match="no data.snli_fraction"):
+        fraction_curve([str(bare)], load_config(), tmp_path / "curve2")
