@@ -217,6 +217,7 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
     ensure_ray()
     resources, concurrency = _concurrency(space, cfg)
     uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
+    cfg.mlflow.tracking_uri = uri  # trials log child runs (and their training) into this same store
     tracking.experiment_id(uri, cfg.mlflow.experiment)  # create DB and experiment before trials race to
 
     experiment_path = out_dir / "ray_tune" / space.name
