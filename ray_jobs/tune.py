@@ -120,7 +120,7 @@ def sts_matrix_trial(params: Dict[str, Any], embeddings: Dict[str, Dict[str, np.
 
 
 def train_trial(params: Dict[str, Any], base: Dict[str, Any], fixed: List[str], uri: str, experiment: str,
-                parent_run_id: str, prepared: str) -> None:
+                parent_run_id: str, prepared: str, trials_dir: str) -> None:
     """One multitask training (a TorchTrainer inside the trial, Train V2 style), then evaluation."""
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -131,7 +131,8 @@ def train_trial(params: Dict[str, Any], base: Dict[str, Any], fixed: List[str], 
 
     cfg = trial_config(base, params, fixed)
     run_id = _trial_run(uri, experiment, parent_run_id, params)
-    trial_dir = Path(ray.tune.get_context().get_trial_dir())
+    # Under the sweep's output folder (Ray's own trial folder lives in its temporary session dir).
+    trial_dir = Path(trials_dir) / ray.tune.get_context().get_trial_id()
     try:
         trained = run_training(cfg, trial_dir / "run", run_id=run_id, prepared_dir=prepared,
                                extra_callbacks=[TuneReportCallback()])
@@ -258,7 +259,7 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
         ensure_prepared(cfg, prepared)
         trainable = tune.with_parameters(train_trial, base=base, fixed=space.fixed, uri=uri,
                                          experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id,
-                                         prepared=str(prepared))
+                                         prepared=str(prepared), trials_dir=str(out_dir / "trials"))
     trainable = tune.with_resources(trainable, resources)
 
     scheduler = None

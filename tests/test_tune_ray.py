@@ -142,6 +142,7 @@ def test_snli_fraction_sweep(ray_session, mlflow_uri, tmp_path):
     assert best.trainer.warm_start == str(reddit.checkpoint.resolve())
     assert best.data.snli_fraction in (0.5, 1.0)
     assert results["trials"] == 2 and -1 <= results["stsb/dev/pearson"] <= 1
+    assert results["checkpoint"].startswith(str(out / "trials"))  # kept with the sweep, not in Ray's temp dir
 
     client = tracking.client(mlflow_uri)
     parent = client.get_run(results["mlflow_run_id"])
