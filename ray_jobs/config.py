@@ -129,6 +129,8 @@ class RunConfig:
             raise ConfigError(f"trainer.task_weights: tasks must be among reddit, snli; got {sorted(weights)}")
         if any(w <= 0 for w in weights.values()):
             raise ConfigError(f"trainer.task_weights: weights must be positive, got {dict(weights)}")
+        if self.tokenizer.bigram_buckets < 2:  # id 0 is padding; hashing needs at least one more
+            raise ConfigError(f"tokenizer.bigram_buckets: must be at least 2, got {self.tokenizer.bigram_buckets}")
         if self.trainer.dense_lr_scale <= 0:
             raise ConfigError(f"trainer.dense_lr_scale: must be positive, got {self.trainer.dense_lr_scale}")
         if self.trainer.num_workers < 1:
