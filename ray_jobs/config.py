@@ -158,7 +158,8 @@ class RunConfig:
 REPLACED_MAPS = ("trainer.task_weights",)
 
 
-def _merge_replacing_maps(base, layer):
+def merge_layer(base, layer):
+    """OmegaConf.merge of one config layer onto another, with REPLACED_MAPS taken whole from the layer."""
     merged = OmegaConf.merge(base, layer)
     for key in REPLACED_MAPS:
         value = OmegaConf.select(layer, key, default=None)
@@ -178,7 +179,7 @@ def from_dict(values: Dict[str, Any], source: str = "") -> RunConfig:
     """Build a RunConfig from a (possibly partial) nested dict, rejecting unknown keys."""
     schema = OmegaConf.structured(RunConfig)
     try:
-        merged = _merge_replacing_maps(schema, OmegaConf.create(values))
+        merged = merge_layer(schema, OmegaConf.create(values))
         return OmegaConf.to_object(merged).validate()  # type: ignore[union-attr]
     except OmegaConfBaseException as err:
         raise ConfigError(_describe(err, source)) from None
@@ -203,12 +204,12 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
         merged = schema
         for i, layer in enumerate(layers[1:], start=1):
             try:
-                merged = _merge_replacing_maps(merged, layer)
+                merged = merge_layer(merged, layer)
             except OmegaConfBaseException as err:
                 raise ConfigError(_describe(err, str(path))) from None
         if overrides:
             try:
-                merged = _merge_replacing_maps(merged, OmegaConf.from_dotlist(list(overrides)))
+                merged = merge_layer(merged, OmegaConf.from_dotlist(list(overrides)))
             except OmegaConfBaseException as err:
                 raise ConfigError(_describe(err, "command-line overrides")) from None
         return absolute_paths(OmegaConf.to_object(merged).validate())  # type: ignore[union-attr]

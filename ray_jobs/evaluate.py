@@ -129,11 +129,17 @@ def tuned_sts_metrics(scorer, cfg: RunConfig, frames: Dict[str, pd.DataFrame],
     if "train" not in embedded:
         embedded["train"] = stsb_embeddings(scorer, frames["train"])
     transform = fit_sts_transform(embedded["train"], embedded["dev"], cfg.eval.tuned)
+    return transformed_sts_metrics(transform, frames, embedded), transform
+
+
+def transformed_sts_metrics(transform: StsTransform, frames: Dict[str, pd.DataFrame],
+                            embedded: Dict[str, Dict[str, np.ndarray]]) -> Dict[str, float]:
+    """stsb_tuned/<dev|test>/... of a fitted matrix on embeddings already computed."""
     results: Dict[str, float] = {"stsb_tuned/best_epoch": float(transform.best_epoch)}
     for split in ("dev", "test"):
         emb = embedded[split]
         results.update(sts_metrics_from_sim(transform.score(emb["u"], emb["v"]), frames[split], f"stsb_tuned/{split}"))
-    return results, transform
+    return results
 
 
 def reddit_metrics(scorer, pairs: pd.DataFrame, n_queries: int, negatives: int, seed: int) -> Dict[str, float]:

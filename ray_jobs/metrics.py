@@ -22,7 +22,9 @@ def angular_similarity(u: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 def angular_score_0_5(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     """5 * (1 - arccos(cos(u, v)) / pi): the tuned variant's score on the STS 0..5 scale."""
-    return 5.0 * (1.0 - np.arccos(np.clip(cosine(u, v), -1.0, 1.0)) / np.pi)
+    from models.sts_transform import angular_score_np  # the one implementation (models cannot import us)
+
+    return angular_score_np(u, v)
 
 
 def pearson(pred: Sequence[float], gold: Sequence[float]) -> float:

@@ -446,6 +446,7 @@ class TrainResult:
     tracking_uri: str
     seconds: float
     mode: str
+    snli_train_pairs: Optional[int] = None  # SNLI pairs trained on (after data.snli_fraction), when SNLI is a task
 
 
 def initial_checkpoint(cfg: RunConfig) -> Optional[str]:
@@ -482,8 +483,9 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
         tokenizer = build_tokenizer(cfg, prepared)
     log.info("tokenizer: %s, %d ids", type(tokenizer).__name__, tokenizer.num_words)
     datasets = task_datasets(cfg, prepared, tokenizer)
-    if "snli" in datasets:  # materialized: counting is free; the SNLI-fraction sweep plots against it
-        tracking.log_metrics(uri, run_id, {"data/snli_train_pairs": datasets["snli"].count()})
+    snli_pairs = datasets["snli"].count() if "snli" in datasets else None  # materialized: counting is free
+    if snli_pairs is not None:  # the SNLI-fraction sweep plots against it
+        tracking.log_metrics(uri, run_id, {"data/snli_train_pairs": snli_pairs})
     plan = plan_tasks(cfg.trainer.task_weights, cfg.trainer.num_workers)
     log.info("%s", plan.describe())
     loop_config = {
@@ -533,7 +535,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
          "task_split_mode": plan.mode}, indent=2), encoding="utf-8")
     if own_run:
         tracking.end_run(uri, run_id)
-    return TrainResult(final, run_id, uri, seconds, plan.mode)
+    return TrainResult(final, run_id, uri, seconds, plan.mode, snli_pairs)
 
 
 def ensure_prepared(cfg: RunConfig, prepared: Path) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from ray_jobs import tracking
-from ray_jobs.config import ConfigError, RunConfig, flatten, from_dict, load_config, resolve_path
+from ray_jobs.config import ConfigError, RunConfig, flatten, from_dict, load_config, merge_layer, resolve_path
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
 from tune_spaces import TuneSpace, get_space
 
@@ -42,9 +42,12 @@ def trial_config(base: Dict[str, Any], params: Dict[str, Any], fixed: Sequence[s
     """base config dict + the space's fixed overrides + a trial's dotted keys -> a validated RunConfig."""
     merged = OmegaConf.create(base)
     if fixed:
-        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(fixed)))
-    for key, value in params.items():
-        OmegaConf.update(merged, key, value, merge=True)
+        merged = merge_layer(merged, OmegaConf.from_dotlist(list(fixed)))
+    if params:
+        layer = OmegaConf.create()
+        for key, value in params.items():
+            OmegaConf.update(layer, key, value)
+        merged = merge_layer(merged, layer)
     return from_dict(OmegaConf.to_container(merged), source="trial parameters")
 
 
@@ -140,8 +143,8 @@ def train_trial(params: Dict[str, Any], base: Dict[str, Any], fixed: List[str], 
     except BaseException:
         tracking.end_run(uri, run_id, "FAILED")
         raise
-    run = tracking.client(uri).get_run(run_id)
-    results["data/snli_train_pairs"] = run.data.metrics.get("data/snli_train_pairs", float("nan"))
+    if trained.snli_train_pairs is not None:
+        results["data/snli_train_pairs"] = float(trained.snli_train_pairs)
     tracking.log_metrics(uri, run_id, results, step=cfg.trainer.steps)
     tracking.end_run(uri, run_id)
     ray.tune.report({**results, "checkpoint_dir": str(trained.checkpoint)})
@@ -170,15 +173,16 @@ def _concurrency(space: TuneSpace, cfg: RunConfig) -> tuple[Dict[str, float], in
     return {"cpu": TRIAL_FUNCTION_CPU}, max(1, int(cpus // per_trial))
 
 
-def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> Dict[str, Dict[str, np.ndarray]]:
+def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> tuple[Dict[str, Any], Dict[str, Dict[str, np.ndarray]]]:
+    """(STS-B frames, their embeddings) for train, dev and test."""
     from datasets.evalsets import read_stsb, stsb_split_path
     from models import load
     from ray_jobs.evaluate import EmbeddingScorer, stsb_embeddings
 
     scorer = EmbeddingScorer(load(checkpoint), cfg.eval.batch_size)
     stsb_dir = resolve_path(cfg.data.stsb_dir)
-    return {split: stsb_embeddings(scorer, read_stsb(stsb_split_path(stsb_dir, split)))
-            for split in ("train", "dev", "test")}
+    frames = {split: read_stsb(stsb_split_path(stsb_dir, split)) for split in ("train", "dev", "test")}
+    return frames, {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
 
 
 def expected_trials(param_space: Dict[str, Any], num_samples: int) -> int:
@@ -246,10 +250,10 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
     base = cfg.to_dict()
     if max_concurrent:
         concurrency = min(concurrency, max_concurrent)
-    embeddings = None
+    frames = embeddings = None
     if space.objective == "sts_matrix":
         log.info("encoding STS-B train/dev/test once with %s", checkpoint)
-        embeddings = stsb_embeddings_of(checkpoint, cfg)
+        frames, embeddings = stsb_embeddings_of(checkpoint, cfg)
         trainable = tune.with_parameters(sts_matrix_trial, embeddings=embeddings, base=base, fixed=space.fixed,
                                          uri=uri, experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id)
     else:
@@ -293,7 +297,7 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
     (out_dir / "best_config.yaml").write_text(best_cfg.to_yaml(), encoding="utf-8")
 
     if space.objective == "sts_matrix":
-        results = _sts_matrix_results(best, embeddings, cfg, checkpoint, out_dir)
+        results = _sts_matrix_results(best, frames, embeddings, checkpoint, out_dir)
     else:
         results = {k: v for k, v in best.metrics.items() if isinstance(v, (int, float)) and "/" in k}
         results["checkpoint"] = best.metrics.get("checkpoint_dir", "")
@@ -331,20 +335,14 @@ def _close_stopped_runs(uri: str, experiment: str, parent_run_id: str) -> None:
             tracking.end_run(uri, run.info.run_id, "FINISHED")
 
 
-def _sts_matrix_results(best, embeddings, cfg: RunConfig, checkpoint: str, out_dir: Path) -> Dict[str, Any]:
+def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path) -> Dict[str, Any]:
     """Test is scored for the chosen trial only, with the matrix that its best dev epoch produced."""
-    from datasets.evalsets import read_stsb, stsb_split_path
     from models.sts_transform import load_sts_transform
-    from ray_jobs.evaluate import sts_metrics_from_sim
+    from ray_jobs.evaluate import transformed_sts_metrics
 
     with best.checkpoint.as_directory() as folder:
         transform = load_sts_transform(folder)
-    stsb_dir = resolve_path(cfg.data.stsb_dir)
-    results: Dict[str, Any] = {"stsb_tuned/best_epoch": transform.best_epoch}
-    for split in ("dev", "test"):
-        emb = embeddings[split]
-        frame = read_stsb(stsb_split_path(stsb_dir, split))
-        results.update(sts_metrics_from_sim(transform.score(emb["u"], emb["v"]), frame, f"stsb_tuned/{split}"))
+    results: Dict[str, Any] = dict(transformed_sts_metrics(transform, frames, embeddings))
     transform.save(out_dir)
     transform.save(checkpoint)  # beside the checkpoint, where `encode(tuned=True)` finds it
     results["checkpoint"] = str(checkpoint)

@@ -46,6 +46,9 @@ def test_trial_config_applies_dotted_keys_and_rejects_unknown_ones():
     assert cfg.eval.tuned.enabled is False
     with pytest.raises(ConfigError, match="data.snli_fraction"):
         trial_config(base, {"data.snli_fraction": 1.5})
+    # Task weights are replaced whole, as in config files and overrides, whether fixed or swept.
+    assert trial_config(base, {}, ["trainer.task_weights={snli: 1.0}"]).trainer.task_weights == {"snli": 1.0}
+    assert trial_config(base, {"trainer.task_weights": {"reddit": 1.0}}).trainer.task_weights == {"reddit": 1.0}
     with pytest.raises(ConfigError, match="eval.tuned.nope"):
         trial_config(base, {"eval.tuned.nope": 1})
 
