@@ -35,14 +35,14 @@ def main() -> int:
     import ray.data
     import torch
 
-    from datasets.text import DanTokenizer, count_words, encode_columns
+    from datasets.text import DanTokenizer, count_words
     from models.checkpoint import build_model
     from models.config import ModelConfig
     from ray_jobs.config import load_config
     from ray_jobs.prepare import prepare_reddit
     from ray_jobs.runtime import ensure_ray
     from ray_jobs.task_groups import mark_sparse
-    from ray_jobs.train import TASK_COLUMNS, _tokenize_batch, task_loss
+    from ray_jobs.train import TASK_COLUMNS, _tokenize_batch, frame_batch, task_loss
 
     ensure_ray()
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -86,10 +86,8 @@ def main() -> int:
     frame = pq.read_table(str(work / "reddit" / "train")).slice(0, 40 * args.batch).to_pandas()
     batches = []
     for i in range(40):
-        part = frame.iloc[i * args.batch:(i + 1) * args.batch]
-        ids = encode_columns(tokenizer, {c: part[c].to_numpy() for c in TASK_COLUMNS["reddit"]},
-                             TASK_COLUMNS["reddit"], cfg.tokenizer.max_words)
-        batches.append({k: torch.from_numpy(v) for k, v in ids.items()})
+        batches.append(frame_batch(tokenizer, frame.iloc[i * args.batch:(i + 1) * args.batch], "reddit",
+                                   cfg.tokenizer.max_words))
     times = []
     for batch in batches:
         start = time.perf_counter()

@@ -36,11 +36,11 @@ def main() -> int:
     import torch
 
     from datasets.evalsets import read_stsb, stsb_split_path
-    from datasets.text import encode_columns, load_tokenizer
+    from datasets.text import load_tokenizer
     from models.checkpoint import build_model
     from ray_jobs.config import load_config, resolve_path
     from ray_jobs.task_groups import mark_sparse
-    from ray_jobs.train import TASK_COLUMNS, make_optimizer, sts_dev_pearson, task_loss
+    from ray_jobs.train import frame_batch, make_optimizer, sts_dev_pearson, task_loss
 
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.overrides)
@@ -58,12 +58,7 @@ def main() -> int:
                 start = 0
             part = frame.iloc[start:start + batch_size]
             start += batch_size
-            cols = TASK_COLUMNS[task]
-            ids = encode_columns(tokenizer, {c: part[c].to_numpy() for c in cols}, cols, cfg.tokenizer.max_words)
-            batch = {k: torch.from_numpy(v) for k, v in ids.items()}
-            if task == "snli":
-                batch["label"] = torch.tensor(part["label"].to_numpy())
-            yield batch
+            yield frame_batch(tokenizer, part, task, cfg.tokenizer.max_words)
 
     torch.manual_seed(cfg.trainer.seed)
     model = build_model(cfg.model, tokenizer)

@@ -23,11 +23,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from datasets.text import encode_columns  # noqa: E402
 from models.checkpoint import build_model  # noqa: E402
 from ray_jobs.config import load_config  # noqa: E402
 from ray_jobs.task_groups import mark_sparse  # noqa: E402
-from ray_jobs.train import TASK_COLUMNS, build_tokenizer, make_optimizer, run_training, task_loss  # noqa: E402
+from ray_jobs.train import build_tokenizer, frame_batch, make_optimizer, run_training, task_loss  # noqa: E402
 
 
 def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float:
@@ -54,11 +53,7 @@ def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float
             offsets[task] = 0
         part = frame.iloc[offsets[task]: offsets[task] + batch_size]
         offsets[task] += batch_size
-        cols = TASK_COLUMNS[task]
-        ids = encode_columns(tokenizer, {c: part[c].to_numpy() for c in cols}, cols, cfg.tokenizer.max_words)
-        batch = {k: torch.from_numpy(v) for k, v in ids.items()}
-        if task == "snli":
-            batch["label"] = torch.from_numpy(part["label"].to_numpy())
+        batch = frame_batch(tokenizer, part, task, cfg.tokenizer.max_words)
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         loss, _ = task_loss(model, task, batch)

@@ -112,6 +112,17 @@ def _tokenize_batch(batch: Dict[str, np.ndarray], tokenizer_data: Dict[str, Any]
     return out
 
 
+def frame_batch(tokenizer, part, task: str, width: int) -> Dict[str, torch.Tensor]:
+    """One task's batch from rows of a pandas frame, tokenized as the Ray Data pipeline does: what
+    single-process loops (bench/) feed to task_loss."""
+    columns = TASK_COLUMNS[task]
+    ids = encode_columns(tokenizer, {c: part[c].to_numpy() for c in columns}, columns, width)
+    batch = {k: torch.from_numpy(v) for k, v in ids.items()}
+    if task == "snli":
+        batch["label"] = torch.tensor(part["label"].to_numpy())
+    return batch
+
+
 def task_datasets(cfg: RunConfig, prepared_dir: str | Path, tokenizer) -> Dict[str, Any]:
     """{"reddit": Dataset, "snli": Dataset} of token-id columns, only for tasks with a weight."""
     import ray.data
