@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+
 import pandas as pd
-import pyarrow.parquet as pq
+
+from datasets import storage
 
 STSB_GENRES = {"main-captions": "captions", "main-forum": "forums", "main-forums": "forums", "main-news": "news"}
 
@@ -14,11 +16,11 @@ def read_stsb(path: str | Path) -> pd.DataFrame:
     """-> DataFrame(genre, sentence1, sentence2, score). Parquet, or the official tab-separated
     file (no quoting; some rows carry extra trailing license columns, which are ignored)."""
     path = str(path)
-    if path.endswith(".parquet"):
-        df = pq.read_table(path).to_pandas()
+    if storage.name(path).endswith(".parquet"):
+        df = storage.read_parquet_table(path).to_pandas()
         return df[["genre", "sentence1", "sentence2", "score"]].assign(score=lambda d: d["score"].astype(float))
     rows = []
-    with open(path, encoding="utf-8") as fh:
+    with storage.open_text(path) as fh:
         for lineno, line in enumerate(fh, start=1):
             fields = line.rstrip("\n").split("\t")
             if len(fields) < 7:
@@ -32,22 +34,23 @@ def read_stsb(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def stsb_split_path(directory: str | Path, split: str) -> Path:
-    """STS-B split file in a folder: stsb_<split>.parquet, <split>.parquet or sts-<split>.csv."""
-    directory = Path(directory)
+def stsb_split_path(directory: str | Path, split: str) -> str:
+    """STS-B split file in a folder (local or a URI): stsb_<split>.parquet, <split>.parquet or sts-<split>.csv."""
     for name in (f"stsb_{split}.parquet", f"{split}.parquet", f"sts-{split}.csv"):
-        if (directory / name).is_file():
-            return directory / name
+        candidate = storage.join(directory, name)
+        if storage.is_file(candidate):
+            return candidate
     raise FileNotFoundError(f"no STS-B {split} file in {directory} (stsb_{split}.parquet, {split}.parquet or sts-{split}.csv)")
 
 
 def read_sts_file(path: str | Path) -> pd.DataFrame:
     """Any STS-style file with sentence1, sentence2, score (parquet, or TSV with a header row)."""
     path = str(path)
-    if path.endswith(".parquet"):
-        df = pq.read_table(path).to_pandas()
+    if storage.name(path).endswith(".parquet"):
+        df = storage.read_parquet_table(path).to_pandas()
     else:
-        df = pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
+        with storage.open_text(path) as fh:
+            df = pd.read_csv(fh, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
     missing = {"sentence1", "sentence2", "score"} - set(df.columns)
     if missing:
         raise ValueError(f"{path}: missing columns {sorted(missing)} (found {list(df.columns)})")
@@ -66,19 +69,19 @@ def read_cqa(path: str | Path, relevancy: str | Path | None = None) -> pd.DataFr
     holding Thread/RelQuestion). Gold relevance comes from the `.relevancy` file when given (or found
     beside the XML as <xml>.subtaskB.relevancy), else from RELQ_RELEVANCE2ORGQ in the XML.
     """
-    path = Path(path)
-    if path.suffix == ".parquet":
-        df = pq.read_table(str(path)).to_pandas()
+    path = str(path)
+    if storage.name(path).endswith(".parquet"):
+        df = storage.read_parquet_table(path).to_pandas()
         missing = set(CQA_COLUMNS) - set(df.columns)
         if missing:
             raise ValueError(f"{path}: missing columns {sorted(missing)}")
         return df
-    if path.suffix != ".xml":
+    if not storage.name(path).endswith(".xml"):
         raise ValueError(f"{path}: CQA files must be .parquet or the official .xml")
     df = _read_cqa_xml(path)
     if relevancy is None:
-        guess = path.with_name(path.name + ".subtaskB.relevancy")
-        relevancy = guess if guess.is_file() else None
+        guess = storage.add_suffix(path, ".subtaskB.relevancy")
+        relevancy = guess if storage.is_file(guess) else None
     if relevancy is not None:
         gold = read_relevancy(relevancy)
         keys = list(zip(df["orgq_id"], df["relq_id"]))
@@ -99,11 +102,12 @@ def read_cqa(path: str | Path, relevancy: str | Path | None = None) -> pd.DataFr
     return df
 
 
-def _read_cqa_xml(path: Path) -> pd.DataFrame:
+def _read_cqa_xml(path: str) -> pd.DataFrame:
     import xml.etree.ElementTree as ET
 
     try:
-        root = ET.parse(str(path)).getroot()
+        with storage.open_binary(path) as fh:
+            root = ET.parse(fh).getroot()
     except ET.ParseError as err:
         line, column = err.position
         raise ValueError(f"{path}:{line}:{column}: not well-formed XML ({err.msg if hasattr(err, 'msg') else err})") from None
@@ -133,7 +137,7 @@ def _read_cqa_xml(path: Path) -> pd.DataFrame:
 def read_relevancy(path: str | Path) -> dict:
     """The scorer's gold file: ORGQ_ID RELQ_ID RANK SCORE true|false per line (tab or space separated)."""
     gold = {}
-    with open(path, encoding="utf-8") as fh:
+    with storage.open_text(path) as fh:
         for number, line in enumerate(fh, start=1):
             parts = line.split()
             if not parts:

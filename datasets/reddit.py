@@ -22,7 +22,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from datasets import storage
 
 CONTEXT_COLUMNS = ("context", "question", "input", "parent_body")
 RESPONSE_COLUMNS = ("response", "answer", "reply", "body")
@@ -92,11 +93,11 @@ def read_pairs_file(path: str) -> pd.DataFrame:
     Rows whose context or response is missing or not a string are kept with status "malformed"
     so that the manifest can count and show them.
     """
-    if path.endswith(".parquet"):
-        df = pq.read_table(path).to_pandas()
-    elif path.endswith((".jsonl", ".json")):
+    if storage.name(path).endswith(".parquet"):
+        df = storage.read_parquet_table(path).to_pandas()
+    elif storage.name(path).endswith((".jsonl", ".json")):
         rows, bad = [], []
-        with open(path, "rb") as fh:
+        with storage.open_binary(path) as fh:
             for lineno, raw in enumerate(fh, start=1):
                 try:
                     obj = json.loads(raw.decode("utf-8"))
@@ -175,8 +176,8 @@ def annotate_pairs(group: pd.DataFrame, cfg: RedditFilterConfig, test_share: flo
 
 def detect_format(path: str) -> str:
     """"pushshift" for NDJSON comment dumps, "pairs" for paired tables; raises naming the file."""
-    if path.endswith(".parquet"):
-        names = pq.read_schema(path).names
+    if storage.name(path).endswith(".parquet"):
+        names = storage.read_parquet_schema(path).names
         if any(c in names for c in CONTEXT_COLUMNS) and any(c in names for c in RESPONSE_COLUMNS):
             return "pairs"
         raise ValueError(f"{path}: parquet without a context/response column pair; columns are {names}")
@@ -189,9 +190,9 @@ def detect_format(path: str) -> str:
 
 
 def open_text(path: str) -> io.BufferedReader:
-    """Binary line reader; .zst files are decompressed as a stream."""
-    raw = open(path, "rb")
-    if path.endswith(".zst"):
+    """Binary line reader (local file or URI); .zst files are decompressed as a stream."""
+    raw = storage.open_binary(path)
+    if storage.name(path).endswith(".zst"):
         import zstandard
 
         # Pushshift's large dumps need a window above zstd's default limit.
@@ -236,10 +237,9 @@ def pairs_dataset(paths: Sequence[str], cfg: RedditFilterConfig, test_share: flo
 
 
 def write_pairs(annotated, out_dir: str | Path, rows_per_shard: int) -> Dict[str, Any]:
-    """Write kept pairs as train/test parquet shards; return the manifest's counts."""
+    """Write kept pairs as train/test parquet shards (out_dir local or a URI); return the manifest's counts."""
     from ray.data.expressions import col
 
-    out_dir = Path(out_dir)
     annotated = annotated.materialize()
     counts = annotated.groupby(["status", "split"]).count().take_all()
     by_status: Dict[str, int] = {}
@@ -257,7 +257,8 @@ def write_pairs(annotated, out_dir: str | Path, rows_per_shard: int) -> Dict[str
         part = annotated.filter(expr=(col("status") == "") & (col("split") == split)).select_columns(
             ["context", "response", "thread_key", "subreddit"]
         )
-        part.write_parquet(str(out_dir / split), min_rows_per_file=rows_per_shard)
+        target, fs = storage.ray_args(storage.join(out_dir, split))
+        part.write_parquet(target, filesystem=fs, min_rows_per_file=rows_per_shard)
     malformed = by_status.pop("malformed", 0)
     filtered = {rule: by_status.get(rule, 0) for rule in RULES}
     unpaired = {k: v for k, v in by_status.items() if k.startswith("unpaired")}

@@ -15,7 +15,8 @@ from typing import Dict
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
+
+from datasets import storage
 
 LABELS = ("entailment", "neutral", "contradiction")
 LABEL_IDS = {name: i for i, name in enumerate(LABELS)}
@@ -33,13 +34,15 @@ def read_snli(path: str | Path) -> pd.DataFrame:
     premise/hypothesis/label. Unknown labels raise, naming the file and row.
     """
     path = str(path)
-    if path.endswith(".parquet"):
-        df = pq.read_table(path).to_pandas()
-    elif path.endswith((".jsonl", ".json")):
-        with open(path, encoding="utf-8") as fh:
+    suffix = storage.name(path)
+    if suffix.endswith(".parquet"):
+        df = storage.read_parquet_table(path).to_pandas()
+    elif suffix.endswith((".jsonl", ".json")):
+        with storage.open_text(path) as fh:
             df = pd.DataFrame([json.loads(line) for line in fh if line.strip()])
-    elif path.endswith((".txt", ".tsv")):
-        df = pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
+    elif suffix.endswith((".txt", ".tsv")):
+        with storage.open_text(path) as fh:
+            df = pd.read_csv(fh, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
     else:
         raise ValueError(f"{path}: SNLI must be .parquet, .jsonl or .txt")
     premise = next((c for c in ("sentence1", "premise") if c in df.columns), None)

@@ -80,6 +80,9 @@ class TrainerConfig:
     warm_start: str = ""  # a checkpoint whose shared encoder (and tokenizer) initialise this run
     resume_from: str = ""  # a checkpoint to continue from (model, optimizers, step, data position)
     max_failures: int = 2
+    # Ray Train's storage (checkpoints, results); "" = <out>/ray_results. A multi-node cluster
+    # needs one that every node reaches: a URI (s3://, gs://) or a shared mount.
+    storage_path: str = ""
     seed: int = 0
 
 
@@ -233,6 +236,7 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
         setattr(d, name, _absolute(getattr(d, name)))
     cfg.trainer.warm_start = _absolute(cfg.trainer.warm_start)
     cfg.trainer.resume_from = _absolute(cfg.trainer.resume_from)
+    cfg.trainer.storage_path = _absolute(cfg.trainer.storage_path)
     return cfg
 
 

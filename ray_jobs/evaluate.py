@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from datasets import storage
 from datasets.evalsets import cqa_text, read_cqa, read_sts_file, read_stsb, stsb_split_path
 from datasets.snli import read_snli
 from datasets.text import words
@@ -183,20 +184,19 @@ def snli_metrics(scorer, frame: pd.DataFrame, split: str) -> Dict[str, float]:
     return {f"snli/{split}/accuracy": M.accuracy(logits, frame["label"].to_numpy())}
 
 
-def reddit_heldout(prepared_dir: Optional[Path]) -> Optional[pd.DataFrame]:
+def reddit_heldout(prepared_dir: Optional[str | Path]) -> Optional[pd.DataFrame]:
+    """The held-out Reddit split of a prepared folder (local or a URI), or None when it has none."""
     if prepared_dir is None:
         return None
-    test_dir = Path(prepared_dir) / "reddit" / "test"
-    if not test_dir.is_dir():
+    test_dir = storage.join(prepared_dir, "reddit", "test")
+    if not storage.is_dir(test_dir):
         return None
-    import pyarrow.parquet as pq
-
-    frame = pq.read_table(str(test_dir)).to_pandas()
+    frame = storage.read_parquet_table(test_dir).to_pandas()
     # Shard order from Ray Data is not fixed: sort so that the seeded P@N sample is reproducible.
     return frame.sort_values(["thread_key", "context", "response"], kind="stable").reset_index(drop=True)
 
 
-def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[Path], sts_files: Sequence[str] = (),
+def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str | Path], sts_files: Sequence[str] = (),
              transform_dirs: Sequence[Path] = ()) -> Dict[str, float]:
     """All metrics of one scorer. The tuned STS matrix (embedding scorers only) is saved in each of
     `transform_dirs`."""
@@ -326,7 +326,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
                    mlflow_uri: Optional[str] = None) -> Dict[str, float]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    prepared = Path(prepared_dir) if prepared_dir else None
+    prepared = str(prepared_dir) if prepared_dir else None
     if checkpoint:
         from models import load
 

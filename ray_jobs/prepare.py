@@ -8,13 +8,12 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
-from datasets import reddit, snli
+from datasets import reddit, snli, storage
 from ray_jobs.config import RunConfig, load_config, resolve_path
 from ray_jobs.runtime import ensure_ray, log, setup_logging
 
@@ -22,17 +21,17 @@ MANIFEST = "manifest.json"
 
 
 def expand_inputs(inputs: Sequence[str]) -> List[str]:
-    """Files, folders (their files) and globs -> a sorted list of files; missing inputs raise."""
+    """Files, folders (their files) and globs, local or URIs (s3://, gs://, ...) -> a sorted list of
+    files; missing inputs raise."""
     files: List[str] = []
     for item in inputs:
         item = resolve_path(item)
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(str(p) for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-        elif any(ch in item for ch in "*?["):
-            found = sorted(glob.glob(item))
-        elif path.is_file():
-            found = [str(path)]
+        if storage.is_dir(item):
+            found = storage.list_files(item)
+        elif storage.has_wildcards(item):
+            found = storage.glob(item)
+        elif storage.is_file(item):
+            found = [item]
         else:
             raise FileNotFoundError(f"input not found: {item}")
         if not found:
@@ -42,6 +41,7 @@ def expand_inputs(inputs: Sequence[str]) -> List[str]:
 
 
 def prepare_reddit(inputs: Sequence[str], out_dir: str | Path, cfg: RunConfig, fmt: str = "auto") -> Dict[str, Any]:
+    """Reddit inputs -> out_dir/{train,test} shards + out_dir/manifest.json (out_dir local or a URI)."""
     started = time.time()
     files = expand_inputs(inputs)
     formats = {f: (reddit.detect_format(f) if fmt == "auto" else fmt) for f in files}
@@ -49,8 +49,8 @@ def prepare_reddit(inputs: Sequence[str], out_dir: str | Path, cfg: RunConfig, f
     if len(kinds) != 1:
         raise ValueError(f"mixed input formats {sorted(kinds)}; prepare them separately: {formats}")
     kind = kinds.pop()
-    out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
+    out_dir = str(out_dir)
+    if storage.has_entries(out_dir):
         raise FileExistsError(f"{out_dir} is not empty; choose a new --out folder")
     ensure_ray()
     log.info("reddit: %d %s file(s) -> %s", len(files), kind, out_dir)
@@ -68,7 +68,7 @@ def prepare_reddit(inputs: Sequence[str], out_dir: str | Path, cfg: RunConfig, f
         "filters": cfg.to_dict()["filters"],
         "seconds": round(time.time() - started, 1),
     }
-    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
     log.info(
         "reddit: %d lines read, %d pairs (%d train / %d test), %d filtered, %d unpaired, %d malformed",
         manifest["lines_read"], manifest["pairs"], manifest["train_pairs"], manifest["test_pairs"],
@@ -81,26 +81,26 @@ def prepare_snli(path: str, out_dir: str | Path, cfg: RunConfig) -> Dict[str, An
     import ray.data
 
     path = resolve_path(path)
-    out_dir = Path(out_dir)
+    out_dir = str(out_dir)
     ensure_ray()
     frame = snli.with_fraction_rank(snli.read_snli(path), cfg.data.snli_fraction_seed)
-    ray.data.from_pandas(frame).write_parquet(str(out_dir / "train"), min_rows_per_file=cfg.data.rows_per_shard)
+    target, fs = storage.ray_args(storage.join(out_dir, "train"))
+    ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
     manifest = {
         "input": path,
         "pairs": len(frame),
         "labels": snli.label_counts(frame),
         "fraction_seed": cfg.data.snli_fraction_seed,
     }
-    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
     log.info("snli: %d pairs -> %s", len(frame), out_dir)
     return manifest
 
 
 def prepare_all(cfg: RunConfig, out_dir: str | Path) -> Dict[str, Any]:
-    out_dir = Path(out_dir)
     return {
-        "reddit": prepare_reddit(cfg.data.reddit_inputs, out_dir / "reddit", cfg, cfg.data.reddit_format),
-        "snli": prepare_snli(cfg.data.snli_train, out_dir / "snli", cfg),
+        "reddit": prepare_reddit(cfg.data.reddit_inputs, storage.join(out_dir, "reddit"), cfg, cfg.data.reddit_format),
+        "snli": prepare_snli(cfg.data.snli_train, storage.join(out_dir, "snli"), cfg),
     }
 
 

@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
+from datasets import storage
 from datasets.snli import fraction_rank
 from datasets.text import DanTokenizer, SubwordTokenizer, encode_columns, tokenizer_from_dict, words
 from models.checkpoint import build_model, load_model, load_train_state, save_checkpoint
@@ -43,13 +44,21 @@ TASK_COLUMNS = {
 # Driver side: tokenizer and datasets
 
 
-def prepared_paths(prepared_dir: str | Path, tasks: Sequence[str] = ("reddit", "snli")) -> Dict[str, Path]:
-    root = Path(prepared_dir)
-    paths = {task: root / task / "train" for task in tasks}
+def prepared_paths(prepared_dir: str | Path, tasks: Sequence[str] = ("reddit", "snli")) -> Dict[str, str]:
+    """{task: its train shards} in a prepared folder (local or a URI); missing ones raise."""
+    paths = {task: storage.join(prepared_dir, task, "train") for task in tasks}
     for task, path in paths.items():
-        if not path.is_dir():
-            raise FileNotFoundError(f"{task} shards not found at {path}; run `convsts prepare all --out {root}` first")
+        if not storage.is_dir(path):
+            raise FileNotFoundError(f"{task} shards not found at {path}; run `convsts prepare all --out {prepared_dir}` first")
     return paths
+
+
+def read_shards(path: str, **kwargs):
+    """ray.data.read_parquet for a local folder or a URI (endpoint options in its query honoured)."""
+    import ray.data
+
+    inner, fs = storage.ray_args(path)
+    return ray.data.read_parquet(inner, filesystem=fs, **kwargs)
 
 
 def _count_batch(batch: Dict[str, np.ndarray], columns: Sequence[str], lowercase: bool) -> Dict[str, np.ndarray]:
@@ -62,15 +71,13 @@ def _count_batch(batch: Dict[str, np.ndarray], columns: Sequence[str], lowercase
 
 def build_tokenizer(cfg: RunConfig, prepared_dir: str | Path):
     """A tokenizer from the training text (Reddit train + the SNLI subset used), counted in Ray Data."""
-    import ray.data
-
     # SNLI text is always counted: a Reddit-only run's tokenizer is reused by the multitask runs
     # warm-started from it. Reddit text only when Reddit is trained on (InferSent is SNLI alone).
     tasks = ["snli"] + (["reddit"] if "reddit" in cfg.trainer.task_weights else [])
     paths = prepared_paths(prepared_dir, tasks)
     sources = [(snli_frame(paths["snli"], cfg.data.snli_fraction, cfg.data.snli_fraction_seed), ["premise", "hypothesis"])]
     if "reddit" in paths:
-        sources.insert(0, (ray.data.read_parquet(str(paths["reddit"])), ["context", "response"]))
+        sources.insert(0, (read_shards(paths["reddit"]), ["context", "response"]))
     if cfg.model.encoder == "transformer":
         def texts():
             for ds, cols in sources:
@@ -93,11 +100,9 @@ def _fraction_filter(batch: Dict[str, np.ndarray], fraction: float, seed: int) -
     return {name: np.asarray(values)[keep] for name, values in batch.items()}
 
 
-def snli_frame(path: Path, fraction: float, seed: int):
+def snli_frame(path: str, fraction: float, seed: int):
     """SNLI train shards, cut to the nested subset `fraction` drawn with `seed` (datasets.snli.fraction_rank)."""
-    import ray.data
-
-    ds = ray.data.read_parquet(str(path))
+    ds = read_shards(path)
     if fraction >= 1.0:
         return ds
     return ds.map_batches(_fraction_filter, fn_args=(float(fraction), int(seed)), batch_size=4096)
@@ -125,15 +130,13 @@ def frame_batch(tokenizer, part, task: str, width: int) -> Dict[str, torch.Tenso
 
 def task_datasets(cfg: RunConfig, prepared_dir: str | Path, tokenizer) -> Dict[str, Any]:
     """{"reddit": Dataset, "snli": Dataset} of token-id columns, only for tasks with a weight."""
-    import ray.data
-
     paths = prepared_paths(prepared_dir, list(cfg.trainer.task_weights))
     data = tokenizer.to_dict()
     width = cfg.tokenizer.max_words
     out = {}
     if "reddit" in cfg.trainer.task_weights:
         out["reddit"] = (
-            ray.data.read_parquet(str(paths["reddit"]), shuffle="files")
+            read_shards(paths["reddit"], shuffle="files")
             .map_batches(_tokenize_batch, fn_args=(data, TASK_COLUMNS["reddit"], width, ()), batch_size=1024)
         )
     if "snli" in cfg.trainer.task_weights:
@@ -473,7 +476,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     started = time.time()
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    prepared = Path(prepared_dir or resolve_path(cfg.data.prepared_dir) or out_dir / "prepared")
+    prepared = prepared_location(cfg, out_dir, prepared_dir)
     if cfg.trainer.eval_every:
         _stsb_dev(cfg)  # fail here, naming the folder, rather than inside a worker
     ensure_ray()
@@ -520,7 +523,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
         dataset_config=task_split_data_config(plan),
         run_config=ray.train.RunConfig(
             name=cfg.name,
-            storage_path=str(out_dir / "ray_results"),
+            storage_path=cfg.trainer.storage_path or str(out_dir / "ray_results"),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.trainer.keep_checkpoints),
             failure_config=ray.train.FailureConfig(max_failures=cfg.trainer.max_failures),
             callbacks=list(extra_callbacks) or None,
@@ -549,16 +552,22 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     return TrainResult(final, run_id, uri, seconds, plan.mode, snli_pairs)
 
 
-def ensure_prepared(cfg: RunConfig, prepared: Path) -> None:
+def prepared_location(cfg: RunConfig, out_dir: str | Path, given: Optional[str | Path] = None) -> str:
+    """Prepared shards: `given` (--prepared), else data.prepared_dir, else <out>/prepared; local or a URI."""
+    location = str(given or resolve_path(cfg.data.prepared_dir) or Path(out_dir) / "prepared")
+    return location if storage.is_uri(location) else str(Path(location).resolve())
+
+
+def ensure_prepared(cfg: RunConfig, prepared: str | Path) -> None:
     """Prepare the shards of the tasks this run trains on that are not in `prepared` yet (SNLI
-    always: the tokenizer counts it)."""
+    always: the tokenizer counts it). `prepared` may be a URI."""
     from ray_jobs.prepare import prepare_reddit, prepare_snli
 
     ensure_ray()
-    if "reddit" in cfg.trainer.task_weights and not (prepared / "reddit" / "train").is_dir():
-        prepare_reddit(cfg.data.reddit_inputs, prepared / "reddit", cfg, cfg.data.reddit_format)
-    if not (prepared / "snli" / "train").is_dir():
-        prepare_snli(cfg.data.snli_train, prepared / "snli", cfg)
+    if "reddit" in cfg.trainer.task_weights and not storage.is_dir(storage.join(prepared, "reddit", "train")):
+        prepare_reddit(cfg.data.reddit_inputs, storage.join(prepared, "reddit"), cfg, cfg.data.reddit_format)
+    if not storage.is_dir(storage.join(prepared, "snli", "train")):
+        prepare_snli(cfg.data.snli_train, storage.join(prepared, "snli"), cfg)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -577,7 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging()
     overrides = list(args.overrides) + ([f"trainer.resume_from={args.resume}"] if args.resume else [])
     cfg = load_config(args.config, overrides)
-    prepared = Path(args.prepared or resolve_path(cfg.data.prepared_dir) or Path(args.out) / "prepared")
+    prepared = prepared_location(cfg, args.out, args.prepared)
     ensure_prepared(cfg, prepared)
     result = run_training(cfg, args.out, prepared_dir=prepared)
     print(json.dumps({"checkpoint": str(result.checkpoint), "mlflow_run_id": result.run_id,

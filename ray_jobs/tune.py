@@ -139,7 +139,7 @@ def train_trial(params: Dict[str, Any], base: Dict[str, Any], fixed: List[str], 
     try:
         trained = run_training(cfg, trial_dir / "run", run_id=run_id, prepared_dir=prepared,
                                extra_callbacks=[TuneReportCallback()])
-        results = evaluate(EmbeddingScorer(load(trained.checkpoint), cfg.eval.batch_size), cfg, Path(prepared))
+        results = evaluate(EmbeddingScorer(load(trained.checkpoint), cfg.eval.batch_size), cfg, prepared)
     except BaseException:
         tracking.end_run(uri, run_id, "FAILED")
         raise
@@ -257,9 +257,9 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
         trainable = tune.with_parameters(sts_matrix_trial, embeddings=embeddings, base=base, fixed=space.fixed,
                                          uri=uri, experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id)
     else:
-        from ray_jobs.train import ensure_prepared
+        from ray_jobs.train import ensure_prepared, prepared_location
 
-        prepared = Path(prepared_dir or resolve_path(cfg.data.prepared_dir) or out_dir / "prepared").resolve()
+        prepared = prepared_location(cfg, out_dir, prepared_dir)
         ensure_prepared(cfg, prepared)
         trainable = tune.with_parameters(train_trial, base=base, fixed=space.fixed, uri=uri,
                                          experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id,

@@ -1,0 +1,180 @@
+"""Local paths and filesystem URIs (s3://, gs://, file://, hdfs://) behind one small interface.
+
+Everything that reads raw inputs, prepared shards or evaluation sets goes through pyarrow's
+filesystems, so a path may be a local path or a URI. Credentials and endpoints come from the
+environment as pyarrow reads them (AWS_* variables including AWS_ENDPOINT_URL, instance profiles,
+GOOGLE_APPLICATION_CREDENTIALS / workload identity) or from the URI's query
+(`s3://bucket/p?endpoint_override=host:port&scheme=http`); nothing is stored in configs.
+Outputs of a run (checkpoints, MLflow store, evaluation folders) stay local unless noted.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob as local_glob
+import io
+import os
+import re
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import pyarrow.fs as pafs
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+
+
+def is_uri(path: str | Path) -> bool:
+    """True for "scheme://..." (a one-letter scheme would be a Windows drive, so two or more)."""
+    return isinstance(path, str) and _SCHEME.match(path) is not None
+
+
+def _split_query(uri: str) -> Tuple[str, str]:
+    """("scheme://path", "?k=v&...") ; a "?" not followed by k=v options is a glob character."""
+    head, sep, query = uri.rpartition("?")
+    if sep and "=" in query and "/" not in query:
+        return head, sep + query
+    return uri, ""
+
+
+def resolve(path: str | Path) -> Tuple[pafs.FileSystem, str]:
+    """(filesystem, path inside it) for a local path or a URI."""
+    if is_uri(path):
+        return pafs.FileSystem.from_uri(str(path))
+    return pafs.LocalFileSystem(), os.path.abspath(str(path))
+
+
+def ray_args(path: str | Path) -> Tuple[str, Optional[pafs.FileSystem]]:
+    """(path, filesystem) for ray.data.read_parquet / write_parquet: URIs with a query (endpoint
+    options) are resolved here so that Ray sees a plain path and the configured filesystem."""
+    if is_uri(path):
+        fs, inner = resolve(path)
+        return inner, fs
+    return str(path), None
+
+
+def join(base: str | Path, *parts: str) -> str:
+    """base/part/... for local paths and URIs (a URI's query stays at the end)."""
+    if not is_uri(base):
+        return str(Path(base, *parts))
+    head, query = _split_query(str(base))
+    return "/".join([head.rstrip("/"), *[p.strip("/") for p in parts]]) + query
+
+
+def add_suffix(path: str | Path, suffix: str) -> str:
+    """path + suffix on the last component (before a URI's query)."""
+    if not is_uri(path):
+        return str(path) + suffix
+    head, query = _split_query(str(path))
+    return head + suffix + query
+
+
+def name(path: str | Path) -> str:
+    return _split_query(str(path))[0].rstrip("/").rsplit("/", 1)[-1]
+
+
+def _info(path: str | Path) -> pafs.FileInfo:
+    fs, inner = resolve(path)
+    return fs.get_file_info(inner)
+
+
+def is_dir(path: str | Path) -> bool:
+    if not is_uri(path):
+        return Path(path).is_dir()
+    return _info(path).type == pafs.FileType.Directory
+
+
+def is_file(path: str | Path) -> bool:
+    if not is_uri(path):
+        return Path(path).is_file()
+    return _info(path).type == pafs.FileType.File
+
+
+def _child(folder: str, folder_inner: str, inner_child: str) -> str:
+    """The URI of `inner_child` (a path inside the folder's filesystem), spelt like the folder."""
+    head, query = _split_query(folder)
+    relative = inner_child[len(folder_inner.rstrip("/")):].lstrip("/")
+    return f"{head.rstrip('/')}/{relative}{query}"
+
+
+def list_files(folder: str | Path) -> List[str]:
+    """Files directly in a folder (not hidden), sorted; local paths or URIs like the folder's."""
+    if not is_uri(folder):
+        return sorted(str(p) for p in Path(folder).iterdir() if p.is_file() and not p.name.startswith("."))
+    fs, inner = resolve(folder)
+    infos = fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False))
+    return sorted(_child(str(folder), inner, i.path) for i in infos
+                  if i.type == pafs.FileType.File and not i.base_name.startswith("."))
+
+
+def has_entries(folder: str | Path) -> bool:
+    """True when the folder exists and holds anything."""
+    if not is_uri(folder):
+        return Path(folder).exists() and any(Path(folder).iterdir())
+    fs, inner = resolve(folder)
+    if fs.get_file_info(inner).type != pafs.FileType.Directory:
+        return False
+    return bool(fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False)))
+
+
+def has_wildcards(path: str) -> bool:
+    """Glob characters in the path (a URI's query, after "?", does not count)."""
+    text = _split_query(path)[0] if is_uri(path) else path
+    return any(ch in text for ch in "*?[")
+
+
+def glob(pattern: str) -> List[str]:
+    """Files matching a pattern whose wildcards are in the last component (URIs), or anywhere (local)."""
+    if not is_uri(pattern):
+        return sorted(local_glob.glob(pattern))
+    head, query = _split_query(pattern)
+    folder, _, base = head.rpartition("/")
+    if any(ch in folder.split("://", 1)[1] for ch in "*?["):
+        raise ValueError(f"{pattern}: wildcards are supported in the last path component of a URI only")
+    folder_uri = folder + query
+    if not is_dir(folder_uri):
+        return []
+    return [f for f in list_files(folder_uri) if fnmatch.fnmatchcase(name(f), base)]
+
+
+def open_binary(path: str | Path) -> io.BufferedReader:
+    """A buffered binary reader (line iteration works) for a local file or a URI."""
+    if not is_uri(path):
+        return open(path, "rb")
+    fs, inner = resolve(path)
+    # compression=None: the bytes as stored (callers decompress, e.g. .zst with a large window).
+    return io.BufferedReader(fs.open_input_stream(inner, compression=None))
+
+
+def open_text(path: str | Path, encoding: str = "utf-8") -> io.TextIOWrapper:
+    if not is_uri(path):
+        return open(path, encoding=encoding)
+    return io.TextIOWrapper(open_binary(path), encoding=encoding)
+
+
+def read_parquet_table(path: str | Path, columns: Optional[List[str]] = None):
+    """One parquet file or a folder of shards -> pyarrow.Table."""
+    import pyarrow.parquet as pq
+
+    inner, fs = ray_args(path)
+    return pq.read_table(inner, columns=columns, filesystem=fs)
+
+
+def read_parquet_schema(path: str | Path):
+    import pyarrow.parquet as pq
+
+    inner, fs = ray_args(path)
+    return pq.read_schema(inner, filesystem=fs)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    if not is_uri(path):
+        Path(path).write_text(text, encoding="utf-8")
+        return
+    fs, inner = resolve(path)
+    with fs.open_output_stream(inner, compression=None) as out:
+        out.write(text.encode("utf-8"))
+
+
+def read_text(path: str | Path) -> str:
+    with open_text(path) as fh:
+        return fh.read()

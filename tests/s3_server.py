@@ -1,0 +1,74 @@
+"""A real S3-protocol server on 127.0.0.1 for tests: moto's server, in a thread of the test process.
+
+`s3_endpoint()` starts it on a free port and yields the environment that points pyarrow (and the
+processes a test starts) at it. The access key values are placeholders the emulator accepts; they
+are not credentials of any account.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from typing import Dict, Iterator
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def s3_endpoint(*buckets: str) -> Iterator[Dict[str, str]]:
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one INFO line per request otherwise
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "convsts-test-placeholder",
+        "AWS_SECRET_ACCESS_KEY": "convsts-test-placeholder",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",  # never wait on an instance-metadata endpoint
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+        for bucket in buckets:
+            client.create_bucket(Bucket=bucket)
+        yield env
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
+
+
+def upload(local_path, uri: str) -> None:
+    """Copy one local file to an s3:// URI through pyarrow (the same client convsts reads with)."""
+    from datasets import storage
+
+    fs, inner = storage.resolve(uri)
+    with open(local_path, "rb") as src, fs.open_output_stream(inner, compression=None) as dst:
+        dst.write(src.read())
+
+
+def keys(uri_prefix: str) -> list:
+    """Every object under an s3:// prefix (recursive), as paths inside the bucket."""
+    import pyarrow.fs as pafs
+
+    from datasets import storage
+
+    fs, inner = storage.resolve(uri_prefix)
+    return sorted(i.path for i in fs.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
+                  if i.type == pafs.FileType.File)

@@ -1,0 +1,185 @@
+"""Inputs, prepared shards and evaluation sets read from URIs: file:// and s3:// on a real
+S3-protocol server on 127.0.0.1 (tests/s3_server.py), through the same code paths as local files."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from datasets import evalsets, reddit, snli, storage
+from ray_jobs.config import load_config
+from ray_jobs.prepare import expand_inputs, prepare_reddit
+from s3_server import keys, s3_endpoint, upload
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "datasets" / "sample"
+
+
+def _comment(cid, parent, body, link="t3_s1", author="alice"):
+    return {"id": cid, "parent_id": parent, "link_id": link, "author": author, "body": body,
+            "subreddit": "test", "created_utc": 1420070400}
+
+
+def _write_dump(path, rows, extra=(), zst=False):
+    data = ("\n".join([json.dumps(r) for r in rows] + list(extra)) + "\n").encode()
+    if zst:
+        import zstandard
+
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+
+
+DUMP_ROWS = [
+    _comment("c1", "t3_s1", "I think this is a great idea"),
+    _comment("c2", "t1_c1", "I completely agree with you"),
+    _comment("c3", "t1_c2", "Beep boop I am a bot here", author="helper_bot"),
+    _comment("d1", "t3_s2", "another thread starts here", link="t3_s2"),
+    _comment("d2", "t1_d1", "and somebody replies to it", link="t3_s2"),
+]
+
+
+def test_uri_spelling():
+    assert storage.is_uri("s3://b/k") and storage.is_uri("file:///tmp/x") and not storage.is_uri("/tmp/x")
+    assert not storage.is_uri("C://odd")  # one-letter schemes are drive letters
+    q = "s3://b/prep?endpoint_override=127.0.0.1:9000&scheme=http"
+    assert storage.join(q, "reddit", "train") == "s3://b/prep/reddit/train?endpoint_override=127.0.0.1:9000&scheme=http"
+    assert storage.join("/data/prep", "reddit") == "/data/prep/reddit"
+    assert storage.name(q) == "prep"
+    assert storage.add_suffix("s3://b/q.xml?scheme=http", ".subtaskB.relevancy") == "s3://b/q.xml.subtaskB.relevancy?scheme=http"
+    # A "?" that is not followed by k=v options is a glob character, not a query.
+    assert storage.has_wildcards("s3://b/RC_2015-0?.zst") and not storage.has_wildcards(q)
+    assert storage.has_wildcards("/data/RC_*.zst")
+
+
+def test_file_uris_list_glob_and_read(tmp_path):
+    _write_dump(tmp_path / "RC_2015-01.zst", DUMP_ROWS[:3], zst=True)
+    _write_dump(tmp_path / "RC_2015-02", DUMP_ROWS[3:])
+    (tmp_path / ".hidden").write_text("x")
+    folder = f"file://{tmp_path}"
+    assert storage.is_dir(folder) and not storage.is_file(folder)
+    assert expand_inputs([folder]) == [f"{folder}/RC_2015-01.zst", f"{folder}/RC_2015-02"]
+    assert expand_inputs([f"{folder}/RC_*.zst"]) == [f"{folder}/RC_2015-01.zst"]
+    with pytest.raises(FileNotFoundError, match="missing.zst"):
+        expand_inputs([f"{folder}/missing.zst"])
+    bodies = [c for frame in reddit.read_dump_file(f"{folder}/RC_2015-01.zst") for c in frame["body"]]
+    assert bodies == [r["body"] for r in DUMP_ROWS[:3]]
+    assert reddit.detect_format(f"{folder}/RC_2015-02") == "pushshift"
+
+
+def test_prepare_reads_and_writes_file_uris(ray_session, tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    _write_dump(raw / "RC_2015-01.zst", DUMP_ROWS[:3], extra=["not json"], zst=True)
+    _write_dump(raw / "RC_2015-02", DUMP_ROWS[3:])
+    cfg = load_config(None, ["data.test_share=0.0"])
+    out = f"file://{tmp_path}/prepared/reddit"
+    manifest = prepare_reddit([f"file://{raw}/RC_*"], out, cfg)
+    assert manifest["lines_read"] == 6 and manifest["malformed"] == 1 and manifest["pairs"] == 2
+    assert manifest["malformed_examples"] == [f"file://{raw}/RC_2015-01.zst:4"]
+    assert json.loads(storage.read_text(storage.join(out, "manifest.json")))["pairs"] == 2
+    pairs = pq.read_table(tmp_path / "prepared" / "reddit" / "train").to_pandas()
+    assert set(zip(pairs["context"], pairs["response"])) == {
+        ("I think this is a great idea", "I completely agree with you"),
+        ("another thread starts here", "and somebody replies to it")}
+
+
+def test_readers_on_s3(tmp_path):
+    """Dumps, paired tables, SNLI, STS-B and CQA read from s3:// as from local files."""
+    _write_dump(tmp_path / "RC_2015-01.zst", DUMP_ROWS, zst=True)
+    lines = [json.dumps({"sentence1": "A man sleeps.", "sentence2": "A person rests.", "gold_label": "entailment"}),
+             json.dumps({"sentence1": "A dog runs.", "sentence2": "A cat sits.", "gold_label": "-"})]
+    (tmp_path / "snli.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "sts-dev.csv").write_text("main-news\tfile\t2012\t1\t4.2\tA cat sat.\tA cat was sitting.\textra\n")
+    with s3_endpoint("convsts-data"):
+        base = "s3://convsts-data/raw"
+        for name in ("RC_2015-01.zst", "snli.jsonl", "sts-dev.csv"):
+            upload(tmp_path / name, f"{base}/{name}")
+        upload(SAMPLE / "reddit_pairs.parquet", f"{base}/pairs/reddit_pairs.parquet")
+        upload(SAMPLE / "cqa2016_test.parquet", f"{base}/cqa.parquet")
+
+        assert expand_inputs([f"{base}/RC_*.zst"]) == [f"{base}/RC_2015-01.zst"]
+        assert expand_inputs([f"{base}/pairs"]) == [f"{base}/pairs/reddit_pairs.parquet"]
+        with pytest.raises(FileNotFoundError, match="s3://convsts-data/raw/nothing"):
+            expand_inputs([f"{base}/nothing"])
+        assert reddit.detect_format(f"{base}/RC_2015-01.zst") == "pushshift"
+        assert reddit.detect_format(f"{base}/pairs/reddit_pairs.parquet") == "pairs"
+        comments = next(reddit.read_dump_file(f"{base}/RC_2015-01.zst"))
+        assert list(comments["id"]) == [r["id"] for r in DUMP_ROWS]
+        assert comments["source"].iloc[1] == f"{base}/RC_2015-01.zst:2"
+        pairs = reddit.read_pairs_file(f"{base}/pairs/reddit_pairs.parquet")
+        assert len(pairs) == pq.read_metadata(SAMPLE / "reddit_pairs.parquet").num_rows
+        frame = snli.read_snli(f"{base}/snli.jsonl")
+        assert frame.to_dict("records") == [{"premise": "A man sleeps.", "hypothesis": "A person rests.", "label": 0}]
+        split = evalsets.stsb_split_path(base, "dev")
+        assert split == f"{base}/sts-dev.csv"
+        sts = evalsets.read_stsb(split)
+        assert sts.to_dict("records") == [{"genre": "news", "sentence1": "A cat sat.",
+                                           "sentence2": "A cat was sitting.", "score": 4.2}]
+        cqa = evalsets.read_cqa(f"{base}/cqa.parquet")
+        assert len(cqa) == pq.read_metadata(SAMPLE / "cqa2016_test.parquet").num_rows
+        storage.write_text(f"{base}/out/note.txt", "written")
+        assert storage.read_text(f"{base}/out/note.txt") == "written"
+        assert storage.has_entries(f"{base}/out") and not storage.has_entries(f"{base}/empty")
+
+
+TINY_TRAIN = [
+    "trainer.steps=4", "trainer.log_every=2", "trainer.checkpoint_every=2", "trainer.eval_every=2",
+    "tokenizer.word_vocab_size=3000", "tokenizer.bigram_buckets=2000",
+    "model.dan.embedding_dim=32", "model.dan.hidden_sizes=[32]", "model.dan.output_dim=24",
+    "model.response_hidden=16", "model.nli_hidden=16",
+    "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.001}]",
+]
+
+
+@pytest.mark.slow
+def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
+    """`convsts train` with every input, the prepared shards and Ray Train's storage in a bucket;
+    `convsts evaluate` scores the held-out Reddit split read back from the bucket."""
+    with s3_endpoint("convsts-data") as s3_env:
+        bucket = "s3://convsts-data"
+        files = {"reddit_pairs.parquet": "raw/reddit/reddit_pairs.parquet", "snli_train.parquet": "raw/snli/train.parquet",
+                 "snli_dev.parquet": "raw/snli/dev.parquet", "stsb_train.parquet": "raw/stsb/stsb_train.parquet",
+                 "stsb_dev.parquet": "raw/stsb/stsb_dev.parquet", "stsb_test.parquet": "raw/stsb/stsb_test.parquet",
+                 "cqa2016_test.parquet": "raw/cqa/test.parquet"}
+        for local, key in files.items():
+            upload(SAMPLE / local, f"{bucket}/{key}")
+        data = [f"data.reddit_inputs=[{bucket}/raw/reddit/]", f"data.snli_train={bucket}/raw/snli/train.parquet",
+                f"data.snli_dev={bucket}/raw/snli/dev.parquet", f"data.stsb_dir={bucket}/raw/stsb",
+                f"data.cqa_test={bucket}/raw/cqa/test.parquet", f"data.prepared_dir={bucket}/prepared"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_TRACKING"))}
+        env.update(s3_env, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+        out = tmp_path / "run"
+        train = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "train", "--out", str(out), *data, *TINY_TRAIN,
+                                f"trainer.storage_path={bucket}/ray_results"],
+                               cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-4000:]
+
+        prepared = keys(f"{bucket}/prepared")
+        assert "convsts-data/prepared/reddit/manifest.json" in prepared
+        assert any(k.startswith("convsts-data/prepared/reddit/train/") and k.endswith(".parquet") for k in prepared)
+        assert any(k.startswith("convsts-data/prepared/reddit/test/") for k in prepared)
+        assert any(k.startswith("convsts-data/prepared/snli/train/") for k in prepared)
+        manifest = json.loads(storage.read_text(f"{bucket}/prepared/reddit/manifest.json"))
+        assert manifest["inputs"] == [f"{bucket}/raw/reddit/reddit_pairs.parquet"]
+        assert manifest["pairs"] == manifest["train_pairs"] + manifest["test_pairs"] > 0
+        # Ray Train kept its checkpoints in the bucket; the final one was copied to --out.
+        assert any("/checkpoint_" in k and k.endswith("model.safetensors") for k in keys(f"{bucket}/ray_results"))
+        assert not (out / "ray_results").exists()
+        assert (out / "checkpoint" / "model.safetensors").is_file()
+        assert not any(Path(out).glob("prepared"))  # nothing prepared locally
+
+        evaluation = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "evaluate", "--checkpoint",
+                                     str(out / "checkpoint"), "--prepared", f"{bucket}/prepared",
+                                     "--out", str(out / "eval"), *data, "eval.tuned.enabled=false"],
+                                    cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert evaluation.returncode == 0, evaluation.stdout[-3000:] + evaluation.stderr[-4000:]
+        results = json.loads((out / "eval" / "results.json").read_text())
+        assert 0.0 <= results["reddit/p_at_1"] <= 1.0  # scored on the held-out split read from the bucket
+        assert -1.0 <= results["stsb/dev/pearson"] <= 1.0
+        assert 0.0 <= results["cqa2016/map"] <= 1.0
+        assert 0.0 <= results["snli/dev/accuracy"] <= 1.0
