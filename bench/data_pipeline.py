@@ -28,26 +28,27 @@ def main() -> int:
     parser.add_argument("--input", nargs="+", default=[str(Path(__file__).resolve().parents[2] / "shared/data/reddit")])
     parser.add_argument("--rows", type=int, default=100_000, help="rows of the feed to stream")
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--config", default=None, help="run config (filters, tokenizer, optimizer); default: the defaults")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.optimizer=adam")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-    import numpy as np
     import ray.data
     import torch
 
     from datasets.text import DanTokenizer, count_words
     from models.checkpoint import build_model
-    from models.config import ModelConfig
     from ray_jobs.config import load_config
     from ray_jobs.prepare import prepare_reddit
     from ray_jobs.runtime import ensure_ray
     from ray_jobs.task_groups import mark_sparse
-    from ray_jobs.train import TASK_COLUMNS, _tokenize_batch, frame_batch, task_loss
+    from ray_jobs.train import TASK_COLUMNS, _tokenize_batch, frame_batch, make_optimizer, task_loss
 
     ensure_ray()
     ray.data.DataContext.get_current().enable_progress_bars = False
     work = Path(tempfile.mkdtemp(prefix="convsts-bench-data-"))
-    cfg = load_config(None, ["tokenizer.word_vocab_size=50000", "tokenizer.bigram_buckets=100000"])
+    paper_sizes = [] if args.config else ["tokenizer.word_vocab_size=50000", "tokenizer.bigram_buckets=100000"]
+    cfg = load_config(args.config, [*paper_sizes, *args.overrides])
 
     started = time.perf_counter()
     manifest = prepare_reddit(args.input, work / "reddit", cfg, "auto")
@@ -80,9 +81,7 @@ def main() -> int:
     torch.manual_seed(0)
     model = build_model(cfg.model, tokenizer)
     mark_sparse([model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight])
-    dense = [p for p in model.parameters() if not getattr(p, "_convsts_sparse", False)]
-    sparse = [model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight]
-    opts = [torch.optim.Adam(dense, lr=1e-3), torch.optim.SparseAdam(sparse, lr=1e-3)]
+    opts = make_optimizer(cfg, list(model.parameters()), cfg.trainer.stages[0].lr)
     frame = pq.read_table(str(work / "reddit" / "train")).slice(0, 40 * args.batch).to_pandas()
     batches = []
     for i in range(40):
@@ -99,7 +98,7 @@ def main() -> int:
             opt.step()
         times.append(time.perf_counter() - start)
     consume = args.batch / statistics.median(times[5:])
-    print(f"DAN training step (one process, batch {args.batch}): {consume:,.0f} pairs/s")
+    print(f"DAN training step (one process, batch {args.batch}, {cfg.trainer.optimizer}): {consume:,.0f} pairs/s")
     print(f"ratio feed / DAN consumption: {feed / consume:.1f} (whole stream), {steady / consume:.1f} (after the first batch); target >= 3")
     return 0
 

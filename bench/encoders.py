@@ -1,11 +1,14 @@
 """Encoders at the paper's sizes, trained for a fixed number of steps in one process (no Ray):
-pairs/s, peak memory, the FLOP rate achieved, and this machine's dense matmul rate in the same run.
+pairs/s, peak memory, the FLOP rate achieved, and this machine's dense matmul rate measured in the
+same process right before and after the timed steps (2048^3, median of 10), with their ratio.
 
   .venv/bin/python bench/encoders.py [--encoders dan transformer bilstm] [--batch 128] [--device cpu|cuda]
+                                     [--precisions fp32 bf16]
 
 The step is the Reddit input-response step of the multitask model (context and response through
 the shared encoder, the response-side network, in-batch softmax, backward, optimizer step) on
-real Reddit pairs from the embedded sample. FLOPs are counted by torch's FlopCounterMode on one
+real Reddit pairs from the embedded sample, tokenized before the timed steps (as Ray Data does it
+outside the training step). FLOPs are counted by torch's FlopCounterMode on one
 step (matmuls, attention, LSTM cells; embedding-table lookups and sparse updates do no FLOPs in
 that count, so the share of peak says how much of the step is dense math). Each encoder runs in
 its own process so that peak memory is its own. On a GPU it also runs in bf16 autocast.
@@ -47,31 +50,31 @@ def matmul_rate(device: str, dtype, n: int = 2048, repeats: int = 10) -> float:
     return 2 * n**3 / statistics.median(times)
 
 
-def run_encoder(encoder: str, batch: int, device: str, bf16: bool, queue) -> None:
-    import pyarrow.parquet as pq
+def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: str, queue) -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from datasets.reddit import read_pairs_file
     from datasets.text import DanTokenizer, TokenizerConfig, count_words
     from models.checkpoint import build_model
     from models.config import ModelConfig
-    from ray_jobs.config import resolve_path
+    from ray_jobs.config import load_config, resolve_path
     from ray_jobs.task_groups import mark_sparse
-    from ray_jobs.train import task_loss
+    from ray_jobs.train import make_optimizer, task_loss
 
-    pairs = pq.read_table(resolve_path("{sample}/reddit_pairs.parquet")).to_pandas()
-    ctx_col, rsp_col = pairs.columns[:2] if "context" not in pairs.columns else ("context", "response")
-    texts_c, texts_r = list(pairs[ctx_col].astype(str)), list(pairs[rsp_col].astype(str))
+    # The same column detection as `convsts prepare` (question/answer here); rows kept as read.
+    pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))
+    pairs = pairs[pairs["status"] == ""]
+    texts_c, texts_r = list(pairs["context"]), list(pairs["response"])
     tokenizer = DanTokenizer.build(count_words(texts_c + texts_r), TokenizerConfig(word_vocab_size=50000,
                                                                                    bigram_buckets=100000))
     torch.manual_seed(0)
     model = build_model(ModelConfig(encoder=encoder), tokenizer).to(device)
-    sparse = []
     if encoder == "dan":
-        sparse = [model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight]
-        mark_sparse(sparse)
-    dense = [p for p in model.parameters() if all(p is not s for s in sparse)]
-    opts = [torch.optim.Adam(dense, lr=1e-3)] + ([torch.optim.SparseAdam(sparse, lr=1e-3)] if sparse else [])
+        mark_sparse([model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight])
+    # The trainer's optimizers: SGD at the paper's lr, or Adam (SparseAdam for the DAN tables).
+    cfg = load_config(None, [f"trainer.optimizer={optimizer}"])
+    opts = make_optimizer(cfg, list(model.parameters()), 0.01 if optimizer == "sgd" else 0.001)
 
     def batch_at(i):
         lo = (i * batch) % (len(texts_c) - batch)
@@ -81,8 +84,12 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, queue) -> Non
                 out[f"{prefix}__{k}"] = torch.from_numpy(v).to(device)
         return out
 
+    steps = STEPS[encoder] * (10 if device == "cuda" else 1)
+    # Tokenized up front: in training, tokenization runs in Ray Data tasks, not in the step.
+    batches = [batch_at(i) for i in range(steps + 2)]
+
     def step(i):
-        data = batch_at(i)
+        data = batches[i]
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
@@ -96,20 +103,27 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, queue) -> Non
     with counter:
         step(1)
     flops_per_step = counter.get_total_flops()
-    steps = STEPS[encoder] * (10 if device == "cuda" else 1)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    # The machine's matmul rate right before and after the timed steps, in this process: a shared
+    # VM's speed drifts, and the share compares figures taken in the same minutes.
+    rate_before = matmul_rate(device, dtype)
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
+    times = []
     for i in range(2, 2 + steps):
+        start = time.perf_counter()
         step(i)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)  # per step; robust to the noisy neighbours of a shared VM
     peak = (torch.cuda.max_memory_allocated() if device == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    queue.put({"encoder": encoder, "steps": steps, "pairs_per_s": steps * batch / seconds,
-               "flops_per_step": flops_per_step, "flop_rate": flops_per_step * steps / seconds,
+    rate_after = matmul_rate(device, dtype)
+    queue.put({"encoder": encoder, "steps": steps, "pairs_per_s": batch / seconds,
+               "matmul_rate": (rate_before + rate_after) / 2, "matmul_rates": [rate_before, rate_after],
+               "flops_per_step": flops_per_step, "flop_rate": flops_per_step / seconds,
                "peak_bytes": peak, "params": sum(p.numel() for p in model.parameters())})
 
 
@@ -118,30 +132,35 @@ def main() -> int:
     parser.add_argument("--encoders", nargs="+", default=["dan", "transformer", "bilstm"])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adagrad"],
+                        help="sgd: the paper's (lr 0.01); adam uses SparseAdam for the DAN tables")
+    parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=None,
+                        help="default: fp32 and bf16 on a GPU, fp32 on a CPU")
     args = parser.parse_args()
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name(0) if device == "cuda" else f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
-    print(f"device: {device} ({name}); torch {torch.__version__}; batch {args.batch} pairs")
-    precisions = [("fp32", torch.float32, False)] + ([("bf16", torch.bfloat16, True)] if device == "cuda" else [])
+    print(f"device: {device} ({name}); torch {torch.__version__}; batch {args.batch} pairs; optimizer {args.optimizer}")
+    wanted = args.precisions or (["fp32", "bf16"] if device == "cuda" else ["fp32"])
+    precisions = [p for p in (("fp32", torch.float32, False), ("bf16", torch.bfloat16, True)) if p[0] in wanted]
     ctx = mp.get_context("spawn")
     rows = []
     for label, dtype, bf16 in precisions:
-        peak = matmul_rate(device, dtype)
-        print(f"measured dense {label} matmul (2048^3): {peak / 1e9:.1f} GFLOP/s")
         for encoder in args.encoders:
             queue = ctx.Queue()
-            proc = ctx.Process(target=run_encoder, args=(encoder, args.batch, device, bf16, queue))
+            proc = ctx.Process(target=run_encoder, args=(encoder, args.batch, device, bf16, args.optimizer, queue))
             proc.start()
             result = queue.get()
             proc.join()
-            result.update(precision=label, share_of_peak=result["flop_rate"] / peak)
+            result.update(precision=label, share_of_peak=result["flop_rate"] / result["matmul_rate"])
             rows.append(result)
+            before, after = (r / 1e9 for r in result["matmul_rates"])
             print(f"  {encoder:<12} {label}  {result['pairs_per_s']:9.1f} pairs/s   "
                   f"{result['flops_per_step'] / 1e9:8.2f} GFLOP/step   {result['flop_rate'] / 1e9:8.2f} GFLOP/s   "
-                  f"{100 * result['share_of_peak']:5.1f}% of matmul   peak mem {result['peak_bytes'] / 2**20:7.0f} MiB   "
-                  f"({result['steps']} steps, {result['params'] / 1e6:.1f} M params)")
+                  f"{100 * result['share_of_peak']:5.1f}% of the {label} matmul rate "
+                  f"({before:.0f} / {after:.0f} GFLOP/s before / after)   peak mem {result['peak_bytes'] / 2**20:7.0f} MiB   "
+                  f"({result['steps']} steps, median, {result['params'] / 1e6:.1f} M params)")
     print(json.dumps(rows))
     return 0
 

@@ -19,10 +19,10 @@ class DanEncoder(nn.Module):
         super().__init__()
         self.config = config
         d = config.embedding_dim
-        self.word_embedding = nn.EmbeddingBag(num_words, d, mode="sum", sparse=config.sparse_embeddings, padding_idx=0)
-        self.bigram_embedding = nn.EmbeddingBag(
-            num_bigrams, d, mode="sum", sparse=config.sparse_embeddings, padding_idx=0
-        )
+        # No padding_idx: _bag_sum never looks up padding (id 0), and a padding_idx would make the
+        # sparse backward mask every looked-up row. Row 0 stays zero because nothing reads it.
+        self.word_embedding = nn.EmbeddingBag(num_words, d, mode="sum", sparse=config.sparse_embeddings)
+        self.bigram_embedding = nn.EmbeddingBag(num_bigrams, d, mode="sum", sparse=config.sparse_embeddings)
         for table in (self.word_embedding, self.bigram_embedding):
             nn.init.normal_(table.weight, std=d**-0.5)
             with torch.no_grad():
@@ -38,9 +38,20 @@ class DanEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.output_dim
 
+    @staticmethod
+    def _bag_sum(table: nn.EmbeddingBag, ids: torch.Tensor) -> torch.Tensor:
+        """Sum of each row's non-padding embeddings. The padded (B, L) ids are flattened to the
+        real tokens plus offsets first: padding would otherwise be looked up, masked and carried
+        into the sparse gradient (most of a fixed-width batch is padding)."""
+        mask = ids != 0  # (B, L)
+        flat = ids[mask]  # (N,) real tokens, row by row
+        offsets = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)  # (B,)
+        offsets[1:] = mask.sum(1).cumsum(0)[:-1]
+        return table(flat, offsets)  # (B, d); an empty row sums to zeros
+
     def forward(self, words: torch.Tensor, bigrams: torch.Tensor) -> torch.Tensor:
         n = (words != 0).sum(dim=1).clamp(min=1).to(torch.float32)  # (B,)
-        summed = self.word_embedding(words) + self.bigram_embedding(bigrams)  # (B, d)
+        summed = self._bag_sum(self.word_embedding, words) + self._bag_sum(self.bigram_embedding, bigrams)  # (B, d)
         averaged = summed / n.sqrt().unsqueeze(1)  # (B, d)
         return F.normalize(self.dnn(averaged), dim=-1)  # (B, output_dim)
 

@@ -68,9 +68,20 @@ class MultitaskModel(nn.Module):
     def encode(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
         return encode_inputs(self.encoder, inputs)  # (B, D)
 
+    def encode_both(self, first: Dict[str, torch.Tensor], second: Dict[str, torch.Tensor]):
+        """Both sides of a pair through the tied encoder in one call: one pass over the embedding
+        tables, so each table gets one sparse gradient per step rather than two to be summed.
+        Sentences are encoded independently, so this equals two separate calls."""
+        if first.keys() != second.keys() or any(first[k].shape[1:] != second[k].shape[1:] for k in first):
+            return self.encode(first), self.encode(second)
+        n = next(iter(first.values())).shape[0]
+        joint = self.encode({k: torch.cat([first[k], second[k]]) for k in first})  # (2B, D)
+        return joint[:n], joint[n:]
+
     def reddit_embeddings(self, context: Dict[str, torch.Tensor], response: Dict[str, torch.Tensor]):
         """(context (B, D), response after the response-side network (B, D))."""
-        return self.encode(context), self.heads["reddit"](self.encode(response))
+        u, v = self.encode_both(context, response)
+        return u, self.heads["reddit"](v)
 
     def nli_logits(self, premise: Dict[str, torch.Tensor], hypothesis: Dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.heads["snli"](self.encode(premise), self.encode(hypothesis))  # (B, 3)
+        return self.heads["snli"](*self.encode_both(premise, hypothesis))  # (B, 3)

@@ -78,6 +78,39 @@ def test_dan_embedding_gradients_are_sparse(tokenizer):
     assert model.encoder.word_embedding.weight.grad.is_sparse
 
 
+def test_dan_sparse_gradient_touches_only_the_real_tokens(tokenizer):
+    model = build_model(tiny_config("dan"), tokenizer)
+    ids = {k: torch.from_numpy(v) for k, v in tokenizer.encode(["a dog", ""], width=10).items()}
+    model.encode(ids).sum().backward()
+    rows = model.encoder.word_embedding.weight.grad.coalesce().indices()[0]
+    assert set(rows.tolist()) == set(ids["words"][0][ids["words"][0] > 0].tolist())  # no padding row 0
+
+
+@pytest.mark.parametrize("encoder", ["dan", "transformer", "bilstm"])
+def test_both_sides_in_one_encoder_call_equal_two_calls(encoder, tokenizer):
+    """reddit_embeddings / nli_logits encode both sides in one call: same values, same gradients."""
+    torch.manual_seed(0)
+    model = build_model(tiny_config(encoder), tokenizer).eval()
+    left = {k: torch.from_numpy(v) for k, v in tokenizer.encode(TEXTS[:3], width=8).items()}
+    right = {k: torch.from_numpy(v) for k, v in tokenizer.encode(TEXTS[1:], width=8).items()}
+
+    def grads():
+        return {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad).clone()
+                for n, p in model.named_parameters() if p.grad is not None}
+
+    u, v = model.encode_both(left, right)
+    (u * v).sum().backward()
+    joint = grads()
+    model.zero_grad(set_to_none=True)
+    u2, v2 = model.encode(left), model.encode(right)
+    (u2 * v2).sum().backward()
+    separate = grads()
+    assert torch.allclose(u, u2, atol=1e-6) and torch.allclose(v, v2, atol=1e-6)
+    assert joint.keys() == separate.keys()
+    for name in joint:
+        assert torch.allclose(joint[name], separate[name], atol=1e-6), name
+
+
 def test_timing_signal_is_sinusoidal():
     sig = timing_signal(5, 4)
     assert sig.shape == (5, 4)
