@@ -69,7 +69,9 @@ def add_suffix(path: str | Path, suffix: str) -> str:
 
 
 def name(path: str | Path) -> str:
-    return _split_query(str(path))[0].rstrip("/").rsplit("/", 1)[-1]
+    """The last path component (without a URI's query)."""
+    text = _split_query(str(path))[0] if is_uri(path) else str(path)
+    return text.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _info(path: str | Path) -> pafs.FileInfo:
