@@ -91,7 +91,10 @@ class TransformerSentenceEncoder(nn.Module):
         return self.config.output_dim
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        ids = ids[:, : self.config.max_positions]
+        # Batches arrive padded to a fixed width; attention and feed-forward cost grow with every
+        # position, so cut the trailing columns no sentence uses (masked anyway: same result).
+        used = int((ids != 0).sum(1).max()) if ids.numel() else 0
+        ids = ids[:, : max(1, min(used, self.config.max_positions))]
         mask = ids != 0  # (B, L)
         x = self.embedding(ids) * math.sqrt(self.config.hidden_size)  # (B, L, H)
         x = x + self.timing[: ids.shape[1]].unsqueeze(0)  # (B, L, H)
