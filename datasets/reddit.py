@@ -257,7 +257,7 @@ def write_pairs(annotated, out_dir: str | Path, rows_per_shard: int) -> Dict[str
         part = annotated.filter(expr=(col("status") == "") & (col("split") == split)).select_columns(
             ["context", "response", "thread_key", "subreddit"]
         )
-        target, fs = storage.ray_args(storage.join(out_dir, split))
+        target, fs = storage.path_and_filesystem(storage.join(out_dir, split))
         part.write_parquet(target, filesystem=fs, min_rows_per_file=rows_per_shard)
     malformed = by_status.pop("malformed", 0)
     filtered = {rule: by_status.get(rule, 0) for rule in RULES}

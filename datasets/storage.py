@@ -43,9 +43,10 @@ def resolve(path: str | Path) -> Tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(str(path))
 
 
-def ray_args(path: str | Path) -> Tuple[str, Optional[pafs.FileSystem]]:
-    """(path, filesystem) for ray.data.read_parquet / write_parquet: URIs with a query (endpoint
-    options) are resolved here so that Ray sees a plain path and the configured filesystem."""
+def path_and_filesystem(path: str | Path) -> Tuple[str, Optional[pafs.FileSystem]]:
+    """(path, filesystem) for the calls that take both (ray.data read/write_parquet, pyarrow.parquet):
+    URIs with a query (endpoint options) are resolved here so that those see a plain path and the
+    configured filesystem; local paths go as they are (filesystem None)."""
     if is_uri(path):
         fs, inner = resolve(path)
         return inner, fs
@@ -157,14 +158,14 @@ def read_parquet_table(path: str | Path, columns: Optional[List[str]] = None):
     """One parquet file or a folder of shards -> pyarrow.Table."""
     import pyarrow.parquet as pq
 
-    inner, fs = ray_args(path)
+    inner, fs = path_and_filesystem(path)
     return pq.read_table(inner, columns=columns, filesystem=fs)
 
 
 def read_parquet_schema(path: str | Path):
     import pyarrow.parquet as pq
 
-    inner, fs = ray_args(path)
+    inner, fs = path_and_filesystem(path)
     return pq.read_schema(inner, filesystem=fs)
 
 

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from datasets import storage
 from datasets.reddit import RedditFilterConfig
 from datasets.text import TokenizerConfig
 from models.config import ModelConfig
@@ -221,7 +222,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
 
 
 def _absolute(value: str) -> str:
-    if not value or SAMPLE_TOKEN in value or "://" in value:
+    if not value or SAMPLE_TOKEN in value or storage.is_uri(value):
         return value
     return str(Path(value).expanduser().resolve())
 

@@ -84,7 +84,7 @@ def prepare_snli(path: str, out_dir: str | Path, cfg: RunConfig) -> Dict[str, An
     out_dir = str(out_dir)
     ensure_ray()
     frame = snli.with_fraction_rank(snli.read_snli(path), cfg.data.snli_fraction_seed)
-    target, fs = storage.ray_args(storage.join(out_dir, "train"))
+    target, fs = storage.path_and_filesystem(storage.join(out_dir, "train"))
     ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
     manifest = {
         "input": path,

@@ -57,7 +57,7 @@ def read_shards(path: str, **kwargs):
     """ray.data.read_parquet for a local folder or a URI (endpoint options in its query honoured)."""
     import ray.data
 
-    inner, fs = storage.ray_args(path)
+    inner, fs = storage.path_and_filesystem(path)
     return ray.data.read_parquet(inner, filesystem=fs, **kwargs)
 
 

@@ -12,14 +12,10 @@ from ray_jobs.demo import DEFAULT_CONFIG, run_demo
 from ray_jobs.evaluate import sts_metrics
 from ray_jobs.config import resolve_path
 from datasets.evalsets import read_stsb, stsb_split_path
+from tiny import TINY_DAN
 
-TINY = [
-    "trainer.steps=6", "trainer.log_every=3", "trainer.checkpoint_every=3", "trainer.eval_every=0",
-    "tokenizer.word_vocab_size=3000", "tokenizer.bigram_buckets=2000",
-    "model.dan.embedding_dim=32", "model.dan.hidden_sizes=[32]", "model.dan.output_dim=24",
-    "model.response_hidden=16", "model.nli_hidden=16",
-    "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.001}]", "eval.reddit_pairs=200",
-]
+TINY = ["trainer.steps=6", "trainer.log_every=3", "trainer.checkpoint_every=3", "trainer.eval_every=0", *TINY_DAN,
+        "eval.reddit_pairs=200"]
 
 RANGES = {
     "stsb/dev/pearson": (-1, 1), "stsb/test/pearson": (-1, 1),

@@ -14,16 +14,14 @@ import pytest
 from local_cluster import pids_matching
 from ray_jobs import tracking
 from models.checkpoint import load_train_state
+from tiny import TINY_DAN
 
 REPO = Path(__file__).resolve().parent.parent
 EVERY = 200
 TINY = [
     "trainer.steps=2000", f"trainer.checkpoint_every={EVERY}", "trainer.log_every=1", "trainer.eval_every=0",
     "trainer.keep_checkpoints=2", "trainer.max_failures=2",
-    "tokenizer.word_vocab_size=3000", "tokenizer.bigram_buckets=2000",
-    "model.dan.embedding_dim=32", "model.dan.hidden_sizes=[32]", "model.dan.output_dim=24",
-    "model.response_hidden=16", "model.nli_hidden=16",
-    "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.001}]", "mlflow.experiment=failure-test",
+    *TINY_DAN, "mlflow.experiment=failure-test",
 ]
 
 

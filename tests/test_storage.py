@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -15,6 +14,7 @@ from datasets import evalsets, reddit, snli, storage
 from ray_jobs.config import load_config
 from ray_jobs.prepare import expand_inputs, prepare_reddit
 from s3_server import keys, s3_endpoint, upload
+from tiny import TINY_TRAIN
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "datasets" / "sample"
@@ -127,13 +127,6 @@ def test_readers_on_s3(tmp_path):
         assert storage.has_entries(f"{base}/out") and not storage.has_entries(f"{base}/empty")
 
 
-TINY_TRAIN = [
-    "trainer.steps=4", "trainer.log_every=2", "trainer.checkpoint_every=2", "trainer.eval_every=2",
-    "tokenizer.word_vocab_size=3000", "tokenizer.bigram_buckets=2000",
-    "model.dan.embedding_dim=32", "model.dan.hidden_sizes=[32]", "model.dan.output_dim=24",
-    "model.response_hidden=16", "model.nli_hidden=16",
-    "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.001}]",
-]
 
 
 @pytest.mark.slow
@@ -155,6 +148,7 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
         env.update(s3_env, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
         out = tmp_path / "run"
         train = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "train", "--out", str(out), *data, *TINY_TRAIN,
+                                "trainer.eval_every=2",  # STS-B dev read from the bucket inside training
                                 f"trainer.storage_path={bucket}/ray_results"],
                                cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-4000:]

@@ -12,15 +12,9 @@ from pathlib import Path
 import pytest
 
 from local_cluster import mlflow_server, pids_matching, ray_head
+from tiny import TINY_TRAIN
 
 REPO = Path(__file__).resolve().parent.parent
-TINY_TRAIN = [
-    "trainer.steps=4", "trainer.log_every=2", "trainer.checkpoint_every=2", "trainer.eval_every=0",
-    "tokenizer.word_vocab_size=3000", "tokenizer.bigram_buckets=2000",
-    "model.dan.embedding_dim=32", "model.dan.hidden_sizes=[32]", "model.dan.output_dim=24",
-    "model.response_hidden=16", "model.nli_hidden=16",
-    "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.001}]",
-]
 
 
 def convsts(args, env, timeout=600):

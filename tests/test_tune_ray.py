@@ -22,13 +22,11 @@ from models.config import DanConfig, ModelConfig
 from models.sts_transform import load_sts_transform
 from ray_jobs import tracking
 from ray_jobs.config import ConfigError, load_config, resolve_path
+from tiny import TINY_DAN
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODEL = [
-    "tokenizer.word_vocab_size=3000", "tokenizer.bigram_buckets=2000",
-    "model.dan.embedding_dim=32", "model.dan.hidden_sizes=[32]", "model.dan.output_dim=24",
-    "model.response_hidden=16", "model.nli_hidden=16",
-    "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.001}]", "trainer.optimizer=adam",
+    *TINY_DAN, "trainer.optimizer=adam",
     "trainer.log_every=2", "trainer.eval_every=0", "eval.reddit_pairs=200", "data.cqa_test=''",
 ]
 
