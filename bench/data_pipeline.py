@@ -34,15 +34,16 @@ def main() -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
     import ray.data
-    import torch
 
     from datasets.text import DanTokenizer, count_words
     from models.checkpoint import build_model
     from ray_jobs.config import load_config
-    from ray_jobs.prepare import prepare_reddit
+    from datasets import storage
     from ray_jobs.runtime import ensure_ray
-    from ray_jobs.task_groups import mark_sparse
-    from ray_jobs.train import TASK_COLUMNS, _tokenize_batch, frame_batch, make_optimizer, task_loss
+    from ray_jobs.task_groups import GradientCombiner, plan_tasks
+    from ray_jobs.tasks import get_task
+    from ray_jobs.training.data import frame_batch, tokenized
+    from ray_jobs.training.step import Optimizers, seed_everything, train_step
 
     ensure_ray()
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -51,7 +52,8 @@ def main() -> int:
     cfg = load_config(args.config, [*paper_sizes, *args.overrides])
 
     started = time.perf_counter()
-    manifest = prepare_reddit(args.input, work / "reddit", cfg, "auto")
+    reddit = get_task("reddit")
+    manifest = reddit.prepare(args.input, str(work / "reddit"), cfg)
     prep_s = time.perf_counter() - started
     print(f"prepare reddit: {manifest['lines_read']} lines -> {manifest['pairs']} pairs in {prep_s:.1f} s = "
           f"{manifest['lines_read'] / prep_s:,.0f} lines/s  (filtered {json.dumps(manifest['filtered_by_rule'])})")
@@ -60,9 +62,7 @@ def main() -> int:
 
     train_text = pq.read_table(str(work / "reddit" / "train"), columns=["context", "response"]).to_pandas()
     tokenizer = DanTokenizer.build(count_words(list(train_text["context"]) + list(train_text["response"])), cfg.tokenizer)
-    ds = (ray.data.read_parquet(str(work / "reddit" / "train"))
-          .map_batches(_tokenize_batch, fn_args=(tokenizer.to_dict(), TASK_COLUMNS["reddit"], cfg.tokenizer.max_words, ()),
-                       batch_size=1024))
+    ds = tokenized(reddit, storage.read_shards(str(work / "reddit" / "train")), tokenizer, cfg.tokenizer.max_words)
     started = time.perf_counter()
     first = None
     rows = 0
@@ -78,24 +78,17 @@ def main() -> int:
     print(f"tokenized feed: {rows} rows in {feed_s:.1f} s = {feed:,.0f} rows/s "
           f"(first batch after {first:.1f} s; {steady:,.0f} rows/s after it)")
 
-    torch.manual_seed(0)
+    seed_everything(0)
     model = build_model(cfg.model, tokenizer)
-    mark_sparse([model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight])
-    opts = make_optimizer(cfg, list(model.parameters()), cfg.trainer.stages[0].lr)
+    opts = Optimizers.build(cfg.trainer, model, [reddit.name], cfg.trainer.stages[0].lr)
+    combiner = GradientCombiner(plan_tasks({reddit.name: 1.0}, 1), 0)
     frame = pq.read_table(str(work / "reddit" / "train")).slice(0, 40 * args.batch).to_pandas()
-    batches = []
-    for i in range(40):
-        batches.append(frame_batch(tokenizer, frame.iloc[i * args.batch:(i + 1) * args.batch], "reddit",
-                                   cfg.tokenizer.max_words))
+    batches = [frame_batch(tokenizer, reddit, frame.iloc[i * args.batch:(i + 1) * args.batch], cfg.tokenizer.max_words)
+               for i in range(40)]
     times = []
     for batch in batches:
         start = time.perf_counter()
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        loss, _ = task_loss(model, "reddit", batch)
-        loss.backward()
-        for opt in opts:
-            opt.step()
+        train_step(model, reddit, batch, opts, combiner)
         times.append(time.perf_counter() - start)
     consume = args.batch / statistics.median(times[5:])
     print(f"DAN training step (one process, batch {args.batch}, {cfg.trainer.optimizer}): {consume:,.0f} pairs/s")

@@ -59,8 +59,9 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     from models.checkpoint import build_model
     from models.config import ModelConfig
     from ray_jobs.config import load_config, resolve_path
-    from ray_jobs.task_groups import mark_sparse
-    from ray_jobs.train import make_optimizer, task_loss
+    from ray_jobs.task_groups import GradientCombiner, plan_tasks
+    from ray_jobs.tasks import get_task
+    from ray_jobs.training.step import Optimizers, train_step
 
     # The same column detection as `convsts prepare` (question/answer here); rows kept as read.
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))
@@ -70,11 +71,11 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
                                                                                    bigram_buckets=100000))
     torch.manual_seed(0)
     model = build_model(ModelConfig(encoder=encoder), tokenizer).to(device)
-    if encoder == "dan":
-        mark_sparse([model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight])
     # The trainer's optimizers: SGD at the paper's lr, or Adam (SparseAdam for the DAN tables).
     cfg = load_config(None, [f"trainer.optimizer={optimizer}"])
-    opts = make_optimizer(cfg, list(model.parameters()), 0.01 if optimizer == "sgd" else 0.001)
+    reddit = get_task("reddit")
+    opts = Optimizers.build(cfg.trainer, model, [reddit.name], 0.01 if optimizer == "sgd" else 0.001)
+    combiner = GradientCombiner(plan_tasks({reddit.name: 1.0}, 1), 0)
 
     def batch_at(i):
         lo = (i * batch) % (len(texts_c) - batch)
@@ -89,14 +90,8 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     batches = [batch_at(i) for i in range(steps + 2)]
 
     def step(i):
-        data = batches[i]
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
-            loss, _ = task_loss(model, "reddit", data)
-        loss.backward()
-        for opt in opts:
-            opt.step()
+            train_step(model, reddit, batches[i], opts, combiner)  # the trainer's step
 
     step(0)  # warm-up
     counter = FlopCounterMode(display=False)

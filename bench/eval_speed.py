@@ -20,7 +20,8 @@ from datasets.evalsets import read_stsb, stsb_split_path  # noqa: E402
 from models import load  # noqa: E402
 from models.sts_transform import StsTransformConfig, fit_sts_transform  # noqa: E402
 from ray_jobs.config import resolve_path  # noqa: E402
-from ray_jobs.evaluate import EmbeddingScorer, sts_metrics, stsb_embeddings  # noqa: E402
+from ray_jobs.evaluation.scorers import EmbeddingScorer  # noqa: E402
+from ray_jobs.evaluation.sts import sts_metrics, stsb_embeddings  # noqa: E402
 
 
 def main() -> int:

@@ -35,47 +35,38 @@ def main() -> int:
     import pyarrow.parquet as pq
     import torch
 
-    from datasets.evalsets import read_stsb, stsb_split_path
     from datasets.text import load_tokenizer
     from models.checkpoint import build_model
-    from ray_jobs.config import load_config, resolve_path
-    from ray_jobs.task_groups import mark_sparse
-    from ray_jobs.train import frame_batch, make_optimizer, sts_dev_pearson, task_loss
+    from ray_jobs.config import load_config
+    from ray_jobs.evaluation.sts import StsDevProbe
+    from ray_jobs.task_groups import GradientCombiner, draw_task, plan_tasks
+    from ray_jobs.tasks import get_task
+    from ray_jobs.training.data import FrameStream
+    from ray_jobs.training.step import Optimizers, seed_everything, train_step
 
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.overrides)
     weights = {task: float(w) for task, w in (item.split("=") for item in args.weights.split(","))}
     tokenizer = load_tokenizer(args.tokenizer)
-    dev = read_stsb(stsb_split_path(resolve_path(cfg.data.stsb_dir), "dev"))
-    frames = {task: pq.read_table(str(Path(args.prepared) / task / "train")).to_pandas().sample(frac=1.0, random_state=0)
-              for task in weights}
+    probe = StsDevProbe(cfg, tokenizer)
     batch_size = cfg.trainer.stages[0].batch_size
-
-    def batches(task):
-        frame, start = frames[task], 0
-        while True:
-            if start + batch_size > len(frame):
-                start = 0
-            part = frame.iloc[start:start + batch_size]
-            start += batch_size
-            yield frame_batch(tokenizer, part, task, cfg.tokenizer.max_words)
-
-    torch.manual_seed(cfg.trainer.seed)
+    tasks = {name: get_task(name) for name in weights}
+    streams = {name: FrameStream(task, pq.read_table(str(Path(args.prepared) / name / "train")).to_pandas(), tokenizer,
+                                 batch_size, cfg.tokenizer.max_words, seed=cfg.seed) for name, task in tasks.items()}
+    seed_everything(cfg.seed)
     model = build_model(cfg.model, tokenizer)
-    mark_sparse([model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight])
-    opts = make_optimizer(cfg, list(model.parameters()), cfg.trainer.stages[0].lr)
-    streams = {task: batches(task) for task in weights}
-    print(f"{weights} step 0 stsb/dev/pearson {sts_dev_pearson(model, tokenizer, dev):.4f}", flush=True)
+    # The trainer's step, one process: each step's task drawn by weight (the 1-worker trainer's mode).
+    plan = plan_tasks(weights, 1)
+    combiner, draws = GradientCombiner(plan, 0), torch.Generator().manual_seed(cfg.seed)
+    opts = Optimizers.build(cfg.trainer, model, list(weights), cfg.trainer.stages[0].lr)
+    metric = StsDevProbe.METRIC
+    print(f"{weights} step 0 {metric} {probe.evaluate(model)[metric]:.4f}", flush=True)
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        loss = sum(w * task_loss(model, task, next(streams[task]))[0] for task, w in weights.items())
-        loss.backward()
-        for opt in opts:
-            opt.step()
+        name = draw_task(plan, draws)
+        train_step(model, tasks[name], next(streams[name]), opts, combiner, cfg.trainer.grad_clip)
         if step % args.every == 0:
-            print(f"{weights} step {step} stsb/dev/pearson {sts_dev_pearson(model, tokenizer, dev):.4f} "
+            print(f"{weights} step {step} {metric} {probe.evaluate(model)[metric]:.4f} "
                   f"{(time.perf_counter() - started) / step:.3f} s/step", flush=True)
     return 0
 

@@ -18,48 +18,37 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from models.checkpoint import build_model  # noqa: E402
 from ray_jobs.config import load_config  # noqa: E402
-from ray_jobs.task_groups import mark_sparse  # noqa: E402
-from ray_jobs.train import build_tokenizer, frame_batch, make_optimizer, run_training, task_loss  # noqa: E402
+from ray_jobs.task_groups import GradientCombiner, draw_task, plan_tasks  # noqa: E402
+from ray_jobs.tasks import model_heads, trained_tasks  # noqa: E402
+from ray_jobs.training.data import FrameStream, build_tokenizer  # noqa: E402
+from ray_jobs.training.run import prepare_all, run_training  # noqa: E402
+from ray_jobs.training.step import Optimizers, seed_everything, train_step  # noqa: E402
 
 
 def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float:
     """pairs/s of one process: parquet -> tokenize -> forward/backward/step, nothing else."""
     import pyarrow.parquet as pq
 
-    frames = {t: pq.read_table(str(prepared / t / "train")).to_pandas().sample(frac=1.0, random_state=0)
-              for t in cfg.trainer.task_weights}
-    torch.manual_seed(cfg.trainer.seed)
-    model = build_model(cfg.model, tokenizer)
-    mark_sparse([model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight])
+    tasks = trained_tasks(cfg)
     batch_size, lr = cfg.trainer.stages[0].batch_size, cfg.trainer.stages[0].lr
-    opts = make_optimizer(cfg, list(model.parameters()), lr)
-    tasks = list(cfg.trainer.task_weights)
-    probs = np.array([cfg.trainer.task_weights[t] for t in tasks], dtype=float)
-    rng = np.random.default_rng(cfg.trainer.seed)
-    offsets = {t: 0 for t in tasks}
+    streams = {name: FrameStream(task, pq.read_table(str(prepared / name / "train")).to_pandas(), tokenizer, batch_size,
+                                 cfg.tokenizer.max_words, seed=cfg.seed) for name, task in tasks.items()}
+    seed_everything(cfg.seed)
+    model = build_model(cfg.model, tokenizer, model_heads(cfg))
+    plan = plan_tasks(cfg.trainer.task_weights, 1)
+    combiner, draws = GradientCombiner(plan, 0), torch.Generator().manual_seed(cfg.seed)
+    opts = Optimizers.build(cfg.trainer, model, list(tasks), lr)
     times = []
     for step in range(steps):
         start = time.perf_counter()
-        task = tasks[rng.choice(len(tasks), p=probs / probs.sum())]
-        frame = frames[task]
-        if offsets[task] + batch_size > len(frame):
-            offsets[task] = 0
-        part = frame.iloc[offsets[task]: offsets[task] + batch_size]
-        offsets[task] += batch_size
-        batch = frame_batch(tokenizer, part, task, cfg.tokenizer.max_words)
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        loss, _ = task_loss(model, task, batch)
-        loss.backward()
-        for opt in opts:
-            opt.step()
+        name = draw_task(plan, draws)
+        train_step(model, tasks[name], next(streams[name]), opts, combiner, cfg.trainer.grad_clip)  # tokenizes too
         times.append(time.perf_counter() - start)
     return batch_size / statistics.median(times[warmup:])
 
@@ -98,9 +87,7 @@ def main() -> int:
     ensure_ray()
     prepared = Path(args.prepared) if args.prepared else work / "prepared"
     if not args.prepared:
-        from ray_jobs.prepare import prepare_all
-
-        prepare_all(cfg, prepared)
+        prepare_all(cfg, str(prepared))
     tokenizer = build_tokenizer(cfg, prepared)
     torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_worker)) if cfg.trainer.cpus_per_worker >= 1 else 1)
 

@@ -189,15 +189,75 @@ def detect_format(path: str) -> str:
     raise ValueError(f"{path}: cannot tell the format from its first record (keys {sorted(first)})")
 
 
-def open_text(path: str) -> io.BufferedReader:
-    """Binary line reader (local file or URI); .zst files are decompressed as a stream."""
-    raw = storage.open_binary(path)
-    if storage.name(path).endswith(".zst"):
+class BadInputError(ValueError):
+    """An input file that cannot be read as what it claims to be; the message names the file."""
+
+
+class _ZstdLines(io.RawIOBase):
+    """A .zst stream decompressed frame by frame that refuses to end inside a frame: a truncated
+    or corrupt file raises BadInputError naming the file and the compressed byte offset, instead of
+    ending early as zstandard's stream reader does."""
+
+    def __init__(self, raw, path: str):
         import zstandard
 
+        self._zstd = zstandard
+        self._raw, self._path = raw, path
+        self._new_frame()
+        self._pending = b""
+        self._offset = 0  # compressed bytes read so far
+        self._done = False
+
+    def _new_frame(self):
         # Pushshift's large dumps need a window above zstd's default limit.
-        reader = zstandard.ZstdDecompressor(max_window_size=2**31).stream_reader(raw)
-        return io.BufferedReader(reader)
+        self._dobj = self._zstd.ZstdDecompressor(max_window_size=2**31).decompressobj()
+        self._frame_has_input = False
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> None:
+        while not self._pending and not self._done:
+            chunk = self._raw.read(1 << 20)
+            if not chunk:
+                if self._frame_has_input and not self._dobj.eof:
+                    raise BadInputError(f"{self._path}: truncated zstd file: the data ends inside a frame at byte "
+                                        f"{self._offset} (re-download or re-compress it)")
+                self._done = True
+                return
+            self._offset += len(chunk)
+            self._decompress(chunk)
+
+    def _decompress(self, chunk: bytes) -> None:
+        while chunk:
+            self._frame_has_input = True
+            try:
+                self._pending += self._dobj.decompress(chunk)
+            except self._zstd.ZstdError as err:
+                raise BadInputError(f"{self._path}: corrupt zstd data near byte {self._offset}: {err}") from None
+            if not self._dobj.eof:
+                return
+            chunk = self._dobj.unused_data  # the next frame (dumps may hold several)
+            self._new_frame()
+
+    def readinto(self, buffer) -> int:
+        self._fill()
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def open_text(path: str) -> io.BufferedReader:
+    """Binary line reader (local file or URI); .zst files are decompressed as a stream, and a
+    truncated or corrupt one raises BadInputError."""
+    raw = storage.open_binary(path)
+    if storage.name(path).endswith(".zst"):
+        return io.BufferedReader(_ZstdLines(raw, path), buffer_size=1 << 20)
     return raw  # type: ignore[return-value]
 
 

@@ -181,3 +181,56 @@ def write_text(path: str | Path, text: str) -> None:
 def read_text(path: str | Path) -> str:
     with open_text(path) as fh:
         return fh.read()
+
+
+SAMPLE_TOKEN = "{sample}"
+
+
+def sample_dir() -> Path:
+    """The embedded data sample shipped with the package."""
+    return Path(__file__).resolve().parent / "sample"
+
+
+def resolve_path(value: str) -> str:
+    """Expand the "{sample}" token; other paths are returned as given (local or s3://, gs://)."""
+    if SAMPLE_TOKEN in value:
+        return value.replace(SAMPLE_TOKEN, str(sample_dir()))
+    return value
+
+
+def expand_inputs(inputs) -> List[str]:
+    """Files, folders (their files) and globs, local or URIs (s3://, gs://, ...) -> a sorted list of
+    files; missing inputs raise."""
+    files: List[str] = []
+    for item in inputs:
+        item = resolve_path(item)
+        if is_dir(item):
+            found = list_files(item)
+        elif has_wildcards(item):
+            found = glob(item)
+        elif is_file(item):
+            found = [item]
+        else:
+            raise FileNotFoundError(f"input not found: {item}")
+        if not found:
+            raise FileNotFoundError(f"no input files in {item}")
+        files.extend(found)
+    return files
+
+
+def read_shards(path: str, **kwargs):
+    """ray.data.read_parquet for a local folder or a URI (endpoint options in its query honoured)."""
+    import ray.data
+
+    inner, fs = path_and_filesystem(path)
+    return ray.data.read_parquet(inner, filesystem=fs, **kwargs)
+
+
+def read_table_file(path: str):
+    """A parquet or JSON-lines file as a pandas frame."""
+    import pandas as pd
+
+    if path.endswith(".parquet"):
+        return read_parquet_table(path).to_pandas()
+    with open_text(path) as fh:
+        return pd.read_json(fh, lines=True)

@@ -65,6 +65,7 @@ class DanTokenizer:
     """text -> (word ids, hashed bigram ids), each padded with 0 to the longest text in the batch."""
 
     kind = "dan"
+    fits_from_counts = True  # the vocabulary comes from word counts (counted in parallel by Ray Data)
 
     def __init__(self, vocab: Sequence[str], config: TokenizerConfig):
         self.config = config
@@ -111,11 +112,16 @@ class DanTokenizer:
     def to_dict(self) -> Dict[str, Any]:
         return {"kind": self.kind, "config": asdict(self.config), "vocab": self.vocab}
 
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "DanTokenizer":
+        return cls(data["vocab"], TokenizerConfig(**data["config"]))
+
 
 class SubwordTokenizer:
     """WordPiece ids for the Transformer, trained with Hugging Face `tokenizers` on training text."""
 
     kind = "subword"
+    fits_from_counts = False  # trained from the texts themselves
 
     def __init__(self, hf_json: str, config: TokenizerConfig):
         from tokenizers import Tokenizer
@@ -155,14 +161,19 @@ class SubwordTokenizer:
     def to_dict(self) -> Dict[str, Any]:
         return {"kind": self.kind, "config": asdict(self.config), "hf_tokenizer": self._hf_json}
 
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "SubwordTokenizer":
+        return cls(data["hf_tokenizer"], TokenizerConfig(**data["config"]))
+
+
+# Tokenizer kind (an encoder's `tokenizer_kind`) -> class.
+TOKENIZERS = {DanTokenizer.kind: DanTokenizer, SubwordTokenizer.kind: SubwordTokenizer}
+
 
 def tokenizer_from_dict(data: Dict[str, Any]):
-    config = TokenizerConfig(**data["config"])
-    if data["kind"] == "dan":
-        return DanTokenizer(data["vocab"], config)
-    if data["kind"] == "subword":
-        return SubwordTokenizer(data["hf_tokenizer"], config)
-    raise ValueError(f"unknown tokenizer kind {data['kind']!r}")
+    if data.get("kind") not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer kind {data.get('kind')!r}: expected one of {'|'.join(TOKENIZERS)}")
+    return TOKENIZERS[data["kind"]].from_dict(data)
 
 
 def save_tokenizer(tokenizer, path: str | Path) -> None:

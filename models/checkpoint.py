@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from datasets.text import load_tokenizer, save_tokenizer
 from models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig
-from models.heads import MultitaskModel
+from models.heads import LEGACY_HEADS, MultitaskModel
 from models.sts_transform import FILE_NAME as STS_FILE
 from models.sts_transform import load_sts_transform
 
@@ -45,9 +45,10 @@ def vocab_sizes(tokenizer) -> tuple[int, int]:
     return tokenizer.num_words, getattr(tokenizer.config, "bigram_buckets", 1)
 
 
-def build_model(config: ModelConfig, tokenizer) -> MultitaskModel:
+def build_model(config: ModelConfig, tokenizer, heads: Optional[Dict[str, str]] = None) -> MultitaskModel:
+    """The encoder sized for `tokenizer`, with `heads` ({task: head kind}; default: the format-2 pair)."""
     num_words, num_bigrams = vocab_sizes(tokenizer)
-    return MultitaskModel(config, num_words, num_bigrams)
+    return MultitaskModel(config, num_words, num_bigrams, heads)
 
 
 def save_checkpoint(
@@ -65,6 +66,7 @@ def save_checkpoint(
     meta = {
         "format": FORMAT_VERSION,
         "model": dataclasses.asdict(model.config),
+        "heads": model.head_kinds,
         "run_config": run_config or {},
     }
     (path / "config.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
@@ -89,7 +91,7 @@ def load_model(path: str | Path) -> tuple[MultitaskModel, Any, Dict[str, Any]]:
     path = Path(path)
     meta = read_meta(path)
     tokenizer = load_tokenizer(path / "tokenizer.json")
-    model = build_model(model_config_from_dict(meta["model"]), tokenizer)
+    model = build_model(model_config_from_dict(meta["model"]), tokenizer, meta.get("heads", LEGACY_HEADS))
     model.load_state_dict(load_file(str(path / "model.safetensors")))
     model.eval()
     return model, tokenizer, meta
@@ -116,14 +118,15 @@ class SentenceEncoder:
         return self.model.encoder.output_dim
 
     def _inputs(self, texts: Sequence[str]) -> Dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(v) for k, v in self.tokenizer.encode(list(texts)).items()}
+        device = next(self.model.parameters()).device  # token tensors follow the model
+        return {k: torch.from_numpy(v).to(device) for k, v in self.tokenizer.encode(list(texts)).items()}
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str], batch_size: int = 256, tuned: bool = False) -> np.ndarray:
         """(n, dim) normalized embeddings; `tuned=True` applies the STS matrix saved by `convsts evaluate`."""
         chunks: List[np.ndarray] = []
         for start in range(0, len(texts), batch_size):
-            chunks.append(self.model.encode(self._inputs(texts[start : start + batch_size])).numpy())
+            chunks.append(self.model.encode(self._inputs(texts[start : start + batch_size])).float().cpu().numpy())
         emb = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros((0, self.dim), dtype=np.float32)
         if tuned:
             transform = load_sts_transform(self.path) if self.path else None
@@ -135,15 +138,18 @@ class SentenceEncoder:
     @torch.no_grad()
     def encode_responses(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
         """Response embeddings after the response-side network: the right side of the reddit score."""
-        emb = torch.from_numpy(self.encode(texts, batch_size))
-        return self.model.heads["reddit"](emb).numpy()  # (n, dim)
+        head = self.model.heads[self.model.task_of_head("response")]
+        emb = torch.from_numpy(self.encode(texts, batch_size)).to(next(head.parameters()).device)
+        return head(emb).cpu().numpy()  # (n, dim)
 
     @torch.no_grad()
     def classify_nli(self, premises: Sequence[str], hypotheses: Sequence[str], batch_size: int = 256) -> np.ndarray:
         """(n, 3) logits: entailment, neutral, contradiction."""
-        u = torch.from_numpy(self.encode(premises, batch_size))
-        v = torch.from_numpy(self.encode(hypotheses, batch_size))
-        return self.model.heads["snli"](u, v).numpy()
+        head = self.model.heads[self.model.task_of_head("nli")]
+        device = next(head.parameters()).device
+        u = torch.from_numpy(self.encode(premises, batch_size)).to(device)
+        v = torch.from_numpy(self.encode(hypotheses, batch_size)).to(device)
+        return head(u, v).cpu().numpy()
 
 
 def load(path: str | Path) -> SentenceEncoder:

@@ -1,19 +1,35 @@
-"""Sentence encoders: token-id dict -> (B, D) L2-normalized embeddings. Pure torch."""
+"""Sentence encoders: token-id dict -> (B, D) L2-normalized embeddings. Pure torch.
+
+Every encoder has one interface: built from the model config and the tokenizer's vocabulary sizes
+(`from_config`), it names the tokenizer kind it needs (`tokenizer_kind`, a key of
+`datasets.text.TOKENIZERS`), encodes the dict of id tensors that tokenizer produces
+(`forward(inputs) -> (B, output_dim)`) and lists its parameters whose gradients are sparse
+(`sparse_parameters()`, which the optimizer factory and the gradient exchange take explicitly).
+`ENCODERS` maps `model.encoder` names to the classes; `build_encoder` is the one way to make one.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.config import BiLstmConfig, DanConfig, TransformerConfig
+from models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig
+
+Inputs = Dict[str, torch.Tensor]
 
 
 class DanEncoder(nn.Module):
     """Deep averaging network: (word + bigram embeddings) summed, / sqrt(n), then a DNN."""
+
+    tokenizer_kind = "dan"  # word ids + hashed bigram ids
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, num_words: int, num_bigrams: int) -> "DanEncoder":
+        return cls(config.dan, num_words, num_bigrams)
 
     def __init__(self, config: DanConfig, num_words: int, num_bigrams: int):
         super().__init__()
@@ -38,6 +54,11 @@ class DanEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.output_dim
 
+    def sparse_parameters(self) -> List[nn.Parameter]:
+        if not self.config.sparse_embeddings:
+            return []
+        return [self.word_embedding.weight, self.bigram_embedding.weight]
+
     @staticmethod
     def _bag_sum(table: nn.EmbeddingBag, ids: torch.Tensor) -> torch.Tensor:
         """Sum of each row's non-padding embeddings. The padded (B, L) ids are flattened to the
@@ -49,7 +70,8 @@ class DanEncoder(nn.Module):
         offsets[1:] = mask.sum(1).cumsum(0)[:-1]
         return table(flat, offsets)  # (B, d); an empty row sums to zeros
 
-    def forward(self, words: torch.Tensor, bigrams: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: Inputs) -> torch.Tensor:
+        words, bigrams = inputs["words"], inputs["bigrams"]  # (B, L), (B, L)
         n = (words != 0).sum(dim=1).clamp(min=1).to(torch.float32)  # (B,)
         summed = self._bag_sum(self.word_embedding, words) + self._bag_sum(self.bigram_embedding, bigrams)  # (B, d)
         averaged = summed / n.sqrt().unsqueeze(1)  # (B, d)
@@ -71,6 +93,12 @@ def timing_signal(length: int, channels: int, device=None) -> torch.Tensor:
 class TransformerSentenceEncoder(nn.Module):
     """Transformer encoder with a sinusoidal timing signal and mean pooling over non-padding positions."""
 
+    tokenizer_kind = "subword"  # WordPiece ids
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, num_words: int, num_bigrams: int) -> "TransformerSentenceEncoder":
+        return cls(config.transformer, num_words)
+
     def __init__(self, config: TransformerConfig, num_tokens: int):
         super().__init__()
         self.config = config
@@ -90,7 +118,11 @@ class TransformerSentenceEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.output_dim
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def sparse_parameters(self) -> List[nn.Parameter]:
+        return []
+
+    def forward(self, inputs: Inputs) -> torch.Tensor:
+        ids = inputs["ids"] if "ids" in inputs else inputs["words"]  # (B, L): subword ids, or word ids
         # Batches arrive padded to a fixed width; attention and feed-forward cost grow with every
         # position, so cut the trailing columns no sentence uses (masked anyway: same result).
         used = int((ids != 0).sum(1).max()) if ids.numel() else 0
@@ -107,6 +139,12 @@ class TransformerSentenceEncoder(nn.Module):
 class BiLstmMaxEncoder(nn.Module):
     """InferSent's encoder: BiLSTM over word embeddings, max pooling over time."""
 
+    tokenizer_kind = "dan"  # word ids (its bigram ids are not used)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, num_words: int, num_bigrams: int) -> "BiLstmMaxEncoder":
+        return cls(config.bilstm, num_words)
+
     def __init__(self, config: BiLstmConfig, num_words: int):
         super().__init__()
         self.config = config
@@ -119,7 +157,11 @@ class BiLstmMaxEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.output_dim or 2 * self.config.hidden_size
 
-    def forward(self, words: torch.Tensor, bigrams: torch.Tensor | None = None) -> torch.Tensor:
+    def sparse_parameters(self) -> List[nn.Parameter]:
+        return []
+
+    def forward(self, inputs: Inputs) -> torch.Tensor:
+        words = inputs["words"]  # (B, L)
         mask = words != 0  # (B, L)
         lengths = mask.sum(1).clamp(min=1).cpu()
         packed = nn.utils.rnn.pack_padded_sequence(
@@ -133,8 +175,20 @@ class BiLstmMaxEncoder(nn.Module):
         return F.normalize(self.projection(pooled), dim=-1)  # (B, output_dim)
 
 
-def encode_inputs(encoder: nn.Module, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
-    """Call an encoder with the fields its tokenizer produced."""
-    if isinstance(encoder, TransformerSentenceEncoder):
-        return encoder(inputs["ids"] if "ids" in inputs else inputs["words"])
-    return encoder(inputs["words"], inputs.get("bigrams"))
+# `model.encoder` name -> encoder class. A new family is one class with the interface above, an
+# entry here, and its architecture dataclass as a field of models.config.ModelConfig.
+ENCODERS: Dict[str, type] = {
+    "dan": DanEncoder,
+    "transformer": TransformerSentenceEncoder,
+    "bilstm": BiLstmMaxEncoder,
+}
+
+
+def encoder_class(name: str) -> type:
+    if name not in ENCODERS:
+        raise ValueError(f"model.encoder: expected one of {'|'.join(ENCODERS)}, got {name!r}")
+    return ENCODERS[name]
+
+
+def build_encoder(config: ModelConfig, num_words: int, num_bigrams: int) -> nn.Module:
+    return encoder_class(config.encoder).from_config(config, num_words, num_bigrams)

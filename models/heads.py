@@ -1,16 +1,24 @@
-"""Task heads on top of the shared encoder, and the multitask model that holds them."""
+"""Task heads on top of the shared encoder, and the multitask model that holds them.
+
+Heads are named by kind (`HEADS`: "response", "nli") or by an importable "package.module:Class"
+for a head defined outside this file. A head is built as `Head(dim, model_config)`. Which task uses
+which head kind is the task's declaration (ray_jobs/tasks/); the model only stores {task: kind},
+which each checkpoint's config.json keeps so that `models.load` rebuilds the same heads.
+"""
 
 from __future__ import annotations
 
-from typing import Dict
+import importlib
+from typing import Dict, List
 
 import torch
 from torch import nn
 
 from models.config import ModelConfig
-from models.encoders import BiLstmMaxEncoder, DanEncoder, TransformerSentenceEncoder, encode_inputs
+from models.encoders import build_encoder
 
-TASKS = ("reddit", "snli")
+# The heads of checkpoints written before config.json listed them (format 2).
+LEGACY_HEADS = {"reddit": "response", "snli": "nli"}
 
 
 class ResponseHead(nn.Module):
@@ -18,9 +26,9 @@ class ResponseHead(nn.Module):
     branch whose output layer starts at zero: an untrained head is the identity, so training starts
     from the encoder's own similarity (lexical overlap for a fresh DAN) instead of scrambling it."""
 
-    def __init__(self, dim: int, hidden: int):
+    def __init__(self, dim: int, config: ModelConfig):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.Tanh(), nn.Linear(hidden, dim))
+        self.net = nn.Sequential(nn.Linear(dim, config.response_hidden), nn.Tanh(), nn.Linear(config.response_hidden, dim))
         nn.init.zeros_(self.net[-1].weight)
         nn.init.zeros_(self.net[-1].bias)
 
@@ -31,42 +39,45 @@ class ResponseHead(nn.Module):
 class NliHead(nn.Module):
     """3-way classifier on (u, v, |u - v|, u * v) through one hidden layer."""
 
-    def __init__(self, dim: int, hidden: int, classes: int = 3):
+    def __init__(self, dim: int, config: ModelConfig):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(4 * dim, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+        self.net = nn.Sequential(nn.Linear(4 * dim, config.nli_hidden), nn.ReLU(),
+                                 nn.Linear(config.nli_hidden, config.nli_classes))
 
     def forward(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         features = torch.cat([u, v, (u - v).abs(), u * v], dim=-1)  # (B, 4D)
         return self.net(features)  # (B, classes)
 
 
-def build_encoder(config: ModelConfig, num_words: int, num_bigrams: int) -> nn.Module:
-    if config.encoder == "dan":
-        return DanEncoder(config.dan, num_words, num_bigrams)
-    if config.encoder == "transformer":
-        return TransformerSentenceEncoder(config.transformer, num_words)
-    if config.encoder == "bilstm":
-        return BiLstmMaxEncoder(config.bilstm, num_words)
-    raise ValueError(f"unknown encoder {config.encoder!r}")
+HEADS: Dict[str, type] = {"response": ResponseHead, "nli": NliHead}
+
+
+def head_class(kind: str) -> type:
+    if kind in HEADS:
+        return HEADS[kind]
+    module_name, sep, attr = kind.partition(":")
+    if not sep:
+        raise ValueError(f"unknown head kind {kind!r}: expected one of {'|'.join(HEADS)} or package.module:Class")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 class MultitaskModel(nn.Module):
-    """One shared encoder; a head per task. Input and response share (tie) the encoder."""
+    """One shared encoder; a head per task. Both sides of a pair share (tie) the encoder."""
 
-    def __init__(self, config: ModelConfig, num_words: int, num_bigrams: int):
+    def __init__(self, config: ModelConfig, num_words: int, num_bigrams: int, heads: Dict[str, str] | None = None):
         super().__init__()
         self.config = config
+        self.head_kinds = dict(heads or LEGACY_HEADS)  # {task: head kind}
         self.encoder = build_encoder(config, num_words, num_bigrams)
         dim = self.encoder.output_dim
-        self.heads = nn.ModuleDict(
-            {
-                "reddit": ResponseHead(dim, config.response_hidden),
-                "snli": NliHead(dim, config.nli_hidden, config.nli_classes),
-            }
-        )
+        self.heads = nn.ModuleDict({task: head_class(kind)(dim, config) for task, kind in self.head_kinds.items()})
+
+    def sparse_parameters(self) -> List[nn.Parameter]:
+        """Parameters whose gradients are sparse (the DAN's embedding tables)."""
+        return self.encoder.sparse_parameters()
 
     def encode(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
-        return encode_inputs(self.encoder, inputs)  # (B, D)
+        return self.encoder(inputs)  # (B, D)
 
     def encode_both(self, first: Dict[str, torch.Tensor], second: Dict[str, torch.Tensor]):
         """Both sides of a pair through the tied encoder in one call: one pass over the embedding
@@ -78,10 +89,9 @@ class MultitaskModel(nn.Module):
         joint = self.encode({k: torch.cat([first[k], second[k]]) for k in first})  # (2B, D)
         return joint[:n], joint[n:]
 
-    def reddit_embeddings(self, context: Dict[str, torch.Tensor], response: Dict[str, torch.Tensor]):
-        """(context (B, D), response after the response-side network (B, D))."""
-        u, v = self.encode_both(context, response)
-        return u, self.heads["reddit"](v)
-
-    def nli_logits(self, premise: Dict[str, torch.Tensor], hypothesis: Dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.heads["snli"](*self.encode_both(premise, hypothesis))  # (B, 3)
+    def task_of_head(self, kind: str) -> str:
+        """The task whose head is of this kind (e.g. the response-side network's task)."""
+        for task, k in self.head_kinds.items():
+            if k == kind:
+                return task
+        raise KeyError(f"this model has no {kind!r} head (heads: {self.head_kinds})")

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
+
+from models.similarity import angular_score, angular_score_np, pearson, pearson_t
 
 FILE_NAME = "sts_transform.safetensors"
 
@@ -83,30 +84,6 @@ def load_sts_transform(folder: str | Path) -> Optional[StsTransform]:
                         int(meta["best_epoch"]), json.loads(meta["history"]))
 
 
-def angular_score(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """5 (1 - arccos(cos(u, v)) / pi), in [0, 5]; clamped away from +-1 so arccos has a gradient."""
-    cos = torch.nn.functional.cosine_similarity(u, v, dim=-1).clamp(-1 + 1e-6, 1 - 1e-6)  # (B,)
-    return 5.0 * (1.0 - torch.arccos(cos) / math.pi)
-
-
-def angular_score_np(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    un = u / np.maximum(np.linalg.norm(u, axis=1, keepdims=True), 1e-12)
-    vn = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
-    cos = np.clip(np.sum(un * vn, axis=1), -1.0, 1.0)
-    return 5.0 * (1.0 - np.arccos(cos) / np.pi)
-
-
-def _pearson_t(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    xc, yc = x - x.mean(), y - y.mean()
-    return (xc * yc).sum() / (xc.norm() * yc.norm() + 1e-12)
-
-
-def _pearson_np(x: np.ndarray, y: np.ndarray) -> float:
-    if np.std(x) == 0 or np.std(y) == 0:
-        return float("nan")
-    return float(np.corrcoef(x, y)[0, 1])
-
-
 def initial_matrix(dim: int, cfg: StsTransformConfig) -> torch.Tensor:
     out = cfg.rank or dim
     if cfg.init == "identity":
@@ -137,7 +114,7 @@ def fit_sts_transform(train: Dict[str, np.ndarray], dev: Dict[str, np.ndarray], 
     gen = torch.Generator().manual_seed(cfg.seed)
 
     def dev_pearson(matrix: np.ndarray) -> float:
-        return _pearson_np(angular_score_np(dev["u"] @ matrix, dev["v"] @ matrix), np.asarray(dev["score"]))
+        return pearson(angular_score_np(dev["u"] @ matrix, dev["v"] @ matrix), np.asarray(dev["score"]))
 
     best_matrix = w0.numpy().copy()
     best = dev_pearson(best_matrix)
@@ -152,7 +129,7 @@ def fit_sts_transform(train: Dict[str, np.ndarray], dev: Dict[str, np.ndarray], 
             if cfg.loss == "mse":
                 loss = torch.mean((pred - gold[idx]) ** 2)
             else:
-                loss = -_pearson_t(pred, gold[idx])
+                loss = -pearson_t(pred, gold[idx])
             if cfg.weight_decay > 0:
                 loss = loss + cfg.weight_decay * torch.sum((w - w0) ** 2)
             opt.zero_grad()

@@ -18,7 +18,8 @@ COMMANDS = {
 
 
 def usage() -> str:
-    lines = ["usage: convsts <command> [args]   (convsts <command> --help for its options)", "", "commands:"]
+    lines = ["usage: convsts <command> [args] [--debug]   (convsts <command> --help for its options;",
+             "       --debug or CONVSTS_DEBUG=1 shows tracebacks of input and config errors)", "", "commands:"]
     lines += [f"  {name:<10} {desc}" for name, (_, desc) in COMMANDS.items()]
     return "\n".join(lines)
 
@@ -31,14 +32,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         print(f"convsts: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    from ray_jobs.config import ConfigError
+    from ray_jobs.runtime import run_main
 
     module = importlib.import_module(COMMANDS[argv[0]][0])
-    try:
-        return int(module.main(argv[1:]) or 0)
-    except (ConfigError, FileNotFoundError, FileExistsError) as err:
-        print(f"convsts {argv[0]}: {err}", file=sys.stderr)
-        return 2
+    return run_main(argv[0], module.main, argv[1:])
 
 
 if __name__ == "__main__":

@@ -16,13 +16,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from datasets import storage
+from datasets.storage import SAMPLE_TOKEN, resolve_path, sample_dir  # noqa: F401  (re-exported)
 from datasets.reddit import RedditFilterConfig
 from datasets.text import TokenizerConfig
 from models.config import ModelConfig
 from models.sts_transform import StsTransformConfig
-
-SAMPLE_TOKEN = "{sample}"
-
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
@@ -47,6 +45,8 @@ class DataConfig:
     snli_fraction: float = 1.0  # nested subset of SNLI train used for training
     snli_fraction_seed: int = 0
     rows_per_shard: int = 50_000
+    # Raw inputs of tasks beyond the built-in ones: {task name: [files, folders or globs]}.
+    task_inputs: Dict[str, List[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,7 +84,6 @@ class TrainerConfig:
     # Ray Train's storage (checkpoints, results); "" = <out>/ray_results. A multi-node cluster
     # needs one that every node reaches: a URI (s3://, gs://) or a shared mount.
     storage_path: str = ""
-    seed: int = 0
 
 
 @dataclass
@@ -107,7 +106,13 @@ class MlflowConfig:
 @dataclass
 class RunConfig:
     name: str = "convsts"
+    # Seeds everything random in training: initial weights (torch), numpy and Python's random, the
+    # shard order of streamed tasks, the local shuffle of batches and the task draws of one worker.
+    # Evaluation samples (eval.seed) and the SNLI subset (data.snli_fraction_seed) have their own,
+    # so that models trained with different seeds are compared on the same queries and data.
     seed: int = 0
+    # Modules defining tasks beyond ray_jobs/tasks/ (each binds a Task to the name TASK).
+    task_modules: List[str] = field(default_factory=list)
     data: DataConfig = field(default_factory=DataConfig)
     filters: RedditFilterConfig = field(default_factory=RedditFilterConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -117,8 +122,11 @@ class RunConfig:
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
     def validate(self) -> "RunConfig":
-        if self.model.encoder not in ("dan", "transformer", "bilstm"):
-            raise ConfigError(f"model.encoder: expected dan|transformer|bilstm, got {self.model.encoder!r}")
+        from models.encoders import ENCODERS
+        from ray_jobs.tasks import get_task
+
+        if self.model.encoder not in ENCODERS:
+            raise ConfigError(f"model.encoder: expected {'|'.join(ENCODERS)}, got {self.model.encoder!r}")
         if self.data.reddit_format not in ("auto", "pushshift", "pairs"):
             raise ConfigError(f"data.reddit_format: expected auto|pushshift|pairs, got {self.data.reddit_format!r}")
         if not 0.0 < self.data.snli_fraction <= 1.0:
@@ -128,9 +136,13 @@ class RunConfig:
         if self.trainer.optimizer not in ("sgd", "adagrad", "adam"):
             raise ConfigError(f"trainer.optimizer: expected sgd|adagrad|adam, got {self.trainer.optimizer!r}")
         weights = self.trainer.task_weights
-        unknown = set(weights) - {"reddit", "snli"}
-        if unknown or not weights:
-            raise ConfigError(f"trainer.task_weights: tasks must be among reddit, snli; got {sorted(weights)}")
+        if not weights:
+            raise ConfigError("trainer.task_weights: give at least one task, e.g. {reddit: 0.95, snli: 0.05}")
+        for name in weights:
+            try:
+                get_task(name, self.task_modules)
+            except (ValueError, ImportError) as err:
+                raise ConfigError(f"trainer.task_weights.{name}: {err}") from None
         if any(w <= 0 for w in weights.values()):
             raise ConfigError(f"trainer.task_weights: weights must be positive, got {dict(weights)}")
         if self.tokenizer.bigram_buckets < 2:  # id 0 is padding; hashing needs at least one more
@@ -233,6 +245,7 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
     same files. "{sample}" and URIs (s3://, gs://) are kept as they are."""
     d = cfg.data
     d.reddit_inputs = [_absolute(p) for p in d.reddit_inputs]
+    d.task_inputs = {task: [_absolute(p) for p in paths] for task, paths in d.task_inputs.items()}
     for name in ("snli_train", "snli_dev", "snli_test", "stsb_dir", "cqa_test", "cqa_relevancy", "prepared_dir"):
         setattr(d, name, _absolute(getattr(d, name)))
     cfg.trainer.warm_start = _absolute(cfg.trainer.warm_start)
@@ -253,17 +266,3 @@ def flatten(values: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
         else:
             flat[name] = value
     return flat
-
-
-def sample_dir() -> Path:
-    """The embedded data sample shipped with the package."""
-    import datasets as convsts_datasets  # ours, not Hugging Face's: see datasets/__init__.py
-
-    return Path(convsts_datasets.__file__).resolve().parent / "sample"
-
-
-def resolve_path(value: str) -> str:
-    """Expand the "{sample}" token; other paths are returned as given (local or s3://, gs://)."""
-    if SAMPLE_TOKEN in value:
-        return value.replace(SAMPLE_TOKEN, str(sample_dir()))
-    return value

@@ -15,28 +15,29 @@ from typing import Dict, Sequence
 
 from ray_jobs import tracking
 from ray_jobs.config import RunConfig, flatten, load_config
-from ray_jobs.evaluate import PRIMARY_METRIC, results_table, run_evaluation
-from ray_jobs.prepare import prepare_all
+from ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evaluation
+from ray_jobs.evaluation.scorers import LexicalScorer
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
-from ray_jobs.train import run_training
+from ray_jobs.tasks import prepared_tasks
+from ray_jobs.training.run import prepare_all, run_training
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
 
-def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = ("bow", "tfidf")) -> Dict[str, object]:
+def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = LexicalScorer.KINDS) -> Dict[str, object]:
     started = time.time()
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     ensure_ray()
     prepared = out_dir / "prepared"
     log.info("[1/4] preparing the embedded sample with Ray Data -> %s", prepared)
-    manifests = prepare_all(cfg, prepared)
+    manifests = prepare_all(cfg, str(prepared))
     uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
     run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name,
                                 flatten(cfg.to_dict()), tags={"convsts.job": "demo"})
-    tracking.log_metrics(uri, run_id, {"data/reddit_train_pairs": manifests["reddit"]["train_pairs"],
-                                       "data/reddit_test_pairs": manifests["reddit"]["test_pairs"],
-                                       "data/snli_train_pairs": manifests["snli"]["pairs"]})
+    tasks = prepared_tasks(cfg)
+    for name, manifest in manifests.items():
+        tracking.log_metrics(uri, run_id, tasks[name].manifest_metrics(manifest))
     log.info("[2/4] training %s for %d steps with Ray Train (%d workers)", cfg.model.encoder, cfg.trainer.steps,
              cfg.trainer.num_workers)
     try:
@@ -95,4 +96,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ray_jobs.runtime import run_main
+
+    raise SystemExit(run_main("demo", main))

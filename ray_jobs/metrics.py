@@ -7,31 +7,7 @@ from typing import Dict, Sequence
 import numpy as np
 from scipy import stats
 
-
-def cosine(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Row-wise cosine of (n, d) arrays -> (n,)."""
-    un = u / np.maximum(np.linalg.norm(u, axis=1, keepdims=True), 1e-12)
-    vn = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
-    return np.sum(un * vn, axis=1)
-
-
-def angular_similarity(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """sim(u, v) = -arccos(cos(u, v)), the paper's STS score (monotone in cos; Pearson differs)."""
-    return -np.arccos(np.clip(cosine(u, v), -1.0, 1.0))
-
-
-def angular_score_0_5(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """5 * (1 - arccos(cos(u, v)) / pi): the tuned variant's score on the STS 0..5 scale."""
-    from models.sts_transform import angular_score_np  # the one implementation (models cannot import us)
-
-    return angular_score_np(u, v)
-
-
-def pearson(pred: Sequence[float], gold: Sequence[float]) -> float:
-    pred, gold = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
-    if len(pred) < 2 or np.std(pred) == 0 or np.std(gold) == 0:
-        return float("nan")
-    return float(stats.pearsonr(pred, gold)[0])
+from models.similarity import pearson  # noqa: F401  (the one Pearson; re-exported)
 
 
 def spearman(pred: Sequence[float], gold: Sequence[float]) -> float:

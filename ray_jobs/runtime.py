@@ -46,3 +46,46 @@ def tracking_uri(configured: str, out_dir: Optional[str | Path]) -> str:
     db = Path(out_dir).resolve() / "mlflow.db"
     db.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{db}"
+
+
+def _user_error_types() -> tuple:
+    from datasets.reddit import BadInputError
+    from ray_jobs.config import ConfigError
+
+    return (ConfigError, BadInputError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
+
+
+def find_user_error(exc: BaseException) -> Optional[BaseException]:
+    """The expected user error (bad config, bad or missing input) behind `exc`, also when Ray
+    wrapped it (a task's error travels as RayTaskError with `.cause`, Ray Data's as UserCodeException)."""
+    types, seen, todo = _user_error_types(), set(), [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, types):
+            return e
+        todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    return None
+
+
+def run_main(command: str, main, argv=None) -> int:
+    """Run a command's main: an expected user error prints one line naming the file, row or key
+    and exits 2, without a traceback; `--debug` (or CONVSTS_DEBUG=1) shows the traceback instead."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("CONVSTS_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return int(main(argv) or 0)
+    except Exception as exc:
+        found = None if debug else find_user_error(exc)
+        if found is None:
+            raise
+        message = str(found.args[0] if len(found.args) == 1 and isinstance(found.args[0], str) else found)
+        if isinstance(found, (FileNotFoundError, PermissionError)) and found.filename and str(found.filename) not in message:
+            message = f"{found.filename}: {message}"
+        print(f"convsts {command}: {message.strip().splitlines()[0]} (--debug shows the traceback)", file=sys.stderr)
+        return 2

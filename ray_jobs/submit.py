@@ -15,7 +15,6 @@ RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); with RAY_AUTH_MODE unset, a token tha
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shlex
 import sys
@@ -23,67 +22,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
+from ray_jobs.job_api import SubmitError, explain, job_address, job_client, status_name, wait_for_job
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUNTIME_ENV = PROJECT_ROOT / "cluster" / "runtime_env.yaml"
-DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 JOBS = ("prepare", "train", "evaluate", "tune", "demo")
 AGENT_WAIT_S = 120.0
 FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
-
-
-class SubmitError(RuntimeError):
-    """The job API could not be reached or refused the request."""
-
-
-def job_address(address: Optional[str]) -> str:
-    address = address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS
-    if address.startswith("ray://") or not address.startswith(("http://", "https://")):
-        # The job API speaks HTTP to the dashboard; a bare host:port means that.
-        host = address.split("://")[-1]
-        address = f"http://{host}"
-    return address
-
-
-def _token_available() -> bool:
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return True
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
-    candidate = Path(path) if path else Path.home() / ".ray" / "auth_token"
-    return candidate.is_file() and candidate.stat().st_size > 0
-
-
-def configure_auth() -> str:
-    """RAY_AUTH_MODE for this client: as set, else "token" when a token is present, else "disabled"."""
-    mode = os.environ.get("RAY_AUTH_MODE")
-    if not mode:
-        mode = "token" if _token_available() else "disabled"
-        os.environ["RAY_AUTH_MODE"] = mode
-        if mode == "token" and "ray._raylet" in sys.modules:
-            # Ray reads RAY_AUTH_MODE into its config when first imported; refresh it, as Ray's own
-            # token set-up does (ray._private.authentication.authentication_token_setup).
-            from ray._raylet import Config
-
-            Config.initialize("")
-    return mode
-
-
-def job_client(address: Optional[str] = None):
-    from ray.job_submission import JobSubmissionClient
-
-    configure_auth()
-    url = job_address(address)
-    try:
-        return JobSubmissionClient(url)
-    except Exception as err:  # connection refused, 401/403, ...
-        raise SubmitError(_explain(err, url)) from None
-
-
-def _explain(err: Exception, url: str) -> str:
-    text = f"{type(err).__name__}: {err}"
-    if "uthenticat" in text or "401" in text or "403" in text:
-        return (f"the Ray cluster at {url} refused this client ({text.splitlines()[0]}). It uses token "
-                f"authentication: set RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, and RAY_AUTH_MODE=token")
-    return f"cannot reach the Ray job API at {url}: {text.splitlines()[0]}"
 
 
 def load_runtime_env(path: Optional[str | Path]) -> Dict[str, Any]:
@@ -115,26 +60,6 @@ def entrypoint(job: str, args: Sequence[str], python: str = "python") -> str:
     return " ".join([python, "-m", f"ray_jobs.{job}", *map(shlex.quote, args)])
 
 
-async def _tail(client, job_id: str) -> None:
-    async for lines in client.tail_job_logs(job_id):
-        print(lines, end="", flush=True)
-
-
-def wait_for_job(client, job_id: str, stream: bool = True, poll_s: float = 1.0, timeout_s: Optional[float] = None):
-    from ray.job_submission import JobStatus
-
-    if stream:
-        asyncio.run(_tail(client, job_id))
-    started = time.time()
-    while True:
-        status = client.get_job_status(job_id)
-        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-            return status
-        if timeout_s is not None and time.time() - started > timeout_s:
-            raise TimeoutError(f"job {job_id} still {status} after {timeout_s} s")
-        time.sleep(poll_s)
-
-
 def submit(job: str, args: Sequence[str], address: Optional[str] = None, runtime_env: Optional[str] = None,
            python: str = "python", submission_id: Optional[str] = None) -> tuple[Any, str]:
     client = job_client(address)
@@ -151,11 +76,7 @@ def submit(job: str, args: Sequence[str], address: Optional[str] = None, runtime
             if "No available agent" in str(err) and time.time() < deadline:
                 time.sleep(2.0)
                 continue
-            raise SubmitError(_explain(err, job_address(address))) from None
-
-
-def status_name(status) -> str:
-    return str(getattr(status, "value", status))
+            raise SubmitError(explain(err, job_address(address))) from None
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -191,4 +112,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ray_jobs.runtime import run_main
+
+    raise SystemExit(run_main("submit", main))

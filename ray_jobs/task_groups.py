@@ -98,7 +98,15 @@ class GradientCombiner:
             for task in plan.tasks:
                 self.task_groups[task] = dist.new_group(plan.ranks_of(task))
 
-    def combine_encoder(self, params: Sequence[torch.nn.Parameter]) -> None:
+    def combine(self, model, task: str) -> None:
+        """After backward on `task`'s loss: the encoder's gradients become the plan's weighted mix
+        over all ranks, the task head's the mean over the task's ranks."""
+        self.combine_encoder(list(model.encoder.parameters()), model.sparse_parameters())
+        self.combine_head(task, list(model.heads[task].parameters()))
+
+    def combine_encoder(self, params: Sequence[torch.nn.Parameter], sparse_params: Sequence[torch.nn.Parameter] = ()) -> None:
+        """`sparse_params`: those of `params` whose gradients are sparse. Every rank runs the same
+        collectives for them even on a step where its gradient for them is missing."""
         scale = self.plan.encoder_grad_scale(self.rank)
         if not self.distributed:
             if scale != 1.0:
@@ -106,8 +114,9 @@ class GradientCombiner:
                     if p.grad is not None:
                         p.grad.mul_(scale)
             return
-        dense = [p for p in params if not _is_sparse_param(p)]
-        sparse = [p for p in params if _is_sparse_param(p)]
+        sparse_ids = {id(p) for p in sparse_params}
+        dense = [p for p in params if id(p) not in sparse_ids]
+        sparse = [p for p in params if id(p) in sparse_ids]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in dense]
         flat = torch.cat([g.reshape(-1) for g in grads]) * scale  # (sum of numels,)
         dist.all_reduce(flat)
@@ -150,45 +159,31 @@ class GradientCombiner:
         return out
 
 
-def _is_sparse_param(p: torch.nn.Parameter) -> bool:
-    return getattr(p, "_convsts_sparse", False)
-
-
-def mark_sparse(params: Iterable[torch.nn.Parameter]) -> None:
-    """Tag parameters whose gradients are sparse, so that every rank runs the same collectives
-    even on a step where a rank's gradient for them is missing."""
-    for p in params:
-        p._convsts_sparse = True  # type: ignore[attr-defined]
-
-
 def _all_reduce_sparse(p: torch.nn.Parameter, scale: float) -> torch.Tensor:
-    """Sum of every rank's scaled sparse gradient: gather (indices, values), add, coalesce."""
+    """Sum of every rank's scaled sparse gradient: gather (indices, values), add, coalesce. Every
+    buffer lives on the parameter's device (NCCL exchanges CUDA tensors only)."""
+    device = p.device
     if p.grad is None:
-        grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long), torch.zeros((0, *p.shape[1:])), p.shape, check_invariants=False)
+        grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long, device=device),
+                                       torch.zeros((0, *p.shape[1:]), device=device), p.shape, check_invariants=False)
     else:
         grad = p.grad.coalesce()
     indices = grad.indices()[0]  # (nnz,)
     values = grad.values() * scale  # (nnz, D)
     world = dist.get_world_size()
-    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([indices.numel()], dtype=torch.long))
-    longest = int(max(s.item() for s in sizes))
-    pad = longest - indices.numel()
-    idx_buf = torch.cat([indices, torch.zeros(pad, dtype=torch.long)])
-    val_buf = torch.cat([values, torch.zeros((pad, *values.shape[1:]), dtype=values.dtype)])
+    sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([indices.numel()], dtype=torch.long, device=device))
+    counts = [int(s) for s in torch.cat(sizes).tolist()]  # one host read for all ranks
+    pad = max(counts) - indices.numel()
+    idx_buf = torch.cat([indices, torch.zeros(pad, dtype=torch.long, device=device)])
+    val_buf = torch.cat([values, torch.zeros((pad, *values.shape[1:]), dtype=values.dtype, device=device)])
     all_idx = [torch.empty_like(idx_buf) for _ in range(world)]
     all_val = [torch.empty_like(val_buf) for _ in range(world)]
     dist.all_gather(all_idx, idx_buf)
     dist.all_gather(all_val, val_buf)
-    idx = torch.cat([i[: int(s.item())] for i, s in zip(all_idx, sizes)])
-    val = torch.cat([v[: int(s.item())] for v, s in zip(all_val, sizes)])
+    idx = torch.cat([i[:n] for i, n in zip(all_idx, counts)])
+    val = torch.cat([v[:n] for v, n in zip(all_val, counts)])
     return torch.sparse_coo_tensor(idx.unsqueeze(0), val, p.shape, check_invariants=False).coalesce()
-
-
-def split_params(model) -> Tuple[List[torch.nn.Parameter], Dict[str, List[torch.nn.Parameter]]]:
-    encoder = list(model.encoder.parameters())
-    heads = {task: list(head.parameters()) for task, head in model.heads.items()}
-    return encoder, heads
 
 
 def draw_task(plan: TaskPlan, generator: torch.Generator) -> str:

@@ -129,8 +129,9 @@ def train_trial(params: Dict[str, Any], base: Dict[str, Any], fixed: List[str], 
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from models import load
-    from ray_jobs.evaluate import EmbeddingScorer, evaluate
-    from ray_jobs.train import run_training
+    from ray_jobs.evaluation.harness import evaluate
+    from ray_jobs.evaluation.scorers import EmbeddingScorer
+    from ray_jobs.training.run import run_training
 
     cfg = trial_config(base, params, fixed)
     run_id = _trial_run(uri, experiment, parent_run_id, params)
@@ -143,8 +144,7 @@ def train_trial(params: Dict[str, Any], base: Dict[str, Any], fixed: List[str], 
     except BaseException:
         tracking.end_run(uri, run_id, "FAILED")
         raise
-    if trained.snli_train_pairs is not None:
-        results["data/snli_train_pairs"] = float(trained.snli_train_pairs)
+    results.update({f"data/{name}_train_pairs": float(n) for name, n in trained.train_rows.items()})
     tracking.log_metrics(uri, run_id, results, step=cfg.trainer.steps)
     tracking.end_run(uri, run_id)
     ray.tune.report({**results, "checkpoint_dir": str(trained.checkpoint)})
@@ -177,7 +177,8 @@ def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> tuple[Dict[str, Any],
     """(STS-B frames, their embeddings) for train, dev and test."""
     from datasets.evalsets import read_stsb, stsb_split_path
     from models import load
-    from ray_jobs.evaluate import EmbeddingScorer, stsb_embeddings
+    from ray_jobs.evaluation.scorers import EmbeddingScorer
+    from ray_jobs.evaluation.sts import stsb_embeddings
 
     scorer = EmbeddingScorer(load(checkpoint), cfg.eval.batch_size)
     stsb_dir = resolve_path(cfg.data.stsb_dir)
@@ -205,7 +206,6 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
               reddit_checkpoint: Optional[str] = None, prepared_dir: Optional[str] = None,
               param_overrides: Optional[Dict[str, Any]] = None, num_samples: Optional[int] = None,
               fresh: bool = False, max_concurrent: Optional[int] = None) -> Dict[str, Any]:
-    import ray
     from ray import tune
 
     started = time.time()
@@ -257,7 +257,7 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
         trainable = tune.with_parameters(sts_matrix_trial, embeddings=embeddings, base=base, fixed=space.fixed,
                                          uri=uri, experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id)
     else:
-        from ray_jobs.train import ensure_prepared, prepared_location
+        from ray_jobs.training.run import ensure_prepared, prepared_location
 
         prepared = prepared_location(cfg, out_dir, prepared_dir)
         ensure_prepared(cfg, prepared)
@@ -338,7 +338,7 @@ def _close_stopped_runs(uri: str, experiment: str, parent_run_id: str) -> None:
 def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path) -> Dict[str, Any]:
     """Test is scored for the chosen trial only, with the matrix that its best dev epoch produced."""
     from models.sts_transform import load_sts_transform
-    from ray_jobs.evaluate import transformed_sts_metrics
+    from ray_jobs.evaluation.sts import transformed_sts_metrics
 
     with best.checkpoint.as_directory() as folder:
         transform = load_sts_transform(folder)
@@ -350,7 +350,7 @@ def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path
 
 
 def _fraction_curve(grid, space: TuneSpace, out_dir: Path) -> None:
-    from ray_jobs.evaluate import fraction_curve_plot
+    from ray_jobs.evaluation.plots import fraction_curve_plot
 
     rows = []
     for result in grid:
@@ -407,4 +407,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ray_jobs.runtime import run_main
+
+    raise SystemExit(run_main("tune", main))

@@ -9,7 +9,7 @@ import pytest
 from models import load
 from ray_jobs.config import load_config
 from ray_jobs.demo import DEFAULT_CONFIG, run_demo
-from ray_jobs.evaluate import sts_metrics
+from ray_jobs.evaluation.sts import sts_metrics
 from ray_jobs.config import resolve_path
 from datasets.evalsets import read_stsb, stsb_split_path
 from tiny import TINY_DAN
@@ -41,7 +41,7 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     texts = ["a man is playing a guitar", "the cat sleeps"]
     assert np.array_equal(encoder.encode(texts), load(results["checkpoint"]).encode(texts))
     assert encoder.meta["run_config"]["trainer"]["steps"] == 6
-    from ray_jobs.evaluate import EmbeddingScorer
+    from ray_jobs.evaluation.scorers import EmbeddingScorer
 
     dev = read_stsb(stsb_split_path(resolve_path(cfg.data.stsb_dir), "dev"))
     again = sts_metrics(EmbeddingScorer(encoder), dev, "stsb/dev")["stsb/dev/pearson"]

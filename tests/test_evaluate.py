@@ -13,7 +13,7 @@ from models.checkpoint import build_model
 from models.config import DanConfig, ModelConfig
 from models.sts_transform import FILE_NAME, load_sts_transform
 from ray_jobs.config import load_config, resolve_path
-from ray_jobs.evaluate import run_evaluation
+from ray_jobs.evaluation.harness import run_evaluation
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_tuned_without_checkpoint_matrix_is_a_clear_error(tiny_checkpoint):
 
 def test_fraction_curve_from_checkpoints(tmp_path):
     from datasets.text import DanTokenizer, TokenizerConfig, count_words
-    from ray_jobs.evaluate import CURVE_METRICS, fraction_curve
+    from ray_jobs.evaluation.curve import CURVE_METRICS, fraction_curve
 
     stsb = read_stsb(stsb_split_path(resolve_path("{sample}"), "dev"))
     tokenizer = DanTokenizer.build(count_words(list(stsb["sentence1"])), TokenizerConfig(bigram_buckets=100))

@@ -9,7 +9,8 @@ from ray_jobs import tracking
 from pathlib import Path
 
 from ray_jobs.config import load_config
-from ray_jobs.evaluate import EmbeddingScorer, snli_metrics
+from ray_jobs.evaluation.nli import nli_metrics
+from ray_jobs.evaluation.scorers import EmbeddingScorer
 from datasets.snli import read_snli
 from ray_jobs.config import resolve_path
 
@@ -25,7 +26,7 @@ TINY = [
 
 @pytest.mark.slow
 def test_infersent_trains_on_snli_alone(ray_session, mlflow_uri, tmp_path):
-    from ray_jobs.train import ensure_prepared, run_training
+    from ray_jobs.training.run import ensure_prepared, run_training
 
     cfg = load_config(REPO_CONFIGS / "infersent.yaml", TINY + [f"mlflow.tracking_uri={mlflow_uri}"])
     assert cfg.trainer.task_weights == {"snli": 1.0} and cfg.model.encoder == "bilstm"
@@ -37,7 +38,7 @@ def test_infersent_trains_on_snli_alone(ray_session, mlflow_uri, tmp_path):
     encoder = load(result.checkpoint)
     assert isinstance(encoder.model.encoder, BiLstmMaxEncoder) and encoder.dim == 32  # 2 x 16, max-pooled
     dev = read_snli(resolve_path(cfg.data.snli_dev)).head(300)
-    accuracy = snli_metrics(EmbeddingScorer(encoder), dev, "dev")["snli/dev/accuracy"]
+    accuracy = nli_metrics(EmbeddingScorer(encoder), dev, "snli/dev")["snli/dev/accuracy"]
     assert 0 <= accuracy <= 1
     run = tracking.client(mlflow_uri).get_run(result.run_id)
     assert "snli/loss" in run.data.metrics and "reddit/loss" not in run.data.metrics

@@ -44,9 +44,9 @@ def test_shapes_and_unit_norm(encoder, tokenizer):
     assert emb.shape == (4, 10)
     assert torch.allclose(emb.norm(dim=1), torch.ones(4), atol=1e-5)
     ctx = {k: torch.from_numpy(v) for k, v in tokenizer.encode(TEXTS[:2]).items()}
-    c, r = model.reddit_embeddings(ctx, ctx)
-    assert c.shape == r.shape == (2, 10)
-    assert model.nli_logits(ctx, ctx).shape == (2, 3)
+    c, r = model.encode_both(ctx, ctx)
+    assert c.shape == model.heads["reddit"](r).shape == (2, 10)
+    assert model.heads["snli"](c, r).shape == (2, 3)
 
 
 @pytest.mark.parametrize("encoder", ["dan", "transformer", "bilstm"])
@@ -68,7 +68,7 @@ def test_dan_is_sum_over_sqrt_n(tokenizer):
     w, b = torch.from_numpy(ids["words"]), torch.from_numpy(ids["bigrams"])
     by_hand = (enc.word_embedding.weight[w[0]].sum(0) + enc.bigram_embedding.weight[b[0][b[0] > 0]].sum(0)) / math.sqrt(3)
     expected = torch.nn.functional.normalize(enc.dnn(by_hand.unsqueeze(0)), dim=-1)
-    assert torch.allclose(enc(w, b), expected, atol=1e-6)
+    assert torch.allclose(enc({"words": w, "bigrams": b}), expected, atol=1e-6)
 
 
 def test_dan_embedding_gradients_are_sparse(tokenizer):
@@ -88,7 +88,7 @@ def test_dan_sparse_gradient_touches_only_the_real_tokens(tokenizer):
 
 @pytest.mark.parametrize("encoder", ["dan", "transformer", "bilstm"])
 def test_both_sides_in_one_encoder_call_equal_two_calls(encoder, tokenizer):
-    """reddit_embeddings / nli_logits encode both sides in one call: same values, same gradients."""
+    """Task losses encode both sides in one call: same values, same gradients."""
     torch.manual_seed(0)
     model = build_model(tiny_config(encoder), tokenizer).eval()
     left = {k: torch.from_numpy(v) for k, v in tokenizer.encode(TEXTS[:3], width=8).items()}

@@ -7,7 +7,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from ray_jobs.config import load_config
-from ray_jobs.prepare import prepare_reddit, prepare_snli
+from ray_jobs.tasks import get_task
+
+
+def prepare_reddit(inputs, out, cfg, fmt="auto"):
+    """The Reddit task's prepare step as `convsts prepare reddit --format FMT` runs it."""
+    cfg.data.reddit_format = fmt
+    return get_task("reddit").prepare([str(i) for i in inputs], str(out), cfg)
 
 
 def _pairs_table(path):
@@ -53,7 +59,7 @@ def test_prepare_snli_writes_ranked_shards(ray_session, tmp_path):
     src = tmp_path / "snli.parquet"
     pq.write_table(pa.table({"sentence1": ["a", "b", "c"], "sentence2": ["d", "e", "f"],
                              "label": ["entailment", "-", "neutral"]}), src)
-    manifest = prepare_snli(str(src), tmp_path / "snli", load_config())
+    manifest = get_task("snli").prepare([str(src)], str(tmp_path / "snli"), load_config())
     assert manifest["pairs"] == 2 and manifest["labels"] == {"entailment": 1, "neutral": 1, "contradiction": 0}
     table = pq.read_table(tmp_path / "snli" / "train").to_pandas()
     assert set(table.columns) >= {"premise", "hypothesis", "label", "fraction_rank"}

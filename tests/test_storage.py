@@ -12,7 +12,8 @@ import pytest
 
 from datasets import evalsets, reddit, snli, storage
 from ray_jobs.config import load_config
-from ray_jobs.prepare import expand_inputs, prepare_reddit
+from datasets.storage import expand_inputs
+from ray_jobs.tasks import get_task
 from s3_server import keys, s3_endpoint, upload
 from tiny import TINY_TRAIN
 
@@ -78,7 +79,7 @@ def test_prepare_reads_and_writes_file_uris(ray_session, tmp_path):
     _write_dump(raw / "RC_2015-02", DUMP_ROWS[3:])
     cfg = load_config(None, ["data.test_share=0.0"])
     out = f"file://{tmp_path}/prepared/reddit"
-    manifest = prepare_reddit([f"file://{raw}/RC_*"], out, cfg)
+    manifest = get_task("reddit").prepare([f"file://{raw}/RC_*"], out, cfg)
     assert manifest["lines_read"] == 6 and manifest["malformed"] == 1 and manifest["pairs"] == 2
     assert manifest["malformed_examples"] == [f"file://{raw}/RC_2015-01.zst:4"]
     assert json.loads(storage.read_text(storage.join(out, "manifest.json")))["pairs"] == 2

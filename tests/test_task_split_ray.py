@@ -10,8 +10,10 @@ import torch
 from datasets.text import DanTokenizer, TokenizerConfig, count_words
 from models.checkpoint import build_model
 from models.config import DanConfig, ModelConfig
-from ray_jobs.task_groups import GradientCombiner, mark_sparse, plan_tasks, split_params
-from ray_jobs.train import task_loss
+from ray_jobs.config import load_config
+from ray_jobs.task_groups import GradientCombiner, plan_tasks
+from ray_jobs.tasks import get_task
+from ray_jobs.training.step import Optimizers, train_step
 
 WEIGHTS = {"reddit": 0.95, "snli": 0.05}
 REDDIT = (["what is your favourite book", "anyone watching the game", "best laptop for coding"],
@@ -25,7 +27,6 @@ def _setup():
     cfg = ModelConfig(dan=DanConfig(embedding_dim=8, hidden_sizes=[8], output_dim=6), response_hidden=5, nli_hidden=4)
     torch.manual_seed(0)
     model = build_model(cfg, tok)
-    mark_sparse([model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight])
     return tok, model
 
 
@@ -47,19 +48,14 @@ def _worker(config):
     plan = plan_tasks(WEIGHTS, ray.train.get_context().get_world_size())
     tok, model = _setup()
     combiner = GradientCombiner(plan, rank)
-    encoder, heads = split_params(model)
-    task = plan.tasks_of(rank)[0]
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    encoder = list(model.encoder.parameters())
+    task = get_task(plan.tasks_of(rank)[0])
+    opts = Optimizers.build(load_config(None, ["trainer.optimizer=sgd"]).trainer, model, [task.name], lr=0.1)
     out = {}
     for step in range(2):
-        opt.zero_grad(set_to_none=True)
-        loss, _ = task_loss(model, task, _batch(tok, task))
-        loss.backward()
-        combiner.combine_encoder(encoder)
-        combiner.combine_head(task, heads[task])
-        if step == 0:
+        train_step(model, task, _batch(tok, task.name), opts, combiner)  # the trainer's own step
+        if step == 0:  # the combined gradients the update used
             out.update({f"grad{i}": _dense(p.grad) for i, p in enumerate(encoder)})
-        opt.step()
         out.update({f"step{step}_param{i}": p.detach().numpy().copy() for i, p in enumerate(encoder)})
     np.savez(Path(config["out"]) / f"rank{rank}.npz", **out)
 
@@ -84,7 +80,7 @@ def test_two_workers_share_one_encoder_with_weighted_gradients(ray_session, tmp_
     expected = None
     for task, weight in WEIGHTS.items():
         tok, model = _setup()
-        loss, _ = task_loss(model, task, _batch(tok, task))
+        loss, _ = get_task(task).loss(model, _batch(tok, task))
         loss.backward()
         grads = [weight * _dense(p.grad) for p in model.encoder.parameters()]
         expected = grads if expected is None else [a + b for a, b in zip(expected, grads)]

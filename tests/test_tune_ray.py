@@ -103,8 +103,7 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
 
 @pytest.mark.slow
 def test_snli_fraction_sweep(ray_session, mlflow_uri, tmp_path):
-    from ray_jobs.prepare import prepare_all
-    from ray_jobs.train import run_training
+    from ray_jobs.training.run import prepare_all, run_training
     from ray_jobs.tune import grid_overrides, run_sweep
     from tune_spaces import get_space
 

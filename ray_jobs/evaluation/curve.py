@@ -1,0 +1,39 @@
+"""Figure 8 from checkpoints: STS-B of each against the data.snli_fraction (and seed) in its config.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+import pandas as pd
+
+from ray_jobs.config import RunConfig
+from ray_jobs.evaluation.plots import fraction_curve_plot
+from ray_jobs.evaluation.scorers import EmbeddingScorer
+from ray_jobs.evaluation.sts import read_stsb_split, sts_metrics
+
+CURVE_METRICS = ["stsb/dev/pearson", "stsb/dev/captions/pearson", "stsb/test/pearson", "stsb/test/captions/pearson"]
+
+
+def fraction_curve(checkpoints: Sequence[str], cfg: RunConfig, out_dir: Path) -> List[Dict[str, Any]]:
+    """Writes out_dir/curve.csv and out_dir/curve.png; returns the rows."""
+    from models import load
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frames = {split: read_stsb_split(cfg, split) for split in ("dev", "test")}
+    rows = []
+    for checkpoint in checkpoints:
+        encoder = load(checkpoint)
+        data = encoder.meta.get("run_config", {}).get("data", {})
+        if "snli_fraction" not in data:
+            raise ValueError(f"{checkpoint}: its config.json has no data.snli_fraction (not a convsts training checkpoint)")
+        scorer = EmbeddingScorer(encoder, cfg.eval.batch_size)
+        row: Dict[str, Any] = {"fraction": data["snli_fraction"], "seed": data.get("snli_fraction_seed", 0),
+                               "checkpoint": str(checkpoint)}
+        for split, frame in frames.items():
+            row.update(sts_metrics(scorer, frame, f"stsb/{split}"))
+        rows.append({k: row[k] for k in ["fraction", "seed", *CURVE_METRICS, "checkpoint"]})
+    rows.sort(key=lambda r: (r["fraction"], r["seed"]))
+    pd.DataFrame(rows).to_csv(out_dir / "curve.csv", index=False)
+    fraction_curve_plot(rows, CURVE_METRICS, out_dir / "curve.png")
+    return rows

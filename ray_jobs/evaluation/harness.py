@@ -1,0 +1,135 @@
+"""Runs every benchmark on one scorer: STS-B raw and tuned, extra STS files, each task's own metrics
+(ray_jobs/tasks/), CQA; writes results.json, results.md and the Figure-7 scatter, logs to MLflow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from datasets import storage
+from ray_jobs import tracking
+from ray_jobs.config import RunConfig
+from ray_jobs.evaluation.cqa import configured_cqa_metrics
+from ray_jobs.evaluation.plots import scatter_plot
+from ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
+from ray_jobs.evaluation.sts import (predicted_scores, read_stsb_split, sts_file_metrics, sts_metrics,
+                                     stsb_embeddings, tuned_sts_metrics)
+from ray_jobs.runtime import log, tracking_uri
+from ray_jobs.tasks import get_task, model_heads
+
+PRIMARY_METRIC = "stsb/dev/pearson"
+
+
+def evaluated_tasks(cfg: RunConfig):
+    """Every built-in task and every task the config trains: each contributes its own metrics."""
+    return [get_task(name, cfg.task_modules) for name in model_heads(cfg)]
+
+
+def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_files: Sequence[str] = (),
+             transform_dirs: Sequence[Path] = ()) -> Dict[str, float]:
+    """All metrics of one scorer. The tuned STS matrix (embedding scorers only) is saved in each of
+    `transform_dirs`."""
+    results: Dict[str, float] = {}
+    frames = {split: read_stsb_split(cfg, split) for split in ("dev", "test")}
+    embedded = {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
+    for split, frame in frames.items():
+        results.update(sts_metrics(scorer, frame, f"stsb/{split}", embedded=embedded[split]))
+    if cfg.eval.tuned.enabled and isinstance(scorer, EmbeddingScorer):
+        try:
+            frames["train"] = read_stsb_split(cfg, "train")
+        except FileNotFoundError as err:
+            log.warning("no tuned STS metrics: %s", err)
+        else:
+            tuned, transform = tuned_sts_metrics(scorer, cfg, frames, embedded)
+            results.update(tuned)
+            for folder in transform_dirs:
+                transform.save(folder)
+    for path in sts_files:
+        results.update(sts_file_metrics(scorer, path, Path(path).stem))
+    for task in evaluated_tasks(cfg):
+        results.update(task.evaluate(scorer, cfg, prepared_dir))
+    results.update(configured_cqa_metrics(scorer, cfg))
+    return results
+
+
+def baseline_scorer(kind: str, cfg: RunConfig, prepared_dir: Optional[str]) -> LexicalScorer:
+    """A lexical baseline whose document frequencies come from STS-B and the held-out task pairs."""
+    fit: List[str] = []
+    for split in ("train", "dev", "test"):
+        try:
+            frame = read_stsb_split(cfg, split)
+        except FileNotFoundError:
+            continue
+        fit += list(frame["sentence1"]) + list(frame["sentence2"])
+    for task in evaluated_tasks(cfg):
+        test_dir = storage.join(prepared_dir, task.name, "test") if prepared_dir and "test" in task.splits else None
+        if test_dir and storage.is_dir(test_dir):
+            table = storage.read_parquet_table(test_dir, columns=list(task.pair))
+            for column in task.pair:
+                fit += [str(t) for t in table.column(column).to_pylist()]
+    return LexicalScorer(kind, fit)
+
+
+def results_table(columns: Dict[str, Dict[str, float]]) -> str:
+    """Markdown: one row per metric, one column per system (model, baselines)."""
+    names = sorted({k for r in columns.values() for k in r if isinstance(r[k], (int, float))})
+    header = "| metric | " + " | ".join(columns) + " |"
+    lines = [header, "|---" * (len(columns) + 1) + "|"]
+    for name in names:
+        cells = []
+        for r in columns.values():
+            v = r.get(name)
+            cells.append(f"{v:.4f}" if isinstance(v, (int, float)) and np.isfinite(v) else "—")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str] = None, baseline: Optional[str] = None,
+                   prepared_dir: Optional[str | Path] = None, sts_files: Sequence[str] = (),
+                   run_id: Optional[str] = None, log_to_mlflow: bool = True,
+                   mlflow_uri: Optional[str] = None) -> Dict[str, object]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prepared = str(prepared_dir) if prepared_dir else None
+    if checkpoint:
+        from models import load
+
+        scorer = EmbeddingScorer(load(checkpoint), cfg.eval.batch_size)
+    elif baseline:
+        scorer = baseline_scorer(baseline, cfg, prepared)
+    else:
+        raise ValueError("give --checkpoint or --baseline")
+    transform_dirs = [out_dir] + ([Path(checkpoint)] if checkpoint else [])
+    results = evaluate(scorer, cfg, prepared, sts_files, transform_dirs)
+    test = read_stsb_split(cfg, "test")
+    scatter_plot(predicted_scores(stsb_embeddings(scorer, test)), test, out_dir / "stsb_test_scatter.png")
+    flat: Dict[str, object] = dict(results)
+    if checkpoint:
+        flat["checkpoint"] = str(checkpoint)
+    if log_to_mlflow:
+        uri = mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)
+        own_run = run_id is None
+        if own_run:
+            run_id = tracking.start_run(uri, cfg.mlflow.experiment, f"evaluate-{scorer.name}",
+                                        {"checkpoint": checkpoint or "", "baseline": baseline or ""},
+                                        tags={"convsts.job": "evaluate"})
+        tracking.log_metrics(uri, run_id, results)
+        tracking.log_artifact(uri, run_id, str(out_dir / "stsb_test_scatter.png"), "plots")
+        flat["mlflow_run_id"] = run_id
+        if own_run:
+            tracking.end_run(uri, run_id)
+    (out_dir / "results.json").write_text(json.dumps(flat, indent=2), encoding="utf-8")
+    (out_dir / "results.md").write_text(results_table({scorer.name: results}) + "\n", encoding="utf-8")
+    return flat
+
+
+def training_run(checkpoint: str) -> tuple[Optional[str], Optional[str]]:
+    """(run id, tracking URI) of the training job that wrote `checkpoint`, from its train.json."""
+    info = Path(checkpoint).resolve().parent / "train.json"
+    if not info.is_file():
+        return None, None
+    data = json.loads(info.read_text(encoding="utf-8"))
+    return data.get("mlflow_run_id"), data.get("tracking_uri")

@@ -1,0 +1,20 @@
+"""NLI accuracy (SNLI dev/test) through a model's NLI head."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import pandas as pd
+
+from datasets.snli import read_snli
+from ray_jobs.config import resolve_path
+from ray_jobs.metrics import accuracy
+
+
+def nli_metrics(scorer, frame: pd.DataFrame, prefix: str) -> Dict[str, float]:
+    logits = scorer.nli_logits(frame["premise"].tolist(), frame["hypothesis"].tolist())
+    return {f"{prefix}/accuracy": accuracy(logits, frame["label"].to_numpy())}
+
+
+def nli_accuracy(scorer, path: str, prefix: str) -> Dict[str, float]:
+    return nli_metrics(scorer, read_snli(resolve_path(path)), prefix)

@@ -1,0 +1,92 @@
+"""STS benchmarks: STS-B (overall and by genre, raw and with the tuned matrix), any STS-style file,
+and the STS-B dev probe run inside training. Score: models.similarity's angular score."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+import pandas as pd
+
+from datasets.evalsets import read_sts_file, read_stsb, stsb_split_path
+from models.similarity import angular_score_from_cosine, pearson
+from models.sts_transform import StsTransform, fit_sts_transform
+from ray_jobs.config import RunConfig, resolve_path
+from ray_jobs.evaluation.scorers import pair_cosine
+from ray_jobs.metrics import spearman
+
+
+def read_stsb_split(cfg: RunConfig, split: str) -> pd.DataFrame:
+    return read_stsb(stsb_split_path(resolve_path(cfg.data.stsb_dir), split))
+
+
+def stsb_embeddings(scorer, frame: pd.DataFrame) -> Dict[str, np.ndarray]:
+    return {"u": scorer.embed(frame["sentence1"]), "v": scorer.embed(frame["sentence2"]),
+            "score": frame["score"].to_numpy(dtype=np.float64)}
+
+
+def sts_metrics_from_scores(scores: np.ndarray, frame: pd.DataFrame, prefix: str, by_genre: bool = True) -> Dict[str, float]:
+    gold = frame["score"].to_numpy()
+    out = {f"{prefix}/pearson": pearson(scores, gold), f"{prefix}/spearman": spearman(scores, gold)}
+    if by_genre and "genre" in frame.columns:
+        for genre, part in frame.groupby("genre"):
+            idx = part.index.to_numpy()
+            out[f"{prefix}/{genre}/pearson"] = pearson(scores[idx], gold[idx])
+    return out
+
+
+def predicted_scores(embedded: Dict[str, np.ndarray]) -> np.ndarray:
+    """The angular score (0-5) of each pair."""
+    return angular_score_from_cosine(pair_cosine(embedded["u"], embedded["v"]))
+
+
+def sts_metrics(scorer, frame: pd.DataFrame, prefix: str, by_genre: bool = True,
+                embedded: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, float]:
+    """Pearson and Spearman of the angular score against the gold scores."""
+    emb = embedded or stsb_embeddings(scorer, frame)
+    return sts_metrics_from_scores(predicted_scores(emb), frame, prefix, by_genre)
+
+
+def sts_file_metrics(scorer, path: str, name: str) -> Dict[str, float]:
+    return sts_metrics(scorer, read_sts_file(path), f"sts/{name}", by_genre=False)
+
+
+def tuned_sts_metrics(scorer, cfg: RunConfig, frames: Dict[str, pd.DataFrame],
+                      embedded: Dict[str, Dict[str, np.ndarray]]) -> tuple[Dict[str, float], StsTransform]:
+    """Fit one matrix on STS-B train (selected on dev), then score dev and test with it."""
+    if "train" not in embedded:
+        embedded["train"] = stsb_embeddings(scorer, frames["train"])
+    transform = fit_sts_transform(embedded["train"], embedded["dev"], cfg.eval.tuned)
+    return transformed_sts_metrics(transform, frames, embedded), transform
+
+
+def transformed_sts_metrics(transform: StsTransform, frames: Dict[str, pd.DataFrame],
+                            embedded: Dict[str, Dict[str, np.ndarray]]) -> Dict[str, float]:
+    """stsb_tuned/<dev|test>/... of a fitted matrix on embeddings already computed."""
+    results: Dict[str, float] = {"stsb_tuned/best_epoch": float(transform.best_epoch)}
+    for split in ("dev", "test"):
+        emb = embedded[split]
+        results.update(sts_metrics_from_scores(transform.score(emb["u"], emb["v"]), frames[split], f"stsb_tuned/{split}"))
+    return results
+
+
+class StsDevProbe:
+    """STS-B dev Pearson of the model being trained (trainer.eval_every), on the model's device."""
+
+    METRIC = "stsb/dev/pearson_during_training"
+
+    def __init__(self, cfg: RunConfig, tokenizer):
+        self.frame = read_stsb_split(cfg, "dev")
+        self.tokenizer = tokenizer
+
+    def evaluate(self, model) -> Dict[str, float]:
+        from models.checkpoint import SentenceEncoder
+
+        model.eval()
+        try:
+            encoder = SentenceEncoder(model, self.tokenizer, {})
+            embedded = {"u": encoder.encode(list(self.frame["sentence1"]), 512),
+                        "v": encoder.encode(list(self.frame["sentence2"]), 512)}
+        finally:
+            model.train()
+        return {self.METRIC: pearson(predicted_scores(embedded), self.frame["score"].to_numpy())}

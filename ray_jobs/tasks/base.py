@@ -1,0 +1,107 @@
+"""What a training task declares: its data, its head and loss, its prepared folder, its metrics.
+
+A task is a `Task` subclass instance bound to the name `TASK` in a module: `ray_jobs/tasks/<name>.py`
+for the built-in ones, or any module listed in the run config's `task_modules`. The trainer,
+`prepare`, the tokenizer, checkpoint heads, config validation and `evaluate` loop over the tasks
+of a run; none of them names a task. Adding one (MNLI, a question-answer task) is a module like
+`ray_jobs/tasks/snli.py` plus a `trainer.task_weights` entry (and `data.task_inputs.<name>`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+import torch
+
+from datasets import storage
+
+if TYPE_CHECKING:
+    from ray_jobs.config import RunConfig
+
+MANIFEST = "manifest.json"
+Batch = Dict[str, torch.Tensor]
+
+
+def fields(batch: Batch, prefix: str) -> Batch:
+    """The id tensors of one text column: {"words": ..., "bigrams": ...} from "<prefix>__words", ..."""
+    head = prefix + "__"
+    return {k[len(head):]: v for k, v in batch.items() if k.startswith(head)}
+
+
+class Task:
+    name: str = ""
+    head: str = ""  # head kind in models.heads.HEADS, or "package.module:Class"
+    pair: Tuple[str, str] = ("", "")  # the two text columns of a row; both go through the shared encoder
+    label: Optional[str] = None  # an integer label column the loss needs
+    keeps_head_on_warm_start: bool = False  # a warm start copies this task's head along with the encoder
+    in_every_vocabulary: bool = False  # its training text is counted into every run's tokenizer
+    materialize: bool = False  # small: tokenized once and kept in Ray's object store
+    splits: Tuple[str, ...] = ("train",)  # folders `prepare` writes under <prepared>/<name>/
+
+    # ---- data
+
+    def raw_inputs(self, cfg: "RunConfig") -> List[str]:
+        """Raw input files of `convsts prepare` for this task."""
+        inputs = cfg.data.task_inputs.get(self.name)
+        if not inputs:
+            raise FileNotFoundError(f"task {self.name}: no raw inputs; set data.task_inputs.{self.name}=[FILE, ...]")
+        return list(inputs)
+
+    def prepared_dir(self, prepared_root: str) -> str:
+        return storage.join(prepared_root, self.name)
+
+    def train_path(self, prepared_root: str) -> str:
+        return storage.join(prepared_root, self.name, "train")
+
+    def prepare(self, inputs: List[str], out_dir: str, cfg: "RunConfig") -> Dict[str, Any]:
+        """Raw inputs -> out_dir/train parquet shards + out_dir/manifest.json. The default reads
+        parquet or JSON-lines files holding the pair columns (and the label)."""
+        import pandas as pd
+        import ray.data
+
+        from ray_jobs.runtime import ensure_ray
+
+        started = time.time()
+        columns = [*self.pair, *([self.label] if self.label else [])]
+        frames = []
+        for path in storage.expand_inputs(inputs):
+            frame = storage.read_table_file(path)
+            missing = [c for c in columns if c not in frame.columns]
+            if missing:
+                raise ValueError(f"{path}: task {self.name} needs columns {columns}; missing {missing}")
+            frames.append(frame[columns])
+        frame = pd.concat(frames, ignore_index=True)
+        ensure_ray()
+        target, fs = storage.path_and_filesystem(storage.join(out_dir, "train"))
+        ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
+        manifest = {"inputs": list(inputs), "pairs": len(frame), "seconds": round(time.time() - started, 1)}
+        storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
+        return manifest
+
+    def manifest_metrics(self, manifest: Dict[str, Any]) -> Dict[str, float]:
+        """Counts from the prepare manifest logged to MLflow as data/... metrics."""
+        return {f"data/{self.name}_train_pairs": float(manifest.get("pairs", 0))}
+
+    def train_rows(self, cfg: "RunConfig", prepared_root: str):
+        """The Ray Dataset of training rows (text columns, before tokenization)."""
+        from ray.data import FileShuffleConfig
+
+        return storage.read_shards(self.train_path(prepared_root), shuffle=FileShuffleConfig(seed=cfg.seed))
+
+    def text_columns(self) -> Dict[str, str]:
+        """Text column -> the prefix of its token-id columns."""
+        return {column: column for column in self.pair}
+
+    # ---- model
+
+    def loss(self, model, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(loss, batch accuracy) of one batch; both 0-dim tensors on the model's device."""
+        raise NotImplementedError
+
+    # ---- evaluation
+
+    def evaluate(self, scorer, cfg: "RunConfig", prepared_root: Optional[str]) -> Dict[str, float]:
+        """This task's own metrics of a scorer (a model or a lexical baseline)."""
+        return {}

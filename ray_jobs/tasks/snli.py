@@ -1,0 +1,81 @@
+"""SNLI: 3-way classification on (u, v, |u - v|, u * v) of the shared encoder's embeddings.
+Training uses a nested seeded subset (`data.snli_fraction`); metrics: accuracy on dev and test."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from datasets import storage
+from models.losses import nli_loss
+from ray_jobs.tasks.base import MANIFEST, Task, fields
+
+
+def _fraction_filter(batch: Dict[str, np.ndarray], fraction: float, seed: int) -> Dict[str, np.ndarray]:
+    from datasets.snli import fraction_rank
+
+    keep = np.array([fraction_rank(str(p), str(h), seed) < fraction
+                     for p, h in zip(batch["premise"], batch["hypothesis"])], dtype=bool)
+    return {name: np.asarray(values)[keep] for name, values in batch.items()}
+
+
+class SnliTask(Task):
+    name = "snli"
+    head = "nli"
+    pair = ("premise", "hypothesis")
+    label = "label"
+    # A Reddit-only run's tokenizer is reused by the multitask runs warm-started from it, so SNLI
+    # text is in every vocabulary.
+    in_every_vocabulary = True
+    materialize = True
+
+    def raw_inputs(self, cfg) -> List[str]:
+        return [cfg.data.snli_train]
+
+    def prepare(self, inputs: List[str], out_dir: str, cfg) -> Dict[str, Any]:
+        import ray.data
+
+        from datasets import snli
+        from ray_jobs.config import resolve_path
+        from ray_jobs.runtime import ensure_ray, log
+
+        path = resolve_path(inputs[0])
+        ensure_ray()
+        frame = snli.with_fraction_rank(snli.read_snli(path), cfg.data.snli_fraction_seed)
+        target, fs = storage.path_and_filesystem(storage.join(out_dir, "train"))
+        ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
+        manifest = {"input": path, "pairs": len(frame), "labels": snli.label_counts(frame),
+                    "fraction_seed": cfg.data.snli_fraction_seed}
+        storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
+        log.info("snli: %d pairs -> %s", len(frame), out_dir)
+        return manifest
+
+    def train_rows(self, cfg, prepared_root: str):
+        """SNLI train shards, cut to the nested subset `data.snli_fraction` drawn with `data.snli_fraction_seed`."""
+        ds = storage.read_shards(self.train_path(prepared_root))
+        if cfg.data.snli_fraction >= 1.0:
+            return ds
+        return ds.map_batches(_fraction_filter, fn_args=(float(cfg.data.snli_fraction), int(cfg.data.snli_fraction_seed)),
+                              batch_size=4096)
+
+    def loss(self, model, batch):
+        u, v = model.encode_both(fields(batch, "premise"), fields(batch, "hypothesis"))  # (B, D) each
+        logits = model.heads[self.name](u, v)  # (B, 3)
+        labels = batch[self.label].long()  # (B,)
+        return nli_loss(logits, labels), (logits.argmax(1) == labels).float().mean()
+
+    def evaluate(self, scorer, cfg, prepared_root: Optional[str]) -> Dict[str, float]:
+        from ray_jobs.evaluation.nli import nli_accuracy
+
+        if not hasattr(scorer, "nli_logits"):
+            return {}
+        results: Dict[str, float] = {}
+        for split, path in (("dev", cfg.data.snli_dev), ("test", cfg.data.snli_test)):
+            if path:
+                results.update(nli_accuracy(scorer, path, f"{self.name}/{split}"))
+        return results
+
+
+TASK = SnliTask()

@@ -1,0 +1,198 @@
+"""The training feed: the tokenizer counted or trained from the prepared text, one tokenized Ray
+Dataset per task, the DataConfig that splits each over its task's ranks, and the endless per-task
+batch streams a worker draws from. `FrameStream` is the same stream over an in-memory frame (no
+Ray), for single-process loops."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Dict, Iterator, List, Sequence
+
+import numpy as np
+import torch
+
+from datasets import storage
+from datasets.text import TOKENIZERS, encode_columns, tokenizer_from_dict, words
+from models.encoders import encoder_class
+from ray_jobs.config import RunConfig
+from ray_jobs.task_groups import TaskPlan
+from ray_jobs.tasks import Task, prepared_tasks, trained_tasks
+
+
+def check_prepared(prepared_root: str, tasks: Dict[str, Task]) -> None:
+    """Every task's train shards exist under the prepared folder (local or a URI)."""
+    for task in tasks.values():
+        path = task.train_path(prepared_root)
+        if not storage.is_dir(path):
+            raise FileNotFoundError(f"{task.name} shards not found at {path}; "
+                                    f"run `convsts prepare all --out {prepared_root}` first")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def _count_batch(batch: Dict[str, np.ndarray], columns: Sequence[str], lowercase: bool) -> Dict[str, np.ndarray]:
+    counts: Counter = Counter()
+    for column in columns:
+        for text in batch[column]:
+            counts.update(words(str(text), lowercase))
+    return {"word": np.array(list(counts.keys()), dtype=object), "count": np.array(list(counts.values()))}
+
+
+def build_tokenizer(cfg: RunConfig, prepared_root: str):
+    """The tokenizer the encoder needs, fitted on the training text of every task in the vocabulary
+    (prepared_tasks: those trained plus those in every vocabulary), counted or trained in Ray Data."""
+    tasks = prepared_tasks(cfg)
+    check_prepared(prepared_root, tasks)
+    sources = [(task.train_rows(cfg, prepared_root), list(task.pair)) for task in tasks.values()]
+    tokenizer_class = TOKENIZERS[encoder_class(cfg.model.encoder).tokenizer_kind]
+    if not tokenizer_class.fits_from_counts:
+        def texts():
+            for ds, cols in sources:
+                for batch in ds.iter_batches(batch_size=4096, batch_format="numpy"):
+                    for col in cols:
+                        yield from (str(t) for t in batch[col])
+
+        return tokenizer_class.train(texts(), cfg.tokenizer)
+    total: Counter = Counter()
+    for ds, cols in sources:
+        partial = ds.map_batches(_count_batch, fn_args=(cols, cfg.tokenizer.lowercase), batch_size=4096)
+        for batch in partial.iter_batches(batch_size=None, batch_format="numpy"):
+            total.update(dict(zip(batch["word"].tolist(), batch["count"].tolist())))
+    return tokenizer_class.build(total, cfg.tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Datasets
+
+
+def _tokenize_batch(batch: Dict[str, np.ndarray], tokenizer_data: Dict[str, Any], columns: Dict[str, str],
+                    width: int, passthrough: Sequence[str]) -> Dict[str, np.ndarray]:
+    tokenizer = tokenizer_from_dict(tokenizer_data)
+    out = encode_columns(tokenizer, batch, columns, width)
+    for name in passthrough:
+        out[name] = np.asarray(batch[name])
+    return out
+
+
+def tokenized(task: Task, rows, tokenizer, width: int):
+    """A task's rows -> token-id columns (<column>__<field>) plus its label, in Ray Data tasks."""
+    passthrough = (task.label,) if task.label else ()
+    return rows.map_batches(_tokenize_batch, fn_args=(tokenizer.to_dict(), task.text_columns(), width, passthrough),
+                            batch_size=1024)
+
+
+def task_datasets(cfg: RunConfig, prepared_root: str, tokenizer) -> Dict[str, Any]:
+    """{task: tokenized Ray Dataset} for the tasks with a weight; small tasks are materialized."""
+    tasks = trained_tasks(cfg)
+    check_prepared(prepared_root, tasks)
+    out = {}
+    for name, task in tasks.items():
+        ds = tokenized(task, task.train_rows(cfg, prepared_root), tokenizer, cfg.tokenizer.max_words)
+        out[name] = ds.materialize() if task.materialize else ds
+    return out
+
+
+def task_split_data_config(plan: TaskPlan):
+    """A DataConfig that splits each task's dataset over that task's ranks only; other ranks get None."""
+    from ray.train import DataConfig
+
+    class TaskSplitDataConfig(DataConfig):
+        def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+            output: List[Dict[str, Any]] = [{} for _ in range(world_size)]
+            for name, ds in datasets.items():
+                if ds.name is None:
+                    ds.set_name(name)
+                ds = ds.copy(ds)
+                ds.context.execution_options = self._resolve_execution_options(name)
+                ranks = plan.ranks_of(name)
+                hints = [worker_node_ids[r] for r in ranks] if worker_node_ids else None
+                for r in range(world_size):
+                    output[r][name] = None
+                for r, split in zip(ranks, ds.streaming_split(len(ranks), equal=True, locality_hints=hints)):
+                    output[r][name] = split
+            return output
+
+    return TaskSplitDataConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# Streams
+
+
+class TaskStream:
+    """Endless batches of one task's Ray Data shard, epoch after epoch; remembers its position."""
+
+    def __init__(self, task: str, shard, batch_size: int, device, seed: int, epoch: int = 0, skip: int = 0):
+        self.task, self.shard, self.batch_size, self.device, self.seed = task, shard, batch_size, device, seed
+        self.epoch, self.batch_in_epoch = epoch, 0
+        self._it = self._batches(skip)
+
+    def _batches(self, skip: int) -> Iterator[Dict[str, torch.Tensor]]:
+        while True:
+            produced = 0
+            for batch in self.shard.iter_torch_batches(
+                batch_size=self.batch_size, drop_last=True, device=self.device,
+                local_shuffle_buffer_size=4 * self.batch_size, local_shuffle_seed=self.seed + self.epoch,
+            ):
+                produced += 1
+                self.batch_in_epoch += 1
+                if skip > 0:
+                    skip -= 1
+                    continue
+                yield batch
+            if produced == 0:
+                raise RuntimeError(f"{self.task}: this worker's shard has fewer rows than one batch ({self.batch_size})")
+            self.epoch += 1
+            self.batch_in_epoch = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Dict[str, torch.Tensor]:
+        return next(self._it)
+
+    def position(self) -> Dict[str, int]:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "batch_size": self.batch_size}
+
+
+def frame_batch(tokenizer, task: Task, part, width: int, device=None) -> Dict[str, torch.Tensor]:
+    """One task's batch from rows of a pandas frame, tokenized as the Ray Data feed does."""
+    ids = encode_columns(tokenizer, {c: part[c].to_numpy() for c in task.pair}, task.text_columns(), width)
+    batch = {k: torch.from_numpy(v) for k, v in ids.items()}
+    if task.label:
+        batch[task.label] = torch.from_numpy(part[task.label].to_numpy())
+    return {k: v.to(device) for k, v in batch.items()} if device is not None else batch
+
+
+class FrameStream:
+    """TaskStream's contract over an in-memory frame (no Ray): consecutive batches in the frame's
+    order, epoch after epoch, each epoch's rows shuffled with seed + epoch."""
+
+    def __init__(self, task: Task, frame, tokenizer, batch_size: int, width: int, seed: int = 0,
+                 epoch: int = 0, skip: int = 0, device=None):
+        if len(frame) < batch_size:
+            raise RuntimeError(f"{task.name}: {len(frame)} rows, fewer than one batch ({batch_size})")
+        self.task, self.frame, self.tokenizer, self.batch_size, self.width = task, frame, tokenizer, batch_size, width
+        self.seed, self.device = seed, device
+        self.epoch, self.batch_in_epoch = epoch, skip
+        self._order = self._shuffled()
+
+    def _shuffled(self) -> np.ndarray:
+        return np.random.default_rng(self.seed + self.epoch).permutation(len(self.frame))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Dict[str, torch.Tensor]:
+        if (self.batch_in_epoch + 1) * self.batch_size > len(self.frame):
+            self.epoch += 1
+            self.batch_in_epoch = 0
+            self._order = self._shuffled()
+        rows = self._order[self.batch_in_epoch * self.batch_size:(self.batch_in_epoch + 1) * self.batch_size]
+        self.batch_in_epoch += 1
+        return frame_batch(self.tokenizer, self.task, self.frame.iloc[rows], self.width, self.device)
+
+    def position(self) -> Dict[str, int]:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "batch_size": self.batch_size}

@@ -1,0 +1,126 @@
+"""The training loop of one worker, without Ray: stages, task draws, steps, metric windows,
+in-training evaluation and checkpoints. Ray Train (worker.py) gives it its data streams and the
+hooks that report to Ray and MLflow; tests and benchmarks give it in-memory streams."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, Optional
+
+import torch
+
+from ray_jobs.config import RunConfig
+from ray_jobs.task_groups import GradientCombiner, TaskPlan, draw_task
+from ray_jobs.tasks import trained_tasks
+from ray_jobs.training.state import MetricWindow, StageSchedule, TrainState, format_eta, resume_skip
+from ray_jobs.training.step import Optimizers, train_step
+
+# open_stream(task, batch_size, epoch, skip) -> an iterator of batches with .position()
+StreamFactory = Callable[[str, int, int, int], Iterator[Dict[str, torch.Tensor]]]
+
+
+def _no_log(metrics: Dict[str, float], step: int) -> None:
+    return None
+
+
+def _no_checkpoint(step: int, metrics: Dict[str, float], state: Optional[TrainState]) -> None:
+    return None
+
+
+@dataclass
+class LoopHooks:
+    log: Callable[[Dict[str, float], int], None] = _no_log  # metrics at a step (MLflow)
+    checkpoint: Callable[[int, Dict[str, float], Optional[TrainState]], None] = _no_checkpoint  # every rank calls it; rank 0 gets the state
+    evaluate: Optional[Callable[[Any], Dict[str, float]]] = None  # rank 0, every trainer.eval_every steps
+    say: Callable[[str], None] = lambda line: print(line, flush=True)
+
+
+class TrainLoop:
+    def __init__(self, cfg: RunConfig, model, plan: TaskPlan, rank: int, open_stream: StreamFactory,
+                 hooks: Optional[LoopHooks] = None, state: Optional[TrainState] = None):
+        self.cfg, self.model, self.plan, self.rank = cfg, model, plan, rank
+        self.hooks = hooks or LoopHooks()
+        self.open_stream = open_stream
+        self.tasks = trained_tasks(cfg)
+        self.my_tasks = plan.tasks_of(rank)
+        self.leaders = {t: plan.leader(t) for t in plan.tasks}
+        self.combiner = GradientCombiner(plan, rank)
+        self.schedule = StageSchedule(cfg.trainer.stages)
+        self.start = self.step = state.step if state else 0
+        self.stage = self.schedule.at(self.step)
+        self.optimizers = Optimizers.build(cfg.trainer, model, self.my_tasks, self.stage.lr)
+        positions: Dict[str, Dict[str, int]] = {}
+        if state:
+            state.load_optimizers(self.optimizers)
+            self.optimizers.set_lr(self.stage.lr)
+            positions = state.positions_of(rank, plan.world_size)
+        self.streams = self._open_streams(self.stage.batch_size, positions)
+        self.task_gen = torch.Generator().manual_seed(cfg.seed + self.start)
+        self.window = MetricWindow(plan.tasks)
+
+    def _open_streams(self, batch_size: int, positions: Dict[str, Dict[str, int]]):
+        return {t: self.open_stream(t, batch_size, *resume_skip(positions.get(t, {}), batch_size)) for t in self.my_tasks}
+
+    def _next_task(self) -> str:
+        return draw_task(self.plan, self.task_gen) if self.plan.mode == "task_sampling" else self.my_tasks[0]
+
+    def save(self, metrics: Dict[str, float]) -> None:
+        """Collect the train state on rank 0 (collectives: every rank calls this) and hand it to the hook."""
+        self.combiner.sync_heads(self.model.heads)
+        gathered = self.combiner.gather_objects({
+            "heads": {t: [o.state_dict() for o in self.optimizers.heads[t]] for t in self.my_tasks if self.leaders[t] == self.rank},
+            "position": {t: s.position() for t, s in self.streams.items()},
+        })
+        state = None
+        if self.rank == 0:
+            head_states: Dict[str, Any] = {}
+            for g in gathered:
+                head_states.update(g["heads"])
+            state = TrainState(self.step, [o.state_dict() for o in self.optimizers.encoder], head_states,
+                               [g["position"] for g in gathered], self.plan.world_size, self.plan.mode)
+        self.hooks.checkpoint(self.step, metrics, state)
+
+    def _log_window(self, run_start: float) -> Dict[str, float]:
+        trainer = self.cfg.trainer
+        metrics = self.window.summary([t for t in self.my_tasks if self.leaders[t] == self.rank])
+        if self.rank == 0:
+            metrics["step_time_s"] = self.window.seconds() / trainer.log_every
+            metrics["lr"] = self.stage.lr
+        if metrics:
+            eta = (time.time() - run_start) / (self.step - self.start) * (trainer.steps - self.step)
+            shown = " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if "/" in k)
+            self.hooks.say(f"[convsts rank {self.rank}] step {self.step}/{trainer.steps} {shown} eta {format_eta(eta)}")
+            self.hooks.log(metrics, self.step)
+        self.window.reset()
+        return metrics
+
+    def run(self) -> int:
+        """Train to trainer.steps; returns the last step."""
+        trainer = self.cfg.trainer
+        if self.step >= trainer.steps:
+            self.save({})
+            return self.step
+        run_start = time.time()
+        while self.step < trainer.steps:
+            stage = self.schedule.at(self.step)
+            if stage is not self.stage:
+                self.stage = stage
+                self.optimizers.set_lr(stage.lr)
+                self.streams = self._open_streams(stage.batch_size, {})
+            name = self._next_task()
+            batch = next(self.streams[name])
+            loss, accuracy = train_step(self.model, self.tasks[name], batch, self.optimizers, self.combiner,
+                                        trainer.grad_clip)
+            self.step += 1
+            self.window.add(name, loss, accuracy, stage.batch_size * len(self.plan.ranks_of(name)))
+            metrics: Dict[str, float] = {}
+            if self.step % trainer.log_every == 0 or self.step == trainer.steps:
+                metrics = self._log_window(run_start)
+            if self.hooks.evaluate is not None and self.rank == 0 and trainer.eval_every and self.step % trainer.eval_every == 0:
+                evaluated = self.hooks.evaluate(self.model)
+                self.hooks.say(f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in evaluated.items()))
+                self.hooks.log(evaluated, self.step)
+            if self.step % trainer.checkpoint_every == 0 or self.step == trainer.steps:
+                self.save(metrics)
+        return self.step

@@ -1,0 +1,150 @@
+"""Worker state without Ray: where training starts from (restore), the stage schedule, the
+per-task metric windows and the train state saved with each checkpoint."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from models.checkpoint import load_model, load_train_state
+from ray_jobs.config import StageConfig
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a run starts
+
+
+def restore(model, checkpoint_dir: Optional[str] = None, resume_from: Optional[str] = None,
+            warm_start: Optional[str] = None, warm_heads: Sequence[str] = ()) -> Optional["TrainState"]:
+    """Load weights into `model` from the first source given and return the train state to
+    continue from (None for a fresh or warm-started run):
+      checkpoint_dir  Ray Train's latest checkpoint after a worker-group restart;
+      resume_from     a checkpoint the user resumes (weights, optimizers, step, data position);
+      warm_start      a checkpoint whose encoder (and the heads of `warm_heads`) initialise a new run."""
+    source = checkpoint_dir or resume_from
+    if source:
+        model.load_state_dict(load_model(source)[0].state_dict())
+        raw = load_train_state(source)
+        return TrainState.from_dict(raw) if raw else None
+    if warm_start:
+        warm, _, _ = load_model(warm_start)
+        model.encoder.load_state_dict(warm.encoder.state_dict())
+        for task in warm_heads:
+            if task in warm.heads and task in model.heads:
+                model.heads[task].load_state_dict(warm.heads[task].state_dict())
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages
+
+
+class StageSchedule:
+    """Piecewise-constant (batch size, lr) stages from trainer.stages."""
+
+    def __init__(self, stages: Sequence[StageConfig]):
+        self.stages = list(stages)
+
+    def at(self, step: int) -> StageConfig:
+        current = self.stages[0]
+        for stage in self.stages:
+            if stage.start_step <= step:
+                current = stage
+        return current
+
+
+# ---------------------------------------------------------------------------------------------
+# Data positions
+
+
+def resume_skip(position: Dict[str, int], batch_size: int) -> tuple[int, int]:
+    """(epoch, batches to skip) to continue a task stream from a saved position. A position saved
+    at another batch size (a stage change since) restarts its epoch."""
+    skip = position.get("batch_in_epoch", 0) if position.get("batch_size") == batch_size else 0
+    return position.get("epoch", 0), skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Metric windows
+
+
+class MetricWindow:
+    """Per-task loss and accuracy over the steps since the last log line. Values are kept as device
+    tensors and read once per window, so a step never waits for the device to report its loss."""
+
+    def __init__(self, tasks: Sequence[str]):
+        self.tasks = list(tasks)
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums: Dict[str, Dict[str, Any]] = {t: {"loss": 0.0, "acc": 0.0, "n": 0, "pairs": 0} for t in self.tasks}
+        self.started = time.time()
+
+    def add(self, task: str, loss: torch.Tensor, accuracy: torch.Tensor, pairs: int) -> None:
+        w = self.sums[task]
+        w["loss"] = w["loss"] + loss
+        w["acc"] = w["acc"] + accuracy
+        w["n"] += 1
+        w["pairs"] += pairs
+
+    def summary(self, tasks: Sequence[str]) -> Dict[str, float]:
+        """{task/loss, task/batch_accuracy, task/pairs_per_s} of `tasks` over the window."""
+        elapsed = max(time.time() - self.started, 1e-9)
+        out: Dict[str, float] = {}
+        for t in tasks:
+            w = self.sums[t]
+            if w["n"]:
+                out.update({f"{t}/loss": float(w["loss"]) / w["n"], f"{t}/batch_accuracy": float(w["acc"]) / w["n"],
+                            f"{t}/pairs_per_s": w["pairs"] / elapsed})
+        return out
+
+    def seconds(self) -> float:
+        return max(time.time() - self.started, 1e-9)
+
+
+def format_eta(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    return f"{m}m{s:02d}s"
+
+
+# ---------------------------------------------------------------------------------------------
+# Train state
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint adds to the weights to continue a run exactly (train_state.pt)."""
+
+    step: int
+    encoder_optimizers: List[Dict[str, Any]] = field(default_factory=list)
+    head_optimizers: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
+    positions: List[Dict[str, Dict[str, int]]] = field(default_factory=list)  # per rank: {task: position}
+    world_size: int = 1
+    mode: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "TrainState":
+        return cls(step=data["step"], encoder_optimizers=data.get("encoder_optimizers", []),
+                   head_optimizers=data.get("head_optimizers", {}), positions=data.get("positions", []),
+                   world_size=data.get("world_size", 1), mode=data.get("mode", ""))
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"step": self.step, "encoder_optimizers": self.encoder_optimizers, "head_optimizers": self.head_optimizers,
+                "positions": self.positions, "world_size": self.world_size, "mode": self.mode}
+
+    def load_optimizers(self, optimizers) -> None:
+        for opt, sd in zip(optimizers.encoder, self.encoder_optimizers):
+            opt.load_state_dict(sd)
+        for task, opts in optimizers.heads.items():
+            for opt, sd in zip(opts, self.head_optimizers.get(task, [])):
+                opt.load_state_dict(sd)
+
+    def positions_of(self, rank: int, world: int) -> Dict[str, Dict[str, int]]:
+        """This rank's saved stream positions; none when the worker count changed."""
+        return self.positions[rank] if len(self.positions) == world else {}

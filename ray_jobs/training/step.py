@@ -1,0 +1,92 @@
+"""One training step, without Ray: forward one task's batch, backward, combine gradients across
+ranks (a no-op in one process), clip, update. Used by the Ray Train worker, the benchmarks and the
+tests alike."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from ray_jobs.config import TrainerConfig
+from ray_jobs.task_groups import GradientCombiner
+
+
+def seed_everything(seed: int) -> None:
+    """torch (initial weights, dropout), numpy and Python's random from the run config's seed."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def make_optimizer(trainer: TrainerConfig, params: Sequence[torch.nn.Parameter], sparse: Sequence[torch.nn.Parameter],
+                   lr: float) -> List[torch.optim.Optimizer]:
+    """Optimizers for `params`; those also in `sparse` (sparse gradients: the DAN's embedding
+    tables) learn at the stage's lr, the dense ones at lr x trainer.dense_lr_scale. Each param group
+    carries its "lr_scale", which `set_lr` keeps at stage changes."""
+    sparse_ids = {id(p) for p in sparse}
+    tables = [p for p in params if id(p) in sparse_ids]
+    dense = [p for p in params if id(p) not in sparse_ids]
+    scale = trainer.dense_lr_scale
+    groups = [g for g in ({"params": tables, "lr": lr, "lr_scale": 1.0},
+                          {"params": dense, "lr": lr * scale, "lr_scale": scale}) if g["params"]]
+    if trainer.optimizer == "sgd":
+        return [torch.optim.SGD(groups, lr=lr, momentum=trainer.momentum)]
+    if trainer.optimizer == "adagrad":
+        return [torch.optim.Adagrad(groups, lr=lr)]
+    opts: List[torch.optim.Optimizer] = []
+    for group in groups:  # Adam cannot take sparse gradients: SparseAdam for the tables
+        opt_class = torch.optim.SparseAdam if group["params"] is tables else torch.optim.Adam
+        opts.append(opt_class([group], lr=group["lr"]))
+    return opts
+
+
+def set_lr(optimizers: Sequence[torch.optim.Optimizer], lr: float) -> None:
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
+@dataclass
+class Optimizers:
+    """The encoder's optimizers and, per task this rank trains, its head's."""
+
+    encoder: List[torch.optim.Optimizer]
+    heads: Dict[str, List[torch.optim.Optimizer]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, trainer: TrainerConfig, model, tasks: Sequence[str], lr: float) -> "Optimizers":
+        sparse = model.sparse_parameters()
+        return cls(make_optimizer(trainer, list(model.encoder.parameters()), sparse, lr),
+                   {t: make_optimizer(trainer, list(model.heads[t].parameters()), sparse, lr) for t in tasks})
+
+    def all(self) -> List[torch.optim.Optimizer]:
+        return self.encoder + [o for opts in self.heads.values() for o in opts]
+
+    def for_task(self, task: str) -> List[torch.optim.Optimizer]:
+        return self.encoder + self.heads[task]
+
+    def set_lr(self, lr: float) -> None:
+        set_lr(self.all(), lr)
+
+
+def train_step(model, task, batch: Dict[str, torch.Tensor], optimizers: Optimizers, combiner: GradientCombiner,
+               grad_clip: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One update on `task`'s batch; returns (loss, accuracy) as detached 0-dim tensors on the
+    model's device (reading them is the caller's choice: it waits for the device)."""
+    for opt in optimizers.all():
+        opt.zero_grad(set_to_none=True)
+    loss, accuracy = task.loss(model, batch)
+    loss.backward()
+    combiner.combine(model, task.name)
+    if grad_clip > 0:
+        sparse = {id(p) for p in model.sparse_parameters()}
+        dense = [p for p in [*model.encoder.parameters(), *model.heads[task.name].parameters()]
+                 if p.grad is not None and id(p) not in sparse]
+        torch.nn.utils.clip_grad_norm_(dense, grad_clip)
+    for opt in optimizers.for_task(task.name):
+        opt.step()
+    return loss.detach(), accuracy.detach()

@@ -1,0 +1,78 @@
+"""The Ray Train worker: wires the Ray-free TrainLoop to Ray Train (dataset shards, device,
+checkpoints, reports) and to MLflow. Resumes from `ray.train.get_checkpoint()` after a restart."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any, Dict, Optional
+
+from datasets.text import tokenizer_from_dict
+from models.checkpoint import build_model, save_checkpoint
+from ray_jobs import tracking
+from ray_jobs.config import from_dict
+from ray_jobs.task_groups import plan_tasks
+from ray_jobs.tasks import model_heads, trained_tasks
+from ray_jobs.training.data import TaskStream
+from ray_jobs.training.loop import LoopHooks, TrainLoop
+from ray_jobs.training.state import TrainState, restore
+from ray_jobs.training.step import seed_everything
+
+
+def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
+    """One worker; a function of `loop_config` (resolved run config, tokenizer, MLflow run, datasets)."""
+    import ray.train
+    import ray.train.torch
+
+    cfg = from_dict(loop_config["run"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    plan = plan_tasks(cfg.trainer.task_weights, world)
+    device = ray.train.torch.get_device()
+    seed_everything(cfg.seed)  # identical initial weights on every rank
+    tokenizer = tokenizer_from_dict(loop_config["tokenizer"])
+    model = build_model(cfg.model, tokenizer, model_heads(cfg))
+    checkpoint = ray.train.get_checkpoint()
+    warm_heads = [t for t, task in trained_tasks(cfg).items() if task.keeps_head_on_warm_start]
+    if checkpoint is not None:
+        with checkpoint.as_directory() as ckpt_dir:
+            state = restore(model, checkpoint_dir=ckpt_dir)
+    else:
+        state = restore(model, resume_from=cfg.trainer.resume_from or None, warm_start=cfg.trainer.warm_start or None,
+                        warm_heads=warm_heads)
+    model.to(device).train()
+
+    # Every rank asks for every dataset: the splits are built when rank 0 asks (Train V2).
+    shards = {name: ray.train.get_dataset_shard(name) for name in loop_config["datasets"]}
+
+    def open_stream(task: str, batch_size: int, epoch: int, skip: int) -> TaskStream:
+        return TaskStream(task, shards[task], batch_size, device, cfg.seed * 1000 + rank, epoch=epoch, skip=skip)
+
+    uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
+
+    def log(metrics: Dict[str, float], step: int) -> None:
+        if uri and run_id:
+            tracking.log_metrics(uri, run_id, metrics, step)
+
+    def report(step: int, metrics: Dict[str, float], train_state: Optional[TrainState]) -> None:
+        if train_state is None:
+            ray.train.report({**metrics, "step": step}, checkpoint=None)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            save_checkpoint(tmp, model, tokenizer, loop_config["run"], train_state.to_dict())
+            ray.train.report({**metrics, "step": step}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+    evaluate = None
+    if rank == 0 and cfg.trainer.eval_every:
+        from ray_jobs.evaluation.sts import StsDevProbe
+
+        probe = StsDevProbe(cfg, tokenizer)
+        evaluate = probe.evaluate
+    loop = TrainLoop(cfg, model, plan, rank, open_stream, LoopHooks(log=log, checkpoint=report, evaluate=evaluate),
+                     state)
+    if rank == 0:
+        print(f"[convsts] {plan.describe()}; world size {world}; device {device}; start step {loop.step}", flush=True)
+        if loop.step == 0 and uri and run_id:
+            tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode})
+        if checkpoint is not None:  # a restarted worker group (FailureConfig)
+            log({"train/restarted_at_step": loop.step}, loop.step)
+    loop.run()

@@ -1,0 +1,195 @@
+"""The training core without Ray: the step, stage schedule, resume positions, gradient weighting,
+the task and encoder registries (a toy task added as one module), checkpoint heads."""
+
+import copy
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import toy_task
+from datasets.text import DanTokenizer, TokenizerConfig, count_words
+from models import load, save_checkpoint
+from models.checkpoint import build_model
+from models.encoders import ENCODERS
+from ray_jobs.config import ConfigError, load_config
+from ray_jobs.task_groups import GradientCombiner, plan_tasks
+from ray_jobs.tasks import builtin_tasks, get_task, model_heads, trained_tasks
+from ray_jobs.training.data import FrameStream
+from ray_jobs.training.loop import LoopHooks, TrainLoop
+from ray_jobs.training.state import StageSchedule, resume_skip
+from ray_jobs.training.step import Optimizers, seed_everything, train_step
+
+TINY = ["model.dan.embedding_dim=8", "model.dan.hidden_sizes=[8]", "model.dan.output_dim=6",
+        "model.response_hidden=5", "model.nli_hidden=4", "tokenizer.bigram_buckets=97", "trainer.optimizer=adam",
+        "trainer.log_every=1000", "trainer.checkpoint_every=1000"]
+REDDIT = pd.DataFrame({"context": [f"question number {i} about topic {i % 7}" for i in range(40)],
+                       "response": [f"answer {i} on topic {i % 7} here" for i in range(40)]})
+SNLI = pd.DataFrame({"premise": [f"a man {i} plays" for i in range(24)],
+                     "hypothesis": [f"someone {i} sleeps" for i in range(24)], "label": [i % 3 for i in range(24)]})
+FRAMES = {"reddit": REDDIT, "snli": SNLI, "toy": toy_task.rows()}
+
+
+def _tokenizer(cfg):
+    texts = [str(t) for f in FRAMES.values() for c in f.select_dtypes(exclude="number").columns for t in f[c]]
+    return DanTokenizer.build(count_words(texts), cfg.tokenizer)
+
+
+def _loop(cfg, state=None, hooks=None, model=None):
+    tokenizer = _tokenizer(cfg)
+    seed_everything(cfg.seed)
+    model = model or build_model(cfg.model, tokenizer, model_heads(cfg))
+    tasks = trained_tasks(cfg)
+    opened = []
+
+    def open_stream(task, batch_size, epoch, skip):
+        opened.append((task, batch_size, epoch, skip))
+        return FrameStream(tasks[task], FRAMES[task], tokenizer, batch_size, 16, seed=cfg.seed, epoch=epoch, skip=skip)
+
+    plan = plan_tasks(cfg.trainer.task_weights, 1)
+    loop = TrainLoop(cfg, model, plan, 0, open_stream, hooks or LoopHooks(say=lambda line: None), state)
+    return loop, model, opened
+
+
+def test_stage_switch_reopens_streams_and_changes_lr():
+    cfg = load_config(None, TINY + ["trainer.task_weights={reddit: 1.0}", "trainer.steps=5",
+                                    "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.01}, {start_step: 3, batch_size: 8, lr: 0.001}]"])
+    lrs = []
+    loop, _, opened = _loop(cfg)
+    original = loop.optimizers.set_lr
+    loop.optimizers.set_lr = lambda lr: (lrs.append(lr), original(lr))
+    assert loop.run() == 5
+    assert opened == [("reddit", 4, 0, 0), ("reddit", 8, 0, 0)]
+    assert lrs == [0.001] and loop.optimizers.encoder[0].param_groups[0]["lr"] == pytest.approx(0.001)
+    assert StageSchedule(cfg.trainer.stages).at(2).batch_size == 4 and StageSchedule(cfg.trainer.stages).at(3).lr == 0.001
+
+
+def test_resume_from_a_checkpointed_state_matches_the_uninterrupted_run():
+    cfg = load_config(None, TINY + ["trainer.task_weights={reddit: 1.0}", "trainer.steps=6", "trainer.checkpoint_every=3",
+                                    "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.01}]"])
+    saved = {}
+
+    def checkpoint(step, metrics, state):  # a snapshot, as the worker's torch.save makes
+        saved[step] = (copy.deepcopy(state), {k: v.clone() for k, v in model.state_dict().items()})
+
+    loop, model, _ = _loop(cfg, hooks=LoopHooks(checkpoint=checkpoint, say=lambda line: None))
+    loop.run()
+    state, weights = saved[3]
+    assert state.step == 3 and state.positions == [{"reddit": {"epoch": 0, "batch_in_epoch": 3, "batch_size": 8}}]
+    fresh = build_model(cfg.model, _tokenizer(cfg), model_heads(cfg))
+    fresh.load_state_dict(weights)
+    resumed, resumed_model, opened = _loop(cfg, state=state, model=fresh)
+    assert opened == [("reddit", 8, 0, 3)]  # continues the epoch where it stopped
+    resumed.run()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, resumed_model.state_dict()[name]), name
+
+
+def test_resume_skip_restarts_an_epoch_after_a_batch_size_change():
+    assert resume_skip({"epoch": 2, "batch_in_epoch": 5, "batch_size": 8}, 8) == (2, 5)
+    assert resume_skip({"epoch": 2, "batch_in_epoch": 5, "batch_size": 8}, 16) == (2, 0)
+    assert resume_skip({}, 8) == (0, 0)
+
+
+def test_gradient_weighting_in_one_process_scales_the_encoder_update():
+    """Rank 0 of a 2-worker plan (reddit, weight 0.95): its encoder gradient is scaled by 0.95
+    before the (here absent) all-reduce; the head's is not."""
+    cfg = load_config(None, TINY + ["trainer.optimizer=sgd", "trainer.steps=1"])
+    tokenizer = _tokenizer(cfg)
+    task = get_task("reddit")
+    batch = FrameStream(task, REDDIT, tokenizer, 8, 16).__next__()
+    results = {}
+    for name, combiner in (("plain", GradientCombiner(plan_tasks({"reddit": 1.0}, 1), 0)),
+                           ("weighted", GradientCombiner(plan_tasks(cfg.trainer.task_weights, 2), 0))):
+        seed_everything(0)
+        model = build_model(cfg.model, tokenizer)
+        opts = Optimizers.build(cfg.trainer, model, ["reddit"], lr=0.1)
+        loss, _ = train_step(model, task, batch, opts, combiner)
+        assert loss.requires_grad is False and loss.dim() == 0
+        results[name] = {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad) for n, p in model.named_parameters()
+                         if p.grad is not None}
+    for name, delta in results["plain"].items():
+        scale = 0.95 if name.startswith("encoder.") else 1.0
+        torch.testing.assert_close(results["weighted"][name], scale * delta, rtol=1e-5, atol=1e-7)
+    assert results["plain"].keys() == results["weighted"].keys()
+
+
+def test_one_worker_draws_both_tasks_and_logs_each():
+    cfg = load_config(None, TINY + ["trainer.steps=40", "trainer.log_every=40",
+                                    "trainer.task_weights={reddit: 0.5, snli: 0.5}",
+                                    "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.001}]"])
+    logged = {}
+    loop, _, _ = _loop(cfg, hooks=LoopHooks(log=lambda m, s: logged.update(m), say=lambda line: None))
+    loop.run()
+    assert {"reddit/loss", "snli/loss", "reddit/batch_accuracy", "snli/batch_accuracy", "lr"} <= set(logged)
+    assert all(np.isfinite(v) for v in logged.values())
+
+
+def test_registries_list_the_built_in_tasks_and_encoders():
+    assert builtin_tasks() == ["reddit", "snli"]
+    assert set(ENCODERS) == {"dan", "transformer", "bilstm"}
+    for name in builtin_tasks():
+        task = get_task(name)
+        assert task.name == name and task.head and len(task.pair) == 2
+    with pytest.raises(ConfigError, match="trainer.task_weights.mnli: unknown task 'mnli'"):
+        load_config(None, ["trainer.task_weights={mnli: 1.0}"])
+    with pytest.raises(ConfigError, match="model.encoder: expected dan\\|transformer\\|bilstm"):
+        load_config(None, ["model.encoder=gpt"])
+
+
+def test_a_toy_task_is_one_module_plus_config_entries(tmp_path):
+    cfg = load_config(None, TINY + ["task_modules=[toy_task]", "trainer.task_weights={reddit: 0.5, toy: 0.5}",
+                                    "trainer.steps=30", "trainer.log_every=30",
+                                    "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.01}]"])
+    assert list(trained_tasks(cfg)) == ["reddit", "toy"]
+    assert model_heads(cfg) == {"reddit": "response", "snli": "nli", "toy": "toy_task:SameFirstWordHead"}
+    logged = {}
+    loop, model, _ = _loop(cfg, hooks=LoopHooks(log=lambda m, s: logged.update(m), say=lambda line: None))
+    loop.run()
+    assert "toy/loss" in logged and np.isfinite(logged["toy/loss"])
+    # The checkpoint records the head kinds; models.load rebuilds the toy head without the task registry.
+    save_checkpoint(tmp_path / "c", model, _tokenizer(cfg), cfg.to_dict())
+    loaded = load(tmp_path / "c")
+    assert set(loaded.model.heads) == {"reddit", "snli", "toy"}
+    assert torch.equal(loaded.model.heads["toy"].score.weight, model.heads["toy"].score.weight)
+
+
+def test_format_2_checkpoints_without_a_heads_entry_still_load(tmp_path):
+    cfg = load_config(None, TINY)
+    model = build_model(cfg.model, _tokenizer(cfg))
+    save_checkpoint(tmp_path / "c", model, _tokenizer(cfg), {})
+    meta = json.loads((tmp_path / "c" / "config.json").read_text())
+    del meta["heads"]  # as written before the head registry
+    (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
+    loaded = load(tmp_path / "c")
+    assert set(loaded.model.heads) == {"reddit", "snli"}
+    assert loaded.encode(["a man plays"]).shape == (1, 6)
+
+
+def test_the_run_seed_sets_initial_weights_and_batch_order():
+    cfg = load_config(None, TINY)
+    tok = _tokenizer(cfg)
+
+    def weights(seed):
+        seed_everything(seed)
+        return build_model(cfg.model, tok).encoder.dnn[0].weight.detach().clone()
+
+    assert torch.equal(weights(1), weights(1)) and not torch.equal(weights(1), weights(2))
+    task = get_task("reddit")
+    first = [next(FrameStream(task, REDDIT, tok, 8, 16, seed=s))["context__words"] for s in (1, 1, 2)]
+    assert torch.equal(first[0], first[1]) and not torch.equal(first[0], first[2])
+
+
+def test_toy_task_prepare_uses_the_default_reader(ray_session, tmp_path):
+    toy_task.rows().to_json(tmp_path / "toy.jsonl", orient="records", lines=True)
+    cfg = load_config(None, ["task_modules=[toy_task]", "trainer.task_weights={toy: 1.0}",
+                             f"data.task_inputs={{toy: [{tmp_path / 'toy.jsonl'}]}}"])
+    task = get_task("toy", cfg.task_modules)
+    manifest = task.prepare(task.raw_inputs(cfg), task.prepared_dir(str(tmp_path / "prepared")), cfg)
+    assert manifest["pairs"] == 64
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "prepared" / "toy" / "train").to_pandas()
+    assert set(table.columns) >= {"left", "right", "same"} and len(table) == 64
