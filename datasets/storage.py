@@ -234,3 +234,12 @@ def read_table_file(path: str):
         return read_parquet_table(path).to_pandas()
     with open_text(path) as fh:
         return pd.read_json(fh, lines=True)
+
+
+def parquet_rows(path: str) -> int:
+    """Row count of one parquet file from its footer (local or a URI)."""
+    import pyarrow.parquet as pq
+
+    fs, inner = resolve(path)
+    with fs.open_input_file(inner) as fh:
+        return pq.ParquetFile(fh).metadata.num_rows

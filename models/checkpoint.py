@@ -57,7 +57,9 @@ def save_checkpoint(
     tokenizer,
     run_config: Optional[Dict[str, Any]] = None,
     train_state: Optional[Dict[str, Any]] = None,
+    provenance: Optional[Dict[str, Any]] = None,
 ) -> Path:
+    """`provenance`: what the weights were trained on (the prepared data's digests), checked on resume."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -68,6 +70,7 @@ def save_checkpoint(
         "model": dataclasses.asdict(model.config),
         "heads": model.head_kinds,
         "run_config": run_config or {},
+        "provenance": provenance or {},
     }
     (path / "config.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     if train_state is not None:

@@ -8,11 +8,12 @@ the full dotted key. The resolved config is saved with every checkpoint and logg
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from datasets import storage
@@ -143,12 +144,8 @@ class RunConfig:
                 get_task(name, self.task_modules)
             except (ValueError, ImportError) as err:
                 raise ConfigError(f"trainer.task_weights.{name}: {err}") from None
-        if any(w <= 0 for w in weights.values()):
-            raise ConfigError(f"trainer.task_weights: weights must be positive, got {dict(weights)}")
         if self.tokenizer.bigram_buckets < 2:  # id 0 is padding; hashing needs at least one more
             raise ConfigError(f"tokenizer.bigram_buckets: must be at least 2, got {self.tokenizer.bigram_buckets}")
-        if self.trainer.dense_lr_scale <= 0:
-            raise ConfigError(f"trainer.dense_lr_scale: must be positive, got {self.trainer.dense_lr_scale}")
         if self.trainer.num_workers < 1:
             raise ConfigError("trainer.num_workers: must be at least 1")
         if not self.trainer.stages or self.trainer.stages[0].start_step != 0:
@@ -156,11 +153,61 @@ class RunConfig:
         starts = [s.start_step for s in self.trainer.stages]
         if starts != sorted(starts):
             raise ConfigError(f"trainer.stages: start_step values must increase, got {starts}")
+        self._validate_numbers()
         try:
             self.eval.tuned.validate()
         except ValueError as err:
             raise ConfigError(str(err)) from None
         return self
+
+    def _validate_numbers(self) -> None:
+        """Every number a run uses is in its range before Ray starts (one line naming the key)."""
+        t, m = self.trainer, self.model
+
+        def need(ok: bool, key: str, rule: str, value) -> None:
+            if not ok:
+                raise ConfigError(f"config key '{key}': must be {rule}, got {value!r}")
+
+        def finite_positive(key: str, value) -> None:
+            need(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, key, "finite and > 0", value)
+
+        need(t.steps >= 0, "trainer.steps", ">= 0 (0 = save the untrained model)", t.steps)
+        need(t.cpus_per_worker > 0, "trainer.cpus_per_worker", "> 0", t.cpus_per_worker)
+        for key in ("checkpoint_every", "log_every", "keep_checkpoints"):
+            need(getattr(t, key) >= 1, f"trainer.{key}", ">= 1", getattr(t, key))
+        need(t.eval_every >= 0, "trainer.eval_every", ">= 0 (0 = off)", t.eval_every)
+        need(t.max_failures >= 0, "trainer.max_failures", ">= 0", t.max_failures)
+        need(math.isfinite(t.grad_clip) and t.grad_clip >= 0, "trainer.grad_clip", "finite and >= 0 (0 = off)", t.grad_clip)
+        need(math.isfinite(t.momentum) and 0 <= t.momentum < 1, "trainer.momentum", "in [0, 1)", t.momentum)
+        finite_positive("trainer.dense_lr_scale", t.dense_lr_scale)
+        for i, stage in enumerate(t.stages):
+            need(stage.batch_size >= 1, f"trainer.stages[{i}].batch_size", ">= 1", stage.batch_size)
+            finite_positive(f"trainer.stages[{i}].lr", stage.lr)
+            need(stage.start_step >= 0, f"trainer.stages[{i}].start_step", ">= 0", stage.start_step)
+        for task, weight in t.task_weights.items():
+            finite_positive(f"trainer.task_weights.{task}", weight)
+        for key in ("embedding_dim", "output_dim"):
+            need(getattr(m.dan, key) >= 1, f"model.dan.{key}", ">= 1", getattr(m.dan, key))
+        for i, size in enumerate(m.dan.hidden_sizes):
+            need(size >= 1, f"model.dan.hidden_sizes[{i}]", ">= 1", size)
+        for key in ("num_layers", "num_heads", "hidden_size", "filter_size", "max_positions", "output_dim"):
+            need(getattr(m.transformer, key) >= 1, f"model.transformer.{key}", ">= 1", getattr(m.transformer, key))
+        need(m.transformer.hidden_size % m.transformer.num_heads == 0, "model.transformer.hidden_size",
+             f"a multiple of model.transformer.num_heads ({m.transformer.num_heads})", m.transformer.hidden_size)
+        need(0 <= m.transformer.dropout < 1, "model.transformer.dropout", "in [0, 1)", m.transformer.dropout)
+        for key in ("hidden_size", "embedding_dim"):
+            need(getattr(m.bilstm, key) >= 1, f"model.bilstm.{key}", ">= 1", getattr(m.bilstm, key))
+        need(m.bilstm.output_dim >= 0, "model.bilstm.output_dim", ">= 0 (0 = no projection)", m.bilstm.output_dim)
+        for key in ("response_hidden", "nli_hidden"):
+            need(getattr(m, key) >= 1, f"model.{key}", ">= 1", getattr(m, key))
+        need(m.nli_classes >= 2, "model.nli_classes", ">= 2", m.nli_classes)
+        tok = self.tokenizer
+        for key in ("word_vocab_size", "max_words", "subword_vocab_size", "min_count"):
+            need(getattr(tok, key) >= 1, f"tokenizer.{key}", ">= 1", getattr(tok, key))
+        need(self.data.rows_per_shard >= 1, "data.rows_per_shard", ">= 1", self.data.rows_per_shard)
+        need(self.eval.reddit_pairs >= 1, "eval.reddit_pairs", ">= 1", self.eval.reddit_pairs)
+        need(self.eval.reddit_negatives >= 1, "eval.reddit_negatives", ">= 1", self.eval.reddit_negatives)
+        need(self.eval.batch_size >= 1, "eval.batch_size", ">= 1", self.eval.batch_size)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -210,9 +257,13 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            layers.append(OmegaConf.load(path))
+            layer = OmegaConf.load(path)
         except Exception as err:  # yaml errors name the line
             raise ConfigError(f"cannot parse config file {path}: {err}") from None
+        if not isinstance(layer, DictConfig):
+            raise ConfigError(f"config file {path}: the top level must be a mapping of keys (name:, trainer:, ...), "
+                              f"not a {type(layer).__name__.replace('Config', '').lower()}")
+        layers.append(layer)
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value, e.g. trainer.steps=500")

@@ -58,16 +58,19 @@ def _user_error_types() -> tuple:
 def find_user_error(exc: BaseException) -> Optional[BaseException]:
     """The expected user error (bad config, bad or missing input) behind `exc`, also when Ray
     wrapped it (a task's error travels as RayTaskError with `.cause`, Ray Data's as UserCodeException)."""
-    types, seen, todo = _user_error_types(), set(), [exc]
+    types, seen, todo, first = _user_error_types(), set(), [exc], None
     while todo:
         e = todo.pop(0)
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
+        inner = getattr(e, "cause", None)  # Ray's wrapper is an instance of the cause's class too
         if isinstance(e, types):
-            return e
-        todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
-    return None
+            if not isinstance(inner, BaseException):
+                return e
+            first = first or e
+        todo += [inner, e.__cause__, e.__context__]
+    return first
 
 
 def run_main(command: str, main, argv=None) -> int:

@@ -24,7 +24,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--config", default=None, help="run config YAML")
     parser.add_argument("--out", required=True, help="output folder (checkpoint, ray_results, mlflow.db)")
     parser.add_argument("--prepared", default=None, help="prepared shards (default: data.prepared_dir or OUT/prepared)")
-    parser.add_argument("--resume", default=None, help="checkpoint folder to resume from")
+    parser.add_argument("--resume", default=None, help="checkpoint folder to resume from (checked: same model, "
+                        "tokenizer settings, tasks and prepared data)")
+    parser.add_argument("--fresh", action="store_true", help="OUT already holds a run: delete its checkpoints and start over")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.steps=500")
     return parser
 
@@ -36,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = load_config(args.config, overrides)
     prepared = prepared_location(cfg, args.out, args.prepared)
     ensure_prepared(cfg, prepared)
-    result = run_training(cfg, args.out, prepared_dir=prepared)
+    result = run_training(cfg, args.out, prepared_dir=prepared, fresh=args.fresh)
     print(json.dumps({"checkpoint": str(result.checkpoint), "mlflow_run_id": result.run_id,
                       "seconds": round(result.seconds, 1), "task_split_mode": result.mode}, indent=2))
     return 0

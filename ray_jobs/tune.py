@@ -138,8 +138,9 @@ def train_trial(params: Dict[str, Any], base: Dict[str, Any], fixed: List[str], 
     # Under the sweep's output folder (Ray's own trial folder lives in its temporary session dir).
     trial_dir = Path(trials_dir) / ray.tune.get_context().get_trial_id()
     try:
+        # fresh: a trial that a resumed sweep restarts trains again from its start.
         trained = run_training(cfg, trial_dir / "run", run_id=run_id, prepared_dir=prepared,
-                               extra_callbacks=[TuneReportCallback()])
+                               extra_callbacks=[TuneReportCallback()], fresh=True)
         results = evaluate(EmbeddingScorer(load(trained.checkpoint), cfg.eval.batch_size), cfg, prepared)
     except BaseException:
         tracking.end_run(uri, run_id, "FAILED")

@@ -52,6 +52,11 @@ def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_files: Seq
     for task in evaluated_tasks(cfg):
         results.update(task.evaluate(scorer, cfg, prepared_dir))
     results.update(configured_cqa_metrics(scorer, cfg))
+    bad = sorted(k for k, v in results.items() if not np.isfinite(v))
+    results["eval/nonfinite_metrics"] = float(len(bad))  # flagged in MLflow too (non-finite values are not logged)
+    if bad:
+        log.warning("%d metric(s) are NaN (non-finite embeddings or scores, or a constant prediction): %s",
+                    len(bad), ", ".join(bad[:8]) + (" ..." if len(bad) > 8 else ""))
     return results
 
 
@@ -94,6 +99,10 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prepared = str(prepared_dir) if prepared_dir else None
+    if prepared:
+        for task in evaluated_tasks(cfg):
+            if storage.is_dir(task.prepared_dir(prepared)):
+                task.verify_prepared(prepared)  # a half-written folder is refused, not scored
     if checkpoint:
         from models import load
 

@@ -55,6 +55,56 @@ class Task:
     def train_path(self, prepared_root: str) -> str:
         return storage.join(prepared_root, self.name, "train")
 
+    def write_manifest(self, out_dir: str, manifest: Dict[str, Any]) -> Dict[str, Any]:
+        """The last step of `prepare`: the manifest, with every shard file and its row count, is
+        written after the shards, so a folder without one is an interrupted prepare."""
+        shards: Dict[str, List[Dict[str, Any]]] = {}
+        for split in self.splits:
+            folder = storage.join(out_dir, split)
+            files = storage.list_files(folder) if storage.is_dir(folder) else []
+            shards[split] = [{"file": storage.name(f), "rows": storage.parquet_rows(f)} for f in files if f.endswith(".parquet")]
+        manifest = {**manifest, "shards": shards}
+        storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
+        return manifest
+
+    def verify_prepared(self, prepared_root: str) -> Dict[str, Any]:
+        """The task's prepared folder is complete: its manifest exists and lists exactly the shard
+        files present with their row counts. Returns the manifest; raises naming what is wrong."""
+        from datasets.reddit import BadInputError
+
+        folder = self.prepared_dir(prepared_root)
+        manifest_path = storage.join(folder, MANIFEST)
+        again = f"delete {folder} and run `convsts prepare` again"
+        if not storage.is_file(manifest_path):
+            if storage.is_dir(folder):
+                raise BadInputError(f"{folder} has shards but no {MANIFEST}: an interrupted or older `convsts prepare`; {again}")
+            raise FileNotFoundError(f"{self.name} shards not found at {folder}; run `convsts prepare all --out {prepared_root}` first")
+        try:
+            manifest = json.loads(storage.read_text(manifest_path))
+        except ValueError as err:
+            raise BadInputError(f"{manifest_path}: not JSON ({err}); {again}") from None
+        if "shards" not in manifest:
+            raise BadInputError(f"{manifest_path} lists no shards (written by an older convsts); {again}")
+        for split, listed in manifest["shards"].items():
+            split_dir = storage.join(folder, split)
+            present = {storage.name(f) for f in storage.list_files(split_dir) if f.endswith(".parquet")} \
+                if storage.is_dir(split_dir) else set()
+            expected = {s["file"] for s in listed}
+            if present != expected:
+                missing, extra = sorted(expected - present), sorted(present - expected)
+                raise BadInputError(f"{split_dir}: shards do not match {manifest_path} (missing {missing[:3]}, "
+                                    f"not listed {extra[:3]}); {again}")
+            for shard in listed:
+                try:
+                    rows = storage.parquet_rows(storage.join(split_dir, shard["file"]))
+                except Exception as err:  # a corrupt footer, a truncated file
+                    raise BadInputError(f"{storage.join(split_dir, shard['file'])}: not a readable parquet file "
+                                        f"({str(err).splitlines()[0]}); {again}") from None
+                if rows != shard["rows"]:
+                    raise BadInputError(f"{storage.join(split_dir, shard['file'])}: {rows} rows, the manifest says "
+                                        f"{shard['rows']}; {again}")
+        return manifest
+
     def prepare(self, inputs: List[str], out_dir: str, cfg: "RunConfig") -> Dict[str, Any]:
         """Raw inputs -> out_dir/train parquet shards + out_dir/manifest.json. The default reads
         parquet or JSON-lines files holding the pair columns (and the label)."""
@@ -76,9 +126,8 @@ class Task:
         ensure_ray()
         target, fs = storage.path_and_filesystem(storage.join(out_dir, "train"))
         ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
-        manifest = {"inputs": list(inputs), "pairs": len(frame), "seconds": round(time.time() - started, 1)}
-        storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
-        return manifest
+        return self.write_manifest(out_dir, {"inputs": list(inputs), "pairs": len(frame),
+                                             "seconds": round(time.time() - started, 1)})
 
     def manifest_metrics(self, manifest: Dict[str, Any]) -> Dict[str, float]:
         """Counts from the prepare manifest logged to MLflow as data/... metrics."""

@@ -3,14 +3,13 @@ through its own feed-forward network (the paper's main task). Metrics: P@1/3/10 
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Dict, List, Optional
 
 
 from datasets import storage
 from models.losses import in_batch_accuracy, in_batch_softmax_loss
-from ray_jobs.tasks.base import MANIFEST, Task, fields
+from ray_jobs.tasks.base import Task, fields
 
 
 class RedditTask(Task):
@@ -52,7 +51,7 @@ class RedditTask(Task):
             "filters": cfg.to_dict()["filters"],
             "seconds": round(time.time() - started, 1),
         }
-        storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
+        manifest = self.write_manifest(out_dir, manifest)
         log.info("reddit: %d lines read, %d pairs (%d train / %d test), %d filtered, %d unpaired, %d malformed",
                  manifest["lines_read"], manifest["pairs"], manifest["train_pairs"], manifest["test_pairs"],
                  sum(manifest["filtered_by_rule"].values()), manifest["unpaired"], manifest["malformed"])

@@ -3,14 +3,13 @@ Training uses a nested seeded subset (`data.snli_fraction`); metrics: accuracy o
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from datasets import storage
 from models.losses import nli_loss
-from ray_jobs.tasks.base import MANIFEST, Task, fields
+from ray_jobs.tasks.base import Task, fields
 
 
 def _fraction_filter(batch: Dict[str, np.ndarray], fraction: float, seed: int) -> Dict[str, np.ndarray]:
@@ -48,9 +47,8 @@ class SnliTask(Task):
         ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
         manifest = {"input": path, "pairs": len(frame), "labels": snli.label_counts(frame),
                     "fraction_seed": cfg.data.snli_fraction_seed}
-        storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
         log.info("snli: %d pairs -> %s", len(frame), out_dir)
-        return manifest
+        return self.write_manifest(out_dir, manifest)
 
     def train_rows(self, cfg, prepared_root: str):
         """SNLI train shards, cut to the nested subset `data.snli_fraction` drawn with `data.snli_fraction_seed`."""

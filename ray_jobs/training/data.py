@@ -11,7 +11,6 @@ from typing import Any, Dict, Iterator, List, Sequence
 import numpy as np
 import torch
 
-from datasets import storage
 from datasets.text import TOKENIZERS, encode_columns, tokenizer_from_dict, words
 from models.encoders import encoder_class
 from ray_jobs.config import RunConfig
@@ -20,12 +19,9 @@ from ray_jobs.tasks import Task, prepared_tasks, trained_tasks
 
 
 def check_prepared(prepared_root: str, tasks: Dict[str, Task]) -> None:
-    """Every task's train shards exist under the prepared folder (local or a URI)."""
+    """Every task's prepared folder is complete (its manifest matches its shards)."""
     for task in tasks.values():
-        path = task.train_path(prepared_root)
-        if not storage.is_dir(path):
-            raise FileNotFoundError(f"{task.name} shards not found at {path}; "
-                                    f"run `convsts prepare all --out {prepared_root}` first")
+        task.verify_prepared(prepared_root)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -44,7 +40,6 @@ def build_tokenizer(cfg: RunConfig, prepared_root: str):
     """The tokenizer the encoder needs, fitted on the training text of every task in the vocabulary
     (prepared_tasks: those trained plus those in every vocabulary), counted or trained in Ray Data."""
     tasks = prepared_tasks(cfg)
-    check_prepared(prepared_root, tasks)
     sources = [(task.train_rows(cfg, prepared_root), list(task.pair)) for task in tasks.values()]
     tokenizer_class = TOKENIZERS[encoder_class(cfg.model.encoder).tokenizer_kind]
     if not tokenizer_class.fits_from_counts:
@@ -86,7 +81,6 @@ def tokenized(task: Task, rows, tokenizer, width: int):
 def task_datasets(cfg: RunConfig, prepared_root: str, tokenizer) -> Dict[str, Any]:
     """{task: tokenized Ray Dataset} for the tasks with a weight; small tasks are materialized."""
     tasks = trained_tasks(cfg)
-    check_prepared(prepared_root, tasks)
     out = {}
     for name, task in tasks.items():
         ds = tokenized(task, task.train_rows(cfg, prepared_root), tokenizer, cfg.tokenizer.max_words)
@@ -162,7 +156,7 @@ def frame_batch(tokenizer, task: Task, part, width: int, device=None) -> Dict[st
     ids = encode_columns(tokenizer, {c: part[c].to_numpy() for c in task.pair}, task.text_columns(), width)
     batch = {k: torch.from_numpy(v) for k, v in ids.items()}
     if task.label:
-        batch[task.label] = torch.from_numpy(part[task.label].to_numpy())
+        batch[task.label] = torch.tensor(part[task.label].to_numpy())
     return {k: v.to(device) for k, v in batch.items()} if device is not None else batch
 
 

@@ -20,6 +20,10 @@ from ray_jobs.training.step import Optimizers, train_step
 StreamFactory = Callable[[str, int, int, int], Iterator[Dict[str, torch.Tensor]]]
 
 
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a NaN or infinite loss."""
+
+
 def _no_log(metrics: Dict[str, float], step: int) -> None:
     return None
 
@@ -58,12 +62,25 @@ class TrainLoop:
         self.streams = self._open_streams(self.stage.batch_size, positions)
         self.task_gen = torch.Generator().manual_seed(cfg.seed + self.start)
         self.window = MetricWindow(plan.tasks)
+        # Non-finite losses are flagged on the device (no sync per step) and checked at every log
+        # line, evaluation and checkpoint: a diverged model is never saved or scored.
+        self.window_steps: list = []  # (step, task) of the steps since the last check
+        self.bad = torch.zeros((), dtype=torch.bool)
 
     def _open_streams(self, batch_size: int, positions: Dict[str, Dict[str, int]]):
         return {t: self.open_stream(t, batch_size, *resume_skip(positions.get(t, {}), batch_size)) for t in self.my_tasks}
 
     def _next_task(self) -> str:
         return draw_task(self.plan, self.task_gen) if self.plan.mode == "task_sampling" else self.my_tasks[0]
+
+    def check_finite(self) -> None:
+        """Raise naming the first step (and its task) whose loss was not finite since the last check."""
+        if bool(self.bad):
+            for (step, task), loss in self.window_steps:
+                if not bool(torch.isfinite(loss)):
+                    raise NonFiniteLossError(f"non-finite {task} loss ({float(loss)}) at step {step}: training stopped; "
+                                             f"lower the learning rate, set trainer.grad_clip, or resume from an earlier checkpoint")
+        self.window_steps.clear()
 
     def save(self, metrics: Dict[str, float]) -> None:
         """Collect the train state on rank 0 (collectives: every rank calls this) and hand it to the hook."""
@@ -113,14 +130,21 @@ class TrainLoop:
             loss, accuracy = train_step(self.model, self.tasks[name], batch, self.optimizers, self.combiner,
                                         trainer.grad_clip)
             self.step += 1
+            self.bad = self.bad.to(loss.device) | ~torch.isfinite(loss)
+            self.window_steps.append(((self.step, name), loss))
             self.window.add(name, loss, accuracy, stage.batch_size * len(self.plan.ranks_of(name)))
             metrics: Dict[str, float] = {}
-            if self.step % trainer.log_every == 0 or self.step == trainer.steps:
+            evaluating = self.hooks.evaluate is not None and self.rank == 0 and trainer.eval_every and self.step % trainer.eval_every == 0
+            saving = self.step % trainer.checkpoint_every == 0 or self.step == trainer.steps
+            logging = self.step % trainer.log_every == 0 or self.step == trainer.steps
+            if logging or evaluating or saving:
+                self.check_finite()
+            if logging:
                 metrics = self._log_window(run_start)
-            if self.hooks.evaluate is not None and self.rank == 0 and trainer.eval_every and self.step % trainer.eval_every == 0:
+            if evaluating:
                 evaluated = self.hooks.evaluate(self.model)
                 self.hooks.say(f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in evaluated.items()))
                 self.hooks.log(evaluated, self.step)
-            if self.step % trainer.checkpoint_every == 0 or self.step == trainer.steps:
+            if saving:
                 self.save(metrics)
         return self.step

@@ -3,21 +3,22 @@ checkpoint and the MLflow run. `run_training` is what `convsts train`, `demo` an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from datasets import storage
-from models.checkpoint import load_model
+from models.checkpoint import load_model, read_meta
 from ray_jobs import tracking
-from ray_jobs.config import RunConfig, flatten, resolve_path
+from ray_jobs.config import ConfigError, RunConfig, flatten, resolve_path
 from ray_jobs.runtime import ensure_ray, log, tracking_uri
 from ray_jobs.task_groups import plan_tasks
 from ray_jobs.tasks import prepared_tasks
-from ray_jobs.training.data import build_tokenizer, task_datasets, task_split_data_config
+from ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
 
 
 @dataclass
@@ -34,6 +35,51 @@ def prepared_location(cfg: RunConfig, out_dir: str | Path, given: Optional[str |
     """Prepared shards: `given` (--prepared), else data.prepared_dir, else <out>/prepared; local or a URI."""
     location = str(given or resolve_path(cfg.data.prepared_dir) or Path(out_dir) / "prepared")
     return location if storage.is_uri(location) else str(Path(location).resolve())
+
+
+def data_digests(cfg: RunConfig, prepared: str) -> Dict[str, str]:
+    """{task: sha1 of its prepared shards' names and row counts}: what a run trained on."""
+    digests = {}
+    for name, task in prepared_tasks(cfg).items():
+        shards = task.verify_prepared(prepared)["shards"]
+        digests[name] = hashlib.sha1(json.dumps(shards, sort_keys=True).encode()).hexdigest()
+    return digests
+
+
+def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) -> List[str]:
+    """What differs between a checkpoint and the run that would resume it: the model, the
+    tokenizer settings, the tasks, the prepared data."""
+    meta = read_meta(checkpoint)
+    old = meta.get("run_config", {})
+    new = cfg.to_dict()
+    out = []
+    for section in ("model", "tokenizer"):
+        for key, value in flatten(new[section], f"{section}.").items():
+            before = flatten(old.get(section, {}), f"{section}.").get(key)
+            if before is not None and before != value:
+                out.append(f"{key} was {before!r}, now {value!r}")
+    if sorted(old.get("trainer", {}).get("task_weights", {})) != sorted(cfg.trainer.task_weights):
+        out.append(f"tasks were {sorted(old['trainer']['task_weights'])}, now {sorted(cfg.trainer.task_weights)}")
+    trained_on = meta.get("provenance", {}).get("data", {})
+    for task, digest in digests.items():
+        if task in trained_on and trained_on[task] != digest:
+            out.append(f"the prepared {task} data differs from the data the checkpoint was trained on")
+    return out
+
+
+def claim_output(out_dir: Path, cfg: RunConfig, fresh: bool) -> None:
+    """A training run's output folder holds one run: a second run into it is refused unless it
+    resumes (trainer.resume_from) or starts over (`fresh`: the old checkpoints are deleted)."""
+    ray_dir = Path(cfg.trainer.storage_path or out_dir / "ray_results") / cfg.name
+    used = [p for p in (out_dir / "train.json", out_dir / "checkpoint", ray_dir) if p.exists() and not storage.is_uri(str(p))]
+    if not used or cfg.trainer.resume_from:
+        return
+    if not fresh:
+        raise FileExistsError(f"{out_dir} already holds a training run ({', '.join(p.name for p in used)}): pass "
+                              f"--resume {out_dir / 'checkpoint'} to continue it, --fresh to start over, or another --out")
+    for path in used:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    log.info("--fresh: removed %s", ", ".join(str(p) for p in used))
 
 
 def prepare_all(cfg: RunConfig, out_dir: str) -> Dict[str, Dict[str, Any]]:
@@ -54,14 +100,10 @@ def ensure_prepared(cfg: RunConfig, prepared: str) -> Dict[str, Dict[str, Any]]:
 
 
 def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = None,
-                 prepared_dir: Optional[str | Path] = None, extra_callbacks: Sequence[Any] = ()) -> TrainResult:
-    """Build datasets and the TorchTrainer, fit, copy the final checkpoint to out_dir/checkpoint."""
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
-    from ray_jobs.training.worker import train_loop_per_worker
-
-    started = time.time()
+                 prepared_dir: Optional[str | Path] = None, extra_callbacks: Sequence[Any] = (),
+                 fresh: bool = False) -> TrainResult:
+    """Check the inputs, then build datasets and the TorchTrainer, fit, copy the final checkpoint to
+    out_dir/checkpoint. The MLflow run is created after the checks and ends FAILED on any error."""
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     prepared = prepared_location(cfg, out_dir, prepared_dir)
@@ -69,6 +111,13 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
         from ray_jobs.evaluation.sts import read_stsb_split
 
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
+    check_prepared(prepared, prepared_tasks(cfg))  # a complete prepared folder, before any run is created
+    claim_output(out_dir, cfg, fresh)
+    digests = data_digests(cfg, prepared)
+    if cfg.trainer.resume_from:
+        differs = resume_mismatches(cfg.trainer.resume_from, cfg, digests)
+        if differs:
+            raise ConfigError(f"cannot resume {cfg.trainer.resume_from}: " + "; ".join(differs))
     ensure_ray()
     uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
     params = flatten(cfg.to_dict())
@@ -79,6 +128,24 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     else:
         tracking.log_params(uri, run_id, params)
 
+    try:
+        result = _train(cfg, out_dir, prepared, uri, run_id, digests, extra_callbacks)
+    except BaseException:
+        tracking.end_run(uri, run_id, "FAILED")  # never left RUNNING (a caller's run fails with it)
+        raise
+    if own_run:
+        tracking.end_run(uri, run_id)
+    return result
+
+
+def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str, digests: Dict[str, str],
+           extra_callbacks: Sequence[Any]) -> TrainResult:
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from ray_jobs.training.worker import train_loop_per_worker
+
+    started = time.time()
     init = cfg.trainer.resume_from or cfg.trainer.warm_start
     if init:
         _, tokenizer, _ = load_model(init)
@@ -101,6 +168,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
         "datasets": sorted(datasets),
         "tracking_uri": uri,
         "run_id": run_id,
+        "provenance": {"data": digests},
     }
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -120,13 +188,8 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
             callbacks=list(extra_callbacks) or None,
         ),
     )
-    try:
-        result = trainer.fit()
-    except Exception:
-        tracking.end_run(uri, run_id, "FAILED")
-        raise
+    result = trainer.fit()
     if result.checkpoint is None:
-        tracking.end_run(uri, run_id, "FAILED")
         raise RuntimeError(f"training finished without a checkpoint; see {out_dir / 'ray_results'}")
     final = out_dir / "checkpoint"
     if final.exists():
@@ -138,6 +201,4 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     (out_dir / "train.json").write_text(json.dumps(
         {"checkpoint": str(final), "mlflow_run_id": run_id, "tracking_uri": uri, "seconds": round(seconds, 1),
          "task_split_mode": plan.mode}, indent=2), encoding="utf-8")
-    if own_run:
-        tracking.end_run(uri, run_id)
     return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows)

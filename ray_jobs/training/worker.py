@@ -58,7 +58,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
             ray.train.report({**metrics, "step": step}, checkpoint=None)
             return
         with tempfile.TemporaryDirectory() as tmp:
-            save_checkpoint(tmp, model, tokenizer, loop_config["run"], train_state.to_dict())
+            save_checkpoint(tmp, model, tokenizer, loop_config["run"], train_state.to_dict(), loop_config["provenance"])
             ray.train.report({**metrics, "step": step}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
     evaluate = None
