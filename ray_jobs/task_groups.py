@@ -151,6 +151,15 @@ class GradientCombiner:
             for p in heads[task].parameters():
                 dist.broadcast(p.data, src=self.plan.leader(task))
 
+    def any_rank(self, flag: torch.Tensor) -> bool:
+        """Whether a 0-dim bool tensor is set on any rank (one small all-reduce, on the flag's device),
+        so that every rank takes the same branch after it."""
+        if not self.distributed:
+            return bool(flag)
+        value = flag.to(torch.int32).reshape(1)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
     def gather_objects(self, obj) -> List:
         if not self.distributed:
             return [obj]

@@ -1,6 +1,7 @@
 """The 95/5 task split on a real Ray Train job (2 workers, gloo): the shared encoder stays identical
 on both workers and its update is the configured weighted mix of the two tasks' gradients."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -87,3 +88,67 @@ def test_two_workers_share_one_encoder_with_weighted_gradients(ray_session, tmp_
     for i in range(n_params):
         np.testing.assert_allclose(r0[f"grad{i}"], expected[i], rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(r1[f"grad{i}"], expected[i], rtol=1e-5, atol=1e-7)
+
+
+def _nan_worker(config):
+    """Both ranks run the real TrainLoop; the SNLI rank's loss turns NaN at step 3."""
+    import ray.train
+
+    import test_training_core as core
+    from ray_jobs.tasks.snli import SnliTask
+    from ray_jobs.training.loop import LoopHooks
+
+    class NanAtStep3(SnliTask):
+        calls = 0
+
+        def loss(self, model, batch):
+            NanAtStep3.calls += 1
+            loss, acc = super().loss(model, batch)
+            return (loss * float("nan") if NanAtStep3.calls == 3 else loss), acc
+
+    rank = ray.train.get_context().get_world_rank()
+    cfg = load_config(None, core.TINY + ["trainer.steps=8", "trainer.log_every=4", "trainer.checkpoint_every=4",
+                                         "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.001}]"])
+    tokenizer = core._tokenizer(cfg)
+    from models.checkpoint import build_model
+    from ray_jobs.tasks import model_heads, trained_tasks
+    from ray_jobs.training.data import FrameStream
+    from ray_jobs.training.loop import TrainLoop
+    from ray_jobs.training.step import seed_everything
+
+    seed_everything(cfg.seed)
+    model = build_model(cfg.model, tokenizer, model_heads(cfg))
+    tasks = trained_tasks(cfg)
+
+    def open_stream(task, batch_size, epoch, skip):
+        return FrameStream(tasks[task], core.FRAMES[task], tokenizer, batch_size, 16, epoch=epoch, skip=skip)
+
+    plan = plan_tasks(cfg.trainer.task_weights, 2)
+    saved = []
+    loop = TrainLoop(cfg, model, plan, rank, open_stream,
+                     LoopHooks(checkpoint=lambda step, m, s: saved.append(step), say=lambda line: None))
+    loop.tasks["snli"] = NanAtStep3()
+    try:
+        loop.run()
+    except Exception as err:  # every rank stops at the same check; none waits in a checkpoint
+        (Path(config["out"]) / f"rank{rank}.txt").write_text(f"{type(err).__name__}: {err}\nsaved {saved}")
+        raise
+
+
+@pytest.mark.slow
+def test_a_nan_loss_on_one_rank_stops_every_rank(ray_session, tmp_path):
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    with pytest.raises(Exception, match="non-finite"):
+        TorchTrainer(
+            _nan_worker, train_loop_config={"out": str(tmp_path)},
+            scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+            run_config=ray.train.RunConfig(storage_path=str(tmp_path / "ray"), name="nan"),
+        ).fit()
+    reports = {r: (tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)}
+    assert "non-finite snli loss (nan) at step 3" in reports[1]
+    # Rank 0 stops at the same check (step 4): the NaN reached its encoder through the all-reduce, so
+    # either its own loss is NaN by then or it reports the SNLI rank's.
+    assert re.search(r"non-finite (reddit loss \(nan\) at step 4|loss on another rank \(snli\) by step 4)", reports[0])
+    assert all(r.endswith("saved []") for r in reports.values())

@@ -74,12 +74,17 @@ class TrainLoop:
         return draw_task(self.plan, self.task_gen) if self.plan.mode == "task_sampling" else self.my_tasks[0]
 
     def check_finite(self) -> None:
-        """Raise naming the first step (and its task) whose loss was not finite since the last check."""
-        if bool(self.bad):
+        """Raise naming the first step (and its task) whose loss was not finite since the last check.
+        Every rank checks at the same steps and learns whether any rank saw one, so all stop together
+        (a rank that went on into a checkpoint's collectives would wait forever)."""
+        if self.combiner.any_rank(self.bad):
+            advice = "lower the learning rate, set trainer.grad_clip, or resume from an earlier checkpoint"
             for (step, task), loss in self.window_steps:
                 if not bool(torch.isfinite(loss)):
-                    raise NonFiniteLossError(f"non-finite {task} loss ({float(loss)}) at step {step}: training stopped; "
-                                             f"lower the learning rate, set trainer.grad_clip, or resume from an earlier checkpoint")
+                    raise NonFiniteLossError(f"non-finite {task} loss ({float(loss)}) at step {step}: training stopped; {advice}")
+            others = [t for t in self.plan.tasks if t not in self.my_tasks]
+            raise NonFiniteLossError(f"non-finite loss on another rank ({', '.join(others)}) by step {self.step}: "
+                                     f"training stopped; {advice}")
         self.window_steps.clear()
 
     def save(self, metrics: Dict[str, float]) -> None:
@@ -134,14 +139,15 @@ class TrainLoop:
             self.window_steps.append(((self.step, name), loss))
             self.window.add(name, loss, accuracy, stage.batch_size * len(self.plan.ranks_of(name)))
             metrics: Dict[str, float] = {}
-            evaluating = self.hooks.evaluate is not None and self.rank == 0 and trainer.eval_every and self.step % trainer.eval_every == 0
+            # The same on every rank: the finiteness check is a collective.
+            eval_step = bool(trainer.eval_every) and self.step % trainer.eval_every == 0
             saving = self.step % trainer.checkpoint_every == 0 or self.step == trainer.steps
             logging = self.step % trainer.log_every == 0 or self.step == trainer.steps
-            if logging or evaluating or saving:
+            if logging or eval_step or saving:
                 self.check_finite()
             if logging:
                 metrics = self._log_window(run_start)
-            if evaluating:
+            if eval_step and self.hooks.evaluate is not None and self.rank == 0:
                 evaluated = self.hooks.evaluate(self.model)
                 self.hooks.say(f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in evaluated.items()))
                 self.hooks.log(evaluated, self.step)
