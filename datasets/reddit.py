@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from datasets import storage
+from datasets.storage import BadInputError  # noqa: F401  (raised here; importable from here too)
 
 CONTEXT_COLUMNS = ("context", "question", "input", "parent_body")
 RESPONSE_COLUMNS = ("response", "answer", "reply", "body")
@@ -189,10 +190,6 @@ def detect_format(path: str) -> str:
     raise ValueError(f"{path}: cannot tell the format from its first record (keys {sorted(first)})")
 
 
-class BadInputError(ValueError):
-    """An input file that cannot be read as what it claims to be; the message names the file."""
-
-
 class _ZstdLines(io.RawIOBase):
     """A .zst stream decompressed frame by frame that refuses to end inside a frame: a truncated
     or corrupt file raises BadInputError naming the file and the compressed byte offset, instead of
@@ -204,7 +201,7 @@ class _ZstdLines(io.RawIOBase):
         self._zstd = zstandard
         self._raw, self._path = raw, path
         self._new_frame()
-        self._pending = b""
+        self._pending, self._at = b"", 0  # decompressed bytes not yet handed out start at _at
         self._offset = 0  # compressed bytes read so far
         self._done = False
 
@@ -217,7 +214,7 @@ class _ZstdLines(io.RawIOBase):
         return True
 
     def _fill(self) -> None:
-        while not self._pending and not self._done:
+        while self._at == len(self._pending) and not self._done:
             chunk = self._raw.read(1 << 20)
             if not chunk:
                 if self._frame_has_input and not self._dobj.eof:
@@ -226,25 +223,27 @@ class _ZstdLines(io.RawIOBase):
                 self._done = True
                 return
             self._offset += len(chunk)
-            self._decompress(chunk)
+            self._pending, self._at = self._decompress(chunk), 0
 
-    def _decompress(self, chunk: bytes) -> None:
+    def _decompress(self, chunk: bytes) -> bytes:
+        out = []
         while chunk:
             self._frame_has_input = True
             try:
-                self._pending += self._dobj.decompress(chunk)
+                out.append(self._dobj.decompress(chunk))
             except self._zstd.ZstdError as err:
                 raise BadInputError(f"{self._path}: corrupt zstd data near byte {self._offset}: {err}") from None
             if not self._dobj.eof:
-                return
+                break
             chunk = self._dobj.unused_data  # the next frame (dumps may hold several)
             self._new_frame()
+        return b"".join(out)
 
     def readinto(self, buffer) -> int:
         self._fill()
-        n = min(len(buffer), len(self._pending))
-        buffer[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
+        n = min(len(buffer), len(self._pending) - self._at)
+        buffer[:n] = self._pending[self._at:self._at + n]  # one copy out; the rest is not moved
+        self._at += n
         return n
 
     def close(self) -> None:

@@ -20,6 +20,11 @@ from typing import List, Optional, Tuple
 
 import pyarrow.fs as pafs
 
+class BadInputError(ValueError):
+    """An input that cannot be read as what it claims to be (a truncated dump, a half-written
+    prepared folder); the message names the file."""
+
+
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 
 

@@ -49,7 +49,7 @@ def tracking_uri(configured: str, out_dir: Optional[str | Path]) -> str:
 
 
 def _user_error_types() -> tuple:
-    from datasets.reddit import BadInputError
+    from datasets.storage import BadInputError
     from ray_jobs.config import ConfigError
 
     return (ConfigError, BadInputError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)

@@ -14,7 +14,8 @@ import pytest
 import torch
 import zstandard
 
-from datasets.reddit import BadInputError, open_text
+from datasets.reddit import open_text
+from datasets.storage import BadInputError
 from ray_jobs.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent

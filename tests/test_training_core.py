@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import toy_task
-from datasets.text import DanTokenizer, TokenizerConfig, count_words
+from datasets.text import DanTokenizer, count_words
 from models import load, save_checkpoint
 from models.checkpoint import build_model
 from models.encoders import ENCODERS

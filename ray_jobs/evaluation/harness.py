@@ -70,7 +70,7 @@ def baseline_scorer(kind: str, cfg: RunConfig, prepared_dir: Optional[str]) -> L
             continue
         fit += list(frame["sentence1"]) + list(frame["sentence2"])
     for task in evaluated_tasks(cfg):
-        test_dir = storage.join(prepared_dir, task.name, "test") if prepared_dir and "test" in task.splits else None
+        test_dir = storage.join(task.prepared_dir(prepared_dir), "test") if prepared_dir and "test" in task.splits else None
         if test_dir and storage.is_dir(test_dir):
             table = storage.read_parquet_table(test_dir, columns=list(task.pair))
             for column in task.pair:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 import torch
 
 from datasets import storage
+from datasets.storage import BadInputError
 
 if TYPE_CHECKING:
     from ray_jobs.config import RunConfig
@@ -53,16 +54,27 @@ class Task:
         return storage.join(prepared_root, self.name)
 
     def train_path(self, prepared_root: str) -> str:
-        return storage.join(prepared_root, self.name, "train")
+        return storage.join(self.prepared_dir(prepared_root), "train")
+
+    @staticmethod
+    def _shard_files(split_dir: str) -> List[str]:
+        return [f for f in storage.list_files(split_dir) if f.endswith(".parquet")] if storage.is_dir(split_dir) else []
+
+    def write_train_frame(self, frame, out_dir: str, cfg: "RunConfig") -> None:
+        """A pandas frame of training rows -> out_dir/train parquet shards (Ray Data)."""
+        import ray.data
+
+        from ray_jobs.runtime import ensure_ray
+
+        ensure_ray()
+        target, fs = storage.path_and_filesystem(storage.join(out_dir, "train"))
+        ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
 
     def write_manifest(self, out_dir: str, manifest: Dict[str, Any]) -> Dict[str, Any]:
         """The last step of `prepare`: the manifest, with every shard file and its row count, is
         written after the shards, so a folder without one is an interrupted prepare."""
-        shards: Dict[str, List[Dict[str, Any]]] = {}
-        for split in self.splits:
-            folder = storage.join(out_dir, split)
-            files = storage.list_files(folder) if storage.is_dir(folder) else []
-            shards[split] = [{"file": storage.name(f), "rows": storage.parquet_rows(f)} for f in files if f.endswith(".parquet")]
+        shards = {split: [{"file": storage.name(f), "rows": storage.parquet_rows(f)}
+                          for f in self._shard_files(storage.join(out_dir, split))] for split in self.splits}
         manifest = {**manifest, "shards": shards}
         storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
         return manifest
@@ -70,8 +82,6 @@ class Task:
     def verify_prepared(self, prepared_root: str) -> Dict[str, Any]:
         """The task's prepared folder is complete: its manifest exists and lists exactly the shard
         files present with their row counts. Returns the manifest; raises naming what is wrong."""
-        from datasets.reddit import BadInputError
-
         folder = self.prepared_dir(prepared_root)
         manifest_path = storage.join(folder, MANIFEST)
         again = f"delete {folder} and run `convsts prepare` again"
@@ -87,8 +97,7 @@ class Task:
             raise BadInputError(f"{manifest_path} lists no shards (written by an older convsts); {again}")
         for split, listed in manifest["shards"].items():
             split_dir = storage.join(folder, split)
-            present = {storage.name(f) for f in storage.list_files(split_dir) if f.endswith(".parquet")} \
-                if storage.is_dir(split_dir) else set()
+            present = {storage.name(f) for f in self._shard_files(split_dir)}
             expected = {s["file"] for s in listed}
             if present != expected:
                 missing, extra = sorted(expected - present), sorted(present - expected)
@@ -109,9 +118,6 @@ class Task:
         """Raw inputs -> out_dir/train parquet shards + out_dir/manifest.json. The default reads
         parquet or JSON-lines files holding the pair columns (and the label)."""
         import pandas as pd
-        import ray.data
-
-        from ray_jobs.runtime import ensure_ray
 
         started = time.time()
         columns = [*self.pair, *([self.label] if self.label else [])]
@@ -123,9 +129,7 @@ class Task:
                 raise ValueError(f"{path}: task {self.name} needs columns {columns}; missing {missing}")
             frames.append(frame[columns])
         frame = pd.concat(frames, ignore_index=True)
-        ensure_ray()
-        target, fs = storage.path_and_filesystem(storage.join(out_dir, "train"))
-        ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
+        self.write_train_frame(frame, out_dir, cfg)
         return self.write_manifest(out_dir, {"inputs": list(inputs), "pairs": len(frame),
                                              "seconds": round(time.time() - started, 1)})
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional
 
-
 from datasets import storage
 from models.losses import in_batch_accuracy, in_batch_softmax_loss
 from ray_jobs.tasks.base import Task, fields
@@ -69,7 +68,7 @@ class RedditTask(Task):
     def evaluate(self, scorer, cfg, prepared_root: Optional[str]) -> Dict[str, float]:
         from ray_jobs.evaluation.retrieval import heldout_pairs, precision_at_n_metrics
 
-        heldout = heldout_pairs(storage.join(prepared_root, self.name, "test")) if prepared_root else None
+        heldout = heldout_pairs(storage.join(self.prepared_dir(prepared_root), "test")) if prepared_root else None
         if heldout is None:
             return {}
         return precision_at_n_metrics(scorer, heldout, cfg.eval.reddit_pairs, cfg.eval.reddit_negatives,

@@ -34,17 +34,12 @@ class SnliTask(Task):
         return [cfg.data.snli_train]
 
     def prepare(self, inputs: List[str], out_dir: str, cfg) -> Dict[str, Any]:
-        import ray.data
-
         from datasets import snli
-        from ray_jobs.config import resolve_path
-        from ray_jobs.runtime import ensure_ray, log
+        from ray_jobs.runtime import log
 
-        path = resolve_path(inputs[0])
-        ensure_ray()
+        path = storage.resolve_path(inputs[0])
         frame = snli.with_fraction_rank(snli.read_snli(path), cfg.data.snli_fraction_seed)
-        target, fs = storage.path_and_filesystem(storage.join(out_dir, "train"))
-        ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
+        self.write_train_frame(frame, out_dir, cfg)
         manifest = {"input": path, "pairs": len(frame), "labels": snli.label_counts(frame),
                     "fraction_seed": cfg.data.snli_fraction_seed}
         log.info("snli: %d pairs -> %s", len(frame), out_dir)

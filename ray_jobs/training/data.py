@@ -18,10 +18,9 @@ from ray_jobs.task_groups import TaskPlan
 from ray_jobs.tasks import Task, prepared_tasks, trained_tasks
 
 
-def check_prepared(prepared_root: str, tasks: Dict[str, Task]) -> None:
-    """Every task's prepared folder is complete (its manifest matches its shards)."""
-    for task in tasks.values():
-        task.verify_prepared(prepared_root)
+def check_prepared(prepared_root: str, tasks: Dict[str, Task]) -> Dict[str, Dict[str, Any]]:
+    """Every task's prepared folder is complete (its manifest matches its shards); {task: manifest}."""
+    return {name: task.verify_prepared(prepared_root) for name, task in tasks.items()}
 
 
 # ---------------------------------------------------------------------------------------------

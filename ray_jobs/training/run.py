@@ -17,7 +17,7 @@ from ray_jobs import tracking
 from ray_jobs.config import ConfigError, RunConfig, flatten, resolve_path
 from ray_jobs.runtime import ensure_ray, log, tracking_uri
 from ray_jobs.task_groups import plan_tasks
-from ray_jobs.tasks import prepared_tasks
+from ray_jobs.tasks import prepared_tasks, trained_tasks
 from ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
 
 
@@ -37,13 +37,10 @@ def prepared_location(cfg: RunConfig, out_dir: str | Path, given: Optional[str |
     return location if storage.is_uri(location) else str(Path(location).resolve())
 
 
-def data_digests(cfg: RunConfig, prepared: str) -> Dict[str, str]:
-    """{task: sha1 of its prepared shards' names and row counts}: what a run trained on."""
-    digests = {}
-    for name, task in prepared_tasks(cfg).items():
-        shards = task.verify_prepared(prepared)["shards"]
-        digests[name] = hashlib.sha1(json.dumps(shards, sort_keys=True).encode()).hexdigest()
-    return digests
+def data_digests(manifests: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
+    """{task: sha1 of its verified manifest's shard names and row counts}: what a run trained on."""
+    return {name: hashlib.sha1(json.dumps(m["shards"], sort_keys=True).encode()).hexdigest()
+            for name, m in manifests.items()}
 
 
 def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) -> List[str]:
@@ -54,8 +51,9 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) 
     new = cfg.to_dict()
     out = []
     for section in ("model", "tokenizer"):
+        previous = flatten(old.get(section, {}), f"{section}.")
         for key, value in flatten(new[section], f"{section}.").items():
-            before = flatten(old.get(section, {}), f"{section}.").get(key)
+            before = previous.get(key)
             if before is not None and before != value:
                 out.append(f"{key} was {before!r}, now {value!r}")
     if sorted(old.get("trainer", {}).get("task_weights", {})) != sorted(cfg.trainer.task_weights):
@@ -70,8 +68,10 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) 
 def claim_output(out_dir: Path, cfg: RunConfig, fresh: bool) -> None:
     """A training run's output folder holds one run: a second run into it is refused unless it
     resumes (trainer.resume_from) or starts over (`fresh`: the old checkpoints are deleted)."""
-    ray_dir = Path(cfg.trainer.storage_path or out_dir / "ray_results") / cfg.name
-    used = [p for p in (out_dir / "train.json", out_dir / "checkpoint", ray_dir) if p.exists() and not storage.is_uri(str(p))]
+    candidates = [out_dir / "train.json", out_dir / "checkpoint"]
+    if not storage.is_uri(cfg.trainer.storage_path):  # Ray Train's own run folder, when it is local
+        candidates.append(Path(cfg.trainer.storage_path or out_dir / "ray_results") / cfg.name)
+    used = [p for p in candidates if p.exists()]
     if not used or cfg.trainer.resume_from:
         return
     if not fresh:
@@ -111,9 +111,9 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
         from ray_jobs.evaluation.sts import read_stsb_split
 
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
-    check_prepared(prepared, prepared_tasks(cfg))  # a complete prepared folder, before any run is created
+    manifests = check_prepared(prepared, prepared_tasks(cfg))  # complete prepared folders, before any run exists
     claim_output(out_dir, cfg, fresh)
-    digests = data_digests(cfg, prepared)
+    digests = data_digests(manifests)
     if cfg.trainer.resume_from:
         differs = resume_mismatches(cfg.trainer.resume_from, cfg, digests)
         if differs:
@@ -154,10 +154,8 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str, 
         tokenizer = build_tokenizer(cfg, prepared)
     log.info("tokenizer: %s, %d ids", type(tokenizer).__name__, tokenizer.num_words)
     datasets = task_datasets(cfg, prepared, tokenizer)
-    train_rows = {}
-    for name, task in prepared_tasks(cfg).items():
-        if name in datasets and task.materialize:  # materialized: counting is free
-            train_rows[name] = datasets[name].count()
+    tasks = trained_tasks(cfg)
+    train_rows = {name: ds.count() for name, ds in datasets.items() if tasks[name].materialize}  # materialized: free
     if train_rows:  # the SNLI-fraction sweep plots against data/snli_train_pairs
         tracking.log_metrics(uri, run_id, {f"data/{name}_train_pairs": n for name, n in train_rows.items()})
     plan = plan_tasks(cfg.trainer.task_weights, cfg.trainer.num_workers)
