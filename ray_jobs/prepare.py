@@ -33,7 +33,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # overrides may follow the options
     setup_logging()
     cfg = load_config(args.config, list(args.overrides) + ([f"data.reddit_format={args.format}"] if args.format else []))
     if args.what == "all":

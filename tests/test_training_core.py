@@ -187,6 +187,11 @@ def test_toy_task_prepare_uses_the_default_reader(ray_session, tmp_path):
     cfg = load_config(None, ["task_modules=[toy_task]", "trainer.task_weights={toy: 1.0}",
                              f"data.task_inputs={{toy: [{tmp_path / 'toy.jsonl'}]}}"])
     task = get_task("toy", cfg.task_modules)
+    from ray_jobs.prepare import build_parser
+
+    # Overrides may follow the options on the command line, as for every other command.
+    args = build_parser().parse_intermixed_args(["toy", "--out", "X", "task_modules=[toy_task]"])
+    assert args.what == "toy" and args.overrides == ["task_modules=[toy_task]"]
     manifest = task.prepare(task.raw_inputs(cfg), task.prepared_dir(str(tmp_path / "prepared")), cfg)
     assert manifest["pairs"] == 64
     import pyarrow.parquet as pq
