@@ -7,7 +7,8 @@ Two input formats:
     question/answer tables in ../shared/data/reddit.
 
 Every row or line read ends in exactly one bucket of the manifest: a pair (train or test),
-filtered by a named rule, unpaired (dumps only), or malformed.
+filtered by a named rule, unpaired or a duplicate comment id (dumps only), or malformed;
+`lines_read` is counted as read, and a manifest whose buckets do not add up to it is not written.
 """
 
 from __future__ import annotations
@@ -284,19 +285,22 @@ def _read_pairs_batch(batch: Dict[str, np.ndarray]) -> pd.DataFrame:
 
 
 def pairs_dataset(paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str):
-    """Ray Dataset of annotated pairs (PAIR_COLUMNS) from paired tables, one read task per file."""
+    """(Ray Dataset of annotated pairs (PAIR_COLUMNS), rows read) from paired tables, one read task per file."""
     import ray.data
 
     files = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=max(1, len(paths)))
-    rows = files.map_batches(_read_pairs_batch, batch_size=1, batch_format="numpy")
+    rows = files.map_batches(_read_pairs_batch, batch_size=1, batch_format="numpy").materialize()
     # One crawled file per group: thread roots are found within the file that holds the thread.
     return rows.groupby("group").map_groups(
         annotate_pairs, fn_args=(cfg, test_share, salt), batch_format="pandas"
-    )
+    ), rows.count()
 
 
-def write_pairs(annotated, out_dir: str | Path, rows_per_shard: int) -> Dict[str, Any]:
-    """Write kept pairs as train/test parquet shards (out_dir local or a URI); return the manifest's counts."""
+def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard: int) -> Dict[str, Any]:
+    """Write kept pairs as train/test parquet shards (out_dir local or a URI); return the manifest's counts.
+
+    `lines_read` is counted where the input was read (one row per line or table row); the buckets
+    must add up to it exactly, or nothing is written."""
     from ray.data.expressions import col
 
     annotated = annotated.materialize()
@@ -312,20 +316,27 @@ def write_pairs(annotated, out_dir: str | Path, rows_per_shard: int) -> Dict[str
     examples = [
         r["source"] for r in annotated.filter(expr=col("status") == "malformed").take(MAX_EXAMPLES)
     ] if by_status.get("malformed") else []
+    malformed = by_status.pop("malformed", 0)
+    duplicates = by_status.pop(DUPLICATE, 0)
+    filtered = {rule: by_status.pop(rule, 0) for rule in RULES}
+    unpaired = {k: by_status.pop(k) for k in sorted(by_status) if k.startswith("unpaired")}
+    if by_status:
+        raise RuntimeError(f"rows with statuses no manifest bucket holds: {by_status}")
+    buckets = malformed + duplicates + sum(filtered.values()) + sum(unpaired.values()) + sum(by_split.values())
+    if buckets != lines_read:
+        raise RuntimeError(f"{lines_read} lines were read but the manifest's buckets hold {buckets} "
+                           f"(an input line made more or fewer than one row); nothing was written")
     for split in ("train", "test"):
         part = annotated.filter(expr=(col("status") == "") & (col("split") == split)).select_columns(
             ["context", "response", "thread_key", "subreddit"]
         )
         target, fs = storage.path_and_filesystem(storage.join(out_dir, split))
         part.write_parquet(target, filesystem=fs, min_rows_per_file=rows_per_shard)
-    malformed = by_status.pop("malformed", 0)
-    filtered = {rule: by_status.get(rule, 0) for rule in RULES}
-    unpaired = {k: v for k, v in by_status.items() if k.startswith("unpaired")}
-    lines_read = malformed + sum(filtered.values()) + sum(unpaired.values()) + by_split["train"] + by_split["test"]
     return {
         "lines_read": lines_read,
         "malformed": malformed,
         "malformed_examples": examples,
+        "duplicate_ids": duplicates,
         "filtered_by_rule": filtered,
         "unpaired": sum(unpaired.values()),
         "unpaired_by_reason": unpaired,
@@ -338,6 +349,7 @@ def write_pairs(annotated, out_dir: str | Path, rows_per_shard: int) -> Dict[str
 # ---------------------------------------------------------------------------------------------
 # Pushshift comment dumps
 
+DUPLICATE = "duplicate_id"  # a comment id seen before (dumps repeat comments): only its first line is used
 DUMP_FIELDS = {"id": str, "parent_id": str, "link_id": str, "author": str, "body": str}
 COMMENT_COLUMNS = ["id", "parent_id", "link_id", "author", "body", "subreddit", "source", "status"]
 
@@ -388,7 +400,24 @@ def _comment_rules(batch: pd.DataFrame, cfg: RedditFilterConfig) -> pd.DataFrame
     return batch
 
 
+def _line_order(source: str) -> tuple[str, int]:
+    path, _, lineno = source.rpartition(":")
+    return path, int(lineno)
+
+
+def _mark_duplicates(group: pd.DataFrame) -> pd.DataFrame:
+    """All lines of one comment id: the first (by file, then line) keeps its status, the others
+    become duplicate_id. Malformed lines have no id and are left alone."""
+    if group.empty or (group["status"] == "malformed").all() or len(group) == 1:
+        return group
+    group = group.iloc[sorted(range(len(group)), key=lambda i: _line_order(group["source"].iat[i]))].copy()
+    group.loc[group.index[1:], "status"] = DUPLICATE
+    return group
+
+
 def _as_parent(batch: pd.DataFrame) -> pd.DataFrame:
+    """Comments that can be a parent: neither malformed nor a repeated id."""
+    batch = batch[~batch["status"].isin(["malformed", DUPLICATE])]
     return pd.DataFrame({"parent_key": "t1_" + batch["id"], "parent_body": batch["body"],
                          "parent_status": batch["status"]})
 
@@ -422,18 +451,21 @@ def _classify_child(batch: pd.DataFrame, test_share: float, salt: str) -> pd.Dat
 
 def pushshift_dataset(paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str,
                       num_partitions: int = 8):
-    """Ray Dataset of annotated pairs from comment dumps: each comment is joined to its parent
-    comment (`parent_id` = "t1_" + parent id) with a distributed hash join; the split is by a hash
-    of the thread (`link_id`)."""
+    """(Ray Dataset of annotated pairs, lines read) from comment dumps: each comment is joined to
+    its parent comment (`parent_id` = "t1_" + parent id) with a distributed hash join; the split is
+    by a hash of the thread (`link_id`). A comment id seen twice keeps its first line only
+    (`duplicate_id`), so a repeated comment makes neither a second pair nor a second parent."""
     import ray.data
 
     files = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=max(1, len(paths)))
+    lines = files.map_batches(_read_dump_batch, batch_size=1, batch_format="numpy").materialize()
+    read = lines.count()  # one row per line read, malformed ones included
     comments = (
-        files.map_batches(_read_dump_batch, batch_size=1, batch_format="numpy")
-        .map_batches(_comment_rules, fn_args=(cfg,), batch_format="pandas")
+        lines.map_batches(_comment_rules, fn_args=(cfg,), batch_format="pandas")
+        .groupby("id", num_partitions=num_partitions).map_groups(_mark_duplicates, batch_format="pandas")
         .materialize()
     )
-    parents = comments.filter(lambda r: r["status"] != "malformed").map_batches(_as_parent, batch_format="pandas")
+    parents = comments.map_batches(_as_parent, batch_format="pandas")
     joined = comments.join(parents, join_type="left_outer", num_partitions=num_partitions,
                            on=("parent_id",), right_on=("parent_key",))
-    return joined.map_batches(_classify_child, fn_args=(test_share, salt), batch_format="pandas")
+    return joined.map_batches(_classify_child, fn_args=(test_share, salt), batch_format="pandas"), read

@@ -196,6 +196,32 @@ def test_config_errors_print_one_line_without_traceback(tmp_path, entry, case, e
     assert "Traceback" in debug.stderr
 
 
+# ---- 4. lines counted as read; duplicate comment ids dropped with their own counter
+
+
+def test_duplicate_comment_ids_make_no_second_pair_and_the_manifest_adds_up(ray_session, tmp_path):
+    from ray_jobs.tasks import get_task
+
+    def comment(cid, parent, body):
+        return json.dumps({"id": cid, "parent_id": parent, "link_id": "t3_a", "author": "someone", "body": body,
+                           "subreddit": "test"})
+
+    root, reply = comment("c1", "t3_a", "what do you all think of this"), comment("c2", "t1_c1", "i think it is fine")
+    lines = [root, reply, reply, root,  # dumps repeat comments: c1 and c2 twice each
+             comment("c3", "t1_c2", "fine is an understatement"), comment("c4", "t1_c1", "[deleted]"), "{not json"]
+    dump = tmp_path / "RC_dup"
+    dump.write_text("\n".join(lines) + "\n")
+    m = get_task("reddit").prepare([str(dump)], str(tmp_path / "out"), load_config(None, ["data.test_share=0"]))
+    assert m["lines_read"] == 7  # the file's lines, not a sum of what the join produced
+    assert m["duplicate_ids"] == 2 and m["malformed"] == 1 and m["filtered_by_rule"]["deleted"] == 1
+    assert m["unpaired_by_reason"] == {"unpaired_parent_is_submission": 1} and m["pairs"] == 2
+    assert m["lines_read"] == (m["malformed"] + m["duplicate_ids"] + sum(m["filtered_by_rule"].values())
+                               + m["unpaired"] + m["pairs"])
+    pairs = pd.read_parquet(tmp_path / "out" / "train")
+    assert sorted(zip(pairs["context"], pairs["response"])) == [
+        ("i think it is fine", "fine is an understatement"), ("what do you all think of this", "i think it is fine")]
+
+
 # ---- 11. numerical faults
 
 

@@ -39,8 +39,8 @@ class RedditTask(Task):
         ensure_ray()
         log.info("reddit: %d %s file(s) -> %s", len(files), kind, out_dir)
         build = reddit.pairs_dataset if kind == "pairs" else reddit.pushshift_dataset
-        annotated = build(files, cfg.filters, cfg.data.test_share, cfg.data.split_salt)
-        counts = reddit.write_pairs(annotated, out_dir, cfg.data.rows_per_shard)
+        annotated, lines_read = build(files, cfg.filters, cfg.data.test_share, cfg.data.split_salt)
+        counts = reddit.write_pairs(annotated, lines_read, out_dir, cfg.data.rows_per_shard)
         manifest = {
             "format": kind,
             "inputs": files,
@@ -51,9 +51,10 @@ class RedditTask(Task):
             "seconds": round(time.time() - started, 1),
         }
         manifest = self.write_manifest(out_dir, manifest)
-        log.info("reddit: %d lines read, %d pairs (%d train / %d test), %d filtered, %d unpaired, %d malformed",
-                 manifest["lines_read"], manifest["pairs"], manifest["train_pairs"], manifest["test_pairs"],
-                 sum(manifest["filtered_by_rule"].values()), manifest["unpaired"], manifest["malformed"])
+        log.info("reddit: %d lines read, %d pairs (%d train / %d test), %d filtered, %d unpaired, "
+                 "%d duplicate ids, %d malformed", manifest["lines_read"], manifest["pairs"],
+                 manifest["train_pairs"], manifest["test_pairs"], sum(manifest["filtered_by_rule"].values()),
+                 manifest["unpaired"], manifest["duplicate_ids"], manifest["malformed"])
         return manifest
 
     def manifest_metrics(self, manifest: Dict[str, Any]) -> Dict[str, float]:
