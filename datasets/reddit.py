@@ -22,7 +22,6 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from datasets import storage
 from datasets.storage import BadInputError  # noqa: F401  (raised here; importable from here too)

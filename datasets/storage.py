@@ -28,6 +28,48 @@ class BadInputError(ValueError):
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 
 
+# Credentials that users put in URIs: the user-info part (s3://KEY:SECRET@bucket,
+# https://user:password@mlflow) and query parameters whose name says what they hold.
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
+_SECRET_PARAM = re.compile(
+    r"(?P<name>[?&;](?:[A-Za-z0-9_.-]*?)(?:key|secret|token|password|passwd|pwd|signature|sig|credential|auth)"
+    r"[A-Za-z0-9_.-]*=)(?P<value>[^&#\s'\"]+)", re.IGNORECASE)
+REDACTED = "***"
+
+
+def redact(text: str) -> str:
+    """`text` with every URI's user-info and credential-like query values replaced by ***
+    (`s3://KEY:SECRET@b/p?secret_key=S&region=x` -> `s3://***@b/p?secret_key=***&region=x`)."""
+    if not isinstance(text, str) or ("@" not in text and "=" not in text):
+        return text
+    text = _USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    return _SECRET_PARAM.sub(lambda m: f"{m['name']}{REDACTED}", text)
+
+
+def redact_tree(value):
+    """`redact` applied to every string in nested dicts, lists and tuples (keys included)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact_tree(k): redact_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_tree(v) for v in value)
+    return value
+
+
+def has_credentials(text: str) -> bool:
+    return redact(text) != text
+
+
+def strip_credentials(uri: str) -> str:
+    """`uri` without its user-info and without credential-like query parameters."""
+    uri = _USERINFO.sub(lambda m: m["scheme"], uri)
+    stripped = _SECRET_PARAM.sub("", uri)
+    if "?" not in stripped and "&" in stripped:
+        stripped = stripped.replace("&", "?", 1)
+    return stripped
+
+
 def is_uri(path: str | Path) -> bool:
     """True for "scheme://..." (a one-letter scheme would be a Windows drive, so two or more)."""
     return isinstance(path, str) and _SCHEME.match(path) is not None
@@ -211,10 +253,10 @@ def expand_inputs(inputs) -> List[str]:
         item = resolve_path(item)
         if is_dir(item):
             found = list_files(item)
+        elif is_file(item):  # before globbing: a file named "RC_[1].zst" is that file
+            found = [item]
         elif has_wildcards(item):
             found = glob(item)
-        elif is_file(item):
-            found = [item]
         else:
             raise FileNotFoundError(f"input not found: {item}")
         if not found:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Dict, Sequence
 
+from datasets.storage import redact
 from ray_jobs import tracking
 from ray_jobs.config import RunConfig, flatten, load_config
 from ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evaluation
@@ -58,7 +59,7 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = Lex
         flat["mlflow_run_id"] = run_id
         flat["seconds"] = round(time.time() - started, 1)
         table = results_table(columns)
-        (out_dir / "results.json").write_text(json.dumps(flat, indent=2), encoding="utf-8")
+        (out_dir / "results.json").write_text(redact(json.dumps(flat, indent=2)), encoding="utf-8")
         (out_dir / "results.md").write_text(table + "\n", encoding="utf-8")
         tracking.log_artifact(uri, run_id, str(out_dir / "results.json"))
         tracking.log_artifact(uri, run_id, str(out_dir / "results.md"))

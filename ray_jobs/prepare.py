@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Sequence
 
+from datasets.storage import redact
 from ray_jobs.config import load_config
 from ray_jobs.runtime import setup_logging
 from ray_jobs.tasks import builtin_tasks, get_task
@@ -45,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"convsts prepare: {err}", file=sys.stderr)
             return 2
         result = task.prepare(args.input or task.raw_inputs(cfg), args.out, cfg)
-    print(json.dumps(result, indent=2))
+    print(redact(json.dumps(result, indent=2)))
     return 0
 
 

@@ -10,12 +10,28 @@ from typing import Optional
 log = logging.getLogger("convsts")
 
 
+class RedactingFilter(logging.Filter):
+    """Credentials in URIs (user-info, secret-like query values) never reach a log line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from datasets.storage import redact
+
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
 def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
 
 
 def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> None:
@@ -90,5 +106,8 @@ def run_main(command: str, main, argv=None) -> int:
         message = str(found.args[0] if len(found.args) == 1 and isinstance(found.args[0], str) else found)
         if isinstance(found, (FileNotFoundError, PermissionError)) and found.filename and str(found.filename) not in message:
             message = f"{found.filename}: {message}"
-        print(f"convsts {command}: {message.strip().splitlines()[0]} (--debug shows the traceback)", file=sys.stderr)
+        from datasets.storage import redact
+
+        line = redact(message.strip().splitlines()[0])
+        print(f"convsts {command}: {line} (--debug shows the traceback)", file=sys.stderr)
         return 2

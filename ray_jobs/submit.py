@@ -3,7 +3,9 @@
   convsts submit train --config configs/dan_multitask.yaml --out /mnt/runs/r1 [--address http://HEAD:8265]
 
 The project folder is the job's working_dir and cluster/runtime_env.yaml (or --runtime-env FILE)
-its runtime environment; MLFLOW_TRACKING_URI is passed on when set. Logs are streamed until the
+its runtime environment; MLFLOW_TRACKING_URI is passed on when set (without any user:password
+in it). Credentials never travel in a job spec, which the dashboard shows to anyone: arguments that
+carry them are refused, and the cluster provides them instead (docs/cluster.md, "Credentials"). Logs are streamed until the
 job ends and the exit status is the job's (0 = SUCCEEDED). `convsts jobs list|logs|stop` wrap the
 rest of the job API.
 
@@ -22,7 +24,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
+from datasets.storage import has_credentials, redact, strip_credentials
 from ray_jobs.job_api import SubmitError, explain, job_address, job_client, status_name, wait_for_job
+from ray_jobs.runtime import log
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUNTIME_ENV = PROJECT_ROOT / "cluster" / "runtime_env.yaml"
@@ -44,12 +48,23 @@ def load_runtime_env(path: Optional[str | Path]) -> Dict[str, Any]:
 
 
 def build_runtime_env(path: Optional[str | Path], working_dir: Path = PROJECT_ROOT) -> Dict[str, Any]:
+    """The job's runtime_env; forwarded variables lose any credentials (the dashboard shows them)."""
     env = load_runtime_env(path)
     env.setdefault("working_dir", str(working_dir))
     env_vars = dict(env.get("env_vars") or {})
     for name in FORWARDED_ENV:
-        if os.environ.get(name):
-            env_vars.setdefault(name, os.environ[name])
+        value = os.environ.get(name)
+        if value and name not in env_vars:
+            if has_credentials(value):
+                value = strip_credentials(value)
+                log.warning("%s: its credentials are not forwarded into the job (a job's runtime_env is visible "
+                            "in the dashboard); the cluster must provide MLFLOW_TRACKING_USERNAME / "
+                            "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), see docs/cluster.md", name)
+            env_vars[name] = value
+    for name, value in env_vars.items():
+        if has_credentials(str(value)):
+            raise SubmitError(f"runtime_env variable {name} carries credentials ({redact(str(value))}); a job's "
+                              f"runtime_env is visible in the dashboard: provide them on the cluster (docs/cluster.md)")
     env["env_vars"] = {k: str(v) for k, v in env_vars.items()}
     return env
 
@@ -57,6 +72,11 @@ def build_runtime_env(path: Optional[str | Path], working_dir: Path = PROJECT_RO
 def entrypoint(job: str, args: Sequence[str], python: str = "python") -> str:
     if job not in JOBS:
         raise ValueError(f"unknown job {job!r}: expected one of {', '.join(JOBS)}")
+    for arg in args:
+        if has_credentials(arg):
+            raise SubmitError(f"argument {redact(arg)!r} carries credentials, and a job's entrypoint is visible in "
+                              f"the dashboard and its logs: give the cluster the credentials instead (for S3: "
+                              f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an instance role; see docs/cluster.md)")
     return " ".join([python, "-m", f"ray_jobs.{job}", *map(shlex.quote, args)])
 
 

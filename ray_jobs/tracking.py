@@ -7,6 +7,8 @@ import math
 import time
 from typing import Any, Dict, Mapping, Optional
 
+from datasets.storage import redact
+
 MAX_PARAM_LENGTH = 6000
 
 
@@ -39,10 +41,10 @@ def start_run(
     parent_run_id: Optional[str] = None,
 ) -> str:
     c = client(tracking_uri)
-    all_tags = dict(tags or {})
+    all_tags = {k: redact(str(v)) for k, v in (tags or {}).items()}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
-    run = c.create_run(experiment_id(tracking_uri, experiment), run_name=run_name or None, tags=all_tags)
+    run = c.create_run(experiment_id(tracking_uri, experiment), run_name=redact(run_name) or None, tags=all_tags)
     if params:
         log_params(tracking_uri, run.info.run_id, params)
     return run.info.run_id
@@ -51,7 +53,7 @@ def start_run(
 def log_params(tracking_uri: str, run_id: str, params: Mapping[str, Any]) -> None:
     from mlflow.entities import Param
 
-    items = [Param(str(k), str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
+    items = [Param(str(k), redact(str(v))[:MAX_PARAM_LENGTH]) for k, v in params.items()]
     c = client(tracking_uri)
     for start in range(0, len(items), 100):
         c.log_batch(run_id, params=items[start : start + 100])
@@ -87,7 +89,7 @@ def log_artifact(tracking_uri: str, run_id: str, local_path: str, artifact_path:
 def set_tags(tracking_uri: str, run_id: str, tags: Dict[str, str]) -> None:
     c = client(tracking_uri)
     for k, v in tags.items():
-        c.set_tag(run_id, k, v)
+        c.set_tag(run_id, k, redact(str(v)))
 
 
 def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
@@ -95,7 +97,7 @@ def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
 
 
 def ui_command(tracking_uri: str) -> str:
-    return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+    return f"mlflow ui --backend-store-uri {redact(tracking_uri)} --host 127.0.0.1 --port 5000"
 
 
 def find_run(tracking_uri: str, experiment: str, tags: Mapping[str, str]) -> Optional[str]:

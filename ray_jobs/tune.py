@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 from omegaconf import OmegaConf
 
+from datasets.storage import redact
 from ray_jobs import tracking
 from ray_jobs.config import ConfigError, RunConfig, flatten, from_dict, load_config, merge_layer, resolve_path
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
@@ -295,7 +296,7 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
     best = grid.get_best_result(metric=space.metric, mode=space.mode, scope="last")
     best_params = {k: v for k, v in best.config.items()}
     best_cfg = trial_config(base, best_params, space.fixed)
-    (out_dir / "best_config.yaml").write_text(best_cfg.to_yaml(), encoding="utf-8")
+    (out_dir / "best_config.yaml").write_text(redact(best_cfg.to_yaml()), encoding="utf-8")
 
     if space.objective == "sts_matrix":
         results = _sts_matrix_results(best, frames, embeddings, checkpoint, out_dir)
@@ -308,7 +309,7 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
     results["trials"] = len(grid)
     results["trials_failed"] = len(errors)
     results["seconds"] = round(time.time() - started, 1)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    (out_dir / "results.json").write_text(redact(json.dumps(results, indent=2)), encoding="utf-8")
 
     best_child = tracking.find_run(uri, cfg.mlflow.experiment, {"mlflow.parentRunId": parent_run_id,
                                                                 "convsts.trial_id": best.metrics.get("trial_id", "")})
@@ -403,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SweepInterrupted as err:
         print(f"convsts tune: {err}")
         return 130
-    print(json.dumps(results, indent=2))
+    print(redact(json.dumps(results, indent=2)))
     return 0
 
 

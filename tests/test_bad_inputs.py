@@ -222,6 +222,96 @@ def test_duplicate_comment_ids_make_no_second_pair_and_the_manifest_adds_up(ray_
         ("i think it is fine", "fine is an understatement"), ("what do you all think of this", "i think it is fine")]
 
 
+# ---- 6. credentials in URIs are redacted everywhere a config or URI is written or logged
+
+SECRETS = ("AKIAPLANTED", "PlAnTeDsEcReT", "PlAnTeDqUeRy")
+PLANTED = "s3://AKIAPLANTED:PlAnTeDsEcReT@bucket/dumps/RC_x.zst?secret_key=PlAnTeDqUeRy&region=eu"
+
+
+def _leaks(text: str) -> list:
+    return [secret for secret in SECRETS if secret in text]
+
+
+@pytest.mark.parametrize("text, expected", [
+    (PLANTED, "s3://***@bucket/dumps/RC_x.zst?secret_key=***&region=eu"),
+    ("http://alice:pw@mlflow:5000", "http://***@mlflow:5000"),
+    ("gs://b/p?access_token=T1&X-Amz-Signature=S1", "gs://b/p?access_token=***&X-Amz-Signature=***"),
+    ("s3://bucket/p?endpoint_override=minio:9000&scheme=http", "s3://bucket/p?endpoint_override=minio:9000&scheme=http"),
+    ("trainer.steps=5 alice@example.com", "trainer.steps=5 alice@example.com"),
+])
+def test_redact_removes_userinfo_and_secret_query_values(text, expected):
+    from datasets.storage import redact, redact_tree
+
+    assert redact(text) == expected
+    assert redact_tree({"a": [text], text: 1}) == {"a": [expected], expected: 1}
+
+
+def test_log_lines_and_error_lines_are_redacted(tmp_path):
+    import io
+    import logging
+
+    from ray_jobs.runtime import RedactingFilter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactingFilter())
+    logger = logging.getLogger("convsts.test_redaction")
+    logger.addHandler(handler)
+    try:
+        logger.warning("reading %s", PLANTED)
+    finally:
+        logger.removeHandler(handler)
+    assert "s3://***@bucket" in stream.getvalue() and not _leaks(stream.getvalue())
+    # A user error that names the URI names it redacted.
+    result = _run("-m", "ray_jobs.prepare", "reddit", "--input", str(tmp_path / "x?secret_key=PlAnTeDqUeRy"),
+                  "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "secret_key=***" in result.stderr and not _leaks(result.stderr)
+
+
+def test_submit_keeps_credentials_out_of_the_job_spec(monkeypatch):
+    from ray_jobs.job_api import SubmitError
+    from ray_jobs.submit import build_runtime_env, entrypoint
+
+    with pytest.raises(SubmitError, match=r"carries credentials") as refused:
+        entrypoint("prepare", ["reddit", "--input", PLANTED])
+    assert "s3://***@bucket" in str(refused.value) and not _leaks(str(refused.value))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://alice:PlAnTeDsEcReT@mlflow.example:5000")
+    env = build_runtime_env(None)
+    assert env["env_vars"]["MLFLOW_TRACKING_URI"] == "https://mlflow.example:5000"
+    assert not _leaks(json.dumps(env))
+
+
+@pytest.mark.slow
+def test_a_planted_secret_appears_in_no_log_param_or_artifact(prepared_sample, ray_session, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from tiny import TINY_TRAIN
+
+    scratch, out = tmp_path / "cwd", tmp_path / "run"
+    scratch.mkdir()
+    env = {**ENV, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    result = subprocess.run(
+        [sys.executable, "-m", "ray_jobs.train", "--out", str(out), "--prepared", str(prepared_sample),
+         "trainer.task_weights={snli: 1.0}", *TINY_TRAIN, f"data.reddit_inputs=[{PLANTED}]",
+         f"mlflow.run_name=run-from-{PLANTED}"],
+        capture_output=True, text=True, env=env, cwd=scratch, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not _leaks(result.stdout + result.stderr)
+    # Every file the run wrote (checkpoint config.json, train.json, Ray's results, MLflow's store
+    # and artifacts wherever they landed), read as bytes.
+    files = [p for root in (out, scratch) for p in root.rglob("*") if p.is_file()]
+    assert any(p.name == "config.json" for p in files)
+    for path in files:
+        data = path.read_bytes()
+        assert not [s for s in SECRETS if s.encode() in data], path
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    run = client.get_run(json.loads((out / "train.json").read_text())["mlflow_run_id"])
+    assert run.data.params["data.reddit_inputs"] == "['s3://***@bucket/dumps/RC_x.zst?secret_key=***&region=eu']"
+    assert not _leaks(json.dumps([run.data.params, run.data.tags, run.info.run_name]))
+    config = json.loads((out / "checkpoint" / "config.json").read_text())
+    assert config["run_config"]["data"]["reddit_inputs"] == ["s3://***@bucket/dumps/RC_x.zst?secret_key=***&region=eu"]
+
+
 # ---- 11. numerical faults
 
 

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from datasets.storage import redact
 from datasets import storage
 from ray_jobs import tracking
 from ray_jobs.config import RunConfig
@@ -130,7 +131,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
         flat["mlflow_run_id"] = run_id
         if own_run:
             tracking.end_run(uri, run_id)
-    (out_dir / "results.json").write_text(json.dumps(flat, indent=2), encoding="utf-8")
+    (out_dir / "results.json").write_text(redact(json.dumps(flat, indent=2)), encoding="utf-8")
     (out_dir / "results.md").write_text(results_table({scorer.name: results}) + "\n", encoding="utf-8")
     return flat
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 import torch
 
 from datasets import storage
-from datasets.storage import BadInputError
+from datasets.storage import BadInputError, redact_tree
 
 if TYPE_CHECKING:
     from ray_jobs.config import RunConfig
@@ -75,7 +75,7 @@ class Task:
         written after the shards, so a folder without one is an interrupted prepare."""
         shards = {split: [{"file": storage.name(f), "rows": storage.parquet_rows(f)}
                           for f in self._shard_files(storage.join(out_dir, split))] for split in self.splits}
-        manifest = {**manifest, "shards": shards}
+        manifest = redact_tree({**manifest, "shards": shards})  # input URIs lose their credentials
         storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
         return manifest
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from datasets.storage import redact, redact_tree
 from datasets import storage
 from models.checkpoint import load_model, read_meta
 from ray_jobs import tracking
@@ -48,7 +49,7 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) 
     tokenizer settings, the tasks, the prepared data."""
     meta = read_meta(checkpoint)
     old = meta.get("run_config", {})
-    new = cfg.to_dict()
+    new = redact_tree(cfg.to_dict())  # the checkpoint's copy is redacted
     out = []
     for section in ("model", "tokenizer"):
         previous = flatten(old.get(section, {}), f"{section}.")
@@ -197,6 +198,6 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str, 
     tracking.log_metrics(uri, run_id, {"train/seconds": seconds}, cfg.trainer.steps)
     tracking.log_artifacts(uri, run_id, str(final), "checkpoint")
     (out_dir / "train.json").write_text(json.dumps(
-        {"checkpoint": str(final), "mlflow_run_id": run_id, "tracking_uri": uri, "seconds": round(seconds, 1),
+        {"checkpoint": str(final), "mlflow_run_id": run_id, "tracking_uri": redact(uri), "seconds": round(seconds, 1),
          "task_split_mode": plan.mode}, indent=2), encoding="utf-8")
     return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 from typing import Any, Dict, Optional
 
+from datasets.storage import redact_tree
 from datasets.text import tokenizer_from_dict
 from models.checkpoint import build_model, save_checkpoint
 from ray_jobs import tracking
@@ -58,7 +59,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
             ray.train.report({**metrics, "step": step}, checkpoint=None)
             return
         with tempfile.TemporaryDirectory() as tmp:
-            save_checkpoint(tmp, model, tokenizer, loop_config["run"], train_state.to_dict(), loop_config["provenance"])
+            save_checkpoint(tmp, model, tokenizer, redact_tree(loop_config["run"]), train_state.to_dict(),
+                            redact_tree(loop_config["provenance"]))
             ray.train.report({**metrics, "step": step}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
     evaluate = None
