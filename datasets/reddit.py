@@ -88,6 +88,17 @@ def _pick(columns: Sequence[str], candidates: Sequence[str], path: str, what: st
     raise ValueError(f"{path}: no {what} column; expected one of {list(candidates)}, found {list(columns)}")
 
 
+def json_record(raw: bytes, first_line: bool = False) -> Optional[Dict[str, Any]]:
+    """One NDJSON line -> its object, or None when it is not UTF-8 or not a JSON object. A UTF-8
+    byte-order mark at the start of a file (as some editors and exporters write) is accepted."""
+    try:
+        text = raw.decode("utf-8")
+        obj = json.loads(text[1:] if first_line and text.startswith("\ufeff") else text)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def read_pairs_file(path: str) -> pd.DataFrame:
     """One paired table (parquet or jsonl) -> rows with context, response, group, subreddit, source, status.
 
@@ -100,18 +111,16 @@ def read_pairs_file(path: str) -> pd.DataFrame:
         rows, bad = [], []
         with storage.open_binary(path) as fh:
             for lineno, raw in enumerate(fh, start=1):
-                try:
-                    obj = json.loads(raw.decode("utf-8"))
-                    if not isinstance(obj, dict):
-                        raise ValueError("not an object")
-                    rows.append({**obj, "__line": lineno})
-                except (UnicodeDecodeError, ValueError):
+                obj = json_record(raw, lineno == 1)
+                if obj is None:
                     bad.append(lineno)
+                else:
+                    rows.append({**obj, "__line": lineno})
         df = pd.DataFrame(rows)
         if bad:
             df = pd.concat([df, pd.DataFrame({"__line": bad, "__bad": True})], ignore_index=True)
     else:
-        raise ValueError(f"{path}: paired tables must be .parquet or .jsonl")
+        raise BadInputError(f"{path}: paired tables must be .parquet or .jsonl")
     if df.empty:
         return pd.DataFrame(columns=["context", "response", "group", "subreddit", "source", "status"])
     ctx = _pick(df.columns, CONTEXT_COLUMNS, path, "context")
@@ -175,19 +184,22 @@ def annotate_pairs(group: pd.DataFrame, cfg: RedditFilterConfig, test_share: flo
 # Format detection
 
 
-def detect_format(path: str) -> str:
-    """"pushshift" for NDJSON comment dumps, "pairs" for paired tables; raises naming the file."""
+def detect_format(path: str) -> Optional[str]:
+    """"pushshift" for NDJSON comment dumps, "pairs" for paired tables, None for a file without
+    records (empty, or blank lines only); anything else raises BadInputError naming the file."""
     if storage.name(path).endswith(".parquet"):
         names = storage.read_parquet_schema(path).names
         if any(c in names for c in CONTEXT_COLUMNS) and any(c in names for c in RESPONSE_COLUMNS):
             return "pairs"
-        raise ValueError(f"{path}: parquet without a context/response column pair; columns are {names}")
+        raise BadInputError(f"{path}: parquet without a context/response column pair; columns are {names}")
     first = _first_json_line(path)
+    if first is None:
+        return None
     if "parent_id" in first and "body" in first:
         return "pushshift"
     if any(c in first for c in CONTEXT_COLUMNS) and any(c in first for c in RESPONSE_COLUMNS):
         return "pairs"
-    raise ValueError(f"{path}: cannot tell the format from its first record (keys {sorted(first)})")
+    raise BadInputError(f"{path}: cannot tell the format from its first record (keys {sorted(first)})")
 
 
 class _ZstdLines(io.RawIOBase):
@@ -260,19 +272,19 @@ def open_text(path: str) -> io.BufferedReader:
     return raw  # type: ignore[return-value]
 
 
-def _first_json_line(path: str) -> Dict[str, Any]:
+def _first_json_line(path: str) -> Optional[Dict[str, Any]]:
+    """The first record of an NDJSON file, None when it has none; a first line that is not a JSON
+    object means the file is not NDJSON at all (a README beside the dumps, a CSV)."""
     with open_text(path) as fh:
         for lineno, raw in enumerate(fh, start=1):
-            if not raw.strip():
+            if not raw.strip(b"\xef\xbb\xbf \t\r\n"):
                 continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError):
-                obj = None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: not NDJSON (the first record is not a JSON object)")
+            obj = json_record(raw, lineno == 1)
+            if obj is None:
+                raise BadInputError(f"{path}:{lineno}: not NDJSON (the first record is not a JSON object); "
+                                    f"give only data files as inputs (a glob such as DIR/RC_* leaves others out)")
             return obj
-    raise ValueError(f"{path}: no records found")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,14 +365,11 @@ DUMP_FIELDS = {"id": str, "parent_id": str, "link_id": str, "author": str, "body
 COMMENT_COLUMNS = ["id", "parent_id", "link_id", "author", "body", "subreddit", "source", "status"]
 
 
-def parse_comment(raw: bytes) -> Optional[Dict[str, str]]:
+def parse_comment(raw: bytes, first_line: bool = False) -> Optional[Dict[str, str]]:
     """One NDJSON line -> the fields we use, or None when the line is malformed (not UTF-8, not a
     JSON object, a required field missing or of the wrong type)."""
-    try:
-        obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(obj, dict):
+    obj = json_record(raw, first_line)
+    if obj is None:
         return None
     for name, kind in DUMP_FIELDS.items():
         if not isinstance(obj.get(name), kind):
@@ -374,7 +383,7 @@ def read_dump_file(path: str, batch_rows: int = 100_000) -> Iterator[pd.DataFram
     rows: List[Dict[str, str]] = []
     with open_text(path) as fh:
         for lineno, raw in enumerate(fh, start=1):
-            comment = parse_comment(raw)
+            comment = parse_comment(raw, lineno == 1)
             if comment is None:
                 comment = {name: "" for name in DUMP_FIELDS} | {"subreddit": "", "status": "malformed"}
             else:

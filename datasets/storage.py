@@ -205,8 +205,15 @@ def read_parquet_table(path: str | Path, columns: Optional[List[str]] = None):
     """One parquet file or a folder of shards -> pyarrow.Table."""
     import pyarrow.parquet as pq
 
+    import pyarrow as pa
+
     inner, fs = path_and_filesystem(path)
-    return pq.read_table(inner, columns=columns, filesystem=fs)
+    try:
+        return pq.read_table(inner, columns=columns, filesystem=fs)
+    except (pa.ArrowInvalid, OSError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise BadInputError(f"{path}: not a readable parquet file ({str(err).splitlines()[0]})") from None
 
 
 def read_parquet_schema(path: str | Path):
@@ -226,8 +233,16 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def read_text(path: str | Path) -> str:
-    with open_text(path) as fh:
-        return fh.read()
+    """A whole UTF-8 text file (a byte-order mark is dropped); bytes that are not UTF-8 raise
+    BadInputError naming the file and line."""
+    with open_binary(path) as fh:
+        data = fh.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise BadInputError(f"{path}:{line}: not UTF-8 text (byte {err.start}: {err.reason}); "
+                            f"convert the file to UTF-8") from None
 
 
 SAMPLE_TOKEN = "{sample}"
@@ -279,7 +294,7 @@ def read_table_file(path: str):
 
     if path.endswith(".parquet"):
         return read_parquet_table(path).to_pandas()
-    with open_text(path) as fh:
+    with open_text(path, encoding="utf-8-sig") as fh:  # a byte-order mark is accepted
         return pd.read_json(fh, lines=True)
 
 

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from datasets.text import load_tokenizer, save_tokenizer
+from datasets.storage import BadInputError
+from datasets.text import save_tokenizer, tokenizer_from_dict
 from models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig
 from models.heads import LEGACY_HEADS, MultitaskModel
 from models.sts_transform import FILE_NAME as STS_FILE
@@ -83,19 +84,43 @@ def read_meta(path: str | Path) -> Dict[str, Any]:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{path} is not a convsts checkpoint: {config_file} is missing")
-    meta = json.loads(config_file.read_text(encoding="utf-8"))
+    meta = _read_json(config_file)
     if meta.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{config_file}: unsupported checkpoint format {meta.get('format')!r}")
+        raise BadInputError(f"{config_file}: unsupported checkpoint format {meta.get('format')!r}")
     return meta
+
+
+def _read_json(file: Path) -> Dict[str, Any]:
+    try:
+        value = json.loads(file.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise BadInputError(f"{file}: not valid JSON ({err}); the checkpoint is damaged") from None
+    if not isinstance(value, dict):
+        raise BadInputError(f"{file}: expected a JSON object; the checkpoint is damaged")
+    return value
+
+
+def _load_weights(file: Path) -> Dict[str, torch.Tensor]:
+    if not file.is_file():
+        raise FileNotFoundError(f"{file.parent} is not a complete checkpoint: {file.name} is missing")
+    try:
+        return load_file(str(file))
+    except Exception as err:  # safetensors raises its own SafetensorError for a cut or corrupt file
+        raise BadInputError(f"{file}: not a readable safetensors file ({err}); the checkpoint is damaged "
+                            f"or was cut short") from None
 
 
 def load_model(path: str | Path) -> tuple[MultitaskModel, Any, Dict[str, Any]]:
     """(model, tokenizer, meta) from a checkpoint folder; the model is in eval mode on CPU."""
     path = Path(path)
     meta = read_meta(path)
-    tokenizer = load_tokenizer(path / "tokenizer.json")
+    tokenizer = tokenizer_from_dict(_read_json(path / "tokenizer.json"))
     model = build_model(model_config_from_dict(meta["model"]), tokenizer, meta.get("heads", LEGACY_HEADS))
-    model.load_state_dict(load_file(str(path / "model.safetensors")))
+    try:
+        model.load_state_dict(_load_weights(path / "model.safetensors"))
+    except RuntimeError as err:  # shapes or names that do not match config.json
+        raise BadInputError(f"{path / 'model.safetensors'}: does not match {path / 'config.json'} "
+                            f"({str(err).splitlines()[0]})") from None
     model.eval()
     return model, tokenizer, meta
 

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from datasets.storage import redact
+
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 
 
@@ -26,19 +28,11 @@ def job_address(address: Optional[str]) -> str:
     return address
 
 
-def _token_available() -> bool:
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return True
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
-    candidate = Path(path) if path else Path.home() / ".ray" / "auth_token"
-    return candidate.is_file() and candidate.stat().st_size > 0
-
-
 def configure_auth() -> str:
     """RAY_AUTH_MODE for this client: as set, else "token" when a token is present, else "disabled"."""
     mode = os.environ.get("RAY_AUTH_MODE")
     if not mode:
-        mode = "token" if _token_available() else "disabled"
+        mode = "token" if _token_source() else "disabled"
         os.environ["RAY_AUTH_MODE"] = mode
         if mode == "token" and "ray._raylet" in sys.modules:
             # Ray reads RAY_AUTH_MODE into its config when first imported; refresh it, as Ray's own
@@ -60,12 +54,27 @@ def job_client(address: Optional[str] = None):
         raise SubmitError(explain(err, url)) from None
 
 
+def _token_source() -> Optional[str]:
+    """Where this client's token comes from, as Ray reads it; None when it has none."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    candidate = Path(path) if path else Path.home() / ".ray" / "auth_token"
+    if candidate.is_file() and candidate.stat().st_size > 0:
+        return str(candidate)
+    return None
+
+
 def explain(err: Exception, url: str) -> str:
-    text = f"{type(err).__name__}: {err}"
+    text = redact(f"{type(err).__name__}: {err}").splitlines()[0]
     if "uthenticat" in text or "401" in text or "403" in text:
-        return (f"the Ray cluster at {url} refused this client ({text.splitlines()[0]}). It uses token "
-                f"authentication: set RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, and RAY_AUTH_MODE=token")
-    return f"cannot reach the Ray job API at {url}: {text.splitlines()[0]}"
+        source = _token_source()
+        if source and os.environ.get("RAY_AUTH_MODE") != "disabled":
+            return (f"the Ray cluster at {url} rejected the token this client sent (from {source}): it is not "
+                    f"the cluster's token; use the one in the head node's ~/.ray/auth_token ({text})")
+        return (f"the Ray cluster at {url} refused this client ({text}). It uses token authentication and no "
+                f"token was sent: set RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, and RAY_AUTH_MODE=token")
+    return f"cannot reach the Ray job API at {url}: {text}"
 
 
 async def _tail(client, job_id: str) -> None:

@@ -46,8 +46,12 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
         ray.init(address=address, **kwargs)
     else:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        # The dashboard (127.0.0.1) serves the state API that Train V2's placement-group cleaner polls.
-        ray.init(num_cpus=num_cpus, **kwargs)
+        # The dashboard serves the state API that Train V2's placement-group cleaner polls; it and
+        # the job API listen on 127.0.0.1 only. Ray 2.60's own gRPC servers (GCS, raylet, workers)
+        # cannot be bound to loopback: they listen on all interfaces and Ray replaces a 127.0.0.1
+        # node address with the machine's (ray/_private/services.py, resolve_ip_for_localhost);
+        # later Ray releases bind them to the node IP (ray-project/ray#59852). docs/reliability.md.
+        ray.init(num_cpus=num_cpus, dashboard_host="127.0.0.1", **kwargs)
 
 
 def tracking_uri(configured: str, out_dir: Optional[str | Path]) -> str:

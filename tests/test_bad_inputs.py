@@ -312,6 +312,80 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(prepared_sample, r
     assert config["run_config"]["data"]["reddit_inputs"] == ["s3://***@bucket/dumps/RC_x.zst?secret_key=***&region=eu"]
 
 
+# ---- 7. one line naming the file for inputs that cannot be read; 9. literal names are not globs
+
+
+def _tiny_checkpoint(path: Path) -> Path:
+    from datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from models import save_checkpoint
+    from models.checkpoint import build_model
+    from models.config import DanConfig, ModelConfig
+
+    tokenizer = DanTokenizer.build(count_words(["a man plays a guitar", "a woman sings"]),
+                                   TokenizerConfig(word_vocab_size=50, bigram_buckets=20))
+    config = ModelConfig(dan=DanConfig(embedding_dim=8, hidden_sizes=[8], output_dim=8), response_hidden=8,
+                         nli_hidden=8)
+    return save_checkpoint(path, build_model(config, tokenizer).eval(), tokenizer, {})
+
+
+def _damage(case: str, root: Path) -> tuple:
+    """Write the bad input of `case` under root; -> (the command's arguments, the expected message)."""
+    dump, out = _dump_lines(6), ["--out", str(root / "prepared")]
+    if case == "empty_file":
+        (root / "RC_empty").write_bytes(b"")
+        return ["-m", "ray_jobs.prepare", "reddit", "--input", str(root / "RC_empty"), *out], "no records in any input"
+    if case == "first_line_not_json":
+        (root / "RC_x").write_bytes(b"id,body\n" + dump)
+        return ["-m", "ray_jobs.prepare", "reddit", "--input", str(root / "RC_x"), *out], "RC_x:1: not NDJSON"
+    if case == "readme_beside_dumps":
+        (root / "dumps").mkdir()
+        (root / "dumps" / "RC_2015-01").write_bytes(dump)
+        (root / "dumps" / "README.md").write_text("# Reddit comments, January 2015\n")
+        return ["-m", "ray_jobs.prepare", "reddit", "--input", str(root / "dumps"), *out], "README.md:1: not NDJSON"
+    if case == "non_utf8_sts":
+        (root / "bad.tsv").write_bytes(b"sentence1\tsentence2\tscore\nA caf\xe9\tb\t3\n")
+        return (["-m", "ray_jobs.evaluate", "--baseline", "tfidf", "--out", str(root / "o"), "--sts",
+                 str(root / "bad.tsv"), "data.cqa_test=''"], "bad.tsv:2: not UTF-8 text")
+    checkpoint = _tiny_checkpoint(root / "ckpt")
+    if case == "truncated_safetensors":
+        weights = checkpoint / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        message = "model.safetensors: not a readable safetensors file"
+    else:
+        (checkpoint / "config.json").write_text("{not json")
+        message = "config.json: not valid JSON"
+    return ["-m", "ray_jobs.evaluate", "--checkpoint", str(checkpoint), "--out", str(root / "o"), "data.cqa_test=''"], \
+        message
+
+
+@pytest.mark.parametrize("case", ["empty_file", "first_line_not_json", "readme_beside_dumps", "non_utf8_sts",
+                                  "truncated_safetensors", "config_not_json"])
+def test_unreadable_inputs_give_one_line_naming_the_file(tmp_path, case):
+    args, expected = _damage(case, tmp_path)
+    result = _run(*args)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and expected in result.stderr, result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_utf8_byte_order_mark_is_accepted(ray_session, tmp_path):
+    from ray_jobs.tasks import get_task
+
+    dump = tmp_path / "RC_bom"
+    dump.write_bytes(b"\xef\xbb\xbf" + _dump_lines(6))
+    m = get_task("reddit").prepare([str(dump)], str(tmp_path / "out"), load_config(None, ["data.test_share=0"]))
+    assert m["lines_read"] == 6 and m["malformed"] == 0 and m["pairs"] == 3
+
+
+def test_a_literal_file_name_with_brackets_is_that_file(tmp_path):
+    from datasets.storage import expand_inputs
+
+    for name in ("RC_[1]", "RC_1", "RC_2"):
+        (tmp_path / name).write_bytes(_dump_lines(2))
+    assert expand_inputs([str(tmp_path / "RC_[1]")]) == [str(tmp_path / "RC_[1]")]  # not RC_1, as a glob reads it
+    assert expand_inputs([str(tmp_path / "RC_[12]")]) == [str(tmp_path / "RC_1"), str(tmp_path / "RC_2")]
+
+
 # ---- 11. numerical faults
 
 

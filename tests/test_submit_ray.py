@@ -36,6 +36,11 @@ def test_submit_training_job_with_token_auth(tmp_path):
         # Without the token the client is refused, with a message that says what to do.
         refused = convsts(["jobs", "list"], client_env(tmp_path, head["address"]))
         assert refused.returncode == 2 and "token authentication" in refused.stderr, refused.stderr
+        assert "no token was sent" in refused.stderr
+        # A wrong token is named as rejected, not as missing.
+        wrong = convsts(["jobs", "list"], client_env(tmp_path, head["address"], RAY_AUTH_TOKEN=secrets.token_hex(16)))
+        assert wrong.returncode == 2 and "rejected the token this client sent (from RAY_AUTH_TOKEN)" in wrong.stderr, \
+            wrong.stderr
 
         env = client_env(tmp_path, head["address"], RAY_AUTH_TOKEN=token)
         out = tmp_path / "job_out"

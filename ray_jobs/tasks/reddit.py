@@ -7,6 +7,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from datasets import storage
+from datasets.storage import BadInputError
 from models.losses import in_batch_accuracy, in_batch_softmax_loss
 from ray_jobs.tasks.base import Task, fields
 
@@ -30,9 +31,13 @@ class RedditTask(Task):
         files = storage.expand_inputs(inputs)
         fmt = cfg.data.reddit_format
         formats = {f: (reddit.detect_format(f) if fmt == "auto" else fmt) for f in files}
-        kinds = set(formats.values())
+        kinds = {kind for kind in formats.values() if kind is not None}
+        if not kinds:
+            raise BadInputError(f"no records in any input ({', '.join(files)})")
+        for f in [f for f, kind in formats.items() if kind is None]:
+            log.warning("reddit: %s has no records (0 lines counted)", f)
         if len(kinds) != 1:
-            raise ValueError(f"mixed input formats {sorted(kinds)}; prepare them separately: {formats}")
+            raise BadInputError(f"mixed input formats {sorted(kinds)}; prepare them separately: {formats}")
         kind = kinds.pop()
         if storage.has_entries(out_dir):
             raise FileExistsError(f"{out_dir} is not empty; choose a new --out folder")
