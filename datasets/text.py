@@ -4,6 +4,7 @@ checkpoint alone can encode new text.
 DAN: word ids from a frequency vocabulary built on the training data, and bigram ids hashed into
 a fixed number of buckets (crc32, stable across machines, unlike Python's `hash`).
 Transformer: a WordPiece vocabulary trained with Hugging Face `tokenizers`.
+Pretrained: the pretrained model's own tokenizer.json, loaded with Hugging Face `tokenizers`.
 """
 
 from __future__ import annotations
@@ -166,8 +167,56 @@ class SubwordTokenizer:
         return cls(data["hf_tokenizer"], TokenizerConfig(**data["config"]))
 
 
+class PretrainedTokenizer:
+    """A pretrained model's own tokenizer (its tokenizer.json, Hugging Face `tokenizers`): ids with
+    the model's special tokens ([CLS] ... [SEP]), at most `max_words` of them, padded with its pad id."""
+
+    kind = "pretrained"
+    fits_from_counts = False
+
+    def __init__(self, hf_json: str, config: TokenizerConfig):
+        from tokenizers import Tokenizer
+
+        self.config = config
+        self._hf_json = hf_json
+        self._tok = Tokenizer.from_str(hf_json)
+        self._tok.no_padding()
+        self._tok.enable_truncation(max_length=config.max_words)
+        padding = json.loads(hf_json).get("padding") or {}
+        self.pad_id = int(padding.get("pad_id", self._tok.token_to_id("[PAD]") or 0))
+
+    @classmethod
+    def from_model(cls, model_config, config: TokenizerConfig) -> "PretrainedTokenizer":
+        """The tokenizer of the weights that `model.pretrained.path` names."""
+        from datasets.storage import pretrained_folder
+
+        folder = pretrained_folder(model_config.pretrained.path)
+        return cls((folder / "tokenizer.json").read_text(encoding="utf-8"), config)
+
+    @property
+    def num_words(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, texts: Sequence[str], width: int | None = None) -> Dict[str, np.ndarray]:
+        encodings = self._tok.encode_batch([normalize(t, lowercase=False) for t in texts])
+        id_lists = [e.ids for e in encodings]
+        width = width or max([len(i) for i in id_lists] + [1])
+        ids = np.full((len(texts), width), self.pad_id, dtype=np.int64)  # (B, L)
+        for row, seq in enumerate(id_lists):
+            seq = seq[:width]
+            ids[row, : len(seq)] = seq
+        return {"ids": ids}
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "config": asdict(self.config), "hf_tokenizer": self._hf_json}
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "PretrainedTokenizer":
+        return cls(data["hf_tokenizer"], TokenizerConfig(**data["config"]))
+
+
 # Tokenizer kind (an encoder's `tokenizer_kind`) -> class.
-TOKENIZERS = {DanTokenizer.kind: DanTokenizer, SubwordTokenizer.kind: SubwordTokenizer}
+TOKENIZERS = {cls.kind: cls for cls in (DanTokenizer, SubwordTokenizer, PretrainedTokenizer)}
 
 
 def tokenizer_from_dict(data: Dict[str, Any]):

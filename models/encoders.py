@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig
+from models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
 
 Inputs = Dict[str, torch.Tensor]
 
@@ -175,12 +175,96 @@ class BiLstmMaxEncoder(nn.Module):
         return F.normalize(self.projection(pooled), dim=-1)  # (B, output_dim)
 
 
+class PretrainedEncoder(nn.Module):
+    """A BERT-family model (Hugging Face `transformers`) pooled over its non-padding tokens, with
+    an optional linear projection. Built from the weights' folder the first time; from the
+    architecture stored in the checkpoint (`hf_config`) when a checkpoint is loaded."""
+
+    tokenizer_kind = "pretrained"  # the model's own tokenizer.json
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, num_words: int, num_bigrams: int) -> "PretrainedEncoder":
+        return cls(config.pretrained)
+
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        from transformers import AutoConfig, AutoModel
+
+        if config.pooling not in POOLINGS:
+            raise ValueError(f"model.pretrained.pooling: expected {'|'.join(POOLINGS)}, got {config.pooling!r}")
+        self.config = config
+        if config.hf_config:  # a checkpoint: its own weights follow (load_state_dict)
+            hf_config = AutoConfig.for_model(**config.hf_config)
+            self.model = AutoModel.from_config(hf_config, add_pooling_layer=False)
+        else:
+            from datasets.storage import pretrained_folder
+
+            self.model = _quietly(AutoModel.from_pretrained, str(pretrained_folder(config.path)), add_pooling_layer=False)
+            config.hf_config = self.model.config.to_diff_dict()
+        hidden = self.model.config.hidden_size
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+        self.projection = nn.Linear(hidden, config.output_dim) if config.output_dim else nn.Identity()
+        self._freeze(config.train_layers)
+
+    def _freeze(self, train_layers: int) -> None:
+        if train_layers < 0:
+            return
+        layers = list(self.model.encoder.layer)
+        frozen = [self.model.embeddings, *layers[: max(0, len(layers) - train_layers)]]
+        for module in frozen:
+            for p in module.parameters():
+                p.requires_grad_(False)
+
+    @property
+    def output_dim(self) -> int:
+        return self.config.output_dim or self.model.config.hidden_size
+
+    def sparse_parameters(self) -> List[nn.Parameter]:
+        return []
+
+    def forward(self, inputs: Inputs) -> torch.Tensor:
+        ids = inputs["ids"]  # (B, L) the model's token ids, padded with its pad id
+        mask = ids != self.pad_id  # (B, L)
+        used = int(mask.sum(1).max()) if ids.numel() else 0  # trailing all-padding columns cost only time
+        ids, mask = ids[:, : max(1, used)], mask[:, : max(1, used)]
+        x = self.model(input_ids=ids, attention_mask=mask.long()).last_hidden_state  # (B, L, H)
+        weights = mask.unsqueeze(-1).to(x.dtype)  # (B, L, 1)
+        if self.config.pooling == "cls":
+            pooled = x[:, 0]  # (B, H)
+        elif self.config.pooling == "max":
+            pooled = x.masked_fill(~mask.unsqueeze(-1), torch.finfo(x.dtype).min).max(1).values  # (B, H)
+            pooled = pooled * mask.any(1, keepdim=True)  # an all-padding row pools to zeros
+        else:
+            pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, H)
+        return F.normalize(self.projection(pooled), dim=-1)  # (B, output_dim)
+
+
+POOLINGS = ("mean", "cls", "max")
+
+
+def _quietly(load, *args, **kwargs):
+    """`transformers` loading without its progress bar and load report (the weights of the
+    pooling layer that mean pooling leaves out are reported as unexpected)."""
+    from transformers.utils import logging as hf_logging
+
+    level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        return load(*args, **kwargs)
+    finally:
+        hf_logging.set_verbosity(level)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
 # `model.encoder` name -> encoder class. A new family is one class with the interface above, an
 # entry here, and its architecture dataclass as a field of models.config.ModelConfig.
 ENCODERS: Dict[str, type] = {
     "dan": DanEncoder,
     "transformer": TransformerSentenceEncoder,
     "bilstm": BiLstmMaxEncoder,
+    "pretrained": PretrainedEncoder,
 }
 
 

@@ -6,13 +6,13 @@ import torch
 import torch.nn.functional as F
 
 
-def in_batch_softmax_loss(context: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
+def in_batch_softmax_loss(context: torch.Tensor, response: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """Each response is the positive for its own context and a negative for the other K-1.
 
-    context, response: (K, D). Scores are dot products; the loss is the mean over the K contexts
-    of -log softmax(scores[i])[i].
+    context, response: (K, D). Scores are dot products times `scale`; the loss is the mean over
+    the K contexts of -log softmax(scores[i])[i].
     """
-    scores = context @ response.T  # (K, K)
+    scores = scale * (context @ response.T)  # (K, K)
     targets = torch.arange(scores.shape[0], device=scores.device)  # (K,)
     return F.cross_entropy(scores, targets)
 

@@ -57,6 +57,10 @@ class StageConfig:
     lr: float = 0.01
 
 
+OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw")
+PRECISIONS = ("fp32", "bf16")
+
+
 @dataclass
 class TrainerConfig:
     steps: int = 1000
@@ -70,8 +74,13 @@ class TrainerConfig:
             StageConfig(1_000_000, 256, 0.001),
         ]
     )
-    optimizer: str = "sgd"  # sgd | adagrad | adam (adam uses SparseAdam for sparse tables)
+    optimizer: str = "sgd"  # sgd | adagrad | adam | adamw (adam/adamw use SparseAdam for sparse tables)
     momentum: float = 0.0
+    weight_decay: float = 0.0  # adamw's decoupled weight decay (dense parameters)
+    # The lr rises linearly from 0 to the first stage's lr over this many steps; 0 = no warm-up.
+    warmup_steps: int = 0
+    # "bf16": the forward pass and the loss under bfloat16 autocast (weights and optimizer in fp32).
+    precision: str = "fp32"  # fp32 | bf16
     # lr of dense parameters (encoder DNN, heads) = stage lr x this; embedding tables get the stage lr.
     dense_lr_scale: float = 1.0
     grad_clip: float = 0.0  # 0 = off
@@ -134,8 +143,8 @@ class RunConfig:
             raise ConfigError(f"data.snli_fraction: expected a value in (0, 1], got {self.data.snli_fraction}")
         if not 0.0 <= self.data.test_share < 1.0:
             raise ConfigError(f"data.test_share: expected a value in [0, 1), got {self.data.test_share}")
-        if self.trainer.optimizer not in ("sgd", "adagrad", "adam"):
-            raise ConfigError(f"trainer.optimizer: expected sgd|adagrad|adam, got {self.trainer.optimizer!r}")
+        if self.trainer.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"trainer.optimizer: expected {'|'.join(OPTIMIZERS)}, got {self.trainer.optimizer!r}")
         weights = self.trainer.task_weights
         if not weights:
             raise ConfigError("trainer.task_weights: give at least one task, e.g. {reddit: 0.95, snli: 0.05}")
@@ -162,6 +171,8 @@ class RunConfig:
 
     def _validate_numbers(self) -> None:
         """Every number a run uses is in its range before Ray starts (one line naming the key)."""
+        from models.encoders import POOLINGS
+
         t, m = self.trainer, self.model
 
         def need(ok: bool, key: str, rule: str, value) -> None:
@@ -179,6 +190,16 @@ class RunConfig:
         need(t.max_failures >= 0, "trainer.max_failures", ">= 0", t.max_failures)
         need(math.isfinite(t.grad_clip) and t.grad_clip >= 0, "trainer.grad_clip", "finite and >= 0 (0 = off)", t.grad_clip)
         need(math.isfinite(t.momentum) and 0 <= t.momentum < 1, "trainer.momentum", "in [0, 1)", t.momentum)
+        need(math.isfinite(t.weight_decay) and t.weight_decay >= 0, "trainer.weight_decay", "finite and >= 0",
+             t.weight_decay)
+        need(t.warmup_steps >= 0, "trainer.warmup_steps", ">= 0 (0 = off)", t.warmup_steps)
+        need(t.precision in PRECISIONS, "trainer.precision", "|".join(PRECISIONS), t.precision)
+        need(m.pretrained.pooling in POOLINGS, "model.pretrained.pooling", "|".join(POOLINGS), m.pretrained.pooling)
+        need(m.pretrained.output_dim >= 0, "model.pretrained.output_dim", ">= 0 (0 = no projection)",
+             m.pretrained.output_dim)
+        need(m.pretrained.train_layers >= -1, "model.pretrained.train_layers", ">= -1 (-1 = all)",
+             m.pretrained.train_layers)
+        finite_positive("model.score_scale", m.score_scale)
         finite_positive("trainer.dense_lr_scale", t.dense_lr_scale)
         for i, stage in enumerate(t.stages):
             need(stage.batch_size >= 1, f"trainer.stages[{i}].batch_size", ">= 1", stage.batch_size)

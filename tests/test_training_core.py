@@ -129,13 +129,13 @@ def test_one_worker_draws_both_tasks_and_logs_each():
 
 def test_registries_list_the_built_in_tasks_and_encoders():
     assert builtin_tasks() == ["reddit", "snli"]
-    assert set(ENCODERS) == {"dan", "transformer", "bilstm"}
+    assert set(ENCODERS) == {"dan", "transformer", "bilstm", "pretrained"}
     for name in builtin_tasks():
         task = get_task(name)
         assert task.name == name and task.head and len(task.pair) == 2
     with pytest.raises(ConfigError, match="trainer.task_weights.mnli: unknown task 'mnli'"):
         load_config(None, ["trainer.task_weights={mnli: 1.0}"])
-    with pytest.raises(ConfigError, match="model.encoder: expected dan\\|transformer\\|bilstm"):
+    with pytest.raises(ConfigError, match="model.encoder: expected dan\\|transformer\\|bilstm\\|pretrained"):
         load_config(None, ["model.encoder=gpt"])
 
 

@@ -38,9 +38,11 @@ def _count_batch(batch: Dict[str, np.ndarray], columns: Sequence[str], lowercase
 def build_tokenizer(cfg: RunConfig, prepared_root: str):
     """The tokenizer the encoder needs, fitted on the training text of every task in the vocabulary
     (prepared_tasks: those trained plus those in every vocabulary), counted or trained in Ray Data."""
+    tokenizer_class = TOKENIZERS[encoder_class(cfg.model.encoder).tokenizer_kind]
+    if hasattr(tokenizer_class, "from_model"):  # a pretrained model's own tokenizer: nothing to fit
+        return tokenizer_class.from_model(cfg.model, cfg.tokenizer)
     tasks = prepared_tasks(cfg)
     sources = [(task.train_rows(cfg, prepared_root), list(task.pair)) for task in tasks.values()]
-    tokenizer_class = TOKENIZERS[encoder_class(cfg.model.encoder).tokenizer_kind]
     if not tokenizer_class.fits_from_counts:
         def texts():
             for ds, cols in sources:

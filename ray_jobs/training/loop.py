@@ -50,14 +50,15 @@ class TrainLoop:
         self.my_tasks = plan.tasks_of(rank)
         self.leaders = {t: plan.leader(t) for t in plan.tasks}
         self.combiner = GradientCombiner(plan, rank)
-        self.schedule = StageSchedule(cfg.trainer.stages)
+        self.schedule = StageSchedule(cfg.trainer.stages, cfg.trainer.warmup_steps)
         self.start = self.step = state.step if state else 0
         self.stage = self.schedule.at(self.step)
-        self.optimizers = Optimizers.build(cfg.trainer, model, self.my_tasks, self.stage.lr)
+        self.lr = self.schedule.lr_at(self.step)
+        self.optimizers = Optimizers.build(cfg.trainer, model, self.my_tasks, self.lr)
         positions: Dict[str, Dict[str, int]] = {}
         if state:
             state.load_optimizers(self.optimizers)
-            self.optimizers.set_lr(self.stage.lr)
+            self.optimizers.set_lr(self.lr)
             positions = state.positions_of(rank, plan.world_size)
         self.streams = self._open_streams(self.stage.batch_size, positions)
         self.task_gen = torch.Generator().manual_seed(cfg.seed + self.start)
@@ -108,7 +109,7 @@ class TrainLoop:
         metrics = self.window.summary([t for t in self.my_tasks if self.leaders[t] == self.rank])
         if self.rank == 0:
             metrics["step_time_s"] = self.window.seconds() / trainer.log_every
-            metrics["lr"] = self.stage.lr
+            metrics["lr"] = self.lr
         if metrics:
             eta = (time.time() - run_start) / (self.step - self.start) * (trainer.steps - self.step)
             shown = " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if "/" in k)
@@ -128,12 +129,15 @@ class TrainLoop:
             stage = self.schedule.at(self.step)
             if stage is not self.stage:
                 self.stage = stage
-                self.optimizers.set_lr(stage.lr)
                 self.streams = self._open_streams(stage.batch_size, {})
+            lr = self.schedule.lr_at(self.step)
+            if lr != self.lr:  # a stage change, or a warm-up step
+                self.lr = lr
+                self.optimizers.set_lr(lr)
             name = self._next_task()
             batch = next(self.streams[name])
             loss, accuracy = train_step(self.model, self.tasks[name], batch, self.optimizers, self.combiner,
-                                        trainer.grad_clip)
+                                        trainer.grad_clip, trainer.precision)
             self.step += 1
             self.bad = self.bad.to(loss.device) | ~torch.isfinite(loss)
             self.window_steps.append(((self.step, name), loss))

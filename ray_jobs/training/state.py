@@ -44,10 +44,19 @@ def restore(model, checkpoint_dir: Optional[str] = None, resume_from: Optional[s
 
 
 class StageSchedule:
-    """Piecewise-constant (batch size, lr) stages from trainer.stages."""
+    """Piecewise-constant (batch size, lr) stages from trainer.stages, the lr rising linearly from
+    0 over the first `warmup_steps` steps."""
 
-    def __init__(self, stages: Sequence[StageConfig]):
+    def __init__(self, stages: Sequence[StageConfig], warmup_steps: int = 0):
         self.stages = list(stages)
+        self.warmup_steps = warmup_steps
+
+    def lr_at(self, step: int) -> float:
+        """The lr of the step that follows `step` steps done."""
+        lr = self.at(step).lr
+        if step < self.warmup_steps:
+            return lr * (step + 1) / self.warmup_steps
+        return lr
 
     def at(self, step: int) -> StageConfig:
         current = self.stages[0]

@@ -39,8 +39,12 @@ def make_optimizer(trainer: TrainerConfig, params: Sequence[torch.nn.Parameter],
         return [torch.optim.Adagrad(groups, lr=lr)]
     opts: List[torch.optim.Optimizer] = []
     for group in groups:  # Adam cannot take sparse gradients: SparseAdam for the tables
-        opt_class = torch.optim.SparseAdam if group["params"] is tables else torch.optim.Adam
-        opts.append(opt_class([group], lr=group["lr"]))
+        if group["params"] is tables:
+            opts.append(torch.optim.SparseAdam([group], lr=group["lr"]))
+        elif trainer.optimizer == "adamw":
+            opts.append(torch.optim.AdamW([group], lr=group["lr"], weight_decay=trainer.weight_decay))
+        else:
+            opts.append(torch.optim.Adam([group], lr=group["lr"]))
     return opts
 
 
@@ -60,8 +64,11 @@ class Optimizers:
     @classmethod
     def build(cls, trainer: TrainerConfig, model, tasks: Sequence[str], lr: float) -> "Optimizers":
         sparse = model.sparse_parameters()
-        return cls(make_optimizer(trainer, list(model.encoder.parameters()), sparse, lr),
-                   {t: make_optimizer(trainer, list(model.heads[t].parameters()), sparse, lr) for t in tasks})
+        def trainable(module) -> List[torch.nn.Parameter]:  # frozen layers (requires_grad False) left out
+            return [p for p in module.parameters() if p.requires_grad]
+
+        return cls(make_optimizer(trainer, trainable(model.encoder), sparse, lr),
+                   {t: make_optimizer(trainer, trainable(model.heads[t]), sparse, lr) for t in tasks})
 
     def all(self) -> List[torch.optim.Optimizer]:
         return self.encoder + [o for opts in self.heads.values() for o in opts]
@@ -74,12 +81,16 @@ class Optimizers:
 
 
 def train_step(model, task, batch: Dict[str, torch.Tensor], optimizers: Optimizers, combiner: GradientCombiner,
-               grad_clip: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+               grad_clip: float = 0.0, precision: str = "fp32") -> Tuple[torch.Tensor, torch.Tensor]:
     """One update on `task`'s batch; returns (loss, accuracy) as detached 0-dim tensors on the
-    model's device (reading them is the caller's choice: it waits for the device)."""
+    model's device (reading them is the caller's choice: it waits for the device). With precision
+    "bf16" the forward pass and loss run under bfloat16 autocast; gradients and weights stay fp32."""
     for opt in optimizers.all():
         opt.zero_grad(set_to_none=True)
-    loss, accuracy = task.loss(model, batch)
+    device = next(model.parameters()).device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        loss, accuracy = task.loss(model, batch)
+    loss = loss.float()
     loss.backward()
     combiner.combine(model, task.name)
     if grad_clip > 0:

