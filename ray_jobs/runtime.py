@@ -93,6 +93,22 @@ def find_user_error(exc: BaseException) -> Optional[BaseException]:
     return first
 
 
+# Ray Data logs a failed task's traceback (and calls it an internal error) before raising it to
+# the caller; for a user error that the command reports in one line, those records are dropped.
+RAY_DATA_ERROR_LOGGERS = ("ray.data._internal.execution.streaming_executor_state", "ray.data.exceptions")
+
+
+class UserErrorLogFilter(logging.Filter):
+    """Drops log records about an exception (attached, or being handled while logging) that is an
+    expected user error: run_main prints it as one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import sys
+
+        exc = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
+        return exc is None or find_user_error(exc) is None
+
+
 def run_main(command: str, main, argv=None) -> int:
     """Run a command's main: an expected user error prints one line naming the file, row or key
     and exits 2, without a traceback; `--debug` (or CONVSTS_DEBUG=1) shows the traceback instead."""
@@ -101,6 +117,9 @@ def run_main(command: str, main, argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("CONVSTS_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
+    if not debug:
+        for name in RAY_DATA_ERROR_LOGGERS:
+            logging.getLogger(name).addFilter(UserErrorLogFilter())
     try:
         return int(main(argv) or 0)
     except Exception as exc:
