@@ -118,6 +118,16 @@ class DanTokenizer:
         return cls(data["vocab"], TokenizerConfig(**data["config"]))
 
 
+def padded_ids(id_lists: Sequence[Sequence[int]], width: int | None, pad_id: int) -> np.ndarray:
+    """(B, L) int64 ids, each row cut or padded with `pad_id` to `width` (default: the longest)."""
+    width = width or max([len(i) for i in id_lists] + [1])
+    ids = np.full((len(id_lists), width), pad_id, dtype=np.int64)  # (B, L)
+    for row, seq in enumerate(id_lists):
+        seq = seq[:width]
+        ids[row, : len(seq)] = seq
+    return ids
+
+
 class SubwordTokenizer:
     """WordPiece ids for the Transformer, trained with Hugging Face `tokenizers` on training text."""
 
@@ -151,13 +161,7 @@ class SubwordTokenizer:
     def encode(self, texts: Sequence[str], width: int | None = None) -> Dict[str, np.ndarray]:
         encodings = self._tok.encode_batch([normalize(t, lowercase=False) for t in texts])
         limit = self.config.max_words
-        id_lists = [e.ids[:limit] for e in encodings]
-        width = width or max([len(i) for i in id_lists] + [1])
-        ids = np.zeros((len(texts), width), dtype=np.int64)  # (B, L); [PAD] is id 0
-        for row, seq in enumerate(id_lists):
-            seq = seq[:width]
-            ids[row, : len(seq)] = seq
-        return {"ids": ids}
+        return {"ids": padded_ids([e.ids[:limit] for e in encodings], width, PAD_ID)}  # [PAD] is id 0
 
     def to_dict(self) -> Dict[str, Any]:
         return {"kind": self.kind, "config": asdict(self.config), "hf_tokenizer": self._hf_json}
@@ -180,10 +184,10 @@ class PretrainedTokenizer:
         self.config = config
         self._hf_json = hf_json
         self._tok = Tokenizer.from_str(hf_json)
+        padding = self._tok.padding or {}  # the model's own padding settings, read before turning them off
+        self.pad_id = int(padding.get("pad_id", self._tok.token_to_id("[PAD]") or 0))
         self._tok.no_padding()
         self._tok.enable_truncation(max_length=config.max_words)
-        padding = json.loads(hf_json).get("padding") or {}
-        self.pad_id = int(padding.get("pad_id", self._tok.token_to_id("[PAD]") or 0))
 
     @classmethod
     def from_model(cls, model_config, config: TokenizerConfig) -> "PretrainedTokenizer":
@@ -199,13 +203,7 @@ class PretrainedTokenizer:
 
     def encode(self, texts: Sequence[str], width: int | None = None) -> Dict[str, np.ndarray]:
         encodings = self._tok.encode_batch([normalize(t, lowercase=False) for t in texts])
-        id_lists = [e.ids for e in encodings]
-        width = width or max([len(i) for i in id_lists] + [1])
-        ids = np.full((len(texts), width), self.pad_id, dtype=np.int64)  # (B, L)
-        for row, seq in enumerate(id_lists):
-            seq = seq[:width]
-            ids[row, : len(seq)] = seq
-        return {"ids": ids}
+        return {"ids": padded_ids([e.ids for e in encodings], width, self.pad_id)}
 
     def to_dict(self) -> Dict[str, Any]:
         return {"kind": self.kind, "config": asdict(self.config), "hf_tokenizer": self._hf_json}

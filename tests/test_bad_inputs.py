@@ -422,23 +422,14 @@ def test_nan_embeddings_make_the_retrieval_and_sts_metrics_nan():
 
 def test_a_nan_loss_stops_training_naming_the_step_and_task_and_saves_nothing():
     import test_training_core as core
-    from ray_jobs.tasks.snli import SnliTask
     from ray_jobs.training.loop import LoopHooks, NonFiniteLossError
-
-    class NanAtStep3(SnliTask):
-        calls = 0
-
-        def loss(self, model, batch):
-            NanAtStep3.calls += 1
-            loss, acc = super().loss(model, batch)
-            return (loss * float("nan") if NanAtStep3.calls == 3 else loss), acc
 
     cfg = load_config(None, core.TINY + ["trainer.task_weights={snli: 1.0}", "trainer.steps=8", "trainer.log_every=4",
                                          "trainer.checkpoint_every=4",
                                          "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.001}]"])
     saved = []
     loop, _, _ = core._loop(cfg, hooks=LoopHooks(checkpoint=lambda step, m, s: saved.append(step), say=lambda line: None))
-    loop.tasks["snli"] = NanAtStep3()
+    loop.tasks["snli"] = core.snli_with_nan_loss_at(3)
     with pytest.raises(NonFiniteLossError, match="non-finite snli loss .* at step 3"):
         loop.run()
     assert saved == []  # the step-4 checkpoint of a diverged model was never written

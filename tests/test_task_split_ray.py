@@ -95,16 +95,7 @@ def _nan_worker(config):
     import ray.train
 
     import test_training_core as core
-    from ray_jobs.tasks.snli import SnliTask
     from ray_jobs.training.loop import LoopHooks
-
-    class NanAtStep3(SnliTask):
-        calls = 0
-
-        def loss(self, model, batch):
-            NanAtStep3.calls += 1
-            loss, acc = super().loss(model, batch)
-            return (loss * float("nan") if NanAtStep3.calls == 3 else loss), acc
 
     rank = ray.train.get_context().get_world_rank()
     cfg = load_config(None, core.TINY + ["trainer.steps=8", "trainer.log_every=4", "trainer.checkpoint_every=4",
@@ -127,7 +118,7 @@ def _nan_worker(config):
     saved = []
     loop = TrainLoop(cfg, model, plan, rank, open_stream,
                      LoopHooks(checkpoint=lambda step, m, s: saved.append(step), say=lambda line: None))
-    loop.tasks["snli"] = NanAtStep3()
+    loop.tasks["snli"] = core.snli_with_nan_loss_at(3)
     try:
         loop.run()
     except Exception as err:  # every rank stops at the same check; none waits in a checkpoint

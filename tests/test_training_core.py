@@ -37,6 +37,21 @@ def _tokenizer(cfg):
     return DanTokenizer.build(count_words(texts), cfg.tokenizer)
 
 
+def snli_with_nan_loss_at(call: int):
+    """The SNLI task, except that the loss of its `call`-th step is NaN (a fresh counter each time)."""
+    from ray_jobs.tasks.snli import SnliTask
+
+    class NanLoss(SnliTask):
+        calls = 0
+
+        def loss(self, model, batch):
+            NanLoss.calls += 1
+            loss, acc = super().loss(model, batch)
+            return (loss * float("nan") if NanLoss.calls == call else loss), acc
+
+    return NanLoss()
+
+
 def _loop(cfg, state=None, hooks=None, model=None):
     tokenizer = _tokenizer(cfg)
     seed_everything(cfg.seed)
