@@ -1,7 +1,7 @@
 """Training throughput: the Ray Train job against a plain single-process PyTorch loop on the same
 model, config and prepared data; and 2 workers against 1.
 
-  .venv/bin/python bench/train_throughput.py [--config configs/demo.yaml] [--prepared DIR] [--steps 300]
+  .venv/bin/python bench/train_throughput.py [--config configs/demo_dan.yaml] [--prepared DIR] [--steps 300]
 
 Prints steady-state pairs/s (median step time after warm-up; Ray's start-up is reported
 separately) and the ratios. The plain loop tokenizes with the same tokenizer and draws each
@@ -73,7 +73,7 @@ def ray_job(cfg, prepared: Path, workers: int, steps: int, out: Path) -> tuple[f
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/demo.yaml")
+    parser.add_argument("--config", default="configs/demo_dan.yaml")
     parser.add_argument("--prepared", default=None, help="prepared shards (default: prepare the config's data)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=20)

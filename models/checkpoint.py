@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -147,16 +147,29 @@ class SentenceEncoder:
     def dim(self) -> int:
         return self.model.encoder.output_dim
 
-    def _inputs(self, texts: Sequence[str]) -> Dict[str, torch.Tensor]:
+    SORT_WINDOW = 64  # batches tokenized and sorted by length together (bounds the token arrays' memory)
+
+    def _embed_sorted(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
+        """(n, dim): the texts tokenized once, encoded longest first in batches cut to their own
+        longest row (little padding for the Transformer and the pretrained encoder), input order restored."""
         device = next(self.model.parameters()).device  # token tensors follow the model
-        return {k: torch.from_numpy(v).to(device) for k, v in self.tokenizer.encode(list(texts)).items()}
+        tokens = self.tokenizer.encode(list(texts))  # {name: (n, L)}
+        first = next(iter(tokens.values()))
+        lengths = (first != getattr(self.tokenizer, "pad_id", 0)).sum(1)  # (n,)
+        order = np.argsort(-lengths, kind="stable")  # (n,)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(texts), batch_size):
+            rows = order[start : start + batch_size]
+            width = max(1, int(lengths[rows].max()))
+            inputs = {k: torch.from_numpy(np.ascontiguousarray(v[rows, :width])).to(device) for k, v in tokens.items()}
+            out[rows] = self.model.encode(inputs).float().cpu().numpy()  # (b, dim)
+        return out
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str], batch_size: int = 256, tuned: bool = False) -> np.ndarray:
         """(n, dim) normalized embeddings; `tuned=True` applies the STS matrix saved by `convsts evaluate`."""
-        chunks: List[np.ndarray] = []
-        for start in range(0, len(texts), batch_size):
-            chunks.append(self.model.encode(self._inputs(texts[start : start + batch_size])).float().cpu().numpy())
+        window = batch_size * self.SORT_WINDOW
+        chunks = [self._embed_sorted(texts[i : i + window], batch_size) for i in range(0, len(texts), window)]
         emb = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros((0, self.dim), dtype=np.float32)
         if tuned:
             transform = load_sts_transform(self.path) if self.path else None

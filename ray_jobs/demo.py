@@ -1,8 +1,12 @@
 """`convsts demo --out DIR`: the whole pipeline on the embedded sample, on a local Ray instance.
 
-prepare (Ray Data) -> multitask DAN training (Ray Train, one worker per task) -> checkpoint ->
-evaluation (STS-B dev/test, Reddit P@N, SNLI dev, CQA MAP; bag-of-words and TF-IDF baselines) ->
-one MLflow run (sqlite store in DIR) -> DIR/results.json and a results table.
+prepare (Ray Data) -> multitask training (Ray Train, one worker per task) -> checkpoint ->
+evaluation (STS-B dev/test raw and tuned, Reddit P@N, SNLI dev, CQA MAP) of the trained encoder,
+of the same encoder untrained and of the bag-of-words and TF-IDF baselines -> one MLflow run
+(sqlite store in DIR) -> DIR/results.json and a results table.
+
+  convsts demo --out DIR                    # all-MiniLM-L6-v2 fine-tuned (configs/demo.yaml)
+  convsts demo --encoder dan --out DIR      # the paper's DAN from scratch (configs/demo_dan.yaml)
 """
 
 from __future__ import annotations
@@ -13,16 +17,20 @@ import time
 from pathlib import Path
 from typing import Dict, Sequence
 
-from datasets.storage import redact
+from datasets.storage import redact, redact_tree
+from models.checkpoint import load_model, save_checkpoint
 from ray_jobs import tracking
-from ray_jobs.config import RunConfig, flatten, load_config
+from ray_jobs.config import RunConfig, flatten, from_dict, load_config
 from ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evaluation
 from ray_jobs.evaluation.scorers import LexicalScorer
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
 from ray_jobs.tasks import prepared_tasks
 from ray_jobs.training.run import prepare_all, run_training
+from ray_jobs.training.state import initial_model
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+DEMO_CONFIGS = {"pretrained": CONFIGS / "demo.yaml", "dan": CONFIGS / "demo_dan.yaml"}  # --encoder: its config
+DEFAULT_ENCODER = "pretrained"
 
 
 def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = LexicalScorer.KINDS) -> Dict[str, object]:
@@ -46,15 +54,21 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = Lex
         log.info("[3/4] evaluating %s", trained.checkpoint)
         results = run_evaluation(cfg, out_dir / "eval", checkpoint=str(trained.checkpoint), prepared_dir=prepared,
                                  run_id=run_id, mlflow_uri=uri)
-        columns = {"model": {k: v for k, v in results.items() if isinstance(v, float)}}
-        log.info("[4/4] baselines: %s", ", ".join(baselines))
+        trained_name = f"{cfg.model.encoder}, {cfg.trainer.steps} steps"
+        columns = {trained_name: {k: v for k, v in results.items() if isinstance(v, float)}}
+        log.info("[4/4] the same encoder untrained (trainer.steps=0) and the baselines: %s", ", ".join(baselines))
+        untrained = save_untrained(cfg, trained.checkpoint, out_dir / "untrained")
+        others = {UNTRAINED: run_evaluation(cfg, out_dir / "eval_untrained", checkpoint=str(untrained),
+                                            prepared_dir=prepared, log_to_mlflow=False)}
         for name in baselines:
-            base = run_evaluation(cfg, out_dir / f"baseline_{name}", baseline=name, prepared_dir=prepared,
-                                  log_to_mlflow=False)
-            columns[name] = {k: v for k, v in base.items() if isinstance(v, float)}
-        flat: Dict[str, object] = dict(columns["model"])
-        for name in baselines:
-            flat.update({f"baseline/{name}/{k}": v for k, v in columns[name].items()})
+            others[name] = run_evaluation(cfg, out_dir / f"baseline_{name}", baseline=name, prepared_dir=prepared,
+                                          log_to_mlflow=False)
+        flat: Dict[str, object] = dict(columns[trained_name])
+        for name, metrics in others.items():
+            columns[name] = {k: v for k, v in metrics.items() if isinstance(v, float)}
+            prefix = f"{UNTRAINED}/" if name == UNTRAINED else f"baseline/{name}/"
+            flat.update({prefix + k: v for k, v in columns[name].items()})
+        tracking.log_metrics(uri, run_id, {f"{UNTRAINED}/{k}": v for k, v in columns[UNTRAINED].items()})
         flat["checkpoint"] = str(trained.checkpoint)
         flat["mlflow_run_id"] = run_id
         flat["seconds"] = round(time.time() - started, 1)
@@ -80,11 +94,24 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = Lex
     return flat
 
 
+UNTRAINED = "untrained"  # results.json key prefix and table column of the encoder before training
+
+
+def save_untrained(cfg: RunConfig, trained_checkpoint: str | Path, path: Path) -> Path:
+    """The checkpoint `trainer.steps=0` would save, without a second Ray Train job: the run's own
+    initial weights (seeded, or pretrained) with the trained checkpoint's tokenizer."""
+    _, tokenizer, _ = load_model(trained_checkpoint)
+    untrained = from_dict({**cfg.to_dict(), "trainer": {**cfg.to_dict()["trainer"], "steps": 0}})
+    return save_checkpoint(path, initial_model(cfg, tokenizer), tokenizer, redact_tree(untrained.to_dict()))
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="convsts demo", description=__doc__,
                                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG))
+    parser.add_argument("--encoder", choices=sorted(DEMO_CONFIGS), default=DEFAULT_ENCODER,
+                        help=f"which demo config: {', '.join(f'{k} = {v.name}' for k, v in DEMO_CONFIGS.items())}")
+    parser.add_argument("--config", default=None, help="a run config of your own (replaces --encoder's)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.steps=50")
     return parser
 
@@ -92,7 +119,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
-    run_demo(load_config(args.config, args.overrides), args.out)
+    run_demo(load_config(args.config or DEMO_CONFIGS[args.encoder], args.overrides), args.out)
     return 0
 
 

@@ -17,7 +17,9 @@ CLUSTER = REPO / "cluster"
 
 
 def project_pins():
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    """The pins a cluster job installs: the project's dependencies and its `pretrained` extra."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + project["optional-dependencies"]["pretrained"]
     pins = {}
     for dep in deps:
         name, version = re.match(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^;\s]+)", dep).groups()

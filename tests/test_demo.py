@@ -1,21 +1,27 @@
-"""The demo pipeline end to end at a tiny size: Ray Data, Ray Train (2 workers), MLflow, evaluation."""
+"""The demo pipeline end to end at a tiny size: Ray Data, Ray Train (2 workers), MLflow, evaluation of
+the trained encoder, the same encoder untrained and a baseline."""
 
 import json
 import math
 
 import numpy as np
 import pytest
+import torch
 
 from models import load
+from models.checkpoint import load_model
 from ray_jobs.config import load_config
-from ray_jobs.demo import DEFAULT_CONFIG, run_demo
+from ray_jobs.demo import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, build_parser, run_demo, save_untrained
 from ray_jobs.evaluation.sts import sts_metrics
 from ray_jobs.config import resolve_path
 from datasets.evalsets import read_stsb, stsb_split_path
 from tiny import TINY_DAN
 
-TINY = ["trainer.steps=6", "trainer.log_every=3", "trainer.checkpoint_every=3", "trainer.eval_every=0", *TINY_DAN,
-        "eval.reddit_pairs=200"]
+# The default demo (all-MiniLM-L6-v2, top layer training) at a tiny size.
+TINY = ["trainer.steps=6", "trainer.log_every=3", "trainer.checkpoint_every=3", "trainer.eval_every=0",
+        "model.pretrained.train_layers=1", "tokenizer.max_words=24", "model.response_hidden=64", "model.nli_hidden=32",
+        "trainer.warmup_steps=2", "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.00002}]",
+        "eval.reddit_pairs=200", "eval.tuned.enabled=false"]
 
 RANGES = {
     "stsb/dev/pearson": (-1, 1), "stsb/test/pearson": (-1, 1),
@@ -24,9 +30,17 @@ RANGES = {
 }
 
 
+def test_demo_configs_load_and_the_encoder_flag_picks_one():
+    assert DEFAULT_ENCODER == "pretrained"
+    for encoder, path in DEMO_CONFIGS.items():
+        assert load_config(path).model.encoder == encoder
+    args = build_parser().parse_args(["--out", "x", "--encoder", "dan"])
+    assert DEMO_CONFIGS[args.encoder].name == "demo_dan.yaml" and args.config is None
+
+
 @pytest.mark.slow
 def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
-    cfg = load_config(DEFAULT_CONFIG, TINY + [f"mlflow.tracking_uri={mlflow_uri}"])
+    cfg = load_config(DEMO_CONFIGS[DEFAULT_ENCODER], TINY + [f"mlflow.tracking_uri={mlflow_uri}"])
     out = tmp_path / "demo"
     flat = run_demo(cfg, out, baselines=("bow",))
 
@@ -35,12 +49,23 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     for name, (lo, hi) in RANGES.items():
         assert math.isfinite(results[name]) and lo <= results[name] <= hi, name
     assert results["reddit/p_at_1"] <= results["reddit/p_at_3"] <= results["reddit/p_at_10"]
+    # The same encoder untrained and the baseline are scored on the same metrics, in the same table.
+    for name, (lo, hi) in RANGES.items():
+        assert lo <= results[f"{UNTRAINED}/{name}"] <= hi, name
+    assert all(f"baseline/bow/{name}" in results for name in RANGES if not name.startswith("snli/"))
+    table = (out / "results.md").read_text()
+    assert "| metric | pretrained, 6 steps | untrained | bow |" in table
 
     # The checkpoint reloads without Ray and gives the same embeddings, and the same metric.
     encoder = load(results["checkpoint"])
     texts = ["a man is playing a guitar", "the cat sleeps"]
     assert np.array_equal(encoder.encode(texts), load(results["checkpoint"]).encode(texts))
     assert encoder.meta["run_config"]["trainer"]["steps"] == 6
+    # Six steps of the top layer move the pretrained embeddings a little; the untrained checkpoint
+    # holds the packaged weights themselves.
+    start = load(out / "untrained").encode(texts)
+    assert load(out / "untrained").meta["run_config"]["trainer"]["steps"] == 0
+    assert not np.allclose(encoder.encode(texts), start, atol=1e-6) and np.allclose(encoder.encode(texts), start, atol=0.2)
     from ray_jobs.evaluation.scorers import EmbeddingScorer
 
     dev = read_stsb(stsb_split_path(resolve_path(cfg.data.stsb_dir), "dev"))
@@ -53,11 +78,27 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     client = MlflowClient(mlflow_uri)
     run = client.get_run(results["mlflow_run_id"])
     assert run.info.status == "FINISHED"
-    assert run.data.params["trainer.steps"] == "6" and run.data.params["model.encoder"] == "dan"
-    for name in ("reddit/loss", "snli/loss", "reddit/pairs_per_s", "snli/pairs_per_s", *RANGES):
+    assert run.data.params["trainer.steps"] == "6" and run.data.params["model.encoder"] == "pretrained"
+    for name in ("reddit/loss", "snli/loss", "reddit/pairs_per_s", "snli/pairs_per_s", *RANGES,
+                 *(f"{UNTRAINED}/{m}" for m in RANGES)):
         assert name in run.data.metrics, name
     assert run.data.tags["task_split_mode"] == "gradient_weighting"
     history = client.get_metric_history(run.info.run_id, "reddit/loss")
     assert [m.step for m in history] == [3, 6]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"checkpoint", "results.json"} <= artifacts
+
+
+@pytest.mark.slow
+def test_untrained_column_is_what_trainer_steps_0_saves(ray_session, tmp_path):
+    """The demo's untrained encoder (built in-process) has the weights a `trainer.steps=0` job saves."""
+    from ray_jobs.training.run import prepare_all, run_training
+
+    cfg = load_config(DEMO_CONFIGS["dan"], TINY_DAN + ["trainer.steps=0", "trainer.eval_every=0",
+                                                       f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    prepared = tmp_path / "prepared"
+    prepare_all(cfg, str(prepared))
+    job = run_training(cfg, tmp_path / "run", prepared_dir=prepared).checkpoint
+    ours = save_untrained(cfg, job, tmp_path / "untrained")
+    a, b = load_model(job)[0].state_dict(), load_model(ours)[0].state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

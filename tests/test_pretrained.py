@@ -51,6 +51,22 @@ def test_packaged_weights_give_the_transformers_embedding(tmp_path):
     np.testing.assert_allclose(load(tmp_path / "ckpt").encode(SENTENCES), reference, atol=1e-5)
 
 
+def test_encode_sorts_by_length_inside_and_returns_input_order(tmp_path):
+    """Batches are formed longest first and cut to their own longest row; rows come back in input
+    order and equal each sentence encoded alone by `transformers`."""
+    config = ModelConfig(encoder="pretrained")
+    tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=128))
+    save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer, {"reddit": "response"}), tokenizer, {})
+    encoder = load(tmp_path / "ckpt")
+    texts = ["ok", "A man is playing a guitar on a stage in front of a large crowd of people.", "", "two dogs",
+             "Two dogs run through a snowy field", "ok"] * 3
+    alone = np.concatenate([_reference([t]) if t else encoder.encode([t]) for t in texts])
+    encoder.SORT_WINDOW = 1  # several sorted windows of two batches of 2
+    np.testing.assert_allclose(encoder.encode(texts, batch_size=2), alone, atol=1e-5)
+    again = encoder.encode(texts, batch_size=4)  # another batching: the same rows to float noise
+    np.testing.assert_allclose(again, alone, atol=1e-5)
+
+
 def test_train_layers_freezes_the_lower_layers_and_pooling_options():
     config = ModelConfig(encoder="pretrained")
     config.pretrained.train_layers, config.pretrained.output_dim, config.pretrained.pooling = 2, 64, "max"

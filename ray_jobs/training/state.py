@@ -3,6 +3,7 @@ per-task metric windows and the train state saved with each checkpoint."""
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -10,12 +11,26 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from models.checkpoint import load_model, load_train_state
-from ray_jobs.config import StageConfig
+from models.checkpoint import build_model, load_model, load_train_state
+from ray_jobs.config import RunConfig, StageConfig
 
 
 # ---------------------------------------------------------------------------------------------
 # Where a run starts
+
+
+def initial_model(cfg: RunConfig, tokenizer):
+    """The weights a fresh run starts from, as every worker builds them: the seeded initialisation
+    (the pretrained weights for model.encoder=pretrained), then the warm start when there is one.
+    `trainer.steps=0` saves exactly this model; the demo scores it beside the trained one."""
+    from ray_jobs.tasks import model_heads, trained_tasks
+    from ray_jobs.training.step import seed_everything
+
+    seed_everything(cfg.seed)  # identical initial weights on every rank
+    model = build_model(copy.deepcopy(cfg.model), tokenizer, model_heads(cfg))  # building fills hf_config
+    warm_heads = [t for t, task in trained_tasks(cfg).items() if task.keeps_head_on_warm_start]
+    restore(model, warm_start=cfg.trainer.warm_start or None, warm_heads=warm_heads)
+    return model
 
 
 def restore(model, checkpoint_dir: Optional[str] = None, resume_from: Optional[str] = None,

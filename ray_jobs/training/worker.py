@@ -8,15 +8,13 @@ from typing import Any, Dict, Optional
 
 from datasets.storage import redact_tree
 from datasets.text import tokenizer_from_dict
-from models.checkpoint import build_model, save_checkpoint
+from models.checkpoint import save_checkpoint
 from ray_jobs import tracking
 from ray_jobs.config import from_dict
 from ray_jobs.task_groups import plan_tasks
-from ray_jobs.tasks import model_heads, trained_tasks
 from ray_jobs.training.data import TaskStream
 from ray_jobs.training.loop import LoopHooks, TrainLoop
-from ray_jobs.training.state import TrainState, restore
-from ray_jobs.training.step import seed_everything
+from ray_jobs.training.state import TrainState, initial_model, restore
 
 
 def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
@@ -29,17 +27,14 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     plan = plan_tasks(cfg.trainer.task_weights, world)
     device = ray.train.torch.get_device()
-    seed_everything(cfg.seed)  # identical initial weights on every rank
     tokenizer = tokenizer_from_dict(loop_config["tokenizer"])
-    model = build_model(cfg.model, tokenizer, model_heads(cfg))
+    model = initial_model(cfg, tokenizer)  # seeded: identical on every rank
     checkpoint = ray.train.get_checkpoint()
-    warm_heads = [t for t, task in trained_tasks(cfg).items() if task.keeps_head_on_warm_start]
     if checkpoint is not None:
         with checkpoint.as_directory() as ckpt_dir:
             state = restore(model, checkpoint_dir=ckpt_dir)
     else:
-        state = restore(model, resume_from=cfg.trainer.resume_from or None, warm_start=cfg.trainer.warm_start or None,
-                        warm_heads=warm_heads)
+        state = restore(model, resume_from=cfg.trainer.resume_from or None)
     model.to(device).train()
 
     # Every rank asks for every dataset: the splits are built when rank 0 asks (Train V2).
