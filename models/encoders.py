@@ -128,9 +128,13 @@ class TransformerSentenceEncoder(nn.Module):
         used = int((ids != 0).sum(1).max()) if ids.numel() else 0
         ids = ids[:, : max(1, min(used, self.config.max_positions))]
         mask = ids != 0  # (B, L)
+        # A row of padding only (an empty text) would attend to no key: NaN in attention. It attends
+        # to its first position instead; pooling still ignores it, so its embedding is finite.
+        attend = mask.clone()  # (B, L)
+        attend[:, 0] |= ~mask.any(1)
         x = self.embedding(ids) * math.sqrt(self.config.hidden_size)  # (B, L, H)
         x = x + self.timing[: ids.shape[1]].unsqueeze(0)  # (B, L, H)
-        x = self.final_norm(self.layers(x, src_key_padding_mask=~mask))  # (B, L, H)
+        x = self.final_norm(self.layers(x, src_key_padding_mask=~attend))  # (B, L, H)
         weights = mask.unsqueeze(-1).to(x.dtype)  # (B, L, 1)
         pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, H)
         return F.normalize(self.projection(pooled), dim=-1)  # (B, output_dim)

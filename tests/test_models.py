@@ -87,6 +87,19 @@ def test_dan_sparse_gradient_touches_only_the_real_tokens(tokenizer):
 
 
 @pytest.mark.parametrize("encoder", ["dan", "transformer", "bilstm"])
+@pytest.mark.parametrize("train", [False, True])
+def test_an_empty_text_gets_a_finite_embedding_and_changes_no_other(encoder, train, tokenizer):
+    """A row of padding only: in eval mode PyTorch's fused attention gave the Transformer NaN there."""
+    torch.manual_seed(0)
+    model = build_model(tiny_config(encoder), tokenizer).train(train)
+    torch.manual_seed(1)
+    emb = _encode(model, tokenizer, ["", "a dog", ""], width=6)
+    assert torch.isfinite(emb).all()
+    if not train:  # (dropout makes train-mode embeddings differ between calls)
+        assert torch.allclose(emb[1], _encode(model, tokenizer, ["a dog"])[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("encoder", ["dan", "transformer", "bilstm"])
 def test_both_sides_in_one_encoder_call_equal_two_calls(encoder, tokenizer):
     """Task losses encode both sides in one call: same values, same gradients."""
     torch.manual_seed(0)
