@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -134,8 +135,24 @@ def load_train_state(path: str | Path) -> Optional[Dict[str, Any]]:
     return torch.load(file, map_location="cpu", weights_only=True)
 
 
+def resolve_device(device: Optional[str]) -> torch.device:
+    """"cpu", "cuda", "cuda:N", or "auto"/None: CUDA when torch sees a GPU, else the CPU."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
 class SentenceEncoder:
-    """A loaded checkpoint: `.encode(texts) -> (n, dim)` plus the task heads' scores."""
+    """A loaded checkpoint with `encode` as SentenceTransformer has it, plus the task heads' scores:
+
+        encoder = models.load("runs/demo/checkpoint")
+        encoder.encode("a man is playing a guitar")            # (dim,) float32, unit length
+        encoder.encode(["one", "two"], batch_size=64)           # (2, dim)
+        encoder.encode(texts, device="cuda", convert_to_tensor=True, show_progress_bar=True)
+    """
+
+    PROGRESS_MIN_BATCHES = 8  # show_progress_bar=None: a bar for longer inputs when stderr is a terminal
+    SORT_WINDOW = 64  # batches tokenized and sorted by length together (bounds the token arrays' memory)
 
     def __init__(self, model: MultitaskModel, tokenizer, meta: Dict[str, Any], path: Optional[Path] = None):
         self.model = model
@@ -147,52 +164,113 @@ class SentenceEncoder:
     def dim(self) -> int:
         return self.model.encoder.output_dim
 
-    SORT_WINDOW = 64  # batches tokenized and sorted by length together (bounds the token arrays' memory)
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
-    def _embed_sorted(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
-        """(n, dim): the texts tokenized once, encoded longest first in batches cut to their own
-        longest row (little padding for the Transformer and the pretrained encoder), input order restored."""
-        device = next(self.model.parameters()).device  # token tensors follow the model
+    def to(self, device: Optional[str]) -> "SentenceEncoder":
+        """Move the model to `device` (see resolve_device); token tensors follow it."""
+        self.model.to(resolve_device(device))
+        return self
+
+    def _progress(self, n: int, batch_size: int, show: Optional[bool], desc: str):
+        from tqdm.auto import tqdm
+
+        batches = -(-n // batch_size)
+        if show is None:
+            show = batches >= self.PROGRESS_MIN_BATCHES and sys.stderr.isatty()
+        return tqdm(total=batches, desc=desc, unit="batch", disable=not show)
+
+    def _embed_sorted(self, texts: Sequence[str], batch_size: int, normalize: bool, bar) -> torch.Tensor:
+        """(n, dim) on the model's device: the texts tokenized once, encoded longest first in batches cut
+        to their own longest row (little padding for the Transformer and the pretrained encoder),
+        returned in input order."""
+        device = self.device  # token tensors follow the model
         tokens = self.tokenizer.encode(list(texts))  # {name: (n, L)}
         first = next(iter(tokens.values()))
         lengths = (first != getattr(self.tokenizer, "pad_id", 0)).sum(1)  # (n,)
         order = np.argsort(-lengths, kind="stable")  # (n,)
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        out = torch.zeros((len(texts), self.dim), device=device)  # (n, dim)
         for start in range(0, len(texts), batch_size):
             rows = order[start : start + batch_size]
             width = max(1, int(lengths[rows].max()))
             inputs = {k: torch.from_numpy(np.ascontiguousarray(v[rows, :width])).to(device) for k, v in tokens.items()}
-            out[rows] = self.model.encode(inputs).float().cpu().numpy()  # (b, dim)
+            out[torch.from_numpy(rows).to(device)] = self.model.encode(inputs, normalize=normalize).float()  # (b, dim)
+            bar.update(1)
         return out
 
-    @torch.no_grad()
-    def encode(self, texts: Sequence[str], batch_size: int = 256, tuned: bool = False) -> np.ndarray:
-        """(n, dim) normalized embeddings; `tuned=True` applies the STS matrix saved by `convsts evaluate`."""
+    def _embed(self, texts: Sequence[str], batch_size: int, normalize: bool, show: Optional[bool],
+               desc: str = "encode") -> torch.Tensor:
         window = batch_size * self.SORT_WINDOW
-        chunks = [self._embed_sorted(texts[i : i + window], batch_size) for i in range(0, len(texts), window)]
-        emb = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros((0, self.dim), dtype=np.float32)
+        with self._progress(len(texts), batch_size, show, desc) as bar:
+            chunks = [self._embed_sorted(texts[i : i + window], batch_size, normalize, bar)
+                      for i in range(0, len(texts), window)]
+        return torch.cat(chunks) if chunks else torch.zeros((0, self.dim), device=self.device)
+
+    @staticmethod
+    def _output(emb: torch.Tensor, single: bool, convert_to_tensor: bool):
+        emb = emb[0] if single else emb
+        return emb if convert_to_tensor else emb.cpu().numpy().astype(np.float32)
+
+    @torch.no_grad()
+    def encode(self, sentences: Union[str, Sequence[str]], batch_size: int = 256, show_progress_bar: Optional[bool] = None,
+               convert_to_tensor: bool = False, device: Optional[str] = None, normalize_embeddings: bool = True,
+               tuned: bool = False):
+        """One string -> (dim,), a list -> (n, dim): numpy float32, or a torch tensor on the model's
+        device with `convert_to_tensor=True`. Sentences are encoded longest first and returned in
+        input order.
+          device                "cpu", "cuda", "cuda:N" or "auto" (CUDA when available); the model
+                                moves there; None keeps it where it is
+          normalize_embeddings  unit length (default); False gives the encoder's output unnormalized
+          show_progress_bar     a tqdm bar over batches; None = on for 8+ batches when stderr is a terminal
+          tuned                 apply the STS matrix `convsts evaluate` saved in the checkpoint"""
+        single = isinstance(sentences, str)
+        texts = [sentences] if single else list(sentences)
+        if device is not None:
+            self.to(device)
+        if tuned and not normalize_embeddings:
+            raise ValueError("tuned=True applies a matrix fit on unit-length embeddings: keep normalize_embeddings=True")
+        emb = self._embed(texts, batch_size, normalize_embeddings, show_progress_bar)  # (n, dim)
         if tuned:
             transform = load_sts_transform(self.path) if self.path else None
             if transform is None:
                 raise FileNotFoundError(f"no {STS_FILE} in checkpoint {self.path}; run `convsts evaluate` on it first")
-            emb = transform.apply(emb)
-        return emb  # (n, dim), or (n, rank) when tuned with a low-rank matrix
+            emb = torch.from_numpy(transform.apply(emb.cpu().numpy())).to(emb.device)  # (n, dim) or (n, rank)
+        return self._output(emb, single, convert_to_tensor)
 
     @torch.no_grad()
-    def encode_responses(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
-        """Response embeddings after the response-side network: the right side of the reddit score."""
+    def encode_responses(self, sentences: Union[str, Sequence[str]], batch_size: int = 256,
+                         show_progress_bar: Optional[bool] = None, convert_to_tensor: bool = False,
+                         device: Optional[str] = None, normalize_embeddings: bool = False):
+        """Response embeddings after the response-side network (the right side of the Reddit score:
+        context . response); the same options as `encode`, unnormalized by default as the score uses them."""
+        single = isinstance(sentences, str)
+        texts = [sentences] if single else list(sentences)
+        if device is not None:
+            self.to(device)
         head = self.model.heads[self.model.task_of_head("response")]
-        emb = torch.from_numpy(self.encode(texts, batch_size)).to(next(head.parameters()).device)
-        return head(emb).cpu().numpy()  # (n, dim)
+        emb = head(self._embed(texts, batch_size, True, show_progress_bar, "encode responses"))  # (n, dim)
+        if normalize_embeddings:
+            emb = torch.nn.functional.normalize(emb, dim=-1)
+        return self._output(emb, single, convert_to_tensor)
 
     @torch.no_grad()
-    def classify_nli(self, premises: Sequence[str], hypotheses: Sequence[str], batch_size: int = 256) -> np.ndarray:
-        """(n, 3) logits: entailment, neutral, contradiction."""
+    def classify_nli(self, premises: Union[str, Sequence[str]], hypotheses: Union[str, Sequence[str]],
+                     batch_size: int = 256, show_progress_bar: Optional[bool] = None, convert_to_tensor: bool = False,
+                     device: Optional[str] = None):
+        """Logits over (entailment, neutral, contradiction): (3,) for one pair of strings, (n, 3) for lists."""
+        single = isinstance(premises, str)
+        if single != isinstance(hypotheses, str):
+            raise TypeError("classify_nli: give two strings or two lists")
+        left, right = ([premises], [hypotheses]) if single else (list(premises), list(hypotheses))
+        if len(left) != len(right):
+            raise ValueError(f"classify_nli: {len(left)} premises but {len(right)} hypotheses")
+        if device is not None:
+            self.to(device)
         head = self.model.heads[self.model.task_of_head("nli")]
-        device = next(head.parameters()).device
-        u = torch.from_numpy(self.encode(premises, batch_size)).to(device)
-        v = torch.from_numpy(self.encode(hypotheses, batch_size)).to(device)
-        return head(u, v).cpu().numpy()
+        both = self._embed(left + right, batch_size, True, show_progress_bar, "classify")  # (2n, dim)
+        logits = head(both[: len(left)], both[len(left):])  # (n, 3)
+        return self._output(logits, single, convert_to_tensor)
 
 
 def load(path: str | Path) -> SentenceEncoder:

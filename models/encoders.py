@@ -1,4 +1,4 @@
-"""Sentence encoders: token-id dict -> (B, D) L2-normalized embeddings. Pure torch.
+"""Sentence encoders: token-id dict -> (B, D) embeddings (MultitaskModel.encode L2-normalizes them). Pure torch.
 
 Every encoder has one interface: built from the model config and the tokenizer's vocabulary sizes
 (`from_config`), it names the tokenizer kind it needs (`tokenizer_kind`, a key of
@@ -75,7 +75,7 @@ class DanEncoder(nn.Module):
         n = (words != 0).sum(dim=1).clamp(min=1).to(torch.float32)  # (B,)
         summed = self._bag_sum(self.word_embedding, words) + self._bag_sum(self.bigram_embedding, bigrams)  # (B, d)
         averaged = summed / n.sqrt().unsqueeze(1)  # (B, d)
-        return F.normalize(self.dnn(averaged), dim=-1)  # (B, output_dim)
+        return self.dnn(averaged)  # (B, output_dim)
 
 
 def timing_signal(length: int, channels: int, device=None) -> torch.Tensor:
@@ -137,7 +137,7 @@ class TransformerSentenceEncoder(nn.Module):
         x = self.final_norm(self.layers(x, src_key_padding_mask=~attend))  # (B, L, H)
         weights = mask.unsqueeze(-1).to(x.dtype)  # (B, L, 1)
         pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, H)
-        return F.normalize(self.projection(pooled), dim=-1)  # (B, output_dim)
+        return self.projection(pooled)  # (B, output_dim)
 
 
 class BiLstmMaxEncoder(nn.Module):
@@ -176,7 +176,7 @@ class BiLstmMaxEncoder(nn.Module):
         out = out.masked_fill(~mask.unsqueeze(-1), float("-inf"))
         pooled = out.max(dim=1).values  # (B, 2H)
         pooled = torch.where(torch.isinf(pooled), torch.zeros_like(pooled), pooled)
-        return F.normalize(self.projection(pooled), dim=-1)  # (B, output_dim)
+        return self.projection(pooled)  # (B, output_dim)
 
 
 class PretrainedEncoder(nn.Module):
@@ -240,7 +240,7 @@ class PretrainedEncoder(nn.Module):
             pooled = pooled * mask.any(1, keepdim=True)  # an all-padding row pools to zeros
         else:
             pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, H)
-        return F.normalize(self.projection(pooled), dim=-1)  # (B, output_dim)
+        return self.projection(pooled)  # (B, output_dim)
 
 
 POOLINGS = ("mean", "cls", "max")

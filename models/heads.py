@@ -13,6 +13,7 @@ from typing import Dict, List
 
 import torch
 from torch import nn
+import torch.nn.functional as F
 
 from models.config import ModelConfig
 from models.encoders import build_encoder
@@ -76,8 +77,10 @@ class MultitaskModel(nn.Module):
         """Parameters whose gradients are sparse (the DAN's embedding tables)."""
         return self.encoder.sparse_parameters()
 
-    def encode(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.encoder(inputs)  # (B, D)
+    def encode(self, inputs: Dict[str, torch.Tensor], normalize: bool = True) -> torch.Tensor:
+        """(B, D) sentence embeddings, of unit length unless `normalize=False` (the encoder's own output)."""
+        emb = self.encoder(inputs)  # (B, D)
+        return F.normalize(emb, dim=-1) if normalize else emb
 
     def encode_both(self, first: Dict[str, torch.Tensor], second: Dict[str, torch.Tensor]):
         """Both sides of a pair through the tied encoder in one call: one pass over the embedding

@@ -44,6 +44,13 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if not torch.cuda.is_available():
+        no_gpu = pytest.mark.skip(reason="gpu: torch sees no CUDA device here")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(no_gpu)
     if config.getoption("--slow") or os.environ.get("CONVSTS_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow: run with --slow (scripts/test.sh does)")

@@ -67,8 +67,10 @@ def test_dan_is_sum_over_sqrt_n(tokenizer):
     ids = tokenizer.encode(["the cat sat"])
     w, b = torch.from_numpy(ids["words"]), torch.from_numpy(ids["bigrams"])
     by_hand = (enc.word_embedding.weight[w[0]].sum(0) + enc.bigram_embedding.weight[b[0][b[0] > 0]].sum(0)) / math.sqrt(3)
-    expected = torch.nn.functional.normalize(enc.dnn(by_hand.unsqueeze(0)), dim=-1)
+    expected = enc.dnn(by_hand.unsqueeze(0))
     assert torch.allclose(enc({"words": w, "bigrams": b}), expected, atol=1e-6)
+    unit = torch.nn.functional.normalize(expected, dim=-1)  # what model.encode gives
+    assert torch.allclose(model.encode({"words": w, "bigrams": b}), unit, atol=1e-6)
 
 
 def test_dan_embedding_gradients_are_sparse(tokenizer):

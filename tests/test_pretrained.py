@@ -71,13 +71,14 @@ def test_train_layers_freezes_the_lower_layers_and_pooling_options():
     config = ModelConfig(encoder="pretrained")
     config.pretrained.train_layers, config.pretrained.output_dim, config.pretrained.pooling = 2, 64, "max"
     tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=32))
-    encoder = build_model(config, tokenizer, {"reddit": "response"}).encoder
+    model = build_model(config, tokenizer, {"reddit": "response"})
+    encoder = model.encoder
     trainable = {n.split(".")[0:4][-1] for n, p in encoder.named_parameters() if p.requires_grad and "layer." in n}
     assert trainable == {"4", "5"}  # the top two of six layers
     assert not any(p.requires_grad for p in encoder.model.embeddings.parameters())
     assert encoder.projection.weight.requires_grad and encoder.output_dim == 64
     with torch.no_grad():
-        out = encoder({"ids": torch.from_numpy(tokenizer.encode(SENTENCES)["ids"])})
+        out = model.encode({"ids": torch.from_numpy(tokenizer.encode(SENTENCES)["ids"])})
     assert out.shape == (3, 64) and torch.allclose(out.norm(dim=-1), torch.ones(3))
 
 
