@@ -10,7 +10,8 @@ the shared encoder, the response-side network, in-batch softmax, backward, optim
 real Reddit pairs from the embedded sample, tokenized before the timed steps (as Ray Data does it
 outside the training step). FLOPs are counted by torch's FlopCounterMode on one
 step (matmuls, attention, LSTM cells; embedding-table lookups and sparse updates do no FLOPs in
-that count, so the share of peak says how much of the step is dense math). Each encoder runs in
+that count, so the share of peak says how much of the step is dense math). Then `encode` (the
+inference API evaluation and users call) over real sentences: sentences/s. Each encoder runs in
 its own process so that peak memory is its own. On a GPU it also runs in bf16 autocast.
 """
 
@@ -29,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 STEPS = {"dan": 60, "transformer": 8, "bilstm": 4, "pretrained": 6}
+ENCODE_SENTENCES = {"dan": 7000, "transformer": 2000, "bilstm": 1000, "pretrained": 1000}  # on a CPU; x10 on a GPU
 
 
 def matmul_rate(device: str, dtype, n: int = 2048, repeats: int = 10) -> float:
@@ -56,7 +58,7 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
 
     from datasets.reddit import read_pairs_file
     from datasets.text import DanTokenizer, PretrainedTokenizer, TokenizerConfig, count_words
-    from models.checkpoint import build_model
+    from models.checkpoint import SentenceEncoder, build_model
     from models.config import ModelConfig
     from ray_jobs.config import load_config, resolve_path
     from ray_jobs.task_groups import GradientCombiner, plan_tasks
@@ -120,7 +122,16 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     peak = (torch.cuda.max_memory_allocated() if device == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     rate_after = matmul_rate(device, dtype)
+    # Inference: `encode` (what evaluation and users call) over real sentences, in eval mode.
+    encoder_api = SentenceEncoder(model.eval(), tokenizer, {})
+    sentences = (texts_c * 4)[: ENCODE_SENTENCES[encoder] * (10 if device == "cuda" else 1)]
+    encoder_api.encode(sentences[:batch], batch_size=batch)  # warm-up
+    with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+        start = time.perf_counter()
+        encoder_api.encode(sentences, batch_size=batch)
+        encode_seconds = time.perf_counter() - start
     queue.put({"encoder": encoder, "steps": steps, "pairs_per_s": batch / seconds,
+               "encode_sentences_per_s": len(sentences) / encode_seconds,
                "matmul_rate": (rate_before + rate_after) / 2, "matmul_rates": [rate_before, rate_after],
                "flops_per_step": flops_per_step, "flop_rate": flops_per_step / seconds,
                "peak_bytes": peak, "params": sum(p.numel() for p in model.parameters())})
@@ -158,6 +169,7 @@ def main() -> int:
             print(f"  {encoder:<12} {label}  {result['pairs_per_s']:9.1f} pairs/s   "
                   f"{result['flops_per_step'] / 1e9:8.2f} GFLOP/step   {result['flop_rate'] / 1e9:8.2f} GFLOP/s   "
                   f"{100 * result['share_of_peak']:5.1f}% of the {label} matmul rate "
+                  f"encode {result['encode_sentences_per_s']:8.0f} sentences/s   "
                   f"({before:.0f} / {after:.0f} GFLOP/s before / after)   peak mem {result['peak_bytes'] / 2**20:7.0f} MiB   "
                   f"({result['steps']} steps, median, {result['params'] / 1e6:.1f} M params)")
     print(json.dumps(rows))
