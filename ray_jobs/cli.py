@@ -13,6 +13,7 @@ COMMANDS = {
     "tune": ("ray_jobs.tune", "Ray Tune sweeps over a space in tune_spaces/ (sts_matrix, snli_fraction)"),
     "submit": ("ray_jobs.submit", "submit one of these jobs to a Ray cluster (job API) and follow it"),
     "jobs": ("ray_jobs.jobs", "list, show logs of, or stop jobs on a Ray cluster"),
+    "export": ("ray_jobs.export", "a checkpoint's encoder as a sentence-transformers folder"),
     "demo": ("ray_jobs.demo", "the whole pipeline on the embedded sample"),
 }
 

@@ -109,3 +109,34 @@ def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, tm
     again = load(result.checkpoint).encode(SENTENCES)
     np.testing.assert_array_equal(trained, again)
     assert (result.checkpoint / "train_state.pt").is_file()
+
+
+@pytest.mark.parametrize("pooling,output_dim", [("mean", 0), ("max", 32)])
+def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, output_dim, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from ray_jobs.cli import main as cli
+
+    config = ModelConfig(encoder="pretrained")
+    config.pretrained.pooling, config.pretrained.output_dim = pooling, output_dim
+    tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=16))  # cuts the long sentence
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer, {"reddit": "response"}), tokenizer, {})
+    texts = SENTENCES + ["A woman is slicing an onion on a wooden board while a man watches her from the door"]
+    assert cli(["export", "--checkpoint", str(tmp_path / "ckpt"), "--format", "sentence-transformers",
+                "--out", str(tmp_path / "st")]) == 0
+    exported = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    assert exported.max_seq_length == 16
+    np.testing.assert_allclose(exported.encode(texts), load(tmp_path / "ckpt").encode(texts), atol=1e-5)
+
+
+def test_sentence_transformers_export_refuses_other_encoders(tmp_path, capsys):
+    from datasets.text import DanTokenizer, count_words
+    from ray_jobs.cli import main as cli
+
+    tokenizer = DanTokenizer.build(count_words(SENTENCES), TokenizerConfig(bigram_buckets=16))
+    save_checkpoint(tmp_path / "dan", build_model(ModelConfig(encoder="dan"), tokenizer), tokenizer, {})
+    assert cli(["export", "--checkpoint", str(tmp_path / "dan"), "--format", "sentence-transformers",
+                "--out", str(tmp_path / "st")]) != 0
+    assert "pretrained-transformer encoder" in capsys.readouterr().err
+    assert not (tmp_path / "st").exists()

@@ -1,0 +1,39 @@
+"""`convsts export`: a checkpoint's encoder in a format other libraries load.
+
+  convsts export --checkpoint C --format sentence-transformers --out DIR
+      (model.encoder=pretrained) `SentenceTransformer(DIR).encode(texts)` gives the checkpoint's
+      embeddings; models/export.py says what differs (text normalization).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from models.export import to_sentence_transformers
+from ray_jobs.runtime import log, setup_logging
+
+FORMATS = {"sentence-transformers": to_sentence_transformers}
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="convsts export", description=__doc__,
+                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--format", required=True, choices=sorted(FORMATS))
+    parser.add_argument("--out", required=True)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging()
+    out = FORMATS[args.format](args.checkpoint, args.out)
+    log.info("wrote %s (%s)", out, args.format)
+    return 0
+
+
+if __name__ == "__main__":
+    from ray_jobs.runtime import run_main
+
+    raise SystemExit(run_main("export", main))
