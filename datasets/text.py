@@ -67,6 +67,7 @@ class DanTokenizer:
 
     kind = "dan"
     fits_from_counts = True  # the vocabulary comes from word counts (counted in parallel by Ray Data)
+    pad_id = PAD_ID
 
     def __init__(self, vocab: Sequence[str], config: TokenizerConfig):
         self.config = config
@@ -133,6 +134,7 @@ class SubwordTokenizer:
 
     kind = "subword"
     fits_from_counts = False  # trained from the texts themselves
+    pad_id = PAD_ID  # [PAD]
 
     def __init__(self, hf_json: str, config: TokenizerConfig):
         from tokenizers import Tokenizer
@@ -161,7 +163,7 @@ class SubwordTokenizer:
     def encode(self, texts: Sequence[str], width: int | None = None) -> Dict[str, np.ndarray]:
         encodings = self._tok.encode_batch([normalize(t, lowercase=False) for t in texts])
         limit = self.config.max_words
-        return {"ids": padded_ids([e.ids[:limit] for e in encodings], width, PAD_ID)}  # [PAD] is id 0
+        return {"ids": padded_ids([e.ids[:limit] for e in encodings], width, self.pad_id)}
 
     def to_dict(self) -> Dict[str, Any]:
         return {"kind": self.kind, "config": asdict(self.config), "hf_tokenizer": self._hf_json}

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -181,14 +181,21 @@ class SentenceEncoder:
             show = batches >= self.PROGRESS_MIN_BATCHES and sys.stderr.isatty()
         return tqdm(total=batches, desc=desc, unit="batch", disable=not show)
 
-    def _embed_sorted(self, texts: Sequence[str], batch_size: int, normalize: bool, bar) -> torch.Tensor:
+    def _texts(self, sentences: Union[str, Sequence[str]], device: Optional[str]) -> tuple[List[str], bool]:
+        """(the texts as a list, whether one string was given); moves the model when `device` is set."""
+        if device is not None:
+            self.to(device)
+        single = isinstance(sentences, str)
+        return ([sentences] if single else list(sentences)), single
+
+    def _embed_sorted(self, texts: List[str], batch_size: int, normalize: bool, bar) -> torch.Tensor:
         """(n, dim) on the model's device: the texts tokenized once, encoded longest first in batches cut
         to their own longest row (little padding for the Transformer and the pretrained encoder),
         returned in input order."""
         device = self.device  # token tensors follow the model
-        tokens = self.tokenizer.encode(list(texts))  # {name: (n, L)}
+        tokens = self.tokenizer.encode(texts)  # {name: (n, L)}
         first = next(iter(tokens.values()))
-        lengths = (first != getattr(self.tokenizer, "pad_id", 0)).sum(1)  # (n,)
+        lengths = (first != self.tokenizer.pad_id).sum(1)  # (n,)
         order = np.argsort(-lengths, kind="stable")  # (n,)
         out = torch.zeros((len(texts), self.dim), device=device)  # (n, dim)
         for start in range(0, len(texts), batch_size):
@@ -199,7 +206,7 @@ class SentenceEncoder:
             bar.update(1)
         return out
 
-    def _embed(self, texts: Sequence[str], batch_size: int, normalize: bool, show: Optional[bool],
+    def _embed(self, texts: List[str], batch_size: int, normalize: bool, show: Optional[bool],
                desc: str = "encode") -> torch.Tensor:
         window = batch_size * self.SORT_WINDOW
         with self._progress(len(texts), batch_size, show, desc) as bar:
@@ -224,10 +231,7 @@ class SentenceEncoder:
           normalize_embeddings  unit length (default); False gives the encoder's output unnormalized
           show_progress_bar     a tqdm bar over batches; None = on for 8+ batches when stderr is a terminal
           tuned                 apply the STS matrix `convsts evaluate` saved in the checkpoint"""
-        single = isinstance(sentences, str)
-        texts = [sentences] if single else list(sentences)
-        if device is not None:
-            self.to(device)
+        texts, single = self._texts(sentences, device)
         if tuned and not normalize_embeddings:
             raise ValueError("tuned=True applies a matrix fit on unit-length embeddings: keep normalize_embeddings=True")
         emb = self._embed(texts, batch_size, normalize_embeddings, show_progress_bar)  # (n, dim)
@@ -244,10 +248,7 @@ class SentenceEncoder:
                          device: Optional[str] = None, normalize_embeddings: bool = False):
         """Response embeddings after the response-side network (the right side of the Reddit score:
         context . response); the same options as `encode`, unnormalized by default as the score uses them."""
-        single = isinstance(sentences, str)
-        texts = [sentences] if single else list(sentences)
-        if device is not None:
-            self.to(device)
+        texts, single = self._texts(sentences, device)
         head = self.model.heads[self.model.task_of_head("response")]
         emb = head(self._embed(texts, batch_size, True, show_progress_bar, "encode responses"))  # (n, dim)
         if normalize_embeddings:
@@ -259,14 +260,12 @@ class SentenceEncoder:
                      batch_size: int = 256, show_progress_bar: Optional[bool] = None, convert_to_tensor: bool = False,
                      device: Optional[str] = None):
         """Logits over (entailment, neutral, contradiction): (3,) for one pair of strings, (n, 3) for lists."""
-        single = isinstance(premises, str)
-        if single != isinstance(hypotheses, str):
+        if isinstance(premises, str) != isinstance(hypotheses, str):
             raise TypeError("classify_nli: give two strings or two lists")
-        left, right = ([premises], [hypotheses]) if single else (list(premises), list(hypotheses))
+        left, single = self._texts(premises, device)
+        right, _ = self._texts(hypotheses, None)
         if len(left) != len(right):
             raise ValueError(f"classify_nli: {len(left)} premises but {len(right)} hypotheses")
-        if device is not None:
-            self.to(device)
         head = self.model.heads[self.model.task_of_head("nli")]
         both = self._embed(left + right, batch_size, True, show_progress_bar, "classify")  # (2n, dim)
         logits = head(both[: len(left)], both[len(left):])  # (n, 3)

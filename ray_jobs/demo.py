@@ -12,15 +12,17 @@ of the same encoder untrained and of the bag-of-words and TF-IDF baselines -> on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Dict, Sequence
 
 from datasets.storage import redact, redact_tree
-from models.checkpoint import load_model, save_checkpoint
+from datasets.text import load_tokenizer
+from models.checkpoint import save_checkpoint
 from ray_jobs import tracking
-from ray_jobs.config import RunConfig, flatten, from_dict, load_config
+from ray_jobs.config import RunConfig, flatten, load_config
 from ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evaluation
 from ray_jobs.evaluation.scorers import LexicalScorer
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
@@ -100,8 +102,8 @@ UNTRAINED = "untrained"  # results.json key prefix and table column of the encod
 def save_untrained(cfg: RunConfig, trained_checkpoint: str | Path, path: Path) -> Path:
     """The checkpoint `trainer.steps=0` would save, without a second Ray Train job: the run's own
     initial weights (seeded, or pretrained) with the trained checkpoint's tokenizer."""
-    _, tokenizer, _ = load_model(trained_checkpoint)
-    untrained = from_dict({**cfg.to_dict(), "trainer": {**cfg.to_dict()["trainer"], "steps": 0}})
+    tokenizer = load_tokenizer(Path(trained_checkpoint) / "tokenizer.json")
+    untrained = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, steps=0))
     return save_checkpoint(path, initial_model(cfg, tokenizer), tokenizer, redact_tree(untrained.to_dict()))
 
 

@@ -19,17 +19,19 @@ from ray_jobs.config import RunConfig, StageConfig
 # Where a run starts
 
 
-def initial_model(cfg: RunConfig, tokenizer):
+def initial_model(cfg: RunConfig, tokenizer, warm_start: bool = True):
     """The weights a fresh run starts from, as every worker builds them: the seeded initialisation
-    (the pretrained weights for model.encoder=pretrained), then the warm start when there is one.
-    `trainer.steps=0` saves exactly this model; the demo scores it beside the trained one."""
+    (the pretrained weights for model.encoder=pretrained), then the warm start when there is one
+    (`warm_start=False`: the caller restores a checkpoint over it). `trainer.steps=0` saves exactly
+    this model; the demo scores it beside the trained one."""
     from ray_jobs.tasks import model_heads, trained_tasks
     from ray_jobs.training.step import seed_everything
 
     seed_everything(cfg.seed)  # identical initial weights on every rank
     model = build_model(copy.deepcopy(cfg.model), tokenizer, model_heads(cfg))  # building fills hf_config
     warm_heads = [t for t, task in trained_tasks(cfg).items() if task.keeps_head_on_warm_start]
-    restore(model, warm_start=cfg.trainer.warm_start or None, warm_heads=warm_heads)
+    if warm_start:
+        restore(model, warm_start=cfg.trainer.warm_start or None, warm_heads=warm_heads)
     return model
 
 

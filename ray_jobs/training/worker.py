@@ -28,8 +28,9 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     plan = plan_tasks(cfg.trainer.task_weights, world)
     device = ray.train.torch.get_device()
     tokenizer = tokenizer_from_dict(loop_config["tokenizer"])
-    model = initial_model(cfg, tokenizer)  # seeded: identical on every rank
     checkpoint = ray.train.get_checkpoint()
+    fresh = checkpoint is None and not cfg.trainer.resume_from  # else a checkpoint's weights replace these
+    model = initial_model(cfg, tokenizer, warm_start=fresh)  # seeded: identical on every rank
     if checkpoint is not None:
         with checkpoint.as_directory() as ckpt_dir:
             state = restore(model, checkpoint_dir=ckpt_dir)
