@@ -12,6 +12,7 @@ texts with URLs or HTML entities can embed differently there.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -33,6 +34,8 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
         raise BadInputError(f"{checkpoint}: a {loaded.model.config.encoder} encoder; the sentence-transformers "
                             f"format holds the pretrained-transformer encoder (model.encoder=pretrained) only")
     out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise BadInputError(f"{out_dir}: already exists and is not empty; give a new --out")
     max_len = loaded.tokenizer.config.max_words  # special tokens included, as max_seq_length counts them
     with tempfile.TemporaryDirectory() as tmp:
         encoder.model.save_pretrained(tmp)  # config.json + model.safetensors of the fine-tuned transformer
@@ -47,5 +50,11 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
             modules.append(Dense(hidden, encoder.config.output_dim, activation_function=torch.nn.Identity(),
                                  init_weight=linear.weight.detach().clone(), init_bias=linear.bias.detach().clone()))
         modules.append(Normalize())
-        SentenceTransformer(modules=modules, device="cpu").save(str(out_dir))
+        # Written beside the target and renamed when complete: a cut export leaves no folder to load.
+        partial = out_dir.with_name(out_dir.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        SentenceTransformer(modules=modules, device="cpu").save(str(partial))
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (checked above)
+        partial.rename(out_dir)
     return out_dir

@@ -115,6 +115,8 @@ def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, tm
 def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, output_dim, tmp_path):
     from sentence_transformers import SentenceTransformer
 
+    from datasets.storage import BadInputError
+    from models.export import to_sentence_transformers
     from ray_jobs.cli import main as cli
 
     config = ModelConfig(encoder="pretrained")
@@ -128,6 +130,10 @@ def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, o
     exported = SentenceTransformer(str(tmp_path / "st"), device="cpu")
     assert exported.max_seq_length == 16
     np.testing.assert_allclose(exported.encode(texts), load(tmp_path / "ckpt").encode(texts), atol=1e-5)
+    assert not (tmp_path / "st.partial").exists()
+    # A second export into the same folder is refused rather than mixed into it.
+    with pytest.raises(BadInputError, match="already exists and is not empty"):
+        to_sentence_transformers(tmp_path / "ckpt", tmp_path / "st")
 
 
 def test_sentence_transformers_export_refuses_other_encoders(tmp_path, capsys):
