@@ -65,6 +65,8 @@ class DanEncoder(nn.Module):
         real tokens plus offsets first: padding would otherwise be looked up, masked and carried
         into the sparse gradient (most of a fixed-width batch is padding)."""
         mask = ids != 0  # (B, L)
+        if torch.compiler.is_exporting():  # ONNX/torch.export: no data-dependent shapes; same sum
+            return (table.weight[ids] * mask.unsqueeze(-1).to(table.weight.dtype)).sum(1)  # (B, d)
         flat = ids[mask]  # (N,) real tokens, row by row
         offsets = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)  # (B,)
         offsets[1:] = mask.sum(1).cumsum(0)[:-1]
@@ -125,13 +127,15 @@ class TransformerSentenceEncoder(nn.Module):
         ids = inputs["ids"] if "ids" in inputs else inputs["words"]  # (B, L): subword ids, or word ids
         # Batches arrive padded to a fixed width; attention and feed-forward cost grow with every
         # position, so cut the trailing columns no sentence uses (masked anyway: same result).
-        used = int((ids != 0).sum(1).max()) if ids.numel() else 0
-        ids = ids[:, : max(1, min(used, self.config.max_positions))]
+        if not torch.compiler.is_exporting():  # an exported graph takes the width it is given
+            used = int((ids != 0).sum(1).max()) if ids.numel() else 0
+            ids = ids[:, : max(1, min(used, self.config.max_positions))]
         mask = ids != 0  # (B, L)
         # A row of padding only (an empty text) would attend to no key: NaN in attention. It attends
         # to its first position instead; pooling still ignores it, so its embedding is finite.
-        attend = mask.clone()  # (B, L)
-        attend[:, 0] |= ~mask.any(1)
+        first = torch.zeros_like(mask)  # (B, L)
+        first[:, 0] = True
+        attend = mask | (first & ~mask.any(1, keepdim=True))  # (B, L)
         x = self.embedding(ids) * math.sqrt(self.config.hidden_size)  # (B, L, H)
         x = x + self.timing[: ids.shape[1]].unsqueeze(0)  # (B, L, H)
         x = self.final_norm(self.layers(x, src_key_padding_mask=~attend))  # (B, L, H)
@@ -229,8 +233,9 @@ class PretrainedEncoder(nn.Module):
     def forward(self, inputs: Inputs) -> torch.Tensor:
         ids = inputs["ids"]  # (B, L) the model's token ids, padded with its pad id
         mask = ids != self.pad_id  # (B, L)
-        used = int(mask.sum(1).max()) if ids.numel() else 0  # trailing all-padding columns cost only time
-        ids, mask = ids[:, : max(1, used)], mask[:, : max(1, used)]
+        if not torch.compiler.is_exporting():  # trailing all-padding columns cost only time
+            used = int(mask.sum(1).max()) if ids.numel() else 0
+            ids, mask = ids[:, : max(1, used)], mask[:, : max(1, used)]
         x = self.model(input_ids=ids, attention_mask=mask.long()).last_hidden_state  # (B, L, H)
         weights = mask.unsqueeze(-1).to(x.dtype)  # (B, L, 1)
         if self.config.pooling == "cls":

@@ -1,5 +1,13 @@
 """Export a checkpoint's encoder to formats other libraries load.
 
+  to_onnx(checkpoint, out_dir)   the encoder as an ONNX graph (out_dir/model.onnx) beside its
+      tokenizer (out_dir/tokenizer.json). Tokenization stays in Python: the graph's inputs are the
+      arrays `tokenizer.encode(texts)` returns, under the same names (int64, (batch, length), 0 =
+      padding; DAN: `words` and `bigrams`, Transformer and pretrained: `ids`); its output
+      `sentence_embedding` is (batch, dim), unit length, as `encode` gives. `OnnxEncoder(out_dir)
+      .encode(texts)` runs it with onnxruntime. The export is checked against torch on a few
+      sentences before it is kept.
+
   to_sentence_transformers(checkpoint, out_dir)   the pretrained-transformer encoder as a
       sentence-transformers folder: `SentenceTransformer(out_dir).encode(texts)` gives the
       checkpoint's embeddings (Transformer -> Pooling (the checkpoint's mean|cls|max) -> optional
@@ -12,14 +20,128 @@ texts with URLs or HTML entities can embed differently there.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import shutil
+import warnings
 import tempfile
 from pathlib import Path
+from typing import List, Sequence, Union
 
+import numpy as np
 import torch
+from torch import nn
 
 from datasets.storage import BadInputError
+from datasets.text import save_tokenizer, tokenizer_from_dict
 from models.checkpoint import load
+from models.heads import MultitaskModel
+
+ONNX_FILE = "model.onnx"
+ONNX_OUTPUT = "sentence_embedding"
+ONNX_OPSET = 18
+ONNX_TOLERANCE = 1e-4  # max |onnxruntime - torch| accepted by the export's own check
+CHECK_TEXTS = ["A man is playing a guitar.", "", "Two dogs run through a field of tall grass near the river bank.",
+               "what's the best way to learn python? https://example.com"]
+
+
+def _empty_out(out_dir: Path) -> None:
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise BadInputError(f"{out_dir}: already exists and is not empty; give a new --out")
+
+
+def _publish(partial: Path, out_dir: Path) -> Path:
+    """Rename a completely written folder into place: a cut export leaves no folder to load."""
+    if out_dir.exists():
+        out_dir.rmdir()  # empty (checked before writing)
+    partial.rename(out_dir)
+    return out_dir
+
+
+class _GraphEncoder(nn.Module):
+    """encode() as a function of the tokenizer's id arrays, in the order of `names`."""
+
+    def __init__(self, model: MultitaskModel, names: Sequence[str]):
+        super().__init__()
+        self.model = model
+        self.names = list(names)
+
+    def forward(self, *ids: torch.Tensor) -> torch.Tensor:
+        return self.model.encode(dict(zip(self.names, ids)))  # (B, dim), unit length
+
+
+class OnnxEncoder:
+    """An exported folder run with onnxruntime: `OnnxEncoder(dir).encode(texts)` -> (n, dim) float32."""
+
+    def __init__(self, folder: Union[str, Path], threads: int = 0):
+        import onnxruntime as ort
+
+        folder = Path(folder)
+        self.tokenizer = tokenizer_from_dict(json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads  # 0: onnxruntime's default (one per core)
+        self.session = ort.InferenceSession(str(folder / ONNX_FILE), options, providers=["CPUExecutionProvider"])
+        self.names = [i.name for i in self.session.get_inputs()]
+
+    def encode(self, sentences: Union[str, Sequence[str]], batch_size: int = 256) -> np.ndarray:
+        single = isinstance(sentences, str)
+        texts: List[str] = [sentences] if single else list(sentences)
+        tokens = self.tokenizer.encode(texts)  # {name: (n, L)}
+        first = tokens[self.names[0]]
+        lengths = (first != self.tokenizer.pad_id).sum(1)  # (n,)
+        order = np.argsort(-lengths, kind="stable")  # longest first, as SentenceEncoder.encode batches
+        out = np.zeros((len(texts), self.session.get_outputs()[0].shape[1]), dtype=np.float32)  # (n, dim)
+        for start in range(0, len(texts), batch_size):
+            rows = order[start : start + batch_size]
+            width = max(1, int(lengths[rows].max()))
+            feed = {n: np.ascontiguousarray(tokens[n][rows, :width], dtype=np.int64) for n in self.names}
+            out[rows] = self.session.run([ONNX_OUTPUT], feed)[0]  # (b, dim)
+        return out[0] if single else out
+
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """torch.onnx and onnxscript report each graph pass at INFO and warn about optional packages
+    (torchvision); the export's result is what the caller reports."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "onnxscript", "onnx_ir")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    loaded = load(checkpoint)
+    out_dir = Path(out_dir)
+    _empty_out(out_dir)
+    sample = loaded.tokenizer.encode(CHECK_TEXTS)  # {name: (n, L)}
+    names = list(sample)
+    args = tuple(torch.from_numpy(np.ascontiguousarray(sample[n], dtype=np.int64)) for n in names)
+    axes = {0: "batch", 1: "length"}
+    partial = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        with torch.no_grad(), _quiet_exporter():
+            torch.onnx.export(_GraphEncoder(loaded.model, names).eval(), args, str(partial / ONNX_FILE), dynamo=True,
+                              input_names=names, output_names=[ONNX_OUTPUT], dynamic_shapes=((axes,) * len(names),),
+                              opset_version=ONNX_OPSET, external_data=False, verbose=False)
+        save_tokenizer(loaded.tokenizer, partial / "tokenizer.json")
+        got = OnnxEncoder(partial).encode(CHECK_TEXTS, batch_size=2)  # (n, dim); batches of other widths
+        diff = float(np.abs(got - loaded.encode(CHECK_TEXTS)).max())
+        if not diff <= ONNX_TOLERANCE:
+            raise RuntimeError(f"{checkpoint}: the ONNX graph differs from torch by {diff:.2e} (> {ONNX_TOLERANCE})")
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # nothing half-written is left under --out's name
+        raise
+    return _publish(partial, out_dir)
 
 
 def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Path:
@@ -34,8 +156,7 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
         raise BadInputError(f"{checkpoint}: a {loaded.model.config.encoder} encoder; the sentence-transformers "
                             f"format holds the pretrained-transformer encoder (model.encoder=pretrained) only")
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise BadInputError(f"{out_dir}: already exists and is not empty; give a new --out")
+    _empty_out(out_dir)
     max_len = loaded.tokenizer.config.max_words  # special tokens included, as max_seq_length counts them
     with tempfile.TemporaryDirectory() as tmp:
         encoder.model.save_pretrained(tmp)  # config.json + model.safetensors of the fine-tuned transformer
@@ -54,7 +175,4 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
         partial = out_dir.with_name(out_dir.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         SentenceTransformer(modules=modules, device="cpu").save(str(partial))
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked above)
-        partial.rename(out_dir)
-    return out_dir
+        return _publish(partial, out_dir)

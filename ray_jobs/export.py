@@ -1,5 +1,9 @@
 """`convsts export`: a checkpoint's encoder in a format other libraries load.
 
+  convsts export --checkpoint C --format onnx --out DIR
+      DIR/model.onnx and DIR/tokenizer.json: inputs are `tokenizer.encode(texts)`'s int64 arrays
+      (DAN: words, bigrams; Transformer, pretrained: ids), output `sentence_embedding` (batch, dim),
+      unit length; `models.export.OnnxEncoder(DIR).encode(texts)` runs it with onnxruntime.
   convsts export --checkpoint C --format sentence-transformers --out DIR
       (model.encoder=pretrained) `SentenceTransformer(DIR).encode(texts)` gives the checkpoint's
       embeddings; models/export.py says what differs (text normalization).
@@ -10,10 +14,10 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from models.export import to_sentence_transformers
+from models.export import to_onnx, to_sentence_transformers
 from ray_jobs.runtime import log, setup_logging
 
-FORMATS = {"sentence-transformers": to_sentence_transformers}
+FORMATS = {"onnx": to_onnx, "sentence-transformers": to_sentence_transformers}
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

