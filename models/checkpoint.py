@@ -6,12 +6,17 @@ Layout of a checkpoint folder:
   model.safetensors  encoder + task heads (safe to load: no pickle)
   train_state.pt     optimizer state, step, data position (loaded with weights_only=True)
   sts_transform.safetensors   optional: the tuned STS matrix written by `convsts evaluate`
+
+A model folder (`save_model_folder`: what a training run hands to users, OUT/model, and what the
+MLflow model holds) is the same minus train_state.pt, plus a model card (README.md); `load` reads
+either.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -80,6 +85,26 @@ def save_checkpoint(
     if train_state is not None:
         torch.save(train_state, path / "train_state.pt")
     return path
+
+
+MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors", STS_FILE)  # a checkpoint minus train_state.pt
+
+
+def save_model_folder(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    """The encoder without optimizer state: MODEL_FILES (the STS matrix when present) copied from
+    `checkpoint`; written beside `out_dir` and renamed into place, replacing an older copy."""
+    checkpoint, out_dir = Path(checkpoint), Path(out_dir)
+    read_meta(checkpoint)  # a convsts checkpoint of this format
+    partial = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    for name in MODEL_FILES:
+        if (checkpoint / name).is_file():
+            shutil.copy2(checkpoint / name, partial / name)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    partial.rename(out_dir)
+    return out_dir
 
 
 def read_meta(path: str | Path) -> Dict[str, Any]:

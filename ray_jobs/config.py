@@ -111,6 +111,7 @@ class MlflowConfig:
     tracking_uri: str = ""  # "" = sqlite:///<out>/mlflow.db; MLFLOW_TRACKING_URI wins when set
     experiment: str = "convsts"
     run_name: str = ""
+    register_as: str = ""  # also register each training run's model under this name (MLflow model registry)
 
 
 @dataclass

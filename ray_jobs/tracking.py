@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 from datasets.storage import redact
 
 MAX_PARAM_LENGTH = 6000
+ARTIFACT_FOLDER = "mlartifacts"  # beside a local sqlite store's database file
 
 
 def client(tracking_uri: str):
@@ -18,13 +20,23 @@ def client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
+def artifact_root(tracking_uri: str) -> Optional[str]:
+    """Where a new experiment's artifacts go: for a local sqlite store, the folder `mlartifacts`
+    beside the database file (MLflow's default would be ./mlruns of whatever folder the command ran
+    from); for a tracking server, None (the server's own artifact root)."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    return (Path(tracking_uri[len(prefix):]).resolve().parent / ARTIFACT_FOLDER).as_uri()
+
+
 def experiment_id(tracking_uri: str, name: str) -> str:
     c = client(tracking_uri)
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
     try:
-        return c.create_experiment(name)
+        return c.create_experiment(name, artifact_location=artifact_root(tracking_uri))
     except Exception:  # another process created it first
         exp = c.get_experiment_by_name(name)
         if exp is None:

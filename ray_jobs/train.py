@@ -27,6 +27,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--resume", default=None, help="checkpoint folder to resume from (checked: same model, "
                         "tokenizer settings, tasks and prepared data)")
     parser.add_argument("--fresh", action="store_true", help="OUT already holds a run: delete its checkpoints and start over")
+    parser.add_argument("--register-as", default=None, metavar="NAME",
+                        help="register the run's MLflow model under NAME (mlflow.register_as)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.steps=500")
     return parser
 
@@ -35,11 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
     overrides = list(args.overrides) + ([f"trainer.resume_from={args.resume}"] if args.resume else [])
+    overrides += [f"mlflow.register_as={args.register_as}"] if args.register_as else []
     cfg = load_config(args.config, overrides)
     prepared = prepared_location(cfg, args.out, args.prepared)
     ensure_prepared(cfg, prepared)
     result = run_training(cfg, args.out, prepared_dir=prepared, fresh=args.fresh)
-    print(json.dumps({"checkpoint": str(result.checkpoint), "mlflow_run_id": result.run_id,
+    print(json.dumps({"checkpoint": str(result.checkpoint), "model": str(result.model), "mlflow_run_id": result.run_id,
                       "seconds": round(result.seconds, 1), "task_split_mode": result.mode}, indent=2))
     return 0
 

@@ -86,7 +86,17 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     history = client.get_metric_history(run.info.run_id, "reddit/loss")
     assert [m.step for m in history] == [3, 6]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"checkpoint", "results.json"} <= artifacts
+    assert {"model", "results.json"} <= artifacts and "checkpoint" not in artifacts  # no optimizer state
+    # The MLflow model and OUT/model: the encoder and a card with the evaluation (logged again after it).
+    logged = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run.info.run_id, "model/artifacts/model")}
+    assert {"model.safetensors", "README.md", "card.json"} <= logged
+    assert not (out / "model" / "train_state.pt").exists()
+    card = (out / "model" / "README.md").read_text()
+    assert f"| STS Benchmark test, Pearson r (raw cosine) | {results['stsb/test/pearson']:.4f} |" in card
+    local = tmp_path / "logged"
+    client.download_artifacts(run.info.run_id, "model/artifacts/model/README.md", str(local))
+    assert (local / "model" / "artifacts" / "model" / "README.md").read_text() == card
+    np.testing.assert_array_equal(load(out / "model").encode(texts), encoder.encode(texts))
 
 
 @pytest.mark.slow

@@ -61,7 +61,7 @@ def test_submit_training_job_with_token_auth(tmp_path):
         run = runs[0]
         assert run.info.status == "FINISHED" and run.data.params["trainer.steps"] == "4"
         assert "reddit/loss" in run.data.metrics and "snli/loss" in run.data.metrics
-        assert "checkpoint" in {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert "model" in {a.path for a in client.list_artifacts(run.info.run_id)}  # the server's artifact root
 
         listed = convsts(["jobs", "list"], env)
         assert listed.returncode == 0 and "convsts-test-train" in listed.stdout and "SUCCEEDED" in listed.stdout

@@ -16,6 +16,7 @@ from ray_jobs.config import RunConfig
 from ray_jobs.evaluation.cqa import configured_cqa_metrics
 from ray_jobs.evaluation.plots import scatter_plot
 from ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
+from ray_jobs.model_card import CARD_FILE, FACTS_FILE, add_results
 from ray_jobs.evaluation.sts import (predicted_scores, read_stsb_split, sts_file_metrics, sts_metrics,
                                      stsb_embeddings, tuned_sts_metrics)
 from ray_jobs.runtime import log, tracking_uri
@@ -112,8 +113,13 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
         scorer = baseline_scorer(baseline, cfg, prepared)
     else:
         raise ValueError("give --checkpoint or --baseline")
-    transform_dirs = [out_dir] + ([Path(checkpoint)] if checkpoint else [])
+    trained = training_info(checkpoint) if checkpoint else {}
+    cards = model_folders(checkpoint, trained) if checkpoint else []
+    transform_dirs = [out_dir] + ([Path(checkpoint)] if checkpoint else []) + cards
     results = evaluate(scorer, cfg, prepared, sts_files, transform_dirs)
+    for folder in cards:
+        add_results(folder, results)
+        log.info("model card %s: results added", folder / CARD_FILE)
     test = read_stsb_split(cfg, "test")
     scatter_plot(predicted_scores(stsb_embeddings(scorer, test)), test, out_dir / "stsb_test_scatter.png")
     flat: Dict[str, object] = dict(results)
@@ -128,6 +134,10 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
                                         tags={"convsts.job": "evaluate"})
         tracking.log_metrics(uri, run_id, results)
         tracking.log_artifact(uri, run_id, str(out_dir / "stsb_test_scatter.png"), "plots")
+        if trained.get("mlflow_run_id") == run_id and trained.get("model") in map(str, cards):
+            from ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
+
+            log_model(uri, run_id, trained["model"])  # the training run's model, now with its results and STS matrix
         flat["mlflow_run_id"] = run_id
         if own_run:
             tracking.end_run(uri, run_id)
@@ -136,10 +146,27 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     return flat
 
 
-def training_run(checkpoint: str) -> tuple[Optional[str], Optional[str]]:
-    """(run id, tracking URI) of the training job that wrote `checkpoint`, from its train.json."""
+def training_info(checkpoint: str) -> Dict[str, str]:
+    """The train.json of the training job whose final checkpoint is `checkpoint` ({} if none)."""
     info = Path(checkpoint).resolve().parent / "train.json"
     if not info.is_file():
-        return None, None
+        return {}
     data = json.loads(info.read_text(encoding="utf-8"))
+    if Path(data.get("checkpoint", "")).resolve() != Path(checkpoint).resolve():
+        return {}
+    return data
+
+
+def model_folders(checkpoint: str, trained: Dict[str, str]) -> List[Path]:
+    """Model folders whose card takes this evaluation: the evaluated folder itself when it is one,
+    and the model folder its training run wrote beside it."""
+    found = [Path(checkpoint)] if (Path(checkpoint) / FACTS_FILE).is_file() else []
+    if trained.get("model") and (Path(trained["model"]) / FACTS_FILE).is_file():
+        found.append(Path(trained["model"]))
+    return found
+
+
+def training_run(checkpoint: str) -> tuple[Optional[str], Optional[str]]:
+    """(run id, tracking URI) of the training job that wrote `checkpoint`, from its train.json."""
+    data = training_info(checkpoint)
     return data.get("mlflow_run_id"), data.get("tracking_uri")

@@ -13,13 +13,17 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from datasets.storage import redact, redact_tree
 from datasets import storage
-from models.checkpoint import load_model, read_meta
+from models.checkpoint import load_model, read_meta, save_model_folder
 from ray_jobs import tracking
 from ray_jobs.config import ConfigError, RunConfig, flatten, resolve_path
+from ray_jobs.model_card import write_card, run_facts
 from ray_jobs.runtime import ensure_ray, log, tracking_uri
 from ray_jobs.task_groups import plan_tasks
 from ray_jobs.tasks import prepared_tasks, trained_tasks
 from ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
+
+
+MODEL_FOLDER = "model"  # OUT/model
 
 
 @dataclass
@@ -30,6 +34,7 @@ class TrainResult:
     seconds: float
     mode: str
     train_rows: Dict[str, int]  # rows of each materialized task's training set (SNLI after data.snli_fraction)
+    model: Path  # OUT/model: the encoder without optimizer state, with its model card
 
 
 def prepared_location(cfg: RunConfig, out_dir: str | Path, given: Optional[str | Path] = None) -> str:
@@ -69,7 +74,7 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) 
 def claim_output(out_dir: Path, cfg: RunConfig, fresh: bool) -> None:
     """A training run's output folder holds one run: a second run into it is refused unless it
     resumes (trainer.resume_from) or starts over (`fresh`: the old checkpoints are deleted)."""
-    candidates = [out_dir / "train.json", out_dir / "checkpoint"]
+    candidates = [out_dir / "train.json", out_dir / "checkpoint", out_dir / MODEL_FOLDER]
     if not storage.is_uri(cfg.trainer.storage_path):  # Ray Train's own run folder, when it is local
         candidates.append(Path(cfg.trainer.storage_path or out_dir / "ray_results") / cfg.name)
     used = [p for p in candidates if p.exists()]
@@ -130,7 +135,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
         tracking.log_params(uri, run_id, params)
 
     try:
-        result = _train(cfg, out_dir, prepared, uri, run_id, digests, extra_callbacks)
+        result = _train(cfg, out_dir, prepared, uri, run_id, manifests, extra_callbacks)
     except BaseException:
         tracking.end_run(uri, run_id, "FAILED")  # never left RUNNING (a caller's run fails with it)
         raise
@@ -139,10 +144,12 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     return result
 
 
-def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str, digests: Dict[str, str],
-           extra_callbacks: Sequence[Any]) -> TrainResult:
+def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
+           manifests: Dict[str, Dict[str, Any]], extra_callbacks: Sequence[Any]) -> TrainResult:
     import ray.train
     from ray.train.torch import TorchTrainer
+
+    from ray_jobs.mlflow_model import log_model
 
     from ray_jobs.training.worker import train_loop_per_worker
 
@@ -167,7 +174,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str, 
         "datasets": sorted(datasets),
         "tracking_uri": uri,
         "run_id": run_id,
-        "provenance": {"data": digests},
+        "provenance": {"data": data_digests(manifests)},
     }
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -196,8 +203,15 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str, 
     result.checkpoint.to_directory(str(final))
     seconds = time.time() - started
     tracking.log_metrics(uri, run_id, {"train/seconds": seconds}, cfg.trainer.steps)
-    tracking.log_artifacts(uri, run_id, str(final), "checkpoint")
+    # What users take away: the encoder without optimizer state, with its model card, as the run's
+    # MLflow model (the full checkpoint stays in OUT/checkpoint for --resume).
+    model_dir = save_model_folder(final, out_dir / MODEL_FOLDER)
+    write_card(model_dir, run_facts(cfg.to_dict(), manifests, data_digests(manifests), run_id, uri, seconds))
+    model_uri = log_model(uri, run_id, model_dir, cfg.mlflow.register_as)
+    log.info("model: %s (MLflow %s%s)", model_dir, model_uri,
+             f", registered as {cfg.mlflow.register_as}" if cfg.mlflow.register_as else "")
     (out_dir / "train.json").write_text(json.dumps(
-        {"checkpoint": str(final), "mlflow_run_id": run_id, "tracking_uri": redact(uri), "seconds": round(seconds, 1),
-         "task_split_mode": plan.mode}, indent=2), encoding="utf-8")
-    return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows)
+        {"checkpoint": str(final), "model": str(model_dir), "mlflow_model": model_uri, "mlflow_run_id": run_id,
+         "tracking_uri": redact(uri), "seconds": round(seconds, 1), "task_split_mode": plan.mode}, indent=2),
+        encoding="utf-8")
+    return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows, model_dir)

@@ -1,0 +1,126 @@
+"""The trained encoder as a model folder with a model card and as an MLflow pyfunc model: loaded
+with mlflow.pyfunc, registered on the sqlite store, and served by `mlflow models serve` on
+127.0.0.1 (real HTTP; the vectors equal models.load(...).encode); the card takes evaluation results."""
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from datasets.text import DanTokenizer, TokenizerConfig, count_words
+from local_cluster import BIN, free_port, stop_pids
+from models import load, save_checkpoint
+from models.checkpoint import build_model, save_model_folder
+from models.config import DanConfig, ModelConfig
+from models.sts_transform import StsTransform, StsTransformConfig
+from ray_jobs import tracking
+from ray_jobs.mlflow_model import log_model
+from ray_jobs.model_card import CARD_FILE, add_results, run_facts, write_card
+
+TEXTS = ["A man is playing a guitar.", "Two dogs run through a snowy field.", "", "what is the best pizza in town?"]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def model_folder(tmp_path):
+    torch.manual_seed(0)
+    tokenizer = DanTokenizer.build(count_words(TEXTS * 3), TokenizerConfig(bigram_buckets=128))
+    config = ModelConfig(encoder="dan", dan=DanConfig(embedding_dim=16, hidden_sizes=[16], output_dim=12),
+                         response_hidden=8, nli_hidden=8)
+    ckpt = save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer, {"reddit": "response", "snli": "nli"}),
+                           tokenizer, {"name": "tiny"}, train_state={"step": 3})
+    rotation = np.linalg.qr(np.random.default_rng(0).normal(size=(12, 12)))[0]  # a tuned STS matrix, as evaluate saves
+    StsTransform(rotation, StsTransformConfig(), 0.5, 1).save(ckpt)
+    folder = save_model_folder(ckpt, tmp_path / "model")
+    manifests = {"reddit": {"inputs": ["s3://key:secret@bucket/pairs.parquet"], "train_pairs": 90, "test_pairs": 10}}
+    write_card(folder, run_facts({"name": "tiny", "trainer": {"steps": 3}}, manifests, {"reddit": "ab" * 20},
+                                 "RUNID", "sqlite:///x.db", 12.0))
+    return folder
+
+
+def test_model_folder_has_no_optimizer_state_and_a_card(model_folder):
+    assert sorted(p.name for p in model_folder.iterdir()) == ["README.md", "card.json", "config.json",
+                                                               "model.safetensors", "sts_transform.safetensors",
+                                                               "tokenizer.json"]
+    assert load(model_folder).encode(TEXTS).shape == (4, 12)
+    np.testing.assert_allclose(load(model_folder).encode(TEXTS, tuned=True),
+                               load(model_folder.parent / "ckpt").encode(TEXTS, tuned=True))
+    card = (model_folder / CARD_FILE).read_text()
+    header = yaml.safe_load(card.split("---")[1])
+    assert header["library_name"] == "convsts" and header["datasets"] == ["reddit"]
+    assert "encoder-dan" in header["tags"] and "model-index" not in header  # not evaluated yet
+    assert "90 training pairs" in card and "models.load(" in card and "runs:/RUNID/model" in card
+    assert "secret" not in card and "secret" not in (model_folder / "card.json").read_text()
+    add_results(model_folder, {"stsb/test/pearson": 0.7123, "reddit/p_at_1": 0.25, "checkpoint": "x"})
+    card = (model_folder / CARD_FILE).read_text()
+    header = yaml.safe_load(card.split("---")[1])
+    metrics = {m["type"]: m["value"] for r in header["model-index"][0]["results"] for m in r["metrics"]}
+    assert metrics == {"stsb/test/pearson": 0.7123, "reddit/p_at_1": 0.25}
+    assert "| STS Benchmark test, Pearson r (raw cosine) | 0.7123 |" in card
+
+
+def test_mlflow_model_loads_registers_and_serves_over_http(model_folder, tmp_path, monkeypatch):
+    import mlflow
+
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # artifacts must not land in the working directory
+
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    (tmp_path / "store").mkdir()
+    run_id = tracking.start_run(uri, "serve-test", "tiny")
+    model_uri = log_model(uri, run_id, model_folder, register_as="convsts-tiny")
+    tracking.end_run(uri, run_id)
+    assert model_uri == f"runs:/{run_id}/model"
+    # Artifacts live beside the store, not in the working directory.
+    assert (tmp_path / "store" / "mlartifacts").is_dir() and not any((tmp_path / "cwd").iterdir())
+    expected = load(model_folder).encode(TEXTS)  # (4, 12)
+
+    mlflow.set_tracking_uri(uri)
+    try:
+        loaded = mlflow.pyfunc.load_model(model_uri)
+        np.testing.assert_allclose(loaded.predict(pd.DataFrame({"text": TEXTS})), expected, atol=1e-5)
+        raw = loaded.predict(pd.DataFrame({"text": TEXTS}), params={"normalize_embeddings": False})
+        assert not np.allclose(np.linalg.norm(raw[:2], axis=1), 1.0)
+        tuned = loaded.predict(pd.DataFrame({"text": TEXTS}), params={"tuned": True})
+        np.testing.assert_allclose(tuned, load(model_folder).encode(TEXTS, tuned=True), atol=1e-5)
+        registered = mlflow.pyfunc.load_model("models:/convsts-tiny/1")
+        np.testing.assert_allclose(registered.predict(pd.DataFrame({"text": TEXTS})), expected, atol=1e-5)
+    finally:
+        mlflow.set_tracking_uri(None)
+
+    port = free_port()
+    # The scoring server execs `uvicorn` by name: the environment's bin folder must be on PATH.
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.Popen([str(BIN / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager", "local",
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            env=env, cwd=tmp_path, stdout=open(tmp_path / "serve.log", "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while not _answers(f"http://127.0.0.1:{port}/ping"):
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.time() < deadline, "mlflow models serve did not answer within 180 s"
+            time.sleep(0.5)
+        body = json.dumps({"dataframe_records": [{"text": t} for t in TEXTS]}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            served = np.array(json.loads(response.read())["predictions"], dtype=np.float32)
+    finally:
+        stop_pids([proc.pid], grace_s=15)
+        proc.wait(timeout=30)
+    np.testing.assert_allclose(served, expected, atol=1e-5)
