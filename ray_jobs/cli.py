@@ -13,13 +13,13 @@ COMMANDS = {
     "tune": ("ray_jobs.tune", "Ray Tune sweeps over a space in tune_spaces/ (sts_matrix, snli_fraction)"),
     "submit": ("ray_jobs.submit", "submit one of these jobs to a Ray cluster (job API) and follow it"),
     "jobs": ("ray_jobs.jobs", "list, show logs of, or stop jobs on a Ray cluster"),
-    "export": ("ray_jobs.export", "a checkpoint's encoder as a sentence-transformers folder"),
+    "export": ("ray_jobs.export", "a checkpoint's encoder as ONNX or a sentence-transformers folder"),
     "demo": ("ray_jobs.demo", "the whole pipeline on the embedded sample"),
 }
 
 
 def usage() -> str:
-    lines = ["usage: convsts <command> [args] [--debug]   (convsts <command> --help for its options;",
+    lines = ["usage: convsts <command> [args] [--debug] | convsts --version   (convsts <command> --help for its options;",
              "       --debug or CONVSTS_DEBUG=1 shows tracebacks of input and config errors)", "", "commands:"]
     lines += [f"  {name:<10} {desc}" for name, (_, desc) in COMMANDS.items()]
     return "\n".join(lines)
@@ -29,6 +29,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
+        return 0
+    if argv[0] in ("--version", "-V"):
+        from importlib.metadata import version
+
+        print(f"convsts {version('convsts')}")
         return 0
     if argv[0] not in COMMANDS:
         print(f"convsts: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)

@@ -15,14 +15,17 @@ from ray_jobs.job_api import SubmitError, job_client, status_name, wait_for_job
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="convsts jobs", description=__doc__,
                                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--address", default=None)
+    address_help = "Ray dashboard address (default: RAY_ADDRESS); before or after the action"
+    parser.add_argument("--address", default=None, help=address_help)
     sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("list", help="all jobs on the cluster, newest last")
+    listing = sub.add_parser("list", help="all jobs on the cluster, newest last")
     logs = sub.add_parser("logs", help="a job's logs")
     logs.add_argument("job_id")
     logs.add_argument("--follow", action="store_true", help="stream until the job ends")
     stop = sub.add_parser("stop", help="stop a running job")
     stop.add_argument("job_id")
+    for action in (listing, logs, stop):  # `convsts jobs list --address URL` as well as `jobs --address URL list`
+        action.add_argument("--address", default=argparse.SUPPRESS, help=address_help)
     return parser
 
 

@@ -2,6 +2,9 @@
 
   convsts submit train --config configs/dan_multitask.yaml --out /mnt/runs/r1 [--address http://HEAD:8265]
 
+submit's own options (--address, --runtime-env, --python, --submission-id, --no-wait) may stand
+before or after the job name; everything else after the job name goes to the job.
+
 The project folder is the job's working_dir and cluster/runtime_env.yaml (or --runtime-env FILE)
 its runtime environment; MLFLOW_TRACKING_URI is passed on when set (without any user:password
 in it). Credentials never travel in a job spec, which the dashboard shows to anyone: arguments that
@@ -112,8 +115,32 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
+# submit's own options, taken wherever they stand: `convsts submit train --config C --address URL`
+# sends --address to submit, not to the job (no job has options of these names). name -> takes a value
+OWN_OPTIONS = {"--address": True, "--runtime-env": True, "--python": True, "--submission-id": True, "--no-wait": False}
+
+
+def own_options_first(argv: Sequence[str]) -> list:
+    """argv with submit's own options moved in front of the job name."""
+    argv = list(argv)
+    job_at = next((i for i, a in enumerate(argv) if a in JOBS), len(argv))
+    head, tail, moved = argv[:job_at], argv[job_at:], []
+    i = 0
+    while i < len(tail):
+        name = tail[i].split("=", 1)[0]
+        if name in OWN_OPTIONS and tail[i] != "--":
+            takes = OWN_OPTIONS[name] and "=" not in tail[i]
+            moved += tail[i : i + 1 + takes]
+            del tail[i : i + 1 + takes]
+            continue
+        if tail[i] == "--":
+            break
+        i += 1
+    return head + moved + tail
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(own_options_first(sys.argv[1:] if argv is None else argv))
     try:
         client, job_id = submit(args.job, args.args, args.address, args.runtime_env, args.python, args.submission_id)
     except SubmitError as err:

@@ -13,6 +13,7 @@ import argparse
 import json
 from typing import Sequence
 
+from datasets.storage import redact
 from ray_jobs.config import load_config
 from ray_jobs.runtime import setup_logging
 from ray_jobs.training.run import ensure_prepared, prepared_location, run_training
@@ -22,11 +23,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser = parser or argparse.ArgumentParser(prog="convsts train", description=__doc__,
                                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None, help="run config YAML")
-    parser.add_argument("--out", required=True, help="output folder (checkpoint, ray_results, mlflow.db)")
+    parser.add_argument("--out", default=None, help="output folder (checkpoint, model, ray_results, mlflow.db); "
+                        "required unless --print-config")
     parser.add_argument("--prepared", default=None, help="prepared shards (default: data.prepared_dir or OUT/prepared)")
     parser.add_argument("--resume", default=None, help="checkpoint folder to resume from (checked: same model, "
                         "tokenizer settings, tasks and prepared data)")
     parser.add_argument("--fresh", action="store_true", help="OUT already holds a run: delete its checkpoints and start over")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved run config (YAML, credentials masked) and exit")
     parser.add_argument("--register-as", default=None, metavar="NAME",
                         help="register the run's MLflow model under NAME (mlflow.register_as)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.steps=500")
@@ -39,6 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = list(args.overrides) + ([f"trainer.resume_from={args.resume}"] if args.resume else [])
     overrides += [f"mlflow.register_as={args.register_as}"] if args.register_as else []
     cfg = load_config(args.config, overrides)
+    if args.print_config:
+        print(redact(cfg.to_yaml()), end="")
+        return 0
+    if not args.out:
+        build_parser().error("the following arguments are required: --out")
     prepared = prepared_location(cfg, args.out, args.prepared)
     ensure_prepared(cfg, prepared)
     result = run_training(cfg, args.out, prepared_dir=prepared, fresh=args.fresh)

@@ -91,6 +91,7 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     logged = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run.info.run_id, "model/artifacts/model")}
     assert {"model.safetensors", "README.md", "card.json"} <= logged
     assert not (out / "model" / "train_state.pt").exists()
+    assert load_config(out / "config.yaml").to_dict() == cfg.to_dict()  # the resolved config, written into --out
     card = (out / "model" / "README.md").read_text()
     assert f"| STS Benchmark test, Pearson r (raw cosine) | {results['stsb/test/pearson']:.4f} |" in card
     local = tmp_path / "logged"

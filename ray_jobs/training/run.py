@@ -24,6 +24,7 @@ from ray_jobs.training.data import build_tokenizer, check_prepared, task_dataset
 
 
 MODEL_FOLDER = "model"  # OUT/model
+CONFIG_FILE = "config.yaml"  # OUT/config.yaml: the resolved run config
 
 
 @dataclass
@@ -119,6 +120,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
     manifests = check_prepared(prepared, prepared_tasks(cfg))  # complete prepared folders, before any run exists
     claim_output(out_dir, cfg, fresh)
+    (out_dir / CONFIG_FILE).write_text(redact(cfg.to_yaml()), encoding="utf-8")  # the resolved config, as run
     digests = data_digests(manifests)
     if cfg.trainer.resume_from:
         differs = resume_mismatches(cfg.trainer.resume_from, cfg, digests)
