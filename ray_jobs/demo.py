@@ -70,7 +70,8 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = Lex
             columns[name] = {k: v for k, v in metrics.items() if isinstance(v, float)}
             prefix = f"{UNTRAINED}/" if name == UNTRAINED else f"baseline/{name}/"
             flat.update({prefix + k: v for k, v in columns[name].items()})
-        tracking.log_metrics(uri, run_id, {f"{UNTRAINED}/{k}": v for k, v in columns[UNTRAINED].items()})
+        compared = {k: v for k, v in flat.items() if k.startswith((f"{UNTRAINED}/", "baseline/"))}
+        tracking.log_metrics(uri, run_id, compared, cfg.trainer.steps)  # beside the model's, at its last step
         flat["checkpoint"] = str(trained.checkpoint)
         flat["mlflow_run_id"] = run_id
         flat["seconds"] = round(time.time() - started, 1)

@@ -29,6 +29,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from datasets.storage import has_credentials, redact, strip_credentials
 from ray_jobs.job_api import SubmitError, explain, job_address, job_client, status_name, wait_for_job
+from ray_jobs.provenance import COMMIT_ENV, git_commit
 from ray_jobs.runtime import log
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +69,9 @@ def build_runtime_env(path: Optional[str | Path], working_dir: Path = PROJECT_RO
         if has_credentials(str(value)):
             raise SubmitError(f"runtime_env variable {name} carries credentials ({redact(str(value))}); a job's "
                               f"runtime_env is visible in the dashboard: provide them on the cluster (docs/cluster.md)")
+    commit = git_commit()  # the job's working copy is no git checkout: its runs record the commit sent
+    if commit:
+        env_vars.setdefault(COMMIT_ENV, commit)
     env["env_vars"] = {k: str(v) for k, v in env_vars.items()}
     return env
 

@@ -3,6 +3,7 @@ from Ray Train workers and from Tune trials alike."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -53,13 +54,54 @@ def start_run(
     parent_run_id: Optional[str] = None,
 ) -> str:
     c = client(tracking_uri)
-    all_tags = {k: redact(str(v)) for k, v in (tags or {}).items()}
+    all_tags = {k: redact(str(v)) for k, v in {**provenance_tags(), **(tags or {})}.items()}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     run = c.create_run(experiment_id(tracking_uri, experiment), run_name=redact(run_name) or None, tags=all_tags)
     if params:
         log_params(tracking_uri, run.info.run_id, params)
     return run.info.run_id
+
+
+def provenance_tags() -> Dict[str, str]:
+    """What made a run: the project's commit (MLflow's own source tags), the entry command, library
+    versions, the machine."""
+    import os
+    import sys
+
+    from ray_jobs.provenance import git_commit, library_versions, machine
+
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    tags = {"mlflow.source.name": program, "mlflow.source.type": "LOCAL",
+            "convsts.command": " ".join([program, *sys.argv[1:]])[:MAX_PARAM_LENGTH]}
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    tags.update({f"convsts.version.{name}": version for name, version in library_versions().items()})
+    tags.update({f"convsts.machine.{name}": value for name, value in machine().items()})
+    return tags
+
+
+@contextlib.contextmanager
+def system_metrics(tracking_uri: str, run_id: str, interval_s: float = 10.0):
+    """MLflow's own system metrics (system/cpu_utilization_percentage, memory, disk, network; GPU when
+    present) logged to `run_id` while the block runs; nothing when psutil is not installed."""
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    except ImportError:
+        yield
+        return
+    try:
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=True,
+                                       tracking_uri=tracking_uri)
+    except ImportError:  # psutil missing
+        yield
+        return
+    monitor.start()
+    try:
+        yield
+    finally:
+        monitor.finish()
 
 
 def log_params(tracking_uri: str, run_id: str, params: Mapping[str, Any]) -> None:

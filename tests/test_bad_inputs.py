@@ -289,7 +289,8 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(prepared_sample, r
 
     scratch, out = tmp_path / "cwd", tmp_path / "run"
     scratch.mkdir()
-    env = {**ENV, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    env = {**ENV, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+           "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}  # MLflow's own setting: samples within a short run
     result = subprocess.run(
         [sys.executable, "-m", "ray_jobs.train", "--out", str(out), "--prepared", str(prepared_sample),
          "trainer.task_weights={snli: 1.0}", *TINY_TRAIN, f"data.reddit_inputs=[{PLANTED}]",
@@ -297,6 +298,8 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(prepared_sample, r
         capture_output=True, text=True, env=env, cwd=scratch, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not _leaks(result.stdout + result.stderr)
+    output = result.stdout + result.stderr
+    assert output.count("[convsts rank 0] step 4/4 ") == 1  # each progress line once (Ray Train's print patch doubled them)
     # Every file the run wrote (checkpoint config.json, train.json, Ray's results, MLflow's store
     # and artifacts wherever they landed), read as bytes.
     files = [p for root in (out, scratch) for p in root.rglob("*") if p.is_file()]
@@ -310,6 +313,19 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(prepared_sample, r
     assert not _leaks(json.dumps([run.data.params, run.data.tags, run.info.run_name]))
     config = json.loads((out / "checkpoint" / "config.json").read_text())
     assert config["run_config"]["data"]["reddit_inputs"] == ["s3://***@bucket/dumps/RC_x.zst?secret_key=***&region=eu"]
+    # Nothing lands in the working directory: the sqlite store's artifacts live beside it.
+    assert not list(scratch.iterdir())
+    assert (out / "mlartifacts").is_dir() and (out / "config.yaml").is_file()
+    # Provenance: the commit, the entry command (its secret masked), library versions, the machine.
+    import torch
+
+    tags = run.data.tags
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if head:
+        assert tags["mlflow.source.git.commit"].split("-")[0] == head
+    assert tags["mlflow.source.name"] == "train.py" and "--prepared" in tags["convsts.command"]
+    assert tags["convsts.version.torch"] == torch.__version__ and tags["convsts.machine.cpu_count"] == str(os.cpu_count())
+    assert "system/cpu_utilization_percentage" in run.data.metrics and "system/system_memory_usage_megabytes" in run.data.metrics
 
 
 # ---- 7. one line naming the file for inputs that cannot be read; 9. literal names are not globs

@@ -3,6 +3,7 @@ the trained encoder, the same encoder untrained and a baseline."""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,6 +86,9 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     assert run.data.tags["task_split_mode"] == "gradient_weighting"
     history = client.get_metric_history(run.info.run_id, "reddit/loss")
     assert [m.step for m in history] == [3, 6]
+    # Evaluation metrics, the untrained encoder's and the baselines' stand at the last training step.
+    for name in ("stsb/dev/pearson", f"{UNTRAINED}/stsb/dev/pearson", "baseline/bow/stsb/dev/pearson"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == [6], name
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"model", "results.json"} <= artifacts and "checkpoint" not in artifacts  # no optimizer state
     # The MLflow model and OUT/model: the encoder and a card with the evaluation (logged again after it).
@@ -94,9 +98,9 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     assert load_config(out / "config.yaml").to_dict() == cfg.to_dict()  # the resolved config, written into --out
     card = (out / "model" / "README.md").read_text()
     assert f"| STS Benchmark test, Pearson r (raw cosine) | {results['stsb/test/pearson']:.4f} |" in card
-    local = tmp_path / "logged"
-    client.download_artifacts(run.info.run_id, "model/artifacts/model/README.md", str(local))
-    assert (local / "model" / "artifacts" / "model" / "README.md").read_text() == card
+    (tmp_path / "logged").mkdir()
+    local = client.download_artifacts(run.info.run_id, "model/artifacts/model/README.md", str(tmp_path / "logged"))
+    assert Path(local).read_text() == card
     np.testing.assert_array_equal(load(out / "model").encode(texts), encoder.encode(texts))
 
 

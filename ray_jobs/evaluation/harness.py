@@ -132,7 +132,8 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
             run_id = tracking.start_run(uri, cfg.mlflow.experiment, f"evaluate-{scorer.name}",
                                         {"checkpoint": checkpoint or "", "baseline": baseline or ""},
                                         tags={"convsts.job": "evaluate"})
-        tracking.log_metrics(uri, run_id, results)
+        # Against the training step of the weights scored: the last step for a training run's model.
+        tracking.log_metrics(uri, run_id, results, trained_step(checkpoint) if checkpoint else 0)
         tracking.log_artifact(uri, run_id, str(out_dir / "stsb_test_scatter.png"), "plots")
         if trained.get("mlflow_run_id") == run_id and trained.get("model") in map(str, cards):
             from ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
@@ -144,6 +145,17 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     (out_dir / "results.json").write_text(redact(json.dumps(flat, indent=2)), encoding="utf-8")
     (out_dir / "results.md").write_text(results_table({scorer.name: results}) + "\n", encoding="utf-8")
     return flat
+
+
+def trained_step(checkpoint: str) -> int:
+    """The training step of a checkpoint's weights (its train state; for a model folder, the steps
+    its run config asked for)."""
+    from models.checkpoint import load_train_state, read_meta
+
+    state = load_train_state(checkpoint)
+    if state is not None and "step" in state:
+        return int(state["step"])
+    return int(read_meta(checkpoint).get("run_config", {}).get("trainer", {}).get("steps", 0))
 
 
 def training_info(checkpoint: str) -> Dict[str, str]:

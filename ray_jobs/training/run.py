@@ -196,7 +196,8 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
             callbacks=list(extra_callbacks) or None,
         ),
     )
-    result = trainer.fit()
+    with tracking.system_metrics(uri, run_id):
+        result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"training finished without a checkpoint; see {out_dir / 'ray_results'}")
     final = out_dir / "checkpoint"

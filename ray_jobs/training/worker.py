@@ -3,6 +3,7 @@ checkpoints, reports) and to MLflow. Resumes from `ray.train.get_checkpoint()` a
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from typing import Any, Dict, Optional
 
@@ -15,6 +16,14 @@ from ray_jobs.task_groups import plan_tasks
 from ray_jobs.training.data import TaskStream
 from ray_jobs.training.loop import LoopHooks, TrainLoop
 from ray_jobs.training.state import TrainState, initial_model, restore
+
+
+def say_once(line: str) -> None:
+    """One progress line on the worker's real stdout (Ray forwards it to the driver). Ray Train
+    patches `print` in workers to also log each line through the root logger, which printed every
+    line twice."""
+    sys.__stdout__.write(line + "\n")
+    sys.__stdout__.flush()
 
 
 def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
@@ -65,10 +74,10 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
 
         probe = StsDevProbe(cfg, tokenizer)
         evaluate = probe.evaluate
-    loop = TrainLoop(cfg, model, plan, rank, open_stream, LoopHooks(log=log, checkpoint=report, evaluate=evaluate),
-                     state)
+    loop = TrainLoop(cfg, model, plan, rank, open_stream,
+                     LoopHooks(log=log, checkpoint=report, evaluate=evaluate, say=say_once), state)
     if rank == 0:
-        print(f"[convsts] {plan.describe()}; world size {world}; device {device}; start step {loop.step}", flush=True)
+        say_once(f"[convsts] {plan.describe()}; world size {world}; device {device}; start step {loop.step}")
         if loop.step == 0 and uri and run_id:
             tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode})
         if checkpoint is not None:  # a restarted worker group (FailureConfig)
