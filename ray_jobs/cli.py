@@ -19,8 +19,9 @@ COMMANDS = {
 
 
 def usage() -> str:
-    lines = ["usage: convsts <command> [args] [--debug] | convsts --version   (convsts <command> --help for its options;",
-             "       --debug or CONVSTS_DEBUG=1 shows tracebacks of input and config errors)", "", "commands:"]
+    lines = ["usage: convsts <command> [args] [--debug] [--verbose] | convsts --version",
+             "       (convsts <command> --help for its options; --debug or CONVSTS_DEBUG=1 shows tracebacks of",
+             "       input and config errors; --verbose also shows Ray's progress bars and info logs)", "", "commands:"]
     lines += [f"  {name:<10} {desc}" for name, (_, desc) in COMMANDS.items()]
     return "\n".join(lines)
 

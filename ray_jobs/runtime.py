@@ -23,9 +23,16 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-def setup_logging(verbose: bool = False) -> None:
+VERBOSE_ENV = "CONVSTS_VERBOSE"
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV) == "1"
+
+
+def setup_logging() -> None:
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
+        level=logging.DEBUG if verbose() else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
@@ -38,10 +45,16 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
     """Attach to the cluster at `address`/RAY_ADDRESS, or start a local instance on this machine."""
     import ray
 
+    if not verbose():  # the project's own progress lines only; Ray Data's bars redraw with escape codes
+        from ray.data import DataContext
+
+        context = DataContext.get_current()
+        context.enable_progress_bars = False
+        context.print_on_execution_start = False
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
-    kwargs = {"logging_level": logging.WARNING, "log_to_driver": True}
+    kwargs = {"logging_level": logging.INFO if verbose() else logging.WARNING, "log_to_driver": True}
     if address:
         ray.init(address=address, **kwargs)
     else:
@@ -111,12 +124,15 @@ class UserErrorLogFilter(logging.Filter):
 
 def run_main(command: str, main, argv=None) -> int:
     """Run a command's main: an expected user error prints one line naming the file, row or key
-    and exits 2, without a traceback; `--debug` (or CONVSTS_DEBUG=1) shows the traceback instead."""
+    and exits 2, without a traceback; `--debug` (or CONVSTS_DEBUG=1) shows the traceback instead.
+    `--verbose` (or CONVSTS_VERBOSE=1) also shows Ray's progress bars and info logs."""
     import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("CONVSTS_DEBUG") == "1"
-    argv = [a for a in argv if a != "--debug"]
+    if "--verbose" in argv:  # Ray's progress bars and info logs too; read by ensure_ray and setup_logging
+        os.environ[VERBOSE_ENV] = "1"
+    argv = [a for a in argv if a not in ("--debug", "--verbose")]
     if not debug:
         for name in RAY_DATA_ERROR_LOGGERS:
             logging.getLogger(name).addFilter(UserErrorLogFilter())

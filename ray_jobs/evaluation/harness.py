@@ -80,16 +80,49 @@ def baseline_scorer(kind: str, cfg: RunConfig, prepared_dir: Optional[str]) -> L
     return LexicalScorer(kind, fit)
 
 
+# Groups of the results table, in reading order: (title, metric-name prefixes).
+TABLE_GROUPS = (
+    ("STS Benchmark, raw cosine", ("stsb/",)),
+    ("STS Benchmark, tuned STS matrix", ("stsb_tuned/",)),
+    ("other STS sets", ("sts/",)),
+    ("retrieval", ("reddit/",)),
+    ("classification", ("snli/",)),
+    ("community QA", ("cqa",)),
+)
+SPLIT_ORDER = {"dev": 0, "test": 1, "train": 2}
+
+
+def _table_order(name: str) -> tuple:
+    """Within a group: dev before test, the overall score before the genres, pearson before spearman."""
+    parts = name.split("/")
+    split = next((SPLIT_ORDER[p] for p in parts if p in SPLIT_ORDER), 3)
+    genre = parts[2] if len(parts) == 4 else ""
+    rank = parts[-1].rsplit("_", 1)[-1]  # p_at_3 before p_at_10
+    return (split, genre != "", genre, parts[-1] != "pearson", int(rank) if rank.isdigit() else 0, name)
+
+
 def results_table(columns: Dict[str, Dict[str, float]]) -> str:
-    """Markdown: one row per metric, one column per system (model, baselines)."""
-    names = sorted({k for r in columns.values() for k in r if isinstance(r[k], (int, float))})
-    header = "| metric | " + " | ".join(columns) + " |"
-    lines = [header, "|---" * (len(columns) + 1) + "|"]
-    for name in names:
-        cells = []
-        for r in columns.values():
-            v = r.get(name)
-            cells.append(f"{v:.4f}" if isinstance(v, (int, float)) and np.isfinite(v) else "—")
+    """Markdown: the metrics grouped (STS-B raw and tuned by split and genre, other STS sets,
+    retrieval, classification, CQA), one column per system (model first, then the others)."""
+    names = {k for r in columns.values() for k, v in r.items() if isinstance(v, (int, float))}
+    lines = ["| metric | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    shown = set()
+    for title, prefixes in TABLE_GROUPS:
+        group = sorted((n for n in names if n.startswith(prefixes)), key=_table_order)
+        if not group:
+            continue
+        lines.append(f"| **{title}** |" + " |" * len(columns))
+        for name in group:
+            cells = []
+            for r in columns.values():
+                v = r.get(name)
+                cells.append(f"{v:.4f}" if isinstance(v, (int, float)) and np.isfinite(v) else "—")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        shown.update(group)
+    rest = sorted(n for n in names - shown if not n.startswith(("eval/", "data/", "train/")))
+    for name in rest:
+        cells = [f"{r[name]:.4f}" if isinstance(r.get(name), (int, float)) and np.isfinite(r[name]) else "—"
+                 for r in columns.values()]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
