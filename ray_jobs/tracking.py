@@ -12,6 +12,7 @@ from typing import Any, Dict, Mapping, Optional
 from datasets.storage import redact
 
 MAX_PARAM_LENGTH = 6000
+DIGEST_LENGTH = 16  # of a dataset input's digest (the manifest's sha1, shortened as MLflow shows digests)
 ARTIFACT_FOLDER = "mlartifacts"  # beside a local sqlite store's database file
 
 
@@ -102,6 +103,25 @@ def system_metrics(tracking_uri: str, run_id: str, interval_s: float = 10.0):
         yield
     finally:
         monitor.finish()
+
+
+def log_datasets(tracking_uri: str, run_id: str, datasets: Mapping[str, Mapping[str, Any]],
+                 context: str = "training") -> None:
+    """MLflow dataset inputs: {name: {"digest", "source" (a URI or path), "profile" (row counts ...)}}."""
+    import json
+
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    items = []
+    for name, d in datasets.items():
+        source = redact(str(d["source"]))
+        source_type = source.split("://", 1)[0] if "://" in source else "local"
+        items.append(DatasetInput(
+            Dataset(name=name, digest=str(d["digest"])[:DIGEST_LENGTH], source_type=source_type,
+                    source=json.dumps({"uri": source}), profile=redact(json.dumps(d.get("profile", {})))),
+            tags=[InputTag("mlflow.data.context", context)]))
+    if items:
+        client(tracking_uri).log_inputs(run_id, datasets=items)
 
 
 def log_params(tracking_uri: str, run_id: str, params: Mapping[str, Any]) -> None:

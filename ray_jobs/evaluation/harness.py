@@ -14,6 +14,7 @@ from datasets import storage
 from ray_jobs import tracking
 from ray_jobs.config import RunConfig
 from ray_jobs.evaluation.cqa import configured_cqa_metrics
+from models.sts_transform import load_sts_transform
 from ray_jobs.evaluation.plots import scatter_plot
 from ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
 from ray_jobs.model_card import CARD_FILE, FACTS_FILE, add_results
@@ -154,7 +155,15 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
         add_results(folder, results)
         log.info("model card %s: results added", folder / CARD_FILE)
     test = read_stsb_split(cfg, "test")
-    scatter_plot(predicted_scores(stsb_embeddings(scorer, test)), test, out_dir / "stsb_test_scatter.png")
+    embedded = stsb_embeddings(scorer, test)
+    plots = [out_dir / "stsb_test_scatter.png"]
+    label = model_label(checkpoint) if checkpoint else scorer.name
+    scatter_plot(predicted_scores(embedded), test, plots[0], f"STS-B test, {label}, raw cosine")
+    transform = load_sts_transform(out_dir) if isinstance(scorer, EmbeddingScorer) and "stsb_tuned/test/pearson" in results else None
+    if transform is not None:
+        plots.append(out_dir / "stsb_test_scatter_tuned.png")
+        scatter_plot(transform.score(embedded["u"], embedded["v"]), test, plots[1],
+                     f"STS-B test, {label}, tuned STS matrix")
     flat: Dict[str, object] = dict(results)
     if checkpoint:
         flat["checkpoint"] = str(checkpoint)
@@ -167,7 +176,8 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
                                         tags={"convsts.job": "evaluate"})
         # Against the training step of the weights scored: the last step for a training run's model.
         tracking.log_metrics(uri, run_id, results, trained_step(checkpoint) if checkpoint else 0)
-        tracking.log_artifact(uri, run_id, str(out_dir / "stsb_test_scatter.png"), "plots")
+        for plot in plots:
+            tracking.log_artifact(uri, run_id, str(plot), "plots")
         if trained.get("mlflow_run_id") == run_id and trained.get("model") in map(str, cards):
             from ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
 
@@ -178,6 +188,15 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     (out_dir / "results.json").write_text(redact(json.dumps(flat, indent=2)), encoding="utf-8")
     (out_dir / "results.md").write_text(results_table({scorer.name: results}) + "\n", encoding="utf-8")
     return flat
+
+
+def model_label(checkpoint: str) -> str:
+    """A checkpoint's name for plots: its run name, encoder and training steps."""
+    from models.checkpoint import read_meta
+
+    meta = read_meta(checkpoint)
+    return f"{meta.get('run_config', {}).get('name') or Path(checkpoint).name} " \
+           f"({meta['model']['encoder']}, {trained_step(checkpoint)} steps)"
 
 
 def trained_step(checkpoint: str) -> int:

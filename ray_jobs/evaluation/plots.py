@@ -21,13 +21,24 @@ def _pyplot():
 
 
 def scatter_plot(predicted: np.ndarray, frame: pd.DataFrame, path: Path, title: str = "STS-B test") -> None:
-    """Predicted angular score (0-5) against gold."""
+    """Predicted angular score (0-5) against gold, one colour per genre, on the same 0-5 axes for
+    every system (model, baselines, raw or tuned), with the y = x line; Pearson r in the title."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5, 5))
-    ax.scatter(frame["score"], predicted, s=4, alpha=0.4)
-    ax.set_xlabel("gold similarity")
-    ax.set_ylabel("5 (1 - arccos(cos) / pi)")
-    ax.set_title(f"{title}, r = {pearson(predicted, frame['score']):.3f}")
+    fig, ax = plt.subplots(figsize=(5.5, 5.5))
+    genres = frame["genre"] if "genre" in frame.columns else pd.Series(["all"] * len(frame))
+    gold = frame["score"].to_numpy()
+    for genre in sorted(genres.unique()):
+        mask = (genres == genre).to_numpy()
+        ax.scatter(gold[mask], predicted[mask], s=5, alpha=0.45,
+                   label=f"{genre} (r = {pearson(predicted[mask], gold[mask]):.3f}, n = {int(mask.sum())})")
+    ax.plot([0, 5], [0, 5], color="0.3", linewidth=1, linestyle="--", label="y = x")
+    ax.set_xlim(-0.1, 5.1)
+    ax.set_ylim(-0.1, 5.1)
+    ax.set_aspect("equal")
+    ax.set_xlabel("gold similarity (0-5)")
+    ax.set_ylabel("predicted: 5 (1 - arccos(cos) / pi)")
+    ax.set_title(f"{title}\nPearson r = {pearson(predicted, gold):.3f}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

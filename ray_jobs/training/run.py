@@ -137,6 +137,11 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
         tracking.log_params(uri, run_id, params)
 
     try:
+        tracking.log_datasets(uri, run_id, {
+            name: {"digest": digests[name], "source": storage.join(task.prepared_dir(prepared), "train"),
+                   "profile": {k: manifests[name].get(k) for k in ("train_pairs", "test_pairs", "pairs", "inputs")
+                               if manifests[name].get(k) is not None}}
+            for name, task in prepared_tasks(cfg).items() if name in manifests})
         result = _train(cfg, out_dir, prepared, uri, run_id, manifests, extra_callbacks)
     except BaseException:
         tracking.end_run(uri, run_id, "FAILED")  # never left RUNNING (a caller's run fails with it)
