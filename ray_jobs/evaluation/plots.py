@@ -44,23 +44,37 @@ def scatter_plot(predicted: np.ndarray, frame: pd.DataFrame, path: Path, title: 
     plt.close(fig)
 
 
+PAIRS_KEY = "data/snli_train_pairs"  # what a sweep trial reports: the SNLI pairs it trained on
+
+
 def fraction_curve_plot(rows: Sequence[Dict[str, Any]], metrics: Sequence[str], path: Path) -> None:
-    """A metric against the SNLI fraction (the paper's Figure 8): mean over seeds, one line per metric,
-    each seed as a faint dot. `rows`: dicts with "fraction" and the metric names."""
+    """A metric against the SNLI data in training (the paper's Figure 8): the number of SNLI pairs
+    (log scale) when the rows have it (else the fraction), the mean over seeds as a line and their
+    range as a band, each seed as a dot. `rows`: dicts with "fraction", the metric names and
+    optionally PAIRS_KEY."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    by_pairs = all(np.isfinite(float(r.get(PAIRS_KEY, np.nan))) for r in rows) and bool(rows)
+    x_of = (lambda r: float(r[PAIRS_KEY])) if by_pairs else (lambda r: float(r["fraction"]))
+    seeds = len({r.get("seed", 0) for r in rows})
     for name in metrics:
-        points = [(float(r["fraction"]), float(r[name])) for r in rows if np.isfinite(float(r.get(name, np.nan)))]
+        points = [(x_of(r), float(r[name])) for r in rows if np.isfinite(float(r.get(name, np.nan)))]
         if not points:
             continue
-        fractions = sorted({f for f, _ in points})
-        means = [np.mean([v for f, v in points if f == x]) for x in fractions]
-        line, = ax.plot(fractions, means, marker="o", label=name)
-        ax.scatter([f for f, _ in points], [v for _, v in points], s=8, alpha=0.3, color=line.get_color())
-    ax.set_xlabel("fraction of SNLI train")
+        xs = sorted({x for x, _ in points})
+        values = [[v for x, v in points if x == at] for at in xs]
+        line, = ax.plot(xs, [np.mean(v) for v in values], marker="o", label=name)
+        ax.fill_between(xs, [min(v) for v in values], [max(v) for v in values], color=line.get_color(), alpha=0.15)
+        ax.scatter([x for x, _ in points], [v for _, v in points], s=8, alpha=0.4, color=line.get_color())
+    if by_pairs:
+        ax.set_xscale("log")
+        ax.set_xlabel("SNLI training pairs (log scale)")
+    else:
+        ax.set_xlabel("fraction of SNLI train")
     ax.set_ylabel("Pearson r")
-    ax.set_title("STS Benchmark vs. SNLI data in multitask training")
+    ax.set_title(f"STS Benchmark vs. SNLI data in multitask training\nmean and range over {seeds} seed(s)", fontsize=10)
     ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
