@@ -29,8 +29,10 @@ from datasets.storage import BadInputError
 from datasets.text import save_tokenizer, tokenizer_from_dict
 from models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
 from models.heads import LEGACY_HEADS, MultitaskModel
-from models.sts_transform import FILE_NAME as STS_FILE
+from models.sts_transform import file_name as sts_file
 from models.sts_transform import load_sts_transform
+
+STS_PATTERN = "sts_transform*.safetensors"  # the tuned STS matrices (evaluate's and named ones)
 
 FORMAT_VERSION = 2  # 2: the response head is residual (identity at init)
 
@@ -87,7 +89,7 @@ def save_checkpoint(
     return path
 
 
-MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors", STS_FILE)  # a checkpoint minus train_state.pt
+MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")  # + the STS matrices; not train_state.pt
 
 
 def save_model_folder(checkpoint: str | Path, out_dir: str | Path) -> Path:
@@ -98,9 +100,9 @@ def save_model_folder(checkpoint: str | Path, out_dir: str | Path) -> Path:
     partial = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    for name in MODEL_FILES:
-        if (checkpoint / name).is_file():
-            shutil.copy2(checkpoint / name, partial / name)
+    for path in [*(checkpoint / n for n in MODEL_FILES), *sorted(checkpoint.glob(STS_PATTERN))]:
+        if path.is_file():
+            shutil.copy2(path, partial / path.name)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     partial.rename(out_dir)
@@ -247,7 +249,7 @@ class SentenceEncoder:
     @torch.no_grad()
     def encode(self, sentences: Union[str, Sequence[str]], batch_size: int = 256, show_progress_bar: Optional[bool] = None,
                convert_to_tensor: bool = False, device: Optional[str] = None, normalize_embeddings: bool = True,
-               tuned: bool = False):
+               tuned: Union[bool, str] = False):
         """One string -> (dim,), a list -> (n, dim): numpy float32, or a torch tensor on the model's
         device with `convert_to_tensor=True`. Sentences are encoded longest first and returned in
         input order.
@@ -255,15 +257,18 @@ class SentenceEncoder:
                                 moves there; None keeps it where it is
           normalize_embeddings  unit length (default); False gives the encoder's output unnormalized
           show_progress_bar     a tqdm bar over batches; None = on for 8+ batches when stderr is a terminal
-          tuned                 apply the STS matrix `convsts evaluate` saved in the checkpoint"""
+          tuned                 True: apply the STS matrix `convsts evaluate` saved in the checkpoint;
+                                a name ("sweep"): the matrix of that name (`convsts tune --space sts_matrix`)"""
         texts, single = self._texts(sentences, device)
         if tuned and not normalize_embeddings:
             raise ValueError("tuned=True applies a matrix fit on unit-length embeddings: keep normalize_embeddings=True")
         emb = self._embed(texts, batch_size, normalize_embeddings, show_progress_bar)  # (n, dim)
         if tuned:
-            transform = load_sts_transform(self.path) if self.path else None
+            name = "" if tuned is True else str(tuned)
+            transform = load_sts_transform(self.path, name) if self.path else None
             if transform is None:
-                raise FileNotFoundError(f"no {STS_FILE} in checkpoint {self.path}; run `convsts evaluate` on it first")
+                raise FileNotFoundError(f"no {sts_file(name)} in checkpoint {self.path}; run `convsts evaluate` "
+                                        f"(or, for a named matrix, `convsts tune --space sts_matrix`) on it first")
             emb = torch.from_numpy(transform.apply(emb.cpu().numpy())).to(emb.device)  # (n, dim) or (n, rank)
         return self._output(emb, single, convert_to_tensor)
 

@@ -3,7 +3,10 @@ sentence embeddings, scored with 5 (1 - arccos(cos(uW, vW)) / pi) and selected o
 
 Pure torch and numpy: `fit_sts_transform` takes embeddings, so Tune trials can share them
 through the object store instead of re-encoding. The matrix is saved as `sts_transform.safetensors`
-in the checkpoint folder, with its hyperparameters and dev score as metadata.
+in the checkpoint folder (by `convsts evaluate`), with its hyperparameters and dev score as
+metadata; a matrix of another origin has its own name, `sts_transform_<name>.safetensors`
+(`convsts tune --space sts_matrix` saves `sts_transform_sweep.safetensors`), so neither replaces
+the other; `encode(tuned=True)` applies the first, `encode(tuned="sweep")` the second.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ import torch
 from models.similarity import angular_score, angular_score_np, pearson, pearson_t
 
 FILE_NAME = "sts_transform.safetensors"
+
+
+def file_name(name: str = "") -> str:
+    """The file of the matrix called `name` ("" = the one `convsts evaluate` fits)."""
+    return FILE_NAME if not name else f"sts_transform_{name}.safetensors"
 
 
 @dataclass
@@ -60,21 +68,21 @@ class StsTransform:
     def score(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         return angular_score_np(self.apply(u), self.apply(v))
 
-    def save(self, folder: str | Path) -> Path:
+    def save(self, folder: str | Path, name: str = "") -> Path:
         from safetensors.numpy import save_file
 
-        path = Path(folder) / FILE_NAME
+        path = Path(folder) / file_name(name)
         meta = {"config": json.dumps(dataclasses.asdict(self.config)), "dev_pearson": repr(self.dev_pearson),
                 "best_epoch": str(self.best_epoch), "history": json.dumps(self.history)}
         save_file({"matrix": np.ascontiguousarray(self.matrix, dtype=np.float32)}, str(path), metadata=meta)
         return path
 
 
-def load_sts_transform(folder: str | Path) -> Optional[StsTransform]:
-    """The matrix saved in a checkpoint folder, or None when there is none."""
+def load_sts_transform(folder: str | Path, name: str = "") -> Optional[StsTransform]:
+    """The matrix `name` saved in a checkpoint folder, or None when there is none."""
     from safetensors import safe_open
 
-    path = Path(folder) / FILE_NAME
+    path = Path(folder) / file_name(name)
     if not path.is_file():
         return None
     with safe_open(str(path), framework="numpy") as f:

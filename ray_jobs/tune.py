@@ -29,6 +29,8 @@ from datasets.storage import redact
 from ray_jobs import tracking
 from ray_jobs.config import ConfigError, RunConfig, flatten, from_dict, load_config, merge_layer, resolve_path
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
+
+SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_transform_sweep.safetensors
 from tune_spaces import TuneSpace, get_space
 
 STATE_FILE = "sweep.json"
@@ -339,6 +341,7 @@ def _close_stopped_runs(uri: str, experiment: str, parent_run_id: str) -> None:
 
 def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path) -> Dict[str, Any]:
     """Test is scored for the chosen trial only, with the matrix that its best dev epoch produced."""
+    from models.sts_transform import file_name as sts_file
     from models.sts_transform import load_sts_transform
     from ray_jobs.evaluation.sts import transformed_sts_metrics
 
@@ -346,7 +349,10 @@ def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path
         transform = load_sts_transform(folder)
     results: Dict[str, Any] = dict(transformed_sts_metrics(transform, frames, embeddings))
     transform.save(out_dir)
-    transform.save(checkpoint)  # beside the checkpoint, where `encode(tuned=True)` finds it
+    # Beside the checkpoint under its own name (evaluate's matrix stays): encode(tuned=SWEEP_MATRIX).
+    replaced = (Path(checkpoint) / sts_file(SWEEP_MATRIX)).is_file()
+    saved = transform.save(checkpoint, SWEEP_MATRIX)
+    log.info("%s %s (encode(tuned=%r) applies it)", "replaced" if replaced else "saved", saved, SWEEP_MATRIX)
     results["checkpoint"] = str(checkpoint)
     return results
 

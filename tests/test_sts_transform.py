@@ -80,3 +80,15 @@ def test_bad_hyperparameters_are_named():
         StsTransformConfig(init="zeros").validate()
     with pytest.raises(ValueError, match="eval.tuned.loss"):
         StsTransformConfig(loss="hinge").validate()
+
+
+def test_named_matrices_live_beside_the_default_one(tmp_path):
+    from models.sts_transform import StsTransform, StsTransformConfig, load_sts_transform
+
+    first = StsTransform(np.eye(4, dtype=np.float32), StsTransformConfig(), 0.5, 1)
+    second = StsTransform(2 * np.eye(4, dtype=np.float32), StsTransformConfig(lr=0.01), 0.6, 2)
+    assert first.save(tmp_path).name == "sts_transform.safetensors"
+    assert second.save(tmp_path, "sweep").name == "sts_transform_sweep.safetensors"
+    np.testing.assert_array_equal(load_sts_transform(tmp_path).matrix, first.matrix)  # not replaced
+    np.testing.assert_array_equal(load_sts_transform(tmp_path, "sweep").matrix, second.matrix)
+    assert load_sts_transform(tmp_path, "other") is None

@@ -16,12 +16,13 @@ import pytest
 from datasets.evalsets import read_stsb, stsb_split_path
 from datasets.snli import fraction_rank
 from datasets.text import DanTokenizer, TokenizerConfig, count_words
-from models import save_checkpoint
+from models import load, save_checkpoint
 from models.checkpoint import build_model
 from models.config import DanConfig, ModelConfig
 from models.sts_transform import load_sts_transform
 from ray_jobs import tracking
 from ray_jobs.config import ConfigError, load_config, resolve_path
+from ray_jobs.tune import SWEEP_MATRIX
 from tiny import TINY_DAN
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,8 +84,11 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     assert results["trials"] == TRIALS and results["trials_failed"] == 0
     for name in ("stsb_tuned/dev/pearson", "stsb_tuned/test/pearson", "stsb_tuned/test/news/pearson"):
         assert -1 <= results[name] <= 1, name
-    # The chosen matrix is saved beside the checkpoint; best_config.yaml is a loadable run config.
-    transform = load_sts_transform(checkpoint)
+    # The chosen matrix is saved beside the checkpoint under its own name (evaluate's matrix is not
+    # replaced); best_config.yaml is a loadable run config.
+    assert load_sts_transform(checkpoint) is None  # this checkpoint was never evaluated
+    transform = load_sts_transform(checkpoint, SWEEP_MATRIX)
+    assert load(checkpoint).encode(["a man plays"], tuned=SWEEP_MATRIX).shape == (transform.matrix.shape[1],)
     assert transform.dev_pearson == pytest.approx(results["stsb_tuned/dev/pearson"], abs=1e-6)
     best = load_config(out / "best_config.yaml")
     assert best.eval.tuned == transform.config

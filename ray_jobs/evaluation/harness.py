@@ -49,7 +49,10 @@ def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_files: Seq
             tuned, transform = tuned_sts_metrics(scorer, cfg, frames, embedded)
             results.update(tuned)
             for folder in transform_dirs:
-                transform.save(folder)
+                replaced = load_sts_transform(folder) is not None
+                path = transform.save(folder)
+                if replaced:
+                    log.info("replaced the tuned STS matrix in %s (dev r %.4f)", path, transform.dev_pearson)
     for path in sts_files:
         results.update(sts_file_metrics(scorer, path, Path(path).stem))
     for task in evaluated_tasks(cfg):
