@@ -166,6 +166,10 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
         assert any("/checkpoint_" in k and k.endswith("model.safetensors") for k in keys(f"{bucket}/ray_results"))
         assert not (out / "ray_results").exists()
         assert (out / "checkpoint" / "model.safetensors").is_file()
+        # In-training evaluation on: the best checkpoint by STS-B dev is kept beside the last.
+        train_info = json.loads((out / "train.json").read_text())
+        assert train_info["best_checkpoint"] == str(out / "best_checkpoint")
+        assert (out / "best_checkpoint" / "model.safetensors").is_file()
         assert not any(Path(out).glob("prepared"))  # nothing prepared locally
 
         evaluation = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "evaluate", "--checkpoint",

@@ -213,3 +213,19 @@ def test_toy_task_prepare_uses_the_default_reader(ray_session, tmp_path):
 
     table = pq.read_table(tmp_path / "prepared" / "toy" / "train").to_pandas()
     assert set(table.columns) >= {"left", "right", "same"} and len(table) == 64
+
+
+def test_every_checkpoint_carries_the_latest_in_training_score():
+    """With in-training evaluation on, each checkpoint report names the STS-B dev score it is
+    ranked by (Ray keeps the best ones): the latest evaluation's, or the floor before the first."""
+    from ray_jobs.training.loop import NOT_EVALUATED, SCORE_METRIC
+
+    cfg = load_config(None, TINY + ["trainer.task_weights={reddit: 1.0}", "trainer.steps=6", "trainer.checkpoint_every=1",
+                                    "trainer.eval_every=2", "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.01}]"])
+    scores = iter([0.5, 0.7, 0.6])
+    reported = {}
+    hooks = LoopHooks(checkpoint=lambda step, metrics, state: reported.update({step: metrics[SCORE_METRIC]}),
+                      evaluate=lambda model: {SCORE_METRIC: next(scores)}, say=lambda line: None)
+    loop, _, _ = _loop(cfg, hooks=hooks)
+    loop.run()
+    assert reported == {1: NOT_EVALUATED, 2: 0.5, 3: 0.5, 4: 0.7, 5: 0.7, 6: 0.6}

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 import torch
 
 from ray_jobs.config import RunConfig
+from ray_jobs.evaluation.sts import StsDevProbe
 from ray_jobs.task_groups import GradientCombiner, TaskPlan, draw_task
 from ray_jobs.tasks import trained_tasks
 from ray_jobs.training.state import MetricWindow, StageSchedule, TrainState, format_eta, resume_skip
@@ -18,6 +19,10 @@ from ray_jobs.training.step import Optimizers, train_step
 
 # open_stream(task, batch_size, epoch, skip) -> an iterator of batches with .position()
 StreamFactory = Callable[[str, int, int, int], Iterator[Dict[str, torch.Tensor]]]
+
+
+SCORE_METRIC = StsDevProbe.METRIC  # ranks checkpoints when in-training evaluation is on
+NOT_EVALUATED = -1.0  # the score of a checkpoint written before the first evaluation (Pearson's floor)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -67,6 +72,7 @@ class TrainLoop:
         # line, evaluation and checkpoint: a diverged model is never saved or scored.
         self.window_steps: list = []  # (step, task) of the steps since the last check
         self.bad = torch.zeros((), dtype=torch.bool)
+        self.last_eval: Dict[str, float] = {}  # rank 0's latest in-training evaluation
 
     def _open_streams(self, batch_size: int, positions: Dict[str, Dict[str, int]]):
         return {t: self.open_stream(t, batch_size, *resume_skip(positions.get(t, {}), batch_size)) for t in self.my_tasks}
@@ -102,6 +108,8 @@ class TrainLoop:
                 head_states.update(g["heads"])
             state = TrainState(self.step, [o.state_dict() for o in self.optimizers.encoder], head_states,
                                [g["position"] for g in gathered], self.plan.world_size, self.plan.mode)
+        if self.hooks.evaluate is not None:  # every checkpoint is ranked by the latest in-training evaluation
+            metrics = {**metrics, SCORE_METRIC: self.last_eval.get(SCORE_METRIC, NOT_EVALUATED)}
         self.hooks.checkpoint(self.step, metrics, state)
 
     def _log_window(self, run_start: float) -> Dict[str, float]:
@@ -153,6 +161,7 @@ class TrainLoop:
                 metrics = self._log_window(run_start)
             if eval_step and self.hooks.evaluate is not None and self.rank == 0:
                 evaluated = self.hooks.evaluate(self.model)
+                self.last_eval = evaluated
                 self.hooks.say(f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in evaluated.items()))
                 self.hooks.log(evaluated, self.step)
             if saving:

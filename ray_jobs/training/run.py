@@ -20,10 +20,12 @@ from ray_jobs.model_card import write_card, run_facts
 from ray_jobs.runtime import ensure_ray, log, tracking_uri
 from ray_jobs.task_groups import plan_tasks
 from ray_jobs.tasks import prepared_tasks, trained_tasks
+from ray_jobs.training.loop import SCORE_METRIC
 from ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
 
 
 MODEL_FOLDER = "model"  # OUT/model
+BEST_FOLDER = "best_checkpoint"  # OUT/best_checkpoint: the best in-training STS-B dev (trainer.eval_every)
 CONFIG_FILE = "config.yaml"  # OUT/config.yaml: the resolved run config
 
 
@@ -75,7 +77,7 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) 
 def claim_output(out_dir: Path, cfg: RunConfig, fresh: bool) -> None:
     """A training run's output folder holds one run: a second run into it is refused unless it
     resumes (trainer.resume_from) or starts over (`fresh`: the old checkpoints are deleted)."""
-    candidates = [out_dir / "train.json", out_dir / "checkpoint", out_dir / MODEL_FOLDER]
+    candidates = [out_dir / "train.json", out_dir / "checkpoint", out_dir / MODEL_FOLDER, out_dir / BEST_FOLDER]
     if not storage.is_uri(cfg.trainer.storage_path):  # Ray Train's own run folder, when it is local
         candidates.append(Path(cfg.trainer.storage_path or out_dir / "ray_results") / cfg.name)
     used = [p for p in candidates if p.exists()]
@@ -151,6 +153,17 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     return result
 
 
+def checkpoint_config(cfg: RunConfig):
+    """Ray keeps the last checkpoint, plus the best `keep_checkpoints` by in-training STS-B dev when
+    evaluation is on (else the last `keep_checkpoints`)."""
+    import ray.train
+
+    if not cfg.trainer.eval_every:
+        return ray.train.CheckpointConfig(num_to_keep=cfg.trainer.keep_checkpoints)
+    return ray.train.CheckpointConfig(num_to_keep=cfg.trainer.keep_checkpoints,
+                                      checkpoint_score_attribute=SCORE_METRIC, checkpoint_score_order="max")
+
+
 def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
            manifests: Dict[str, Dict[str, Any]], extra_callbacks: Sequence[Any]) -> TrainResult:
     import ray.train
@@ -196,7 +209,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
         run_config=ray.train.RunConfig(
             name=cfg.name,
             storage_path=cfg.trainer.storage_path or str(out_dir / "ray_results"),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.trainer.keep_checkpoints),
+            checkpoint_config=checkpoint_config(cfg),
             failure_config=ray.train.FailureConfig(max_failures=cfg.trainer.max_failures),
             callbacks=list(extra_callbacks) or None,
         ),
@@ -209,6 +222,14 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
     if final.exists():
         shutil.rmtree(final)
     result.checkpoint.to_directory(str(final))
+    best = None
+    if cfg.trainer.eval_every:  # the checkpoint with the best in-training STS-B dev, beside the last
+        chosen = result.get_best_checkpoint(SCORE_METRIC, "max")
+        if chosen is not None:
+            best = out_dir / BEST_FOLDER
+            shutil.rmtree(best, ignore_errors=True)
+            chosen.to_directory(str(best))
+            log.info("best checkpoint by %s: %s", SCORE_METRIC, best)
     seconds = time.time() - started
     tracking.log_metrics(uri, run_id, {"train/seconds": seconds}, cfg.trainer.steps)
     # What users take away: the encoder without optimizer state, with its model card, as the run's
@@ -219,7 +240,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
     log.info("model: %s (MLflow %s%s)", model_dir, model_uri,
              f", registered as {cfg.mlflow.register_as}" if cfg.mlflow.register_as else "")
     (out_dir / "train.json").write_text(json.dumps(
-        {"checkpoint": str(final), "model": str(model_dir), "mlflow_model": model_uri, "mlflow_run_id": run_id,
+        {"checkpoint": str(final), "best_checkpoint": str(best) if best else None, "model": str(model_dir), "mlflow_model": model_uri, "mlflow_run_id": run_id,
          "tracking_uri": redact(uri), "seconds": round(seconds, 1), "task_split_mode": plan.mode}, indent=2),
         encoding="utf-8")
     return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows, model_dir)
