@@ -91,6 +91,8 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
         assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == [6], name
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"model", "results.json"} <= artifacts and "checkpoint" not in artifacts  # no optimizer state
+    plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert {"plots/loss_curves.png", "plots/stsb_test_scatter.png"} <= plots
     # The MLflow model and OUT/model: the encoder and a card with the evaluation (logged again after it).
     logged = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run.info.run_id, "model/artifacts/model")}
     assert {"model.safetensors", "README.md", "card.json"} <= logged

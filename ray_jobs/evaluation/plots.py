@@ -44,6 +44,29 @@ def scatter_plot(predicted: np.ndarray, frame: pd.DataFrame, path: Path, title: 
     plt.close(fig)
 
 
+def loss_curves_plot(histories: Dict[str, Sequence[tuple]], path: Path, title: str) -> None:
+    """Each task's training loss (and batch accuracy, right panel) against the step:
+    `histories` maps a metric name ("reddit/loss") to its (step, value) points."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name, points in sorted(histories.items()):
+        if not points:
+            continue
+        ax = axes[0] if name.endswith("/loss") else axes[1]
+        steps, values = zip(*sorted(points))
+        ax.plot(steps, values, marker="." if len(steps) < 50 else None, label=name)
+    for ax, label in zip(axes, ("loss", "batch accuracy")):
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 PAIRS_KEY = "data/snli_train_pairs"  # what a sweep trial reports: the SNLI pairs it trained on
 
 

@@ -153,6 +153,21 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     return result
 
 
+def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, out_dir: Path) -> None:
+    """OUT/loss_curves.png from the run's per-task metric history, logged under plots/."""
+    from ray_jobs.evaluation.plots import loss_curves_plot
+
+    c = tracking.client(uri)
+    names = [f"{task}/{m}" for task in cfg.trainer.task_weights for m in ("loss", "batch_accuracy")]
+    histories = {n: [(m.step, m.value) for m in c.get_metric_history(run_id, n)] for n in names}
+    if not any(histories.values()):
+        return
+    path = out_dir / "loss_curves.png"
+    loss_curves_plot(histories, path, f"{cfg.name}: {cfg.model.encoder}, {cfg.trainer.steps} steps, "
+                                      f"{cfg.trainer.num_workers} workers")
+    tracking.log_artifact(uri, run_id, str(path), "plots")
+
+
 def checkpoint_config(cfg: RunConfig):
     """Ray keeps the last checkpoint, plus the best `keep_checkpoints` by in-training STS-B dev when
     evaluation is on (else the last `keep_checkpoints`)."""
@@ -232,6 +247,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
             log.info("best checkpoint by %s: %s", SCORE_METRIC, best)
     seconds = time.time() - started
     tracking.log_metrics(uri, run_id, {"train/seconds": seconds}, cfg.trainer.steps)
+    _log_loss_curves(cfg, uri, run_id, out_dir)
     # What users take away: the encoder without optimizer state, with its model card, as the run's
     # MLflow model (the full checkpoint stays in OUT/checkpoint for --resume).
     model_dir = save_model_folder(final, out_dir / MODEL_FOLDER)
