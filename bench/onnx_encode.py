@@ -73,11 +73,15 @@ def main() -> int:
             torch.manual_seed(0)
             ckpt = save_checkpoint(Path(tmp) / name, build_model(config, tokenizer), tokenizer, {})
             exported = to_onnx(ckpt, Path(tmp) / f"{name}.onnx")
-            torch_encoder, onnx_encoder = load(ckpt), OnnxEncoder(exported)
+            # torch is timed before any onnxruntime session exists: onnxruntime's idle threads spin
+            # for a while after each run and, on a machine with few cores, slow whatever runs beside.
+            torch_encoder = load(ckpt)
+            torch_rate = best_rate(lambda s: torch_encoder.encode(s, batch_size=args.batch), sentences)
+            onnx_encoder = OnnxEncoder(exported)
+            onnx_rate = best_rate(lambda s: onnx_encoder.encode(s, batch_size=args.batch), sentences)
             diff = float(np.abs(torch_encoder.encode(sentences[:500], batch_size=args.batch)
                                 - onnx_encoder.encode(sentences[:500], batch_size=args.batch)).max())
-            torch_rate = best_rate(lambda s: torch_encoder.encode(s, batch_size=args.batch), sentences)
-            onnx_rate = best_rate(lambda s: onnx_encoder.encode(s, batch_size=args.batch), sentences)
+            del onnx_encoder
             rows.append({"encoder": name, "torch_sentences_per_s": torch_rate, "onnx_sentences_per_s": onnx_rate,
                          "onnx_over_torch": onnx_rate / torch_rate, "max_abs_diff": diff})
             print(f"  {name:<12} torch {torch_rate:9.0f} sentences/s   onnxruntime {onnx_rate:9.0f} sentences/s   "

@@ -84,6 +84,10 @@ class TrainerConfig:
     # lr of dense parameters (encoder DNN, heads) = stage lr x this; embedding tables get the stage lr.
     dense_lr_scale: float = 1.0
     grad_clip: float = 0.0  # 0 = off
+    # Length bucketing: each worker sorts windows of this many batches by length and trains on them
+    # in a shuffled order, so a batch's rows have similar lengths and the Transformer / BiLSTM / the
+    # pretrained encoder spend less on padding (each batch is cut to its own longest row); 0 = off.
+    bucket_batches: int = 0
     checkpoint_every: int = 500
     keep_checkpoints: int = 2
     log_every: int = 20
@@ -188,6 +192,7 @@ class RunConfig:
         for key in ("checkpoint_every", "log_every", "keep_checkpoints"):
             need(getattr(t, key) >= 1, f"trainer.{key}", ">= 1", getattr(t, key))
         need(t.eval_every >= 0, "trainer.eval_every", ">= 0 (0 = off)", t.eval_every)
+        need(t.bucket_batches >= 0, "trainer.bucket_batches", ">= 0 (0 = off)", t.bucket_batches)
         need(t.max_failures >= 0, "trainer.max_failures", ">= 0", t.max_failures)
         need(math.isfinite(t.grad_clip) and t.grad_clip >= 0, "trainer.grad_clip", "finite and >= 0 (0 = off)", t.grad_clip)
         need(math.isfinite(t.momentum) and 0 <= t.momentum < 1, "trainer.momentum", "in [0, 1)", t.momentum)

@@ -95,7 +95,8 @@ PRETRAINED_TINY = [
 def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, tmp_path):
     from ray_jobs.training.run import prepare_all, run_training
 
-    cfg = load_config(None, PRETRAINED_TINY + [f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    cfg = load_config(None, PRETRAINED_TINY + [f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+                                               "trainer.bucket_batches=2"])  # batches bucketed by length
     prepared = tmp_path / "prepared"
     prepare_all(cfg, prepared)
     result = run_training(cfg, tmp_path / "run", prepared_dir=prepared)

@@ -117,20 +117,46 @@ def task_split_data_config(plan: TaskPlan):
 
 
 class TaskStream:
-    """Endless batches of one task's Ray Data shard, epoch after epoch; remembers its position."""
+    """Endless batches of one task's Ray Data shard, epoch after epoch; remembers its position.
+    With `bucket_batches` > 1, each window of that many batches is sorted by length (the tokens of
+    all text columns, `pad_id` not counted), cut back into batches and yielded in a seeded order."""
 
-    def __init__(self, task: str, shard, batch_size: int, device, seed: int, epoch: int = 0, skip: int = 0):
+    def __init__(self, task: str, shard, batch_size: int, device, seed: int, epoch: int = 0, skip: int = 0,
+                 bucket_batches: int = 0, pad_id: int = 0):
         self.task, self.shard, self.batch_size, self.device, self.seed = task, shard, batch_size, device, seed
+        self.bucket_batches, self.pad_id = bucket_batches, pad_id
         self.epoch, self.batch_in_epoch = epoch, 0
         self._it = self._batches(skip)
+
+    def _epoch(self) -> Iterator[Dict[str, torch.Tensor]]:
+        batches = self.shard.iter_torch_batches(
+            batch_size=self.batch_size, drop_last=True, device=self.device,
+            local_shuffle_buffer_size=4 * self.batch_size, local_shuffle_seed=self.seed + self.epoch)
+        if self.bucket_batches <= 1:
+            yield from batches
+            return
+        window: List[Dict[str, torch.Tensor]] = []
+        for number, batch in enumerate(batches):
+            window.append(batch)
+            if len(window) == self.bucket_batches:
+                yield from self._bucketed(window, number)
+                window = []
+        if window:
+            yield from self._bucketed(window, -1)
+
+    def _bucketed(self, window: List[Dict[str, torch.Tensor]], salt: int) -> Iterator[Dict[str, torch.Tensor]]:
+        rows = {k: torch.cat([b[k] for b in window]) for k in window[0]}  # {name: (W*B, ...)}
+        lengths = sum((v != self.pad_id).sum(1) for v in rows.values() if v.dim() == 2)  # (W*B,)
+        order = torch.argsort(lengths, stable=True)  # (W*B,) shortest first
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch * 7_919 + salt)
+        for j in torch.randperm(len(window), generator=generator).tolist():
+            idx = order[j * self.batch_size:(j + 1) * self.batch_size]  # (B,)
+            yield {k: v[idx] for k, v in rows.items()}
 
     def _batches(self, skip: int) -> Iterator[Dict[str, torch.Tensor]]:
         while True:
             produced = 0
-            for batch in self.shard.iter_torch_batches(
-                batch_size=self.batch_size, drop_last=True, device=self.device,
-                local_shuffle_buffer_size=4 * self.batch_size, local_shuffle_seed=self.seed + self.epoch,
-            ):
+            for batch in self._epoch():
                 produced += 1
                 self.batch_in_epoch += 1
                 if skip > 0:

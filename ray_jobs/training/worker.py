@@ -51,7 +51,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     shards = {name: ray.train.get_dataset_shard(name) for name in loop_config["datasets"]}
 
     def open_stream(task: str, batch_size: int, epoch: int, skip: int) -> TaskStream:
-        return TaskStream(task, shards[task], batch_size, device, cfg.seed * 1000 + rank, epoch=epoch, skip=skip)
+        return TaskStream(task, shards[task], batch_size, device, cfg.seed * 1000 + rank, epoch=epoch, skip=skip,
+                          bucket_batches=cfg.trainer.bucket_batches, pad_id=tokenizer.pad_id)
 
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
 
