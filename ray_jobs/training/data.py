@@ -118,8 +118,8 @@ def task_split_data_config(plan: TaskPlan):
 
 class TaskStream:
     """Endless batches of one task's Ray Data shard, epoch after epoch; remembers its position.
-    With `bucket_batches` > 1, each window of that many batches is sorted by length (the tokens of
-    all text columns, `pad_id` not counted), cut back into batches and yielded in a seeded order."""
+    With `bucket_batches` > 1, each window of that many batches is sorted by length (the longest
+    text column of a row, `pad_id` not counted), cut back into batches and yielded in a seeded order."""
 
     def __init__(self, task: str, shard, batch_size: int, device, seed: int, epoch: int = 0, skip: int = 0,
                  bucket_batches: int = 0, pad_id: int = 0):
@@ -146,7 +146,9 @@ class TaskStream:
 
     def _bucketed(self, window: List[Dict[str, torch.Tensor]], salt: int) -> Iterator[Dict[str, torch.Tensor]]:
         rows = {k: torch.cat([b[k] for b in window]) for k in window[0]}  # {name: (W*B, ...)}
-        lengths = sum((v != self.pad_id).sum(1) for v in rows.values() if v.dim() == 2)  # (W*B,)
+        # The longest text column of each row: every column's batch is cut to its own longest row, and
+        # rows whose longest side is alike share a batch.
+        lengths = torch.stack([(v != self.pad_id).sum(1) for v in rows.values() if v.dim() == 2]).amax(0)  # (W*B,)
         order = torch.argsort(lengths, stable=True)  # (W*B,) shortest first
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch * 7_919 + salt)
         for j in torch.randperm(len(window), generator=generator).tolist():
