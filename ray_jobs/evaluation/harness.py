@@ -11,10 +11,10 @@ import numpy as np
 
 from datasets.storage import redact
 from datasets import storage
+from models.sts_transform import load_sts_transform
 from ray_jobs import tracking
 from ray_jobs.config import RunConfig
 from ray_jobs.evaluation.cqa import configured_cqa_metrics
-from models.sts_transform import load_sts_transform
 from ray_jobs.evaluation.plots import scatter_plot
 from ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
 from ray_jobs.model_card import CARD_FILE, FACTS_FILE, add_results
@@ -116,19 +116,17 @@ def results_table(columns: Dict[str, Dict[str, float]]) -> str:
         if not group:
             continue
         lines.append(f"| **{title}** |" + " |" * len(columns))
-        for name in group:
-            cells = []
-            for r in columns.values():
-                v = r.get(name)
-                cells.append(f"{v:.4f}" if isinstance(v, (int, float)) and np.isfinite(v) else "—")
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines += [_table_row(name, columns) for name in group]
         shown.update(group)
     rest = sorted(n for n in names - shown if not n.startswith(("eval/", "data/", "train/")))
-    for name in rest:
-        cells = [f"{r[name]:.4f}" if isinstance(r.get(name), (int, float)) and np.isfinite(r[name]) else "—"
-                 for r in columns.values()]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [_table_row(name, columns) for name in rest]
     return "\n".join(lines)
+
+
+def _table_row(name: str, columns: Dict[str, Dict[str, float]]) -> str:
+    cells = [f"{r[name]:.4f}" if isinstance(r.get(name), (int, float)) and np.isfinite(r[name]) else "—"
+             for r in columns.values()]
+    return f"| {name} | " + " | ".join(cells) + " |"
 
 
 def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str] = None, baseline: Optional[str] = None,
@@ -160,7 +158,8 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     test = read_stsb_split(cfg, "test")
     embedded = stsb_embeddings(scorer, test)
     plots = [out_dir / "stsb_test_scatter.png"]
-    label = model_label(checkpoint) if checkpoint else scorer.name
+    step = trained_step(checkpoint) if checkpoint else 0  # the training step of the weights scored
+    label = model_label(checkpoint, step) if checkpoint else scorer.name
     scatter_plot(predicted_scores(embedded), test, plots[0], f"STS-B test, {label}, raw cosine")
     transform = load_sts_transform(out_dir) if isinstance(scorer, EmbeddingScorer) and "stsb_tuned/test/pearson" in results else None
     if transform is not None:
@@ -178,7 +177,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
                                         {"checkpoint": checkpoint or "", "baseline": baseline or ""},
                                         tags={"convsts.job": "evaluate"})
         # Against the training step of the weights scored: the last step for a training run's model.
-        tracking.log_metrics(uri, run_id, results, trained_step(checkpoint) if checkpoint else 0)
+        tracking.log_metrics(uri, run_id, results, step)
         for plot in plots:
             tracking.log_artifact(uri, run_id, str(plot), "plots")
         if trained.get("mlflow_run_id") == run_id and trained.get("model") in map(str, cards):
@@ -193,13 +192,12 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     return flat
 
 
-def model_label(checkpoint: str) -> str:
+def model_label(checkpoint: str, step: int) -> str:
     """A checkpoint's name for plots: its run name, encoder and training steps."""
     from models.checkpoint import read_meta
 
     meta = read_meta(checkpoint)
-    return f"{meta.get('run_config', {}).get('name') or Path(checkpoint).name} " \
-           f"({meta['model']['encoder']}, {trained_step(checkpoint)} steps)"
+    return f"{meta.get('run_config', {}).get('name') or Path(checkpoint).name} ({meta['model']['encoder']}, {step} steps)"
 
 
 def trained_step(checkpoint: str) -> int:
