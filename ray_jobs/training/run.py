@@ -256,7 +256,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
     log.info("model: %s (MLflow %s%s)", model_dir, model_uri,
              f", registered as {cfg.mlflow.register_as}" if cfg.mlflow.register_as else "")
     (out_dir / "train.json").write_text(json.dumps(
-        {"checkpoint": str(final), "best_checkpoint": str(best) if best else None, "model": str(model_dir), "mlflow_model": model_uri, "mlflow_run_id": run_id,
-         "tracking_uri": redact(uri), "seconds": round(seconds, 1), "task_split_mode": plan.mode}, indent=2),
+        {"checkpoint": str(final), "best_checkpoint": str(best) if best else None, "model": str(model_dir),
+         "mlflow_model": model_uri, "mlflow_run_id": run_id, "tracking_uri": redact(uri), "seconds": round(seconds, 1), "task_split_mode": plan.mode}, indent=2),
         encoding="utf-8")
     return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows, model_dir)
