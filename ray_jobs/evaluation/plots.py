@@ -80,8 +80,12 @@ def fraction_curve_plot(rows: Sequence[Dict[str, Any]], metrics: Sequence[str], 
     by_pairs = all(np.isfinite(float(r.get(PAIRS_KEY, np.nan))) for r in rows) and bool(rows)
     x_of = (lambda r: float(r[PAIRS_KEY])) if by_pairs else (lambda r: float(r["fraction"]))
     seeds = len({r.get("seed", 0) for r in rows})
+    fractions = sorted({float(r["fraction"]) for r in rows})
+    # One x per fraction (the seeds' subsets differ by a few pairs): the mean pair count.
+    x_at = {f: float(np.mean([x_of(r) for r in rows if float(r["fraction"]) == f])) for f in fractions}
     for name in metrics:
-        points = [(x_of(r), float(r[name])) for r in rows if np.isfinite(float(r.get(name, np.nan)))]
+        points = [(x_at[float(r["fraction"])], float(r[name])) for r in rows
+                  if np.isfinite(float(r.get(name, np.nan)))]
         if not points:
             continue
         xs = sorted({x for x, _ in points})
