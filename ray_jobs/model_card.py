@@ -40,8 +40,11 @@ def run_facts(run_config: Mapping[str, Any], manifests: Mapping[str, Mapping[str
     """What a training run knows about the model it wrote: config, data, code, libraries, machine."""
     data = {}
     for task, manifest in manifests.items():
-        data[task] = {"inputs": [redact(str(i)) for i in manifest.get("inputs", [])],
-                      "train_pairs": manifest.get("train_pairs"), "test_pairs": manifest.get("test_pairs"),
+        inputs = manifest.get("inputs") or ([manifest["input"]] if manifest.get("input") else [])
+        data[task] = {"inputs": [redact(str(i)) for i in inputs],
+                      # Reddit splits train/test; SNLI's train file is all training pairs.
+                      "train_pairs": manifest.get("train_pairs", manifest.get("pairs")),
+                      "test_pairs": manifest.get("test_pairs", 0),
                       "digest": digests.get(task)}
     return {"name": run_config.get("name"), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "mlflow_run_id": run_id, "tracking_uri": redact(tracking_uri or ""), "train_seconds": seconds,

@@ -326,7 +326,7 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(prepared_sample, r
     assert tags["mlflow.source.name"] == "train.py" and "--prepared" in tags["convsts.command"]
     assert tags["convsts.version.torch"] == torch.__version__ and tags["convsts.machine.cpu_count"] == str(os.cpu_count())
     inputs = {d.dataset.name: d.dataset for d in run.inputs.dataset_inputs}  # the prepared data as MLflow inputs
-    assert set(inputs) == {"snli"} and json.loads(inputs["snli"].profile)["train_pairs"] > 0
+    assert set(inputs) == {"snli"} and json.loads(inputs["snli"].profile)["pairs"] > 0
     assert len(inputs["snli"].digest) == 16 and not _leaks(json.dumps([d.profile for d in inputs.values()]))
     assert "system/cpu_utilization_percentage" in run.data.metrics and "system/system_memory_usage_megabytes" in run.data.metrics
 

@@ -46,7 +46,8 @@ def model_folder(tmp_path):
     rotation = np.linalg.qr(np.random.default_rng(0).normal(size=(12, 12)))[0]  # a tuned STS matrix, as evaluate saves
     StsTransform(rotation, StsTransformConfig(), 0.5, 1).save(ckpt)
     folder = save_model_folder(ckpt, tmp_path / "model")
-    manifests = {"reddit": {"inputs": ["s3://key:secret@bucket/pairs.parquet"], "train_pairs": 90, "test_pairs": 10}}
+    manifests = {"reddit": {"inputs": ["s3://key:secret@bucket/pairs.parquet"], "train_pairs": 90, "test_pairs": 10},
+                 "snli": {"input": "snli/train.parquet", "pairs": 40}}  # the two manifest layouts
     write_card(folder, run_facts({"name": "tiny", "trainer": {"steps": 3}}, manifests, {"reddit": "ab" * 20},
                                  "RUNID", "sqlite:///x.db", 12.0))
     return folder
@@ -61,9 +62,9 @@ def test_model_folder_has_no_optimizer_state_and_a_card(model_folder):
                                load(model_folder.parent / "ckpt").encode(TEXTS, tuned=True))
     card = (model_folder / CARD_FILE).read_text()
     header = yaml.safe_load(card.split("---")[1])
-    assert header["library_name"] == "convsts" and header["datasets"] == ["reddit"]
+    assert header["library_name"] == "convsts" and header["datasets"] == ["reddit", "snli"]
     assert "encoder-dan" in header["tags"] and "model-index" not in header  # not evaluated yet
-    assert "90 training pairs" in card and "models.load(" in card and "runs:/RUNID/model" in card
+    assert "90 training pairs" in card and "snli: 40 training pairs" in card and "`snli/train.parquet`" in card and "models.load(" in card and "runs:/RUNID/model" in card
     assert "secret" not in card and "secret" not in (model_folder / "card.json").read_text()
     add_results(model_folder, {"stsb/test/pearson": 0.7123, "reddit/p_at_1": 0.25, "checkpoint": "x"})
     card = (model_folder / CARD_FILE).read_text()

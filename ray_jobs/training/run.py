@@ -141,7 +141,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     try:
         tracking.log_datasets(uri, run_id, {
             name: {"digest": digests[name], "source": storage.join(task.prepared_dir(prepared), "train"),
-                   "profile": {k: manifests[name].get(k) for k in ("train_pairs", "test_pairs", "pairs", "inputs")
+                   "profile": {k: manifests[name].get(k) for k in ("pairs", "train_pairs", "test_pairs", "inputs", "input")
                                if manifests[name].get(k) is not None}}
             for name, task in prepared_tasks(cfg).items() if name in manifests})
         result = _train(cfg, out_dir, prepared, uri, run_id, manifests, extra_callbacks)
