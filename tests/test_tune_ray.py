@@ -88,7 +88,7 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     # replaced); best_config.yaml is a loadable run config.
     assert load_sts_transform(checkpoint) is None  # this checkpoint was never evaluated
     transform = load_sts_transform(checkpoint, SWEEP_MATRIX)
-    assert load(checkpoint).encode(["a man plays"], tuned=SWEEP_MATRIX).shape == (transform.matrix.shape[1],)
+    assert load(checkpoint).encode("a man plays", tuned=SWEEP_MATRIX).shape == (transform.matrix.shape[1],)
     assert transform.dev_pearson == pytest.approx(results["stsb_tuned/dev/pearson"], abs=1e-6)
     best = load_config(out / "best_config.yaml")
     assert best.eval.tuned == transform.config
