@@ -13,7 +13,6 @@ and filter 2048, the dense part dominates up to L of a few hundred).
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 from pathlib import Path
@@ -73,8 +72,7 @@ def main() -> int:
                     fixed += 64 * len(lengths)
                     real_flops += flops(lengths).sum()
                     all_flops += flops(np.full(len(lengths), width)).sum()
-            del stream, batch  # its generator closes while Ray is still up
-            gc.collect()
+            stream.close()
             label = f"bucket_batches={buckets}" if buckets else "no bucketing"
             print(f"  {label:<18} real tokens {100 * real / positions:5.1f}% of positions "
                   f"({100 * real / fixed:4.1f}% at the fixed width 64)   "

@@ -250,7 +250,9 @@ def test_length_bucketing_groups_similar_lengths_and_keeps_every_row(ray_session
 
     def epoch(bucket_batches, seed=0):
         stream = TaskStream("reddit", ds.iterator(), 16, "cpu", seed, bucket_batches=bucket_batches, pad_id=0)
-        return [next(stream) for _ in range(16)]  # one epoch: 256 rows / 16
+        batches = [next(stream) for _ in range(16)]  # one epoch: 256 rows / 16
+        stream.close()
+        return batches
 
     def spread(batches):
         return float(np.mean([(b["context__ids"] != 0).sum(1).float().std().item() for b in batches]))

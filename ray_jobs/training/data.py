@@ -179,6 +179,10 @@ class TaskStream:
     def position(self) -> Dict[str, int]:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "batch_size": self.batch_size}
 
+    def close(self) -> None:
+        """Stop reading the shard (while Ray is still up: the iterator reports its stats on close)."""
+        self._it.close()
+
 
 def frame_batch(tokenizer, task: Task, part, width: int, device=None) -> Dict[str, torch.Tensor]:
     """One task's batch from rows of a pandas frame, tokenized as the Ray Data feed does."""
