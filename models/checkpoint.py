@@ -204,9 +204,11 @@ class SentenceEncoder:
         from tqdm.auto import tqdm
 
         batches = -(-n // batch_size)
+        asked = bool(show)
         if show is None:
             show = batches >= self.PROGRESS_MIN_BATCHES and sys.stderr.isatty()
-        return tqdm(total=batches, desc=desc, unit="batch", disable=not show)
+        # A bar the caller asked for stays when done; an automatic one (evaluation's many encodes) clears itself.
+        return tqdm(total=batches, desc=desc, unit="batch", disable=not show, leave=asked)
 
     def _texts(self, sentences: Union[str, Sequence[str]], device: Optional[str]) -> tuple[List[str], bool]:
         """(the texts as a list, whether one string was given); moves the model when `device` is set."""
@@ -256,7 +258,8 @@ class SentenceEncoder:
           device                "cpu", "cuda", "cuda:N" or "auto" (CUDA when available); the model
                                 moves there; None keeps it where it is
           normalize_embeddings  unit length (default); False gives the encoder's output unnormalized
-          show_progress_bar     a tqdm bar over batches; None = on for 8+ batches when stderr is a terminal
+          show_progress_bar     a tqdm bar over batches; None = on for 8+ batches when stderr is a
+                                terminal, cleared when done
           tuned                 True: apply the STS matrix `convsts evaluate` saved in the checkpoint;
                                 a name ("sweep"): the matrix of that name (`convsts tune --space sts_matrix`)"""
         texts, single = self._texts(sentences, device)

@@ -59,6 +59,7 @@ class StageConfig:
 
 OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw")
 PRECISIONS = ("fp32", "bf16")
+LR_DECAYS = ("none", "linear", "cosine")
 
 
 @dataclass
@@ -79,10 +80,15 @@ class TrainerConfig:
     weight_decay: float = 0.0  # adamw's decoupled weight decay (dense parameters)
     # The lr rises linearly from 0 to the first stage's lr over this many steps; 0 = no warm-up.
     warmup_steps: int = 0
+    # After warm-up the lr falls toward 0 at the last step (a factor on each stage's lr): none | linear | cosine.
+    lr_decay: str = "none"
     # "bf16": the forward pass and the loss under bfloat16 autocast (weights and optimizer in fp32).
     precision: str = "fp32"  # fp32 | bf16
     # lr of dense parameters (encoder DNN, heads) = stage lr x this; embedding tables get the stage lr.
     dense_lr_scale: float = 1.0
+    # Per task, its head's lr = that x this (1 for a task not named): a new classifier on a
+    # pretrained encoder learns faster than the encoder under it, e.g. {snli: 50}.
+    head_lr_scale: Dict[str, float] = field(default_factory=dict)
     grad_clip: float = 0.0  # 0 = off
     # Length bucketing: each worker sorts windows of this many batches by length and trains on them
     # in a shuffled order, so a batch's rows have similar lengths and the Transformer / BiLSTM / the
@@ -200,6 +206,7 @@ class RunConfig:
              t.weight_decay)
         need(t.warmup_steps >= 0, "trainer.warmup_steps", ">= 0 (0 = off)", t.warmup_steps)
         need(t.precision in PRECISIONS, "trainer.precision", "|".join(PRECISIONS), t.precision)
+        need(t.lr_decay in LR_DECAYS, "trainer.lr_decay", "|".join(LR_DECAYS), t.lr_decay)
         need(m.pretrained.pooling in POOLINGS, "model.pretrained.pooling", "|".join(POOLINGS), m.pretrained.pooling)
         need(m.pretrained.output_dim >= 0, "model.pretrained.output_dim", ">= 0 (0 = no projection)",
              m.pretrained.output_dim)
@@ -207,6 +214,9 @@ class RunConfig:
              m.pretrained.train_layers)
         finite_positive("model.score_scale", m.score_scale)
         finite_positive("trainer.dense_lr_scale", t.dense_lr_scale)
+        for task, scale in t.head_lr_scale.items():
+            need(task in t.task_weights, f"trainer.head_lr_scale.{task}", f"a trained task ({', '.join(t.task_weights)})", task)
+            finite_positive(f"trainer.head_lr_scale.{task}", scale)
         for i, stage in enumerate(t.stages):
             need(stage.batch_size >= 1, f"trainer.stages[{i}].batch_size", ">= 1", stage.batch_size)
             finite_positive(f"trainer.stages[{i}].lr", stage.lr)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import mlflow.pyfunc
+from mlflow.models import Model
 import numpy as np
 import pandas as pd
 
@@ -103,30 +104,60 @@ def _quiet_mlflow():
             os.environ[PROGRESS_ENV] = bar
 
 
-def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: str = "") -> str:
-    """Log the model folder as the run's MLflow model (artifact `model`); with `register_as`, also a
-    new version of that registered model. Returns the model URI."""
+def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: str = "", step: int = 0) -> str:
+    """Log the model folder as an MLflow 3 LoggedModel named `model`: output of `run_id` at `step`,
+    with the run's params and its metrics at that step; with `register_as`, also a new version of
+    that registered model. Returns the run-relative URI `runs:/<run id>/model` (MLflow resolves it
+    to the run's model of that name)."""
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+
     from models import load
 
-    dim = load(folder).dim
-    with tempfile.TemporaryDirectory() as tmp, _quiet_mlflow():
-        local = Path(tmp) / ARTIFACT
-        mlflow.pyfunc.save_model(str(local), python_model=EncoderModel(), artifacts={ARTIFACT: str(folder)},
-                                 signature=signature(dim), input_example=pd.DataFrame({INPUT_COLUMN: EXAMPLE}),
-                                 pip_requirements=requirements())
-        tracking.log_artifacts(tracking_uri, run_id, str(local), ARTIFACT)
-    uri = f"runs:/{run_id}/{ARTIFACT}"
+    c = tracking.client(tracking_uri)
+    run = c.get_run(run_id)
+    logged = c.create_logged_model(run.info.experiment_id, name=ARTIFACT, source_run_id=run_id,
+                                   params=dict(run.data.params), model_type="sentence-encoder")
+    try:
+        with tempfile.TemporaryDirectory() as tmp, _quiet_mlflow():
+            local = Path(tmp) / ARTIFACT
+            mlflow.pyfunc.save_model(str(local), python_model=EncoderModel(), artifacts={ARTIFACT: str(folder)},
+                                     signature=signature(load(folder).dim), pip_requirements=requirements(),
+                                     input_example=pd.DataFrame({INPUT_COLUMN: EXAMPLE}),
+                                     mlflow_model=Model(run_id=run_id, model_id=logged.model_id,
+                                                        artifact_path=logged.artifact_location))
+            c.log_model_artifacts(logged.model_id, str(local))
+        c.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
+        _link_metrics(c, run_id, logged.model_id, step)
+    except BaseException:
+        c.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
+        raise
+    c.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
     if register_as:
-        register(tracking_uri, run_id, register_as)
-    return uri
+        register(tracking_uri, logged.model_id, register_as)
+    return f"runs:/{run_id}/{ARTIFACT}"
 
 
-def register(tracking_uri: str, run_id: str, name: str) -> str:
-    """A new version of registered model `name` (created when missing) from the run's model; returns the version."""
+def _link_metrics(c, run_id: str, model_id: str, step: int) -> None:
+    """The run's metrics at `step` (its final evaluation) shown on the model's page too."""
+    from mlflow.entities import Metric
+
+    linked = [Metric(m.key, m.value, m.timestamp, m.step, run_id=run_id, model_id=model_id)
+              for key in c.get_run(run_id).data.metrics
+              for m in c.get_metric_history(run_id, key) if m.step == step and m.model_id is None]
+    for start in range(0, len(linked), 500):
+        c.log_batch(run_id, metrics=linked[start : start + 500])
+
+
+def register(tracking_uri: str, model_id: str, name: str) -> str:
+    """A new version of registered model `name` (created when missing) from a logged model; returns the version."""
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
     c = tracking.client(tracking_uri)
     try:
         c.get_registered_model(name)
     except mlflow.exceptions.MlflowException:
         c.create_registered_model(name)
-    source = f"{c.get_run(run_id).info.artifact_uri}/{ARTIFACT}"
-    return c.create_model_version(name, source, run_id=run_id).version
+    model = c.get_logged_model(model_id)
+    with _use_tracking_uri(tracking_uri):  # the registry looks the model up through the process-wide URI
+        return c.create_model_version(name, f"models:/{model_id}", run_id=model.source_run_id,
+                                      model_id=model_id).version

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -41,20 +42,63 @@ def setup_logging() -> None:
             handler.addFilter(RedactingFilter())
 
 
+class _DropProgressBarHint(logging.Filter):
+    """Ray Data warns once per process that progress bars are off: we turned them off."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Progress bars disabled")
+
+
+def quiet_ray_logs() -> None:
+    """Ray's info logs off the console of this process; with `--verbose`, nothing changes. Run in
+    the driver and, as Ray's `worker_process_setup_hook`, in every worker process: Ray Data's
+    console handler at WARNING (its session log file, ray-data.log, keeps every record), MLflow's
+    store and system-metrics info lines, and deprecation warnings that Ray raises inside its own
+    code (a user cannot act on them). Ray Train's own lines are set by its LoggingConfig
+    (train_log_level)."""
+    if verbose():
+        return
+    import warnings
+
+    from ray.data import DataContext  # importing ray.data sets up its "ray.data" logger
+    from ray.util.annotations import RayDeprecationWarning
+
+    context = DataContext.get_current()
+    context.enable_progress_bars = False  # Ray Data's bars redraw with escape codes
+    context.print_on_execution_start = False
+    for handler in logging.getLogger("ray.data").handlers:
+        if handler.get_name() == "console":
+            handler.setLevel(logging.WARNING)
+            if not any(isinstance(f, _DropProgressBarHint) for f in handler.filters):
+                handler.addFilter(_DropProgressBarHint())
+    quiet = ["mlflow.store.db.utils", "mlflow.system_metrics", "alembic"]
+    # Ray Train's per-report line comes from a logger named by its file's path, which its
+    # LoggingConfig (keyed on "ray.train") does not reach.
+    spec = importlib.util.find_spec("ray.train.v2._internal.execution.context")
+    if spec is not None and spec.origin:
+        quiet.append(spec.origin)
+    for name in quiet:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=RayDeprecationWarning, module=r"ray\.")
+
+
+def train_log_level() -> str:
+    """Ray Train's console level (ray.train.LoggingConfig): its per-report lines only with --verbose."""
+    return "INFO" if verbose() else "WARNING"
+
+
 def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> None:
     """Attach to the cluster at `address`/RAY_ADDRESS, or start a local instance on this machine."""
     import ray
 
-    if not verbose():  # the project's own progress lines only; Ray Data's bars redraw with escape codes
-        from ray.data import DataContext
-
-        context = DataContext.get_current()
-        context.enable_progress_bars = False
-        context.print_on_execution_start = False
+    quiet_ray_logs()
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
     kwargs = {"logging_level": logging.INFO if verbose() else logging.WARNING, "log_to_driver": True}
+    # A submitted job whose own runtime env names a setup hook keeps it (Ray refuses two).
+    if not verbose() and "worker_process_setup_hook" not in os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", ""):
+        kwargs["runtime_env"] = {"worker_process_setup_hook": f"{__name__}.quiet_ray_logs"}
     if address:
         ray.init(address=address, **kwargs)
     else:

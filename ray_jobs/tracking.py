@@ -14,6 +14,9 @@ from datasets.storage import redact
 MAX_PARAM_LENGTH = 6000
 DIGEST_LENGTH = 16  # of a dataset input's digest (the manifest's sha1, shortened as MLflow shows digests)
 ARTIFACT_FOLDER = "mlartifacts"  # beside a local sqlite store's database file
+# What a child run takes from its parent: a Tune trial runs in a Ray worker, whose argv is Ray's
+# default_worker.py, not the command that started the sweep.
+SOURCE_TAGS = ("mlflow.source.name", "mlflow.source.type", "mlflow.source.git.commit", "convsts.command")
 
 
 def client(tracking_uri: str):
@@ -55,7 +58,11 @@ def start_run(
     parent_run_id: Optional[str] = None,
 ) -> str:
     c = client(tracking_uri)
-    all_tags = {k: redact(str(v)) for k, v in {**provenance_tags(), **(tags or {})}.items()}
+    source = provenance_tags()
+    if parent_run_id:  # a child (a Tune trial in a Ray worker) was made by its parent's command
+        parent_tags = c.get_run(parent_run_id).data.tags
+        source.update({k: parent_tags[k] for k in SOURCE_TAGS if k in parent_tags})
+    all_tags = {k: redact(str(v)) for k, v in {**source, **(tags or {})}.items()}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     run = c.create_run(experiment_id(tracking_uri, experiment), run_name=redact(run_name) or None, tags=all_tags)

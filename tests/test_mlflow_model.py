@@ -83,9 +83,18 @@ def test_mlflow_model_loads_registers_and_serves_over_http(model_folder, tmp_pat
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     (tmp_path / "store").mkdir()
     run_id = tracking.start_run(uri, "serve-test", "tiny")
-    model_uri = log_model(uri, run_id, model_folder, register_as="convsts-tiny")
+    tracking.log_metrics(uri, run_id, {"stsb/dev/pearson": 0.25}, step=3)
+    model_uri = log_model(uri, run_id, model_folder, register_as="convsts-tiny", step=3)
     tracking.end_run(uri, run_id)
     assert model_uri == f"runs:/{run_id}/model"
+    # An MLflow 3 LoggedModel: output of the run at its step, with the run's metrics at that step,
+    # and the registered version points at it.
+    client = tracking.client(uri)
+    (logged,) = client.search_logged_models([client.get_run(run_id).info.experiment_id])
+    assert logged.name == "model" and logged.source_run_id == run_id
+    assert {(m.key, m.value, m.step) for m in logged.metrics} == {("stsb/dev/pearson", 0.25, 3)}
+    assert [o.model_id for o in client.get_run(run_id).outputs.model_outputs] == [logged.model_id]
+    assert client.get_model_version("convsts-tiny", "1").source == f"models:/{logged.model_id}"
     # Artifacts live beside the store, not in the working directory.
     assert (tmp_path / "store" / "mlartifacts").is_dir() and not any((tmp_path / "cwd").iterdir())
     expected = load(model_folder).encode(TEXTS)  # (4, 12)

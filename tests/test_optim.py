@@ -43,3 +43,34 @@ def test_sparse_parameters_come_from_the_model():
     dense = build_model(ModelConfig(dan=DanConfig(embedding_dim=4, hidden_sizes=[4], output_dim=3,
                                                   sparse_embeddings=False)), tok)
     assert dense.sparse_parameters() == []
+
+
+def test_head_lr_scale_applies_to_the_named_task_head_only_and_survives_stage_changes():
+    from datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from models.checkpoint import build_model
+    from models.config import DanConfig, ModelConfig
+    from ray_jobs.training.step import Optimizers
+
+    tok = DanTokenizer.build(count_words(["a b c"]), TokenizerConfig(bigram_buckets=11))
+    model = build_model(ModelConfig(dan=DanConfig(embedding_dim=4, hidden_sizes=[4], output_dim=3)), tok)
+    cfg = load_config(None, ["trainer.optimizer=adamw", "trainer.dense_lr_scale=0.5", "trainer.head_lr_scale={snli: 50}"])
+    opts = Optimizers.build(cfg.trainer, model, ["reddit", "snli"], 1e-4)
+
+    def lrs(module, optimizers):
+        by_param = {id(p): g["lr"] for o in optimizers for g in o.param_groups for p in g["params"]}
+        return sorted({round(by_param[id(p)], 12) for p in module.parameters() if id(p) in by_param})
+
+    assert lrs(model.encoder.word_embedding, opts.encoder) == [1e-4]
+    assert lrs(model.encoder.dnn, opts.encoder) == [5e-5]  # dense encoder layers
+    assert lrs(model.heads["snli"], opts.heads["snli"]) == [2.5e-3]  # 1e-4 x 0.5 x 50
+    assert lrs(model.heads["reddit"], opts.heads["reddit"]) == [5e-5]  # not named: x 1
+    opts.set_lr(2e-4)  # a later stage keeps every ratio
+    assert lrs(model.heads["snli"], opts.heads["snli"]) == [5e-3]
+    assert lrs(model.encoder.word_embedding, opts.encoder) == [2e-4]
+
+
+def test_head_lr_scale_names_a_trained_task():
+    from ray_jobs.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"trainer.head_lr_scale.snil"):
+        load_config(None, ["trainer.head_lr_scale={snil: 50}"])

@@ -3,6 +3,7 @@ the task and encoder registries (a toy task added as one module), checkpoint hea
 
 import copy
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -263,3 +264,18 @@ def test_length_bucketing_groups_similar_lengths_and_keeps_every_row(ray_session
     assert spread(bucketed) < 0.25 * spread(plain)
     again = epoch(8)
     assert all(torch.equal(a["row"], b["row"]) for a, b in zip(bucketed, again))
+
+
+@pytest.mark.parametrize("decay", ["linear", "cosine"])
+def test_lr_warms_up_then_decays_toward_zero_at_the_last_step(decay):
+    from ray_jobs.config import StageConfig
+
+    schedule = StageSchedule([StageConfig(0, 8, 1.0), StageConfig(60, 16, 0.5)], warmup_steps=10, decay=decay, total=110)
+    assert schedule.lr_at(0) == pytest.approx(0.1) and schedule.lr_at(9) == pytest.approx(1.0)  # warm-up
+    assert schedule.lr_at(10) == pytest.approx(1.0)  # decay starts after warm-up
+    middle = 0.5 if decay == "linear" else 0.5 * (1 + math.cos(math.pi * 0.5))
+    assert schedule.lr_at(60) == pytest.approx(0.5 * middle)  # a factor on the second stage's lr
+    assert schedule.lr_at(109) < 0.01 and schedule.lr_at(110) == pytest.approx(0.0)
+    lrs = [schedule.lr_at(s) for s in range(10, 60)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))  # never rises within a stage
+    assert StageSchedule([StageConfig(0, 8, 1.0)], 0, "none", 100).lr_at(99) == 1.0

@@ -183,7 +183,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
         if trained.get("mlflow_run_id") == run_id and trained.get("model") in map(str, cards):
             from ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
 
-            log_model(uri, run_id, trained["model"])  # the training run's model, now with its results and STS matrix
+            log_model(uri, run_id, trained["model"], step=step)  # the training run's model, now with its results and STS matrix
         flat["mlflow_run_id"] = run_id
         if own_run:
             tracking.end_run(uri, run_id)

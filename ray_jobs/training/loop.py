@@ -55,7 +55,7 @@ class TrainLoop:
         self.my_tasks = plan.tasks_of(rank)
         self.leaders = {t: plan.leader(t) for t in plan.tasks}
         self.combiner = GradientCombiner(plan, rank)
-        self.schedule = StageSchedule(cfg.trainer.stages, cfg.trainer.warmup_steps)
+        self.schedule = StageSchedule(cfg.trainer.stages, cfg.trainer.warmup_steps, cfg.trainer.lr_decay, cfg.trainer.steps)
         self.start = self.step = state.step if state else 0
         self.stage = self.schedule.at(self.step)
         self.lr = self.schedule.lr_at(self.step)

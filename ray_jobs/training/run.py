@@ -17,7 +17,7 @@ from models.checkpoint import load_model, read_meta, save_model_folder
 from ray_jobs import tracking
 from ray_jobs.config import ConfigError, RunConfig, flatten, resolve_path
 from ray_jobs.model_card import write_card, run_facts
-from ray_jobs.runtime import ensure_ray, log, tracking_uri
+from ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
 from ray_jobs.task_groups import plan_tasks
 from ray_jobs.tasks import prepared_tasks, trained_tasks
 from ray_jobs.training.loop import SCORE_METRIC
@@ -227,6 +227,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
             checkpoint_config=checkpoint_config(cfg),
             failure_config=ray.train.FailureConfig(max_failures=cfg.trainer.max_failures),
             callbacks=list(extra_callbacks) or None,
+            logging_config=ray.train.LoggingConfig(log_level=train_log_level()),
         ),
     )
     with tracking.system_metrics(uri, run_id):
@@ -252,7 +253,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
     # MLflow model (the full checkpoint stays in OUT/checkpoint for --resume).
     model_dir = save_model_folder(final, out_dir / MODEL_FOLDER)
     write_card(model_dir, run_facts(cfg.to_dict(), manifests, data_digests(manifests), run_id, uri, seconds))
-    model_uri = log_model(uri, run_id, model_dir, cfg.mlflow.register_as)
+    model_uri = log_model(uri, run_id, model_dir, cfg.mlflow.register_as, step=cfg.trainer.steps)
     log.info("model: %s (MLflow %s%s)", model_dir, model_uri,
              f", registered as {cfg.mlflow.register_as}" if cfg.mlflow.register_as else "")
     (out_dir / "train.json").write_text(json.dumps(

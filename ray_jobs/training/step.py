@@ -23,16 +23,17 @@ def seed_everything(seed: int) -> None:
 
 
 def make_optimizer(trainer: TrainerConfig, params: Sequence[torch.nn.Parameter], sparse: Sequence[torch.nn.Parameter],
-                   lr: float) -> List[torch.optim.Optimizer]:
+                   lr: float, scale: float = 1.0) -> List[torch.optim.Optimizer]:
     """Optimizers for `params`; those also in `sparse` (sparse gradients: the DAN's embedding
-    tables) learn at the stage's lr, the dense ones at lr x trainer.dense_lr_scale. Each param group
-    carries its "lr_scale", which `set_lr` keeps at stage changes."""
+    tables) learn at the stage's lr, the dense ones at lr x trainer.dense_lr_scale; all of them
+    also x `scale` (a task head's trainer.head_lr_scale). Each param group carries its
+    "lr_scale", which `set_lr` keeps at stage changes."""
     sparse_ids = {id(p) for p in sparse}
     tables = [p for p in params if id(p) in sparse_ids]
     dense = [p for p in params if id(p) not in sparse_ids]
-    scale = trainer.dense_lr_scale
-    groups = [g for g in ({"params": tables, "lr": lr, "lr_scale": 1.0},
-                          {"params": dense, "lr": lr * scale, "lr_scale": scale}) if g["params"]]
+    dense_scale = scale * trainer.dense_lr_scale
+    groups = [g for g in ({"params": tables, "lr": lr * scale, "lr_scale": scale},
+                          {"params": dense, "lr": lr * dense_scale, "lr_scale": dense_scale}) if g["params"]]
     if trainer.optimizer == "sgd":
         return [torch.optim.SGD(groups, lr=lr, momentum=trainer.momentum)]
     if trainer.optimizer == "adagrad":
@@ -68,7 +69,8 @@ class Optimizers:
             return [p for p in module.parameters() if p.requires_grad]
 
         return cls(make_optimizer(trainer, trainable(model.encoder), sparse, lr),
-                   {t: make_optimizer(trainer, trainable(model.heads[t]), sparse, lr) for t in tasks})
+                   {t: make_optimizer(trainer, trainable(model.heads[t]), sparse, lr, trainer.head_lr_scale.get(t, 1.0))
+                    for t in tasks})
 
     def all(self) -> List[torch.optim.Optimizer]:
         return self.encoder + [o for opts in self.heads.values() for o in opts]
