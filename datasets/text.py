@@ -62,18 +62,40 @@ def _bigram_id(w1: str, w2: str, buckets: int) -> int:
     return 1 + zlib.crc32(f"{w1}\x00{w2}".encode("utf-8")) % (buckets - 1)
 
 
+OOV_CODES = 1 << 24  # an out-of-vocabulary word's code: num_words + crc32(word) mod this
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """A stable 64-bit finalizer (MurmurHash3's fmix64) applied elementwise to uint64 codes."""
+    x = x ^ (x >> np.uint64(33))
+    x = x * np.uint64(0xFF51AFD7ED558CCD)
+    x = x ^ (x >> np.uint64(33))
+    x = x * np.uint64(0xC4CEB9FE1A85EC53)
+    return x ^ (x >> np.uint64(33))
+
+
 class DanTokenizer:
-    """text -> (word ids, hashed bigram ids), each padded with 0 to the longest text in the batch."""
+    """text -> (word ids, hashed bigram ids), each padded with 0 to the longest text in the batch.
+
+    Bigram ids ("codes", the default): each token gets a code, its word id when in the vocabulary,
+    else num_words + crc32(word) mod 2^24 (so unknown words still make distinct bigrams); the ids
+    of a whole batch are then hashed at once in numpy from neighbouring codes. Tokenizers saved
+    before this (no "bigram_hash" in their JSON) keep their per-bigram crc32 of the two strings
+    ("crc32"), so old checkpoints see the ids they were trained with."""
 
     kind = "dan"
     fits_from_counts = True  # the vocabulary comes from word counts (counted in parallel by Ray Data)
     pad_id = PAD_ID
+    BIGRAM_HASHES = ("codes", "crc32")
 
-    def __init__(self, vocab: Sequence[str], config: TokenizerConfig):
+    def __init__(self, vocab: Sequence[str], config: TokenizerConfig, bigram_hash: str = "codes"):
+        if bigram_hash not in self.BIGRAM_HASHES:
+            raise ValueError(f"bigram_hash: expected {'|'.join(self.BIGRAM_HASHES)}, got {bigram_hash!r}")
         self.config = config
         self.vocab = list(vocab)  # index i + 2 is the id of vocab[i]; 0 = pad, 1 = <unk>
+        self.bigram_hash = bigram_hash
         self._ids = {w: i + 2 for i, w in enumerate(self.vocab)}
-        self._bigram_cache: Dict[tuple, int] = {}  # bigram hashing is half of encode's time
+        self._bigram_cache: Dict[tuple, int] = {}  # "crc32" only: bigram hashing is half of its time
 
     @classmethod
     def build(cls, counts: Counter, config: TokenizerConfig) -> "DanTokenizer":
@@ -93,8 +115,23 @@ class DanTokenizer:
         token_lists = [self.tokens(t) for t in texts]
         longest = max([len(t) for t in token_lists] + [1])
         width = width or longest
-        word_ids = np.zeros((len(texts), width), dtype=np.int64)  # (B, L)
+        if self.bigram_hash == "crc32":
+            return self._encode_crc32(token_lists, width)
+        num_words, get = self.num_words, self._ids.get
+        codes = np.zeros((len(texts), width), dtype=np.uint64)  # (B, L); 0 = padding
+        for row, toks in enumerate(token_lists):
+            toks = toks[:width]
+            codes[row, : len(toks)] = [get(w) or num_words + zlib.crc32(w.encode("utf-8")) % OOV_CODES for w in toks]
+        word_ids = np.where(codes >= num_words, UNK_ID, codes).astype(np.int64)  # (B, L)
+        left, right = codes[:, :-1], codes[:, 1:]  # (B, L-1) each: neighbouring tokens
+        hashed = _mix64((left << np.uint64(32)) | right) % np.uint64(self.config.bigram_buckets - 1) + np.uint64(1)
         bigram_ids = np.zeros((len(texts), width), dtype=np.int64)  # (B, L); at most L-1 used
+        bigram_ids[:, :-1] = np.where(right > 0, hashed, 0)
+        return {"words": word_ids, "bigrams": bigram_ids}
+
+    def _encode_crc32(self, token_lists: List[List[str]], width: int) -> Dict[str, np.ndarray]:
+        word_ids = np.zeros((len(token_lists), width), dtype=np.int64)  # (B, L)
+        bigram_ids = np.zeros((len(token_lists), width), dtype=np.int64)  # (B, L); at most L-1 used
         buckets = self.config.bigram_buckets
         for row, toks in enumerate(token_lists):
             toks = toks[:width]
@@ -111,12 +148,15 @@ class DanTokenizer:
             found = self._bigram_cache[pair] = _bigram_id(pair[0], pair[1], buckets)
         return found
 
+    def __getstate__(self) -> Dict[str, Any]:  # pickled into Ray Data tasks: without the bigram cache
+        return {**self.__dict__, "_bigram_cache": {}}
+
     def to_dict(self) -> Dict[str, Any]:
-        return {"kind": self.kind, "config": asdict(self.config), "vocab": self.vocab}
+        return {"kind": self.kind, "config": asdict(self.config), "vocab": self.vocab, "bigram_hash": self.bigram_hash}
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "DanTokenizer":
-        return cls(data["vocab"], TokenizerConfig(**data["config"]))
+        return cls(data["vocab"], TokenizerConfig(**data["config"]), data.get("bigram_hash", "crc32"))
 
 
 def padded_ids(id_lists: Sequence[Sequence[int]], width: int | None, pad_id: int) -> np.ndarray:

@@ -83,6 +83,8 @@ def save_checkpoint(
         "run_config": run_config or {},
         "provenance": provenance or {},
     }
+    if train_state is not None and "step" in train_state:
+        meta["step"] = int(train_state["step"])  # the training step of these weights, readable without torch.load
     (path / "config.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     if train_state is not None:
         torch.save(train_state, path / "train_state.pt")

@@ -20,11 +20,8 @@ texts with URLs or HTML entities can embed differently there.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import shutil
-import warnings
 import tempfile
 from pathlib import Path
 from typing import List, Sequence, Union
@@ -37,6 +34,7 @@ from datasets.storage import BadInputError
 from datasets.text import save_tokenizer, tokenizer_from_dict
 from models.checkpoint import load
 from models.heads import MultitaskModel
+from models.quiet import quiet_loggers
 
 ONNX_FILE = "model.onnx"
 ONNX_OUTPUT = "sentence_embedding"
@@ -100,21 +98,9 @@ class OnnxEncoder:
         return out[0] if single else out
 
 
-@contextlib.contextmanager
-def _quiet_exporter():
-    """torch.onnx and onnxscript report each graph pass at INFO and warn about optional packages
-    (torchvision); the export's result is what the caller reports."""
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "onnxscript", "onnx_ir")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+# torch.onnx and onnxscript report each graph pass at INFO and warn about optional packages
+# (torchvision); the export's result is what the caller reports.
+EXPORT_LOGGERS = ("torch.onnx", "torch.export", "onnxscript", "onnx_ir")
 
 
 def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
@@ -129,7 +115,7 @@ def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
-        with torch.no_grad(), _quiet_exporter():
+        with torch.no_grad(), quiet_loggers(EXPORT_LOGGERS):
             torch.onnx.export(_GraphEncoder(loaded.model, names).eval(), args, str(partial / ONNX_FILE), dynamo=True,
                               input_names=names, output_names=[ONNX_OUTPUT], dynamic_shapes=((axes,) * len(names),),
                               opset_version=ONNX_OPSET, external_data=False, verbose=False)

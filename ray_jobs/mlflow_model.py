@@ -13,9 +13,6 @@ this project installed (`models`, `datasets`), as the pip requirements say.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
 import tempfile
 from importlib import metadata
 from pathlib import Path
@@ -26,6 +23,7 @@ from mlflow.models import Model
 import numpy as np
 import pandas as pd
 
+from models.quiet import quiet_loggers
 from ray_jobs import tracking
 
 ARTIFACT = "model"  # runs:/<id>/model
@@ -83,25 +81,9 @@ def requirements() -> List[str]:
     return out
 
 
-@contextlib.contextmanager
-def _quiet_mlflow():
-    """save_model reports its input-example check and warns about pickled models and pip's version;
-    the artifact copy draws a progress bar. The caller logs the one line that matters."""
-    loggers = [logging.getLogger(n) for n in ("mlflow.pyfunc", "mlflow.utils.environment", "mlflow.models")]
-    levels = [lg.level for lg in loggers]
-    bar = os.environ.get(PROGRESS_ENV)
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    os.environ[PROGRESS_ENV] = "false"
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-        if bar is None:
-            os.environ.pop(PROGRESS_ENV, None)
-        else:
-            os.environ[PROGRESS_ENV] = bar
+# save_model reports its input-example check and warns about pickled models and pip's version;
+# the artifact copy draws a progress bar. The caller logs the one line that matters.
+MLFLOW_LOGGERS = ("mlflow.pyfunc", "mlflow.utils.environment", "mlflow.models")
 
 
 def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: str = "", step: int = 0) -> str:
@@ -118,7 +100,7 @@ def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: s
     logged = c.create_logged_model(run.info.experiment_id, name=ARTIFACT, source_run_id=run_id,
                                    params=dict(run.data.params), model_type="sentence-encoder")
     try:
-        with tempfile.TemporaryDirectory() as tmp, _quiet_mlflow():
+        with tempfile.TemporaryDirectory() as tmp, quiet_loggers(MLFLOW_LOGGERS, {PROGRESS_ENV: "false"}):
             local = Path(tmp) / ARTIFACT
             mlflow.pyfunc.save_model(str(local), python_model=EncoderModel(), artifacts={ARTIFACT: str(folder)},
                                      signature=signature(load(folder).dim), pip_requirements=requirements(),

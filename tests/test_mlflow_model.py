@@ -21,6 +21,7 @@ from models.checkpoint import build_model, save_model_folder
 from models.config import DanConfig, ModelConfig
 from models.sts_transform import StsTransform, StsTransformConfig
 from ray_jobs import tracking
+from ray_jobs.evaluation.harness import trained_step
 from ray_jobs.mlflow_model import log_model
 from ray_jobs.model_card import CARD_FILE, add_results, run_facts, write_card
 
@@ -58,6 +59,8 @@ def test_model_folder_has_no_optimizer_state_and_a_card(model_folder):
                                                                "model.safetensors", "sts_transform.safetensors",
                                                                "tokenizer.json"]
     assert load(model_folder).encode(TEXTS).shape == (4, 12)
+    # The weights' training step travels in config.json, so evaluation logs at it without the train state.
+    assert json.loads((model_folder / "config.json").read_text())["step"] == 3 and trained_step(model_folder) == 3
     np.testing.assert_allclose(load(model_folder).encode(TEXTS, tuned=True),
                                load(model_folder.parent / "ckpt").encode(TEXTS, tuned=True))
     card = (model_folder / CARD_FILE).read_text()

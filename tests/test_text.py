@@ -1,6 +1,12 @@
-import numpy as np
+import json
+import os
+import subprocess
+import sys
 
-from datasets.text import (DanTokenizer, SubwordTokenizer, TokenizerConfig, count_words, load_tokenizer,
+import numpy as np
+import pytest
+
+from datasets.text import (DanTokenizer, _bigram_id, SubwordTokenizer, TokenizerConfig, count_words, load_tokenizer,
                            normalize, save_tokenizer, words)
 
 
@@ -17,9 +23,50 @@ def test_dan_tokenizer_ids_padding_and_bigrams():
     assert out["words"][1, 0] == 1 and (out["words"][1, 1:] == 0).all()  # <unk>, then padding
     assert (out["bigrams"][0, :2] > 0).all() and out["bigrams"][0, 2] == 0  # 2 bigrams for 3 words
     assert (out["words"][2] == 0).all()
-    # Bigram ids are stable (crc32), not Python's randomized hash.
+    # Bigram ids are stable across tokenizers built alike (crc32 and a fixed mix, not Python's hash).
     again = DanTokenizer.build(count_words(["the cat sat", "the dog"]), TokenizerConfig(bigram_buckets=100))
     assert np.array_equal(again.encode(["the cat sat"])["bigrams"], out["bigrams"][:1, :3])
+
+
+def test_bigram_codes_keep_unknown_words_apart_and_do_not_depend_on_the_batch():
+    cfg = TokenizerConfig(bigram_buckets=1000, max_words=8)
+    tok = DanTokenizer.build(count_words(["the cat sat on the mat"]), cfg)
+    out = tok.encode(["the cat sat on the mat", "the zebra sat", "the okapi sat", "the cat"])
+    words_, bigrams = out["words"], out["bigrams"]  # (4, 6) each
+    assert ((bigrams >= 0) & (bigrams < 1000)).all() and (bigrams[:, :-1][words_[:, 1:] > 0] > 0).all()
+    assert (bigrams[words_ == 0] == 0).all() and (bigrams[np.arange(4), (words_ > 0).sum(1) - 1] == 0).all()
+    assert words_[1, 1] == words_[2, 1] == 1  # both unknown words are <unk> ...
+    assert bigrams[1, 0] != bigrams[2, 0] and bigrams[1, 1] != bigrams[2, 1]  # ... but their bigrams differ
+    assert bigrams[0, 0] == bigrams[3, 0]  # "the cat" in either row
+    alone = tok.encode(["the zebra sat"], width=20)  # another batch, another width: the same ids
+    assert np.array_equal(alone["bigrams"][0, :2], bigrams[1, :2]) and np.array_equal(alone["words"][0, :3], words_[1, :3])
+
+
+def test_bigram_ids_are_the_same_in_another_process(tmp_path):
+    """Hashing does not use Python's per-process hash seed: a Ray Data worker computes the ids the
+    checkpoint was trained with."""
+    tok = DanTokenizer.build(count_words(["the cat sat on the mat"]), TokenizerConfig(bigram_buckets=1000))
+    save_tokenizer(tok, tmp_path / "tok.json")
+    code = (f"import json; from datasets.text import load_tokenizer; "
+            f"print(json.dumps(load_tokenizer({str(tmp_path / 'tok.json')!r}).encode(['the zebra sat on a mat'])['bigrams'].tolist()))")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    other = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                      check=True).stdout)
+    assert other == tok.encode(["the zebra sat on a mat"])["bigrams"].tolist()
+
+
+def test_a_tokenizer_saved_before_bigram_codes_keeps_its_crc32_ids(tmp_path):
+    cfg = TokenizerConfig(bigram_buckets=1000)
+    old = DanTokenizer.build(count_words(["the cat sat"]), cfg).to_dict()
+    del old["bigram_hash"]  # the JSON a checkpoint from before the change holds
+    (tmp_path / "tok.json").write_text(json.dumps(old))
+    tok = load_tokenizer(tmp_path / "tok.json")
+    assert tok.bigram_hash == "crc32"
+    out = tok.encode(["the cat sat", "the zebra"])
+    assert out["bigrams"][0, :2].tolist() == [_bigram_id("the", "cat", 1000), _bigram_id("cat", "sat", 1000)]
+    assert out["bigrams"][1, 0] == _bigram_id("the", "zebra", 1000) and out["words"][1, 1] == 1
+    with pytest.raises(ValueError, match="bigram_hash"):
+        DanTokenizer(["a"], cfg, "md5")
 
 
 def test_vocab_limit_and_round_trip(tmp_path):

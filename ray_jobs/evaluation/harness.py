@@ -201,14 +201,18 @@ def model_label(checkpoint: str, step: int) -> str:
 
 
 def trained_step(checkpoint: str) -> int:
-    """The training step of a checkpoint's weights (its train state; for a model folder, the steps
-    its run config asked for)."""
+    """The training step of a checkpoint's weights: config.json's "step" (checkpoints and model
+    folders since it was added), else the train state (older checkpoints), else the steps the run
+    config asked for."""
     from models.checkpoint import load_train_state, read_meta
 
+    meta = read_meta(checkpoint)
+    if "step" in meta:
+        return int(meta["step"])
     state = load_train_state(checkpoint)
     if state is not None and "step" in state:
         return int(state["step"])
-    return int(read_meta(checkpoint).get("run_config", {}).get("trainer", {}).get("steps", 0))
+    return int(meta.get("run_config", {}).get("trainer", {}).get("steps", 0))
 
 
 def training_info(checkpoint: str) -> Dict[str, str]:

@@ -144,7 +144,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
                    "profile": {k: manifests[name].get(k) for k in ("pairs", "train_pairs", "test_pairs", "inputs", "input")
                                if manifests[name].get(k) is not None}}
             for name, task in prepared_tasks(cfg).items() if name in manifests})
-        result = _train(cfg, out_dir, prepared, uri, run_id, manifests, extra_callbacks)
+        result = _train(cfg, out_dir, prepared, uri, run_id, manifests, digests, extra_callbacks)
     except BaseException:
         tracking.end_run(uri, run_id, "FAILED")  # never left RUNNING (a caller's run fails with it)
         raise
@@ -180,7 +180,7 @@ def checkpoint_config(cfg: RunConfig):
 
 
 def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
-           manifests: Dict[str, Dict[str, Any]], extra_callbacks: Sequence[Any]) -> TrainResult:
+           manifests: Dict[str, Dict[str, Any]], digests: Dict[str, str], extra_callbacks: Sequence[Any]) -> TrainResult:
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -209,7 +209,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
         "datasets": sorted(datasets),
         "tracking_uri": uri,
         "run_id": run_id,
-        "provenance": {"data": data_digests(manifests)},
+        "provenance": {"data": digests},
     }
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -252,7 +252,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
     # What users take away: the encoder without optimizer state, with its model card, as the run's
     # MLflow model (the full checkpoint stays in OUT/checkpoint for --resume).
     model_dir = save_model_folder(final, out_dir / MODEL_FOLDER)
-    write_card(model_dir, run_facts(cfg.to_dict(), manifests, data_digests(manifests), run_id, uri, seconds))
+    write_card(model_dir, run_facts(cfg.to_dict(), manifests, digests, run_id, uri, seconds))
     model_uri = log_model(uri, run_id, model_dir, cfg.mlflow.register_as, step=cfg.trainer.steps)
     log.info("model: %s (MLflow %s%s)", model_dir, model_uri,
              f", registered as {cfg.mlflow.register_as}" if cfg.mlflow.register_as else "")
