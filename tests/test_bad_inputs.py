@@ -300,6 +300,12 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(prepared_sample, r
     assert not _leaks(result.stdout + result.stderr)
     output = result.stdout + result.stderr
     assert output.count("[convsts rank 0] step 4/4 ") == 1  # each progress line once (Ray Train's print patch doubled them)
+    # Without --verbose, Ray Data's, Ray Train's and MLflow's info lines stay off the console, in
+    # the driver and in every Ray worker (the job's worker_process_setup_hook).
+    for chatter in ("execution finished", "Progress bars disabled", "Reporting training result",
+                    "Checkpoint successfully created", "Setting up process group", "Creating initial MLflow database",
+                    "Started monitoring system metrics", "RayDeprecationWarning"):
+        assert chatter not in output, chatter
     # Every file the run wrote (checkpoint config.json, train.json, Ray's results, MLflow's store
     # and artifacts wherever they landed), read as bytes.
     files = [p for root in (out, scratch) for p in root.rglob("*") if p.is_file()]
