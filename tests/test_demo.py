@@ -90,19 +90,31 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     for name in ("stsb/dev/pearson", f"{UNTRAINED}/stsb/dev/pearson", "baseline/bow/stsb/dev/pearson"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == [6], name
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"model", "results.json"} <= artifacts and "checkpoint" not in artifacts  # no optimizer state
+    assert "results.json" in artifacts and "checkpoint" not in artifacts  # no optimizer state
+    # The model is an MLflow 3 logged model of the run: logged after training and again after evaluation.
+    logged_models = [m for m in client.search_logged_models([run.info.experiment_id]) if m.source_run_id == run.info.run_id]
+    assert [m.name for m in logged_models] == ["model", "model"]
+    assert [o.step for o in client.get_run(run.info.run_id).outputs.model_outputs] == [6, 6]
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/loss_curves.png", "plots/stsb_test_scatter.png"} <= plots
     # The MLflow model and OUT/model: the encoder and a card with the evaluation (logged again after it).
-    logged = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run.info.run_id, "model/artifacts/model")}
+    import mlflow
+
+    mlflow.set_tracking_uri(mlflow_uri)  # a logged model's artifacts resolve through the process-wide URI
+    try:
+        listed = mlflow.artifacts.list_artifacts(artifact_uri=f"runs:/{run.info.run_id}/model/artifacts/model")
+        logged = {a.path.rsplit("/", 1)[-1] for a in listed}
+        (tmp_path / "logged").mkdir()
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=f"runs:/{run.info.run_id}/model/artifacts/model/README.md", dst_path=str(tmp_path / "logged"))
+    finally:
+        mlflow.set_tracking_uri(None)
     assert {"model.safetensors", "README.md", "card.json"} <= logged
     assert not (out / "model" / "train_state.pt").exists()
     assert load_config(out / "config.yaml").to_dict() == cfg.to_dict()  # the resolved config, written into --out
     card = (out / "model" / "README.md").read_text()
     assert f"| STS Benchmark test, Pearson r (raw cosine) | {results['stsb/test/pearson']:.4f} |" in card
-    (tmp_path / "logged").mkdir()
-    local = client.download_artifacts(run.info.run_id, "model/artifacts/model/README.md", str(tmp_path / "logged"))
-    assert Path(local).read_text() == card
+    assert Path(local).read_text() == card  # the model logged after evaluation, with its results
     np.testing.assert_array_equal(load(out / "model").encode(texts), encoder.encode(texts))
 
 

@@ -53,4 +53,4 @@ def test_transformer_gpu_config_trains_on_cpu_at_a_tiny_size(ray_session, mlflow
     assert run.info.status == "FINISHED" and run.data.params["trainer.precision"] == "bf16"
     lrs = [m.value for m in client.get_metric_history(result.run_id, "lr")]
     assert lrs and all(0 <= lr <= 0.0003 for lr in lrs) and lrs[-1] < 0.0003  # warmed up, then decaying
-    assert "reddit/loss" in run.data.metrics and "snli/loss" in run.data.metrics
+    assert "reddit/loss" in run.data.metrics  # one worker draws each step's task 95/5: SNLI may not come up in 8

@@ -61,7 +61,10 @@ def test_submit_training_job_with_token_auth(tmp_path):
         run = runs[0]
         assert run.info.status == "FINISHED" and run.data.params["trainer.steps"] == "4"
         assert "reddit/loss" in run.data.metrics and "snli/loss" in run.data.metrics
-        assert "model" in {a.path for a in client.list_artifacts(run.info.run_id)}  # the server's artifact root
+        # The run's model, a logged model in the server's artifact root.
+        assert [o.model_id for o in run.outputs.model_outputs] == [
+            m.model_id for m in client.search_logged_models([exp.experiment_id]) if m.source_run_id == run.info.run_id]
+        assert run.outputs.model_outputs
 
         listed = convsts(["jobs", "list"], env)
         assert listed.returncode == 0 and "convsts-test-train" in listed.stdout and "SUCCEEDED" in listed.stdout
