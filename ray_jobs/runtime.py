@@ -42,44 +42,47 @@ def setup_logging() -> None:
             handler.addFilter(RedactingFilter())
 
 
-class _DropProgressBarHint(logging.Filter):
+class DropProgressBarHint(logging.Filter):
     """Ray Data warns once per process that progress bars are off: we turned them off."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Progress bars disabled")
 
 
+RAY_DATA_LOGGING = Path(__file__).with_name("ray_data_logging.yaml")
+
+
 def quiet_ray_logs() -> None:
     """Ray's info logs off the console of this process; with `--verbose`, nothing changes. Run in
-    the driver and, as Ray's `worker_process_setup_hook`, in every worker process: Ray Data's
-    console handler at WARNING (its session log file, ray-data.log, keeps every record), MLflow's
-    store and system-metrics info lines, and deprecation warnings that Ray raises inside its own
-    code (a user cannot act on them). Ray Train's own lines are set by its LoggingConfig
-    (train_log_level)."""
-    if verbose():
-        return
+    the driver (ensure_ray) and, as Ray's `worker_process_setup_hook`, in every worker process:
+    Ray Data's console handler at WARNING (its session log file keeps every record); MLflow's
+    store and system-metrics info lines; deprecation warnings that Ray raises inside its own code
+    (a user cannot act on them). Ray Train's own lines are set by its LoggingConfig
+    (train_log_level). Ray Data is not imported here: a worker that never uses it starts without
+    it (importing it took about 1 s a worker, enough for the raylet to warn about slow starts)."""
+    import sys
     import warnings
 
-    from ray.data import DataContext  # importing ray.data sets up its "ray.data" logger
-    from ray.util.annotations import RayDeprecationWarning
-
-    context = DataContext.get_current()
-    context.enable_progress_bars = False  # Ray Data's bars redraw with escape codes
-    context.print_on_execution_start = False
-    for handler in logging.getLogger("ray.data").handlers:
-        if handler.get_name() == "console":
-            handler.setLevel(logging.WARNING)
-            if not any(isinstance(f, _DropProgressBarHint) for f in handler.filters):
-                handler.addFilter(_DropProgressBarHint())
+    if verbose():
+        return
+    if "ray.data" in sys.modules:  # already configured: set its console handler directly
+        for handler in logging.getLogger("ray.data").handlers:
+            if handler.get_name() == "console":
+                handler.setLevel(logging.WARNING)
+                if not any(isinstance(f, DropProgressBarHint) for f in handler.filters):
+                    handler.addFilter(DropProgressBarHint())
+    else:  # read by Ray Data when it is imported; a config of the user's own wins
+        os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", str(RAY_DATA_LOGGING))
     quiet = ["mlflow.store.db.utils", "mlflow.system_metrics", "alembic"]
     # Ray Train's per-report line comes from a logger named by its file's path, which its
-    # LoggingConfig (keyed on "ray.train") does not reach.
-    spec = importlib.util.find_spec("ray.train.v2._internal.execution.context")
-    if spec is not None and spec.origin:
-        quiet.append(spec.origin)
+    # LoggingConfig (keyed on "ray.train") does not reach. The path is found without importing
+    # ray.train (which imports Ray Data).
+    ray_spec = importlib.util.find_spec("ray")
+    if ray_spec is not None and ray_spec.origin:
+        quiet.append(str(Path(ray_spec.origin).parent / "train" / "v2" / "_internal" / "execution" / "context.py"))
     for name in quiet:
         logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", category=RayDeprecationWarning, module=r"ray\.")
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"ray\.")
 
 
 def train_log_level() -> str:
@@ -92,6 +95,12 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
     import ray
 
     quiet_ray_logs()
+    if not verbose():  # the project's own progress lines only; Ray Data's bars redraw with escape codes
+        from ray.data import DataContext
+
+        context = DataContext.get_current()  # travels with each dataset to the workers that run it
+        context.enable_progress_bars = False
+        context.print_on_execution_start = False
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")

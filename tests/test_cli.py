@@ -1,5 +1,8 @@
+import os
 import subprocess
 import sys
+
+import pytest
 
 
 def test_unknown_config_key_exits_2_naming_the_key(tmp_path):
@@ -71,3 +74,26 @@ def test_jobs_takes_address_before_or_after_the_action():
     assert build_parser().parse_args(["--address", "http://h:8265", "list"]).address == "http://h:8265"
     assert build_parser().parse_args(["logs", "J", "--address", "http://h:8265"]).address == "http://h:8265"
     assert build_parser().parse_args(["list"]).address is None
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_ray_data_logs_to_the_console_at_warning_unless_verbose(verbose, tmp_path):
+    """quiet_ray_logs points Ray Data at ray_jobs/ray_data_logging.yaml before Ray Data is imported
+    (as the worker setup hook does in every Ray worker): its console shows warnings only, without
+    the progress-bar hint; with --verbose, Ray's own config is left alone."""
+    code = ("import logging, os; from ray_jobs.runtime import quiet_ray_logs; quiet_ray_logs(); import ray.data; "
+            "lg = logging.getLogger('ray.data'); "
+            "print(sorted((h.name, logging.getLevelName(h.level)) for h in lg.handlers)); "
+            "lg.info('an info line'); lg.warning('Progress bars disabled. To enable, set ...'); lg.warning('a warning line')")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_DATA_LOGGING_CONFIG", "CONVSTS_VERBOSE")}
+    if verbose:
+        env["CONVSTS_VERBOSE"] = "1"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "a warning line" in done.stderr
+    if verbose:
+        assert "an info line" in done.stderr and "Progress bars disabled" in done.stderr
+    else:
+        assert "[('console', 'WARNING'), ('file', 'NOTSET')]" in done.stdout
+        assert "an info line" not in done.stderr and "Progress bars disabled" not in done.stderr
