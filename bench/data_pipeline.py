@@ -25,11 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> int:
+    from datasets.text import DanTokenizer, count_words
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", nargs="+", default=[str(Path(__file__).resolve().parents[2] / "shared/data/reddit")])
     parser.add_argument("--rows", type=int, default=100_000, help="rows of the feed to stream")
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--bigram-hash", default="codes", choices=("codes", "crc32"),
+    parser.add_argument("--bigram-hash", default="codes", choices=DanTokenizer.BIGRAM_HASHES,
                         help="the DAN tokenizer's bigram ids: codes (vectorized, the default) or crc32 (per bigram, the format before)")
     parser.add_argument("--config", default=None, help="run config (filters, tokenizer, optimizer); default: the defaults")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.optimizer=adam")
@@ -38,7 +40,6 @@ def main() -> int:
 
     import ray.data
 
-    from datasets.text import DanTokenizer, count_words
     from models.checkpoint import build_model
     from ray_jobs.config import load_config
     from datasets import storage

@@ -109,29 +109,30 @@ def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: s
                                                         artifact_path=logged.artifact_location))
             c.log_model_artifacts(logged.model_id, str(local))
         c.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
-        _link_metrics(c, run_id, logged.model_id, step)
+        _link_metrics(c, run_id, run.data.metrics, logged.model_id, step)
     except BaseException:
         c.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
         raise
     c.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
     if register_as:
-        register(tracking_uri, logged.model_id, register_as)
+        register(tracking_uri, run_id, logged.model_id, register_as)
     return f"runs:/{run_id}/{ARTIFACT}"
 
 
-def _link_metrics(c, run_id: str, model_id: str, step: int) -> None:
-    """The run's metrics at `step` (its final evaluation) shown on the model's page too."""
+def _link_metrics(c, run_id: str, keys, model_id: str, step: int) -> None:
+    """The run's metrics `keys` at `step` (its final evaluation) shown on the model's page too."""
     from mlflow.entities import Metric
 
     linked = [Metric(m.key, m.value, m.timestamp, m.step, run_id=run_id, model_id=model_id)
-              for key in c.get_run(run_id).data.metrics
+              for key in keys
               for m in c.get_metric_history(run_id, key) if m.step == step and m.model_id is None]
     for start in range(0, len(linked), 500):
         c.log_batch(run_id, metrics=linked[start : start + 500])
 
 
-def register(tracking_uri: str, model_id: str, name: str) -> str:
-    """A new version of registered model `name` (created when missing) from a logged model; returns the version."""
+def register(tracking_uri: str, run_id: str, model_id: str, name: str) -> str:
+    """A new version of registered model `name` (created when missing) from run `run_id`'s logged
+    model `model_id`; returns the version."""
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
     c = tracking.client(tracking_uri)
@@ -139,7 +140,5 @@ def register(tracking_uri: str, model_id: str, name: str) -> str:
         c.get_registered_model(name)
     except mlflow.exceptions.MlflowException:
         c.create_registered_model(name)
-    model = c.get_logged_model(model_id)
     with _use_tracking_uri(tracking_uri):  # the registry looks the model up through the process-wide URI
-        return c.create_model_version(name, f"models:/{model_id}", run_id=model.source_run_id,
-                                      model_id=model_id).version
+        return c.create_model_version(name, f"models:/{model_id}", run_id=run_id, model_id=model_id).version
