@@ -146,7 +146,12 @@ def load_model(path: str | Path) -> tuple[MultitaskModel, Any, Dict[str, Any]]:
     """(model, tokenizer, meta) from a checkpoint folder; the model is in eval mode on CPU."""
     path = Path(path)
     meta = read_meta(path)
-    tokenizer = tokenizer_from_dict(_read_json(path / "tokenizer.json"))
+    tokenizer_data = _read_json(path / "tokenizer.json")  # names the file when it is not JSON
+    try:
+        tokenizer = tokenizer_from_dict(tokenizer_data)
+    except (ValueError, KeyError, TypeError) as err:  # an unknown kind or bigram hash, a missing field
+        raise BadInputError(f"{path / 'tokenizer.json'}: not a tokenizer this version reads ({err}); "
+                            "the checkpoint is damaged or from another program") from None
     model = build_model(model_config_from_dict(meta["model"]), tokenizer, meta.get("heads", LEGACY_HEADS))
     try:
         model.load_state_dict(_load_weights(path / "model.safetensors"))

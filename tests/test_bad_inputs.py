@@ -376,6 +376,10 @@ def _damage(case: str, root: Path) -> tuple:
         weights = checkpoint / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
         message = "model.safetensors: not a readable safetensors file"
+    elif case == "unknown_bigram_hash":
+        tokenizer = json.loads((checkpoint / "tokenizer.json").read_text())
+        (checkpoint / "tokenizer.json").write_text(json.dumps({**tokenizer, "bigram_hash": "md5"}))
+        message = "tokenizer.json: not a tokenizer this version reads (bigram_hash: expected codes|crc32, got 'md5')"
     else:
         (checkpoint / "config.json").write_text("{not json")
         message = "config.json: not valid JSON"
@@ -384,7 +388,7 @@ def _damage(case: str, root: Path) -> tuple:
 
 
 @pytest.mark.parametrize("case", ["empty_file", "first_line_not_json", "readme_beside_dumps", "non_utf8_sts",
-                                  "truncated_safetensors", "config_not_json"])
+                                  "truncated_safetensors", "unknown_bigram_hash", "config_not_json"])
 def test_unreadable_inputs_give_one_line_naming_the_file(tmp_path, case):
     args, expected = _damage(case, tmp_path)
     result = _run(*args)
