@@ -60,6 +60,7 @@ class StageConfig:
 OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw")
 PRECISIONS = ("fp32", "bf16")
 LR_DECAYS = ("none", "linear", "cosine")
+TASK_SPLITS = ("sync", "async")
 
 
 @dataclass
@@ -69,6 +70,17 @@ class TrainerConfig:
     cpus_per_worker: float = 0.5  # below 1 so that Ray Data read tasks have room on small nodes
     use_gpu: bool = False
     task_weights: Dict[str, float] = field(default_factory=lambda: {"reddit": 0.95, "snli": 0.05})
+    # Workers per task, e.g. {reddit: 19, snli: 1} (summing to num_workers); {} = by the weights
+    # (largest remainder, at least one each).
+    task_workers: Dict[str, int] = field(default_factory=dict)
+    # sync: one update per step from every worker's gradients (all-reduce, docs/design.md);
+    # async: each task's workers push their own updates to a parameter holder as they are ready.
+    task_split: str = "sync"  # sync | async
+    # async: a worker takes fresh weights from the holder with every Nth update it pushes.
+    async_refresh_every: int = 1
+    # async: how many updates a task may run ahead of its weight's share of all updates before
+    # its workers wait (the realised mix stays within this of the weights).
+    async_slack: int = 8
     stages: List[StageConfig] = field(
         default_factory=lambda: [
             StageConfig(0, 128, 0.01),
@@ -207,6 +219,20 @@ class RunConfig:
         need(t.warmup_steps >= 0, "trainer.warmup_steps", ">= 0 (0 = off)", t.warmup_steps)
         need(t.precision in PRECISIONS, "trainer.precision", "|".join(PRECISIONS), t.precision)
         need(t.lr_decay in LR_DECAYS, "trainer.lr_decay", "|".join(LR_DECAYS), t.lr_decay)
+        need(t.task_split in TASK_SPLITS, "trainer.task_split", "|".join(TASK_SPLITS), t.task_split)
+        need(t.async_refresh_every >= 1, "trainer.async_refresh_every", ">= 1", t.async_refresh_every)
+        need(t.async_slack >= 0, "trainer.async_slack", ">= 0", t.async_slack)
+        for task, count in t.task_workers.items():
+            need(task in t.task_weights, f"trainer.task_workers.{task}", f"a trained task ({', '.join(t.task_weights)})", task)
+            need(count >= 1, f"trainer.task_workers.{task}", ">= 1", count)
+        if t.task_workers:
+            need(sorted(t.task_workers) == sorted(t.task_weights), "trainer.task_workers",
+                 f"a count for every trained task ({', '.join(t.task_weights)})", dict(t.task_workers))
+            need(sum(t.task_workers.values()) == t.num_workers, "trainer.task_workers",
+                 f"counts summing to trainer.num_workers ({t.num_workers})", dict(t.task_workers))
+        if t.task_split == "async":
+            need(t.num_workers >= len(t.task_weights), "trainer.num_workers",
+                 f">= the number of tasks ({len(t.task_weights)}) with trainer.task_split=async", t.num_workers)
         need(m.pretrained.pooling in POOLINGS, "model.pretrained.pooling", "|".join(POOLINGS), m.pretrained.pooling)
         need(m.pretrained.output_dim >= 0, "model.pretrained.output_dim", ">= 0 (0 = no projection)",
              m.pretrained.output_dim)
@@ -255,7 +281,7 @@ class RunConfig:
 
 # Maps whose value is a whole: a layer that sets one replaces it rather than adding keys to the
 # default (`trainer.task_weights={reddit: 1.0}` trains on Reddit alone).
-REPLACED_MAPS = ("trainer.task_weights",)
+REPLACED_MAPS = ("trainer.task_weights", "trainer.task_workers")
 
 
 def merge_layer(base, layer):

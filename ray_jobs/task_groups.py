@@ -1,18 +1,21 @@
-"""Task worker groups over one shared encoder (the paper's 95/5 Reddit/SNLI split), made synchronous.
+"""Task worker groups over one shared encoder (the paper's 95/5 Reddit/SNLI split).
 
-`plan_tasks` maps ranks to tasks and decides how the task weights are realised:
+`plan_tasks` maps ranks to tasks and decides how the task weights are realised. Synchronous
+(trainer.task_split=sync), every step combines every rank's gradients:
   head_count          enough workers that the share of ranks per task matches the weights:
                       every rank's encoder gradient counts the same (a plain mean);
   gradient_weighting  too few workers for that (2 here): each rank's encoder gradient is scaled
                       by w_task / n_task_ranks before the sum, so the update is sum_t w_t * mean_t(g);
   task_sampling       one worker: each step's task is drawn by weight.
-Head gradients are averaged within the task's group only.
+Head gradients are averaged within the task's group only. Asynchronous (trainer.task_split=async):
+  async               each rank pushes its own updates to the parameter holder (training/holder.py),
+                      which paces the tasks to their weights; no gradient crosses ranks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -22,7 +25,7 @@ HEAD_COUNT_TOLERANCE = 0.01
 
 @dataclass(frozen=True)
 class TaskPlan:
-    mode: str  # head_count | gradient_weighting | task_sampling
+    mode: str  # head_count | gradient_weighting | task_sampling | async
     weights: Dict[str, float]  # normalized configured weights
     rank_tasks: Tuple[str, ...]  # the task of each rank ("*" for every task in task_sampling)
 
@@ -53,7 +56,7 @@ class TaskPlan:
 
     def encoder_grad_scale(self, rank: int) -> float:
         """Multiply rank's local encoder gradient by this, then SUM across all ranks."""
-        if self.mode == "task_sampling":
+        if self.mode in ("task_sampling", "async"):
             return 1.0
         task = self.rank_tasks[rank]
         return self.effective_weight(task) / len(self.ranks_of(task))
@@ -63,26 +66,40 @@ class TaskPlan:
         return f"task split mode={self.mode} ({groups})"
 
 
-def plan_tasks(weights: Dict[str, float], num_workers: int) -> TaskPlan:
+def plan_tasks(weights: Dict[str, float], num_workers: int, task_workers: Optional[Dict[str, int]] = None,
+               split: str = "sync") -> TaskPlan:
+    """Ranks -> tasks: `task_workers` ({task: count}, summing to num_workers) when given, else by
+    the weights (largest remainder, at least one rank per task)."""
     total = sum(weights.values())
     if not weights or total <= 0:
         raise ValueError(f"task weights must be positive, got {weights}")
     norm = {t: w / total for t, w in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))}
-    if num_workers == 1 and len(norm) > 1:
+    if num_workers == 1 and len(norm) > 1 and split == "sync":
         return TaskPlan("task_sampling", norm, ("*",))
     if num_workers < len(norm):
-        raise ValueError(f"{num_workers} workers for {len(norm)} tasks: use one worker, or at least one per task")
-    # Largest-remainder allocation with at least one rank per task.
-    counts = {t: max(1, int(w * num_workers)) for t, w in norm.items()}
-    while sum(counts.values()) < num_workers:
-        t = max(norm, key=lambda t: norm[t] * num_workers - counts[t])
-        counts[t] += 1
-    while sum(counts.values()) > num_workers:
-        t = max((t for t in norm if counts[t] > 1), key=lambda t: counts[t] - norm[t] * num_workers)
-        counts[t] -= 1
+        raise ValueError(f"{num_workers} workers for {len(norm)} tasks: use one worker (sync), or at least one per task")
+    if task_workers:
+        if sorted(task_workers) != sorted(norm) or sum(task_workers.values()) != num_workers:
+            raise ValueError(f"task workers {dict(task_workers)} must give every task of {sorted(norm)} and sum to {num_workers}")
+        counts = dict(task_workers)
+    else:  # largest-remainder allocation with at least one rank per task
+        counts = {t: max(1, int(w * num_workers)) for t, w in norm.items()}
+        while sum(counts.values()) < num_workers:
+            t = max(norm, key=lambda t: norm[t] * num_workers - counts[t])
+            counts[t] += 1
+        while sum(counts.values()) > num_workers:
+            t = max((t for t in norm if counts[t] > 1), key=lambda t: counts[t] - norm[t] * num_workers)
+            counts[t] -= 1
     rank_tasks = tuple(t for t in norm for _ in range(counts[t]))
+    if split == "async":
+        return TaskPlan("async", norm, rank_tasks)
     matches = all(abs(counts[t] / num_workers - w) <= HEAD_COUNT_TOLERANCE for t, w in norm.items())
     return TaskPlan("head_count" if matches else "gradient_weighting", norm, rank_tasks)
+
+
+def plan_for(trainer, num_workers: int) -> TaskPlan:
+    """The plan of a run config's `trainer` section over `num_workers` ranks."""
+    return plan_tasks(trainer.task_weights, num_workers, trainer.task_workers, trainer.task_split)
 
 
 class GradientCombiner:
@@ -100,7 +117,10 @@ class GradientCombiner:
 
     def combine(self, model, task: str) -> None:
         """After backward on `task`'s loss: the encoder's gradients become the plan's weighted mix
-        over all ranks, the task head's the mean over the task's ranks."""
+        over all ranks, the task head's the mean over the task's ranks. In async mode gradients stay
+        local: the worker pushes them to the parameter holder."""
+        if self.plan.mode == "async":
+            return
         self.combine_encoder(list(model.encoder.parameters()), model.sparse_parameters())
         self.combine_head(task, list(model.heads[task].parameters()))
 
@@ -159,6 +179,10 @@ class GradientCombiner:
         value = flag.to(torch.int32).reshape(1)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
 
     def gather_objects(self, obj) -> List:
         if not self.distributed:

@@ -29,6 +29,9 @@ class NonFiniteLossError(FloatingPointError):
     """Training produced a NaN or infinite loss."""
 
 
+NON_FINITE_ADVICE = "lower the learning rate, set trainer.grad_clip, or resume from an earlier checkpoint"
+
+
 def _no_log(metrics: Dict[str, float], step: int) -> None:
     return None
 
@@ -47,7 +50,10 @@ class LoopHooks:
 
 class TrainLoop:
     def __init__(self, cfg: RunConfig, model, plan: TaskPlan, rank: int, open_stream: StreamFactory,
-                 hooks: Optional[LoopHooks] = None, state: Optional[TrainState] = None):
+                 hooks: Optional[LoopHooks] = None, state: Optional[TrainState] = None,
+                 optimizers: Optional[Optimizers] = None):
+        """`optimizers`: given by a loop whose updates are applied elsewhere (async); else built
+        here and loaded from `state`."""
         self.cfg, self.model, self.plan, self.rank = cfg, model, plan, rank
         self.hooks = hooks or LoopHooks()
         self.open_stream = open_stream
@@ -59,11 +65,12 @@ class TrainLoop:
         self.start = self.step = state.step if state else 0
         self.stage = self.schedule.at(self.step)
         self.lr = self.schedule.lr_at(self.step)
-        self.optimizers = Optimizers.build(cfg.trainer, model, self.my_tasks, self.lr)
+        self.optimizers = optimizers or Optimizers.build(cfg.trainer, model, self.my_tasks, self.lr)
         positions: Dict[str, Dict[str, int]] = {}
         if state:
-            state.load_optimizers(self.optimizers)
-            self.optimizers.set_lr(self.lr)
+            if optimizers is None:
+                state.load_optimizers(self.optimizers)
+                self.optimizers.set_lr(self.lr)
             positions = state.positions_of(rank, plan.world_size)
         self.streams = self._open_streams(self.stage.batch_size, positions)
         self.task_gen = torch.Generator().manual_seed(cfg.seed + self.start)
@@ -85,13 +92,12 @@ class TrainLoop:
         Every rank checks at the same steps and learns whether any rank saw one, so all stop together
         (a rank that went on into a checkpoint's collectives would wait forever)."""
         if self.combiner.any_rank(self.bad):
-            advice = "lower the learning rate, set trainer.grad_clip, or resume from an earlier checkpoint"
             for (step, task), loss in self.window_steps:
                 if not bool(torch.isfinite(loss)):
-                    raise NonFiniteLossError(f"non-finite {task} loss ({float(loss)}) at step {step}: training stopped; {advice}")
+                    raise NonFiniteLossError(f"non-finite {task} loss ({float(loss)}) at step {step}: training stopped; {NON_FINITE_ADVICE}")
             others = [t for t in self.plan.tasks if t not in self.my_tasks]
             raise NonFiniteLossError(f"non-finite loss on another rank ({', '.join(others)}) by step {self.step}: "
-                                     f"training stopped; {advice}")
+                                     f"training stopped; {NON_FINITE_ADVICE}")
         self.window_steps.clear()
 
     def save(self, metrics: Dict[str, float]) -> None:

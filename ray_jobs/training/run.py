@@ -18,7 +18,7 @@ from ray_jobs import tracking
 from ray_jobs.config import ConfigError, RunConfig, flatten, resolve_path
 from ray_jobs.model_card import write_card, run_facts
 from ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
-from ray_jobs.task_groups import plan_tasks
+from ray_jobs.task_groups import plan_for
 from ray_jobs.tasks import prepared_tasks, trained_tasks
 from ray_jobs.training.loop import SCORE_METRIC
 from ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
@@ -201,7 +201,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
     train_rows = {name: ds.count() for name, ds in datasets.items() if tasks[name].materialize}  # materialized: free
     if train_rows:  # the SNLI-fraction sweep plots against data/snli_train_pairs
         tracking.log_metrics(uri, run_id, {f"data/{name}_train_pairs": n for name, n in train_rows.items()})
-    plan = plan_tasks(cfg.trainer.task_weights, cfg.trainer.num_workers)
+    plan = plan_for(cfg.trainer, cfg.trainer.num_workers)
     log.info("%s", plan.describe())
     loop_config = {
         "run": cfg.to_dict(),
@@ -211,6 +211,11 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
         "run_id": run_id,
         "provenance": {"data": digests},
     }
+    holder = None
+    if plan.mode == "async":  # the shared encoder's parameter holder, for this fit only
+        from ray_jobs.training.holder import start_holder
+
+        holder = loop_config["holder"] = start_holder(cfg, tokenizer)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
@@ -230,8 +235,14 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
             logging_config=ray.train.LoggingConfig(log_level=train_log_level()),
         ),
     )
-    with tracking.system_metrics(uri, run_id):
-        result = trainer.fit()
+    try:
+        with tracking.system_metrics(uri, run_id):
+            result = trainer.fit()
+    finally:
+        if holder is not None:
+            import ray
+
+            ray.kill(holder)
     if result.checkpoint is None:
         raise RuntimeError(f"training finished without a checkpoint; see {out_dir / 'ray_results'}")
     final = out_dir / "checkpoint"

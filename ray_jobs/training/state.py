@@ -161,16 +161,22 @@ class TrainState:
     positions: List[Dict[str, Dict[str, int]]] = field(default_factory=list)  # per rank: {task: position}
     world_size: int = 1
     mode: str = ""
+    # async (trainer.task_split=async): the parameter holder's applied updates per task, and per
+    # rank the updates it pushed that were applied; their sums are both `step`.
+    task_updates: Dict[str, int] = field(default_factory=dict)
+    pushed: List[int] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "TrainState":
         return cls(step=data["step"], encoder_optimizers=data.get("encoder_optimizers", []),
                    head_optimizers=data.get("head_optimizers", {}), positions=data.get("positions", []),
-                   world_size=data.get("world_size", 1), mode=data.get("mode", ""))
+                   world_size=data.get("world_size", 1), mode=data.get("mode", ""),
+                   task_updates=data.get("task_updates", {}), pushed=data.get("pushed", []))
 
     def to_dict(self) -> Dict[str, Any]:
         return {"step": self.step, "encoder_optimizers": self.encoder_optimizers, "head_optimizers": self.head_optimizers,
-                "positions": self.positions, "world_size": self.world_size, "mode": self.mode}
+                "positions": self.positions, "world_size": self.world_size, "mode": self.mode,
+                "task_updates": self.task_updates, "pushed": self.pushed}
 
     def load_optimizers(self, optimizers) -> None:
         for opt, sd in zip(optimizers.encoder, self.encoder_optimizers):
@@ -182,3 +188,7 @@ class TrainState:
     def positions_of(self, rank: int, world: int) -> Dict[str, Dict[str, int]]:
         """This rank's saved stream positions; none when the worker count changed."""
         return self.positions[rank] if len(self.positions) == world else {}
+
+    def pushed_of(self, rank: int, world: int) -> int:
+        """This rank's applied async updates so far; 0 when the worker count changed or the run was sync."""
+        return self.pushed[rank] if len(self.pushed) == world else 0

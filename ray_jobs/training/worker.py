@@ -12,7 +12,7 @@ from datasets.text import tokenizer_from_dict
 from models.checkpoint import save_checkpoint
 from ray_jobs import tracking
 from ray_jobs.config import from_dict
-from ray_jobs.task_groups import plan_tasks
+from ray_jobs.task_groups import plan_for
 from ray_jobs.training.data import TaskStream
 from ray_jobs.training.loop import LoopHooks, TrainLoop
 from ray_jobs.training.state import TrainState, initial_model, restore
@@ -34,7 +34,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     cfg = from_dict(loop_config["run"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    plan = plan_tasks(cfg.trainer.task_weights, world)
+    plan = plan_for(cfg.trainer, world)
     device = ray.train.torch.get_device()
     tokenizer = tokenizer_from_dict(loop_config["tokenizer"])
     checkpoint = ray.train.get_checkpoint()
@@ -75,8 +75,13 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
 
         probe = StsDevProbe(cfg, tokenizer)
         evaluate = probe.evaluate
-    loop = TrainLoop(cfg, model, plan, rank, open_stream,
-                     LoopHooks(log=log, checkpoint=report, evaluate=evaluate, say=say_once), state)
+    hooks = LoopHooks(log=log, checkpoint=report, evaluate=evaluate, say=say_once)
+    if plan.mode == "async":
+        from ray_jobs.training.async_loop import AsyncTrainLoop
+
+        loop: TrainLoop = AsyncTrainLoop(cfg, model, plan, rank, open_stream, loop_config["holder"], hooks, state)
+    else:
+        loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
     if rank == 0:
         say_once(f"[convsts] {plan.describe()}; world size {world}; device {device}; start step {loop.step}")
         if loop.step == 0 and uri and run_id:

@@ -1,0 +1,112 @@
+"""The worker loop of asynchronous task groups (trainer.task_split=async), without Ray Train: each
+rank trains its one task with the shared `train_step`, whose encoder-and-head 'optimizer' is a
+`HolderUpdate`, and pushes every update to the parameter holder (training/holder.py). The step
+count is the holder's (every task's updates together). Ranks meet only at the checkpoints the holder
+calls (every trainer.checkpoint_every updates, and at trainer.steps); rank 0 then saves the holder's
+weights, optimizers and per-task counts with every rank's stream position, in the format of a
+synchronous run's checkpoint."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional
+
+import torch
+
+from ray_jobs.config import RunConfig
+from ray_jobs.task_groups import TaskPlan
+from ray_jobs.training.holder import HolderUpdate, holder_stats_metrics
+from ray_jobs.training.loop import NON_FINITE_ADVICE, SCORE_METRIC, NOT_EVALUATED, LoopHooks, NonFiniteLossError, StreamFactory, TrainLoop
+from ray_jobs.training.state import TrainState
+from ray_jobs.training.step import Optimizers, train_step
+
+
+class AsyncTrainLoop(TrainLoop):
+    def __init__(self, cfg: RunConfig, model, plan: TaskPlan, rank: int, open_stream: StreamFactory, holder,
+                 hooks: Optional[LoopHooks] = None, state: Optional[TrainState] = None):
+        (self.task,) = plan.tasks_of(rank)
+        self.holder = holder
+        self.update = HolderUpdate(holder, model, self.task, cfg.trainer.async_refresh_every)
+        super().__init__(cfg, model, plan, rank, open_stream, hooks, state,
+                         optimizers=Optimizers(encoder=[self.update], heads={self.task: []}))
+        import ray
+
+        if rank == 0:  # every (re)start: the holder begins a generation from this run's starting point
+            ray.get(holder.reset.remote(model.state_dict(), state.to_dict() if state else None))
+        self.combiner.barrier()  # no rank pushes to a holder that rank 0 has not reset
+        info = self.update.connect(state.pushed_of(rank, plan.world_size) if state else 0)
+        self.incarnation = info["incarnation"]
+        self.logged = self.evaluated = self.step
+
+    def _crossed(self, every: int, since: int) -> bool:
+        return self.step // every > since // every
+
+    def run(self) -> int:
+        trainer = self.cfg.trainer
+        if self.step >= trainer.steps:  # resumed at the end (or trainer.steps=0): nothing to push
+            self.save({})
+            return self.step
+        run_start = time.time()
+        self.update.turn()
+        while self.step < trainer.steps:
+            stage = self.schedule.at(self.step)
+            if stage is not self.stage:
+                self.stage = stage
+                self.streams = self._open_streams(stage.batch_size, {})
+            batch = next(self.streams[self.task])
+            loss, accuracy = train_step(self.model, self.tasks[self.task], batch, self.optimizers, self.combiner,
+                                        trainer.grad_clip, trainer.precision)
+            if not bool(torch.isfinite(loss)):  # never pushed: the holder's weights stay finite
+                raise NonFiniteLossError(f"non-finite {self.task} loss ({float(loss)}) on rank {self.rank} after update "
+                                         f"{self.step}: training stopped; {NON_FINITE_ADVICE}")
+            reply = self.update.push()
+            self.step = reply["step"]
+            if reply["applied"]:
+                self.window.add(self.task, loss, accuracy, stage.batch_size * len(self.plan.ranks_of(self.task)))
+            metrics: Dict[str, float] = {}
+            if self._crossed(trainer.log_every, self.logged) or reply["done"]:
+                metrics = self._log_window(run_start)
+                self.logged = self.step
+            if (trainer.eval_every and self.hooks.evaluate is not None and self.rank == 0
+                    and self._crossed(trainer.eval_every, self.evaluated)):
+                self.evaluated = self.step
+                self.last_eval = self.hooks.evaluate(self.model)
+                self.hooks.say(f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
+                self.hooks.log(self.last_eval, self.step)
+            if reply["due"]:  # a checkpoint, or the end (every rank's last reply is due)
+                self.save(metrics)
+                if self.step < trainer.steps:
+                    self.update.turn()
+        return self.step
+
+    def _log_window(self, run_start: float) -> Dict[str, float]:
+        self.lr = self.schedule.lr_at(self.step)  # the holder's lr at this update (logged by rank 0)
+        metrics = super()._log_window(run_start)
+        if self.rank == 0:
+            import ray
+
+            extra = holder_stats_metrics(ray.get(self.holder.stats.remote()), self.stage.batch_size)
+            self.hooks.log(extra, self.step)
+            metrics.update(extra)
+        return metrics
+
+    def save(self, metrics: Dict[str, float]) -> None:
+        """Every rank stops pushing and meets here; rank 0 takes the holder's state (which moves its
+        next checkpoint on) before any rank pushes again."""
+        import ray
+
+        gathered = self.combiner.gather_objects({"position": {t: s.position() for t, s in self.streams.items()},
+                                                 "pushed": self.update.pushed})
+        state = None
+        if self.rank == 0:
+            snap: Dict[str, Any] = ray.get(self.holder.checkpoint_state.remote(self.update.generation))
+            self.model.load_state_dict(snap["model"])  # what the checkpoint holds: the holder's weights
+            self.update.version = snap["step"]
+            self.step = snap["step"]
+            state = TrainState(snap["step"], snap["encoder_optimizers"], snap["head_optimizers"],
+                               [g["position"] for g in gathered], self.plan.world_size, self.plan.mode,
+                               snap["task_updates"], [g["pushed"] for g in gathered])
+        self.combiner.barrier()
+        if self.hooks.evaluate is not None:
+            metrics = {**metrics, SCORE_METRIC: self.last_eval.get(SCORE_METRIC, NOT_EVALUATED)}
+        self.hooks.checkpoint(self.step, metrics, state)
