@@ -53,6 +53,30 @@ def pids_matching(marker: str) -> List[int]:
     return sorted(found)
 
 
+def ray_processes(prefix: bytes) -> List[int]:
+    """Processes of the test session's local Ray instance whose command line starts with `prefix`
+    (b"ray::RayTrainWorker", b"ray::ParameterHolder")."""
+    from ray._private.worker import _global_node
+
+    out = []
+    for pid in pids_matching(_global_node.get_session_dir_path()):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(prefix):
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def start_train(ray_session, out: Path, args: List[str]) -> subprocess.Popen:
+    """`python -m ray_jobs.train --out OUT ARGS` against the test session's Ray instance, its
+    output (stdout and stderr) in one text pipe."""
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    return subprocess.Popen([sys.executable, "-m", "ray_jobs.train", "--out", str(out), *args],
+                            cwd=Path(__file__).resolve().parent.parent, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

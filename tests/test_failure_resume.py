@@ -4,19 +4,15 @@ from the last checkpoint, losing no more than one checkpoint interval."""
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from local_cluster import pids_matching
+from local_cluster import ray_processes, start_train
 from ray_jobs import tracking
 from models.checkpoint import load_train_state
 from tiny import TINY_DAN
 
-REPO = Path(__file__).resolve().parent.parent
 EVERY = 200
 TINY = [
     "trainer.steps=2000", f"trainer.checkpoint_every={EVERY}", "trainer.log_every=1", "trainer.eval_every=0",
@@ -25,25 +21,10 @@ TINY = [
 ]
 
 
-def _worker_pids(session_dir):
-    """Ray Train workers of this test's Ray instance only (descendants of its raylet)."""
-    out = []
-    for pid in pids_matching(session_dir):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::RayTrainWorker"):
-                out.append(pid)
-        except OSError:
-            continue
-    return out
-
-
 @pytest.mark.slow
 def test_killed_worker_is_replaced_and_training_resumes(ray_session, mlflow_uri, tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
-    proc = subprocess.Popen([sys.executable, "-m", "ray_jobs.train", "--out", str(out), *TINY,
-                             f"mlflow.tracking_uri={mlflow_uri}"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start_train(ray_session, out, [*TINY, f"mlflow.tracking_uri={mlflow_uri}"])
     # Kill once a checkpoint exists and training has gone on past it (the controller registers a
     # reported checkpoint a moment after the files are written).
     client = tracking.client(mlflow_uri)
@@ -60,9 +41,7 @@ def test_killed_worker_is_replaced_and_training_resumes(ray_session, mlflow_uri,
                 break
         time.sleep(0.2)
     assert checkpoint_steps, "no checkpoint was written"
-    from ray._private.worker import _global_node
-
-    victims = _worker_pids(_global_node.get_session_dir_path())
+    victims = ray_processes(b"ray::RayTrainWorker")  # this test's Ray instance only
     assert len(victims) == 2
     os.kill(victims[0], signal.SIGKILL)  # a real worker process dies mid-run
     killed_at = time.time()

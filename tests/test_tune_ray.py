@@ -127,7 +127,8 @@ def test_snli_fraction_sweep(ray_session, mlflow_uri, tmp_path):
                                            "trainer.task_weights={reddit: 1.0}"])
     reddit = run_training(reddit_cfg, tmp_path / "reddit", prepared_dir=prepared)
 
-    cfg = load_config(None, base + ["trainer.steps=4", "trainer.checkpoint_every=2"])
+    # The trials train with asynchronous task groups (a parameter holder per trial).
+    cfg = load_config(None, base + ["trainer.steps=4", "trainer.checkpoint_every=2", "trainer.task_split=async"])
     with pytest.raises(ConfigError, match="trainer.cpus_per_worker"):  # 2 x 0.5 + 0.1 leaves Ray Data no CPU
         run_sweep(get_space("snli_fraction"), cfg, tmp_path / "infeasible", reddit_checkpoint=str(reddit.checkpoint),
                   prepared_dir=str(prepared))
@@ -162,3 +163,4 @@ def test_snli_fraction_sweep(ray_session, mlflow_uri, tmp_path):
         assert run.info.status == "FINISHED"
         assert {"reddit/loss", "snli/loss", "stsb/dev/pearson", "data/snli_train_pairs"} <= set(run.data.metrics)
         assert run.data.params["trainer.warm_start"] == str(reddit.checkpoint.resolve())
+        assert run.data.params["trainer.task_split"] == "async" and "async/snli/updates" in run.data.metrics

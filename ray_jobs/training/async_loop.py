@@ -42,13 +42,22 @@ class AsyncTrainLoop(TrainLoop):
         return self.step // every > since // every
 
     def run(self) -> int:
+        """Train until the holder's count reaches trainer.steps. While a task keeps up with its
+        share (room for two more updates), the worker computes its next update while the holder
+        applies the last; a task about to wait for its share takes its turn first, so that its
+        gradient is computed on fresh weights, not on those from before the wait."""
         trainer = self.cfg.trainer
         if self.step >= trainer.steps:  # resumed at the end (or trainer.steps=0): nothing to push
             self.save({})
             return self.step
         run_start = time.time()
-        self.update.turn()
-        while self.step < trainer.steps:
+        self.ahead = self.update.turn()["room"] >= 2
+        in_flight = None  # (loss, accuracy, pairs) of the update the holder is applying
+        while True:
+            if in_flight is not None and not self.ahead:
+                if self._receive(in_flight, run_start):
+                    return self.step
+                in_flight = None
             stage = self.schedule.at(self.step)
             if stage is not self.stage:
                 self.stage = stage
@@ -59,25 +68,40 @@ class AsyncTrainLoop(TrainLoop):
             if not bool(torch.isfinite(loss)):  # never pushed: the holder's weights stay finite
                 raise NonFiniteLossError(f"non-finite {self.task} loss ({float(loss)}) on rank {self.rank} after update "
                                          f"{self.step}: training stopped; {NON_FINITE_ADVICE}")
-            reply = self.update.push()
-            self.step = reply["step"]
-            if reply["applied"]:
-                self.window.add(self.task, loss, accuracy, stage.batch_size * len(self.plan.ranks_of(self.task)))
-            metrics: Dict[str, float] = {}
-            if self._crossed(trainer.log_every, self.logged) or reply["done"]:
-                metrics = self._log_window(run_start)
-                self.logged = self.step
-            if (trainer.eval_every and self.hooks.evaluate is not None and self.rank == 0
-                    and self._crossed(trainer.eval_every, self.evaluated)):
-                self.evaluated = self.step
-                self.last_eval = self.hooks.evaluate(self.model)
-                self.hooks.say(f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
-                self.hooks.log(self.last_eval, self.step)
-            if reply["due"]:  # a checkpoint, or the end (every rank's last reply is due)
-                self.save(metrics)
-                if self.step < trainer.steps:
-                    self.update.turn()
-        return self.step
+            if in_flight is not None and self._receive(in_flight, run_start):
+                return self.step  # the update just computed is not needed
+            self.update.send()
+            in_flight = (loss, accuracy, stage.batch_size * len(self.plan.ranks_of(self.task)))
+
+    def _receive(self, in_flight, run_start: float) -> bool:
+        """Take the reply to the update in flight; save when a checkpoint is due. True at the end."""
+        reply = self.update.receive()
+        metrics = self._applied(reply, *in_flight, run_start)
+        self.ahead = reply["room"] >= 2
+        if reply["due"]:  # a checkpoint, or the end (every rank's last reply is due)
+            self.save(metrics)
+            if reply["done"]:
+                return True
+            self.ahead = self.update.turn()["room"] >= 2
+        return False
+
+    def _applied(self, reply: Dict[str, Any], loss, accuracy, pairs: int, run_start: float) -> Dict[str, float]:
+        """Count a reply's update; log and evaluate when the holder's count crossed an interval."""
+        trainer = self.cfg.trainer
+        self.step = reply["step"]
+        if reply["applied"]:
+            self.window.add(self.task, loss, accuracy, pairs)
+        metrics: Dict[str, float] = {}
+        if self._crossed(trainer.log_every, self.logged) or reply["done"]:
+            metrics = self._log_window(run_start)
+            self.logged = self.step
+        if (trainer.eval_every and self.hooks.evaluate is not None and self.rank == 0
+                and self._crossed(trainer.eval_every, self.evaluated)):
+            self.evaluated = self.step
+            self.last_eval = self.hooks.evaluate(self.model)
+            self.hooks.say(f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
+            self.hooks.log(self.last_eval, self.step)
+        return metrics
 
     def _log_window(self, run_start: float) -> Dict[str, float]:
         self.lr = self.schedule.lr_at(self.step)  # the holder's lr at this update (logged by rank 0)

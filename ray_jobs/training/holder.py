@@ -122,13 +122,18 @@ class ParameterHolder:
         or the end releases every waiting worker (their ranks meet at the checkpoint)."""
         if self.step >= self.cfg.trainer.steps or self.step >= self.next_checkpoint:
             return True
+        return self._room(task) > 0
+
+    def _room(self, task: str) -> float:
+        """How many more updates `task` may start now before its workers wait (> 0: it may)."""
         counted = self.step - self.base
-        return self.updates[task] < self.weights[task] * (counted + 1) + self.cfg.trainer.async_slack
+        return self.weights[task] * (counted + 1) + self.cfg.trainer.async_slack - self.updates[task]
 
     async def turn(self, generation: int, task: str, version: int, pull: bool = True) -> Dict[str, Any]:
         """Wait until `task` may compute its next update (pacing, or a due checkpoint or the end,
-        which release every waiting worker); the reply says the update count, whether a checkpoint
-        is due or the run is done and, with `pull`, carries the weights changed since `version`.
+        which release every waiting worker); the reply says the update count, the task's "room" (how
+        many more updates it may start before waiting), whether a checkpoint is due or the run is
+        done and, with `pull`, carries the weights changed since `version`.
         Waiting before the worker computes, not after, keeps its gradient fresh."""
         self._check(generation)
         if self._cond is None:
@@ -138,7 +143,7 @@ class ParameterHolder:
             await self._cond.wait_for(lambda: self.generation != generation or self._may_apply(task))
             self._check(generation)
             self.window["tasks"][task]["waited_s"] += time.time() - arrived
-        reply: Dict[str, Any] = {"step": self.step, "done": self.step >= self.cfg.trainer.steps,
+        reply: Dict[str, Any] = {"step": self.step, "done": self.step >= self.cfg.trainer.steps, "room": self._room(task),
                                  "due": self.step >= self.next_checkpoint or self.step >= self.cfg.trainer.steps}
         if pull:  # no await since the check: these weights are those of update `step`
             reply["weights"] = self._weights_since(task, version)
@@ -212,8 +217,10 @@ def start_holder(cfg, tokenizer) -> Any:
 class HolderUpdate(torch.optim.Optimizer):
     """On an async worker, the 'optimizer' of the encoder and the task's head: `step()` (inside the
     shared train_step) takes the step's gradients to the CPU, sparse tables as (indices, values);
-    `push()` sends them to the holder, which applies them with its own optimizers, and loads the
-    weights it sends back every `refresh_every` pushes."""
+    `send()` pushes them to the holder, which applies them with its own optimizers, and loads the
+    weights it sends back every `refresh_every` pushes. One update is in flight at a time: `send()`
+    returns at once and `receive()` waits for its reply, so that the holder applies an update while
+    the worker computes the next (whose staleness then counts the one in flight)."""
 
     def __init__(self, holder, model, task: str, refresh_every: int):
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad and shared_or_head(n, task)]
@@ -223,7 +230,8 @@ class HolderUpdate(torch.optim.Optimizer):
         sparse = {id(p) for p in model.sparse_parameters()}
         self.sparse = {n for n, p in self.named.items() if id(p) in sparse}
         self.pending: Optional[Dict[str, Wire]] = None
-        self.generation = self.version = 0
+        self.in_flight = None  # the ObjectRef of the reply to the update being applied
+        self.generation = self.version = self.pending_version = 0
         self.attempts = 0
         self.pushed = 0  # updates of this worker the holder applied
 
@@ -247,18 +255,26 @@ class HolderUpdate(torch.optim.Optimizer):
                 grads[name] = (g.indices()[0].cpu(), g.values().float().cpu())  # (nnz,), (nnz, D)
             else:
                 grads[name] = p.grad.float().cpu()
-        self.pending = grads
+        self.pending, self.pending_version = grads, self.version  # the weights these gradients were computed on
 
-    def push(self) -> Dict[str, Any]:
-        """Send the pending update; returns the holder's reply when this worker may compute its next."""
-        import ray
-
+    def send(self) -> None:
+        """Push the pending update without waiting: the worker computes its next one meanwhile."""
         if self.pending is None:
-            raise RuntimeError("push() before step(): no gradients to send")
+            raise RuntimeError("send() before step(): no gradients to send")
+        if self.in_flight is not None:
+            raise RuntimeError("send() while an update is in flight: receive() its reply first")
         self.attempts += 1
         pull = self.attempts % self.refresh_every == 0
-        reply = ray.get(self.holder.push.remote(self.generation, self.task, self.pending, self.version, pull))
+        self.in_flight = self.holder.push.remote(self.generation, self.task, self.pending, self.pending_version, pull)
         self.pending = None
+
+    def receive(self) -> Dict[str, Any]:
+        """The reply to the update in flight, once the holder has applied it and this worker may
+        push its next; loads the weights it carries."""
+        import ray
+
+        reply = ray.get(self.in_flight)
+        self.in_flight = None
         self.pushed += int(reply["applied"])
         return self._take(reply)
 
