@@ -78,6 +78,9 @@ class TrainerConfig:
     task_split: str = "sync"  # sync | async
     # async: a worker takes fresh weights from the holder with every Nth update it pushes.
     async_refresh_every: int = 1
+    # async: a worker computes its next update while the holder applies its last (one update in
+    # flight, one more of staleness); pays off when the holder has cores of its own (docs/design.md).
+    async_overlap: bool = False
     # async: how many updates a task may run ahead of its weight's share of all updates before
     # its workers wait (the realised mix stays within this of the weights).
     async_slack: int = 8

@@ -50,8 +50,8 @@ def _setup(extra=()):
     tokenizer = core._tokenizer(cfg)
     seed_everything(cfg.seed)
     model = build_model(cfg.model, tokenizer, model_heads(cfg))
-    holder = ParameterHolder(cfg.to_dict(), tokenizer.to_dict())
-    info = holder.reset(model.state_dict())
+    holder = ParameterHolder()
+    info = holder.reset(cfg.to_dict(), tokenizer.to_dict(), model.state_dict())
     return cfg, tokenizer, model, holder, info
 
 
@@ -135,9 +135,9 @@ def test_holder_paces_tasks_to_their_weights_counts_every_update_and_stops_at_th
 def test_a_push_from_an_earlier_generation_is_refused():
     cfg, tokenizer, model, holder, info = _setup()
     update = _worker_update(cfg, tokenizer, model, "reddit")
-    holder.reset(model.state_dict())  # rank 0 of a restarted worker group
+    holder.reset(cfg.to_dict(), tokenizer.to_dict(), model.state_dict())  # rank 0 of a restarted worker group
     with pytest.raises(HolderReset, match="reset"):
         asyncio.run(holder.push(info["generation"], "reddit", update.pending, 0, False))
-    fresh = ParameterHolder(cfg.to_dict(), tokenizer.to_dict())  # the actor after its process died
+    fresh = ParameterHolder()  # the actor after its process died
     with pytest.raises(HolderReset, match="restarted"):
         asyncio.run(fresh.push(info["generation"], "reddit", update.pending, 0, False))

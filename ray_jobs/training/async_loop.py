@@ -23,7 +23,7 @@ from ray_jobs.training.step import Optimizers, train_step
 
 class AsyncTrainLoop(TrainLoop):
     def __init__(self, cfg: RunConfig, model, plan: TaskPlan, rank: int, open_stream: StreamFactory, holder,
-                 hooks: Optional[LoopHooks] = None, state: Optional[TrainState] = None):
+                 tokenizer, hooks: Optional[LoopHooks] = None, state: Optional[TrainState] = None):
         (self.task,) = plan.tasks_of(rank)
         self.holder = holder
         self.update = HolderUpdate(holder, model, self.task, cfg.trainer.async_refresh_every)
@@ -32,26 +32,26 @@ class AsyncTrainLoop(TrainLoop):
         import ray
 
         if rank == 0:  # every (re)start: the holder begins a generation from this run's starting point
-            ray.get(holder.reset.remote(model.state_dict(), state.to_dict() if state else None))
+            ray.get(holder.reset.remote(cfg.to_dict(), tokenizer.to_dict(), model.state_dict(),
+                                        state.to_dict() if state else None))
         self.combiner.barrier()  # no rank pushes to a holder that rank 0 has not reset
-        info = self.update.connect(state.pushed_of(rank, plan.world_size) if state else 0)
-        self.incarnation = info["incarnation"]
+        self.update.connect(state.pushed_of(rank, plan.world_size) if state else 0)
         self.logged = self.evaluated = self.step
 
     def _crossed(self, every: int, since: int) -> bool:
         return self.step // every > since // every
 
     def run(self) -> int:
-        """Train until the holder's count reaches trainer.steps. While a task keeps up with its
-        share (room for two more updates), the worker computes its next update while the holder
-        applies the last; a task about to wait for its share takes its turn first, so that its
-        gradient is computed on fresh weights, not on those from before the wait."""
+        """Train until the holder's count reaches trainer.steps. With trainer.async_overlap, while
+        a task keeps up with its share (room for two more updates), the worker computes its next
+        update while the holder applies the last; otherwise, and when the task is about to wait for
+        its share, it takes its turn first, so that its gradient is computed on fresh weights."""
         trainer = self.cfg.trainer
         if self.step >= trainer.steps:  # resumed at the end (or trainer.steps=0): nothing to push
             self.save({})
             return self.step
         run_start = time.time()
-        self.ahead = self.update.turn()["room"] >= 2
+        self.ahead = self._may_overlap(self.update.turn())
         in_flight = None  # (loss, accuracy, pairs) of the update the holder is applying
         while True:
             if in_flight is not None and not self.ahead:
@@ -73,16 +73,21 @@ class AsyncTrainLoop(TrainLoop):
             self.update.send()
             in_flight = (loss, accuracy, stage.batch_size * len(self.plan.ranks_of(self.task)))
 
+    def _may_overlap(self, reply: Dict[str, Any]) -> bool:
+        """Whether to compute the next update before the reply to the last (trainer.async_overlap,
+        and room in the task's share for both)."""
+        return self.cfg.trainer.async_overlap and reply["room"] >= 2
+
     def _receive(self, in_flight, run_start: float) -> bool:
         """Take the reply to the update in flight; save when a checkpoint is due. True at the end."""
         reply = self.update.receive()
         metrics = self._applied(reply, *in_flight, run_start)
-        self.ahead = reply["room"] >= 2
+        self.ahead = self._may_overlap(reply)
         if reply["due"]:  # a checkpoint, or the end (every rank's last reply is due)
             self.save(metrics)
             if reply["done"]:
                 return True
-            self.ahead = self.update.turn()["room"] >= 2
+            self.ahead = self._may_overlap(self.update.turn())
         return False
 
     def _applied(self, reply: Dict[str, Any], loss, accuracy, pairs: int, run_start: float) -> Dict[str, float]:

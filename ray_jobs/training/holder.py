@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
@@ -47,7 +46,16 @@ def shared_or_head(name: str, task: str) -> bool:
 
 
 class ParameterHolder:
-    def __init__(self, run: Dict[str, Any], tokenizer: Dict[str, Any]):
+    """Built empty; rank 0's `reset` gives it the run (config, tokenizer, weights, train state), so
+    that a restarted holder needs nothing from its constructor (Ray keeps large constructor
+    arguments in the object store, from where a restart may not find them: ray-project/ray#53727)."""
+
+    def __init__(self):
+        self.generation = self.step = 0  # generation 0 until rank 0 resets it
+        self.model = None
+        self._cond: Optional[asyncio.Condition] = None
+
+    def _build(self, run: Dict[str, Any], tokenizer: Dict[str, Any]) -> None:
         from datasets.text import tokenizer_from_dict
 
         self.cfg = from_dict(run)
@@ -59,15 +67,16 @@ class ParameterHolder:
         self.params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         sparse = {id(p) for p in self.model.sparse_parameters()}
         self.sparse = {n for n, p in self.params.items() if id(p) in sparse}
-        self.incarnation = uuid.uuid4().hex[:8]
-        self.generation = 0  # 0 until rank 0 resets it
-        self._cond: Optional[asyncio.Condition] = None
 
     # -- set-up and checkpoints (rank 0) ----------------------------------------------------------
 
-    def reset(self, weights: Dict[str, torch.Tensor], state: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        """Start a generation from `weights` (a model state dict) and a TrainState dict (optimizers,
-        step, per-task counts; None for a fresh run)."""
+    def reset(self, run: Dict[str, Any], tokenizer: Dict[str, Any], weights: Dict[str, torch.Tensor],
+              state: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Start a generation of the run `run` (the run config's dict; `tokenizer`: the tokenizer's)
+        from `weights` (a model state dict) and a TrainState dict (optimizers, step, per-task
+        counts; None for a fresh run)."""
+        if self.model is None:
+            self._build(run, tokenizer)
         trainer = self.cfg.trainer
         train_state = TrainState.from_dict(state) if state else TrainState(0)
         self.model.load_state_dict(weights)
@@ -85,7 +94,7 @@ class ParameterHolder:
         return self.hello()
 
     def hello(self) -> Dict[str, Any]:
-        return {"generation": self.generation, "incarnation": self.incarnation, "step": getattr(self, "step", 0)}
+        return {"generation": self.generation, "step": self.step}
 
     def checkpoint_state(self, generation: int) -> Dict[str, Any]:
         """The whole model, the optimizers and the counts; called by rank 0 while every worker waits
@@ -205,13 +214,13 @@ class ParameterHolder:
         return out
 
 
-def start_holder(cfg, tokenizer) -> Any:
+def start_holder(cfg) -> Any:
     """The holder as a Ray actor owned by the caller (the driver). Ray restarts it after its process
     dies (up to trainer.max_failures times), empty: see the module's docstring."""
     import ray
 
-    actor = ray.remote(ParameterHolder).options(num_cpus=0, max_restarts=cfg.trainer.max_failures, max_task_retries=0)
-    return actor.remote(cfg.to_dict(), tokenizer.to_dict())
+    return ray.remote(ParameterHolder).options(num_cpus=0, max_restarts=cfg.trainer.max_failures,
+                                               max_task_retries=0).remote()
 
 
 class HolderUpdate(torch.optim.Optimizer):

@@ -215,7 +215,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
     if plan.mode == "async":  # the shared encoder's parameter holder, for this fit only
         from ray_jobs.training.holder import start_holder
 
-        holder = loop_config["holder"] = start_holder(cfg, tokenizer)
+        holder = loop_config["holder"] = start_holder(cfg)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,

@@ -79,7 +79,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     if plan.mode == "async":
         from ray_jobs.training.async_loop import AsyncTrainLoop
 
-        loop: TrainLoop = AsyncTrainLoop(cfg, model, plan, rank, open_stream, loop_config["holder"], hooks, state)
+        loop: TrainLoop = AsyncTrainLoop(cfg, model, plan, rank, open_stream, loop_config["holder"], tokenizer, hooks,
+                                         state)
     else:
         loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
     if rank == 0:
