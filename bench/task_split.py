@@ -8,7 +8,7 @@ its first window) and the run's fixed cost (start-up, the final checkpoint and m
 of as many updates as fit in --minutes of training (what run_training reports as its seconds),
 then the full evaluation of its last checkpoint. Prints one row per mode: updates, training seconds, pairs/s per task, the
 realised Reddit:SNLI update ratio, staleness (updates applied between a worker's copy and its
-push), STS-B dev/test Pearson and Reddit P@1, with the MLflow run ids.
+push), STS-B dev/test Pearson, Reddit P@1 and SNLI dev accuracy, with the MLflow run ids.
 """
 
 from __future__ import annotations
@@ -86,17 +86,17 @@ def main() -> int:
         results = run_evaluation(cfg, out / f"{mode}-eval", checkpoint=str(result.checkpoint),
                                  prepared_dir=args.prepared, run_id=result.run_id, mlflow_uri=result.tracking_uri)
         row.update({"stsb_dev": results["stsb/dev/pearson"], "stsb_test": results["stsb/test/pearson"],
-                    "p_at_1": results["reddit/p_at_1"], "run": result.run_id})
+                    "p_at_1": results["reddit/p_at_1"], "snli_dev": results["snli/dev/accuracy"], "run": result.run_id})
         rows[mode] = row
         print(f"[bench] {mode}: {row}", flush=True)
 
     print("| mode | updates | train s | Reddit pairs/s | SNLI pairs/s | Reddit:SNLI updates | staleness Reddit / SNLI "
-          "| STS-B dev | STS-B test | P@1 | MLflow run |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| STS-B dev | STS-B test | P@1 | SNLI dev | MLflow run |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for mode, r in rows.items():
         print(f"| {mode} | {r['updates']:.0f} | {r['seconds']:.0f} | {r['reddit_pairs_s']:.0f} | {r['snli_pairs_s']:.0f} "
               f"| {r['ratio']:.1f}:1 | {r['staleness_reddit']:.2f} / {r['staleness_snli']:.2f} | {r['stsb_dev']:.4f} "
-              f"| {r['stsb_test']:.4f} | {r['p_at_1']:.4f} | {r['run']} |")
+              f"| {r['stsb_test']:.4f} | {r['p_at_1']:.4f} | {r['snli_dev']:.4f} | {r['run']} |")
     return 0
 
 
