@@ -1,7 +1,7 @@
 """Synchronous vs asynchronous task groups (trainer.task_split) on the same data and wall-time budget,
 through `run_training` (Ray Train, the parameter holder) and `run_evaluation`, as a user runs them.
 
-  .venv/bin/python bench/task_split.py --prepared /path/prepared --minutes 6 --out /tmp/split [dotted.overrides ...]
+  .venv/bin/python bench/task_split.py --prepared /path/prepared --minutes 7.5 --out /tmp/split [dotted.overrides ...]
 
 For each mode: a short calibration run measures the seconds per update (rank 0's step_time_s after
 its first window) and the run's fixed cost (start-up, the final checkpoint and model), then a run
@@ -66,7 +66,8 @@ def main() -> int:
         steps = int((args.minutes * 60 - fixed_s) / step_s)
         print(f"[bench] {mode}: {step_s * 1000:.1f} ms per update, {fixed_s:.0f} s fixed -> {steps} updates in "
               f"{args.minutes} min", flush=True)
-        result = run_training(config(steps, f"split-{mode}"), out / mode, prepared_dir=args.prepared, fresh=True)
+        cfg = config(steps, f"split-{mode}")
+        result = run_training(cfg, out / mode, prepared_dir=args.prepared, fresh=True)
         client = tracking.client(result.tracking_uri)
         state = load_train_state(result.checkpoint)
         row: Dict[str, float] = {"updates": steps, "seconds": result.seconds}
@@ -82,7 +83,6 @@ def main() -> int:
             for task in ("reddit", "snli"):
                 row[f"{task}_pairs_s"] = _mean(_history(client, result.run_id, f"{task}/pairs_per_s")[1:])
             row["staleness_reddit"] = row["staleness_snli"] = 0.0
-        cfg = config(steps, f"split-{mode}")
         results = run_evaluation(cfg, out / f"{mode}-eval", checkpoint=str(result.checkpoint),
                                  prepared_dir=args.prepared, run_id=result.run_id, mlflow_uri=result.tracking_uri)
         row.update({"stsb_dev": results["stsb/dev/pearson"], "stsb_test": results["stsb/test/pearson"],

@@ -16,7 +16,7 @@ import torch
 from ray_jobs.config import RunConfig
 from ray_jobs.task_groups import TaskPlan
 from ray_jobs.training.holder import HolderUpdate, holder_stats_metrics
-from ray_jobs.training.loop import NON_FINITE_ADVICE, SCORE_METRIC, NOT_EVALUATED, LoopHooks, NonFiniteLossError, StreamFactory, TrainLoop
+from ray_jobs.training.loop import NON_FINITE_ADVICE, LoopHooks, NonFiniteLossError, StreamFactory, TrainLoop
 from ray_jobs.training.state import TrainState
 from ray_jobs.training.step import Optimizers, train_step
 
@@ -103,9 +103,7 @@ class AsyncTrainLoop(TrainLoop):
         if (trainer.eval_every and self.hooks.evaluate is not None and self.rank == 0
                 and self._crossed(trainer.eval_every, self.evaluated)):
             self.evaluated = self.step
-            self.last_eval = self.hooks.evaluate(self.model)
-            self.hooks.say(f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
-            self.hooks.log(self.last_eval, self.step)
+            self._evaluate()
         return metrics
 
     def _log_window(self, run_start: float) -> Dict[str, float]:
@@ -136,6 +134,4 @@ class AsyncTrainLoop(TrainLoop):
                                [g["position"] for g in gathered], self.plan.world_size, self.plan.mode,
                                snap["task_updates"], [g["pushed"] for g in gathered])
         self.combiner.barrier()
-        if self.hooks.evaluate is not None:
-            metrics = {**metrics, SCORE_METRIC: self.last_eval.get(SCORE_METRIC, NOT_EVALUATED)}
-        self.hooks.checkpoint(self.step, metrics, state)
+        self._checkpoint(metrics, state)

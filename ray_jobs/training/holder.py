@@ -126,12 +126,23 @@ class ParameterHolder:
             raise HolderReset(f"the parameter holder {what} since this worker connected (generation {generation}): "
                               "the worker group restarts from the last checkpoint")
 
+    def _done(self) -> bool:
+        return self.step >= self.cfg.trainer.steps
+
+    def _due(self) -> bool:
+        """A checkpoint is due, or the run is done (its last checkpoint)."""
+        return self._done() or self.step >= self.next_checkpoint
+
     def _may_apply(self, task: str) -> bool:
         """Pacing: a task waits while it is `async_slack` updates ahead of its share; a due checkpoint
         or the end releases every waiting worker (their ranks meet at the checkpoint)."""
-        if self.step >= self.cfg.trainer.steps or self.step >= self.next_checkpoint:
-            return True
-        return self._room(task) > 0
+        return self._due() or self._room(task) > 0
+
+    def _condition(self) -> asyncio.Condition:
+        """The pacing condition, made on the actor's event loop at its first use."""
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
 
     def _room(self, task: str) -> float:
         """How many more updates `task` may start now before its workers wait (> 0: it may)."""
@@ -145,15 +156,13 @@ class ParameterHolder:
         done and, with `pull`, carries the weights changed since `version`.
         Waiting before the worker computes, not after, keeps its gradient fresh."""
         self._check(generation)
-        if self._cond is None:
-            self._cond = asyncio.Condition()
         arrived = time.time()
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.generation != generation or self._may_apply(task))
+        cond = self._condition()
+        async with cond:
+            await cond.wait_for(lambda: self.generation != generation or self._may_apply(task))
             self._check(generation)
             self.window["tasks"][task]["waited_s"] += time.time() - arrived
-        reply: Dict[str, Any] = {"step": self.step, "done": self.step >= self.cfg.trainer.steps, "room": self._room(task),
-                                 "due": self.step >= self.next_checkpoint or self.step >= self.cfg.trainer.steps}
+        reply: Dict[str, Any] = {"step": self.step, "done": self._done(), "room": self._room(task), "due": self._due()}
         if pull:  # no await since the check: these weights are those of update `step`
             reply["weights"] = self._weights_since(task, version)
         return reply
@@ -162,9 +171,7 @@ class ParameterHolder:
         """Apply one update of `task` computed on the weights of update `version` (unless the run has
         reached trainer.steps: "applied" False), then wait for the task's next turn (see `turn`)."""
         self._check(generation)
-        if self._cond is None:
-            self._cond = asyncio.Condition()
-        applied = self.step < self.cfg.trainer.steps
+        applied = not self._done()
         if applied:
             window = self.window["tasks"][task]
             staleness = self.step - version
@@ -172,8 +179,9 @@ class ParameterHolder:
             window["updates"] += 1
             window["staleness_sum"] += staleness
             window["staleness_max"] = max(window["staleness_max"], staleness)
-        async with self._cond:
-            self._cond.notify_all()
+        cond = self._condition()
+        async with cond:
+            cond.notify_all()
         return {**await self.turn(generation, task, version, pull), "applied": applied}
 
     def _apply(self, task: str, grads: Dict[str, Wire]) -> None:

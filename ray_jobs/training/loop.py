@@ -114,9 +114,19 @@ class TrainLoop:
                 head_states.update(g["heads"])
             state = TrainState(self.step, [o.state_dict() for o in self.optimizers.encoder], head_states,
                                [g["position"] for g in gathered], self.plan.world_size, self.plan.mode)
+        self._checkpoint(metrics, state)
+
+    def _checkpoint(self, metrics: Dict[str, float], state: Optional[TrainState]) -> None:
+        """Hand the checkpoint to the hook (every rank; rank 0 with the state)."""
         if self.hooks.evaluate is not None:  # every checkpoint is ranked by the latest in-training evaluation
             metrics = {**metrics, SCORE_METRIC: self.last_eval.get(SCORE_METRIC, NOT_EVALUATED)}
         self.hooks.checkpoint(self.step, metrics, state)
+
+    def _evaluate(self) -> None:
+        """Rank 0's in-training evaluation: said, logged, and kept to rank the next checkpoints."""
+        self.last_eval = self.hooks.evaluate(self.model)
+        self.hooks.say(f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
+        self.hooks.log(self.last_eval, self.step)
 
     def _log_window(self, run_start: float) -> Dict[str, float]:
         trainer = self.cfg.trainer
@@ -166,10 +176,7 @@ class TrainLoop:
             if logging:
                 metrics = self._log_window(run_start)
             if eval_step and self.hooks.evaluate is not None and self.rank == 0:
-                evaluated = self.hooks.evaluate(self.model)
-                self.last_eval = evaluated
-                self.hooks.say(f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in evaluated.items()))
-                self.hooks.log(evaluated, self.step)
+                self._evaluate()
             if saving:
                 self.save(metrics)
         return self.step
