@@ -164,7 +164,7 @@ def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, out_dir: Path) -> No
         return
     path = out_dir / "loss_curves.png"
     loss_curves_plot(histories, path, f"{cfg.name}: {cfg.model.encoder}, {cfg.trainer.steps} steps, "
-                                      f"{cfg.trainer.num_workers} workers")
+                                      f"{cfg.trainer.num_workers} workers, {cfg.trainer.task_split}")
     tracking.log_artifact(uri, run_id, str(path), "plots")
 
 
