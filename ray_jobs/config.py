@@ -68,6 +68,10 @@ class TrainerConfig:
     steps: int = 1000
     num_workers: int = 2
     cpus_per_worker: float = 0.5  # below 1 so that Ray Data read tasks have room on small nodes
+    # torch's intra-op threads in each worker; 0 = Ray's choice (the floor of cpus_per_worker, at
+    # least 1). One CPU worker on a small node reserves 1 CPU (Ray Data needs one free) and
+    # computes on every core with torch_threads = the node's cores.
+    torch_threads: int = 0
     use_gpu: bool = False
     task_weights: Dict[str, float] = field(default_factory=lambda: {"reddit": 0.95, "snli": 0.05})
     # Workers per task, e.g. {reddit: 19, snli: 1} (summing to num_workers); {} = by the weights
@@ -210,6 +214,7 @@ class RunConfig:
 
         need(t.steps >= 0, "trainer.steps", ">= 0 (0 = save the untrained model)", t.steps)
         need(t.cpus_per_worker > 0, "trainer.cpus_per_worker", "> 0", t.cpus_per_worker)
+        need(t.torch_threads >= 0, "trainer.torch_threads", ">= 0 (0 = Ray's choice)", t.torch_threads)
         for key in ("checkpoint_every", "log_every", "keep_checkpoints"):
             need(getattr(t, key) >= 1, f"trainer.{key}", ">= 1", getattr(t, key))
         need(t.eval_every >= 0, "trainer.eval_every", ">= 0 (0 = off)", t.eval_every)

@@ -159,6 +159,7 @@ def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
     ("trainer.checkpoint_every=0", "trainer.checkpoint_every"),
     ("trainer.eval_every=-1", "trainer.eval_every"),
     ("trainer.cpus_per_worker=0", "trainer.cpus_per_worker"),
+    ("trainer.torch_threads=-1", "trainer.torch_threads"),
     ("trainer.grad_clip=-1", "trainer.grad_clip"),
     ("model.dan.output_dim=0", "model.dan.output_dim"),
     ("model.dan.hidden_sizes=[16, 0]", "model.dan.hidden_sizes[1]"),

@@ -96,7 +96,8 @@ def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, tm
     from ray_jobs.training.run import prepare_all, run_training
 
     cfg = load_config(None, PRETRAINED_TINY + [f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
-                                               "trainer.bucket_batches=2"])  # batches bucketed by length
+                                               "trainer.bucket_batches=2",  # batches bucketed by length
+                                               "trainer.torch_threads=2"])  # beyond Ray's floor(0.5 CPU) = 1
     prepared = tmp_path / "prepared"
     prepare_all(cfg, prepared)
     result = run_training(cfg, tmp_path / "run", prepared_dir=prepared)
@@ -110,6 +111,10 @@ def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, tm
     again = load(result.checkpoint).encode(SENTENCES)
     np.testing.assert_array_equal(trained, again)
     assert (result.checkpoint / "train_state.pt").is_file()
+    from mlflow.tracking import MlflowClient
+
+    tags = MlflowClient(result.tracking_uri).get_run(result.run_id).data.tags
+    assert tags["torch_threads"] == "2" and tags["task_split_mode"] == "gradient_weighting"
 
 
 @pytest.mark.parametrize("pooling,output_dim", [("mean", 0), ("max", 32)])

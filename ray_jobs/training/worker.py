@@ -7,6 +7,8 @@ import sys
 import tempfile
 from typing import Any, Dict, Optional
 
+import torch
+
 from datasets.storage import redact_tree
 from datasets.text import tokenizer_from_dict
 from models.checkpoint import save_checkpoint
@@ -32,6 +34,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     import ray.train.torch
 
     cfg = from_dict(loop_config["run"])
+    if cfg.trainer.torch_threads:
+        torch.set_num_threads(cfg.trainer.torch_threads)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     plan = plan_for(cfg.trainer, world)
@@ -84,9 +88,10 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     else:
         loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
     if rank == 0:
-        say_once(f"[convsts] {plan.describe()}; world size {world}; device {device}; start step {loop.step}")
+        say_once(f"[convsts] {plan.describe()}; world size {world}; device {device} "
+                 f"({torch.get_num_threads()} torch threads); start step {loop.step}")
         if loop.step == 0 and uri and run_id:
-            tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode})
+            tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode, "torch_threads": str(torch.get_num_threads())})
         if checkpoint is not None:  # a restarted worker group (FailureConfig)
             log({"train/restarted_at_step": loop.step}, loop.step)
     loop.run()
