@@ -88,10 +88,11 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     else:
         loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
     if rank == 0:
-        say_once(f"[convsts] {plan.describe()}; world size {world}; device {device} "
-                 f"({torch.get_num_threads()} torch threads); start step {loop.step}")
+        threads = torch.get_num_threads()
+        say_once(f"[convsts] {plan.describe()}; world size {world}; device {device} ({threads} torch threads); "
+                 f"start step {loop.step}")
         if loop.step == 0 and uri and run_id:
-            tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode, "torch_threads": str(torch.get_num_threads())})
+            tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode, "torch_threads": str(threads)})
         if checkpoint is not None:  # a restarted worker group (FailureConfig)
             log({"train/restarted_at_step": loop.step}, loop.step)
     loop.run()
