@@ -109,7 +109,10 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     for trial_id in finished_before:
         assert len(client.get_metric_history(children[trial_id].info.run_id, "trial/started")) == 1, trial_id
     best_child = client.get_run(parent.data.tags["convsts.best_trial_run"])
-    assert best_child.data.metrics["stsb_tuned/dev/pearson"] == pytest.approx(results["stsb_tuned/dev/pearson"])
+    # The trial logged its own float32 score; the sweep re-scores the saved matrix in another process,
+    # which can differ in the 7th digit (one CI run: 0.42600630 vs 0.42600683), as transform.dev_pearson above.
+    assert best_child.data.metrics["stsb_tuned/dev/pearson"] == pytest.approx(results["stsb_tuned/dev/pearson"],
+                                                                              abs=1e-6)
 
 
 @pytest.mark.slow
