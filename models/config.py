@@ -62,6 +62,9 @@ class ModelConfig:
     # In-batch softmax logits = score_scale x (context . response): 1 for the paper's dot products;
     # ~20 suits an encoder whose embeddings are unit vectors from the start (a pretrained one).
     score_scale: float = 1.0
+    # The in-batch softmax both ways: each context picks its response among the batch's responses
+    # (the paper's loss) and each response its context; the loss is the mean of the two.
+    symmetric_loss: bool = False
     response_hidden: int = 500  # the feed-forward network on the response side only
     nli_hidden: int = 512
     nli_classes: int = 3

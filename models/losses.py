@@ -6,15 +6,20 @@ import torch
 import torch.nn.functional as F
 
 
-def in_batch_softmax_loss(context: torch.Tensor, response: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+def in_batch_softmax_loss(context: torch.Tensor, response: torch.Tensor, scale: float = 1.0,
+                          symmetric: bool = False) -> torch.Tensor:
     """Each response is the positive for its own context and a negative for the other K-1.
 
     context, response: (K, D). Scores are dot products times `scale`; the loss is the mean over
-    the K contexts of -log softmax(scores[i])[i].
+    the K contexts of -log softmax(scores[i])[i]. `symmetric`: the mean of that and the same over
+    the K responses (each context is the positive for its own response, column-wise).
     """
     scores = scale * (context @ response.T)  # (K, K)
     targets = torch.arange(scores.shape[0], device=scores.device)  # (K,)
-    return F.cross_entropy(scores, targets)
+    loss = F.cross_entropy(scores, targets)
+    if symmetric:
+        loss = (loss + F.cross_entropy(scores.T, targets)) / 2
+    return loss
 
 
 def nli_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

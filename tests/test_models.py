@@ -140,6 +140,11 @@ def test_in_batch_softmax_loss_by_hand():
     row0 = -math.log(math.exp(2) / (math.exp(2) + math.exp(1)))
     row1 = -math.log(math.exp(1) / (math.exp(0) + math.exp(1)))
     assert in_batch_softmax_loss(context, response).item() == pytest.approx((row0 + row1) / 2, rel=1e-6)
+    # symmetric: also each response picks its context from the columns [2, 0] and [1, 1]
+    col0 = -math.log(math.exp(2) / (math.exp(2) + math.exp(0)))
+    col1 = -math.log(math.exp(1) / (math.exp(1) + math.exp(1)))
+    expected = ((row0 + row1) / 2 + (col0 + col1) / 2) / 2
+    assert in_batch_softmax_loss(context, response, symmetric=True).item() == pytest.approx(expected, rel=1e-6)
 
 
 def test_nli_loss_by_hand():

@@ -279,3 +279,25 @@ def test_lr_warms_up_then_decays_toward_zero_at_the_last_step(decay):
     lrs = [schedule.lr_at(s) for s in range(10, 60)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))  # never rises within a stage
     assert StageSchedule([StageConfig(0, 8, 1.0)], 0, "none", 100).lr_at(99) == 1.0
+
+
+def test_symmetric_loss_is_a_model_setting_that_reaches_the_reddit_loss_and_the_checkpoint(tmp_path):
+    from models.losses import in_batch_softmax_loss
+    from ray_jobs.tasks.base import fields
+
+    cfg = load_config(None, TINY + ["model.symmetric_loss=true"])
+    tokenizer = _tokenizer(cfg)
+    seed_everything(0)
+    model = build_model(cfg.model, tokenizer, model_heads(cfg))
+    model.heads["reddit"].net[-1].weight.data.normal_()  # a response side that is not the identity
+    task = get_task("reddit")
+    batch = next(iter(FrameStream(task, REDDIT, tokenizer, 8, 16)))
+    loss, _ = task.loss(model, batch)
+    context, response = model.encode_both(fields(batch, "context"), fields(batch, "response"))  # (8, D) each
+    response = model.heads["reddit"](response)  # (8, D)
+    scale = cfg.model.score_scale
+    assert loss.item() == pytest.approx(in_batch_softmax_loss(context, response, scale, symmetric=True).item())
+    assert loss.item() != pytest.approx(in_batch_softmax_loss(context, response, scale).item())
+    save_checkpoint(tmp_path / "c", model, tokenizer, cfg.to_dict())
+    assert load(tmp_path / "c").model.config.symmetric_loss is True
+    assert load_config(None, TINY).model.symmetric_loss is False  # the paper's one-way loss by default

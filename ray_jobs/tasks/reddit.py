@@ -69,7 +69,8 @@ class RedditTask(Task):
     def loss(self, model, batch):
         context, response = model.encode_both(fields(batch, "context"), fields(batch, "response"))  # (B, D) each
         response = model.heads[self.name](response)  # (B, D)
-        return in_batch_softmax_loss(context, response, model.config.score_scale), in_batch_accuracy(context, response)
+        loss = in_batch_softmax_loss(context, response, model.config.score_scale, model.config.symmetric_loss)
+        return loss, in_batch_accuracy(context, response)
 
     def evaluate(self, scorer, cfg, prepared_root: Optional[str]) -> Dict[str, float]:
         from ray_jobs.evaluation.retrieval import heldout_pairs, precision_at_n_metrics
