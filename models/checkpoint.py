@@ -48,7 +48,7 @@ def model_config_from_dict(data: Dict[str, Any]) -> ModelConfig:
         symmetric_loss=data.get("symmetric_loss", ModelConfig.symmetric_loss),
         response_hidden=data["response_hidden"],
         nli_hidden=data["nli_hidden"],
-        nli_classes=data.get("nli_classes", 3),
+        nli_classes=data.get("nli_classes", ModelConfig.nli_classes),
     )
 
 
