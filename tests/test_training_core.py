@@ -15,9 +15,11 @@ from datasets.text import DanTokenizer, count_words
 from models import load, save_checkpoint
 from models.checkpoint import build_model
 from models.encoders import ENCODERS
+from models.losses import in_batch_softmax_loss
 from ray_jobs.config import ConfigError, load_config
 from ray_jobs.task_groups import GradientCombiner, plan_tasks
 from ray_jobs.tasks import builtin_tasks, get_task, model_heads, trained_tasks
+from ray_jobs.tasks.base import fields
 from ray_jobs.training.data import FrameStream
 from ray_jobs.training.loop import LoopHooks, TrainLoop
 from ray_jobs.training.state import StageSchedule, resume_skip
@@ -282,9 +284,6 @@ def test_lr_warms_up_then_decays_toward_zero_at_the_last_step(decay):
 
 
 def test_symmetric_loss_is_a_model_setting_that_reaches_the_reddit_loss_and_the_checkpoint(tmp_path):
-    from models.losses import in_batch_softmax_loss
-    from ray_jobs.tasks.base import fields
-
     cfg = load_config(None, TINY + ["model.symmetric_loss=true"])
     tokenizer = _tokenizer(cfg)
     seed_everything(0)
