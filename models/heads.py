@@ -9,7 +9,7 @@ which each checkpoint's config.json keeps so that `models.load` rebuilds the sam
 from __future__ import annotations
 
 import importlib
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 from torch import nn
@@ -82,15 +82,21 @@ class MultitaskModel(nn.Module):
         emb = self.encoder(inputs)  # (B, D)
         return F.normalize(emb, dim=-1) if normalize else emb
 
+    def encode_all(self, parts: List[Dict[str, torch.Tensor]]) -> Tuple[torch.Tensor, ...]:
+        """Several batches of sentences through the tied encoder in one call (pair sides, mined
+        negatives): one pass over the embedding tables, so each table gets one sparse gradient per
+        step rather than several to be summed. Sentences are encoded independently, so this equals
+        separate calls. Returns one (B_i, D) tensor per part."""
+        first = parts[0]
+        if any(p.keys() != first.keys() or any(p[k].shape[1:] != first[k].shape[1:] for k in first) for p in parts):
+            return tuple(self.encode(p) for p in parts)
+        sizes = [next(iter(p.values())).shape[0] for p in parts]
+        joint = self.encode({k: torch.cat([p[k] for p in parts]) for k in first})  # (sum B_i, D)
+        return tuple(joint.split(sizes))
+
     def encode_both(self, first: Dict[str, torch.Tensor], second: Dict[str, torch.Tensor]):
-        """Both sides of a pair through the tied encoder in one call: one pass over the embedding
-        tables, so each table gets one sparse gradient per step rather than two to be summed.
-        Sentences are encoded independently, so this equals two separate calls."""
-        if first.keys() != second.keys() or any(first[k].shape[1:] != second[k].shape[1:] for k in first):
-            return self.encode(first), self.encode(second)
-        n = next(iter(first.values())).shape[0]
-        joint = self.encode({k: torch.cat([first[k], second[k]]) for k in first})  # (2B, D)
-        return joint[:n], joint[n:]
+        """Both sides of a pair (see encode_all)."""
+        return self.encode_all([first, second])
 
     def task_of_head(self, kind: str) -> str:
         """The task whose head is of this kind (e.g. the response-side network's task)."""

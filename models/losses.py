@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
 
 def in_batch_softmax_loss(context: torch.Tensor, response: torch.Tensor, scale: float = 1.0,
-                          symmetric: bool = False) -> torch.Tensor:
+                          symmetric: bool = False, negatives: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Each response is the positive for its own context and a negative for the other K-1.
 
     context, response: (K, D). Scores are dot products times `scale`; the loss is the mean over
-    the K contexts of -log softmax(scores[i])[i]. `symmetric`: the mean of that and the same over
-    the K responses (each context is the positive for its own response, column-wise).
+    the K contexts of -log softmax(scores[i])[i]. `negatives` (M, D), e.g. mined hard negatives:
+    extra candidates for every context (a softmax over K + M). `symmetric`: the mean of that and
+    the same over the K responses (each context is the positive for its own response, column-wise).
     """
-    scores = scale * (context @ response.T)  # (K, K)
-    targets = torch.arange(scores.shape[0], device=scores.device)  # (K,)
+    candidates = response if negatives is None else torch.cat([response, negatives])  # (K + M, D)
+    scores = scale * (context @ candidates.T)  # (K, K + M)
+    k = context.shape[0]
+    targets = torch.arange(k, device=scores.device)  # (K,)
     loss = F.cross_entropy(scores, targets)
     if symmetric:
-        loss = (loss + F.cross_entropy(scores.T, targets)) / 2
+        loss = (loss + F.cross_entropy(scores[:, :k].T, targets)) / 2
     return loss
 
 

@@ -8,6 +8,7 @@ from typing import Sequence
 
 COMMANDS = {
     "prepare": ("ray_jobs.prepare", "raw Reddit / SNLI inputs -> parquet shards + manifest (Ray Data)"),
+    "mine-negatives": ("ray_jobs.mine", "a prepared folder whose Reddit training pairs carry mined hard negatives"),
     "train": ("ray_jobs.train", "multitask training on Ray Train"),
     "evaluate": ("ray_jobs.evaluate", "STS-B, Reddit P@N, SNLI, CQA metrics of a checkpoint or a baseline"),
     "tune": ("ray_jobs.tune", "Ray Tune sweeps over a space in tune_spaces/ (sts_matrix, snli_fraction)"),
@@ -22,7 +23,7 @@ def usage() -> str:
     lines = ["usage: convsts <command> [args] [--debug] [--verbose] | convsts --version",
              "       (convsts <command> --help for its options; --debug or CONVSTS_DEBUG=1 shows tracebacks of",
              "       input and config errors; --verbose also shows Ray's progress bars and info logs)", "", "commands:"]
-    lines += [f"  {name:<10} {desc}" for name, (_, desc) in COMMANDS.items()]
+    lines += [f"  {name:<15} {desc}" for name, (_, desc) in COMMANDS.items()]
     return "\n".join(lines)
 
 

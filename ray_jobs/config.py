@@ -46,6 +46,9 @@ class DataConfig:
     snli_fraction: float = 1.0  # nested subset of SNLI train used for training
     snli_fraction_seed: int = 0
     rows_per_shard: int = 50_000
+    # Reddit: train with the `negative` column that `convsts mine-negatives` adds to the training
+    # shards (each context's softmax runs over the batch's responses and its mined negatives).
+    reddit_hard_negatives: bool = False
     # Raw inputs of tasks beyond the built-in ones: {task name: [files, folders or globs]}.
     task_inputs: Dict[str, List[str]] = field(default_factory=dict)
 

@@ -34,7 +34,9 @@ from ray_jobs.runtime import log
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUNTIME_ENV = PROJECT_ROOT / "cluster" / "runtime_env.yaml"
-JOBS = ("prepare", "train", "evaluate", "tune", "demo")
+# job name -> the module its entrypoint runs (`python -m ray_jobs.<module>`)
+JOBS = {"prepare": "prepare", "mine-negatives": "mine", "train": "train", "evaluate": "evaluate", "tune": "tune",
+        "demo": "demo"}
 AGENT_WAIT_S = 120.0
 FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
 
@@ -84,7 +86,7 @@ def entrypoint(job: str, args: Sequence[str], python: str = "python") -> str:
             raise SubmitError(f"argument {redact(arg)!r} carries credentials, and a job's entrypoint is visible in "
                               f"the dashboard and its logs: give the cluster the credentials instead (for S3: "
                               f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an instance role; see docs/cluster.md)")
-    return " ".join([python, "-m", f"ray_jobs.{job}", *map(shlex.quote, args)])
+    return " ".join([python, "-m", f"ray_jobs.{JOBS[job]}", *map(shlex.quote, args)])
 
 
 def submit(job: str, args: Sequence[str], address: Optional[str] = None, runtime_env: Optional[str] = None,
@@ -114,7 +116,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--python", default="python", help="the interpreter on the cluster that runs the job")
     parser.add_argument("--submission-id", default=None)
     parser.add_argument("--no-wait", action="store_true", help="print the job id and return at once")
-    parser.add_argument("job", choices=JOBS)
+    parser.add_argument("job", choices=list(JOBS))
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the job's own arguments")
     return parser
 

@@ -145,6 +145,16 @@ def test_in_batch_softmax_loss_by_hand():
     col1 = -math.log(math.exp(1) / (math.exp(1) + math.exp(1)))
     expected = ((row0 + row1) / 2 + (col0 + col1) / 2) / 2
     assert in_batch_softmax_loss(context, response, symmetric=True).item() == pytest.approx(expected, rel=1e-6)
+    # negatives: extra candidates for every context
+    negatives = torch.tensor([[3.0, 0.0], [0.0, -1.0]])  # scores: context 0 -> [3, 0], context 1 -> [0, -1]
+    row0 = -math.log(math.exp(2) / (math.exp(2) + math.exp(1) + math.exp(3) + math.exp(0)))
+    row1 = -math.log(math.exp(1) / (math.exp(0) + math.exp(1) + math.exp(0) + math.exp(-1)))
+    assert in_batch_softmax_loss(context, response, negatives=negatives).item() == pytest.approx((row0 + row1) / 2,
+                                                                                                 rel=1e-6)
+    # ... and the symmetric half stays over the contexts only (the columns of the true responses)
+    expected = ((row0 + row1) / 2 + (col0 + col1) / 2) / 2
+    assert in_batch_softmax_loss(context, response, symmetric=True, negatives=negatives).item() == \
+        pytest.approx(expected, rel=1e-6)
 
 
 def test_nli_loss_by_hand():

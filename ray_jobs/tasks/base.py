@@ -143,8 +143,8 @@ class Task:
 
         return storage.read_shards(self.train_path(prepared_root), shuffle=FileShuffleConfig(seed=cfg.seed))
 
-    def text_columns(self) -> Dict[str, str]:
-        """Text column -> the prefix of its token-id columns."""
+    def text_columns(self, cfg: Optional["RunConfig"] = None) -> Dict[str, str]:
+        """Text column -> the prefix of its token-id columns (those a run with `cfg` trains on)."""
         return {column: column for column in self.pair}
 
     # ---- model

@@ -12,6 +12,9 @@ from models.losses import in_batch_accuracy, in_batch_softmax_loss
 from ray_jobs.tasks.base import Task, fields
 
 
+NEGATIVE = "negative"  # the column of mined hard negatives (`convsts mine-negatives`)
+
+
 class RedditTask(Task):
     name = "reddit"
     head = "response"
@@ -66,10 +69,29 @@ class RedditTask(Task):
         return {"data/reddit_train_pairs": float(manifest["train_pairs"]),
                 "data/reddit_test_pairs": float(manifest["test_pairs"])}
 
+    def text_columns(self, cfg=None) -> Dict[str, str]:
+        columns = super().text_columns(cfg)
+        if cfg is not None and cfg.data.reddit_hard_negatives:
+            columns[NEGATIVE] = NEGATIVE
+        return columns
+
+    def train_rows(self, cfg, prepared_root: str):
+        if cfg.data.reddit_hard_negatives:
+            shards = self._shard_files(self.train_path(prepared_root))
+            if shards and NEGATIVE not in storage.read_parquet_schema(shards[0]).names:
+                raise BadInputError(f"{self.train_path(prepared_root)}: no '{NEGATIVE}' column, which "
+                                    f"data.reddit_hard_negatives=true trains on; write one with `convsts mine-negatives "
+                                    f"--prepared {prepared_root} --out NEW` and train on NEW")
+        return super().train_rows(cfg, prepared_root)
+
     def loss(self, model, batch):
-        context, response = model.encode_both(fields(batch, "context"), fields(batch, "response"))  # (B, D) each
+        sides = [fields(batch, "context"), fields(batch, "response")]
+        negatives = fields(batch, NEGATIVE)  # mined hard negatives, when the run trains on them
+        context, response, *negative = model.encode_all(sides + ([negatives] if negatives else []))  # (B, D) each
         response = model.heads[self.name](response)  # (B, D)
-        loss = in_batch_softmax_loss(context, response, model.config.score_scale, model.config.symmetric_loss)
+        negative = model.heads[self.name](negative[0]) if negative else None  # (B, D)
+        loss = in_batch_softmax_loss(context, response, model.config.score_scale, model.config.symmetric_loss,
+                                     negative)
         return loss, in_batch_accuracy(context, response)
 
     def evaluate(self, scorer, cfg, prepared_root: Optional[str]) -> Dict[str, float]:

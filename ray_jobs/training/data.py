@@ -71,12 +71,13 @@ def _tokenize_batch(batch: Dict[str, np.ndarray], tokenizer, columns: Dict[str, 
     return out
 
 
-def tokenized(task: Task, rows, tokenizer, width: int):
-    """A task's rows -> token-id columns (<column>__<field>) plus its label, in Ray Data tasks."""
+def tokenized(task: Task, rows, tokenizer, width: int, cfg: RunConfig | None = None):
+    """A task's rows -> token-id columns (<column>__<field>) plus its label, in Ray Data tasks
+    (the text columns the run trains on: `task.text_columns(cfg)`)."""
     passthrough = (task.label,) if task.label else ()
     # The tokenizer object travels once per Ray Data task and serves every batch of it (rebuilding
     # a 50k-word vocabulary from its dict per batch cost a quarter of the DAN tokenizer's time).
-    return rows.map_batches(_tokenize_batch, fn_args=(tokenizer, task.text_columns(), width, passthrough),
+    return rows.map_batches(_tokenize_batch, fn_args=(tokenizer, task.text_columns(cfg), width, passthrough),
                             batch_size=1024)
 
 
@@ -85,7 +86,7 @@ def task_datasets(cfg: RunConfig, prepared_root: str, tokenizer) -> Dict[str, An
     tasks = trained_tasks(cfg)
     out = {}
     for name, task in tasks.items():
-        ds = tokenized(task, task.train_rows(cfg, prepared_root), tokenizer, cfg.tokenizer.max_words)
+        ds = tokenized(task, task.train_rows(cfg, prepared_root), tokenizer, cfg.tokenizer.max_words, cfg)
         out[name] = ds.materialize() if task.materialize else ds
     return out
 

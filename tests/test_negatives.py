@@ -1,0 +1,115 @@
+"""Mined hard negatives: the mining rule on known embeddings, the Reddit loss over them, and
+`convsts mine-negatives` -> training on its folder through Ray Train."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from datasets.negatives import MiningConfig, mine
+from datasets.storage import BadInputError
+from datasets.text import DanTokenizer, count_words, encode_columns
+from models.checkpoint import build_model
+from models.losses import in_batch_softmax_loss
+from ray_jobs.config import load_config
+from ray_jobs.tasks import get_task, model_heads
+from ray_jobs.tasks.base import fields
+from ray_jobs.training.step import seed_everything
+from tiny import TINY_DAN
+
+
+def _ranked(n: int) -> tuple:
+    """n pairs whose context 0 scores response j at 1 - j/n (its own, j = 0, best), other contexts alike."""
+    context = torch.eye(n)  # (n, n)
+    scores = torch.stack([torch.roll(1.0 - torch.arange(n) / n, i) for i in range(n)])  # (n, n): row i peaks at i
+    return context, scores.T.contiguous()  # response[j] . context[i] = scores[i, j]
+
+
+def test_mining_draws_from_the_rank_window_below_the_margin():
+    context, response = _ranked(50)
+    picked = mine(context, response, MiningConfig(range_min=2, range_max=6, seed=1))
+    # Row i's candidates by score: i+1, i+2, ... (mod 50); ranks 2..5 are i+3 .. i+6.
+    offsets = (picked - np.arange(50)) % 50
+    assert set(offsets.tolist()) <= {3, 4, 5, 6} and len(set(offsets.tolist())) > 1  # drawn, not always the same
+    np.testing.assert_array_equal(picked, mine(context, response, MiningConfig(range_min=2, range_max=6, seed=1)))
+    assert not np.array_equal(picked, mine(context, response, MiningConfig(range_min=2, range_max=6, seed=2)))
+    # A margin of 4.5/50 below the true response's score skips ranks 0..3 (offsets 1..4): in the
+    # window of ranks 0..5, only offsets 5 and 6 remain.
+    kept = (mine(context, response, MiningConfig(range_min=0, range_max=6, margin=4.5 / 50)) - np.arange(50)) % 50
+    assert set(kept.tolist()) <= {5, 6}
+    # No candidate left in the window: -1, for the caller to count.
+    none = mine(context, response, MiningConfig(range_min=0, range_max=4, margin=4.5 / 50))
+    assert (none == -1).all()
+    with pytest.raises(ValueError, match="range_min < range_max"):
+        mine(context, response, MiningConfig(range_min=5, range_max=5))
+
+
+def test_reddit_loss_runs_over_the_batch_responses_and_its_negatives():
+    cfg = load_config(None, TINY_DAN + ["data.reddit_hard_negatives=true"])
+    rows = pd.DataFrame({"context": [f"question {i} about topic {i % 5}" for i in range(8)],
+                         "response": [f"answer {i} on topic {i % 5}" for i in range(8)],
+                         "negative": [f"answer {(i + 3) % 8} on topic {(i + 3) % 5}" for i in range(8)]})
+    tokenizer = DanTokenizer.build(count_words(rows.to_numpy().ravel().tolist()), cfg.tokenizer)
+    seed_everything(0)
+    model = build_model(cfg.model, tokenizer, model_heads(cfg))
+    model.heads["reddit"].net[-1].weight.data.normal_()  # a response side that is not the identity
+    task = get_task("reddit")
+    assert task.text_columns(cfg) == {"context": "context", "response": "response", "negative": "negative"}
+    assert "negative" not in task.text_columns(load_config(None, TINY_DAN))  # off by default
+    ids = encode_columns(tokenizer, {c: rows[c].to_numpy() for c in rows}, task.text_columns(cfg), 16)
+    batch = {k: torch.from_numpy(v) for k, v in ids.items()}
+    loss, _ = task.loss(model, batch)
+    context = model.encode(fields(batch, "context"))  # (8, D)
+    response = model.heads["reddit"](model.encode(fields(batch, "response")))  # (8, D)
+    negative = model.heads["reddit"](model.encode(fields(batch, "negative")))  # (8, D)
+    scale = cfg.model.score_scale
+    assert loss.item() == pytest.approx(in_batch_softmax_loss(context, response, scale, negatives=negative).item(),
+                                        rel=1e-5)
+    assert loss.item() > in_batch_softmax_loss(context, response, scale).item()  # more candidates, more loss
+    plain, _ = task.loss(model, {k: v for k, v in batch.items() if not k.startswith("negative__")})
+    assert plain.item() == pytest.approx(in_batch_softmax_loss(context, response, scale).item(), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(ray_session, tmp_path):
+    from ray_jobs.mine import main as mine_main
+    from ray_jobs.training.run import prepare_all, run_training
+
+    base = TINY_DAN + ["trainer.log_every=1", "trainer.checkpoint_every=2", f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"]
+    cfg = load_config(None, base + ["trainer.steps=0"])
+    prepared = tmp_path / "prepared"
+    prepare_all(cfg, str(prepared))
+    untrained = run_training(cfg, tmp_path / "u", prepared_dir=prepared)
+    mined = tmp_path / "mined"
+    assert mine_main(["--checkpoint", str(untrained.checkpoint), "--prepared", str(prepared), "--out", str(mined),
+                      "--range-min", "1", "--range-max", "20"]) == 0
+    manifest = json.loads((mined / "reddit" / "manifest.json").read_text())
+    source = json.loads((prepared / "reddit" / "manifest.json").read_text())
+    info = manifest["negatives"]
+    assert info["of_train_pairs"] == source["train_pairs"] == info["sampled_pairs"]
+    assert info["mined_pairs"] + info["without_negative"] == info["sampled_pairs"] == manifest["train_pairs"] + \
+        info["without_negative"]
+    assert (info["range_min"], info["range_max"], info["checkpoint"]) == (1, 20, str(untrained.checkpoint))
+    train = pd.read_parquet(mined / "reddit" / "train")
+    assert len(train) == info["mined_pairs"] > 0 and {"context", "response", "negative"} <= set(train.columns)
+    assert (train["negative"] != train["response"]).all() and train["negative"].isin(train["response"]).all()
+    # The other task and the Reddit test split are copied as they are; the folder passes the same checks.
+    assert (mined / "snli" / "manifest.json").read_text() == (prepared / "snli" / "manifest.json").read_text()
+    assert sorted(p.name for p in (mined / "reddit" / "test").iterdir()) == \
+        sorted(p.name for p in (prepared / "reddit" / "test").iterdir())
+    get_task("reddit").verify_prepared(str(mined))
+    with pytest.raises(FileExistsError, match="not empty"):
+        mine_main(["--checkpoint", str(untrained.checkpoint), "--prepared", str(prepared), "--out", str(mined)])
+
+    hard = load_config(None, base + ["trainer.steps=2", "data.reddit_hard_negatives=true"])
+    with pytest.raises(BadInputError, match="no 'negative' column, which data.reddit_hard_negatives=true"):
+        run_training(hard, tmp_path / "refused", prepared_dir=prepared)
+    result = run_training(hard, tmp_path / "hard", prepared_dir=mined)
+    from mlflow.tracking import MlflowClient
+
+    losses = [m.value for m in MlflowClient(result.tracking_uri).get_metric_history(result.run_id, "reddit/loss")]
+    assert losses and all(np.isfinite(losses))
+    # 32 contexts, each against 32 responses and 32 negatives: the untrained loss is near log(64), not log(32).
+    assert losses[0] > np.log(48)
