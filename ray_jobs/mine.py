@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from datasets import storage
+from datasets.storage import BadInputError
 from datasets.negatives import MiningConfig, mine
 from ray_jobs.config import load_config
 from ray_jobs.runtime import log, setup_logging
@@ -80,6 +81,7 @@ def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig
     if storage.has_entries(out):
         raise FileExistsError(f"{out} is not empty; choose a new --out folder")
     started = time.time()
+    encoder = models.load(checkpoint)  # a wrong checkpoint fails before the data is read
     manifest = REDDIT.verify_prepared(prepared)
     frame = storage.read_parquet_table(REDDIT.train_path(prepared)).to_pandas()
     # Shard order from Ray Data is not fixed: sort so that the seeded sample is reproducible.
@@ -89,9 +91,8 @@ def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig
         keep = np.sort(np.random.default_rng(mining.seed).choice(total, size=pairs, replace=False))
         frame = frame.iloc[keep].reset_index(drop=True)
     if len(frame) <= mining.range_min:
-        raise ValueError(f"{REDDIT.train_path(prepared)}: {len(frame)} pairs to mine, need more than "
-                         f"--range-min ({mining.range_min})")
-    encoder = models.load(checkpoint)
+        raise BadInputError(f"{REDDIT.train_path(prepared)}: {len(frame)} pairs to mine, need more than "
+                            f"--range-min ({mining.range_min})")
     log.info("mine-negatives: encoding %d contexts and %d responses with %s", len(frame), len(frame), checkpoint)
     context = encoder.encode(frame["context"].tolist(), batch_size=batch_size, convert_to_tensor=True)  # (n, D)
     response = encoder.encode_responses(frame["response"].tolist(), batch_size=batch_size,
@@ -120,10 +121,17 @@ def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    mining = MiningConfig(range_min=args.range_min, range_max=args.range_max, margin=args.margin, seed=args.seed)
+    try:
+        mining.validate()
+    except ValueError as err:
+        parser.error(str(err).replace("negatives: ", "").replace("range_", "--range-"))
+    if args.pairs < 0:
+        parser.error(f"--pairs: must be >= 0 (0 = all), got {args.pairs}")
     setup_logging()
     cfg = load_config(args.config, args.overrides)
-    mining = MiningConfig(range_min=args.range_min, range_max=args.range_max, margin=args.margin, seed=args.seed)
     manifest = mine_prepared(args.checkpoint, args.prepared, args.out, mining, args.pairs, args.batch_size, cfg)
     log.info("wrote %s: %d Reddit training pairs with a negative (%.0f s)", args.out,
              manifest["negatives"]["mined_pairs"], manifest["negatives"]["seconds"])

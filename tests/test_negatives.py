@@ -46,6 +46,18 @@ def test_mining_draws_from_the_rank_window_below_the_margin():
         mine(context, response, MiningConfig(range_min=5, range_max=5))
 
 
+def test_mine_negatives_refuses_bad_options_in_one_line(capsys, tmp_path):
+    from ray_jobs.mine import main as mine_main
+
+    common = ["--checkpoint", str(tmp_path), "--prepared", str(tmp_path), "--out", str(tmp_path / "o")]
+    for bad, message in ((["--range-min", "5", "--range-max", "5"], "need 0 <= --range-min < --range-max, got 5, 5"),
+                         (["--pairs", "-1"], "--pairs: must be >= 0")):
+        with pytest.raises(SystemExit) as exit_:
+            mine_main(common + bad)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "o").exists()
+
+
 def test_reddit_loss_runs_over_the_batch_responses_and_its_negatives():
     cfg = load_config(None, TINY_DAN + ["data.reddit_hard_negatives=true"])
     rows = pd.DataFrame({"context": [f"question {i} about topic {i % 5}" for i in range(8)],
