@@ -29,7 +29,7 @@ from datasets.storage import BadInputError
 from datasets.negatives import MiningConfig, mine
 from ray_jobs.config import load_config
 from ray_jobs.runtime import log, setup_logging
-from ray_jobs.tasks.reddit import TASK as REDDIT
+from ray_jobs.tasks.reddit import NEGATIVE, TASK as REDDIT
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -99,7 +99,7 @@ def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig
                                         convert_to_tensor=True)  # (n, D)
     chosen = mine(context.cpu().float(), response.cpu().float(), mining)  # (n,)
     found = chosen >= 0
-    frame["negative"] = frame["response"].to_numpy()[np.where(found, chosen, 0)]
+    frame[NEGATIVE] = frame["response"].to_numpy()[np.where(found, chosen, 0)]
     mined = frame[found].reset_index(drop=True)
     log.info("mine-negatives: %d of %d pairs got a negative; %d had no candidate in ranks [%d, %d)%s (left out)",
              len(mined), len(frame), int((~found).sum()), mining.range_min, mining.range_max,

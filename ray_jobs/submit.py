@@ -28,15 +28,15 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 from datasets.storage import has_credentials, redact, strip_credentials
+from ray_jobs.cli import COMMANDS
 from ray_jobs.job_api import SubmitError, explain, job_address, job_client, status_name, wait_for_job
 from ray_jobs.provenance import COMMIT_ENV, git_commit
 from ray_jobs.runtime import log
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUNTIME_ENV = PROJECT_ROOT / "cluster" / "runtime_env.yaml"
-# job name -> the module its entrypoint runs (`python -m ray_jobs.<module>`)
-JOBS = {"prepare": "prepare", "mine-negatives": "mine", "train": "train", "evaluate": "evaluate", "tune": "tune",
-        "demo": "demo"}
+# The commands that run as cluster jobs: job name -> the module its entrypoint runs (`python -m MODULE`).
+JOBS = {name: COMMANDS[name][0] for name in ("prepare", "mine-negatives", "train", "evaluate", "tune", "demo")}
 AGENT_WAIT_S = 120.0
 FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
 
@@ -86,7 +86,7 @@ def entrypoint(job: str, args: Sequence[str], python: str = "python") -> str:
             raise SubmitError(f"argument {redact(arg)!r} carries credentials, and a job's entrypoint is visible in "
                               f"the dashboard and its logs: give the cluster the credentials instead (for S3: "
                               f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an instance role; see docs/cluster.md)")
-    return " ".join([python, "-m", f"ray_jobs.{JOBS[job]}", *map(shlex.quote, args)])
+    return " ".join([python, "-m", JOBS[job], *map(shlex.quote, args)])
 
 
 def submit(job: str, args: Sequence[str], address: Optional[str] = None, runtime_env: Optional[str] = None,
