@@ -97,7 +97,8 @@ def main() -> int:
     opts = Optimizers.build(cfg.trainer, model, [reddit.name], cfg.trainer.stages[0].lr)
     combiner = GradientCombiner(plan_tasks({reddit.name: 1.0}, 1), 0)
     frame = pq.read_table(str(work / "reddit" / "train")).slice(0, 40 * args.batch).to_pandas()
-    batches = [frame_batch(tokenizer, reddit, frame.iloc[i * args.batch:(i + 1) * args.batch], cfg.tokenizer.max_words)
+    batches = [frame_batch(tokenizer, reddit, frame.iloc[i * args.batch:(i + 1) * args.batch], cfg.tokenizer.max_words,
+                           cfg=cfg)
                for i in range(40)]
     times = []
     for batch in batches:

@@ -52,7 +52,8 @@ def main() -> int:
     batch_size = cfg.trainer.stages[0].batch_size
     tasks = {name: get_task(name) for name in weights}
     streams = {name: FrameStream(task, pq.read_table(str(Path(args.prepared) / name / "train")).to_pandas(), tokenizer,
-                                 batch_size, cfg.tokenizer.max_words, seed=cfg.seed) for name, task in tasks.items()}
+                                 batch_size, cfg.tokenizer.max_words, seed=cfg.seed, cfg=cfg)
+               for name, task in tasks.items()}
     seed_everything(cfg.seed)
     model = build_model(cfg.model, tokenizer)
     # The trainer's step, one process: each step's task drawn by weight (the 1-worker trainer's mode).

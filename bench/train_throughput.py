@@ -38,7 +38,7 @@ def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float
     tasks = trained_tasks(cfg)
     batch_size, lr = cfg.trainer.stages[0].batch_size, cfg.trainer.stages[0].lr
     streams = {name: FrameStream(task, pq.read_table(str(prepared / name / "train")).to_pandas(), tokenizer, batch_size,
-                                 cfg.tokenizer.max_words, seed=cfg.seed) for name, task in tasks.items()}
+                                 cfg.tokenizer.max_words, seed=cfg.seed, cfg=cfg) for name, task in tasks.items()}
     seed_everything(cfg.seed)
     model = build_model(cfg.model, tokenizer, model_heads(cfg))
     plan = plan_tasks(cfg.trainer.task_weights, 1)

@@ -20,7 +20,9 @@ def read_stsb(path: str | Path) -> pd.DataFrame:
     path = str(path)
     if storage.name(path).endswith(".parquet"):
         df = storage.read_parquet_table(path).to_pandas()
-        return df[["genre", "sentence1", "sentence2", "score"]].assign(score=lambda d: d["score"].astype(float))
+        # A file that pandas wrote from a sample keeps its row labels: the rows are numbered anew.
+        return (df[["genre", "sentence1", "sentence2", "score"]].assign(score=lambda d: d["score"].astype(float))
+                .reset_index(drop=True))
     rows = []
     for lineno, line in enumerate(io.StringIO(storage.read_text(path), newline=None), start=1):
         fields = line.rstrip("\n").split("\t")
@@ -59,7 +61,7 @@ def read_sts_file(path: str | Path) -> pd.DataFrame:
     if missing:
         raise BadInputError(f"{path}: missing columns {sorted(missing)} (found {list(df.columns)})")
     return pd.DataFrame({"sentence1": df["sentence1"].astype(str), "sentence2": df["sentence2"].astype(str),
-                         "score": df["score"].astype(float)})
+                         "score": df["score"].astype(float)}).reset_index(drop=True)
 
 
 CQA_COLUMNS = ["orgq_id", "orgq_subject", "orgq_body", "relq_id", "relq_subject", "relq_body", "ir_rank", "relevant"]

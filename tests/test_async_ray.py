@@ -36,9 +36,10 @@ def _wait_for(predicate, proc, seconds):
 
 
 @pytest.mark.slow
-def test_async_groups_train_both_tasks_and_resume_after_killing_the_holder_and_a_worker(ray_session, mlflow_uri, tmp_path):
+def test_async_groups_train_both_tasks_and_resume_after_killing_the_holder_and_a_worker(
+        ray_session, sample_prepared, mlflow_uri, tmp_path):
     out = tmp_path / "run"
-    proc = start_train(ray_session, out, [*ARGS, f"mlflow.tracking_uri={mlflow_uri}"])
+    proc = start_train(ray_session, out, ["--prepared", str(sample_prepared), *ARGS, f"mlflow.tracking_uri={mlflow_uri}"])
     client = tracking.client(mlflow_uri)
 
     def progress():

@@ -39,9 +39,24 @@ def test_demo_configs_load_and_the_encoder_flag_picks_one():
     assert DEMO_CONFIGS[args.encoder].name == "demo_dan.yaml" and args.config is None
 
 
+def _small_eval_sets(folder: Path, rows: int = 300) -> list:
+    """Overrides pointing STS-B dev/test, SNLI dev and CQA at samples of the embedded ones: the
+    evaluation of two MiniLM encoders on the whole sets is a third of this test's time."""
+    import pandas as pd
+
+    folder.mkdir()
+    sample = Path(resolve_path("{sample}"))
+    for name in ("stsb_dev", "stsb_test", "snli_dev"):
+        pd.read_parquet(sample / f"{name}.parquet").sample(rows, random_state=0).to_parquet(folder / f"{name}.parquet")
+    cqa = pd.read_parquet(sample / "cqa2016_test.parquet")
+    cqa[cqa["orgq_id"].isin(cqa["orgq_id"].unique()[:rows // 10])].to_parquet(folder / "cqa.parquet")  # 10 each
+    return [f"data.stsb_dir={folder}", f"data.snli_dev={folder / 'snli_dev.parquet'}", f"data.cqa_test={folder / 'cqa.parquet'}"]
+
+
 @pytest.mark.slow
 def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
-    cfg = load_config(DEMO_CONFIGS[DEFAULT_ENCODER], TINY + [f"mlflow.tracking_uri={mlflow_uri}"])
+    cfg = load_config(DEMO_CONFIGS[DEFAULT_ENCODER],
+                      TINY + _small_eval_sets(tmp_path / "eval") + [f"mlflow.tracking_uri={mlflow_uri}"])
     out = tmp_path / "demo"
     flat = run_demo(cfg, out, baselines=("bow",))
 
@@ -119,15 +134,13 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
 
 
 @pytest.mark.slow
-def test_untrained_column_is_what_trainer_steps_0_saves(ray_session, tmp_path):
+def test_untrained_column_is_what_trainer_steps_0_saves(ray_session, sample_prepared, tmp_path):
     """The demo's untrained encoder (built in-process) has the weights a `trainer.steps=0` job saves."""
-    from ray_jobs.training.run import prepare_all, run_training
+    from ray_jobs.training.run import run_training
 
     cfg = load_config(DEMO_CONFIGS["dan"], TINY_DAN + ["trainer.steps=0", "trainer.eval_every=0",
                                                        f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
-    prepared = tmp_path / "prepared"
-    prepare_all(cfg, str(prepared))
-    job = run_training(cfg, tmp_path / "run", prepared_dir=prepared).checkpoint
+    job = run_training(cfg, tmp_path / "run", prepared_dir=sample_prepared).checkpoint
     ours = save_untrained(cfg, job, tmp_path / "untrained")
     a, b = load_model(job)[0].state_dict(), load_model(ours)[0].state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

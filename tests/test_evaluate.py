@@ -113,3 +113,22 @@ def test_results_table_groups_metrics_in_reading_order_with_systems_in_columns()
                         "**retrieval**", "reddit/p_at_1", "reddit/p_at_3", "reddit/p_at_10",
                         "**classification**", "snli/dev/accuracy", "**community QA**", "cqa2016/map"]
     assert "| reddit/p_at_1 | 0.5000 | 0.3300 |" in table and "| stsb_tuned/test/pearson | 0.8500 | — |" in table
+
+
+def test_stsb_sample_written_by_pandas_scores_by_genre(tiny_checkpoint, tmp_path):
+    """An STS-B file that pandas wrote from a sample keeps its row labels; genre metrics use positions."""
+    from ray_jobs.evaluation.scorers import EmbeddingScorer
+    from ray_jobs.evaluation.sts import sts_metrics
+
+    full = read_stsb(stsb_split_path(resolve_path("{sample}"), "dev"))
+    sample = full.sample(200, random_state=0)  # labels up to 1,499
+    sample.to_parquet(tmp_path / "stsb_dev.parquet")  # index kept in the file
+    read = read_stsb(stsb_split_path(tmp_path, "dev"))
+    assert list(read.index) == list(range(200))
+    scorer = EmbeddingScorer(load(tiny_checkpoint))
+    metrics = sts_metrics(scorer, read, "stsb/dev")
+    assert metrics == sts_metrics(scorer, sample, "stsb/dev")  # the labelled frame scores the same
+    assert {f"stsb/dev/{g}/pearson" for g in sample["genre"].unique()} <= metrics.keys()
+    # A genre's Pearson is over that genre's rows: the same as scoring them alone.
+    news = sample[sample["genre"] == "news"].reset_index(drop=True)
+    assert metrics["stsb/dev/news/pearson"] == pytest.approx(sts_metrics(scorer, news, "x")["x/pearson"], abs=1e-9)

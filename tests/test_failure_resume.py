@@ -13,18 +13,18 @@ from ray_jobs import tracking
 from models.checkpoint import load_train_state
 from tiny import TINY_DAN
 
-EVERY = 200
+STEPS, EVERY = 800, 200
 TINY = [
-    "trainer.steps=2000", f"trainer.checkpoint_every={EVERY}", "trainer.log_every=1", "trainer.eval_every=0",
+    f"trainer.steps={STEPS}", f"trainer.checkpoint_every={EVERY}", "trainer.log_every=5", "trainer.eval_every=0",
     "trainer.keep_checkpoints=2", "trainer.max_failures=2",
     *TINY_DAN, "mlflow.experiment=failure-test",
 ]
 
 
 @pytest.mark.slow
-def test_killed_worker_is_replaced_and_training_resumes(ray_session, mlflow_uri, tmp_path):
+def test_killed_worker_is_replaced_and_training_resumes(ray_session, sample_prepared, mlflow_uri, tmp_path):
     out = tmp_path / "run"
-    proc = start_train(ray_session, out, [*TINY, f"mlflow.tracking_uri={mlflow_uri}"])
+    proc = start_train(ray_session, out, ["--prepared", str(sample_prepared), *TINY, f"mlflow.tracking_uri={mlflow_uri}"])
     # Kill once a checkpoint exists and training has gone on past it (the controller registers a
     # reported checkpoint a moment after the files are written).
     client = tracking.client(mlflow_uri)
@@ -49,7 +49,7 @@ def test_killed_worker_is_replaced_and_training_resumes(ray_session, mlflow_uri,
     assert proc.returncode == 0, log[-4000:]
 
     train = json.loads((out / "train.json").read_text())
-    assert load_train_state(train["checkpoint"])["step"] == 2000
+    assert load_train_state(train["checkpoint"])["step"] == STEPS
     restarts = client.get_metric_history(train["mlflow_run_id"], "train/restarted_at_step")
     starts = [line for line in log.splitlines() if "start step" in line or "died" in line.lower()]
     assert len(restarts) == 1, f"the worker group was not restarted exactly once (killed {victims[0]}):\n" + "\n".join(starts)

@@ -37,13 +37,11 @@ def test_gpu_configs_ask_for_what_a_gpu_run_needs():
 
 
 @pytest.mark.slow
-def test_transformer_gpu_config_trains_on_cpu_at_a_tiny_size(ray_session, mlflow_uri, tmp_path):
-    from ray_jobs.training.run import ensure_prepared, run_training
+def test_transformer_gpu_config_trains_on_cpu_at_a_tiny_size(ray_session, sample_prepared, mlflow_uri, tmp_path):
+    from ray_jobs.training.run import run_training
 
     cfg = load_config(REPO_CONFIGS / "transformer_gpu.yaml", SAMPLE_DATA + TINY + [f"mlflow.tracking_uri={mlflow_uri}"])
-    prepared = tmp_path / "prepared"
-    ensure_prepared(cfg, prepared)
-    result = run_training(cfg, tmp_path / "run", prepared_dir=prepared)
+    result = run_training(cfg, tmp_path / "run", prepared_dir=sample_prepared)
 
     encoder = load(result.checkpoint)
     assert isinstance(encoder.model.encoder, TransformerSentenceEncoder) and encoder.dim == 24

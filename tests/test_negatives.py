@@ -16,6 +16,7 @@ from models.losses import in_batch_softmax_loss
 from ray_jobs.config import load_config
 from ray_jobs.tasks import get_task, model_heads
 from ray_jobs.tasks.base import fields
+from ray_jobs.training.data import frame_batch
 from ray_jobs.training.step import seed_everything
 from tiny import TINY_DAN
 
@@ -70,8 +71,11 @@ def test_reddit_loss_runs_over_the_batch_responses_and_its_negatives():
     task = get_task("reddit")
     assert task.text_columns(cfg) == {"context": "context", "response": "response", "negative": "negative"}
     assert "negative" not in task.text_columns(load_config(None, TINY_DAN))  # off by default
+    # The single-process feed (benches, tests) tokenizes the run's columns as the Ray Data feed does.
+    batch = frame_batch(tokenizer, task, rows, 16, cfg=cfg)
     ids = encode_columns(tokenizer, {c: rows[c].to_numpy() for c in rows}, task.text_columns(cfg), 16)
-    batch = {k: torch.from_numpy(v) for k, v in ids.items()}
+    assert batch.keys() == ids.keys() and all(torch.equal(batch[k], torch.from_numpy(v)) for k, v in ids.items())
+    assert not any(k.startswith("negative__") for k in frame_batch(tokenizer, task, rows, 16))
     loss, _ = task.loss(model, batch)
     context = model.encode(fields(batch, "context"))  # (8, D)
     response = model.heads["reddit"](model.encode(fields(batch, "response")))  # (8, D)
@@ -85,16 +89,15 @@ def test_reddit_loss_runs_over_the_batch_responses_and_its_negatives():
 
 
 @pytest.mark.slow
-def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(ray_session, tmp_path):
+def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(ray_session, sample_prepared, tmp_path):
     from models import save_checkpoint
     from ray_jobs.mine import main as mine_main
     from ray_jobs.training.data import build_tokenizer
-    from ray_jobs.training.run import prepare_all, run_training
+    from ray_jobs.training.run import run_training
 
     base = TINY_DAN + ["trainer.log_every=1", "trainer.checkpoint_every=2", f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"]
     cfg = load_config(None, base)
-    prepared = tmp_path / "prepared"
-    prepare_all(cfg, str(prepared))
+    prepared = sample_prepared
     seed_everything(0)
     tokenizer = build_tokenizer(cfg, str(prepared))
     untrained = tmp_path / "untrained"  # the model a run with trainer.steps=0 saves

@@ -92,15 +92,13 @@ PRETRAINED_TINY = [
 
 
 @pytest.mark.slow
-def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, tmp_path):
-    from ray_jobs.training.run import prepare_all, run_training
+def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, sample_prepared, tmp_path):
+    from ray_jobs.training.run import run_training
 
     cfg = load_config(None, PRETRAINED_TINY + [f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
                                                "trainer.bucket_batches=2",  # batches bucketed by length
                                                "trainer.torch_threads=2"])  # beyond Ray's floor(0.5 CPU) = 1
-    prepared = tmp_path / "prepared"
-    prepare_all(cfg, prepared)
-    result = run_training(cfg, tmp_path / "run", prepared_dir=prepared)
+    result = run_training(cfg, tmp_path / "run", prepared_dir=sample_prepared)
     encoder = load(result.checkpoint)
     start = _reference(SENTENCES)
     trained = encoder.encode(SENTENCES)

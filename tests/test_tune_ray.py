@@ -116,16 +116,15 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
 
 
 @pytest.mark.slow
-def test_snli_fraction_sweep(ray_session, mlflow_uri, tmp_path):
-    from ray_jobs.training.run import prepare_all, run_training
+def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path):
+    from ray_jobs.training.run import run_training
     from ray_jobs.tune import grid_overrides, run_sweep
     from tune_spaces import get_space
 
     experiment = "tune-snli-fraction-test"
     base = TINY_MODEL + [f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}",
                          "trainer.num_workers=2"]
-    prepared = tmp_path / "prepared"
-    prepare_all(load_config(None, base), prepared)
+    prepared = sample_prepared
     reddit_cfg = load_config(None, base + ["trainer.steps=4", "trainer.num_workers=1", "trainer.checkpoint_every=4",
                                            "trainer.task_weights={reddit: 1.0}"])
     reddit = run_training(reddit_cfg, tmp_path / "reddit", prepared_dir=prepared)

@@ -29,8 +29,8 @@ def sts_metrics_from_scores(scores: np.ndarray, frame: pd.DataFrame, prefix: str
     gold = frame["score"].to_numpy()
     out = {f"{prefix}/pearson": pearson(scores, gold), f"{prefix}/spearman": spearman(scores, gold)}
     if by_genre and "genre" in frame.columns:
-        for genre, part in frame.groupby("genre"):
-            idx = part.index.to_numpy()
+        # Positions, not index labels: a frame read from a parquet file that pandas wrote keeps its labels.
+        for genre, idx in sorted(frame.groupby("genre").indices.items()):
             out[f"{prefix}/{genre}/pearson"] = pearson(scores[idx], gold[idx])
     return out
 

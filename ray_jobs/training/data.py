@@ -186,9 +186,12 @@ class TaskStream:
         self._it.close()
 
 
-def frame_batch(tokenizer, task: Task, part, width: int, device=None) -> Dict[str, torch.Tensor]:
-    """One task's batch from rows of a pandas frame, tokenized as the Ray Data feed does."""
-    ids = encode_columns(tokenizer, {c: part[c].to_numpy() for c in task.pair}, task.text_columns(), width)
+def frame_batch(tokenizer, task: Task, part, width: int, device=None,
+                cfg: RunConfig | None = None) -> Dict[str, torch.Tensor]:
+    """One task's batch from rows of a pandas frame, tokenized as the Ray Data feed does (the text
+    columns a run with `cfg` trains on: `task.text_columns(cfg)`)."""
+    columns = task.text_columns(cfg)
+    ids = encode_columns(tokenizer, {c: part[c].to_numpy() for c in columns}, columns, width)
     batch = {k: torch.from_numpy(v) for k, v in ids.items()}
     if task.label:
         batch[task.label] = torch.tensor(part[task.label].to_numpy())
@@ -197,14 +200,15 @@ def frame_batch(tokenizer, task: Task, part, width: int, device=None) -> Dict[st
 
 class FrameStream:
     """TaskStream's contract over an in-memory frame (no Ray): consecutive batches in the frame's
-    order, epoch after epoch, each epoch's rows shuffled with seed + epoch."""
+    order, epoch after epoch, each epoch's rows shuffled with seed + epoch; with `cfg`, the text
+    columns that run trains on (a mined Reddit folder's negatives with data.reddit_hard_negatives)."""
 
     def __init__(self, task: Task, frame, tokenizer, batch_size: int, width: int, seed: int = 0,
-                 epoch: int = 0, skip: int = 0, device=None):
+                 epoch: int = 0, skip: int = 0, device=None, cfg: RunConfig | None = None):
         if len(frame) < batch_size:
             raise RuntimeError(f"{task.name}: {len(frame)} rows, fewer than one batch ({batch_size})")
         self.task, self.frame, self.tokenizer, self.batch_size, self.width = task, frame, tokenizer, batch_size, width
-        self.seed, self.device = seed, device
+        self.seed, self.device, self.cfg = seed, device, cfg
         self.epoch, self.batch_in_epoch = epoch, skip
         self._order = self._shuffled()
 
@@ -221,7 +225,7 @@ class FrameStream:
             self._order = self._shuffled()
         rows = self._order[self.batch_in_epoch * self.batch_size:(self.batch_in_epoch + 1) * self.batch_size]
         self.batch_in_epoch += 1
-        return frame_batch(self.tokenizer, self.task, self.frame.iloc[rows], self.width, self.device)
+        return frame_batch(self.tokenizer, self.task, self.frame.iloc[rows], self.width, self.device, self.cfg)
 
     def position(self) -> Dict[str, int]:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "batch_size": self.batch_size}
