@@ -29,7 +29,7 @@ def client_env(tmp_path, address, **extra):
 
 
 @pytest.mark.slow
-def test_submit_training_job_with_token_auth(tmp_path):
+def test_submit_training_job_with_token_auth(sample_prepared, tmp_path):
     token = secrets.token_hex(16)  # made up for this test cluster only
     with ray_head({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}) as head, \
             mlflow_server(tmp_path / "mlflow") as mlflow_url:
@@ -45,7 +45,8 @@ def test_submit_training_job_with_token_auth(tmp_path):
         env = client_env(tmp_path, head["address"], RAY_AUTH_TOKEN=token)
         out = tmp_path / "job_out"
         # Asynchronous task groups: the parameter holder is an actor of the submitted job.
-        done = convsts(["submit", "--submission-id", "convsts-test-train", "train", "--out", str(out), *TINY_TRAIN,
+        done = convsts(["submit", "--submission-id", "convsts-test-train", "train", "--out", str(out),
+                        "--prepared", str(sample_prepared), *TINY_TRAIN,
                         "trainer.task_split=async", f"mlflow.tracking_uri={mlflow_url}", "mlflow.experiment=submitted"], env)
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
         assert "job convsts-test-train: SUCCEEDED" in done.stdout
