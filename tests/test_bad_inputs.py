@@ -108,6 +108,53 @@ def test_a_damaged_prepared_folder_is_refused(prepared_sample, tmp_path, damage,
         snli.verify_prepared(str(root))
 
 
+@pytest.mark.slow
+def test_a_folder_prepared_with_other_filters_or_split_is_refused_before_any_run(sample_prepared, tmp_path):
+    from ray_jobs.tasks import get_task
+
+    reddit = get_task("reddit")
+    assert reddit.verify_prepared(str(sample_prepared), load_config(None))["split_salt"] == "convsts"  # same settings
+    out = tmp_path / "run"
+    result = _run("-m", "ray_jobs.train", "--out", str(out), "--prepared", str(sample_prepared),
+                  "filters.max_chars=200", "data.split_salt=other", "trainer.steps=2")
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("convsts train: ") and f"{sample_prepared / 'reddit' / 'manifest.json'}: prepared with " in last
+    assert "data.split_salt='convsts' (this run: 'other'); filters.max_chars=350 (this run: 200)" in last
+    assert "Traceback" not in result.stderr
+    # Refused before the run exists: no MLflow run, no checkpoint, no Ray Train folder.
+    assert sorted(out.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_checkpoint_is_not_scored_on_a_folder_split_otherwise_than_its_training_run(sample_prepared, tmp_path):
+    from datasets.text import DanTokenizer, count_words
+    from models import save_checkpoint
+    from models.checkpoint import build_model
+    from ray_jobs.evaluation.harness import check_held_out, run_evaluation
+    from ray_jobs.tasks import get_task
+
+    reddit = get_task("reddit")
+    manifest = reddit.verify_prepared(str(sample_prepared))
+    tiny = ["model.dan.output_dim=6", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]", "tokenizer.bigram_buckets=11"]
+    tok = DanTokenizer.build(count_words(["a b c"]), load_config(None, tiny).tokenizer)
+    checkpoints = {}
+    for name, extra in (("same", []), ("salted", ["data.split_salt=other"]), ("share", ["data.test_share=0.2"]),
+                        ("snli_only", ["data.split_salt=other", "trainer.task_weights={snli: 1.0}"])):
+        cfg = load_config(None, tiny + extra)
+        checkpoints[name] = str(save_checkpoint(tmp_path / name, build_model(cfg.model, tok), tok, cfg.to_dict()))
+    check_held_out(reddit, manifest, str(sample_prepared), checkpoints["same"])  # split as in training: scored
+    check_held_out(reddit, manifest, str(sample_prepared), checkpoints["snli_only"])  # never trained on Reddit
+    with pytest.raises(BadInputError, match=r"test_share=0.1 \(.*share trained with: 0.2\)"):
+        check_held_out(reddit, manifest, str(sample_prepared), checkpoints["share"])
+    with pytest.raises(BadInputError, match=r"reddit/manifest.json: held out with data.split_salt='convsts' "
+                                            r"\(.*salted trained with: 'other'\); its held-out rows may be in the "
+                                            r"checkpoint's training data"):
+        run_evaluation(load_config(None), tmp_path / "eval", checkpoints["salted"], prepared_dir=sample_prepared,
+                       log_to_mlflow=False)
+    assert not (tmp_path / "eval" / "results.json").exists()
+
+
 # ---- 3. a used --out is not silently resumed
 
 

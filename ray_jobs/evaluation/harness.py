@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from datasets.storage import redact
+from datasets.storage import BadInputError, redact
 from datasets import storage
 from models.sts_transform import load_sts_transform
 from ray_jobs import tracking
@@ -22,6 +22,7 @@ from ray_jobs.evaluation.sts import (predicted_scores, read_stsb_split, sts_file
                                      stsb_embeddings, tuned_sts_metrics)
 from ray_jobs.runtime import log, tracking_uri
 from ray_jobs.tasks import get_task, model_heads
+from ray_jobs.tasks.base import MANIFEST, config_value
 
 PRIMARY_METRIC = "stsb/dev/pearson"
 
@@ -139,7 +140,9 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     if prepared:
         for task in evaluated_tasks(cfg):
             if storage.is_dir(task.prepared_dir(prepared)):
-                task.verify_prepared(prepared)  # a half-written folder is refused, not scored
+                manifest = task.verify_prepared(prepared)  # a half-written folder is refused, not scored
+                if checkpoint:
+                    check_held_out(task, manifest, prepared, checkpoint)
     if checkpoint:
         from models import load
 
@@ -190,6 +193,22 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     (out_dir / "results.json").write_text(redact(json.dumps(flat, indent=2)), encoding="utf-8")
     (out_dir / "results.md").write_text(results_table({scorer.name: results}) + "\n", encoding="utf-8")
     return flat
+
+
+def check_held_out(task, manifest: Dict[str, object], prepared: str, checkpoint: str) -> None:
+    """A checkpoint is scored on held-out rows split as in its own training run (Task.split_keys):
+    a folder split otherwise may hold out rows the checkpoint trained on, so it is refused."""
+    from models.checkpoint import read_meta
+
+    trained = read_meta(checkpoint).get("run_config", {})
+    if task.name not in trained.get("trainer", {}).get("task_weights", {}):
+        return
+    differs = task.settings_mismatches(manifest, trained, tuple(k for k in task.split_keys if config_value(trained, k) is not None),
+                                       label=f"{checkpoint} trained with")
+    if differs:
+        raise BadInputError(f"{storage.join(task.prepared_dir(prepared), MANIFEST)}: held out with {'; '.join(differs)}; "
+                            f"its held-out rows may be in the checkpoint's training data: evaluate on a folder split "
+                            f"as the checkpoint's run was")
 
 
 def model_label(checkpoint: str, step: int) -> str:

@@ -25,6 +25,14 @@ MANIFEST = "manifest.json"
 Batch = Dict[str, torch.Tensor]
 
 
+def config_value(config: Dict[str, Any], dotted: str) -> Any:
+    """config["a"]["b"] for "a.b"; None where a part is missing."""
+    value: Any = config
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def fields(batch: Batch, prefix: str) -> Batch:
     """The id tensors of one text column: {"words": ..., "bigrams": ...} from "<prefix>__words", ..."""
     head = prefix + "__"
@@ -40,6 +48,11 @@ class Task:
     in_every_vocabulary: bool = False  # its training text is counted into every run's tokenizer
     materialize: bool = False  # small: tokenized once and kept in Ray's object store
     splits: Tuple[str, ...] = ("train",)  # folders `prepare` writes under <prepared>/<name>/
+    # Dotted run-config keys whose values decide the rows of this task's prepared shards: `prepare`
+    # records them in the manifest (under their last name) and a run refuses a folder prepared with
+    # other values. split_keys: those that decide which rows are held out (a subset).
+    prepared_keys: Tuple[str, ...] = ()
+    split_keys: Tuple[str, ...] = ()
 
     # ---- data
 
@@ -79,9 +92,35 @@ class Task:
         storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
         return manifest
 
-    def verify_prepared(self, prepared_root: str) -> Dict[str, Any]:
+    def prepared_settings(self, config: Dict[str, Any]) -> Dict[str, Any]:
+        """The values of prepared_keys in a run config (`RunConfig.to_dict()`), under the names the
+        manifest records them by."""
+        return {key.rpartition(".")[2]: config_value(config, key) for key in self.prepared_keys}
+
+    def settings_mismatches(self, manifest: Dict[str, Any], config: Dict[str, Any],
+                            keys: Optional[Tuple[str, ...]] = None, label: str = "this run") -> List[str]:
+        """'KEY=RECORDED (LABEL: VALUE)' for each of `keys` (default prepared_keys; a section such
+        as `filters` key by key) whose value in the manifest differs from the run config's."""
+        from ray_jobs.config import flatten
+
+        recorded: Dict[str, Any] = {}
+        current: Dict[str, Any] = {}
+        out = []
+        for key in self.prepared_keys if keys is None else keys:
+            parent, _, name = key.rpartition(".")
+            prefix = f"{parent}." if parent else ""
+            if name not in manifest:
+                out.append(f"{key} (not recorded: the folder was prepared by an older convsts)")
+                continue
+            recorded.update(flatten({name: manifest[name]}, prefix))
+            current.update(flatten({name: config_value(config, key)}, prefix))
+        return out + [f"{k}={recorded.get(k)!r} ({label}: {current.get(k)!r})"
+                      for k in sorted(recorded.keys() | current.keys()) if recorded.get(k) != current.get(k)]
+
+    def verify_prepared(self, prepared_root: str, cfg: Optional["RunConfig"] = None) -> Dict[str, Any]:
         """The task's prepared folder is complete: its manifest exists and lists exactly the shard
-        files present with their row counts. Returns the manifest; raises naming what is wrong."""
+        files present with their row counts; with `cfg`, it was also prepared with the run's values
+        of prepared_keys. Returns the manifest; raises naming what is wrong."""
         folder = self.prepared_dir(prepared_root)
         manifest_path = storage.join(folder, MANIFEST)
         again = f"delete {folder} and run `convsts prepare` again"
@@ -112,6 +151,11 @@ class Task:
                 if rows != shard["rows"]:
                     raise BadInputError(f"{storage.join(split_dir, shard['file'])}: {rows} rows, the manifest says "
                                         f"{shard['rows']}; {again}")
+        differs = self.settings_mismatches(manifest, redact_tree(cfg.to_dict())) if cfg is not None else []
+        if differs:
+            raise BadInputError(f"{manifest_path}: prepared with {'; '.join(differs)}; prepare this run's data into "
+                                f"a new folder (`convsts prepare all --config ... --out NEW`, then --prepared NEW) "
+                                f"or set these keys to the folder's values")
         return manifest
 
     def prepare(self, inputs: List[str], out_dir: str, cfg: "RunConfig") -> Dict[str, Any]:

@@ -21,6 +21,8 @@ class RedditTask(Task):
     pair = ("context", "response")
     keeps_head_on_warm_start = True  # the Reddit-only checkpoint's response network carries over
     splits = ("train", "test")
+    split_keys = ("data.test_share", "data.split_salt")
+    prepared_keys = split_keys + ("filters",)
 
     def raw_inputs(self, cfg) -> List[str]:
         return list(cfg.data.reddit_inputs)
@@ -53,9 +55,7 @@ class RedditTask(Task):
             "format": kind,
             "inputs": files,
             **counts,
-            "test_share": cfg.data.test_share,
-            "split_salt": cfg.data.split_salt,
-            "filters": cfg.to_dict()["filters"],
+            **self.prepared_settings(cfg.to_dict()),
             "seconds": round(time.time() - started, 1),
         }
         manifest = self.write_manifest(out_dir, manifest)

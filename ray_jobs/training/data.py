@@ -18,9 +18,10 @@ from ray_jobs.task_groups import TaskPlan
 from ray_jobs.tasks import Task, prepared_tasks, trained_tasks
 
 
-def check_prepared(prepared_root: str, tasks: Dict[str, Task]) -> Dict[str, Dict[str, Any]]:
-    """Every task's prepared folder is complete (its manifest matches its shards); {task: manifest}."""
-    return {name: task.verify_prepared(prepared_root) for name, task in tasks.items()}
+def check_prepared(prepared_root: str, tasks: Dict[str, Task], cfg: RunConfig) -> Dict[str, Dict[str, Any]]:
+    """Every task's prepared folder is complete (its manifest matches its shards) and was prepared
+    with the run's settings (Task.prepared_keys); {task: manifest}."""
+    return {name: task.verify_prepared(prepared_root, cfg) for name, task in tasks.items()}
 
 
 # ---------------------------------------------------------------------------------------------

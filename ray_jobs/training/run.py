@@ -120,7 +120,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
         from ray_jobs.evaluation.sts import read_stsb_split
 
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
-    manifests = check_prepared(prepared, prepared_tasks(cfg))  # complete prepared folders, before any run exists
+    manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders, before any run exists
     claim_output(out_dir, cfg, fresh)
     (out_dir / CONFIG_FILE).write_text(redact(cfg.to_yaml()), encoding="utf-8")  # the resolved config, as run
     digests = data_digests(manifests)
