@@ -58,9 +58,10 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
 
     from datasets.reddit import read_pairs_file
     from datasets.text import DanTokenizer, PretrainedTokenizer, TokenizerConfig, count_words
+    from datasets.storage import resolve_path
     from models.checkpoint import SentenceEncoder, build_model
     from models.config import ModelConfig
-    from ray_jobs.config import load_config, resolve_path
+    from ray_jobs.config import load_config
     from ray_jobs.task_groups import GradientCombiner, plan_tasks
     from ray_jobs.tasks import get_task
     from ray_jobs.training.step import Optimizers, train_step

@@ -51,7 +51,7 @@ def main() -> int:
     from models.config import ModelConfig
     from models.encoders import encoder_class
     from models.export import OnnxEncoder, to_onnx
-    from ray_jobs.config import resolve_path
+    from datasets.storage import resolve_path
 
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))
     texts = [t for t in list(pairs["context"]) + list(pairs["response"]) if isinstance(t, str)]

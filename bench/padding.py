@@ -33,7 +33,7 @@ def main() -> int:
     from datasets.reddit import read_pairs_file
     from datasets.text import SubwordTokenizer, TokenizerConfig
     from models.config import TransformerConfig
-    from ray_jobs.config import resolve_path
+    from datasets.storage import resolve_path
     from ray_jobs.training.data import TaskStream
 
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))

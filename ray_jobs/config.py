@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from datasets import storage
-from datasets.storage import SAMPLE_TOKEN, resolve_path, sample_dir  # noqa: F401  (re-exported)
+from datasets.storage import SAMPLE_TOKEN
 from datasets.reddit import RedditFilterConfig
 from datasets.text import TokenizerConfig
 from models.config import ModelConfig

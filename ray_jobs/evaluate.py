@@ -16,7 +16,8 @@ from typing import Sequence
 
 import pandas as pd
 
-from ray_jobs.config import load_config, resolve_path
+from datasets.storage import resolve_path
+from ray_jobs.config import load_config
 from ray_jobs.evaluation.curve import fraction_curve
 from ray_jobs.evaluation.harness import results_table, run_evaluation, training_run
 from ray_jobs.evaluation.scorers import LexicalScorer

@@ -25,9 +25,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 from omegaconf import OmegaConf
 
-from datasets.storage import redact
+from datasets.storage import redact, resolve_path
 from ray_jobs import tracking
-from ray_jobs.config import ConfigError, RunConfig, flatten, from_dict, load_config, merge_layer, resolve_path
+from ray_jobs.config import ConfigError, RunConfig, flatten, from_dict, load_config, merge_layer
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
 
 SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_transform_sweep.safetensors

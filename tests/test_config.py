@@ -1,6 +1,7 @@
 import pytest
 
-from ray_jobs.config import ConfigError, flatten, from_dict, load_config, resolve_path, sample_dir
+from datasets.storage import resolve_path, sample_dir
+from ray_jobs.config import ConfigError, flatten, from_dict, load_config
 
 
 def test_defaults_follow_the_paper():

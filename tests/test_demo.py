@@ -14,7 +14,7 @@ from models.checkpoint import load_model
 from ray_jobs.config import load_config
 from ray_jobs.demo import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, build_parser, run_demo, save_untrained
 from ray_jobs.evaluation.sts import sts_metrics
-from ray_jobs.config import resolve_path
+from datasets.storage import resolve_path
 from datasets.evalsets import read_stsb, stsb_split_path
 from tiny import TINY_DAN
 

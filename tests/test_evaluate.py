@@ -8,11 +8,12 @@ import pytest
 
 from datasets.evalsets import read_stsb, stsb_split_path
 from datasets.text import DanTokenizer, TokenizerConfig, count_words
+from datasets.storage import resolve_path
 from models import load, save_checkpoint
 from models.checkpoint import build_model
 from models.config import DanConfig, ModelConfig
 from models.sts_transform import FILE_NAME, load_sts_transform
-from ray_jobs.config import load_config, resolve_path
+from ray_jobs.config import load_config
 from ray_jobs.evaluation.harness import run_evaluation
 
 

@@ -12,7 +12,7 @@ from ray_jobs.config import load_config
 from ray_jobs.evaluation.nli import nli_metrics
 from ray_jobs.evaluation.scorers import EmbeddingScorer
 from datasets.snli import read_snli
-from ray_jobs.config import resolve_path
+from datasets.storage import resolve_path
 
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

@@ -16,12 +16,13 @@ import pytest
 from datasets.evalsets import read_stsb, stsb_split_path
 from datasets.snli import fraction_rank
 from datasets.text import DanTokenizer, TokenizerConfig, count_words
+from datasets.storage import resolve_path
 from models import load, save_checkpoint
 from models.checkpoint import build_model
 from models.config import DanConfig, ModelConfig
 from models.sts_transform import load_sts_transform
 from ray_jobs import tracking
-from ray_jobs.config import ConfigError, load_config, resolve_path
+from ray_jobs.config import ConfigError, load_config
 from ray_jobs.tune import SWEEP_MATRIX
 from tiny import TINY_DAN
 
@@ -117,7 +118,8 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
 
 @pytest.mark.slow
 def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path):
-    from ray_jobs.training.run import run_training
+    from ray_jobs.training.data import build_tokenizer
+    from ray_jobs.training.state import initial_model
     from ray_jobs.tune import grid_overrides, run_sweep
     from tune_spaces import get_space
 
@@ -125,17 +127,20 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
     base = TINY_MODEL + [f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}",
                          "trainer.num_workers=2"]
     prepared = sample_prepared
-    reddit_cfg = load_config(None, base + ["trainer.steps=4", "trainer.num_workers=1", "trainer.checkpoint_every=4",
-                                           "trainer.task_weights={reddit: 1.0}"])
-    reddit = run_training(reddit_cfg, tmp_path / "reddit", prepared_dir=prepared)
+    # The Reddit-only checkpoint the trials warm-start from: what a Reddit-only run with
+    # trainer.steps=0 saves (its tokenizer and seeded weights), without a Ray Train job of its own.
+    reddit_cfg = load_config(None, base + ["trainer.steps=0", "trainer.task_weights={reddit: 1.0}"])
+    tokenizer = build_tokenizer(reddit_cfg, str(prepared))
+    reddit_checkpoint = save_checkpoint(tmp_path / "reddit", initial_model(reddit_cfg, tokenizer), tokenizer,
+                                        reddit_cfg.to_dict())
 
     # The trials train with asynchronous task groups (a parameter holder per trial).
     cfg = load_config(None, base + ["trainer.steps=4", "trainer.checkpoint_every=2", "trainer.task_split=async"])
     with pytest.raises(ConfigError, match="trainer.cpus_per_worker"):  # 2 x 0.5 + 0.1 leaves Ray Data no CPU
-        run_sweep(get_space("snli_fraction"), cfg, tmp_path / "infeasible", reddit_checkpoint=str(reddit.checkpoint),
+        run_sweep(get_space("snli_fraction"), cfg, tmp_path / "infeasible", reddit_checkpoint=str(reddit_checkpoint),
                   prepared_dir=str(prepared))
     cfg.trainer.cpus_per_worker = 0.4
-    results = run_sweep(get_space("snli_fraction"), cfg, tmp_path / "sweep", reddit_checkpoint=str(reddit.checkpoint),
+    results = run_sweep(get_space("snli_fraction"), cfg, tmp_path / "sweep", reddit_checkpoint=str(reddit_checkpoint),
                         prepared_dir=str(prepared), param_overrides=grid_overrides(["data.snli_fraction=[0.5,1.0]"]))
 
     out = tmp_path / "sweep"
@@ -150,7 +155,7 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
     assert (out / "curve.png").stat().st_size > 0
 
     best = load_config(out / "best_config.yaml")
-    assert best.trainer.warm_start == str(reddit.checkpoint.resolve())
+    assert best.trainer.warm_start == str(reddit_checkpoint.resolve())
     assert best.data.snli_fraction in (0.5, 1.0)
     assert results["trials"] == 2 and -1 <= results["stsb/dev/pearson"] <= 1
     assert results["checkpoint"].startswith(str(out / "trials"))  # kept with the sweep, not in Ray's temp dir
@@ -164,5 +169,5 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
     for run in children.values():
         assert run.info.status == "FINISHED"
         assert {"reddit/loss", "snli/loss", "stsb/dev/pearson", "data/snli_train_pairs"} <= set(run.data.metrics)
-        assert run.data.params["trainer.warm_start"] == str(reddit.checkpoint.resolve())
+        assert run.data.params["trainer.warm_start"] == str(reddit_checkpoint.resolve())
         assert run.data.params["trainer.task_split"] == "async" and "async/snli/updates" in run.data.metrics

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 from datasets.evalsets import cqa_text, read_cqa
-from ray_jobs.config import RunConfig, resolve_path
+from datasets.storage import resolve_path
+from ray_jobs.config import RunConfig
 from ray_jobs.evaluation.scorers import pair_cosine
 from ray_jobs.metrics import mean_average_precision
 

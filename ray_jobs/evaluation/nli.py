@@ -7,7 +7,7 @@ from typing import Dict
 import pandas as pd
 
 from datasets.snli import read_snli
-from ray_jobs.config import resolve_path
+from datasets.storage import resolve_path
 from ray_jobs.metrics import accuracy
 
 

@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 
 from datasets.evalsets import read_sts_file, read_stsb, stsb_split_path
+from datasets.storage import resolve_path
 from models.similarity import angular_score_from_cosine, pearson
 from models.sts_transform import StsTransform, fit_sts_transform
-from ray_jobs.config import RunConfig, resolve_path
+from ray_jobs.config import RunConfig
 from ray_jobs.evaluation.scorers import pair_cosine
 from ray_jobs.metrics import spearman
 

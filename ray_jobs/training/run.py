@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from datasets.storage import redact, redact_tree
+from datasets.storage import redact, redact_tree, resolve_path
 from datasets import storage
 from models.checkpoint import load_model, read_meta, save_model_folder
 from ray_jobs import tracking
-from ray_jobs.config import ConfigError, RunConfig, flatten, resolve_path
+from ray_jobs.config import ConfigError, RunConfig, flatten
 from ray_jobs.model_card import write_card, run_facts
 from ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
 from ray_jobs.task_groups import plan_for
