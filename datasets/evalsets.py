@@ -46,22 +46,115 @@ def stsb_split_path(directory: str | Path, split: str) -> str:
     raise FileNotFoundError(f"no STS-B {split} file in {directory} (stsb_{split}.parquet, {split}.parquet or sts-{split}.csv)")
 
 
+# Column names of the common STS releases, ours first: MTEB / Hugging Face and GLUE (sentence1,
+# sentence2, score), SICK (sentence_A, sentence_B, relatedness_score), and a few other spellings.
+STS_COLUMN_NAMES = {
+    "sentence1": ("sentence1", "sentence_A", "sentence_a", "sentence_1", "s1", "text1", "text_a"),
+    "sentence2": ("sentence2", "sentence_B", "sentence_b", "sentence_2", "s2", "text2", "text_b"),
+    "score": ("score", "relatedness_score", "similarity_score", "similarity", "gold_score", "label"),
+}
+STS_INPUT_PREFIX, STS_GOLD_PREFIX = "STS.input.", "STS.gs."  # the STS 2012-2016 releases' file pairs
+
+
+def sts_set_name(path: str | Path) -> str:
+    """The name an STS file's metrics go under: STS.input.MSRvid.txt -> MSRvid, my_sts.tsv -> my_sts."""
+    name = storage.name(str(path))
+    if name.startswith(STS_INPUT_PREFIX):
+        name = name[len(STS_INPUT_PREFIX):]
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
 def read_sts_file(path: str | Path) -> pd.DataFrame:
-    """Any STS-style file with sentence1, sentence2, score (parquet, or TSV with a header row)."""
+    """An STS-style file -> DataFrame(sentence1, sentence2, score), read as its release ships it:
+    parquet or JSON lines (MTEB, Hugging Face), a tab-separated (or comma-separated) table with a
+    header row (SICK, GLUE), the STS Benchmark's headerless 7-column file, or an STS 2012-2016
+    `STS.input.<name>.txt` with its `STS.gs.<name>.txt` beside it. Pairs whose gold line is empty
+    are left out and counted in `frame.attrs["without_gold"]`."""
     path = str(path)
-    if storage.name(path).endswith(".parquet"):
-        df = storage.read_parquet_table(path).to_pandas()
-    else:
+    name = storage.name(path)
+    if name.startswith(STS_INPUT_PREFIX):
+        return _read_sts_input_and_gold(path)
+    if name.endswith(".parquet"):
+        return _sts_columns(storage.read_parquet_table(path).to_pandas(), path)
+    text = storage.read_text(path)
+    if name.endswith((".jsonl", ".json")):
         try:
-            df = pd.read_csv(io.StringIO(storage.read_text(path)), sep="\t", quoting=csv.QUOTE_NONE, dtype=str,
-                             keep_default_na=False)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-            raise BadInputError(f"{path}: not a tab-separated file with a header row ({str(err).strip()})") from None
-    missing = {"sentence1", "sentence2", "score"} - set(df.columns)
-    if missing:
-        raise BadInputError(f"{path}: missing columns {sorted(missing)} (found {list(df.columns)})")
-    return pd.DataFrame({"sentence1": df["sentence1"].astype(str), "sentence2": df["sentence2"].astype(str),
-                         "score": df["score"].astype(float)}).reset_index(drop=True)
+            return _sts_columns(pd.read_json(io.StringIO(text), lines=True, dtype=False), path)
+        except ValueError as err:
+            raise BadInputError(f"{path}: not JSON lines ({str(err).strip()})") from None
+    first = text.split("\n", 1)[0].rstrip("\r")
+    known = {alias for aliases in STS_COLUMN_NAMES.values() for alias in aliases}
+    for sep in ("\t", ","):
+        if known & set(first.split(sep)):
+            try:
+                table = pd.read_csv(io.StringIO(text), sep=sep, quoting=csv.QUOTE_NONE if sep == "\t" else csv.QUOTE_MINIMAL,
+                                    dtype=str, keep_default_na=False)
+            except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+                raise BadInputError(f"{path}: not a {'tab' if sep == chr(9) else 'comma'}-separated table "
+                                    f"({str(err).strip()})") from None
+            return _sts_columns(table, path)
+    fields = first.split("\t")
+    if len(fields) >= 7 and _is_number(fields[4]):  # the STS Benchmark's own file: genre, file, year, id, score, s1, s2
+        return read_stsb(path)[["sentence1", "sentence2", "score"]]
+    raise BadInputError(f"{path}: no header row naming the sentence and score columns (e.g. sentence1, sentence2, "
+                        f"score), and not the STS Benchmark's 7-column layout; for STS 2012-2016 give the "
+                        f"{STS_INPUT_PREFIX}<name>.txt file")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _sts_columns(df: pd.DataFrame, path: str) -> pd.DataFrame:
+    """sentence1, sentence2, score from a table whose columns use one of STS_COLUMN_NAMES' spellings."""
+    picked = {}
+    for ours, aliases in STS_COLUMN_NAMES.items():
+        found = next((a for a in aliases if a in df.columns), None)
+        if found is None:
+            raise BadInputError(f"{path}: no {ours} column (any of {', '.join(aliases)}; found {list(df.columns)})")
+        picked[ours] = found
+    scores = pd.to_numeric(df[picked["score"]], errors="coerce")
+    bad = scores.isna() & (df[picked["score"]].astype(str).str.strip() != "")
+    if bad.any():
+        row = int(bad.to_numpy().argmax())
+        raise BadInputError(f"{path}: row {row + 1}: {picked['score']} {df[picked['score']].iloc[row]!r} is not a number")
+    frame = pd.DataFrame({"sentence1": df[picked["sentence1"]].astype(str), "sentence2": df[picked["sentence2"]].astype(str),
+                          "score": scores.astype(float)})
+    return _without_missing_gold(frame)
+
+
+def _read_sts_input_and_gold(path: str) -> pd.DataFrame:
+    """STS.input.<name>.txt (sentence pairs, tab-separated, no quoting) + STS.gs.<name>.txt (one
+    gold score a line, empty where a pair has none)."""
+    gold_path = storage.sibling(path, STS_GOLD_PREFIX + storage.name(path)[len(STS_INPUT_PREFIX):])
+    if not storage.is_file(gold_path):
+        raise BadInputError(f"{path}: its gold scores {gold_path} are not beside it")
+    pairs = storage.read_text(path).splitlines()
+    gold = storage.read_text(gold_path).splitlines()
+    while gold and not gold[-1].strip() and len(gold) > len(pairs):
+        gold.pop()
+    if len(gold) != len(pairs):
+        raise BadInputError(f"{gold_path}: {len(gold)} lines for the {len(pairs)} pairs of {path}")
+    rows = []
+    for lineno, (line, score) in enumerate(zip(pairs, gold), start=1):
+        fields = line.split("\t")
+        if len(fields) < 2:
+            raise BadInputError(f"{path}:{lineno}: expected two tab-separated sentences, found {len(fields)} field(s)")
+        if score.strip() and not _is_number(score.strip()):
+            raise BadInputError(f"{gold_path}:{lineno}: score {score.strip()!r} is not a number")
+        rows.append((fields[0], fields[1], float(score) if score.strip() else float("nan")))
+    return _without_missing_gold(pd.DataFrame(rows, columns=["sentence1", "sentence2", "score"]))
+
+
+def _without_missing_gold(frame: pd.DataFrame) -> pd.DataFrame:
+    missing = frame["score"].isna()
+    kept = frame[~missing].reset_index(drop=True)
+    kept.attrs["without_gold"] = int(missing.sum())
+    return kept
 
 
 CQA_COLUMNS = ["orgq_id", "orgq_subject", "orgq_body", "relq_id", "relq_subject", "relq_body", "ir_rank", "relevant"]

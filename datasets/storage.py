@@ -116,6 +116,14 @@ def add_suffix(path: str | Path, suffix: str) -> str:
     return head + suffix + query
 
 
+def sibling(path: str | Path, other: str) -> str:
+    """The file named `other` in the folder of `path` (a URI's query stays at the end)."""
+    if not is_uri(path):
+        return str(Path(path).with_name(other))
+    head, query = _split_query(str(path))
+    return head.rsplit("/", 1)[0] + "/" + other + query
+
+
 def name(path: str | Path) -> str:
     """The last path component (without a URI's query)."""
     text = _split_query(str(path))[0] if is_uri(path) else str(path)

@@ -3,8 +3,9 @@
   convsts evaluate --checkpoint C --out DIR [--sts FILE ...] [--run-id ID] [--config ...]
   convsts evaluate --baseline bow|tfidf --out DIR
 
-Metric names: stsb/<split>/pearson|spearman, stsb/<split>/<genre>/pearson, sts/<stem>/pearson,
-snli/<split>/accuracy, reddit/p_at_1|3|10, cqa2016/map. Primary metric: stsb/dev/pearson.
+Metric names: stsb/<split>/pearson|spearman, stsb/<split>/<genre>/pearson, sts/<name>/pearson and
+sts_tuned/<name>/pearson (an --sts file, raw and with STS-B's tuned matrix), snli/<split>/accuracy,
+reddit/p_at_1|3|10, cqa2016/map. Primary metric: stsb/dev/pearson.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--out", required=True)
     parser.add_argument("--config", default=None)
     parser.add_argument("--prepared", default=None, help="prepared shards (Reddit held-out split)")
-    parser.add_argument("--sts", nargs="*", default=[], help="extra STS-style files (parquet or tsv)")
+    parser.add_argument("--sts", nargs="*", default=[], help="other STS sets, as their releases ship them: parquet or JSON lines (MTEB), a table with a header row (SICK, GLUE), the STS Benchmark's sts-*.csv, or an STS 2012-2016 STS.input.<name>.txt beside its STS.gs.<name>.txt")
     parser.add_argument("--run-id", default=None, help="MLflow run to log into (default: a new run)")
     parser.add_argument("overrides", nargs="*")
     return parser

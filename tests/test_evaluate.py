@@ -133,3 +133,56 @@ def test_stsb_sample_written_by_pandas_scores_by_genre(tiny_checkpoint, tmp_path
     # A genre's Pearson is over that genre's rows: the same as scoring them alone.
     news = sample[sample["genre"] == "news"].reset_index(drop=True)
     assert metrics["stsb/dev/news/pearson"] == pytest.approx(sts_metrics(scorer, news, "x")["x/pearson"], abs=1e-9)
+
+
+def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tmp_path):
+    """The same 40 STS-B pairs written the ways STS releases ship: parquet and JSON lines (MTEB),
+    SICK's tab-separated table, a comma-separated table with quoting, the STS Benchmark's own
+    headerless file, and an STS 2012-2016 input file with its gold file (3 pairs without gold)."""
+    from datasets.evalsets import read_sts_file
+    from datasets.storage import BadInputError
+
+    pairs = read_stsb(stsb_split_path(resolve_path("{sample}"), "test")).iloc[:40].reset_index(drop=True)
+    plain = pairs[["sentence1", "sentence2", "score"]]
+    plain.to_parquet(tmp_path / "set_parquet.parquet")
+    plain.to_json(tmp_path / "set_jsonl.jsonl", orient="records", lines=True)
+    pd.DataFrame({"pair_ID": range(1, 41), "sentence_A": pairs["sentence1"], "sentence_B": pairs["sentence2"],
+                  "relatedness_score": pairs["score"], "entailment_judgment": "NEUTRAL"}).to_csv(
+        tmp_path / "SICK_trial.txt", sep="\t", index=False)
+    plain.assign(sentence1=plain["sentence1"] + ", and so on").to_csv(tmp_path / "commas.csv", index=False)
+    official = ["\t".join(["main-captions", "MSRvid", "2012test", f"{i:04d}", f"{r.score:.3f}", r.sentence1, r.sentence2]
+                          + (["licence", "extra"] if i % 5 == 0 else [])) for i, r in enumerate(plain.itertuples())]
+    (tmp_path / "sts-test.csv").write_text("\n".join(official) + "\n")
+    extra = [("a man is cutting a tomato", "a woman plays a flute")] * 3  # gold left empty, as some years' files do
+    (tmp_path / "STS.input.demo.txt").write_text(
+        "\n".join(f"{a}\t{b}" for a, b in list(zip(plain["sentence1"], plain["sentence2"])) + extra) + "\n")
+    (tmp_path / "STS.gs.demo.txt").write_text("\n".join([f"{s:.3f}" for s in plain["score"]] + ["", "", ""]) + "\n")
+
+    files = {"set_parquet": "set_parquet.parquet", "set_jsonl": "set_jsonl.jsonl", "SICK_trial": "SICK_trial.txt",
+             "commas": "commas.csv", "sts-test": "sts-test.csv", "demo": "STS.input.demo.txt"}
+    for name, file in files.items():
+        frame = read_sts_file(tmp_path / file)
+        assert list(frame.columns) == ["sentence1", "sentence2", "score"], name
+        expected = plain.assign(sentence1=plain["sentence1"] + ", and so on") if name == "commas" else plain
+        pd.testing.assert_frame_equal(frame, expected, check_exact=False, atol=1e-3, obj=name)
+    assert read_sts_file(tmp_path / "STS.input.demo.txt").attrs["without_gold"] == 3
+
+    cfg = load_config(None, ["eval.tuned.epochs=2", "data.cqa_test=''", "data.snli_dev=''"])
+    results = run_evaluation(cfg, tmp_path / "eval", checkpoint=str(tiny_checkpoint), log_to_mlflow=False,
+                             sts_files=[str(tmp_path / f) for f in files.values()])
+    for kind in ("sts", "sts_tuned"):  # the same pairs score the same in every format; the STS-B matrix applies too
+        scores = [results[f"{kind}/{name}/pearson"] for name in files if name != "commas"]
+        assert -1 <= scores[0] <= 1 and max(scores) - min(scores) < 1e-6, (kind, scores)
+    assert "other STS sets, STS-B's tuned matrix" in (tmp_path / "eval" / "results.md").read_text()
+
+    (tmp_path / "two_columns.tsv").write_text("a cat sits\ta cat is sitting\n")
+    (tmp_path / "STS.input.nogold.txt").write_text("a\tb\n")
+    (tmp_path / "STS.input.short.txt").write_text("a\tb\nc\td\n")
+    (tmp_path / "STS.gs.short.txt").write_text("3.0\n")
+    (tmp_path / "bad_score.tsv").write_text("sentence_A\tsentence_B\trelatedness_score\nx\ty\t4.1\nx\ty\thigh\n")
+    for file, message in (("two_columns.tsv", "two_columns.tsv: no header row naming the sentence and score columns"),
+                          ("STS.input.nogold.txt", "STS.gs.nogold.txt are not beside it"),
+                          ("STS.input.short.txt", "STS.gs.short.txt: 1 lines for the 2 pairs"),
+                          ("bad_score.tsv", "bad_score.tsv: row 2: relatedness_score 'high' is not a number")):
+        with pytest.raises(BadInputError, match=message):
+            read_sts_file(tmp_path / file)

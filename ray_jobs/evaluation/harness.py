@@ -41,6 +41,7 @@ def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_files: Seq
     embedded = {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
     for split, frame in frames.items():
         results.update(sts_metrics(scorer, frame, f"stsb/{split}", embedded=embedded[split]))
+    transform = None
     if cfg.eval.tuned.enabled and isinstance(scorer, EmbeddingScorer):
         try:
             frames["train"] = read_stsb_split(cfg, "train")
@@ -55,7 +56,7 @@ def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_files: Seq
                 if replaced:
                     log.info("replaced the tuned STS matrix in %s (dev r %.4f)", path, transform.dev_pearson)
     for path in sts_files:
-        results.update(sts_file_metrics(scorer, path, Path(path).stem))
+        results.update(sts_file_metrics(scorer, path, transform))
     for task in evaluated_tasks(cfg):
         results.update(task.evaluate(scorer, cfg, prepared_dir))
     results.update(configured_cqa_metrics(scorer, cfg))
@@ -89,7 +90,8 @@ def baseline_scorer(kind: str, cfg: RunConfig, prepared_dir: Optional[str]) -> L
 TABLE_GROUPS = (
     ("STS Benchmark, raw cosine", ("stsb/",)),
     ("STS Benchmark, tuned STS matrix", ("stsb_tuned/",)),
-    ("other STS sets", ("sts/",)),
+    ("other STS sets, raw cosine", ("sts/",)),
+    ("other STS sets, STS-B's tuned matrix", ("sts_tuned/",)),
     ("retrieval", ("reddit/",)),
     ("classification", ("snli/",)),
     ("community QA", ("cqa",)),
