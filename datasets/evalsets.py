@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import Dict, Sequence
 
 import pandas as pd
 
@@ -56,12 +57,24 @@ STS_COLUMN_NAMES = {
 STS_INPUT_PREFIX, STS_GOLD_PREFIX = "STS.input.", "STS.gs."  # the STS 2012-2016 releases' file pairs
 
 
-def sts_set_name(path: str | Path) -> str:
-    """The name an STS file's metrics go under: STS.input.MSRvid.txt -> MSRvid, my_sts.tsv -> my_sts."""
-    name = storage.name(str(path))
-    if name.startswith(STS_INPUT_PREFIX):
-        name = name[len(STS_INPUT_PREFIX):]
-    return name.rsplit(".", 1)[0] if "." in name else name
+def sts_set_names(paths: Sequence[str]) -> Dict[str, str]:
+    """{path: the name its metrics go under}: STS.input.MSRvid.txt -> MSRvid, my_sts.tsv -> my_sts;
+    names that several files share get their folder's name in front (STS13-en-test.headlines,
+    STS14-en-test.headlines). Raises if two files still share a name."""
+    def own(path: str) -> str:
+        name = storage.name(path)
+        if name.startswith(STS_INPUT_PREFIX):
+            name = name[len(STS_INPUT_PREFIX):]
+        return name.rsplit(".", 1)[0] if "." in name else name
+
+    names = {str(p): own(str(p)) for p in paths}
+    shared = {n for n in names.values() if list(names.values()).count(n) > 1}
+    names = {p: f"{storage.folder_name(p)}.{n}" if n in shared else n for p, n in names.items()}
+    clash = [p for p, n in names.items() if list(names.values()).count(n) > 1]
+    if clash:
+        raise BadInputError(f"{clash[0]}: its metrics would share the name {names[clash[0]]!r} with another --sts file; "
+                            f"give each file a name or folder of its own")
+    return names
 
 
 def read_sts_file(path: str | Path) -> pd.DataFrame:

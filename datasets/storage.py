@@ -124,6 +124,12 @@ def sibling(path: str | Path, other: str) -> str:
     return head.rsplit("/", 1)[0] + "/" + other + query
 
 
+def folder_name(path: str | Path) -> str:
+    """The name of the folder that holds `path` (without a URI's query)."""
+    text = _split_query(str(path))[0] if is_uri(path) else str(path)
+    return name(text.rstrip("/").rsplit("/", 1)[0]) if "/" in text.rstrip("/") else ""
+
+
 def name(path: str | Path) -> str:
     """The last path component (without a URI's query)."""
     text = _split_query(str(path))[0] if is_uri(path) else str(path)

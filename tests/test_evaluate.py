@@ -139,7 +139,7 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     """The same 40 STS-B pairs written the ways STS releases ship: parquet and JSON lines (MTEB),
     SICK's tab-separated table, a comma-separated table with quoting, the STS Benchmark's own
     headerless file, and an STS 2012-2016 input file with its gold file (3 pairs without gold)."""
-    from datasets.evalsets import read_sts_file
+    from datasets.evalsets import read_sts_file, sts_set_names
     from datasets.storage import BadInputError
 
     pairs = read_stsb(stsb_split_path(resolve_path("{sample}"), "test")).iloc[:40].reset_index(drop=True)
@@ -174,6 +174,14 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
         scores = [results[f"{kind}/{name}/pearson"] for name in files if name != "commas"]
         assert -1 <= scores[0] <= 1 and max(scores) - min(scores) < 1e-6, (kind, scores)
     assert "other STS sets, STS-B's tuned matrix" in (tmp_path / "eval" / "results.md").read_text()
+
+    # Sets of one name from several releases (headlines is in STS 2013-2016) are told apart by their folder.
+    assert sts_set_names(["r/STS13/STS.input.headlines.txt", "r/STS14/STS.input.headlines.txt",
+                          "r/STS14/STS.input.images.txt", "my_sts.tsv"]) == {
+        "r/STS13/STS.input.headlines.txt": "STS13.headlines", "r/STS14/STS.input.headlines.txt": "STS14.headlines",
+        "r/STS14/STS.input.images.txt": "images", "my_sts.tsv": "my_sts"}
+    with pytest.raises(BadInputError, match="share the name 'STS13.headlines'"):
+        sts_set_names(["a/STS13/STS.input.headlines.txt", "b/STS13/STS.input.headlines.txt"])
 
     (tmp_path / "two_columns.tsv").write_text("a cat sits\ta cat is sitting\n")
     (tmp_path / "STS.input.nogold.txt").write_text("a\tb\n")

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from datasets.evalsets import sts_set_names
 from datasets.storage import BadInputError, redact
 from datasets import storage
 from models.sts_transform import load_sts_transform
@@ -55,8 +56,8 @@ def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_files: Seq
                 path = transform.save(folder)
                 if replaced:
                     log.info("replaced the tuned STS matrix in %s (dev r %.4f)", path, transform.dev_pearson)
-    for path in sts_files:
-        results.update(sts_file_metrics(scorer, path, transform))
+    for path, name in sts_set_names(sts_files).items():
+        results.update(sts_file_metrics(scorer, path, name, transform))
     for task in evaluated_tasks(cfg):
         results.update(task.evaluate(scorer, cfg, prepared_dir))
     results.update(configured_cqa_metrics(scorer, cfg))

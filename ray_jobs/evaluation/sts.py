@@ -8,7 +8,7 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 
-from datasets.evalsets import read_sts_file, read_stsb, sts_set_name, stsb_split_path
+from datasets.evalsets import read_sts_file, read_stsb, stsb_split_path
 from datasets.storage import resolve_path
 from models.similarity import angular_score_from_cosine, pearson
 from models.sts_transform import StsTransform, fit_sts_transform
@@ -49,11 +49,10 @@ def sts_metrics(scorer, frame: pd.DataFrame, prefix: str, by_genre: bool = True,
     return sts_metrics_from_scores(predicted_scores(emb), frame, prefix, by_genre)
 
 
-def sts_file_metrics(scorer, path: str, transform: Optional[StsTransform] = None) -> Dict[str, float]:
+def sts_file_metrics(scorer, path: str, name: str, transform: Optional[StsTransform] = None) -> Dict[str, float]:
     """sts/<name>/{pearson,spearman} of an STS-style file (datasets.evalsets.read_sts_file), and
     sts_tuned/<name>/... with `transform` (the matrix fitted on STS-B: does it carry over?)."""
     frame = read_sts_file(path)
-    name = sts_set_name(path)
     left_out = frame.attrs.get("without_gold", 0)
     (log.warning if left_out else log.info)("sts %s: %d pairs scored%s", name, len(frame),
                                             f", {left_out} without a gold score left out" if left_out else "")
