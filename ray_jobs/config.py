@@ -7,11 +7,13 @@ the full dotted key. The resolved config is saved with every checkpoint and logg
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -320,6 +322,23 @@ def from_dict(values: Dict[str, Any], source: str = "") -> RunConfig:
         return OmegaConf.to_object(merged).validate()  # type: ignore[union-attr]
     except OmegaConfBaseException as err:
         raise ConfigError(_describe(err, source)) from None
+
+
+OVERRIDE_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")  # a dotted KEY=VALUE on the command line
+
+
+def parse_with_overrides(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]],
+                         list_options: Sequence[str] = ()) -> argparse.Namespace:
+    """parser.parse_intermixed_args, then the dotted KEY=VALUE items that a list option (nargs: --sts
+    A B, --input A B) took in are moved to args.overrides, where they were meant to go."""
+    args = parser.parse_intermixed_args(argv)
+    for option in list_options:
+        values = getattr(args, option) or []
+        moved = [v for v in values if OVERRIDE_ITEM.match(v)]
+        if moved:
+            setattr(args, option, [v for v in values if not OVERRIDE_ITEM.match(v)])
+            args.overrides = list(args.overrides) + moved
+    return args
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> RunConfig:

@@ -18,7 +18,7 @@ from typing import Sequence
 import pandas as pd
 
 from datasets.storage import resolve_path
-from ray_jobs.config import load_config
+from ray_jobs.config import load_config, parse_with_overrides
 from ray_jobs.evaluation.curve import fraction_curve
 from ray_jobs.evaluation.harness import results_table, run_evaluation, training_run
 from ray_jobs.evaluation.scorers import LexicalScorer
@@ -44,7 +44,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_with_overrides(build_parser(), argv, ("sts", "fraction_curve"))  # overrides may follow --sts A B
     setup_logging()
     cfg = load_config(args.config, args.overrides)
     if args.fraction_curve:

@@ -15,7 +15,7 @@ import sys
 from typing import Sequence
 
 from datasets.storage import redact
-from ray_jobs.config import load_config
+from ray_jobs.config import load_config, parse_with_overrides
 from ray_jobs.runtime import setup_logging
 from ray_jobs.tasks import builtin_tasks, get_task
 from ray_jobs.training.run import prepare_all
@@ -34,7 +34,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_intermixed_args(argv)  # overrides may follow the options
+    args = parse_with_overrides(build_parser(), argv, ("input",))  # overrides may follow the options, --input A B too
     setup_logging()
     cfg = load_config(args.config, list(args.overrides) + ([f"data.reddit_format={args.format}"] if args.format else []))
     if args.what == "all":

@@ -67,6 +67,26 @@ def test_submit_takes_its_own_options_after_the_job_name():
     assert args.no_wait and args.args == ["--checkpoint", "C", "--out", "E"]
 
 
+def test_overrides_after_a_list_option_stay_overrides():
+    """`--sts A B key=value` (and prepare's `--input A B key=value`): argparse's nargs takes every
+    later word; the dotted overrides among them go back to the overrides (a URI's query stays a path)."""
+    from ray_jobs.config import parse_with_overrides
+    from ray_jobs.evaluate import build_parser as evaluate_parser
+    from ray_jobs.prepare import build_parser as prepare_parser
+
+    args = parse_with_overrides(evaluate_parser(), ["--checkpoint", "C", "--out", "E", "--sts", "a/STS.input.x.txt",
+                                                    "s3://b/y.tsv?endpoint_override=h:9000", "data.snli_dev=''",
+                                                    "trainer.stages=[{start_step: 0}]"], ("sts", "fraction_curve"))
+    assert args.sts == ["a/STS.input.x.txt", "s3://b/y.tsv?endpoint_override=h:9000"]
+    assert args.overrides == ["data.snli_dev=''", "trainer.stages=[{start_step: 0}]"]
+    args = parse_with_overrides(evaluate_parser(), ["--fraction-curve", "C1", "C2", "--out", "E", "eval.seed=3"],
+                                ("sts", "fraction_curve"))
+    assert args.fraction_curve == ["C1", "C2"] and args.overrides == ["eval.seed=3"]
+    args = parse_with_overrides(prepare_parser(), ["reddit", "--input", "RC_1.zst", "RC_2.zst", "data.test_share=0.2",
+                                                   "--out", "P"], ("input",))
+    assert args.input == ["RC_1.zst", "RC_2.zst"] and args.overrides == ["data.test_share=0.2"] and args.out == "P"
+
+
 def test_jobs_takes_address_before_or_after_the_action():
     from ray_jobs.jobs import build_parser
 

@@ -206,8 +206,8 @@ def check_held_out(task, manifest: Dict[str, object], prepared: str, checkpoint:
     trained = read_meta(checkpoint).get("run_config", {})
     if task.name not in trained.get("trainer", {}).get("task_weights", {}):
         return
-    differs = task.settings_mismatches(manifest, trained, tuple(k for k in task.split_keys if config_value(trained, k) is not None),
-                                       label=f"{checkpoint} trained with")
+    recorded = tuple(k for k in task.split_keys if config_value(trained, k) is not None)  # older checkpoints: what they hold
+    differs = task.settings_mismatches(manifest, trained, recorded, label=f"{checkpoint} trained with")
     if differs:
         raise BadInputError(f"{storage.join(task.prepared_dir(prepared), MANIFEST)}: held out with {'; '.join(differs)}; "
                             f"its held-out rows may be in the checkpoint's training data: evaluate on a folder split "
