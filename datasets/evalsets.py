@@ -58,18 +58,21 @@ STS_INPUT_PREFIX, STS_GOLD_PREFIX = "STS.input.", "STS.gs."  # the STS 2012-2016
 
 
 def sts_set_names(paths: Sequence[str]) -> Dict[str, str]:
-    """{path: the name its metrics go under}: STS.input.MSRvid.txt -> MSRvid, my_sts.tsv -> my_sts;
-    names that several files share get their folder's name in front (STS13-en-test.headlines,
-    STS14-en-test.headlines). Raises if two files still share a name."""
+    """{path: the name its metrics go under}. An STS 2012-2016 file is named by its folder (the
+    release) and its set, so that one release's sets sort together and a set that several releases
+    hold (headlines: 2013-2016) keeps them apart: STS13/STS.input.headlines.txt -> STS13.headlines.
+    Any other file by its own name (my_sts.tsv -> my_sts), and by its folder's too where two share
+    it. Raises if two files still share a name."""
     def own(path: str) -> str:
         name = storage.name(path)
         if name.startswith(STS_INPUT_PREFIX):
-            name = name[len(STS_INPUT_PREFIX):]
+            return ".".join(filter(None, [storage.folder_name(path), name[len(STS_INPUT_PREFIX):].rsplit(".", 1)[0]]))
         return name.rsplit(".", 1)[0] if "." in name else name
 
     names = {str(p): own(str(p)) for p in paths}
     shared = {n for n in names.values() if list(names.values()).count(n) > 1}
-    names = {p: f"{storage.folder_name(p)}.{n}" if n in shared else n for p, n in names.items()}
+    names = {p: f"{storage.folder_name(p)}.{n}" if n in shared and not storage.name(p).startswith(STS_INPUT_PREFIX)
+             else n for p, n in names.items()}
     clash = [p for p, n in names.items() if list(names.values()).count(n) > 1]
     if clash:
         raise BadInputError(f"{clash[0]}: its metrics would share the name {names[clash[0]]!r} with another --sts file; "

@@ -159,7 +159,7 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     (tmp_path / "STS.gs.demo.txt").write_text("\n".join([f"{s:.3f}" for s in plain["score"]] + ["", "", ""]) + "\n")
 
     files = {"set_parquet": "set_parquet.parquet", "set_jsonl": "set_jsonl.jsonl", "SICK_trial": "SICK_trial.txt",
-             "commas": "commas.csv", "sts-test": "sts-test.csv", "demo": "STS.input.demo.txt"}
+             "commas": "commas.csv", "sts-test": "sts-test.csv", f"{tmp_path.name}.demo": "STS.input.demo.txt"}
     for name, file in files.items():
         frame = read_sts_file(tmp_path / file)
         assert list(frame.columns) == ["sentence1", "sentence2", "score"], name
@@ -175,11 +175,13 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
         assert -1 <= scores[0] <= 1 and max(scores) - min(scores) < 1e-6, (kind, scores)
     assert "other STS sets, STS-B's tuned matrix" in (tmp_path / "eval" / "results.md").read_text()
 
-    # Sets of one name from several releases (headlines is in STS 2013-2016) are told apart by their folder.
+    # An STS 2012-2016 set is named by its release's folder too (headlines is in STS 2013-2016); other
+    # files by their own name, and by their folder's where two share one.
     assert sts_set_names(["r/STS13/STS.input.headlines.txt", "r/STS14/STS.input.headlines.txt",
-                          "r/STS14/STS.input.images.txt", "my_sts.tsv"]) == {
+                          "r/STS14/STS.input.images.txt", "a/my_sts.tsv", "b/other.tsv", "c/other.tsv"]) == {
         "r/STS13/STS.input.headlines.txt": "STS13.headlines", "r/STS14/STS.input.headlines.txt": "STS14.headlines",
-        "r/STS14/STS.input.images.txt": "images", "my_sts.tsv": "my_sts"}
+        "r/STS14/STS.input.images.txt": "STS14.images", "a/my_sts.tsv": "my_sts", "b/other.tsv": "b.other",
+        "c/other.tsv": "c.other"}
     with pytest.raises(BadInputError, match="share the name 'STS13.headlines'"):
         sts_set_names(["a/STS13/STS.input.headlines.txt", "b/STS13/STS.input.headlines.txt"])
 
