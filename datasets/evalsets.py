@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import pandas as pd
 
@@ -55,6 +56,16 @@ STS_COLUMN_NAMES = {
     "score": ("score", "relatedness_score", "similarity_score", "similarity", "gold_score", "label"),
 }
 STS_INPUT_PREFIX, STS_GOLD_PREFIX = "STS.input.", "STS.gs."  # the STS 2012-2016 releases' file pairs
+
+
+def pair_keys(frame: pd.DataFrame) -> List[Tuple[str, str]]:
+    """Each pair's (sentence, sentence), lowercased with punctuation and spacing collapsed and in
+    sorted order: how a pair is recognised across releases (the STS Benchmark re-punctuated the
+    STS 2012-2017 pairs it took)."""
+    def norm(text: str) -> str:
+        return " ".join(re.sub(r"[^\w]+", " ", str(text).lower()).split())
+
+    return [tuple(sorted((norm(a), norm(b)))) for a, b in zip(frame["sentence1"], frame["sentence2"])]
 
 
 def sts_set_names(paths: Sequence[str]) -> Dict[str, str]:

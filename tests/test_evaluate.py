@@ -158,6 +158,10 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
         "\n".join(f"{a}\t{b}" for a, b in list(zip(plain["sentence1"], plain["sentence2"])) + extra) + "\n")
     (tmp_path / "STS.gs.demo.txt").write_text("\n".join([f"{s:.3f}" for s in plain["score"]] + ["", "", ""]) + "\n")
 
+    # 10 STS-B train pairs (which fit the tuned matrix), re-cased, re-punctuated and swapped, beside the 40.
+    seen = read_stsb(stsb_split_path(resolve_path("{sample}"), "train")).iloc[:10]
+    pd.concat([plain, pd.DataFrame({"sentence1": seen["sentence2"].str.upper() + " !", "sentence2": seen["sentence1"],
+                                    "score": seen["score"]})]).to_csv(tmp_path / "overlap.tsv", sep="\t", index=False)
     files = {"set_parquet": "set_parquet.parquet", "set_jsonl": "set_jsonl.jsonl", "SICK_trial": "SICK_trial.txt",
              "commas": "commas.csv", "sts-test": "sts-test.csv", f"{tmp_path.name}.demo": "STS.input.demo.txt"}
     for name, file in files.items():
@@ -173,6 +177,14 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     for kind in ("sts", "sts_tuned"):  # the same pairs score the same in every format; the STS-B matrix applies too
         scores = [results[f"{kind}/{name}/pearson"] for name in files if name != "commas"]
         assert -1 <= scores[0] <= 1 and max(scores) - min(scores) < 1e-6, (kind, scores)
+    counts = {results[f"sts_tuned/{name}/pairs"] for name in files if name != "commas"}  # not in STS-B train or dev
+    assert len(counts) == 1 and 30 <= counts.pop() <= 40
+    # The tuned matrix is scored without the pairs it was fitted on: the 10 added ones are left out.
+    results = run_evaluation(cfg, tmp_path / "eval2", checkpoint=str(tiny_checkpoint), log_to_mlflow=False,
+                             sts_files=[str(tmp_path / "overlap.tsv"), str(tmp_path / "set_parquet.parquet")])
+    assert results["sts_tuned/overlap/pairs"] == results["sts_tuned/set_parquet/pairs"]
+    assert results["sts_tuned/overlap/pearson"] == pytest.approx(results["sts_tuned/set_parquet/pearson"], abs=1e-6)
+    assert results["sts/overlap/pearson"] != pytest.approx(results["sts/set_parquet/pearson"], abs=1e-6)  # all 50
     assert "other STS sets, STS-B's tuned matrix" in (tmp_path / "eval" / "results.md").read_text()
 
     # An STS 2012-2016 set is named by its release's folder too (headlines is in STS 2013-2016); other

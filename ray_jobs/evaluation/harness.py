@@ -56,8 +56,9 @@ def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_files: Seq
                 path = transform.save(folder)
                 if replaced:
                     log.info("replaced the tuned STS matrix in %s (dev r %.4f)", path, transform.dev_pearson)
+    fitted_on = [frames["train"], frames["dev"]] if transform is not None else []  # the pairs the matrix has seen
     for path, name in sts_set_names(sts_files).items():
-        results.update(sts_file_metrics(scorer, path, name, transform))
+        results.update(sts_file_metrics(scorer, path, name, transform, fitted_on))
     for task in evaluated_tasks(cfg):
         results.update(task.evaluate(scorer, cfg, prepared_dir))
     results.update(configured_cqa_metrics(scorer, cfg))

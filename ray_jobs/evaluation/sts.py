@@ -3,12 +3,12 @@ and the STS-B dev probe run inside training. Score: models.similarity's angular 
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
-from datasets.evalsets import read_sts_file, read_stsb, stsb_split_path
+from datasets.evalsets import pair_keys, read_sts_file, read_stsb, stsb_split_path
 from datasets.storage import resolve_path
 from models.similarity import angular_score_from_cosine, pearson
 from models.sts_transform import StsTransform, fit_sts_transform
@@ -49,18 +49,31 @@ def sts_metrics(scorer, frame: pd.DataFrame, prefix: str, by_genre: bool = True,
     return sts_metrics_from_scores(predicted_scores(emb), frame, prefix, by_genre)
 
 
-def sts_file_metrics(scorer, path: str, name: str, transform: Optional[StsTransform] = None) -> Dict[str, float]:
+def sts_file_metrics(scorer, path: str, name: str, transform: Optional[StsTransform] = None,
+                     fitted_on: Sequence[pd.DataFrame] = ()) -> Dict[str, float]:
     """sts/<name>/{pearson,spearman} of an STS-style file (datasets.evalsets.read_sts_file), and
-    sts_tuned/<name>/... with `transform` (the matrix fitted on STS-B: does it carry over?)."""
+    sts_tuned/<name>/... with `transform` (the matrix fitted on STS-B: does it carry over?). The STS
+    Benchmark holds many STS 2012-2016 pairs: the tuned scores leave out the pairs of `fitted_on`
+    (the STS-B splits that fitted and selected the matrix) and say how many they scored
+    (sts_tuned/<name>/pairs)."""
     frame = read_sts_file(path)
     left_out = frame.attrs.get("without_gold", 0)
     (log.warning if left_out else log.info)("sts %s: %d pairs scored%s", name, len(frame),
                                             f", {left_out} without a gold score left out" if left_out else "")
     embedded = stsb_embeddings(scorer, frame)
     results = sts_metrics(scorer, frame, f"sts/{name}", by_genre=False, embedded=embedded)
-    if transform is not None:
-        results.update(sts_metrics_from_scores(transform.score(embedded["u"], embedded["v"]), frame,
-                                               f"sts_tuned/{name}", by_genre=False))
+    if transform is None:
+        return results
+    seen = set(pair_keys(pd.concat(list(fitted_on)))) if fitted_on else set()
+    fresh = np.array([key not in seen for key in pair_keys(frame)], dtype=bool)  # (n,)
+    if not fresh.all():
+        log.info("sts_tuned %s: %d of %d pairs are in the STS-B splits that fitted the matrix; scored on the other %d",
+                 name, int((~fresh).sum()), len(frame), int(fresh.sum()))
+    if fresh.sum() < 2:
+        return results
+    scores = transform.score(embedded["u"][fresh], embedded["v"][fresh])  # (fresh,)
+    results.update(sts_metrics_from_scores(scores, frame[fresh].reset_index(drop=True), f"sts_tuned/{name}", by_genre=False))
+    results[f"sts_tuned/{name}/pairs"] = float(fresh.sum())
     return results
 
 
