@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
@@ -81,10 +82,11 @@ def sts_set_names(paths: Sequence[str]) -> Dict[str, str]:
         return name.rsplit(".", 1)[0] if "." in name else name
 
     names = {str(p): own(str(p)) for p in paths}
-    shared = {n for n in names.values() if list(names.values()).count(n) > 1}
-    names = {p: f"{storage.folder_name(p)}.{n}" if n in shared and not storage.name(p).startswith(STS_INPUT_PREFIX)
+    counts = Counter(names.values())
+    names = {p: f"{storage.folder_name(p)}.{n}" if counts[n] > 1 and not storage.name(p).startswith(STS_INPUT_PREFIX)
              else n for p, n in names.items()}
-    clash = [p for p, n in names.items() if list(names.values()).count(n) > 1]
+    counts = Counter(names.values())
+    clash = [p for p, n in names.items() if counts[n] > 1]
     if clash:
         raise BadInputError(f"{clash[0]}: its metrics would share the name {names[clash[0]]!r} with another --sts file; "
                             f"give each file a name or folder of its own")
@@ -138,12 +140,7 @@ def _is_number(text: str) -> bool:
 
 def _sts_columns(df: pd.DataFrame, path: str) -> pd.DataFrame:
     """sentence1, sentence2, score from a table whose columns use one of STS_COLUMN_NAMES' spellings."""
-    picked = {}
-    for ours, aliases in STS_COLUMN_NAMES.items():
-        found = next((a for a in aliases if a in df.columns), None)
-        if found is None:
-            raise BadInputError(f"{path}: no {ours} column (any of {', '.join(aliases)}; found {list(df.columns)})")
-        picked[ours] = found
+    picked = {ours: storage.pick_column(df.columns, aliases, path, ours) for ours, aliases in STS_COLUMN_NAMES.items()}
     scores = pd.to_numeric(df[picked["score"]], errors="coerce")
     bad = scores.isna() & (df[picked["score"]].astype(str).str.strip() != "")
     if bad.any():

@@ -81,13 +81,6 @@ def _norm_key(text: str) -> str:
 # Paired tables
 
 
-def _pick(columns: Sequence[str], candidates: Sequence[str], path: str, what: str) -> str:
-    for name in candidates:
-        if name in columns:
-            return name
-    raise ValueError(f"{path}: no {what} column; expected one of {list(candidates)}, found {list(columns)}")
-
-
 def json_record(raw: bytes, first_line: bool = False) -> Optional[Dict[str, Any]]:
     """One NDJSON line -> its object, or None when it is not UTF-8 or not a JSON object. A UTF-8
     byte-order mark at the start of a file (as some editors and exporters write) is accepted."""
@@ -123,8 +116,8 @@ def read_pairs_file(path: str) -> pd.DataFrame:
         raise BadInputError(f"{path}: paired tables must be .parquet or .jsonl")
     if df.empty:
         return pd.DataFrame(columns=["context", "response", "group", "subreddit", "source", "status"])
-    ctx = _pick(df.columns, CONTEXT_COLUMNS, path, "context")
-    rsp = _pick(df.columns, RESPONSE_COLUMNS, path, "response")
+    ctx = storage.pick_column(df.columns, CONTEXT_COLUMNS, path, "context")
+    rsp = storage.pick_column(df.columns, RESPONSE_COLUMNS, path, "response")
     line = df["__line"] if "__line" in df.columns else pd.Series(np.arange(1, len(df) + 1), index=df.index)
     ok = df[ctx].map(lambda v: isinstance(v, str)) & df[rsp].map(lambda v: isinstance(v, str))
     if "__bad" in df.columns:

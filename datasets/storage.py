@@ -16,7 +16,7 @@ import io
 import os
 import re
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import pyarrow.fs as pafs
 
@@ -114,6 +114,14 @@ def add_suffix(path: str | Path, suffix: str) -> str:
         return str(path) + suffix
     head, query = _split_query(str(path))
     return head + suffix + query
+
+
+def pick_column(columns: Sequence[str], candidates: Sequence[str], path: str, what: str) -> str:
+    """The first of `candidates` (a column's known spellings) among a table's `columns`."""
+    for name in candidates:
+        if name in columns:
+            return name
+    raise BadInputError(f"{path}: no {what} column; expected one of {list(candidates)}, found {list(columns)}")
 
 
 def sibling(path: str | Path, other: str) -> str:

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+import pandas as pd
 
-from datasets.evalsets import sts_set_names
+from datasets.evalsets import pair_keys, sts_set_names
 from datasets.storage import BadInputError, redact
 from datasets import storage
 from models.sts_transform import load_sts_transform
@@ -56,9 +57,11 @@ def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_files: Seq
                 path = transform.save(folder)
                 if replaced:
                     log.info("replaced the tuned STS matrix in %s (dev r %.4f)", path, transform.dev_pearson)
-    fitted_on = [frames["train"], frames["dev"]] if transform is not None else []  # the pairs the matrix has seen
-    for path, name in sts_set_names(sts_files).items():
-        results.update(sts_file_metrics(scorer, path, name, transform, fitted_on))
+    names = sts_set_names(sts_files)
+    # The pairs the matrix was fitted and selected on, once for every --sts file.
+    fitted = set(pair_keys(pd.concat([frames["train"], frames["dev"]]))) if transform is not None and names else set()
+    for path, name in names.items():
+        results.update(sts_file_metrics(scorer, path, name, transform, fitted))
     for task in evaluated_tasks(cfg):
         results.update(task.evaluate(scorer, cfg, prepared_dir))
     results.update(configured_cqa_metrics(scorer, cfg))

@@ -3,7 +3,7 @@ and the STS-B dev probe run inside training. Score: models.similarity's angular 
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import AbstractSet, Dict, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -50,11 +50,11 @@ def sts_metrics(scorer, frame: pd.DataFrame, prefix: str, by_genre: bool = True,
 
 
 def sts_file_metrics(scorer, path: str, name: str, transform: Optional[StsTransform] = None,
-                     fitted_on: Sequence[pd.DataFrame] = ()) -> Dict[str, float]:
+                     fitted_pairs: AbstractSet[Tuple[str, str]] = frozenset()) -> Dict[str, float]:
     """sts/<name>/{pearson,spearman} of an STS-style file (datasets.evalsets.read_sts_file), and
     sts_tuned/<name>/... with `transform` (the matrix fitted on STS-B: does it carry over?). The STS
-    Benchmark holds many STS 2012-2016 pairs: the tuned scores leave out the pairs of `fitted_on`
-    (the STS-B splits that fitted and selected the matrix) and say how many they scored
+    Benchmark holds many STS 2012-2016 pairs: the tuned scores leave out `fitted_pairs` (the pair_keys
+    of the STS-B splits that fitted and selected the matrix) and say how many they scored
     (sts_tuned/<name>/pairs)."""
     frame = read_sts_file(path)
     left_out = frame.attrs.get("without_gold", 0)
@@ -64,8 +64,7 @@ def sts_file_metrics(scorer, path: str, name: str, transform: Optional[StsTransf
     results = sts_metrics(scorer, frame, f"sts/{name}", by_genre=False, embedded=embedded)
     if transform is None:
         return results
-    seen = set(pair_keys(pd.concat(list(fitted_on)))) if fitted_on else set()
-    fresh = np.array([key not in seen for key in pair_keys(frame)], dtype=bool)  # (n,)
+    fresh = np.array([key not in fitted_pairs for key in pair_keys(frame)], dtype=bool)  # (n,)
     if not fresh.all():
         log.info("sts_tuned %s: %d of %d pairs are in the STS-B splits that fitted the matrix; scored on the other %d",
                  name, int((~fresh).sum()), len(frame), int(fresh.sum()))
