@@ -56,6 +56,7 @@ STS_COLUMN_NAMES = {
     "sentence2": ("sentence2", "sentence_B", "sentence_b", "sentence_2", "s2", "text2", "text_b"),
     "score": ("score", "relatedness_score", "similarity_score", "similarity", "gold_score", "label"),
 }
+MAX_LABEL_CLASSES = 3  # a `label` column with at most this many whole values is a class, not a 0-5 score
 STS_INPUT_PREFIX, STS_GOLD_PREFIX = "STS.input.", "STS.gs."  # the STS 2012-2016 releases' file pairs
 
 
@@ -146,6 +147,11 @@ def _sts_columns(df: pd.DataFrame, path: str) -> pd.DataFrame:
     if bad.any():
         row = int(bad.to_numpy().argmax())
         raise BadInputError(f"{path}: row {row + 1}: {picked['score']} {df[picked['score']].iloc[row]!r} is not a number")
+    classes = sorted(scores.dropna().unique())
+    if picked["score"] == "label" and len(classes) <= MAX_LABEL_CLASSES and all(float(c).is_integer() for c in classes):
+        # Hugging Face's glue/stsb calls its 0-5 scores `label`; classification tables (MRPC, NLI) do too.
+        raise BadInputError(f"{path}: its label column holds only the classes {[int(c) for c in classes]}, not "
+                            f"similarity scores; name the score column one of {list(STS_COLUMN_NAMES['score'][:-1])}")
     frame = pd.DataFrame({"sentence1": df[picked["sentence1"]].astype(str), "sentence2": df[picked["sentence2"]].astype(str),
                           "score": scores.astype(float)})
     return _without_missing_gold(frame)

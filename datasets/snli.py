@@ -27,11 +27,21 @@ def fraction_rank(premise: str, hypothesis: str, seed: int = 0) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
+# Column names of the common SNLI releases, ours first: SNLI's own files, Hugging Face / MultiNLI exports.
+SNLI_COLUMN_NAMES = {
+    "premise": ("sentence1", "premise"),
+    "hypothesis": ("sentence2", "hypothesis"),
+    "label": ("gold_label", "label"),
+}
+NO_GOLD = "-"  # SNLI's gold label where the annotators did not agree (Hugging Face exports: -1)
+
+
 def read_snli(path: str | Path) -> pd.DataFrame:
-    """-> DataFrame(premise, hypothesis, label) with label in {0, 1, 2}; gold '-' pairs dropped.
+    """-> DataFrame(premise, hypothesis, label) with label in {0, 1, 2}.
 
     Accepts parquet/jsonl/txt with either SNLI's own names (sentence1, sentence2, gold_label) or
-    premise/hypothesis/label. Unknown labels raise, naming the file and row.
+    premise/hypothesis/label. Pairs without a gold label ('-', or -1) are left out and counted in
+    `frame.attrs["without_gold"]`; any other label raises, naming the file and row.
     """
     path = str(path)
     suffix = storage.name(path)
@@ -44,31 +54,35 @@ def read_snli(path: str | Path) -> pd.DataFrame:
         with storage.open_text(path) as fh:
             df = pd.read_csv(fh, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
     else:
-        raise ValueError(f"{path}: SNLI must be .parquet, .jsonl or .txt")
-    premise = next((c for c in ("sentence1", "premise") if c in df.columns), None)
-    hypothesis = next((c for c in ("sentence2", "hypothesis") if c in df.columns), None)
-    label = next((c for c in ("gold_label", "label") if c in df.columns), None)
-    if not (premise and hypothesis and label):
-        raise ValueError(f"{path}: expected sentence1/sentence2/gold_label columns, found {list(df.columns)}")
-    labels = df[label].map(_label_name)
-    df = df[labels != "-"].reset_index(drop=True)
-    labels = labels[labels != "-"].reset_index(drop=True)
-    bad = ~labels.isin(LABELS)
+        raise storage.BadInputError(f"{path}: SNLI must be .parquet, .jsonl or .txt")
+    picked = {ours: storage.pick_column(df.columns, names, path, ours) for ours, names in SNLI_COLUMN_NAMES.items()}
+    labels = df[picked["label"]].map(_label_name)
+    bad = ~labels.isin(LABELS + (NO_GOLD,))
     if bad.any():
         row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise ValueError(f"{path}: row {row}: unknown label {df[label][row]!r}")
-    return pd.DataFrame(
+        raise storage.BadInputError(f"{path}: row {row + 1}: unknown label {_shown(df[picked['label']].iloc[row])} "
+                                    f"(expected one of {list(LABELS)}, 0-2, or {NO_GOLD!r} / -1 for no gold label)")
+    gold = (labels != NO_GOLD).to_numpy()
+    frame = pd.DataFrame(
         {
-            "premise": df[premise].astype(str),
-            "hypothesis": df[hypothesis].astype(str),
-            "label": labels.map(LABEL_IDS).astype("int64"),
+            "premise": df[picked["premise"]][gold].astype(str),
+            "hypothesis": df[picked["hypothesis"]][gold].astype(str),
+            "label": labels[gold].map(LABEL_IDS).astype("int64"),
         }
-    )
+    ).reset_index(drop=True)
+    frame.attrs["without_gold"] = int((~gold).sum())
+    return frame
+
+
+def _shown(value) -> str:
+    return repr(value.item() if isinstance(value, np.generic) else value)
 
 
 def _label_name(value) -> str:
     if isinstance(value, (int, np.integer)):
-        return LABELS[int(value)] if 0 <= int(value) < 3 else "-"  # HF exports use -1 for no gold
+        if int(value) == -1:  # Hugging Face exports: no gold label
+            return NO_GOLD
+        return LABELS[int(value)] if 0 <= int(value) < len(LABELS) else str(value)
     return str(value).strip()
 
 

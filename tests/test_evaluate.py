@@ -202,9 +202,14 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     (tmp_path / "STS.input.short.txt").write_text("a\tb\nc\td\n")
     (tmp_path / "STS.gs.short.txt").write_text("3.0\n")
     (tmp_path / "bad_score.tsv").write_text("sentence_A\tsentence_B\trelatedness_score\nx\ty\t4.1\nx\ty\thigh\n")
+    # `label` is read as the score where it holds scores (Hugging Face's glue/stsb), refused where it holds classes.
+    plain.rename(columns={"score": "label"}).to_json(tmp_path / "glue_stsb.jsonl", orient="records", lines=True)
+    pd.testing.assert_frame_equal(read_sts_file(tmp_path / "glue_stsb.jsonl"), plain, check_exact=False, atol=1e-3)
+    plain.assign(label=(plain["score"] > 2.5).astype(int)).drop(columns="score").to_parquet(tmp_path / "mrpc.parquet")
     for file, message in (("two_columns.tsv", "two_columns.tsv: no header row naming the sentence and score columns"),
                           ("STS.input.nogold.txt", "STS.gs.nogold.txt are not beside it"),
                           ("STS.input.short.txt", "STS.gs.short.txt: 1 lines for the 2 pairs"),
-                          ("bad_score.tsv", "bad_score.tsv: row 2: relatedness_score 'high' is not a number")):
+                          ("bad_score.tsv", "bad_score.tsv: row 2: relatedness_score 'high' is not a number"),
+                          ("mrpc.parquet", r"mrpc.parquet: its label column holds only the classes \[0, 1\], not similarity")):
         with pytest.raises(BadInputError, match=message):
             read_sts_file(tmp_path / file)

@@ -61,6 +61,7 @@ def test_prepare_snli_writes_ranked_shards(ray_session, tmp_path):
                              "label": ["entailment", "-", "neutral"]}), src)
     manifest = get_task("snli").prepare([str(src)], str(tmp_path / "snli"), load_config())
     assert manifest["pairs"] == 2 and manifest["labels"] == {"entailment": 1, "neutral": 1, "contradiction": 0}
+    assert manifest["without_gold"] == 1  # the '-' pair: left out, and counted
     table = pq.read_table(tmp_path / "snli" / "train").to_pandas()
     assert set(table.columns) >= {"premise", "hypothesis", "label", "fraction_rank"}
     assert table["fraction_rank"].between(0, 1).all()

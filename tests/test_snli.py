@@ -34,6 +34,22 @@ def test_official_jsonl_drops_gold_dash(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     df = read_snli(path)
     assert list(df["label"]) == [LABEL_IDS["entailment"], LABEL_IDS["contradiction"]]
+    assert df.attrs["without_gold"] == 1
+
+
+def test_hugging_face_export_with_integer_labels(tmp_path):
+    """premise/hypothesis/label with labels 0-2 and -1 for no gold label (Hugging Face's snli);
+    any other integer is refused, not left out as if it had no gold label."""
+    path = tmp_path / "snli_validation.parquet"
+    pd.DataFrame({"premise": ["a", "b", "c"], "hypothesis": ["d", "e", "f"], "label": [2, -1, 0]}).to_parquet(path)
+    df = read_snli(path)
+    assert list(df["label"]) == [2, 0] and list(df["premise"]) == ["a", "c"] and df.attrs["without_gold"] == 1
+    pd.DataFrame({"premise": ["a", "b"], "hypothesis": ["d", "e"], "label": [1, 3]}).to_parquet(path)
+    with pytest.raises(ValueError, match=r"snli_validation.parquet: row 2: unknown label 3 \(expected one of"):
+        read_snli(path)
+    pd.DataFrame({"premise": ["a"], "text_b": ["d"], "label": [1]}).to_parquet(path)
+    with pytest.raises(ValueError, match=r"snli_validation.parquet: no hypothesis column; expected one of \['sentence2', 'hypothesis'\]"):
+        read_snli(path)
 
 
 def test_official_txt_and_bad_label(tmp_path):
@@ -43,5 +59,5 @@ def test_official_txt_and_bad_label(tmp_path):
     assert read_snli(path)["premise"][0] == 'A "quoted" man.'
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"premise": "a", "hypothesis": "b", "label": "maybe"}) + "\n")
-    with pytest.raises(ValueError, match="bad.jsonl: row 0: unknown label"):
+    with pytest.raises(ValueError, match="bad.jsonl: row 1: unknown label 'maybe'"):
         read_snli(bad)

@@ -9,6 +9,7 @@ import pandas as pd
 from datasets.snli import read_snli
 from datasets.storage import resolve_path
 from ray_jobs.metrics import accuracy
+from ray_jobs.runtime import log
 
 
 def nli_metrics(scorer, frame: pd.DataFrame, prefix: str) -> Dict[str, float]:
@@ -17,4 +18,6 @@ def nli_metrics(scorer, frame: pd.DataFrame, prefix: str) -> Dict[str, float]:
 
 
 def nli_accuracy(scorer, path: str, prefix: str) -> Dict[str, float]:
-    return nli_metrics(scorer, read_snli(resolve_path(path)), prefix)
+    frame = read_snli(resolve_path(path))
+    log.info("%s: %d pairs scored, %d without a gold label left out", prefix, len(frame), frame.attrs["without_gold"])
+    return nli_metrics(scorer, frame, prefix)

@@ -38,11 +38,12 @@ class SnliTask(Task):
         from ray_jobs.runtime import log
 
         path = storage.resolve_path(inputs[0])
-        frame = snli.with_fraction_rank(snli.read_snli(path), cfg.data.snli_fraction_seed)
+        read = snli.read_snli(path)
+        frame = snli.with_fraction_rank(read, cfg.data.snli_fraction_seed)
         self.write_train_frame(frame, out_dir, cfg)
         manifest = {"input": path, "pairs": len(frame), "labels": snli.label_counts(frame),
-                    "fraction_seed": cfg.data.snli_fraction_seed}
-        log.info("snli: %d pairs -> %s", len(frame), out_dir)
+                    "without_gold": read.attrs["without_gold"], "fraction_seed": cfg.data.snli_fraction_seed}
+        log.info("snli: %d pairs -> %s (%d without a gold label left out)", len(frame), out_dir, read.attrs["without_gold"])
         return self.write_manifest(out_dir, manifest)
 
     def train_rows(self, cfg, prepared_root: str):
