@@ -71,28 +71,19 @@ def test_prepare_on_a_truncated_zst_fails_in_one_line_and_writes_no_shards(tmp_p
 # ---- 2. half-written prepared folders
 
 
-@pytest.fixture(scope="module")
-def prepared_sample(ray_session, tmp_path_factory):
-    from ray_jobs.training.run import prepare_all
-
-    out = tmp_path_factory.mktemp("prepared")
-    prepare_all(load_config(None, ["trainer.task_weights={snli: 1.0}"]), str(out))
-    return out
-
-
 @pytest.mark.parametrize("damage, message", [
     ("no_manifest", "has shards but no manifest.json: an interrupted or older `convsts prepare`"),
     ("missing_shard", "shards do not match"),
     ("extra_shard", "shards do not match"),
     ("corrupt_shard", "not a readable parquet file"),
 ])
-def test_a_damaged_prepared_folder_is_refused(prepared_sample, tmp_path, damage, message):
+def test_a_damaged_prepared_folder_is_refused(sample_prepared, tmp_path, damage, message):
     import shutil
 
     from ray_jobs.tasks import get_task
 
     root = tmp_path / "p"
-    shutil.copytree(prepared_sample, root)
+    shutil.copytree(sample_prepared / "snli", root / "snli")  # the session's sample stays intact
     snli = get_task("snli")
     snli.verify_prepared(str(root))  # intact: accepted
     shard = sorted((root / "snli" / "train").glob("*.parquet"))[0]
@@ -330,7 +321,7 @@ def test_submit_keeps_credentials_out_of_the_job_spec(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_planted_secret_appears_in_no_log_param_or_artifact(prepared_sample, ray_session, tmp_path):
+def test_a_planted_secret_appears_in_no_log_param_or_artifact(sample_prepared, ray_session, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from tiny import TINY_TRAIN
@@ -340,7 +331,7 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(prepared_sample, r
     env = {**ENV, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
            "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}  # MLflow's own setting: samples within a short run
     result = subprocess.run(
-        [sys.executable, "-m", "ray_jobs.train", "--out", str(out), "--prepared", str(prepared_sample),
+        [sys.executable, "-m", "ray_jobs.train", "--out", str(out), "--prepared", str(sample_prepared),
          "trainer.task_weights={snli: 1.0}", *TINY_TRAIN, f"data.reddit_inputs=[{PLANTED}]",
          f"mlflow.run_name=run-from-{PLANTED}"],
         capture_output=True, text=True, env=env, cwd=scratch, timeout=600)
