@@ -13,16 +13,25 @@ reddit/train holding the mined pairs with a `negative` column. Train on it with
 `--prepared OUT data.reddit_hard_negatives=true`: each context's softmax then runs over the batch's
 responses and its negatives. Pairs with no eligible candidate are left out of OUT and counted in
 OUT/reddit/manifest.json under "negatives".
+
+With --embeddings DIR the encoded sentences are kept in DIR, chunk by chunk, beside a key of the
+checkpoint's weights and the pairs' text: a killed run resumes from its last whole chunk, and a
+re-run with other --range-min/--range-max/--margin encodes nothing. A DIR holding another
+checkpoint's or other pairs' embeddings is refused, never reused.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import io
+import json
 import time
-from typing import Sequence
+from typing import Callable, Dict, Sequence
 
 import numpy as np
+import torch
 
 from datasets import storage
 from datasets.storage import BadInputError
@@ -46,6 +55,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help="skip candidates scoring above the true response's score minus this (default: no filter)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--batch-size", type=int, default=128, help="sentences per encode batch")
+    parser.add_argument("--embeddings", default="",
+                        help="keep the encoded sentences in this folder (local or a URI): a killed run resumes, "
+                             "a re-run with other ranges or margin encodes nothing")
     parser.add_argument("--config", default=None, help="run config (data.rows_per_shard of the new shards)")
     parser.add_argument("overrides", nargs="*")
     return parser
@@ -71,7 +83,82 @@ def copy_tree(source: str, target: str) -> None:
     pafs.copy_files(src, dst, source_filesystem=src_fs or pafs.LocalFileSystem(), destination_filesystem=dst_fs)
 
 
-def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig, pairs: int, batch_size: int, cfg):
+EMBEDDING_CHUNK = 4096  # sentences per cached file: a killed run loses at most one chunk of encoding
+CHECKPOINT_WEIGHTS = ("model.safetensors", "tokenizer.json")  # what a checkpoint's embeddings depend on
+
+
+def embeddings_key(checkpoint: str, frame, chunk: int) -> Dict[str, str]:
+    """What cached embeddings are of: the checkpoint's weights and tokenizer, the pairs' text, the chunking."""
+    weights = hashlib.sha1()
+    for file in CHECKPOINT_WEIGHTS:
+        with storage.open_binary(storage.join(checkpoint, file)) as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                weights.update(block)
+    texts = hashlib.sha1()
+    for context, response in zip(frame["context"], frame["response"]):
+        texts.update(f"{context}\x00{response}\x00".encode("utf-8"))
+    return {"checkpoint_weights": weights.hexdigest(), "pairs_text": texts.hexdigest(), "pairs": str(len(frame)),
+            "chunk": str(chunk)}
+
+
+class EmbeddingCache:
+    """Encoded sentences in a folder, one .npy file per chunk of `chunk` rows and side, beside the
+    key (embeddings_key) they were made under. Each file is written whole (a local file renamed
+    into place; an object store's upload completes or is absent), so a killed run leaves only whole
+    chunks."""
+
+    def __init__(self, folder: str, key: Dict[str, str], chunk: int):
+        self.folder, self.chunk, self.reused, self.encoded = folder, chunk, 0, 0
+        key_path = storage.join(folder, "key.json")
+        if storage.is_file(key_path):
+            held = json.loads(storage.read_text(key_path))
+            differ = sorted(k for k in set(held) | set(key) if held.get(k) != key.get(k))
+            if differ:
+                raise BadInputError(f"{key_path}: these embeddings are of another {' and '.join(differ)} than this run's "
+                                    f"(held {[held.get(k) for k in differ]}, this run {[key.get(k) for k in differ]}); "
+                                    f"give --embeddings a new folder")
+        else:
+            if not storage.is_uri(folder):
+                from pathlib import Path
+
+                Path(folder).mkdir(parents=True, exist_ok=True)
+            storage.write_text(key_path, json.dumps(key, indent=1, sort_keys=True))
+
+    def side(self, name: str, texts: Sequence[str], encode: Callable[[Sequence[str]], torch.Tensor]) -> torch.Tensor:
+        """(n, D) float32 embeddings of `texts`, read where a chunk is cached, else encoded and cached."""
+        parts = []
+        for index, start in enumerate(range(0, len(texts), self.chunk)):
+            path = storage.join(self.folder, f"{name}-{index:05d}.npy")
+            if storage.is_file(path):
+                with storage.open_binary(path) as fh:
+                    parts.append(torch.from_numpy(np.load(io.BytesIO(fh.read()))))
+                self.reused += 1
+                continue
+            emb = encode(texts[start:start + self.chunk]).cpu().float()  # (c, D)
+            buffer = io.BytesIO()
+            np.save(buffer, emb.numpy())
+            _write_whole(path, buffer.getvalue())
+            parts.append(emb)
+            self.encoded += 1
+            log.info("mine-negatives: %s chunk %d of %d encoded", name, index + 1, -(-len(texts) // self.chunk))
+        return torch.cat(parts)  # (n, D)
+
+
+def _write_whole(path: str, data: bytes) -> None:
+    if storage.is_uri(path):
+        fs, inner = storage.resolve(path)
+        with fs.open_output_stream(inner, compression=None) as dst:
+            dst.write(data)
+        return
+    from pathlib import Path
+
+    partial = Path(path + ".partial")
+    partial.write_bytes(data)
+    partial.replace(path)
+
+
+def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig, pairs: int, batch_size: int, cfg,
+                  embeddings: str = "", chunk: int = EMBEDDING_CHUNK):
     """The work of the command; returns OUT's Reddit manifest."""
     import models
 
@@ -94,10 +181,15 @@ def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig
         raise BadInputError(f"{REDDIT.train_path(prepared)}: {len(frame)} pairs to mine, need more than "
                             f"--range-min ({mining.range_min})")
     log.info("mine-negatives: encoding %d contexts and %d responses with %s", len(frame), len(frame), checkpoint)
-    context = encoder.encode(frame["context"].tolist(), batch_size=batch_size, convert_to_tensor=True)  # (n, D)
-    response = encoder.encode_responses(frame["response"].tolist(), batch_size=batch_size,
-                                        convert_to_tensor=True)  # (n, D)
-    chosen = mine(context.cpu().float(), response.cpu().float(), mining)  # (n,)
+    cache = EmbeddingCache(embeddings, embeddings_key(checkpoint, frame, chunk), chunk) if embeddings else None
+    sides = {"context": lambda texts: encoder.encode(list(texts), batch_size=batch_size, convert_to_tensor=True),
+             "response": lambda texts: encoder.encode_responses(list(texts), batch_size=batch_size, convert_to_tensor=True)}
+    context, response = (cache.side(name, frame[name].tolist(), encode) if cache else encode(frame[name].tolist()).cpu().float()
+                         for name, encode in sides.items())  # (n, D) each
+    if cache and cache.reused:
+        log.info("mine-negatives: %d of %d chunks read from %s, %d encoded", cache.reused, cache.reused + cache.encoded,
+                 embeddings, cache.encoded)
+    chosen = mine(context, response, mining)  # (n,)
     found = chosen >= 0
     frame[NEGATIVE] = frame["response"].to_numpy()[np.where(found, chosen, 0)]
     mined = frame[found].reset_index(drop=True)
@@ -116,6 +208,7 @@ def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig
         "checkpoint": checkpoint, "from": prepared, "of_train_pairs": total, "sampled_pairs": len(frame),
         "mined_pairs": len(mined), "without_negative": int((~found).sum()),
         **{k: v for k, v in dataclasses.asdict(mining).items() if k != "chunk"},
+        "embeddings": storage.redact(embeddings), "embedding_chunks_reused": cache.reused if cache else 0,
         "seconds": round(time.time() - started, 1)})
     return REDDIT.write_manifest(reddit_out, manifest)
 
@@ -132,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--pairs: must be >= 0 (0 = all), got {args.pairs}")
     setup_logging()
     cfg = load_config(args.config, args.overrides)
-    manifest = mine_prepared(args.checkpoint, args.prepared, args.out, mining, args.pairs, args.batch_size, cfg)
+    manifest = mine_prepared(args.checkpoint, args.prepared, args.out, mining, args.pairs, args.batch_size, cfg,
+                             embeddings=args.embeddings)
     log.info("wrote %s: %d Reddit training pairs with a negative (%.0f s)", args.out,
              manifest["negatives"]["mined_pairs"], manifest["negatives"]["seconds"])
     return 0

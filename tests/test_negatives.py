@@ -134,3 +134,49 @@ def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(r
     assert losses and all(np.isfinite(losses))
     assert client.get_run(result.run_id).data.params["data.reddit_hard_negatives"] == "True"
     assert (result.checkpoint / "train_state.pt").is_file()
+
+
+def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(ray_session, sample_prepared, tmp_path):
+    """--embeddings: a run writes each chunk's embeddings, a run killed mid-way resumes from its
+    whole chunks to the same negatives, a re-run with other ranges encodes nothing, and a folder
+    made by another checkpoint or for other pairs is refused."""
+    from models import load, save_checkpoint
+    from ray_jobs.mine import mine_prepared
+    from ray_jobs.training.data import build_tokenizer
+
+    cfg = load_config(None, TINY_DAN)
+    tokenizer = build_tokenizer(cfg, str(sample_prepared))
+    checkpoints = []
+    for seed in (0, 1):
+        seed_everything(seed)
+        checkpoints.append(tmp_path / f"untrained{seed}")
+        save_checkpoint(checkpoints[-1], build_model(cfg.model, tokenizer, model_heads(cfg)), tokenizer, cfg.to_dict())
+    cache = tmp_path / "emb"
+
+    def run(out, checkpoint=checkpoints[0], pairs=0, **ranges):
+        mining = MiningConfig(**{"range_min": 1, "range_max": 20, **ranges})
+        manifest = mine_prepared(str(checkpoint), str(sample_prepared), str(tmp_path / out), mining, pairs, 64, cfg,
+                                 embeddings=str(cache), chunk=200)
+        return manifest["negatives"], pd.read_parquet(tmp_path / out / "reddit" / "train")
+
+    first, mined = run("first")
+    chunks = sorted(p.name for p in cache.glob("*.npy"))
+    n = first["sampled_pairs"]
+    assert first["embedding_chunks_reused"] == 0 and len(chunks) == 2 * -(-n // 200)
+    contexts = np.concatenate([np.load(cache / c) for c in chunks if c.startswith("context")])
+    frame = pd.read_parquet(sample_prepared / "reddit" / "train")
+    frame = frame.sort_values(list(frame.columns), kind="stable").reset_index(drop=True)
+    np.testing.assert_allclose(contexts, load(checkpoints[0]).encode(frame["context"].tolist()), atol=1e-5)
+
+    (cache / chunks[1]).unlink()  # a run killed while encoding that chunk: its file is not there
+    (cache / (chunks[1] + ".partial")).write_bytes(b"half")
+    resumed, again = run("resumed")
+    assert resumed["embedding_chunks_reused"] == len(chunks) - 1
+    pd.testing.assert_frame_equal(again, mined)  # the same negatives as the uninterrupted run
+    wider, _ = run("wider", range_min=5, range_max=50)
+    assert wider["embedding_chunks_reused"] == len(chunks) and wider["mined_pairs"] > 0
+
+    with pytest.raises(BadInputError, match=r"emb/key.json: these embeddings are of another checkpoint_weights than"):
+        run("other_model", checkpoint=checkpoints[1])
+    with pytest.raises(BadInputError, match=r"emb/key.json: these embeddings are of another pairs and pairs_text than"):
+        run("other_pairs", pairs=300)
