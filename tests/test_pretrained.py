@@ -21,12 +21,14 @@ from ray_jobs.config import load_config  # noqa: E402
 SENTENCES = ["A man is playing a guitar.", "Two dogs run through a snowy field", "ok"]
 
 
-def _reference(sentences):
-    """Mean pooling of the model's last hidden state, as its model card computes it."""
+def _reference(sentences, folder=None):
+    """Mean pooling of the model's last hidden state, as its model card computes it (the packaged
+    weights unless `folder` is given)."""
     from transformers import AutoModel, AutoTokenizer
 
-    folder = str(pretrained_folder(""))
-    tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()
+    folder = str(folder or pretrained_folder(""))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder, add_pooling_layer=False).eval()
     batch = tokenizer(sentences, padding=True, truncation=True, max_length=128, return_tensors="pt")
     with torch.no_grad():
         hidden = model(**batch).last_hidden_state  # (B, L, H)
@@ -104,18 +106,6 @@ def _plain_bert_release(folder, pickled=False, **save):
     return folder
 
 
-def _mean_pooled(folder, sentences):
-    from transformers import AutoModel, BertTokenizerFast
-
-    tokenizer = BertTokenizerFast.from_pretrained(str(folder))
-    model = AutoModel.from_pretrained(str(folder), add_pooling_layer=False).eval()
-    batch = tokenizer(sentences, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden = model(**batch).last_hidden_state  # (B, L, H)
-    mask = batch["attention_mask"].unsqueeze(-1).float()  # (B, L, 1)
-    return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1).numpy()
-
-
 def test_a_plain_bert_release_loads_from_a_folder_and_from_a_bucket(tmp_path):
     """model.pretrained.path takes a BERT release that has PyTorch weights and only a vocab.txt,
     and one with sharded safetensors in a bucket (copied once into a cache folder); both give the
@@ -124,7 +114,7 @@ def test_a_plain_bert_release_loads_from_a_folder_and_from_a_bucket(tmp_path):
 
     plain = _plain_bert_release(tmp_path / "plain", pickled=True)
     assert (plain / "pytorch_model.bin").is_file() and not (plain / "tokenizer.json").exists()
-    reference = _mean_pooled(plain, SENTENCES)
+    reference = _reference(SENTENCES, plain)
     config = ModelConfig(encoder="pretrained")
     config.pretrained.path = str(plain)
     tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=32))
@@ -159,7 +149,7 @@ def test_a_plain_bert_release_loads_from_a_folder_and_from_a_bucket(tmp_path):
             pretrained_folder(f"s3://convsts-models/{tmp_path.name}/elsewhere")
     with torch.no_grad():
         ours = model.encode({"ids": torch.from_numpy(tokenizer.encode(SENTENCES)["ids"])}).numpy()
-    np.testing.assert_allclose(ours, _mean_pooled(sharded, SENTENCES), atol=1e-5)
+    np.testing.assert_allclose(ours, _reference(SENTENCES, sharded), atol=1e-5)
     with pytest.raises(FileNotFoundError, match=r"plain: not a Hugging Face model folder \(missing tokenizer.json or vocab.txt\)"):
         (plain / "vocab.txt").unlink()
         pretrained_folder(str(plain))
