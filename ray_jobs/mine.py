@@ -114,7 +114,7 @@ class EmbeddingCache:
             held = json.loads(storage.read_text(key_path))
             differ = sorted(k for k in set(held) | set(key) if held.get(k) != key.get(k))
             if differ:
-                raise BadInputError(f"{key_path}: these embeddings are of another {' and '.join(differ)} than this run's "
+                raise BadInputError(f"{storage.redact(key_path)}: these embeddings are of another {' and '.join(differ)} than this run's "
                                     f"(held {[held.get(k) for k in differ]}, this run {[key.get(k) for k in differ]}); "
                                     f"give --embeddings a new folder")
         else:
@@ -182,13 +182,18 @@ def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig
                             f"--range-min ({mining.range_min})")
     log.info("mine-negatives: encoding %d contexts and %d responses with %s", len(frame), len(frame), checkpoint)
     cache = EmbeddingCache(embeddings, embeddings_key(checkpoint, frame, chunk), chunk) if embeddings else None
-    sides = {"context": lambda texts: encoder.encode(list(texts), batch_size=batch_size, convert_to_tensor=True),
-             "response": lambda texts: encoder.encode_responses(list(texts), batch_size=batch_size, convert_to_tensor=True)}
-    context, response = (cache.side(name, frame[name].tolist(), encode) if cache else encode(frame[name].tolist()).cpu().float()
-                         for name, encode in sides.items())  # (n, D) each
+    encoders = {"context": lambda texts: encoder.encode(list(texts), batch_size=batch_size, convert_to_tensor=True),
+                "response": lambda texts: encoder.encode_responses(list(texts), batch_size=batch_size,
+                                                                   convert_to_tensor=True)}
+
+    def embedded(side: str) -> torch.Tensor:  # (n, D)
+        texts = frame[side].tolist()
+        return cache.side(side, texts, encoders[side]) if cache else encoders[side](texts).cpu().float()
+
+    context, response = embedded("context"), embedded("response")  # (n, D) each
     if cache and cache.reused:
         log.info("mine-negatives: %d of %d chunks read from %s, %d encoded", cache.reused, cache.reused + cache.encoded,
-                 embeddings, cache.encoded)
+                 storage.redact(embeddings), cache.encoded)
     chosen = mine(context, response, mining)  # (n,)
     found = chosen >= 0
     frame[NEGATIVE] = frame["response"].to_numpy()[np.where(found, chosen, 0)]

@@ -90,6 +90,9 @@ def train_log_level() -> str:
     return "INFO" if verbose() else "WARNING"
 
 
+LOCAL_STARTUP_CONCURRENCY = 4  # Python workers a local Ray instance starts at once, at the least
+
+
 def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> None:
     """Attach to the cluster at `address`/RAY_ADDRESS, or start a local instance on this machine."""
     import ray
@@ -117,7 +120,13 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
         # cannot be bound to loopback: they listen on all interfaces and Ray replaces a 127.0.0.1
         # node address with the machine's (ray/_private/services.py, resolve_ip_for_localhost);
         # later Ray releases bind them to the node IP (ray-project/ray#59852). docs/reliability.md.
-        ray.init(num_cpus=num_cpus, dashboard_host="127.0.0.1", **kwargs)
+        # The raylet warns once it has started 4x its worker start-up concurrency (the CPU count) of
+        # Python workers; a training run starts about 8 (Train's controller and workers, Ray Data's
+        # tasks and actors), which on a 2-CPU machine printed that warning on every run. At least
+        # LOCAL_STARTUP_CONCURRENCY concurrent starts keep it for a real excess of workers.
+        cpus = num_cpus or os.cpu_count() or 1
+        ray.init(num_cpus=num_cpus, dashboard_host="127.0.0.1",
+                 _system_config={"worker_maximum_startup_concurrency": max(LOCAL_STARTUP_CONCURRENCY, cpus)}, **kwargs)
 
 
 def tracking_uri(configured: str, out_dir: Optional[str | Path]) -> str:
