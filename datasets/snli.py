@@ -79,11 +79,13 @@ def _shown(value) -> str:
 
 
 def _label_name(value) -> str:
-    if isinstance(value, (int, np.integer)):
-        if int(value) == -1:  # Hugging Face exports: no gold label
+    """A label as SNLI names it: a name, an id 0-2 (also as text, from a tab-separated export), or NO_GOLD."""
+    text = str(value).strip()
+    if isinstance(value, (int, np.integer)) or text.lstrip("-").isdigit():
+        if int(text) == -1:  # Hugging Face exports: no gold label
             return NO_GOLD
-        return LABELS[int(value)] if 0 <= int(value) < len(LABELS) else str(value)
-    return str(value).strip()
+        return LABELS[int(text)] if 0 <= int(text) < len(LABELS) else text
+    return text
 
 
 def with_fraction_rank(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:

@@ -44,6 +44,9 @@ def test_hugging_face_export_with_integer_labels(tmp_path):
     pd.DataFrame({"premise": ["a", "b", "c"], "hypothesis": ["d", "e", "f"], "label": [2, -1, 0]}).to_parquet(path)
     df = read_snli(path)
     assert list(df["label"]) == [2, 0] and list(df["premise"]) == ["a", "c"] and df.attrs["without_gold"] == 1
+    tsv = tmp_path / "snli_validation.tsv"  # the same export written as text
+    tsv.write_text("premise\thypothesis\tlabel\na\td\t2\nb\te\t-1\nc\tf\t0\n")
+    pd.testing.assert_frame_equal(read_snli(tsv), df)
     pd.DataFrame({"premise": ["a", "b"], "hypothesis": ["d", "e"], "label": [1, 3]}).to_parquet(path)
     with pytest.raises(ValueError, match=r"snli_validation.parquet: row 2: unknown label 3 \(expected one of"):
         read_snli(path)
