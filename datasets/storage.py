@@ -245,13 +245,21 @@ def read_parquet_schema(path: str | Path):
     return pq.read_schema(inner, filesystem=fs)
 
 
-def write_text(path: str | Path, text: str) -> None:
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """A file written whole or not at all: a local file is written beside its name and renamed into
+    place; an object store's upload completes or leaves nothing."""
     if not is_uri(path):
-        Path(path).write_text(text, encoding="utf-8")
+        partial = Path(path).with_name(Path(path).name + ".partial")
+        partial.write_bytes(data)
+        partial.replace(path)
         return
     fs, inner = resolve(path)
     with fs.open_output_stream(inner, compression=None) as out:
-        out.write(text.encode("utf-8"))
+        out.write(data)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
 
 
 def read_text(path: str | Path) -> str:

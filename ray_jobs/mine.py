@@ -103,9 +103,8 @@ def embeddings_key(checkpoint: str, frame, chunk: int) -> Dict[str, str]:
 
 class EmbeddingCache:
     """Encoded sentences in a folder, one .npy file per chunk of `chunk` rows and side, beside the
-    key (embeddings_key) they were made under. Each file is written whole (a local file renamed
-    into place; an object store's upload completes or is absent), so a killed run leaves only whole
-    chunks."""
+    key (embeddings_key) they were made under. Each file is written whole (storage.write_bytes),
+    so a killed run leaves only whole chunks."""
 
     def __init__(self, folder: str, key: Dict[str, str], chunk: int):
         self.folder, self.chunk, self.reused, self.encoded = folder, chunk, 0, 0
@@ -137,24 +136,11 @@ class EmbeddingCache:
             emb = encode(texts[start:start + self.chunk]).cpu().float()  # (c, D)
             buffer = io.BytesIO()
             np.save(buffer, emb.numpy())
-            _write_whole(path, buffer.getvalue())
+            storage.write_bytes(path, buffer.getvalue())
             parts.append(emb)
             self.encoded += 1
             log.info("mine-negatives: %s chunk %d of %d encoded", name, index + 1, -(-len(texts) // self.chunk))
         return torch.cat(parts)  # (n, D)
-
-
-def _write_whole(path: str, data: bytes) -> None:
-    if storage.is_uri(path):
-        fs, inner = storage.resolve(path)
-        with fs.open_output_stream(inner, compression=None) as dst:
-            dst.write(data)
-        return
-    from pathlib import Path
-
-    partial = Path(path + ".partial")
-    partial.write_bytes(data)
-    partial.replace(path)
 
 
 def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig, pairs: int, batch_size: int, cfg,
