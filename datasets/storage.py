@@ -10,6 +10,7 @@ Outputs of a run (checkpoints, MLflow store, evaluation folders) stay local unle
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob as local_glob
 import io
@@ -25,6 +26,26 @@ class BadInputError(ValueError):
     prepared folder); the message names the file."""
 
 
+class StorageError(OSError):
+    """A filesystem or object store that could not be reached, or that refused a request (no such
+    bucket, access denied, a network error); the message names the path, credentials redacted."""
+
+
+@contextlib.contextmanager
+def reaching(path: str | Path):
+    """Turns a filesystem's own error while reaching `path` (pyarrow's OSError, or its ArrowInvalid for
+    a URI it cannot parse) into one line naming the path; a missing file stays FileNotFoundError."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (FileNotFoundError, BadInputError, StorageError):
+        raise
+    except (OSError, pa.ArrowInvalid) as err:
+        detail = redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+        raise StorageError(f"{redact(str(path))}: {detail}") from err
+
+
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 
 
@@ -33,7 +54,7 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
 _SECRET_PARAM = re.compile(
     r"(?P<name>[?&;](?:[A-Za-z0-9_.-]*?)(?:key|secret|token|password|passwd|pwd|signature|sig|credential|auth)"
-    r"[A-Za-z0-9_.-]*=)(?P<value>[^&#\s'\"]+)", re.IGNORECASE)
+    r"[A-Za-z0-9_.-]*=)(?P<value>[^&#\s'\"]+?)(?=[&#\s'\"]|:\s|$)", re.IGNORECASE)  # a value ends before ": "
 REDACTED = "***"
 
 
@@ -86,7 +107,8 @@ def _split_query(uri: str) -> Tuple[str, str]:
 def resolve(path: str | Path) -> Tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for a local path or a URI."""
     if is_uri(path):
-        return pafs.FileSystem.from_uri(str(path))
+        with reaching(path):
+            return pafs.FileSystem.from_uri(str(path))
     return pafs.LocalFileSystem(), os.path.abspath(str(path))
 
 
@@ -146,7 +168,8 @@ def name(path: str | Path) -> str:
 
 def _info(path: str | Path) -> pafs.FileInfo:
     fs, inner = resolve(path)
-    return fs.get_file_info(inner)
+    with reaching(path):
+        return fs.get_file_info(inner)
 
 
 def is_dir(path: str | Path) -> bool:
@@ -173,7 +196,8 @@ def list_files(folder: str | Path) -> List[str]:
     if not is_uri(folder):
         return sorted(str(p) for p in Path(folder).iterdir() if p.is_file() and not p.name.startswith("."))
     fs, inner = resolve(folder)
-    infos = fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False))
+    with reaching(folder):
+        infos = fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False))
     return sorted(_child(str(folder), inner, i.path) for i in infos
                   if i.type == pafs.FileType.File and not i.base_name.startswith("."))
 
@@ -183,9 +207,30 @@ def has_entries(folder: str | Path) -> bool:
     if not is_uri(folder):
         return Path(folder).exists() and any(Path(folder).iterdir())
     fs, inner = resolve(folder)
-    if fs.get_file_info(inner).type != pafs.FileType.Directory:
-        return False
-    return bool(fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False)))
+    with reaching(folder):
+        if fs.get_file_info(inner).type != pafs.FileType.Directory:
+            return False
+        return bool(fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False)))
+
+
+def entry_names(folder: str | Path) -> List[str]:
+    """The names of a folder's entries, files and folders (local or a URI), sorted."""
+    if not is_uri(folder):
+        return sorted(p.name for p in Path(folder).iterdir())
+    fs, inner = resolve(folder)
+    with reaching(folder):
+        return sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False)))
+
+
+def copy_tree(source: str | Path, target: str | Path) -> None:
+    """A folder copied file by file (local paths or URIs)."""
+    src, src_fs = path_and_filesystem(source)
+    dst, dst_fs = path_and_filesystem(target)
+    dst_fs = dst_fs or pafs.LocalFileSystem()
+    with reaching(target):
+        dst_fs.create_dir(dst, recursive=True)
+    with reaching(source):
+        pafs.copy_files(src, dst, source_filesystem=src_fs or pafs.LocalFileSystem(), destination_filesystem=dst_fs)
 
 
 def has_wildcards(path: str) -> bool:
@@ -214,7 +259,8 @@ def open_binary(path: str | Path) -> io.BufferedReader:
         return open(path, "rb")
     fs, inner = resolve(path)
     # compression=None: the bytes as stored (callers decompress, e.g. .zst with a large window).
-    return io.BufferedReader(fs.open_input_stream(inner, compression=None))
+    with reaching(path):
+        return io.BufferedReader(fs.open_input_stream(inner, compression=None))
 
 
 def open_text(path: str | Path, encoding: str = "utf-8") -> io.TextIOWrapper:
@@ -223,26 +269,37 @@ def open_text(path: str | Path, encoding: str = "utf-8") -> io.TextIOWrapper:
     return io.TextIOWrapper(open_binary(path), encoding=encoding)
 
 
+@contextlib.contextmanager
+def _reading_parquet(path: str | Path):
+    """pyarrow's errors while reading a parquet file as one line: an unreachable store as
+    StorageError (checked first for a URI), anything else as BadInputError (a corrupt or truncated file)."""
+    import pyarrow as pa
+
+    if is_uri(path):
+        _info(path)
+    try:
+        yield
+    except (FileNotFoundError, BadInputError, StorageError):
+        raise
+    except (pa.ArrowInvalid, OSError) as err:
+        raise BadInputError(f"{path}: not a readable parquet file ({str(err).splitlines()[0]})") from None
+
+
 def read_parquet_table(path: str | Path, columns: Optional[List[str]] = None):
     """One parquet file or a folder of shards -> pyarrow.Table."""
     import pyarrow.parquet as pq
 
-    import pyarrow as pa
-
     inner, fs = path_and_filesystem(path)
-    try:
+    with _reading_parquet(path):
         return pq.read_table(inner, columns=columns, filesystem=fs)
-    except (pa.ArrowInvalid, OSError) as err:
-        if isinstance(err, FileNotFoundError):
-            raise
-        raise BadInputError(f"{path}: not a readable parquet file ({str(err).splitlines()[0]})") from None
 
 
 def read_parquet_schema(path: str | Path):
     import pyarrow.parquet as pq
 
     inner, fs = path_and_filesystem(path)
-    return pq.read_schema(inner, filesystem=fs)
+    with _reading_parquet(path):
+        return pq.read_schema(inner, filesystem=fs)
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:
@@ -254,7 +311,7 @@ def write_bytes(path: str | Path, data: bytes) -> None:
         partial.replace(path)
         return
     fs, inner = resolve(path)
-    with fs.open_output_stream(inner, compression=None) as out:
+    with reaching(path), fs.open_output_stream(inner, compression=None) as out:
         out.write(data)
 
 
@@ -384,7 +441,8 @@ def read_shards(path: str, **kwargs):
     import ray.data
 
     inner, fs = path_and_filesystem(path)
-    return ray.data.read_parquet(inner, filesystem=fs, **kwargs)
+    with reaching(path):
+        return ray.data.read_parquet(inner, filesystem=fs, **kwargs)
 
 
 def read_table_file(path: str):
@@ -402,5 +460,5 @@ def parquet_rows(path: str) -> int:
     import pyarrow.parquet as pq
 
     fs, inner = resolve(path)
-    with fs.open_input_file(inner) as fh:
+    with _reading_parquet(path), fs.open_input_file(inner) as fh:
         return pq.ParquetFile(fh).metadata.num_rows

@@ -63,26 +63,6 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
-def top_level(folder: str) -> list:
-    """The names of a folder's entries (local or a URI)."""
-    import pyarrow.fs as pafs
-
-    inner, fs = storage.path_and_filesystem(folder)
-    infos = (fs or pafs.LocalFileSystem()).get_file_info(pafs.FileSelector(inner, recursive=False))
-    return sorted(info.base_name for info in infos)
-
-
-def copy_tree(source: str, target: str) -> None:
-    """A folder copied file by file (local or URIs)."""
-    import pyarrow.fs as pafs
-
-    src, src_fs = storage.path_and_filesystem(source)
-    dst, dst_fs = storage.path_and_filesystem(target)
-    dst_fs = dst_fs or pafs.LocalFileSystem()
-    dst_fs.create_dir(dst, recursive=True)
-    pafs.copy_files(src, dst, source_filesystem=src_fs or pafs.LocalFileSystem(), destination_filesystem=dst_fs)
-
-
 EMBEDDING_CHUNK = 4096  # sentences per cached file: a killed run loses at most one chunk of encoding
 CHECKPOINT_WEIGHTS = ("model.safetensors", "tokenizer.json")  # what a checkpoint's embeddings depend on
 
@@ -108,6 +88,9 @@ class EmbeddingCache:
 
     def __init__(self, folder: str, key: Dict[str, str], chunk: int):
         self.folder, self.chunk, self.reused, self.encoded = folder, chunk, 0, 0
+        if storage.is_file(folder):
+            raise BadInputError(f"{storage.redact(folder)}: a file, not a folder; give --embeddings a folder (new or "
+                                f"made by an earlier run)")
         key_path = storage.join(folder, "key.json")
         if storage.is_file(key_path):
             held = json.loads(storage.read_text(key_path))
@@ -188,11 +171,11 @@ def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig
              len(mined), len(frame), int((~found).sum()), mining.range_min, mining.range_max,
              "" if mining.margin is None else f" scoring {mining.margin:g} below their response")
 
-    for entry in top_level(prepared):  # every other task's folder (custom tasks too), as it is
+    for entry in storage.entry_names(prepared):  # every other task's folder (custom tasks too), as it is
         if entry != REDDIT.name:
-            copy_tree(storage.join(prepared, entry), storage.join(out, entry))
+            storage.copy_tree(storage.join(prepared, entry), storage.join(out, entry))
     reddit_out = REDDIT.prepared_dir(out)
-    copy_tree(storage.join(REDDIT.prepared_dir(prepared), "test"), storage.join(reddit_out, "test"))
+    storage.copy_tree(storage.join(REDDIT.prepared_dir(prepared), "test"), storage.join(reddit_out, "test"))
     REDDIT.write_train_frame(mined, reddit_out, cfg)
     manifest = {k: v for k, v in manifest.items() if k != "shards"}
     manifest.update(train_pairs=len(mined), pairs=len(mined) + manifest.get("test_pairs", 0), negatives={

@@ -144,10 +144,10 @@ def tracking_uri(configured: str, out_dir: Optional[str | Path]) -> str:
 
 
 def _user_error_types() -> tuple:
-    from datasets.storage import BadInputError
+    from datasets.storage import BadInputError, StorageError
     from ray_jobs.config import ConfigError
 
-    return (ConfigError, BadInputError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
+    return (ConfigError, BadInputError, StorageError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
 
 
 def find_user_error(exc: BaseException) -> Optional[BaseException]:

@@ -277,6 +277,7 @@ def _leaks(text: str) -> list:
     ("gs://b/p?access_token=T1&X-Amz-Signature=S1", "gs://b/p?access_token=***&X-Amz-Signature=***"),
     ("s3://bucket/p?endpoint_override=minio:9000&scheme=http", "s3://bucket/p?endpoint_override=minio:9000&scheme=http"),
     ("trainer.steps=5 alice@example.com", "trainer.steps=5 alice@example.com"),
+    ("s3://b/p?secret_key=PlAnTeDqUeRy: Unexpected query parameter", "s3://b/p?secret_key=***: Unexpected query parameter"),
 ])
 def test_redact_removes_userinfo_and_secret_query_values(text, expected):
     from datasets.storage import redact, redact_tree
@@ -305,6 +306,36 @@ def test_log_lines_and_error_lines_are_redacted(tmp_path):
     result = _run("-m", "ray_jobs.prepare", "reddit", "--input", str(tmp_path / "x?secret_key=PlAnTeDqUeRy"),
                   "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and "secret_key=***" in result.stderr and not _leaks(result.stderr)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_path):
+    """Guards: a URI whose store cannot be reached (no server, a wrong endpoint) ended every command in
+    pyarrow's OSError traceback. Each command now prints one line naming the URI (credentials
+    redacted) and exits 2; the library raises StorageError, an OSError."""
+    from datasets import storage
+
+    port = _closed_port()  # nothing listens: the connection is refused at once
+    base = f"s3://AKIAPLANTED:PlAnTeDsEcReT@bucket/p?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+    with pytest.raises(storage.StorageError, match=r"^s3://\*\*\*@bucket/p/reddit\?endpoint_override") as caught:
+        storage.is_dir(storage.join(base, "reddit"))
+    assert not _leaks(str(caught.value)) and isinstance(caught.value, OSError)
+    with pytest.raises(storage.StorageError, match="Unexpected query parameter"):
+        storage.is_dir("s3://bucket/p?no_such_option=1")
+    for command in (["prepare", "reddit", "--input", storage.join(base, "RC_*.zst"), "--out", str(tmp_path / "p")],
+                    ["train", "--prepared", base, "--out", str(tmp_path / "t")]):
+        result = _run("-m", "ray_jobs.cli", *command)
+        lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr and not _leaks(result.stderr + result.stdout)
+        assert len(lines) == 1 and "s3://***@bucket/p" in lines[0] and "NETWORK_CONNECTION" in lines[0], lines
 
 
 def test_submit_keeps_credentials_out_of_the_job_spec(monkeypatch):

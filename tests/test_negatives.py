@@ -159,6 +159,11 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
                                  embeddings=str(cache), chunk=200)
         return manifest["negatives"], pd.read_parquet(tmp_path / out / "reddit" / "train")
 
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(BadInputError, match=r"a_file: a file, not a folder; give --embeddings a folder"):
+        mine_prepared(str(checkpoints[0]), str(sample_prepared), str(tmp_path / "refused"), MiningConfig(), 0, 64, cfg,
+                      embeddings=str(tmp_path / "a_file"))
+
     first, mined = run("first")
     chunks = sorted(p.name for p in cache.glob("*.npy"))
     n = first["sampled_pairs"]

@@ -145,9 +145,8 @@ class Task:
             for shard in listed:
                 try:
                     rows = storage.parquet_rows(storage.join(split_dir, shard["file"]))
-                except Exception as err:  # a corrupt footer, a truncated file
-                    raise BadInputError(f"{storage.join(split_dir, shard['file'])}: not a readable parquet file "
-                                        f"({str(err).splitlines()[0]}); {again}") from None
+                except BadInputError as err:  # a corrupt footer, a truncated file
+                    raise BadInputError(f"{err}; {again}") from None
                 if rows != shard["rows"]:
                     raise BadInputError(f"{storage.join(split_dir, shard['file'])}: {rows} rows, the manifest says "
                                         f"{shard['rows']}; {again}")
