@@ -39,11 +39,11 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = Lex
     started = time.time()
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
+    uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
     ensure_ray()
     prepared = out_dir / "prepared"
     log.info("[1/4] preparing the embedded sample with Ray Data -> %s", prepared)
     manifests = prepare_all(cfg, str(prepared))
-    uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
     run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name,
                                 flatten(cfg.to_dict()), tags={"convsts.job": "demo"})
     tasks = prepared_tasks(cfg)

@@ -129,18 +129,44 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
                  _system_config={"worker_maximum_startup_concurrency": max(LOCAL_STARTUP_CONCURRENCY, cpus)}, **kwargs)
 
 
+TRACKING_PROBE_TIMEOUT_S = 10.0  # one request before any work; MLflow's own client retries for minutes
+
+
 def tracking_uri(configured: str, out_dir: Optional[str | Path]) -> str:
-    """MLFLOW_TRACKING_URI, else the configured URI, else a sqlite store in the output folder."""
+    """MLFLOW_TRACKING_URI, else the configured URI, else a sqlite store in the output folder. A
+    tracking server's URI is checked reachable first, so a run does not do its work and then spend
+    MLflow's retries (minutes) on a server that is not there."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
-    if env:
-        return env
-    if configured:
-        return configured
+    if env or configured:
+        uri = env or configured
+        check_tracking_server(uri, "MLFLOW_TRACKING_URI" if env else "mlflow.tracking_uri")
+        return uri
     if out_dir is None:
         raise ValueError("no MLflow tracking URI: set mlflow.tracking_uri or MLFLOW_TRACKING_URI, or give --out")
     db = Path(out_dir).resolve() / "mlflow.db"
     db.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{db}"
+
+
+def check_tracking_server(uri: str, where: str) -> None:
+    """One request to an http(s) tracking server (its /health page; any HTTP answer will do): a
+    server that cannot be reached is a ConfigError naming the URI, credentials redacted."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import requests
+
+    from datasets.storage import redact
+    from ray_jobs.config import ConfigError
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=TRACKING_PROBE_TIMEOUT_S)
+    except requests.RequestException as err:
+        reason = type(err).__name__
+        cause = err.args[0] if err.args else None
+        if cause is not None and getattr(cause, "reason", None) is not None:  # urllib3's error inside requests'
+            reason = str(cause.reason).split(": ", 1)[-1]
+        raise ConfigError(f"{where}: no MLflow tracking server answers at {redact(uri)} ({redact(reason)}); start it, "
+                          f"or point {where} at a running one (unset, runs log to a sqlite store in --out)") from None
 
 
 def _user_error_types() -> tuple:
@@ -201,14 +227,17 @@ def run_main(command: str, main, argv=None) -> int:
     try:
         return int(main(argv) or 0)
     except Exception as exc:
+        from datasets.storage import redact
+
         found = None if debug else find_user_error(exc)
-        if found is None:
-            raise
+        if found is None:  # the traceback, with any credential a message or URI carried redacted
+            import traceback
+
+            print(redact("".join(traceback.format_exception(exc))), end="", file=sys.stderr)
+            return 1
         message = str(found.args[0] if len(found.args) == 1 and isinstance(found.args[0], str) else found)
         if isinstance(found, (FileNotFoundError, PermissionError)) and found.filename and str(found.filename) not in message:
             message = f"{found.filename}: {message}"
-        from datasets.storage import redact
-
         line = redact(message.strip().splitlines()[0])
         print(f"convsts {command}: {line} (--debug shows the traceback)", file=sys.stderr)
         return 2

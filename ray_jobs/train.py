@@ -15,7 +15,7 @@ from typing import Sequence
 
 from datasets.storage import redact
 from ray_jobs.config import load_config
-from ray_jobs.runtime import setup_logging
+from ray_jobs.runtime import setup_logging, tracking_uri
 from ray_jobs.training.run import ensure_prepared, prepared_location, run_training
 
 
@@ -48,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.out:
         build_parser().error("the following arguments are required: --out")
+    tracking_uri(cfg.mlflow.tracking_uri, args.out)  # a tracking server that is not there fails before prepare
     prepared = prepared_location(cfg, args.out, args.prepared)
     ensure_prepared(cfg, prepared)
     result = run_training(cfg, args.out, prepared_dir=prepared, fresh=args.fresh)

@@ -223,9 +223,9 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
         if not reddit_checkpoint:
             raise ConfigError(f"space {space.name} needs --reddit-checkpoint (every trial warm-starts from it)")
         cfg.trainer.warm_start = str(Path(reddit_checkpoint).resolve())
+    uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
     ensure_ray()
     resources, concurrency = _concurrency(space, cfg)
-    uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
     cfg.mlflow.tracking_uri = uri  # trials log child runs (and their training) into this same store
     tracking.experiment_id(uri, cfg.mlflow.experiment)  # create DB and experiment before trials race to
 

@@ -338,6 +338,35 @@ def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_pa
         assert len(lines) == 1 and "s3://***@bucket/p" in lines[0] and "NETWORK_CONNECTION" in lines[0], lines
 
 
+def test_an_unreachable_tracking_server_is_refused_before_any_work(tmp_path):
+    """Guards: with MLFLOW_TRACKING_URI at a server that is not there, `evaluate` did all its work,
+    then spent MLflow's retries (4 minutes here) and ended in a traceback that printed the URI's
+    password. Each command now makes one request first and refuses in one line, credentials redacted."""
+    url = f"http://alice:PlAnTeDsEcReT@127.0.0.1:{_closed_port()}"
+    env = {**ENV, "MLFLOW_TRACKING_URI": url}
+    for command in (["evaluate", "--baseline", "bow", "--out", str(tmp_path / "e")],
+                    ["train", "--out", str(tmp_path / "t"), "trainer.steps=0"]):
+        result = subprocess.run([sys.executable, "-m", "ray_jobs.cli", *command], capture_output=True, text=True,
+                                env=env, cwd=REPO, timeout=120)
+        lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert len(lines) == 1 and "MLFLOW_TRACKING_URI: no MLflow tracking server answers at http://***@127.0.0.1" in lines[0]
+        assert not _leaks(result.stderr + result.stdout)
+        assert not (tmp_path / command[command.index("--out") + 1] / "prepared").exists()  # refused before prepare
+
+
+def test_an_unexpected_error_prints_its_traceback_with_credentials_redacted():
+    """Guards: an error run_main does not expect (not a user error) printed Python's own traceback,
+    with whatever URI its message held. It prints the traceback redacted and exits 1."""
+    code = ("from ray_jobs.runtime import run_main\n"
+            "def main(argv):\n"
+            f"    raise RuntimeError('request to {PLANTED} failed')\n"
+            "raise SystemExit(run_main('x', main, []))\n")
+    result = _run("-c", code)
+    assert result.returncode == 1 and "Traceback" in result.stderr and "RuntimeError: request to s3://***@bucket" in result.stderr
+    assert not _leaks(result.stderr)
+
+
 def test_submit_keeps_credentials_out_of_the_job_spec(monkeypatch):
     from ray_jobs.job_api import SubmitError
     from ray_jobs.submit import build_runtime_env, entrypoint

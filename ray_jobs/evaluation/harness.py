@@ -143,6 +143,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
                    mlflow_uri: Optional[str] = None) -> Dict[str, object]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    uri = (mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)) if log_to_mlflow else None  # before the work
     prepared = str(prepared_dir) if prepared_dir else None
     if prepared:
         for task in evaluated_tasks(cfg):
@@ -180,7 +181,6 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     if checkpoint:
         flat["checkpoint"] = str(checkpoint)
     if log_to_mlflow:
-        uri = mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)
         own_run = run_id is None
         if own_run:
             run_id = tracking.start_run(uri, cfg.mlflow.experiment, f"evaluate-{scorer.name}",

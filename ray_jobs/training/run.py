@@ -121,6 +121,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
 
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
     manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders, before any run exists
+    uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)  # a tracking server that is not there, before any work
     claim_output(out_dir, cfg, fresh)
     (out_dir / CONFIG_FILE).write_text(redact(cfg.to_yaml()), encoding="utf-8")  # the resolved config, as run
     digests = data_digests(manifests)
@@ -129,7 +130,6 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
         if differs:
             raise ConfigError(f"cannot resume {cfg.trainer.resume_from}: " + "; ".join(differs))
     ensure_ray()
-    uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
     params = flatten(cfg.to_dict())
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
     if own_run:
