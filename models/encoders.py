@@ -11,7 +11,7 @@ Every encoder has one interface: built from the model config and the tokenizer's
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import torch
 import torch.nn.functional as F
@@ -183,6 +183,17 @@ class BiLstmMaxEncoder(nn.Module):
         return self.projection(pooled)  # (B, output_dim)
 
 
+def _without_pooler(hf_config) -> Dict[str, Any]:
+    """AutoModel's keyword that leaves out the pooler ([CLS] dense + tanh, unused by our pooling),
+    for the architectures that have one (BERT, RoBERTa, MPNet; not DistilBERT)."""
+    import inspect
+
+    from transformers import AutoModel
+
+    model_class = AutoModel._model_mapping[type(hf_config)]
+    return {"add_pooling_layer": False} if "add_pooling_layer" in inspect.signature(model_class.__init__).parameters else {}
+
+
 class PretrainedEncoder(nn.Module):
     """A BERT-family model (Hugging Face `transformers`) pooled over its non-padding tokens, with
     an optional linear projection. Built from the weights' folder the first time; from the
@@ -203,11 +214,13 @@ class PretrainedEncoder(nn.Module):
         self.config = config
         if config.hf_config:  # a checkpoint: its own weights follow (load_state_dict)
             hf_config = AutoConfig.for_model(**config.hf_config)
-            self.model = AutoModel.from_config(hf_config, add_pooling_layer=False)
+            self.model = AutoModel.from_config(hf_config, **_without_pooler(hf_config))
         else:
             from datasets.storage import pretrained_folder
 
-            self.model = _quietly(AutoModel.from_pretrained, str(pretrained_folder(config.path)), add_pooling_layer=False)
+            folder = str(pretrained_folder(config.path))
+            hf_config = AutoConfig.from_pretrained(folder)
+            self.model = _quietly(AutoModel.from_pretrained, folder, config=hf_config, **_without_pooler(hf_config))
             config.hf_config = self.model.config.to_diff_dict()
         hidden = self.model.config.hidden_size
         self.pad_id = int(self.model.config.pad_token_id or 0)
@@ -215,10 +228,20 @@ class PretrainedEncoder(nn.Module):
         self._freeze(config.train_layers)
 
     def _freeze(self, train_layers: int) -> None:
+        """Everything but the top `train_layers` transformer blocks stops training: the embeddings
+        and the lower blocks. The blocks are the model's ModuleList of `num_hidden_layers` modules,
+        wherever its architecture keeps them (BERT, MiniLM, RoBERTa, MPNet: encoder.layer;
+        DistilBERT: transformer.layer)."""
         if train_layers < 0:
             return
-        layers = list(self.model.encoder.layer)
-        frozen = [self.model.embeddings, *layers[: max(0, len(layers) - train_layers)]]
+        count = self.model.config.num_hidden_layers
+        lists = [m for m in self.model.modules() if isinstance(m, nn.ModuleList) and len(m) == count]
+        if not lists:
+            raise ValueError(f"model.pretrained.train_layers={train_layers}: no list of {count} layers in "
+                             f"{type(self.model).__name__}; use -1 (every layer trains)")
+        layers = list(lists[0])
+        frozen = [self.model.get_input_embeddings(), getattr(self.model, "embeddings", nn.Identity()),
+                  *layers[: max(0, len(layers) - train_layers)]]
         for module in frozen:
             for p in module.parameters():
                 p.requires_grad_(False)

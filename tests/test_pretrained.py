@@ -28,7 +28,7 @@ def _reference(sentences, folder=None):
 
     folder = str(folder or pretrained_folder(""))
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModel.from_pretrained(folder, add_pooling_layer=False).eval()
+    model = AutoModel.from_pretrained(folder).eval()
     batch = tokenizer(sentences, padding=True, truncation=True, max_length=128, return_tensors="pt")
     with torch.no_grad():
         hidden = model(**batch).last_hidden_state  # (B, L, H)
@@ -84,17 +84,25 @@ def test_train_layers_freezes_the_lower_layers_and_pooling_options():
     assert out.shape == (3, 64) and torch.allclose(out.norm(dim=-1), torch.ones(3))
 
 
-def _plain_bert_release(folder, pickled=False, **save):
-    """A tiny BERT as plain releases ship it (google-research's BERTs, MiniLM): config.json, the
-    weights and a WordPiece vocab.txt, no tokenizer.json; random weights, not trained for similarity."""
-    from transformers import BertConfig, BertModel
+WORDPIECES = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "is", "playing", "guitar", "two", "dogs",
+              "run", "through", "snow", "##y", "field", "ok", "."]
+
+
+def _plain_bert_release(folder, pickled=False, distil=False, **save):
+    """A tiny BERT as plain releases ship it (google-research's BERTs, MiniLM; DistilBERT with
+    `distil`): config.json, the weights and a WordPiece vocab.txt, no tokenizer.json; random
+    weights, not trained for similarity."""
+    from transformers import BertConfig, BertModel, DistilBertConfig, DistilBertModel
 
     torch.manual_seed(0)
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "is", "playing", "guitar", "two", "dogs",
-             "run", "through", "snow", "##y", "field", "ok", "."]
-    config = BertConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64)
-    model = BertModel(config, add_pooling_layer=False)
+    words = WORDPIECES
+    if distil:  # its blocks are transformer.layer, and it has no pooler
+        model = DistilBertModel(DistilBertConfig(vocab_size=len(words), dim=32, n_layers=3, n_heads=2, hidden_dim=64,
+                                                 max_position_embeddings=64))
+    else:
+        model = BertModel(BertConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=64), add_pooling_layer=False)
+    config = model.config
     if pickled:  # PyTorch's own format, as releases from before safetensors ship it
         folder.mkdir()
         config.save_pretrained(folder)
@@ -104,6 +112,24 @@ def _plain_bert_release(folder, pickled=False, **save):
     (folder / "vocab.txt").write_text("\n".join(words) + "\n")
     (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
     return folder
+
+
+def test_a_distilbert_release_loads_and_trains_its_top_layers(tmp_path):
+    """Guards: DistilBERT (no pooler, blocks under transformer.layer) was refused by AutoModel
+    (add_pooling_layer) and train_layers assumed BERT's encoder.layer. It now gives the embedding
+    `transformers` gives, train_layers=1 leaves only its top block training, and it reloads."""
+    folder = _plain_bert_release(tmp_path / "distil", distil=True)
+    config = ModelConfig(encoder="pretrained")
+    config.pretrained.path, config.pretrained.train_layers = str(folder), 1
+    tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=32))
+    model = build_model(config, tokenizer, {"reddit": "response"}).eval()
+    training = {n for n, p in model.encoder.model.named_parameters() if p.requires_grad}
+    assert training and all(n.startswith("transformer.layer.2.") for n in training)  # the top of three blocks
+    with torch.no_grad():
+        ours = model.encode({"ids": torch.from_numpy(tokenizer.encode(SENTENCES)["ids"])}).numpy()
+    np.testing.assert_allclose(ours, _reference(SENTENCES, folder), atol=1e-5)
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer, {})
+    np.testing.assert_allclose(load(tmp_path / "ckpt").encode(SENTENCES), ours, atol=1e-5)
 
 
 def test_a_plain_bert_release_loads_from_a_folder_and_from_a_bucket(tmp_path):
