@@ -398,6 +398,14 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+def changed_values(before: Dict[str, Any], after: Dict[str, Any], label: str, new_keys: bool = True) -> List[str]:
+    """'KEY=BEFORE (LABEL: AFTER)' for each key of two flattened configs whose values differ, sorted;
+    a key that `before` does not hold counts only with `new_keys` (without: a setting added since
+    `before` was recorded is not a difference)."""
+    keys = before.keys() | after.keys() if new_keys else before.keys() & after.keys()
+    return [f"{k}={before.get(k)!r} ({label}: {after.get(k)!r})" for k in sorted(keys) if before.get(k) != after.get(k)]
+
+
 def flatten(values: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     """Nested dict -> {"trainer.steps": 1000, ...} (lists rendered as strings), for MLflow params."""
     flat: Dict[str, Any] = {}

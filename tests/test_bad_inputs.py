@@ -174,11 +174,15 @@ def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
     tok = DanTokenizer.build(count_words(["a b c"]), cfg.tokenizer)
     save_checkpoint(tmp_path / "c", build_model(cfg.model, tok), tok, cfg.to_dict(), provenance={"data": {"reddit": "aaa"}})
     assert resume_mismatches(str(tmp_path / "c"), cfg, {"reddit": "aaa"}) == []
+    meta = json.loads((tmp_path / "c" / "config.json").read_text())
+    del meta["run_config"]["model"]["symmetric_loss"]  # a checkpoint written before that setting existed
+    (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
+    assert resume_mismatches(str(tmp_path / "c"), cfg, {"reddit": "aaa"}) == []
     other = load_config(None, ["model.dan.output_dim=8", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]",
                                "tokenizer.bigram_buckets=11", "tokenizer.word_vocab_size=10"])
     differs = resume_mismatches(str(tmp_path / "c"), other, {"reddit": "bbb"})
-    assert "model.dan.output_dim was 6, now 8" in differs
-    assert "tokenizer.word_vocab_size was 50000, now 10" in differs
+    assert "model.dan.output_dim=6 (this run: 8)" in differs
+    assert "tokenizer.word_vocab_size=50000 (this run: 10)" in differs
     assert "the prepared reddit data differs from the data the checkpoint was trained on" in differs
 
 

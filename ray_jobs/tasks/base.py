@@ -101,7 +101,7 @@ class Task:
                             keys: Optional[Tuple[str, ...]] = None, label: str = "this run") -> List[str]:
         """'KEY=RECORDED (LABEL: VALUE)' for each of `keys` (default prepared_keys; a section such
         as `filters` key by key) whose value in the manifest differs from the run config's."""
-        from ray_jobs.config import flatten
+        from ray_jobs.config import changed_values, flatten
 
         recorded: Dict[str, Any] = {}
         current: Dict[str, Any] = {}
@@ -114,8 +114,7 @@ class Task:
                 continue
             recorded.update(flatten({name: manifest[name]}, prefix))
             current.update(flatten({name: config_value(config, key)}, prefix))
-        return out + [f"{k}={recorded.get(k)!r} ({label}: {current.get(k)!r})"
-                      for k in sorted(recorded.keys() | current.keys()) if recorded.get(k) != current.get(k)]
+        return out + changed_values(recorded, current, label)
 
     def verify_prepared(self, prepared_root: str, cfg: Optional["RunConfig"] = None) -> Dict[str, Any]:
         """The task's prepared folder is complete: its manifest exists and lists exactly the shard

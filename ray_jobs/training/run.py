@@ -15,7 +15,7 @@ from datasets.storage import redact, redact_tree, resolve_path
 from datasets import storage
 from models.checkpoint import load_model, read_meta, save_model_folder
 from ray_jobs import tracking
-from ray_jobs.config import ConfigError, RunConfig, flatten
+from ray_jobs.config import ConfigError, RunConfig, changed_values, flatten
 from ray_jobs.model_card import write_card, run_facts
 from ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
 from ray_jobs.task_groups import plan_for
@@ -59,14 +59,11 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) 
     old = meta.get("run_config", {})
     new = redact_tree(cfg.to_dict())  # the checkpoint's copy is redacted
     out = []
-    for section in ("model", "tokenizer"):
-        previous = flatten(old.get(section, {}), f"{section}.")
-        for key, value in flatten(new[section], f"{section}.").items():
-            before = previous.get(key)
-            if before is not None and before != value:
-                out.append(f"{key} was {before!r}, now {value!r}")
+    for section in ("model", "tokenizer"):  # a setting added since the checkpoint was written is not a difference
+        out += changed_values(flatten(old.get(section, {}), f"{section}."), flatten(new[section], f"{section}."),
+                              "this run", new_keys=False)
     if sorted(old.get("trainer", {}).get("task_weights", {})) != sorted(cfg.trainer.task_weights):
-        out.append(f"tasks were {sorted(old['trainer']['task_weights'])}, now {sorted(cfg.trainer.task_weights)}")
+        out.append(f"tasks={sorted(old['trainer']['task_weights'])} (this run: {sorted(cfg.trainer.task_weights)})")
     trained_on = meta.get("provenance", {}).get("data", {})
     for task, digest in digests.items():
         if task in trained_on and trained_on[task] != digest:
