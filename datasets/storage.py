@@ -184,6 +184,17 @@ def is_file(path: str | Path) -> bool:
     return _info(path).type == pafs.FileType.File
 
 
+def file_stat(path: str | Path) -> Tuple[int, int]:
+    """(size in bytes, modification time in ns) of a file, local or at a URI."""
+    if not is_uri(path):
+        st = os.stat(path)
+        return int(st.st_size), int(st.st_mtime_ns)
+    info = _info(path)
+    if info.type != pafs.FileType.File:
+        raise FileNotFoundError(f"not a file: {redact(str(path))}")
+    return int(info.size), int(info.mtime_ns or 0)
+
+
 def _child(folder: str, folder_inner: str, inner_child: str) -> str:
     """The URI of `inner_child` (a path inside the folder's filesystem), spelt like the folder."""
     head, query = _split_query(folder)
@@ -403,8 +414,7 @@ def _pretrained_files_at(uri: str) -> List[Tuple[str, int, int]]:
     import json
 
     def stat(file: str) -> Optional[Tuple[str, int, int]]:
-        info = _info(join(uri, file))
-        return (file, int(info.size), int(info.mtime_ns or 0)) if info.type == pafs.FileType.File else None
+        return (file, *file_stat(join(uri, file))) if is_file(join(uri, file)) else None
 
     files = []
     for group in PRETRAINED_FILES:

@@ -117,6 +117,47 @@ def test_a_folder_prepared_with_other_filters_or_split_is_refused_before_any_run
     assert sorted(out.iterdir()) == []
 
 
+def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_session, tmp_path):
+    """Guards: a prepared folder was checked against the run's settings but not its raw inputs, so
+    `convsts train --config B --out R --fresh` after a run of config A into R trained on A's data
+    (R/prepared) without a word. The manifest now records each raw file's size and time, and a run
+    whose inputs are other files (by name and size), or files changed in place since, is refused
+    before it starts."""
+    import os
+    import shutil
+
+    from ray_jobs.tasks import get_task
+    from ray_jobs.training.run import run_training
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    shutil.copy(REPO / "datasets" / "sample" / "snli_train.parquet", raw / "a.parquet")
+    shutil.copy(raw / "a.parquet", raw / "b.parquet")
+    snli = get_task("snli")
+
+    def config(path):
+        return load_config(None, [f"data.snli_train={path}", "trainer.task_weights={snli: 1.0}", "trainer.eval_every=0"])
+
+    prepared = tmp_path / "p"
+    manifest = snli.prepare([str(raw / "a.parquet")], str(prepared / "snli"), config(raw / "a.parquet"))
+    assert [r["file"] for r in manifest["input_files"]] == [str(raw / "a.parquet")]
+    snli.verify_prepared(str(prepared), config(raw / "a.parquet"))  # the same file: accepted
+    snli.verify_prepared(str(prepared), config(tmp_path / "elsewhere.parquet"))  # not on this machine: not compared
+    size = (raw / "a.parquet").stat().st_size
+    with pytest.raises(BadInputError, match=rf"prepared from other raw inputs than this run's: other files: 1 of the "
+                                            rf"folder's not among this run's \(a.parquet \({size} bytes\)\), 1 of this run's"):
+        snli.verify_prepared(str(prepared), config(raw / "b.parquet"))
+    (tmp_path / "copy").mkdir()  # the same file elsewhere (a submitted job's copy of the project): the same input
+    shutil.copy(raw / "a.parquet", tmp_path / "copy" / "a.parquet")
+    snli.verify_prepared(str(prepared), config(tmp_path / "copy" / "a.parquet"))
+    stat = (raw / "a.parquet").stat()
+    os.utime(raw / "a.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten since, same size
+    out = tmp_path / "run"
+    with pytest.raises(BadInputError, match=r"a.parquet changed since it was prepared \(size (\d+) -> \1, modified "):
+        run_training(config(raw / "a.parquet"), out, prepared_dir=prepared)
+    assert sorted(out.iterdir()) == []  # refused before the run exists
+
+
 @pytest.mark.slow
 def test_a_checkpoint_is_not_scored_on_a_folder_split_otherwise_than_its_training_run(sample_prepared, tmp_path):
     from datasets.text import DanTokenizer, count_words

@@ -28,6 +28,9 @@ from tiny import TINY_DAN
 
 REPO = Path(__file__).resolve().parent.parent
 TRIALS = 10
+# A Pearson score of the same float32 embeddings, computed again in another process (another
+# summation order): one CI run differed by 5.3e-7; ten times that still tells a wrong matrix apart.
+FLOAT32_RESCORE = 5e-6
 TINY_MODEL = [
     *TINY_DAN, "trainer.optimizer=adam",
     "trainer.log_every=2", "trainer.eval_every=0", "eval.reddit_pairs=200", "data.cqa_test=''",
@@ -90,7 +93,7 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     assert load_sts_transform(checkpoint) is None  # this checkpoint was never evaluated
     transform = load_sts_transform(checkpoint, SWEEP_MATRIX)
     assert load(checkpoint).encode("a man plays", tuned=SWEEP_MATRIX).shape == (transform.matrix.shape[1],)
-    assert transform.dev_pearson == pytest.approx(results["stsb_tuned/dev/pearson"], abs=1e-6)
+    assert transform.dev_pearson == pytest.approx(results["stsb_tuned/dev/pearson"], abs=FLOAT32_RESCORE)
     best = load_config(out / "best_config.yaml")
     assert best.eval.tuned == transform.config
 
@@ -113,7 +116,7 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     # The trial logged its own float32 score; the sweep re-scores the saved matrix in another process,
     # which can differ in the 7th digit (one CI run: 0.42600630 vs 0.42600683), as transform.dev_pearson above.
     assert best_child.data.metrics["stsb_tuned/dev/pearson"] == pytest.approx(results["stsb_tuned/dev/pearson"],
-                                                                              abs=1e-6)
+                                                                              abs=FLOAT32_RESCORE)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -31,6 +31,21 @@ def config_value(config: Dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     return value
+
+
+def input_record(files: Sequence[str]) -> List[Dict[str, Any]]:
+    """[{file (credentials redacted), size, mtime_ns}] of raw input files, as a manifest records them."""
+    return [{"file": storage.redact(f), **dict(zip(("size", "mtime_ns"), storage.file_stat(f)))} for f in files]
+
+
+def _names(files: Sequence[str], shown: int = 3) -> str:
+    return ", ".join(files[:shown]) + (f", ... {len(files) - shown} more" if len(files) > shown else "")
+
+
+def _when(mtime_ns: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(mtime_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def fields(batch: Batch, prefix: str) -> Batch:
@@ -83,11 +98,14 @@ class Task:
         target, fs = storage.path_and_filesystem(storage.join(out_dir, "train"))
         ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
 
-    def write_manifest(self, out_dir: str, manifest: Dict[str, Any]) -> Dict[str, Any]:
+    def write_manifest(self, out_dir: str, manifest: Dict[str, Any], inputs: Sequence[str] = ()) -> Dict[str, Any]:
         """The last step of `prepare`: the manifest, with every shard file and its row count, is
-        written after the shards, so a folder without one is an interrupted prepare."""
+        written after the shards, so a folder without one is an interrupted prepare. `inputs`, the
+        raw files read, are recorded with their sizes and times (`input_files`; input_changes)."""
         shards = {split: [{"file": storage.name(f), "rows": storage.parquet_rows(f)}
                           for f in self._shard_files(storage.join(out_dir, split))] for split in self.splits}
+        if inputs:
+            manifest = {**manifest, "input_files": input_record(inputs)}
         manifest = redact_tree({**manifest, "shards": shards})  # input URIs lose their credentials
         storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
         return manifest
@@ -115,6 +133,38 @@ class Task:
             recorded.update(flatten({name: manifest[name]}, prefix))
             current.update(flatten({name: config_value(config, key)}, prefix))
         return out + changed_values(recorded, current, label)
+
+    def input_changes(self, manifest: Dict[str, Any], cfg: "RunConfig") -> List[str]:
+        """How this run's raw inputs (raw_inputs, expanded) differ from those the folder was prepared
+        from: a file at the same place whose size or modification time changed since, or other files
+        (by name and size: the same files copied elsewhere, as into a submitted job's working folder,
+        are the same inputs). Not compared when the manifest predates the record, or when this run's
+        inputs are not on this machine (a folder prepared elsewhere, e.g. on a cluster)."""
+        from collections import Counter
+
+        recorded = manifest.get("input_files")
+        if recorded is None:
+            return []
+        try:
+            current = input_record(storage.expand_inputs(self.raw_inputs(cfg)))
+        except FileNotFoundError as err:
+            from ray_jobs.runtime import log
+
+            log.info("%s: this run's raw inputs are not here (%s); the prepared folder's inputs are not compared",
+                     self.name, storage.redact(str(err)))
+            return []
+        here = {r["file"]: r for r in current}
+        changed = [f"{r['file']} changed since it was prepared (size {r['size']} -> {here[r['file']]['size']}, "
+                   f"modified {_when(r['mtime_ns'])} -> {_when(here[r['file']]['mtime_ns'])})"
+                   for r in recorded if r["file"] in here and (r["size"], r["mtime_ns"]) != (here[r["file"]]["size"], here[r["file"]]["mtime_ns"])]
+        if changed:
+            return changed
+        old, new = (Counter(f"{storage.name(r['file'])} ({r['size']} bytes)" for r in records) for records in (recorded, current))
+        if old != new:
+            gone, added = sorted((old - new).elements()), sorted((new - old).elements())
+            return [f"other files: {len(gone)} of the folder's not among this run's ({_names(gone)}), "
+                    f"{len(added)} of this run's not among the folder's ({_names(added)})"]
+        return []
 
     def verify_prepared(self, prepared_root: str, cfg: Optional["RunConfig"] = None) -> Dict[str, Any]:
         """The task's prepared folder is complete: its manifest exists and lists exactly the shard
@@ -150,10 +200,14 @@ class Task:
                     raise BadInputError(f"{storage.join(split_dir, shard['file'])}: {rows} rows, the manifest says "
                                         f"{shard['rows']}; {again}")
         differs = self.settings_mismatches(manifest, redact_tree(cfg.to_dict())) if cfg is not None else []
+        new_folder = "prepare this run's data into a new folder (`convsts prepare all --config ... --out NEW`, then --prepared NEW)"
         if differs:
-            raise BadInputError(f"{manifest_path}: prepared with {'; '.join(differs)}; prepare this run's data into "
-                                f"a new folder (`convsts prepare all --config ... --out NEW`, then --prepared NEW) "
+            raise BadInputError(f"{manifest_path}: prepared with {'; '.join(differs)}; {new_folder} "
                                 f"or set these keys to the folder's values")
+        changed = self.input_changes(manifest, cfg) if cfg is not None else []
+        if changed:
+            raise BadInputError(f"{manifest_path}: prepared from other raw inputs than this run's: {'; '.join(changed)}; "
+                                f"{new_folder}, or delete {folder} to prepare it again")
         return manifest
 
     def prepare(self, inputs: List[str], out_dir: str, cfg: "RunConfig") -> Dict[str, Any]:
@@ -164,7 +218,8 @@ class Task:
         started = time.time()
         columns = [*self.pair, *([self.label] if self.label else [])]
         frames = []
-        for path in storage.expand_inputs(inputs):
+        files = storage.expand_inputs(inputs)
+        for path in files:
             frame = storage.read_table_file(path)
             missing = [c for c in columns if c not in frame.columns]
             if missing:
@@ -173,7 +228,7 @@ class Task:
         frame = pd.concat(frames, ignore_index=True)
         self.write_train_frame(frame, out_dir, cfg)
         return self.write_manifest(out_dir, {"inputs": list(inputs), "pairs": len(frame),
-                                             "seconds": round(time.time() - started, 1)})
+                                             "seconds": round(time.time() - started, 1)}, inputs=files)
 
     def manifest_metrics(self, manifest: Dict[str, Any]) -> Dict[str, float]:
         """Counts from the prepare manifest logged to MLflow as data/... metrics."""

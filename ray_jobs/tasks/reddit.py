@@ -58,7 +58,7 @@ class RedditTask(Task):
             **self.prepared_settings(cfg.to_dict()),
             "seconds": round(time.time() - started, 1),
         }
-        manifest = self.write_manifest(out_dir, manifest)
+        manifest = self.write_manifest(out_dir, manifest, inputs=files)
         log.info("reddit: %d lines read, %d pairs (%d train / %d test), %d filtered, %d unpaired, "
                  "%d duplicate ids, %d malformed", manifest["lines_read"], manifest["pairs"],
                  manifest["train_pairs"], manifest["test_pairs"], sum(manifest["filtered_by_rule"].values()),

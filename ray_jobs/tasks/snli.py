@@ -44,7 +44,7 @@ class SnliTask(Task):
         manifest = {"input": path, "pairs": len(frame), "labels": snli.label_counts(frame),
                     "without_gold": read.attrs["without_gold"], "fraction_seed": cfg.data.snli_fraction_seed}
         log.info("snli: %d pairs -> %s (%d without a gold label left out)", len(frame), out_dir, read.attrs["without_gold"])
-        return self.write_manifest(out_dir, manifest)
+        return self.write_manifest(out_dir, manifest, inputs=[path])
 
     def train_rows(self, cfg, prepared_root: str):
         """SNLI train shards, cut to the nested subset `data.snli_fraction` drawn with `data.snli_fraction_seed`."""
