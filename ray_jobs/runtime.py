@@ -149,8 +149,9 @@ def tracking_uri(configured: str, out_dir: Optional[str | Path]) -> str:
 
 
 def check_tracking_server(uri: str, where: str) -> None:
-    """One request to an http(s) tracking server (its /health page; any HTTP answer will do): a
-    server that cannot be reached is a ConfigError naming the URI, credentials redacted."""
+    """One request to an http(s) tracking server (its /health page; any HTTP answer, or a TLS
+    handshake, will do): a server that cannot be connected to is a ConfigError naming the URI,
+    credentials redacted."""
     if not uri.startswith(("http://", "https://")):
         return
     import requests
@@ -160,7 +161,9 @@ def check_tracking_server(uri: str, where: str) -> None:
 
     try:
         requests.get(uri.rstrip("/") + "/health", timeout=TRACKING_PROBE_TIMEOUT_S)
-    except requests.RequestException as err:
+    except requests.exceptions.SSLError:  # it answered; TLS is MLflow's to settle (MLFLOW_TRACKING_INSECURE_TLS, ...)
+        return
+    except (requests.ConnectionError, requests.Timeout) as err:
         reason = type(err).__name__
         cause = err.args[0] if err.args else None
         if cause is not None and getattr(cause, "reason", None) is not None:  # urllib3's error inside requests'

@@ -400,6 +400,51 @@ def test_an_unreachable_tracking_server_is_refused_before_any_work(tmp_path):
         assert not (tmp_path / command[command.index("--out") + 1] / "prepared").exists()  # refused before prepare
 
 
+def _self_signed_certificate(folder: Path) -> tuple:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(hours=1)).sign(key, hashes.SHA256()))
+    (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    return folder / "cert.pem", folder / "key.pem"
+
+
+def test_a_tracking_server_behind_a_self_signed_certificate_is_not_refused(tmp_path):
+    """The reachability check is not a TLS check: a server whose certificate this client does not
+    trust answered, and MLflow's own settings (MLFLOW_TRACKING_INSECURE_TLS, ..._CERT_PATH) decide."""
+    import http.server
+    import ssl
+    import threading
+
+    from ray_jobs.config import ConfigError
+    from ray_jobs.runtime import check_tracking_server
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*_self_signed_certificate(tmp_path))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        check_tracking_server(f"https://127.0.0.1:{server.server_address[1]}", "MLFLOW_TRACKING_URI")
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(ConfigError, match="no MLflow tracking server answers at https://127.0.0.1"):
+        check_tracking_server(f"https://127.0.0.1:{server.server_address[1]}", "MLFLOW_TRACKING_URI")
+
+
 def test_an_unexpected_error_prints_its_traceback_with_credentials_redacted():
     """Guards: an error run_main does not expect (not a user error) printed Python's own traceback,
     with whatever URI its message held. It prints the traceback redacted and exits 1."""
