@@ -16,6 +16,7 @@ import glob as local_glob
 import io
 import os
 import re
+import stat
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -39,7 +40,7 @@ def reaching(path: str | Path):
 
     try:
         yield
-    except (FileNotFoundError, BadInputError, StorageError):
+    except (FileNotFoundError, StorageError):
         raise
     except (OSError, pa.ArrowInvalid) as err:
         detail = redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
@@ -184,15 +185,17 @@ def is_file(path: str | Path) -> bool:
     return _info(path).type == pafs.FileType.File
 
 
-def file_stat(path: str | Path) -> Tuple[int, int]:
-    """(size in bytes, modification time in ns) of a file, local or at a URI."""
+def file_stat(path: str | Path) -> Optional[Tuple[int, int]]:
+    """(size in bytes, modification time in ns) of a file, local or at a URI (one request); None
+    where no file is."""
     if not is_uri(path):
-        st = os.stat(path)
-        return int(st.st_size), int(st.st_mtime_ns)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return (st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
     info = _info(path)
-    if info.type != pafs.FileType.File:
-        raise FileNotFoundError(f"not a file: {redact(str(path))}")
-    return int(info.size), int(info.mtime_ns or 0)
+    return (int(info.size), int(info.mtime_ns or 0)) if info.type == pafs.FileType.File else None
 
 
 def _child(folder: str, folder_inner: str, inner_child: str) -> str:
@@ -290,7 +293,7 @@ def _reading_parquet(path: str | Path):
         _info(path)
     try:
         yield
-    except (FileNotFoundError, BadInputError, StorageError):
+    except (FileNotFoundError, StorageError):
         raise
     except (pa.ArrowInvalid, OSError) as err:
         raise BadInputError(f"{path}: not a readable parquet file ({str(err).splitlines()[0]})") from None
@@ -413,17 +416,18 @@ def _pretrained_files_at(uri: str) -> List[Tuple[str, int, int]]:
     settings where present."""
     import json
 
-    def stat(file: str) -> Optional[Tuple[str, int, int]]:
-        return (file, *file_stat(join(uri, file))) if is_file(join(uri, file)) else None
+    def stat_of(file: str) -> Optional[Tuple[str, int, int]]:
+        found = file_stat(join(uri, file))
+        return (file, *found) if found else None
 
     files = []
     for group in PRETRAINED_FILES:
-        present = [found for found in map(stat, group) if found][:1]
+        present = [found for found in map(stat_of, group) if found][:1]
         files += present
         if present and present[0][0].endswith(".index.json"):
             shards = sorted(set(json.loads(read_text(join(uri, present[0][0])))["weight_map"].values()))
-            files += [found for found in map(stat, shards) if found]
-    return files + [found for found in map(stat, PRETRAINED_EXTRAS) if found]
+            files += [found for found in map(stat_of, shards) if found]
+    return files + [found for found in map(stat_of, PRETRAINED_EXTRAS) if found]
 
 
 def expand_inputs(inputs) -> List[str]:

@@ -35,7 +35,13 @@ def config_value(config: Dict[str, Any], dotted: str) -> Any:
 
 def input_record(files: Sequence[str]) -> List[Dict[str, Any]]:
     """[{file (credentials redacted), size, mtime_ns}] of raw input files, as a manifest records them."""
-    return [{"file": storage.redact(f), **dict(zip(("size", "mtime_ns"), storage.file_stat(f)))} for f in files]
+    record = []
+    for file in files:
+        found = storage.file_stat(file)
+        if found is None:
+            raise FileNotFoundError(f"input not found: {storage.redact(file)}")
+        record.append({"file": storage.redact(file), "size": found[0], "mtime_ns": found[1]})
+    return record
 
 
 def _names(files: Sequence[str], shown: int = 3) -> str:
@@ -154,14 +160,18 @@ class Task:
                      self.name, storage.redact(str(err)))
             return []
         here = {r["file"]: r for r in current}
-        changed = [f"{r['file']} changed since it was prepared (size {r['size']} -> {here[r['file']]['size']}, "
-                   f"modified {_when(r['mtime_ns'])} -> {_when(here[r['file']]['mtime_ns'])})"
-                   for r in recorded if r["file"] in here and (r["size"], r["mtime_ns"]) != (here[r["file"]]["size"], here[r["file"]]["mtime_ns"])]
+        changed = []
+        for old in recorded:
+            now = here.get(old["file"], old)
+            if now != old:
+                changed.append(f"{old['file']} changed since it was prepared (size {old['size']} -> {now['size']}, "
+                               f"modified {_when(old['mtime_ns'])} -> {_when(now['mtime_ns'])})")
         if changed:
             return changed
-        old, new = (Counter(f"{storage.name(r['file'])} ({r['size']} bytes)" for r in records) for records in (recorded, current))
-        if old != new:
-            gone, added = sorted((old - new).elements()), sorted((new - old).elements())
+        before, after = (Counter(f"{storage.name(r['file'])} ({r['size']} bytes)" for r in records)
+                         for records in (recorded, current))
+        if before != after:
+            gone, added = sorted((before - after).elements()), sorted((after - before).elements())
             return [f"other files: {len(gone)} of the folder's not among this run's ({_names(gone)}), "
                     f"{len(added)} of this run's not among the folder's ({_names(added)})"]
         return []
