@@ -163,6 +163,8 @@ def check_tracking_server(uri: str, where: str) -> None:
         requests.get(uri.rstrip("/") + "/health", timeout=TRACKING_PROBE_TIMEOUT_S)
     except requests.exceptions.SSLError:  # it answered; TLS is MLflow's to settle (MLFLOW_TRACKING_INSECURE_TLS, ...)
         return
+    except requests.exceptions.InvalidURL as err:
+        raise ConfigError(f"{where}: {redact(uri)} is not a valid tracking server URL ({redact(str(err))})") from None
     except (requests.ConnectionError, requests.Timeout) as err:
         reason = type(err).__name__
         cause = err.args[0] if err.args else None

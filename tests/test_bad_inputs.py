@@ -398,6 +398,13 @@ def test_an_unreachable_tracking_server_is_refused_before_any_work(tmp_path):
         assert len(lines) == 1 and "MLFLOW_TRACKING_URI: no MLflow tracking server answers at http://***@127.0.0.1" in lines[0]
         assert not _leaks(result.stderr + result.stdout)
         assert not (tmp_path / command[command.index("--out") + 1] / "prepared").exists()  # refused before prepare
+    from ray_jobs.config import ConfigError
+    from ray_jobs.runtime import check_tracking_server
+
+    for broken in ("http://", "http://alice:PlAnTeDsEcReT@[bad", "https://host:notaport"):  # were requests' tracebacks
+        with pytest.raises(ConfigError, match="is not a valid tracking server URL") as caught:
+            check_tracking_server(broken, "MLFLOW_TRACKING_URI")
+        assert not _leaks(str(caught.value))
 
 
 def _self_signed_certificate(folder: Path) -> tuple:
