@@ -52,7 +52,7 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = Lex
     log.info("[2/4] training %s for %d steps with Ray Train (%d workers)", cfg.model.encoder, cfg.trainer.steps,
              cfg.trainer.num_workers)
     try:
-        trained = run_training(cfg, out_dir, run_id=run_id, prepared_dir=prepared)
+        trained = run_training(cfg, out_dir, run_id=run_id, prepared_dir=prepared, mlflow_uri=uri)
         log.info("[3/4] evaluating %s", trained.checkpoint)
         results = run_evaluation(cfg, out_dir / "eval", checkpoint=str(trained.checkpoint), prepared_dir=prepared,
                                  run_id=run_id, mlflow_uri=uri)

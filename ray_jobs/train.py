@@ -48,10 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.out:
         build_parser().error("the following arguments are required: --out")
-    tracking_uri(cfg.mlflow.tracking_uri, args.out)  # a tracking server that is not there fails before prepare
+    uri = tracking_uri(cfg.mlflow.tracking_uri, args.out)  # a tracking server that is not there fails before prepare
     prepared = prepared_location(cfg, args.out, args.prepared)
     ensure_prepared(cfg, prepared)
-    result = run_training(cfg, args.out, prepared_dir=prepared, fresh=args.fresh)
+    result = run_training(cfg, args.out, prepared_dir=prepared, fresh=args.fresh, mlflow_uri=uri)
     print(json.dumps({"checkpoint": str(result.checkpoint), "model": str(result.model), "mlflow_run_id": result.run_id,
                       "seconds": round(result.seconds, 1), "task_split_mode": result.mode}, indent=2))
     return 0

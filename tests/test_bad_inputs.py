@@ -76,6 +76,10 @@ def test_prepare_on_a_truncated_zst_fails_in_one_line_and_writes_no_shards(tmp_p
     ("missing_shard", "shards do not match"),
     ("extra_shard", "shards do not match"),
     ("corrupt_shard", "not a readable parquet file"),
+    # A hand-edited manifest: one line naming the entry, not a KeyError or TypeError.
+    ("shard_without_rows", r"manifest.json: shards.train\[0\]: no int 'rows'; delete "),
+    ("input_without_size", r"manifest.json: input_files\[0\]: no int 'size'; delete "),
+    ("manifest_a_list", r"manifest.json: not a JSON object but list; delete "),
 ])
 def test_a_damaged_prepared_folder_is_refused(sample_prepared, tmp_path, damage, message):
     import shutil
@@ -93,6 +97,16 @@ def test_a_damaged_prepared_folder_is_refused(sample_prepared, tmp_path, damage,
         shard.unlink()
     elif damage == "extra_shard":
         shutil.copy(shard, shard.with_name("zz-extra.parquet"))
+    elif damage in ("shard_without_rows", "input_without_size", "manifest_a_list"):
+        path = root / "snli" / "manifest.json"
+        manifest = json.loads(path.read_text())
+        if damage == "shard_without_rows":
+            del manifest["shards"]["train"][0]["rows"]
+        elif damage == "input_without_size":
+            del manifest["input_files"][0]["size"]
+        else:
+            manifest = [manifest]
+        path.write_text(json.dumps(manifest))
     else:
         shard.write_bytes(shard.read_bytes()[:-100])
     with pytest.raises(BadInputError, match=message):

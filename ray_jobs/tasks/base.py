@@ -54,6 +54,33 @@ def _when(mtime_ns: int) -> str:
     return datetime.datetime.fromtimestamp(mtime_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+# The entries of a manifest's lists that the checks below read, and their types.
+SHARD_ENTRY = {"file": str, "rows": int}
+INPUT_ENTRY = {"file": str, "size": int, "mtime_ns": int}
+
+
+def manifest_shape_problem(manifest: Any) -> Optional[str]:
+    """What makes a manifest unreadable to verify_prepared (a hand-edited or foreign file), as
+    'KEY: what is wrong', or None: a JSON object whose `shards` maps splits to lists of
+    {file, rows} and whose `input_files`, where present, is a list of {file, size, mtime_ns}."""
+    if not isinstance(manifest, dict):
+        return f"not a JSON object but {type(manifest).__name__}"
+    if not isinstance(manifest.get("shards"), dict):
+        return "shards: not a mapping of splits to shard lists"
+    lists = [(f"shards.{split}", listed, SHARD_ENTRY) for split, listed in manifest["shards"].items()]
+    if "input_files" in manifest:
+        lists.append(("input_files", manifest["input_files"], INPUT_ENTRY))
+    for key, entries, entry in lists:
+        if not isinstance(entries, list):
+            return f"{key}: not a list"
+        for i, item in enumerate(entries):
+            wrong = [f"no {kind.__name__} {name!r}" for name, kind in entry.items()
+                     if not isinstance(item, dict) or type(item.get(name)) is not kind]
+            if wrong:
+                return f"{key}[{i}]: {', '.join(wrong)}"
+    return None
+
+
 def fields(batch: Batch, prefix: str) -> Batch:
     """The id tensors of one text column: {"words": ..., "bigrams": ...} from "<prefix>__words", ..."""
     head = prefix + "__"
@@ -191,8 +218,11 @@ class Task:
             manifest = json.loads(storage.read_text(manifest_path))
         except ValueError as err:
             raise BadInputError(f"{manifest_path}: not JSON ({err}); {again}") from None
-        if "shards" not in manifest:
+        if isinstance(manifest, dict) and "shards" not in manifest:
             raise BadInputError(f"{manifest_path} lists no shards (written by an older convsts); {again}")
+        problem = manifest_shape_problem(manifest)
+        if problem:
+            raise BadInputError(f"{manifest_path}: {problem}; {again}")
         for split, listed in manifest["shards"].items():
             split_dir = storage.join(folder, split)
             present = {storage.name(f) for f in self._shard_files(split_dir)}

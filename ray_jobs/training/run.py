@@ -107,9 +107,10 @@ def ensure_prepared(cfg: RunConfig, prepared: str) -> Dict[str, Dict[str, Any]]:
 
 def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = None,
                  prepared_dir: Optional[str | Path] = None, extra_callbacks: Sequence[Any] = (),
-                 fresh: bool = False) -> TrainResult:
+                 fresh: bool = False, mlflow_uri: Optional[str] = None) -> TrainResult:
     """Check the inputs, then build datasets and the TorchTrainer, fit, copy the final checkpoint to
-    out_dir/checkpoint. The MLflow run is created after the checks and ends FAILED on any error."""
+    out_dir/checkpoint. The MLflow run is created after the checks and ends FAILED on any error.
+    `mlflow_uri`: the tracking URI as the caller resolved (and checked) it; None resolves it here."""
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     prepared = prepared_location(cfg, out_dir, prepared_dir)
@@ -118,7 +119,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
 
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
     manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders, before any run exists
-    uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)  # a tracking server that is not there, before any work
+    uri = mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)  # a server that is not there, before any work
     claim_output(out_dir, cfg, fresh)
     (out_dir / CONFIG_FILE).write_text(redact(cfg.to_yaml()), encoding="utf-8")  # the resolved config, as run
     digests = data_digests(manifests)
