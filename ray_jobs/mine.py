@@ -2,6 +2,7 @@
 
   convsts mine-negatives --checkpoint C --prepared IN --out OUT [--pairs N]
                          [--range-min 10] [--range-max 100] [--margin M] [--seed 0]
+                         [--embeddings DIR] [--workers N [--cpus-per-worker C] [--gpus-per-worker G]]
 
 Encodes the contexts (`encode`) and the responses (`encode_responses`: the two sides of the Reddit
 score) of N training pairs of IN (all by default; otherwise a seeded sample) with checkpoint C, and
@@ -13,6 +14,11 @@ reddit/train holding the mined pairs with a `negative` column. Train on it with
 `--prepared OUT data.reddit_hard_negatives=true`: each context's softmax then runs over the batch's
 responses and its negatives. Pairs with no eligible candidate are left out of OUT and counted in
 OUT/reddit/manifest.json under "negatives".
+
+Encoding is the slow part (about 120 sentences/s for all-MiniLM-L6-v2 on 2 CPU cores). With
+--workers N it runs on N Ray Data actors, each holding a copy of the model and taking one chunk of
+sentences at a time: on a GPU cluster, `--workers 4 --gpus-per-worker 1` encodes on four GPUs.
+The scoring and the draw run on the driver.
 
 With --embeddings DIR the encoded sentences are kept in DIR, chunk by chunk, beside a key of the
 checkpoint's weights and the pairs' text: a killed run resumes from its last whole chunk, and a
@@ -28,7 +34,7 @@ import hashlib
 import io
 import json
 import time
-from typing import Callable, Dict, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -58,6 +64,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--embeddings", default="",
                         help="keep the encoded sentences in this folder (local or a URI): a killed run resumes, "
                              "a re-run with other ranges or margin encodes nothing")
+    pool = EncodePool()
+    parser.add_argument("--workers", type=int, default=pool.workers,
+                        help="encode on this many Ray Data actors, each with its own copy of the model (0 = in "
+                             "this process); with --gpus-per-worker, one GPU each on a GPU cluster")
+    parser.add_argument("--cpus-per-worker", type=float, default=pool.cpus_per_worker)
+    parser.add_argument("--gpus-per-worker", type=float, default=pool.gpus_per_worker)
     parser.add_argument("--config", default=None, help="run config (data.rows_per_shard of the new shards)")
     parser.add_argument("overrides", nargs="*")
     return parser
@@ -106,32 +118,128 @@ class EmbeddingCache:
                 Path(folder).mkdir(parents=True, exist_ok=True)
             storage.write_text(key_path, json.dumps(key, indent=1, sort_keys=True))
 
-    def side(self, name: str, texts: Sequence[str], encode: Callable[[Sequence[str]], torch.Tensor]) -> torch.Tensor:
-        """(n, D) float32 embeddings of `texts`, read where a chunk is cached, else encoded and cached."""
-        parts = []
-        for index, start in enumerate(range(0, len(texts), self.chunk)):
-            path = storage.join(self.folder, f"{name}-{index:05d}.npy")
-            if storage.is_file(path):
-                with storage.open_binary(path) as fh:
-                    parts.append(torch.from_numpy(np.load(io.BytesIO(fh.read()))))
-                self.reused += 1
-                continue
-            emb = encode(texts[start:start + self.chunk]).cpu().float()  # (c, D)
-            buffer = io.BytesIO()
-            np.save(buffer, emb.numpy())
-            storage.write_bytes(path, buffer.getvalue())
-            parts.append(emb)
-            self.encoded += 1
-            log.info("mine-negatives: %s chunk %d of %d encoded", name, index + 1, -(-len(texts) // self.chunk))
-        return torch.cat(parts)  # (n, D)
+    def _path(self, side: str, index: int) -> str:
+        return storage.join(self.folder, f"{side}-{index:05d}.npy")
+
+    def held(self, side: str, index: int) -> Optional[torch.Tensor]:
+        """(c, D) float32: chunk `index` of `side` where an earlier run wrote it, else None."""
+        path = self._path(side, index)
+        if not storage.is_file(path):
+            return None
+        with storage.open_binary(path) as fh:
+            self.reused += 1
+            return torch.from_numpy(np.load(io.BytesIO(fh.read())))
+
+    def keep(self, side: str, index: int, emb: torch.Tensor) -> None:
+        storage.write_bytes(self._path(side, index), npy_bytes(emb))
+        self.encoded += 1
+
+
+def npy_bytes(emb: torch.Tensor) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, emb.cpu().float().numpy())
+    return buffer.getvalue()
+
+
+def encode_side(encoder, side: str, texts: Sequence[str], batch_size: int, device: Optional[str] = None) -> torch.Tensor:
+    """(n, D) float32 on the CPU: contexts through `encode`, responses through `encode_responses`
+    (the two sides of the Reddit score)."""
+    method = encoder.encode_responses if side == "response" else encoder.encode
+    return method(list(texts), batch_size=batch_size, convert_to_tensor=True, device=device).cpu().float()
+
+
+Chunk = Tuple[str, int, List[str]]  # (side, index, texts)
+
+
+def encoded_here(encoder, chunks: Sequence[Chunk], batch_size: int) -> Iterator[Tuple[str, int, torch.Tensor]]:
+    for side, index, texts in chunks:
+        yield side, index, encode_side(encoder, side, texts, batch_size)
+
+
+class ChunkEncoder:
+    """A Ray Data actor holding one copy of the model: encodes whole chunks (on the actor's GPU
+    when it was given one) and returns each as .npy bytes."""
+
+    def __init__(self, encoder: list, batch_size: int, threads: int):
+        import ray
+
+        torch.set_num_threads(threads)  # the CPUs this actor reserved, not the whole node's
+        self.encoder = ray.get(encoder[0])  # [ObjectRef]: the model, put once by the driver
+        self.batch_size = batch_size
+
+    def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        out = [npy_bytes(encode_side(self.encoder, str(side), list(texts), self.batch_size, device="auto"))
+               for side, texts in zip(batch["side"], batch["texts"])]
+        return {"side": batch["side"], "index": batch["index"], "embeddings": np.array(out, dtype=object)}
+
+
+@dataclasses.dataclass
+class EncodePool:
+    """Where mine-negatives encodes: workers=0 in this process; otherwise that many Ray Data actors,
+    each with its own copy of the model and cpus (and gpus) of its own, one chunk at a time."""
+
+    workers: int = 0
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+
+    def validate(self) -> "EncodePool":
+        if self.workers < 0 or self.cpus_per_worker <= 0 or self.gpus_per_worker < 0:
+            raise ValueError(f"need --workers >= 0, --cpus-per-worker > 0 and --gpus-per-worker >= 0, got "
+                             f"{self.workers}, {self.cpus_per_worker:g}, {self.gpus_per_worker:g}")
+        return self
+
+    def encoded(self, encoder, chunks: Sequence[Chunk], batch_size: int) -> Iterator[Tuple[str, int, torch.Tensor]]:
+        """(side, index, (c, D) embeddings) for each chunk, in the order they finish."""
+        if not self.workers or not chunks:
+            yield from encoded_here(encoder, chunks, batch_size)
+            return
+        import ray
+        import ray.data
+
+        from ray_jobs.runtime import ensure_ray
+
+        ensure_ray()
+        rows = [{"side": side, "index": index, "texts": texts} for side, index, texts in chunks]
+        done = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+            ChunkEncoder, batch_size=1, compute=ray.data.ActorPoolStrategy(size=self.workers),
+            num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker or None,
+            # The model travels by reference inside a list: each actor (and a restarted one) gets it
+            # from the object store, and the driver's reference keeps it there until the pool is done.
+            fn_constructor_args=([ray.put(encoder)], batch_size, max(1, int(self.cpus_per_worker))))
+        for row in done.iter_rows():
+            yield str(row["side"]), int(row["index"]), torch.from_numpy(np.load(io.BytesIO(row["embeddings"])))
+
+
+def embed_pairs(encoder, frame, chunk: int, batch_size: int, cache: Optional[EmbeddingCache],
+                pool: EncodePool) -> Dict[str, torch.Tensor]:
+    """{"context": (n, D), "response": (n, D)}: the pairs' two sides, chunk by chunk, read from the
+    cache where it holds a chunk, the rest encoded by `pool` (and written to the cache as each
+    chunk finishes, so a killed run keeps whole chunks)."""
+    parts: Dict[str, Dict[int, torch.Tensor]] = {"context": {}, "response": {}}
+    todo: List[Chunk] = []
+    for side, held in parts.items():
+        texts = frame[side].tolist()
+        for index, start in enumerate(range(0, len(texts), chunk)):
+            emb = cache.held(side, index) if cache else None
+            if emb is None:
+                todo.append((side, index, texts[start:start + chunk]))
+            else:
+                held[index] = emb
+    for count, (side, index, emb) in enumerate(pool.encoded(encoder, todo, batch_size), start=1):
+        if cache:
+            cache.keep(side, index, emb)
+        parts[side][index] = emb
+        log.info("mine-negatives: %d of %d chunks encoded (%s %d)", count, len(todo), side, index + 1)
+    return {side: torch.cat([held[i] for i in sorted(held)]) for side, held in parts.items()}  # (n, D) each
 
 
 def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig, pairs: int, batch_size: int, cfg,
-                  embeddings: str = "", chunk: int = EMBEDDING_CHUNK):
+                  embeddings: str = "", chunk: int = EMBEDDING_CHUNK, pool: Optional[EncodePool] = None):
     """The work of the command; returns OUT's Reddit manifest."""
     import models
 
     mining.validate()
+    pool = (pool or EncodePool()).validate()
     if pairs < 0:
         raise ValueError(f"--pairs: must be >= 0 (0 = all), got {pairs}")
     if storage.has_entries(out):
@@ -151,15 +259,8 @@ def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig
                             f"--range-min ({mining.range_min})")
     log.info("mine-negatives: encoding %d contexts and %d responses with %s", len(frame), len(frame), checkpoint)
     cache = EmbeddingCache(embeddings, embeddings_key(checkpoint, frame, chunk), chunk) if embeddings else None
-    encoders = {"context": lambda texts: encoder.encode(list(texts), batch_size=batch_size, convert_to_tensor=True),
-                "response": lambda texts: encoder.encode_responses(list(texts), batch_size=batch_size,
-                                                                   convert_to_tensor=True)}
-
-    def embedded(side: str) -> torch.Tensor:  # (n, D)
-        texts = frame[side].tolist()
-        return cache.side(side, texts, encoders[side]) if cache else encoders[side](texts).cpu().float()
-
-    context, response = embedded("context"), embedded("response")  # (n, D) each
+    embedded = embed_pairs(encoder, frame, chunk, batch_size, cache, pool)
+    context, response = embedded["context"], embedded["response"]  # (n, D) each
     if cache and cache.reused:
         log.info("mine-negatives: %d of %d chunks read from %s, %d encoded", cache.reused, cache.reused + cache.encoded,
                  storage.redact(embeddings), cache.encoded)
@@ -183,6 +284,7 @@ def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig
         "mined_pairs": len(mined), "without_negative": int((~found).sum()),
         **{k: v for k, v in dataclasses.asdict(mining).items() if k != "chunk"},
         "embeddings": storage.redact(embeddings), "embedding_chunks_reused": cache.reused if cache else 0,
+        "encode_workers": pool.workers,
         "seconds": round(time.time() - started, 1)})
     return REDDIT.write_manifest(reddit_out, manifest)
 
@@ -197,10 +299,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err).replace("negatives: ", "").replace("range_", "--range-"))
     if args.pairs < 0:
         parser.error(f"--pairs: must be >= 0 (0 = all), got {args.pairs}")
+    pool = EncodePool(args.workers, args.cpus_per_worker, args.gpus_per_worker)
+    try:
+        pool.validate()
+    except ValueError as err:
+        parser.error(str(err))
     setup_logging()
     cfg = load_config(args.config, args.overrides)
     manifest = mine_prepared(args.checkpoint, args.prepared, args.out, mining, args.pairs, args.batch_size, cfg,
-                             embeddings=args.embeddings)
+                             embeddings=args.embeddings, pool=pool)
     log.info("wrote %s: %d Reddit training pairs with a negative (%.0f s)", args.out,
              manifest["negatives"]["mined_pairs"], manifest["negatives"]["seconds"])
     return 0

@@ -52,7 +52,8 @@ def test_mine_negatives_refuses_bad_options_in_one_line(capsys, tmp_path):
 
     common = ["--checkpoint", str(tmp_path), "--prepared", str(tmp_path), "--out", str(tmp_path / "o")]
     for bad, message in ((["--range-min", "5", "--range-max", "5"], "need 0 <= --range-min < --range-max, got 5, 5"),
-                         (["--pairs", "-1"], "--pairs: must be >= 0")):
+                         (["--pairs", "-1"], "--pairs: must be >= 0"),
+                         (["--workers", "2", "--cpus-per-worker", "0"], "need --workers >= 0, --cpus-per-worker > 0")):
         with pytest.raises(SystemExit) as exit_:
             mine_main(common + bad)
         assert exit_.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
@@ -141,7 +142,7 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
     whole chunks to the same negatives, a re-run with other ranges encodes nothing, and a folder
     made by another checkpoint or for other pairs is refused."""
     from models import load, save_checkpoint
-    from ray_jobs.mine import mine_prepared
+    from ray_jobs.mine import EncodePool, mine_prepared
     from ray_jobs.training.data import build_tokenizer
 
     cfg = load_config(None, TINY_DAN)
@@ -153,10 +154,10 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
         save_checkpoint(checkpoints[-1], build_model(cfg.model, tokenizer, model_heads(cfg)), tokenizer, cfg.to_dict())
     cache = tmp_path / "emb"
 
-    def run(out, checkpoint=checkpoints[0], pairs=0, **ranges):
+    def run(out, checkpoint=checkpoints[0], pairs=0, pool=None, **ranges):
         mining = MiningConfig(**{"range_min": 1, "range_max": 20, **ranges})
         manifest = mine_prepared(str(checkpoint), str(sample_prepared), str(tmp_path / out), mining, pairs, 64, cfg,
-                                 embeddings=str(cache), chunk=200)
+                                 embeddings=str(cache), chunk=200, pool=pool)
         return manifest["negatives"], pd.read_parquet(tmp_path / out / "reddit" / "train")
 
     (tmp_path / "a_file").write_text("")
@@ -178,6 +179,13 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
     resumed, again = run("resumed")
     assert resumed["embedding_chunks_reused"] == len(chunks) - 1
     pd.testing.assert_frame_equal(again, mined)  # the same negatives as the uninterrupted run
+    # The same chunks encoded by a pool of Ray Data actors (--workers) instead of this process.
+    for chunk_file in chunks[1:4]:
+        (cache / chunk_file).unlink()
+    pooled, again = run("pooled", pool=EncodePool(workers=2, cpus_per_worker=0.5))
+    assert pooled["embedding_chunks_reused"] == len(chunks) - 3 and pooled["encode_workers"] == 2
+    assert sorted(p.name for p in cache.glob("*.npy")) == chunks
+    pd.testing.assert_frame_equal(again, mined)
     wider, _ = run("wider", range_min=5, range_max=50)
     assert wider["embedding_chunks_reused"] == len(chunks) and wider["mined_pairs"] > 0
 
