@@ -6,7 +6,7 @@ what one DAN training process consumes.
 Prints: prepare rows/s (lines read / wall time, Ray start-up excluded); the DAN tokenizer's rows/s in
 one process; the feed's rows/s (Ray Data
 read -> map_batches tokenization -> iter_batches, as the trainer streams it, first batch
-included and reported); DAN pairs/s of a single-process training step (batch 128, paper sizes) on
+included and reported; in order unless trainer.preserve_order=false); DAN pairs/s of a single-process training step (batch 128, paper sizes) on
 already-tokenized batches; and the ratio feed / consumption (the target is at least 3).
 """
 
@@ -77,6 +77,7 @@ def main() -> int:
         best = max(best, len(texts) / (time.perf_counter() - start))
     print(f"DAN tokenizer ({args.bigram_hash} bigrams), one process: {best:,.0f} rows/s")
     ds = tokenized(reddit, storage.read_shards(str(work / "reddit" / "train")), tokenizer, cfg.tokenizer.max_words)
+    ds.context.execution_options.preserve_order = cfg.trainer.preserve_order  # as the trainer's DataConfig sets it
     started = time.perf_counter()
     first = None
     rows = 0

@@ -118,6 +118,11 @@ class TrainerConfig:
     # in a shuffled order, so a batch's rows have similar lengths and the Transformer / BiLSTM / the
     # pretrained encoder spend less on padding (each batch is cut to its own longest row); 0 = off.
     bucket_batches: int = 0
+    # Ray Data delivers each task's rows in a fixed order (its files in the seeded order, each in
+    # row order) instead of as its read and tokenize tasks finish: a run repeated with the same
+    # config, seed and prepared folder trains the same model (measured with one rank per task).
+    # false lets a fast GPU step take whichever block is ready first.
+    preserve_order: bool = True
     checkpoint_every: int = 500
     keep_checkpoints: int = 2
     log_every: int = 20

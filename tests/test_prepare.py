@@ -123,3 +123,28 @@ def test_a_file_that_is_not_ndjson_fails_at_once_naming_it(ray_session, tmp_path
     notes.write_text("hello\nworld\n")
     with pytest.raises(ValueError, match="notes.txt"):
         prepare_reddit([str(notes)], tmp_path / "out", load_config())
+
+
+def test_the_vocabulary_counted_in_ray_data_counts_every_word_of_the_training_text(sample_prepared):
+    """build_tokenizer counts words in Ray Data blocks; a block can hold several map batches' counts,
+    so the same word arrives more than once in a batch. Every occurrence must add: the vocabulary
+    (ranks by count) is the one counted directly from the prepared shards, and the same every time."""
+    from collections import Counter
+
+    import pandas as pd
+
+    from datasets.text import DanTokenizer, words
+    from ray_jobs.training.data import build_tokenizer
+
+    cfg = load_config(None, ["model.encoder=dan"])
+    total: Counter = Counter()
+    for name in ("reddit", "snli"):
+        task = get_task(name)
+        frame = pd.read_parquet(sample_prepared / name / "train")
+        for column in task.pair:
+            for text in frame[column]:
+                total.update(words(str(text), cfg.tokenizer.lowercase))
+    direct = DanTokenizer.build(total, cfg.tokenizer).vocab
+    counted = build_tokenizer(cfg, str(sample_prepared)).vocab
+    assert len(counted) == len(direct) > 1000
+    assert counted == direct

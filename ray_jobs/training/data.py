@@ -56,7 +56,10 @@ def build_tokenizer(cfg: RunConfig, prepared_root: str):
     for ds, cols in sources:
         partial = ds.map_batches(_count_batch, fn_args=(cols, cfg.tokenizer.lowercase), batch_size=4096)
         for batch in partial.iter_batches(batch_size=None, batch_format="numpy"):
-            total.update(dict(zip(batch["word"].tolist(), batch["count"].tolist())))
+            # A block may hold the outputs of several map batches, so a word can occur more than
+            # once in it: every occurrence adds (a dict of the pairs would keep only the last).
+            for word, count in zip(batch["word"].tolist(), batch["count"].tolist()):
+                total[word] += count
     return tokenizer_class.build(total, cfg.tokenizer)
 
 
@@ -92,8 +95,10 @@ def task_datasets(cfg: RunConfig, prepared_root: str, tokenizer) -> Dict[str, An
     return out
 
 
-def task_split_data_config(plan: TaskPlan):
-    """A DataConfig that splits each task's dataset over that task's ranks only; other ranks get None."""
+def task_split_data_config(plan: TaskPlan, preserve_order: bool):
+    """A DataConfig that splits each task's dataset over that task's ranks only; other ranks get None.
+    `preserve_order`: Ray Data hands each task's rows over in the order of its (seeded) file order
+    rather than as its read and tokenize tasks finish (trainer.preserve_order)."""
     from ray.train import DataConfig
 
     class TaskSplitDataConfig(DataConfig):
@@ -112,7 +117,9 @@ def task_split_data_config(plan: TaskPlan):
                     output[r][name] = split
             return output
 
-    return TaskSplitDataConfig()
+    options = DataConfig.default_ingest_options()
+    options.preserve_order = preserve_order
+    return TaskSplitDataConfig(execution_options=options)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -223,7 +223,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
             resources_per_worker={"CPU": cfg.trainer.cpus_per_worker},
         ),
         datasets=datasets,
-        dataset_config=task_split_data_config(plan),
+        dataset_config=task_split_data_config(plan, cfg.trainer.preserve_order),
         run_config=ray.train.RunConfig(
             name=cfg.name,
             storage_path=cfg.trainer.storage_path or str(out_dir / "ray_results"),
