@@ -141,11 +141,11 @@ def npy_bytes(emb: torch.Tensor) -> bytes:
     return buffer.getvalue()
 
 
-def encode_side(encoder, side: str, texts: Sequence[str], batch_size: int, device: Optional[str] = None) -> torch.Tensor:
+def encode_side(encoder, side: str, texts: Sequence[str], batch_size: int) -> torch.Tensor:
     """(n, D) float32 on the CPU: contexts through `encode`, responses through `encode_responses`
-    (the two sides of the Reddit score)."""
+    (the two sides of the Reddit score), on the process's GPU where it has one."""
     method = encoder.encode_responses if side == "response" else encoder.encode
-    return method(list(texts), batch_size=batch_size, convert_to_tensor=True, device=device).cpu().float()
+    return method(list(texts), batch_size=batch_size, convert_to_tensor=True, device="auto").cpu().float()
 
 
 Chunk = Tuple[str, int, List[str]]  # (side, index, texts)
@@ -168,7 +168,7 @@ class ChunkEncoder:
         self.batch_size = batch_size
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        out = [npy_bytes(encode_side(self.encoder, str(side), list(texts), self.batch_size, device="auto"))
+        out = [npy_bytes(encode_side(self.encoder, str(side), list(texts), self.batch_size))
                for side, texts in zip(batch["side"], batch["texts"])]
         return {"side": batch["side"], "index": batch["index"], "embeddings": np.array(out, dtype=object)}
 
@@ -186,6 +186,9 @@ class EncodePool:
         if self.workers < 0 or self.cpus_per_worker <= 0 or self.gpus_per_worker < 0:
             raise ValueError(f"need --workers >= 0, --cpus-per-worker > 0 and --gpus-per-worker >= 0, got "
                              f"{self.workers}, {self.cpus_per_worker:g}, {self.gpus_per_worker:g}")
+        if self.gpus_per_worker and not self.workers:
+            raise ValueError("--gpus-per-worker is for a pool: give --workers N too (without a pool the command "
+                             "encodes on this machine's GPU when it has one)")
         return self
 
     def encoded(self, encoder, chunks: Sequence[Chunk], batch_size: int) -> Iterator[Tuple[str, int, torch.Tensor]]:

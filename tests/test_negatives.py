@@ -53,7 +53,8 @@ def test_mine_negatives_refuses_bad_options_in_one_line(capsys, tmp_path):
     common = ["--checkpoint", str(tmp_path), "--prepared", str(tmp_path), "--out", str(tmp_path / "o")]
     for bad, message in ((["--range-min", "5", "--range-max", "5"], "need 0 <= --range-min < --range-max, got 5, 5"),
                          (["--pairs", "-1"], "--pairs: must be >= 0"),
-                         (["--workers", "2", "--cpus-per-worker", "0"], "need --workers >= 0, --cpus-per-worker > 0")):
+                         (["--workers", "2", "--cpus-per-worker", "0"], "need --workers >= 0, --cpus-per-worker > 0"),
+                         (["--gpus-per-worker", "1"], "--gpus-per-worker is for a pool: give --workers N too")):
         with pytest.raises(SystemExit) as exit_:
             mine_main(common + bad)
         assert exit_.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
