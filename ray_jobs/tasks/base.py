@@ -65,7 +65,9 @@ def manifest_shape_problem(manifest: Any) -> Optional[str]:
     {file, rows} and whose `input_files`, where present, is a list of {file, size, mtime_ns}."""
     if not isinstance(manifest, dict):
         return f"not a JSON object but {type(manifest).__name__}"
-    if not isinstance(manifest.get("shards"), dict):
+    if "shards" not in manifest:
+        return "lists no shards (written by an older convsts)"
+    if not isinstance(manifest["shards"], dict):
         return "shards: not a mapping of splits to shard lists"
     lists = [(f"shards.{split}", listed, SHARD_ENTRY) for split, listed in manifest["shards"].items()]
     if "input_files" in manifest:
@@ -218,8 +220,6 @@ class Task:
             manifest = json.loads(storage.read_text(manifest_path))
         except ValueError as err:
             raise BadInputError(f"{manifest_path}: not JSON ({err}); {again}") from None
-        if isinstance(manifest, dict) and "shards" not in manifest:
-            raise BadInputError(f"{manifest_path} lists no shards (written by an older convsts); {again}")
         problem = manifest_shape_problem(manifest)
         if problem:
             raise BadInputError(f"{manifest_path}: {problem}; {again}")
