@@ -29,6 +29,8 @@ from datasets.storage import BadInputError  # noqa: F401  (raised here; importab
 CONTEXT_COLUMNS = ("context", "question", "input", "parent_body")
 RESPONSE_COLUMNS = ("response", "answer", "reply", "body")
 PAIR_COLUMNS = ["context", "response", "thread_key", "subreddit", "source", "status", "split"]
+WRITTEN_COLUMNS = ["context", "response", "thread_key", "subreddit"]  # a prepared pair's columns
+ORDER_KEY = "order_key"  # the shards' row order while they are written (not written)
 MAX_EXAMPLES = 20
 
 
@@ -300,6 +302,29 @@ def pairs_dataset(paths: Sequence[str], cfg: RedditFilterConfig, test_share: flo
     ), rows.count()
 
 
+def _with_order_key(batch: pd.DataFrame) -> pd.DataFrame:
+    return batch.assign(**{ORDER_KEY: pd.util.hash_pandas_object(batch[WRITTEN_COLUMNS], index=False).to_numpy()})
+
+
+def in_fixed_order(part, rows: int, rows_per_shard: int):
+    """`part` (a Ray Dataset of WRITTEN_COLUMNS) as blocks of one fixed order and size, whatever
+    order Ray Data's joins and groupbys handed its rows over in, so that two prepares of the same
+    inputs write the same shards and a run repeated on either trains the same model.
+
+    The order is a hash of each row's own values (pandas' fixed-key hash): a thread's pairs end up
+    spread over the split, not side by side in one in-batch softmax batch, as a sort by thread
+    would put them. Rows that tie are equal in every written column. The sorted rows are cut into
+    rows // rows_per_shard equal blocks, written in that order (one shard each)."""
+    shards = max(1, rows // rows_per_shard)
+    # The groupbys leave many small blocks; combined first, the sort exchanges shards x shards pieces.
+    ordered = (part.repartition(shards).map_batches(_with_order_key, batch_format="pandas").sort(ORDER_KEY)
+               .repartition(shards).drop_columns([ORDER_KEY]))
+    # This dataset's own copy of the DataContext (shared only with its lineage in this prepare):
+    # the write hands blocks to its tasks, and so to the shard names, in the sorted order.
+    ordered.context.execution_options.preserve_order = True
+    return ordered
+
+
 def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard: int) -> Dict[str, Any]:
     """Write kept pairs as train/test parquet shards (out_dir local or a URI); return the manifest's counts.
 
@@ -331,11 +356,10 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
         raise RuntimeError(f"{lines_read} lines were read but the manifest's buckets hold {buckets} "
                            f"(an input line made more or fewer than one row); nothing was written")
     for split in ("train", "test"):
-        part = annotated.filter(expr=(col("status") == "") & (col("split") == split)).select_columns(
-            ["context", "response", "thread_key", "subreddit"]
-        )
+        part = annotated.filter(expr=(col("status") == "") & (col("split") == split)).select_columns(WRITTEN_COLUMNS)
         target, fs = storage.path_and_filesystem(storage.join(out_dir, split))
-        part.write_parquet(target, filesystem=fs, min_rows_per_file=rows_per_shard)
+        in_fixed_order(part, by_split[split], rows_per_shard).write_parquet(
+            target, filesystem=fs, min_rows_per_file=rows_per_shard)
     return {
         "lines_read": lines_read,
         "malformed": malformed,

@@ -33,9 +33,11 @@ class StorageError(OSError):
 
 
 @contextlib.contextmanager
-def reaching(path: str | Path):
+def reaching(path: str | Path, error: type = None, what: str = ""):
     """Turns a filesystem's own error while reaching `path` (pyarrow's OSError, or its ArrowInvalid for
-    a URI it cannot parse) into one line naming the path; a missing file stays FileNotFoundError."""
+    a URI it cannot parse or a file it cannot decode) into one line naming the path, credentials
+    redacted: a StorageError, or `error` with `what` before the detail (a file that was reached but
+    is not what it claims to be). A missing file stays FileNotFoundError."""
     import pyarrow as pa
 
     try:
@@ -44,7 +46,7 @@ def reaching(path: str | Path):
         raise
     except (OSError, pa.ArrowInvalid) as err:
         detail = redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
-        raise StorageError(f"{redact(str(path))}: {detail}") from err
+        raise (error or StorageError)(f"{redact(str(path))}: {what}{detail}") from err
 
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
@@ -287,16 +289,10 @@ def open_text(path: str | Path, encoding: str = "utf-8") -> io.TextIOWrapper:
 def _reading_parquet(path: str | Path):
     """pyarrow's errors while reading a parquet file as one line: an unreachable store as
     StorageError (checked first for a URI), anything else as BadInputError (a corrupt or truncated file)."""
-    import pyarrow as pa
-
     if is_uri(path):
         _info(path)
-    try:
+    with reaching(path, BadInputError, "not a readable parquet file: "):
         yield
-    except (FileNotFoundError, StorageError):
-        raise
-    except (pa.ArrowInvalid, OSError) as err:
-        raise BadInputError(f"{path}: not a readable parquet file ({str(err).splitlines()[0]})") from None
 
 
 def read_parquet_table(path: str | Path, columns: Optional[List[str]] = None):
