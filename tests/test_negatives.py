@@ -187,8 +187,16 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
     assert pooled["embedding_chunks_reused"] == len(chunks) - 3 and pooled["encode_workers"] == 2
     assert sorted(p.name for p in cache.glob("*.npy")) == chunks
     pd.testing.assert_frame_equal(again, mined)
-    wider, _ = run("wider", range_min=5, range_max=50)
-    assert wider["embedding_chunks_reused"] == len(chunks) and wider["mined_pairs"] > 0
+    # The same checkpoint read from a bucket (as Ray Train keeps them on a cluster): the same weights,
+    # so its embeddings are reused.
+    from s3_server import s3_endpoint, upload
+
+    with s3_endpoint("convsts-models"):
+        uri = "s3://convsts-models/untrained0"
+        for file in checkpoints[0].iterdir():
+            upload(file, f"{uri}/{file.name}")
+        wider, _ = run("wider", checkpoint=uri, range_min=5, range_max=50)
+    assert wider["embedding_chunks_reused"] == len(chunks) and wider["mined_pairs"] > 0 and wider["checkpoint"] == uri
 
     with pytest.raises(BadInputError, match=r"emb/key.json: these embeddings are of another checkpoint_weights than"):
         run("other_model", checkpoint=checkpoints[1])

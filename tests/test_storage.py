@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+import models
 from datasets import evalsets, reddit, snli, storage
 from ray_jobs.config import load_config
 from datasets.storage import expand_inputs
@@ -126,6 +128,18 @@ def test_readers_on_s3(tmp_path):
         storage.write_text(f"{base}/out/note.txt", "written")
         assert storage.read_text(f"{base}/out/note.txt") == "written"
         assert storage.has_entries(f"{base}/out") and not storage.has_entries(f"{base}/empty")
+        # A folder at a URI copied to this machine once, and again only when a file there changed.
+        storage.write_text(f"{base}/out/second.txt", "two")
+        local = storage.local_copy(f"{base}/out", "test")
+        assert sorted(p.name for p in local.iterdir() if not p.name.startswith(".")) == ["note.txt", "second.txt"]
+        assert (local / "note.txt").read_text() == "written"
+        (local / "note.txt").write_text("a local edit")  # the cache is not read again while the URI is unchanged
+        assert storage.local_copy(f"{base}/out", "test") == local and (local / "note.txt").read_text() == "a local edit"
+        storage.write_text(f"{base}/out/note.txt", "written again")
+        again = storage.local_copy(f"{base}/out", "test")
+        assert again != local and (again / "note.txt").read_text() == "written again"
+        with pytest.raises(FileNotFoundError, match="s3://convsts-data/raw/empty: no files there"):
+            storage.local_copy(f"{base}/empty", "test")
 
 
 
@@ -133,7 +147,7 @@ def test_readers_on_s3(tmp_path):
 @pytest.mark.slow
 def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
     """`convsts train` with every input, the prepared shards and Ray Train's storage in a bucket;
-    `convsts evaluate` scores the held-out Reddit split read back from the bucket."""
+    `convsts evaluate` scores a checkpoint in the bucket on the held-out Reddit split read back from it."""
     with s3_endpoint("convsts-data") as s3_env:
         bucket = "s3://convsts-data"
         files = {"reddit_pairs.parquet": "raw/reddit/reddit_pairs.parquet", "snli_train.parquet": "raw/snli/train.parquet",
@@ -166,6 +180,11 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
         assert any("/checkpoint_" in k and k.endswith("model.safetensors") for k in keys(f"{bucket}/ray_results"))
         assert not (out / "ray_results").exists()
         assert (out / "checkpoint" / "model.safetensors").is_file()
+        # The bucket's last checkpoint loads from its URI as the copy in --out does.
+        saved = {k.rsplit("/", 1)[0] for k in keys(f"{bucket}/ray_results") if k.endswith("/model.safetensors")}
+        uri = "s3://" + max(saved, key=lambda folder: folder.rsplit("/", 1)[1])
+        texts = ["a man is playing a guitar", "how do I cook rice"]
+        assert np.array_equal(models.load(uri).encode(texts), models.load(out / "checkpoint").encode(texts))
         # In-training evaluation on: the best checkpoint by STS-B dev is kept beside the last.
         train_info = json.loads((out / "train.json").read_text())
         assert train_info["best_checkpoint"] == str(out / "best_checkpoint")
@@ -173,7 +192,7 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
         assert not any(Path(out).glob("prepared"))  # nothing prepared locally
 
         evaluation = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "evaluate", "--checkpoint",
-                                     str(out / "checkpoint"), "--prepared", f"{bucket}/prepared",
+                                     uri, "--prepared", f"{bucket}/prepared",
                                      "--out", str(out / "eval"), *data, "eval.tuned.enabled=false"],
                                     cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert evaluation.returncode == 0, evaluation.stdout[-3000:] + evaluation.stderr[-4000:]
