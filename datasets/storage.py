@@ -408,7 +408,7 @@ def local_copy(folder: str, kind: str, files: Optional[Sequence[Tuple[str, int, 
         local.mkdir(parents=True, exist_ok=True)
         for file, _, _ in files:
             with open_binary(join(folder, file)) as src:
-                part = local / f".{file}.part"  # another process copying the same folder never sees half a file
+                part = local / f".{file}.{os.getpid()}.part"  # a process copying the same folder never sees half a file
                 part.write_bytes(src.read())
                 os.replace(part, local / file)
         (local / ".complete").touch()
