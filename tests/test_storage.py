@@ -193,7 +193,7 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
 
         evaluation = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "evaluate", "--checkpoint",
                                      uri, "--prepared", f"{bucket}/prepared",
-                                     "--out", str(out / "eval"), *data, "eval.tuned.enabled=false"],
+                                     "--out", str(out / "eval"), *data],
                                     cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert evaluation.returncode == 0, evaluation.stdout[-3000:] + evaluation.stderr[-4000:]
         results = json.loads((out / "eval" / "results.json").read_text())
@@ -201,3 +201,6 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
         assert -1.0 <= results["stsb/dev/pearson"] <= 1.0
         assert 0.0 <= results["cqa2016/map"] <= 1.0
         assert 0.0 <= results["snli/dev/accuracy"] <= 1.0
+        # The tuned STS matrix of a checkpoint read from a URI is written to --out only.
+        assert -1.0 <= results["stsb_tuned/test/pearson"] <= 1.0 and (out / "eval" / "sts_transform.safetensors").is_file()
+        assert not (REPO / "s3:").exists()

@@ -153,15 +153,19 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
                     check_held_out(task, manifest, prepared, checkpoint)
     if checkpoint:
         from models import load
+        from models.checkpoint import checkpoint_folder
 
-        scorer = EmbeddingScorer(load(checkpoint), cfg.eval.batch_size)
+        local = checkpoint_folder(checkpoint)  # a URI's files, copied to this machine once
+        scorer = EmbeddingScorer(load(local), cfg.eval.batch_size)
     elif baseline:
         scorer = baseline_scorer(baseline, cfg, prepared)
     else:
         raise ValueError("give --checkpoint or --baseline")
     trained = training_info(checkpoint) if checkpoint else {}
     cards = model_folders(checkpoint, trained) if checkpoint else []
-    transform_dirs = [out_dir] + ([Path(checkpoint)] if checkpoint else []) + cards
+    # The tuned matrix goes beside a local checkpoint; for one read from a URI, to out_dir only.
+    beside = [local] if checkpoint and not storage.is_uri(checkpoint) else []
+    transform_dirs = [out_dir] + beside + cards
     results = evaluate(scorer, cfg, prepared, sts_files, transform_dirs)
     for folder in cards:
         add_results(folder, results)
@@ -169,7 +173,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     test = read_stsb_split(cfg, "test")
     embedded = stsb_embeddings(scorer, test)
     plots = [out_dir / "stsb_test_scatter.png"]
-    step = trained_step(checkpoint) if checkpoint else 0  # the training step of the weights scored
+    step = trained_step(local) if checkpoint else 0  # the training step of the weights scored
     label = model_label(checkpoint, step) if checkpoint else scorer.name
     scatter_plot(predicted_scores(embedded), test, plots[0], f"STS-B test, {label}, raw cosine")
     transform = load_sts_transform(out_dir) if isinstance(scorer, EmbeddingScorer) and "stsb_tuned/test/pearson" in results else None
