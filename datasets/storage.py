@@ -211,10 +211,23 @@ def list_files(folder: str | Path) -> List[str]:
     """Files directly in a folder (not hidden), sorted; local paths or URIs like the folder's."""
     if not is_uri(folder):
         return sorted(str(p) for p in Path(folder).iterdir() if p.is_file() and not p.name.startswith("."))
+    return [_child(str(folder), inner, path) for inner, path, _, _ in _listing(folder)]
+
+
+def folder_stats(folder: str | Path) -> List[Tuple[str, int, int]]:
+    """(name, size in bytes, modification time in ns) of each file directly in a folder (not
+    hidden), sorted by name; at a URI from the one listing request."""
+    if not is_uri(folder):
+        return [(name(f), *file_stat(f)) for f in list_files(folder)]
+    return [(name(path), size, mtime) for _, path, size, mtime in _listing(folder)]
+
+
+def _listing(folder: str | Path) -> List[Tuple[str, str, int, int]]:
+    """(folder's inner path, file's inner path, size, mtime_ns) of the files in a folder at a URI."""
     fs, inner = resolve(folder)
     with reaching(folder):
         infos = fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False))
-    return sorted(_child(str(folder), inner, i.path) for i in infos
+    return sorted((inner, i.path, int(i.size), int(i.mtime_ns or 0)) for i in infos
                   if i.type == pafs.FileType.File and not i.base_name.startswith("."))
 
 
@@ -398,8 +411,7 @@ def local_copy(folder: str, kind: str, files: Optional[Sequence[Tuple[str, int, 
     import tempfile
 
     if files is None:
-        listed = list_files(folder) if is_dir(folder) else []
-        files = [(name(f), *found) for f in listed for found in [file_stat(f)] if found]
+        files = folder_stats(folder) if is_dir(folder) else []
         if not files:
             raise FileNotFoundError(f"{redact(folder)}: no files there")
     key = hashlib.sha1(repr((folder, list(files))).encode()).hexdigest()[:16]
@@ -425,18 +437,15 @@ def _pretrained_files_at(uri: str) -> List[Tuple[str, int, int]]:
     settings where present."""
     import json
 
-    def stat_of(file: str) -> Optional[Tuple[str, int, int]]:
-        found = file_stat(join(uri, file))
-        return (file, *found) if found else None
-
+    listed = {found[0]: found for found in (folder_stats(uri) if is_dir(uri) else [])}  # one listing request
     files = []
     for group in PRETRAINED_FILES:
-        present = [found for found in map(stat_of, group) if found][:1]
+        present = [listed[file] for file in group if file in listed][:1]
         files += present
         if present and present[0][0].endswith(".index.json"):
             shards = sorted(set(json.loads(read_text(join(uri, present[0][0])))["weight_map"].values()))
-            files += [found for found in map(stat_of, shards) if found]
-    return files + [found for found in map(stat_of, PRETRAINED_EXTRAS) if found]
+            files += [listed[shard] for shard in shards if shard in listed]
+    return files + [listed[file] for file in PRETRAINED_EXTRAS if file in listed]
 
 
 def expand_inputs(inputs) -> List[str]:

@@ -176,7 +176,7 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
 def test_a_checkpoint_is_not_scored_on_a_folder_split_otherwise_than_its_training_run(sample_prepared, tmp_path):
     from datasets.text import DanTokenizer, count_words
     from models import save_checkpoint
-    from models.checkpoint import build_model
+    from models.checkpoint import build_model, read_meta
     from ray_jobs.evaluation.harness import check_held_out, run_evaluation
     from ray_jobs.tasks import get_task
 
@@ -189,16 +189,16 @@ def test_a_checkpoint_is_not_scored_on_a_folder_split_otherwise_than_its_trainin
                         ("snli_only", ["data.split_salt=other", "trainer.task_weights={snli: 1.0}"])):
         cfg = load_config(None, tiny + extra)
         checkpoints[name] = str(save_checkpoint(tmp_path / name, build_model(cfg.model, tok), tok, cfg.to_dict()))
-    check_held_out(reddit, manifest, str(sample_prepared), checkpoints["same"])  # split as in training: scored
-    check_held_out(reddit, manifest, str(sample_prepared), checkpoints["snli_only"])  # never trained on Reddit
+    for name in ("same", "snli_only"):  # split as in training, or never trained on Reddit: scored
+        check_held_out(reddit, manifest, str(sample_prepared), checkpoints[name], read_meta(checkpoints[name]))
     with pytest.raises(BadInputError, match=r"test_share=0.1 \(.*share trained with: 0.2\)"):
-        check_held_out(reddit, manifest, str(sample_prepared), checkpoints["share"])
+        check_held_out(reddit, manifest, str(sample_prepared), checkpoints["share"], read_meta(checkpoints["share"]))
     with pytest.raises(BadInputError, match=r"reddit/manifest.json: held out with data.split_salt='convsts' "
                                             r"\(.*salted trained with: 'other'\); its held-out rows may be in the "
                                             r"checkpoint's training data"):
         run_evaluation(load_config(None), tmp_path / "eval", checkpoints["salted"], prepared_dir=sample_prepared,
                        log_to_mlflow=False)
-    assert not (tmp_path / "eval" / "results.json").exists()
+    assert not (tmp_path / "eval").exists()  # refused before anything is written
 
 
 # ---- 3. a used --out is not silently resumed
@@ -582,7 +582,9 @@ def _damage(case: str, root: Path) -> tuple:
         return (["-m", "ray_jobs.evaluate", "--baseline", "tfidf", "--out", str(root / "o"), "--sts",
                  str(root / "bad.tsv"), "data.cqa_test=''"], "bad.tsv:2: not UTF-8 text")
     checkpoint = _tiny_checkpoint(root / "ckpt")
-    if case == "truncated_safetensors":
+    if case == "checkpoint_uri_not_there":
+        checkpoint, message = f"file://{root}/nothing_here", f"file://{root}/nothing_here: no files there"
+    elif case == "truncated_safetensors":
         weights = checkpoint / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
         message = "model.safetensors: not a readable safetensors file"
@@ -598,13 +600,16 @@ def _damage(case: str, root: Path) -> tuple:
 
 
 @pytest.mark.parametrize("case", ["empty_file", "first_line_not_json", "readme_beside_dumps", "non_utf8_sts",
-                                  "truncated_safetensors", "unknown_bigram_hash", "config_not_json"])
+                                  "checkpoint_uri_not_there", "truncated_safetensors", "unknown_bigram_hash",
+                                  "config_not_json"])
 def test_unreadable_inputs_give_one_line_naming_the_file(tmp_path, case):
     args, expected = _damage(case, tmp_path)
     result = _run(*args)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and expected in result.stderr, result.stderr[-2000:]
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    if "--checkpoint" in args:  # a checkpoint that does not load is refused before --out is made
+        assert not (tmp_path / "o").exists()
 
 
 def test_a_utf8_byte_order_mark_is_accepted(ray_session, tmp_path):

@@ -130,6 +130,9 @@ def test_readers_on_s3(tmp_path):
         assert storage.has_entries(f"{base}/out") and not storage.has_entries(f"{base}/empty")
         # A folder at a URI copied to this machine once, and again only when a file there changed.
         storage.write_text(f"{base}/out/second.txt", "two")
+        listed = storage.folder_stats(f"{base}/out")  # names, sizes and times from the one listing
+        assert [(n, size) for n, size, _ in listed] == [("note.txt", 7), ("second.txt", 3)]
+        assert all(mtime > 0 for _, _, mtime in listed)
         local = storage.local_copy(f"{base}/out", "test")
         assert sorted(p.name for p in local.iterdir() if not p.name.startswith(".")) == ["note.txt", "second.txt"]
         assert (local / "note.txt").read_text() == "written"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -142,25 +142,28 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
                    run_id: Optional[str] = None, log_to_mlflow: bool = True,
                    mlflow_uri: Optional[str] = None) -> Dict[str, object]:
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    uri = (mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)) if log_to_mlflow else None  # before the work
+    if not (checkpoint or baseline):
+        raise ValueError("give --checkpoint or --baseline")
+    if checkpoint:
+        from models.checkpoint import checkpoint_folder, read_meta
+
+        local = checkpoint_folder(checkpoint)  # a URI's files, copied to this machine once and read from there
+        meta = read_meta(local)
     prepared = str(prepared_dir) if prepared_dir else None
     if prepared:
         for task in evaluated_tasks(cfg):
             if storage.is_dir(task.prepared_dir(prepared)):
                 manifest = task.verify_prepared(prepared)  # a half-written folder is refused, not scored
                 if checkpoint:
-                    check_held_out(task, manifest, prepared, checkpoint)
+                    check_held_out(task, manifest, prepared, checkpoint, meta)
     if checkpoint:
         from models import load
-        from models.checkpoint import checkpoint_folder
 
-        local = checkpoint_folder(checkpoint)  # a URI's files, copied to this machine once
         scorer = EmbeddingScorer(load(local), cfg.eval.batch_size)
-    elif baseline:
-        scorer = baseline_scorer(baseline, cfg, prepared)
     else:
-        raise ValueError("give --checkpoint or --baseline")
+        scorer = baseline_scorer(baseline, cfg, prepared)
+    uri = (mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)) if log_to_mlflow else None  # before the scoring
+    out_dir.mkdir(parents=True, exist_ok=True)  # once the model loads: a refused checkpoint leaves no folder behind
     trained = training_info(checkpoint) if checkpoint else {}
     cards = model_folders(checkpoint, trained) if checkpoint else []
     # The tuned matrix goes beside a local checkpoint; for one read from a URI, to out_dir only.
@@ -174,7 +177,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     embedded = stsb_embeddings(scorer, test)
     plots = [out_dir / "stsb_test_scatter.png"]
     step = trained_step(local) if checkpoint else 0  # the training step of the weights scored
-    label = model_label(checkpoint, step) if checkpoint else scorer.name
+    label = model_label(checkpoint, meta, step) if checkpoint else scorer.name
     scatter_plot(predicted_scores(embedded), test, plots[0], f"STS-B test, {label}, raw cosine")
     transform = load_sts_transform(out_dir) if isinstance(scorer, EmbeddingScorer) and "stsb_tuned/test/pearson" in results else None
     if transform is not None:
@@ -206,12 +209,11 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     return flat
 
 
-def check_held_out(task, manifest: Dict[str, object], prepared: str, checkpoint: str) -> None:
+def check_held_out(task, manifest: Dict[str, object], prepared: str, checkpoint: str, meta: Dict[str, Any]) -> None:
     """A checkpoint is scored on held-out rows split as in its own training run (Task.split_keys):
-    a folder split otherwise may hold out rows the checkpoint trained on, so it is refused."""
-    from models.checkpoint import read_meta
-
-    trained = read_meta(checkpoint).get("run_config", {})
+    a folder split otherwise may hold out rows the checkpoint trained on, so it is refused. `meta`:
+    the checkpoint's config.json (models.checkpoint.read_meta)."""
+    trained = meta.get("run_config", {})
     if task.name not in trained.get("trainer", {}).get("task_weights", {}):
         return
     recorded = tuple(k for k in task.split_keys if config_value(trained, k) is not None)  # older checkpoints: what they hold
@@ -222,11 +224,8 @@ def check_held_out(task, manifest: Dict[str, object], prepared: str, checkpoint:
                             f"as the checkpoint's run was")
 
 
-def model_label(checkpoint: str, step: int) -> str:
-    """A checkpoint's name for plots: its run name, encoder and training steps."""
-    from models.checkpoint import read_meta
-
-    meta = read_meta(checkpoint)
+def model_label(checkpoint: str, meta: Dict[str, Any], step: int) -> str:
+    """A checkpoint's name for plots: its run name (from `meta`, its config.json), encoder and training steps."""
     return f"{meta.get('run_config', {}).get('name') or Path(checkpoint).name} ({meta['model']['encoder']}, {step} steps)"
 
 
