@@ -91,6 +91,7 @@ def train_log_level() -> str:
 
 
 LOCAL_STARTUP_CONCURRENCY = 4  # Python workers a local Ray instance starts at once, at the least
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # Ray Train's switch (ray.train.v2 constants)
 
 
 def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> None:
@@ -125,6 +126,11 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
         # tasks and actors), which on a 2-CPU machine printed that warning on every run. At least
         # LOCAL_STARTUP_CONCURRENCY concurrent starts keep it for a real excess of workers.
         cpus = num_cpus or os.cpu_count() or 1
+        # A local instance's one node is never drained or preempted, so Ray Train's preemption
+        # watcher (an actor per run) has nothing to watch; without it the run also loses the
+        # `core_worker.cc` line about the watcher's constructor arguments (ray-project/ray#53727).
+        # Read by Train's controller, which gets it from this process's environment; a user's own value stays.
+        os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
         ray.init(num_cpus=num_cpus, dashboard_host="127.0.0.1",
                  _system_config={"worker_maximum_startup_concurrency": max(LOCAL_STARTUP_CONCURRENCY, cpus)}, **kwargs)
 
