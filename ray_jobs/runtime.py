@@ -56,7 +56,8 @@ def quiet_ray_logs() -> None:
     """Ray's info logs off the console of this process; with `--verbose`, nothing changes. Run in
     the driver (ensure_ray) and, as Ray's `worker_process_setup_hook`, in every worker process:
     Ray Data's console handler at WARNING (its session log file keeps every record); MLflow's
-    store and system-metrics info lines; deprecation warnings that Ray raises inside its own code
+    store and system-metrics info lines; matplotlib's (a fresh environment's first plot builds its
+    font cache and says so); deprecation warnings that Ray raises inside its own code
     (a user cannot act on them). Ray Train's own lines are set by its LoggingConfig
     (train_log_level). Ray Data is not imported here: a worker that never uses it starts without
     it (importing it took about 1 s a worker, enough for the raylet to warn about slow starts)."""
@@ -73,7 +74,7 @@ def quiet_ray_logs() -> None:
                     handler.addFilter(DropProgressBarHint())
     else:  # read by Ray Data when it is imported; a config of the user's own wins
         os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", str(RAY_DATA_LOGGING))
-    quiet = ["mlflow.store.db.utils", "mlflow.system_metrics", "alembic"]
+    quiet = ["mlflow.store.db.utils", "mlflow.system_metrics", "alembic", "matplotlib"]
     # Ray Train's per-report line comes from a logger named by its file's path, which its
     # LoggingConfig (keyed on "ray.train") does not reach. The path is found without importing
     # ray.train (which imports Ray Data).

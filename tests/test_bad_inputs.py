@@ -500,7 +500,8 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(sample_prepared, r
     scratch, out = tmp_path / "cwd", tmp_path / "run"
     scratch.mkdir()
     env = {**ENV, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
-           "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}  # MLflow's own setting: samples within a short run
+           "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1",  # MLflow's own setting: samples within a short run
+           "MPLCONFIGDIR": str(tmp_path / "mpl")}  # as in a fresh environment: the first plot builds matplotlib's font cache
     result = subprocess.run(
         [sys.executable, "-m", "ray_jobs.train", "--out", str(out), "--prepared", str(sample_prepared),
          "trainer.task_weights={snli: 1.0}", *TINY_TRAIN, f"data.reddit_inputs=[{PLANTED}]",
@@ -510,11 +511,11 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(sample_prepared, r
     assert not _leaks(result.stdout + result.stderr)
     output = result.stdout + result.stderr
     assert output.count("[convsts rank 0] step 4/4 ") == 1  # each progress line once (Ray Train's print patch doubled them)
-    # Without --verbose, Ray Data's, Ray Train's and MLflow's info lines stay off the console, in
+    # Without --verbose, Ray Data's, Ray Train's, MLflow's and matplotlib's info lines stay off the console, in
     # the driver and in every Ray worker (the job's worker_process_setup_hook).
     for chatter in ("execution finished", "Progress bars disabled", "Reporting training result",
                     "Checkpoint successfully created", "Setting up process group", "Creating initial MLflow database",
-                    "Started monitoring system metrics", "RayDeprecationWarning"):
+                    "Started monitoring system metrics", "RayDeprecationWarning", "generated new fontManager"):
         assert chatter not in output, chatter
     # Every file the run wrote (checkpoint config.json, train.json, Ray's results, MLflow's store
     # and artifacts wherever they landed), read as bytes.
