@@ -30,6 +30,7 @@ from datasets.storage import BadInputError
 from datasets.text import save_tokenizer, tokenizer_from_dict
 from models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
 from models.heads import LEGACY_HEADS, MultitaskModel
+from models.similarity import angular_score_from_cosine, cosine_matrix
 from models.sts_transform import file_name as sts_file
 from models.sts_transform import load_sts_transform
 
@@ -289,6 +290,47 @@ class SentenceEncoder:
                                         f"(or, for a named matrix, `convsts tune --space sts_matrix`) on it first")
             emb = torch.from_numpy(transform.apply(emb.cpu().numpy())).to(emb.device)  # (n, dim) or (n, rank)
         return self._output(emb, single, convert_to_tensor)
+
+    SIMILARITY_SCORES = ("cosine", "sts")
+
+    def similarity(self, embeddings1, embeddings2, score: str = "cosine") -> torch.Tensor:
+        """Every embedding of `embeddings1` against every one of `embeddings2` -> (n1, n2) float32
+        on the first's device, as sentence-transformers' `similarity`; numpy arrays or tensors, one
+        embedding (dim,) counting as one row.
+          score  "cosine", or "sts": the paper's angular STS score, 5 (1 - arccos(cosine) / pi) on the
+                 0-5 scale of STS gold scores (what `convsts evaluate` correlates with them)"""
+        a, b = self._rows(embeddings1), self._rows(embeddings2)
+        if a.shape[-1] != b.shape[-1]:
+            raise ValueError(f"similarity: embeddings of {a.shape[-1]} and {b.shape[-1]} dimensions")
+        return self._score(cosine_matrix(a, b.to(a.device)), score)  # (n1, n2)
+
+    def similarity_pairwise(self, embeddings1, embeddings2, score: str = "cosine") -> torch.Tensor:
+        """Row i of `embeddings1` against row i of `embeddings2` -> (n,), as sentence-transformers'
+        `similarity_pairwise`; `score` as in `similarity`."""
+        a, b = self._rows(embeddings1), self._rows(embeddings2)
+        if a.shape != b.shape:
+            raise ValueError(f"similarity_pairwise: {tuple(a.shape)} and {tuple(b.shape)} embeddings; give as many rows of one size")
+        cos = (torch.nn.functional.normalize(a, dim=-1) * torch.nn.functional.normalize(b.to(a.device), dim=-1)).sum(-1)  # (n,)
+        return self._score(cos, score)
+
+    @staticmethod
+    def _rows(embeddings) -> torch.Tensor:
+        """A tensor, an array, or a list of either -> (n, dim) float32."""
+        if isinstance(embeddings, torch.Tensor):
+            rows = embeddings
+        elif isinstance(embeddings, (list, tuple)) and embeddings and isinstance(embeddings[0], torch.Tensor):
+            rows = torch.stack(list(embeddings))
+        else:
+            rows = torch.from_numpy(np.asarray(embeddings, dtype=np.float32))
+        return (rows.unsqueeze(0) if rows.dim() == 1 else rows).float()  # (n, dim)
+
+    @classmethod
+    def _score(cls, cos: torch.Tensor, score: str) -> torch.Tensor:
+        if score not in cls.SIMILARITY_SCORES:
+            raise ValueError(f"score={score!r}: use one of {', '.join(cls.SIMILARITY_SCORES)}")
+        if score == "cosine":
+            return cos
+        return torch.from_numpy(angular_score_from_cosine(cos.cpu().numpy())).to(cos.device)  # the evaluation's own score
 
     @torch.no_grad()
     def encode_responses(self, sentences: Union[str, Sequence[str]], batch_size: int = 256,

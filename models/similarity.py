@@ -20,6 +20,13 @@ def cosine(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.sum(un * vn, axis=1)  # (n,)
 
 
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine of every row of (n1, d) against every row of (n2, d) -> (n1, n2)."""
+    an = torch.nn.functional.normalize(a, dim=-1)  # (n1, d)
+    bn = torch.nn.functional.normalize(b, dim=-1)  # (n2, d)
+    return an @ bn.T  # (n1, n2)
+
+
 def angular_score_from_cosine(cos: np.ndarray) -> np.ndarray:
     """5 (1 - arccos(cos) / pi) in [0, 5]; NaN cosines stay NaN."""
     return 5.0 * (1.0 - np.arccos(np.clip(cos, -1.0, 1.0)) / np.pi)

@@ -1,6 +1,8 @@
 """`SentenceEncoder.encode` with the options SentenceTransformer.encode users know, on a real
 checkpoint (tiny DAN and Transformer): shapes for one string and for lists, tensors, devices,
-normalization, the progress bar, input order; the same on encode_responses and classify_nli."""
+normalization, the progress bar, input order; the same on encode_responses and classify_nli;
+`similarity` and `similarity_pairwise` as sentence-transformers computes them, and the
+evaluation's STS score."""
 
 import numpy as np
 import pytest
@@ -91,3 +93,32 @@ def test_encode_on_cuda_equals_the_cpu(encoder):
     assert cuda.device.type == "cuda"
     np.testing.assert_allclose(cuda.cpu().numpy(), cpu, atol=1e-4)
     assert encoder.classify_nli(TEXTS, TEXTS, device="cuda").shape == (5, 3)
+
+
+def test_similarity_of_every_pair_and_of_row_pairs(encoder):
+    from sentence_transformers import util
+
+    from models.similarity import angular_score_np
+
+    a, b = encoder.encode(TEXTS[:3]), encoder.encode(TEXTS[2:])
+    sim = encoder.similarity(a, b)
+    assert isinstance(sim, torch.Tensor) and sim.shape == (3, 3) and sim.dtype == torch.float32
+    torch.testing.assert_close(sim, util.cos_sim(a, b), atol=1e-6, rtol=0)  # sentence-transformers' own
+    assert sim[2, 0] == pytest.approx(1.0, abs=1e-6)  # TEXTS[2] against itself
+    pairs = encoder.similarity_pairwise(a, b)
+    torch.testing.assert_close(pairs, util.pairwise_cos_sim(torch.from_numpy(a), torch.from_numpy(b)), atol=1e-6, rtol=0)
+    torch.testing.assert_close(pairs, torch.diagonal(sim), atol=1e-6, rtol=0)
+    # The paper's STS score on the 0-5 scale: the one `convsts evaluate` correlates with gold scores.
+    sts = encoder.similarity(a, b, score="sts")
+    expected = angular_score_np(np.repeat(a, 3, axis=0), np.tile(b, (3, 1))).reshape(3, 3)
+    np.testing.assert_allclose(sts.numpy(), expected, atol=1e-5)
+    assert sts[2, 0] == pytest.approx(5.0, abs=1e-2) and float(sts.min()) >= 0.0
+    np.testing.assert_allclose(encoder.similarity_pairwise(a, b, score="sts").numpy(), np.diagonal(expected), atol=1e-5)
+    # One embedding is one row; tensors, arrays and lists of tensors mix.
+    one = encoder.encode("a dog", convert_to_tensor=True)
+    assert encoder.similarity(one, b).shape == (1, 3)
+    torch.testing.assert_close(encoder.similarity(list(torch.from_numpy(a)), b), sim, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="use one of cosine, sts"):
+        encoder.similarity(a, b, score="dot")
+    with pytest.raises(ValueError, match="as many rows"):
+        encoder.similarity_pairwise(a, b[:2])
