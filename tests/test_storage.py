@@ -150,7 +150,8 @@ def test_readers_on_s3(tmp_path):
 @pytest.mark.slow
 def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
     """`convsts train` with every input, the prepared shards and Ray Train's storage in a bucket;
-    `convsts evaluate` scores a checkpoint in the bucket on the held-out Reddit split read back from it."""
+    `convsts evaluate` scores a checkpoint in the bucket on the held-out Reddit split read back from it,
+    and `convsts mine-negatives` mines with it into a prepared folder in the bucket."""
     with s3_endpoint("convsts-data") as s3_env:
         bucket = "s3://convsts-data"
         files = {"reddit_pairs.parquet": "raw/reddit/reddit_pairs.parquet", "snli_train.parquet": "raw/snli/train.parquet",
@@ -210,3 +211,16 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
         # The tuned STS matrix of a checkpoint read from a URI is written to --out only.
         assert -1.0 <= results["stsb_tuned/test/pearson"] <= 1.0 and (out / "eval" / "sts_transform.safetensors").is_file()
         assert not (REPO / "s3:").exists()
+
+        # `convsts mine-negatives` reads the same checkpoint and prepared folder from the bucket and
+        # writes its prepared folder there.
+        mined = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "mine-negatives", "--checkpoint", uri,
+                                "--prepared", f"{bucket}/prepared", "--out", f"{bucket}/mined", "--pairs", "300"],
+                               cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert mined.returncode == 0, mined.stdout[-3000:] + mined.stderr[-4000:]
+        manifest = json.loads(storage.read_text(f"{bucket}/mined/reddit/manifest.json"))
+        assert manifest["negatives"]["checkpoint"] == uri and manifest["negatives"]["sampled_pairs"] == 300
+        assert 0 < manifest["negatives"]["mined_pairs"] == manifest["train_pairs"] <= 300
+        table = storage.read_parquet_table(f"{bucket}/mined/reddit/train")
+        assert "negative" in table.column_names and table.num_rows == manifest["train_pairs"]
+        assert any(k.startswith("convsts-data/mined/snli/train/") for k in keys(f"{bucket}/mined"))
