@@ -89,8 +89,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
     if rank == 0:
         threads = torch.get_num_threads()
-        say_once(f"[convsts] {plan.describe()}; world size {world}; device {device}; torch threads {threads}; "
-                 f"start step {loop.step}")
+        # The task split itself is the driver's line just before (run.py); this is what only a worker knows.
+        say_once(f"[convsts rank 0] world size {world}; device {device}; torch threads {threads}; start step {loop.step}")
         if loop.step == 0 and uri and run_id:
             tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode, "torch_threads": str(threads)})
         if checkpoint is not None:  # a restarted worker group (FailureConfig)
