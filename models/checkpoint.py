@@ -310,8 +310,7 @@ class SentenceEncoder:
         a, b = self._rows(embeddings1), self._rows(embeddings2)
         if a.shape != b.shape:
             raise ValueError(f"similarity_pairwise: {tuple(a.shape)} and {tuple(b.shape)} embeddings; give as many rows of one size")
-        cos = (torch.nn.functional.normalize(a, dim=-1) * torch.nn.functional.normalize(b.to(a.device), dim=-1)).sum(-1)  # (n,)
-        return self._score(cos, score)
+        return self._score(torch.nn.functional.cosine_similarity(a, b.to(a.device), dim=-1), score)  # (n,)
 
     @staticmethod
     def _rows(embeddings) -> torch.Tensor:
