@@ -200,18 +200,11 @@ def file_stat(path: str | Path) -> Optional[Tuple[int, int]]:
     return (int(info.size), int(info.mtime_ns or 0)) if info.type == pafs.FileType.File else None
 
 
-def _child(folder: str, folder_inner: str, inner_child: str) -> str:
-    """The URI of `inner_child` (a path inside the folder's filesystem), spelt like the folder."""
-    head, query = _split_query(folder)
-    relative = inner_child[len(folder_inner.rstrip("/")):].lstrip("/")
-    return f"{head.rstrip('/')}/{relative}{query}"
-
-
 def list_files(folder: str | Path) -> List[str]:
     """Files directly in a folder (not hidden), sorted; local paths or URIs like the folder's."""
     if not is_uri(folder):
         return sorted(str(p) for p in Path(folder).iterdir() if p.is_file() and not p.name.startswith("."))
-    return [_child(str(folder), inner, path) for inner, path, _, _ in _listing(folder)]
+    return [join(folder, file) for file, _, _ in folder_stats(folder)]
 
 
 def folder_stats(folder: str | Path) -> List[Tuple[str, int, int]]:
@@ -219,15 +212,10 @@ def folder_stats(folder: str | Path) -> List[Tuple[str, int, int]]:
     hidden), sorted by name; at a URI from the one listing request."""
     if not is_uri(folder):
         return [(name(f), *file_stat(f)) for f in list_files(folder)]
-    return [(name(path), size, mtime) for _, path, size, mtime in _listing(folder)]
-
-
-def _listing(folder: str | Path) -> List[Tuple[str, str, int, int]]:
-    """(folder's inner path, file's inner path, size, mtime_ns) of the files in a folder at a URI."""
     fs, inner = resolve(folder)
     with reaching(folder):
         infos = fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False))
-    return sorted((inner, i.path, int(i.size), int(i.mtime_ns or 0)) for i in infos
+    return sorted((i.base_name, int(i.size), int(i.mtime_ns or 0)) for i in infos
                   if i.type == pafs.FileType.File and not i.base_name.startswith("."))
 
 
