@@ -12,6 +12,7 @@ from typing import Dict, List, Sequence, Tuple
 import pandas as pd
 
 from datasets import storage
+from datasets.compression import plain_name, read_text
 from datasets.storage import BadInputError
 
 STSB_GENRES = {"main-captions": "captions", "main-forum": "forums", "main-forums": "forums", "main-news": "news"}
@@ -70,22 +71,26 @@ def pair_keys(frame: pd.DataFrame) -> List[Tuple[str, str]]:
     return [tuple(sorted((norm(a), norm(b)))) for a, b in zip(frame["sentence1"], frame["sentence2"])]
 
 
+SPLIT_NAMES = ("train", "dev", "validation", "test")  # a file named only so says nothing of its set
+
+
 def sts_set_names(paths: Sequence[str]) -> Dict[str, str]:
     """{path: the name its metrics go under}. An STS 2012-2016 file is named by its folder (the
     release) and its set, so that one release's sets sort together and a set that several releases
     hold (headlines: 2013-2016) keeps them apart: STS13/STS.input.headlines.txt -> STS13.headlines.
     Any other file by its own name (my_sts.tsv -> my_sts), and by its folder's too where two share
-    it. Raises if two files still share a name."""
+    it or where the name is only a split's (MTEB's sickr-sts/test.jsonl.gz -> sickr-sts.test).
+    Raises if two files still share a name."""
     def own(path: str) -> str:
-        name = storage.name(path)
+        name = plain_name(path)
         if name.startswith(STS_INPUT_PREFIX):
             return ".".join(filter(None, [storage.folder_name(path), name[len(STS_INPUT_PREFIX):].rsplit(".", 1)[0]]))
         return name.rsplit(".", 1)[0] if "." in name else name
 
     names = {str(p): own(str(p)) for p in paths}
     counts = Counter(names.values())
-    names = {p: f"{storage.folder_name(p)}.{n}" if counts[n] > 1 and not storage.name(p).startswith(STS_INPUT_PREFIX)
-             else n for p, n in names.items()}
+    names = {p: f"{storage.folder_name(p)}.{n}" if (counts[n] > 1 or n in SPLIT_NAMES) and storage.folder_name(p)
+             and not storage.name(p).startswith(STS_INPUT_PREFIX) else n for p, n in names.items()}
     counts = Counter(names.values())
     clash = [p for p, n in names.items() if counts[n] > 1]
     if clash:
@@ -96,17 +101,18 @@ def sts_set_names(paths: Sequence[str]) -> Dict[str, str]:
 
 def read_sts_file(path: str | Path) -> pd.DataFrame:
     """An STS-style file -> DataFrame(sentence1, sentence2, score), read as its release ships it:
-    parquet or JSON lines (MTEB, Hugging Face), a tab-separated (or comma-separated) table with a
+    parquet or JSON lines (MTEB, Hugging Face; MTEB's test.jsonl.gz), a tab-separated (or comma-separated) table with a
     header row (SICK, GLUE), the STS Benchmark's headerless 7-column file, or an STS 2012-2016
-    `STS.input.<name>.txt` with its `STS.gs.<name>.txt` beside it. Pairs whose gold line is empty
+    `STS.input.<name>.txt` with its `STS.gs.<name>.txt` beside it; the text ones plain or compressed
+    (datasets.compression: .gz, .bz2, .xz, .zst). Pairs whose gold line is empty
     are left out and counted in `frame.attrs["without_gold"]`."""
     path = str(path)
-    name = storage.name(path)
+    name = plain_name(path)  # MTEB's test.jsonl.gz holds JSON lines
     if name.startswith(STS_INPUT_PREFIX):
         return _read_sts_input_and_gold(path)
     if name.endswith(".parquet"):
         return _sts_columns(storage.read_parquet_table(path).to_pandas(), path)
-    text = storage.read_text(path)
+    text = read_text(path)
     if name.endswith((".jsonl", ".json")):
         try:
             return _sts_columns(pd.read_json(io.StringIO(text), lines=True, dtype=False), path)
@@ -163,8 +169,8 @@ def _read_sts_input_and_gold(path: str) -> pd.DataFrame:
     gold_path = storage.sibling(path, STS_GOLD_PREFIX + storage.name(path)[len(STS_INPUT_PREFIX):])
     if not storage.is_file(gold_path):
         raise BadInputError(f"{path}: its gold scores {gold_path} are not beside it")
-    pairs = storage.read_text(path).splitlines()
-    gold = storage.read_text(gold_path).splitlines()
+    pairs = read_text(path).splitlines()
+    gold = read_text(gold_path).splitlines()
     while gold and not gold[-1].strip() and len(gold) > len(pairs):
         gold.pop()
     if len(gold) != len(pairs):

@@ -1,7 +1,7 @@
 """Reddit input-response pairs: raw inputs -> filtered pairs -> thread-hash train/test split.
 
 Two input formats:
-  * pushshift comment dumps (NDJSON, optionally .zst): comments are paired with their parent
+  * pushshift comment dumps (NDJSON, plain or compressed: .zst, .bz2, .xz, .gz): comments are paired with their parent
     comment by a distributed join in Ray Data (see `pushshift_pairs`);
   * paired tables (parquet or jsonl) with a context and a response column, such as the
     question/answer tables in ../shared/data/reddit.
@@ -14,7 +14,6 @@ filtered by a named rule, unpaired or a duplicate comment id (dumps only), or ma
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from datasets import storage
+from datasets.compression import open_lines, plain_name
 from datasets.storage import BadInputError  # noqa: F401  (raised here; importable from here too)
 
 CONTEXT_COLUMNS = ("context", "question", "input", "parent_body")
@@ -102,9 +102,9 @@ def read_pairs_file(path: str) -> pd.DataFrame:
     """
     if storage.name(path).endswith(".parquet"):
         df = storage.read_parquet_table(path).to_pandas()
-    elif storage.name(path).endswith((".jsonl", ".json")):
+    elif plain_name(path).endswith((".jsonl", ".json")):
         rows, bad = [], []
-        with storage.open_binary(path) as fh:
+        with open_lines(path) as fh:
             for lineno, raw in enumerate(fh, start=1):
                 obj = json_record(raw, lineno == 1)
                 if obj is None:
@@ -115,7 +115,7 @@ def read_pairs_file(path: str) -> pd.DataFrame:
         if bad:
             df = pd.concat([df, pd.DataFrame({"__line": bad, "__bad": True})], ignore_index=True)
     else:
-        raise BadInputError(f"{path}: paired tables must be .parquet or .jsonl")
+        raise BadInputError(f"{path}: paired tables must be .parquet or .jsonl (optionally compressed: .jsonl.gz)")
     if df.empty:
         return pd.DataFrame(columns=["context", "response", "group", "subreddit", "source", "status"])
     ctx = storage.pick_column(df.columns, CONTEXT_COLUMNS, path, "context")
@@ -197,80 +197,10 @@ def detect_format(path: str) -> Optional[str]:
     raise BadInputError(f"{path}: cannot tell the format from its first record (keys {sorted(first)})")
 
 
-class _ZstdLines(io.RawIOBase):
-    """A .zst stream decompressed frame by frame that refuses to end inside a frame: a truncated
-    or corrupt file raises BadInputError naming the file and the compressed byte offset, instead of
-    ending early as zstandard's stream reader does."""
-
-    def __init__(self, raw, path: str):
-        import zstandard
-
-        self._zstd = zstandard
-        self._raw, self._path = raw, path
-        self._new_frame()
-        self._pending, self._at = b"", 0  # decompressed bytes not yet handed out start at _at
-        self._offset = 0  # compressed bytes read so far
-        self._done = False
-
-    def _new_frame(self):
-        # Pushshift's large dumps need a window above zstd's default limit.
-        self._dobj = self._zstd.ZstdDecompressor(max_window_size=2**31).decompressobj()
-        self._frame_has_input = False
-
-    def readable(self) -> bool:
-        return True
-
-    def _fill(self) -> None:
-        while self._at == len(self._pending) and not self._done:
-            chunk = self._raw.read(1 << 20)
-            if not chunk:
-                if self._frame_has_input and not self._dobj.eof:
-                    raise BadInputError(f"{self._path}: truncated zstd file: the data ends inside a frame at byte "
-                                        f"{self._offset} (re-download or re-compress it)")
-                self._done = True
-                return
-            self._offset += len(chunk)
-            self._pending, self._at = self._decompress(chunk), 0
-
-    def _decompress(self, chunk: bytes) -> bytes:
-        out = []
-        while chunk:
-            self._frame_has_input = True
-            try:
-                out.append(self._dobj.decompress(chunk))
-            except self._zstd.ZstdError as err:
-                raise BadInputError(f"{self._path}: corrupt zstd data near byte {self._offset}: {err}") from None
-            if not self._dobj.eof:
-                break
-            chunk = self._dobj.unused_data  # the next frame (dumps may hold several)
-            self._new_frame()
-        return b"".join(out)
-
-    def readinto(self, buffer) -> int:
-        self._fill()
-        n = min(len(buffer), len(self._pending) - self._at)
-        buffer[:n] = self._pending[self._at:self._at + n]  # one copy out; the rest is not moved
-        self._at += n
-        return n
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
-
-
-def open_text(path: str) -> io.BufferedReader:
-    """Binary line reader (local file or URI); .zst files are decompressed as a stream, and a
-    truncated or corrupt one raises BadInputError."""
-    raw = storage.open_binary(path)
-    if storage.name(path).endswith(".zst"):
-        return io.BufferedReader(_ZstdLines(raw, path), buffer_size=1 << 20)
-    return raw  # type: ignore[return-value]
-
-
 def _first_json_line(path: str) -> Optional[Dict[str, Any]]:
     """The first record of an NDJSON file, None when it has none; a first line that is not a JSON
     object means the file is not NDJSON at all (a README beside the dumps, a CSV)."""
-    with open_text(path) as fh:
+    with open_lines(path) as fh:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.strip(b"\xef\xbb\xbf \t\r\n"):
                 continue
@@ -396,9 +326,9 @@ def parse_comment(raw: bytes, first_line: bool = False) -> Optional[Dict[str, st
 
 
 def read_dump_file(path: str, batch_rows: int = 100_000) -> Iterator[pd.DataFrame]:
-    """Comments of one dump file (plain or .zst), in batches; malformed lines kept as status "malformed"."""
+    """Comments of one dump file (plain or compressed), in batches; malformed lines kept as status "malformed"."""
     rows: List[Dict[str, str]] = []
-    with open_text(path) as fh:
+    with open_lines(path) as fh:
         for lineno, raw in enumerate(fh, start=1):
             comment = parse_comment(raw, lineno == 1)
             if comment is None:

@@ -1,4 +1,4 @@
-"""SNLI: official 1.0 files (jsonl, txt) or parquet -> (premise, hypothesis, label id).
+"""SNLI: official 1.0 files (jsonl, txt; plain or compressed) or parquet -> (premise, hypothesis, label id).
 
 Nested fractions for the data-quantity curve: every pair gets a rank in [0, 1) from a seeded
 hash of its text; the subset for fraction f is the pairs with rank < f, so the 10% subset lies
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 from pathlib import Path
 from typing import Dict
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from datasets import storage
+from datasets.compression import SUFFIXES, open_lines, plain_name
 
 LABELS = ("entailment", "neutral", "contradiction")
 LABEL_IDS = {name: i for i, name in enumerate(LABELS)}
@@ -44,17 +46,18 @@ def read_snli(path: str | Path) -> pd.DataFrame:
     `frame.attrs["without_gold"]`; any other label raises, naming the file and row.
     """
     path = str(path)
-    suffix = storage.name(path)
-    if suffix.endswith(".parquet"):
+    name = plain_name(path)  # snli_1.0_dev.jsonl.gz holds JSON lines
+    if name.endswith(".parquet"):
         df = storage.read_parquet_table(path).to_pandas()
-    elif suffix.endswith((".jsonl", ".json")):
-        with storage.open_text(path) as fh:
+    elif name.endswith((".jsonl", ".json")):
+        with io.TextIOWrapper(open_lines(path), encoding="utf-8") as fh:
             df = pd.DataFrame([json.loads(line) for line in fh if line.strip()])
-    elif suffix.endswith((".txt", ".tsv")):
-        with storage.open_text(path) as fh:
+    elif name.endswith((".txt", ".tsv")):
+        with io.TextIOWrapper(open_lines(path), encoding="utf-8") as fh:
             df = pd.read_csv(fh, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
     else:
-        raise storage.BadInputError(f"{path}: SNLI must be .parquet, .jsonl or .txt")
+        raise storage.BadInputError(f"{path}: SNLI must be .parquet, .jsonl or .txt (the text ones optionally compressed: "
+                                    f"{', '.join(SUFFIXES)})")
     picked = {ours: storage.pick_column(df.columns, names, path, ours) for ours, names in SNLI_COLUMN_NAMES.items()}
     labels = df[picked["label"]].map(_label_name)
     bad = ~labels.isin(LABELS + (NO_GOLD,))

@@ -334,7 +334,11 @@ def read_text(path: str | Path) -> str:
     """A whole UTF-8 text file (a byte-order mark is dropped); bytes that are not UTF-8 raise
     BadInputError naming the file and line."""
     with open_binary(path) as fh:
-        data = fh.read()
+        return decode_text(fh.read(), path)
+
+
+def decode_text(data: bytes, path: str | Path) -> str:
+    """The bytes of `path` as UTF-8 text (a byte-order mark is dropped), or BadInputError naming the line."""
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:

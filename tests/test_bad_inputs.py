@@ -14,7 +14,7 @@ import pytest
 import torch
 import zstandard
 
-from datasets.reddit import open_text
+from datasets.compression import open_lines
 from datasets.storage import BadInputError
 from ray_jobs.config import ConfigError, load_config
 
@@ -44,15 +44,15 @@ def _run(*args, cwd=None):
 def test_truncated_zst_raises_naming_the_file_and_offset(tmp_path):
     cut = _cut_zst(tmp_path / "RC_cut.zst")
     with pytest.raises(BadInputError, match=r"RC_cut.zst: truncated zstd file: the data ends inside a frame at byte \d+"):
-        sum(1 for _ in open_text(str(cut)))
+        sum(1 for _ in open_lines(str(cut)))
     corrupt = bytearray(zstandard.ZstdCompressor().compress(_dump_lines(2000)))
     corrupt[40:60] = b"\x00" * 20
     (tmp_path / "RC_bad.zst").write_bytes(bytes(corrupt))
     with pytest.raises(BadInputError, match="RC_bad.zst: corrupt zstd data near byte"):
-        sum(1 for _ in open_text(str(tmp_path / "RC_bad.zst")))
+        sum(1 for _ in open_lines(str(tmp_path / "RC_bad.zst")))
     whole = zstandard.ZstdCompressor().compress(_dump_lines(10)) + zstandard.ZstdCompressor().compress(_dump_lines(5))
     (tmp_path / "RC_two.zst").write_bytes(whole)  # two frames, both read
-    assert sum(1 for _ in open_text(str(tmp_path / "RC_two.zst"))) == 15
+    assert sum(1 for _ in open_lines(str(tmp_path / "RC_two.zst"))) == 15
 
 
 @pytest.mark.slow

@@ -118,6 +118,27 @@ def test_prepare_pushshift_dumps_joins_parents_across_files(ray_session, tmp_pat
                    ("another thread starts here", "and somebody replies to it", "t3_s2")}
 
 
+def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(ray_session, tmp_path):
+    """pushshift's months before 2017-12 ship as .bz2 and .xz: a thread across four months, each
+    compressed its own way, pairs across files as plain dumps do."""
+    import bz2
+    import gzip
+    import lzma
+
+    months = {"RC_2015-01.bz2": (bz2.compress, [_comment("c1", "t3_s1", body="I think this is a great idea")]),
+              "RC_2015-02.xz": (lzma.compress, [_comment("c2", "t1_c1", body="I completely agree with you")]),
+              "RC_2015-03.gz": (gzip.compress, [_comment("c3", "t1_c2", body="and so do I, for what it is worth")]),
+              "RC_2015-04": (bytes, [_comment("c4", "t1_c3", body="four months of agreement here")])}
+    for name, (compress, rows) in months.items():
+        (tmp_path / name).write_bytes(compress(("\n".join(json.dumps(r) for r in rows) + "\n").encode()))
+    m = prepare_reddit([str(tmp_path / "RC_2015-*")], tmp_path / "out", load_config(None, ["data.test_share=0.0"]))
+    assert m["format"] == "pushshift" and m["lines_read"] == 4 and m["pairs"] == 3
+    got = {(p["context"], p["response"]) for p in pq.read_table(tmp_path / "out" / "train").to_pylist()}
+    assert got == {("I think this is a great idea", "I completely agree with you"),
+                   ("I completely agree with you", "and so do I, for what it is worth"),
+                   ("and so do I, for what it is worth", "four months of agreement here")}
+
+
 def test_a_file_that_is_not_ndjson_fails_at_once_naming_it(ray_session, tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("hello\nworld\n")

@@ -1,6 +1,7 @@
 """Inputs, prepared shards and evaluation sets read from URIs: file:// and s3:// on a real
 S3-protocol server on 127.0.0.1 (tests/s3_server.py), through the same code paths as local files."""
 
+import bz2
 import json
 import os
 import subprocess
@@ -97,10 +98,11 @@ def test_readers_on_s3(tmp_path):
     lines = [json.dumps({"sentence1": "A man sleeps.", "sentence2": "A person rests.", "gold_label": "entailment"}),
              json.dumps({"sentence1": "A dog runs.", "sentence2": "A cat sits.", "gold_label": "-"})]
     (tmp_path / "snli.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "RC_2015-02.bz2").write_bytes(bz2.compress("".join(json.dumps(r) + "\n" for r in DUMP_ROWS).encode()))
     (tmp_path / "sts-dev.csv").write_text("main-news\tfile\t2012\t1\t4.2\tA cat sat.\tA cat was sitting.\textra\n")
     with s3_endpoint("convsts-data"):
         base = "s3://convsts-data/raw"
-        for name in ("RC_2015-01.zst", "snli.jsonl", "sts-dev.csv"):
+        for name in ("RC_2015-01.zst", "snli.jsonl", "sts-dev.csv", "RC_2015-02.bz2"):
             upload(tmp_path / name, f"{base}/{name}")
         upload(SAMPLE / "reddit_pairs.parquet", f"{base}/pairs/reddit_pairs.parquet")
         upload(SAMPLE / "cqa2016_test.parquet", f"{base}/cqa.parquet")
@@ -118,6 +120,8 @@ def test_readers_on_s3(tmp_path):
         assert len(pairs) == pq.read_metadata(SAMPLE / "reddit_pairs.parquet").num_rows
         frame = snli.read_snli(f"{base}/snli.jsonl")
         assert frame.to_dict("records") == [{"premise": "A man sleeps.", "hypothesis": "A person rests.", "label": 0}]
+        older = next(reddit.read_dump_file(f"{base}/RC_2015-02.bz2"))  # an older month's compression, streamed
+        assert list(older["id"]) == [r["id"] for r in DUMP_ROWS]
         split = evalsets.stsb_split_path(base, "dev")
         assert split == f"{base}/sts-dev.csv"
         sts = evalsets.read_stsb(split)
