@@ -84,6 +84,15 @@ def test_a_store_failing_mid_read_is_its_own_error_not_corrupt_data():
             sum(1 for _ in io.BufferedReader(stream))
 
 
+def test_a_paired_table_reads_compressed(tmp_path):
+    rows = [{"question": "What are you reading this week", "answer": "I am reading Dune again"}, {"question": 3}]
+    path = tmp_path / "pairs.jsonl.xz"
+    path.write_bytes(lzma.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    assert reddit.detect_format(str(path)) == "pairs"
+    pairs = reddit.read_pairs_file(str(path))
+    assert list(pairs["status"]) == ["", "malformed"] and pairs["response"].iloc[0] == "I am reading Dune again"
+
+
 def test_snli_and_sts_files_read_compressed_as_their_releases_ship_them(tmp_path):
     rows = [{"sentence1": "A man.", "sentence2": "A person.", "gold_label": "entailment"},
             {"sentence1": "A dog.", "sentence2": "A cat.", "gold_label": "-"}]
