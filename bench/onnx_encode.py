@@ -64,7 +64,7 @@ def main() -> int:
             config = ModelConfig(encoder=name)
             kind = TOKENIZERS[encoder_class(name).tokenizer_kind]
             tok_config = TokenizerConfig(max_words=64)
-            if kind.kind == "pretrained":
+            if hasattr(kind, "from_model"):  # a pretrained model's own tokenizer, as the trainer takes it
                 tokenizer = kind.from_model(config, tok_config)
             elif kind.fits_from_counts:
                 tokenizer = kind.build(count_words(texts), tok_config)

@@ -25,6 +25,7 @@ Inputs = Dict[str, torch.Tensor]
 class DanEncoder(nn.Module):
     """Deep averaging network: (word + bigram embeddings) summed, / sqrt(n), then a DNN."""
 
+    name = "dan"  # its `model.encoder` value
     tokenizer_kind = "dan"  # word ids + hashed bigram ids
 
     @classmethod
@@ -95,6 +96,7 @@ def timing_signal(length: int, channels: int, device=None) -> torch.Tensor:
 class TransformerSentenceEncoder(nn.Module):
     """Transformer encoder with a sinusoidal timing signal and mean pooling over non-padding positions."""
 
+    name = "transformer"
     tokenizer_kind = "subword"  # WordPiece ids
 
     @classmethod
@@ -147,6 +149,7 @@ class TransformerSentenceEncoder(nn.Module):
 class BiLstmMaxEncoder(nn.Module):
     """InferSent's encoder: BiLSTM over word embeddings, max pooling over time."""
 
+    name = "bilstm"
     tokenizer_kind = "dan"  # word ids (its bigram ids are not used)
 
     @classmethod
@@ -199,6 +202,7 @@ class PretrainedEncoder(nn.Module):
     an optional linear projection. Built from the weights' folder the first time; from the
     architecture stored in the checkpoint (`hf_config`) when a checkpoint is loaded."""
 
+    name = "pretrained"
     tokenizer_kind = "pretrained"  # the model's own tokenizer.json
 
     @classmethod
@@ -290,14 +294,10 @@ def _quietly(load, *args, **kwargs):
             hf_logging.enable_progress_bar()
 
 
-# `model.encoder` name -> encoder class. A new family is one class with the interface above, an
-# entry here, and its architecture dataclass as a field of models.config.ModelConfig.
-ENCODERS: Dict[str, type] = {
-    "dan": DanEncoder,
-    "transformer": TransformerSentenceEncoder,
-    "bilstm": BiLstmMaxEncoder,
-    "pretrained": PretrainedEncoder,
-}
+# `model.encoder` name -> encoder class. A new family is one class with the interface above (its
+# `name` the config value), an entry here, and its architecture dataclass as a field of models.config.ModelConfig.
+ENCODERS: Dict[str, type] = {cls.name: cls for cls in (DanEncoder, TransformerSentenceEncoder, BiLstmMaxEncoder,
+                                                        PretrainedEncoder)}
 
 
 def encoder_class(name: str) -> type:

@@ -33,6 +33,7 @@ from torch import nn
 from datasets.storage import BadInputError
 from datasets.text import save_tokenizer, tokenizer_from_dict
 from models.checkpoint import load
+from models.encoders import PretrainedEncoder
 from models.heads import MultitaskModel
 from models.quiet import quiet_loggers
 
@@ -138,7 +139,7 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
 
     loaded = load(checkpoint)
     encoder = loaded.model.encoder
-    if getattr(encoder, "tokenizer_kind", None) != "pretrained":
+    if not isinstance(encoder, PretrainedEncoder):
         raise BadInputError(f"{checkpoint}: a {loaded.model.config.encoder} encoder; the sentence-transformers "
                             f"format holds the pretrained-transformer encoder (model.encoder=pretrained) only")
     out_dir = Path(out_dir)

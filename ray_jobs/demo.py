@@ -21,6 +21,7 @@ from typing import Dict, Sequence
 from datasets.storage import redact, redact_tree
 from datasets.text import load_tokenizer
 from models.checkpoint import save_checkpoint
+from models.encoders import DanEncoder, PretrainedEncoder
 from ray_jobs import tracking
 from ray_jobs.config import RunConfig, flatten, load_config
 from ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evaluation
@@ -31,8 +32,8 @@ from ray_jobs.training.run import prepare_all, run_training
 from ray_jobs.training.state import initial_model
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-DEMO_CONFIGS = {"pretrained": CONFIGS / "demo.yaml", "dan": CONFIGS / "demo_dan.yaml"}  # --encoder: its config
-DEFAULT_ENCODER = "pretrained"
+DEMO_CONFIGS = {PretrainedEncoder.name: CONFIGS / "demo.yaml", DanEncoder.name: CONFIGS / "demo_dan.yaml"}  # --encoder: its config
+DEFAULT_ENCODER = PretrainedEncoder.name
 
 
 def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = LexicalScorer.KINDS) -> Dict[str, object]:

@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from datasets.storage import redact, redact_tree
 from models.checkpoint import read_meta
+from models.encoders import PretrainedEncoder
 from ray_jobs.provenance import git_commit, library_versions, machine
 
 PACKAGED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # the weights of datasets.storage.PRETRAINED_PACKAGE
@@ -73,7 +74,7 @@ def _architecture(meta: Dict[str, Any]) -> Dict[str, Any]:
 def _base_model(meta: Dict[str, Any]) -> Optional[str]:
     """The pretrained weights a pretrained-encoder model started from (their folder or URI, or the
     packaged all-MiniLM-L6-v2)."""
-    if meta["model"]["encoder"] != "pretrained":
+    if meta["model"]["encoder"] != PretrainedEncoder.name:
         return None
     return redact(meta["model"]["pretrained"].get("path") or PACKAGED_MODEL)
 
@@ -144,7 +145,7 @@ def render(folder: Path, facts: Dict[str, Any]) -> str:
 
 def _output_dim(meta: Dict[str, Any]) -> Any:
     arch = meta["model"][meta["model"]["encoder"]]
-    if meta["model"]["encoder"] == "pretrained":
+    if meta["model"]["encoder"] == PretrainedEncoder.name:
         return arch.get("output_dim") or (arch.get("hf_config") or {}).get("hidden_size")
     return arch.get("output_dim") or 2 * arch.get("hidden_size", 0)
 
