@@ -213,3 +213,45 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
                           ("mrpc.parquet", r"mrpc.parquet: its label column holds only the classes \[0, 1\], not similarity")):
         with pytest.raises(BadInputError, match=message):
             read_sts_file(tmp_path / file)
+
+
+def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoint, tmp_path, mlflow_uri):
+    """`convsts evaluate --checkpoint OUT/model` (the folder users take away) logs into the run that
+    trained it, as OUT/checkpoint does, and re-logs the run's model with the results on its card;
+    OUT/best_checkpoint holds other weights and gets a run of its own."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from models.checkpoint import save_model_folder
+    from ray_jobs import tracking
+    from ray_jobs.evaluate import main
+    from ray_jobs.model_card import CARD_FILE, run_facts, write_card
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint, run / "checkpoint")
+    shutil.copytree(tiny_checkpoint, run / "best_checkpoint")
+    model = save_model_folder(run / "checkpoint", run / "model")
+    run_id = tracking.start_run(mlflow_uri, "convsts", "train")
+    write_card(model, run_facts({"name": "tiny", "trainer": {"steps": 0}}, {}, {}, run_id, mlflow_uri, 1.0))
+    (run / "train.json").write_text(json.dumps({"checkpoint": str(run / "checkpoint"), "model": str(model),
+                                                "best_checkpoint": str(run / "best_checkpoint"),
+                                                "mlflow_run_id": run_id, "tracking_uri": mlflow_uri}))
+    common = ["eval.tuned.epochs=1", "data.snli_dev=''", "data.snli_test=''", "data.cqa_test=''",
+              f"mlflow.tracking_uri={mlflow_uri}"]
+
+    assert main(["--checkpoint", str(model), "--out", str(tmp_path / "e_model"), *common]) == 0
+    saved = json.loads((tmp_path / "e_model" / "results.json").read_text())
+    assert saved["mlflow_run_id"] == run_id
+    client = MlflowClient(mlflow_uri)
+    logged = client.get_run(run_id).data.metrics
+    assert logged["stsb/test/pearson"] == pytest.approx(saved["stsb/test/pearson"])
+    card = (model / CARD_FILE).read_text()
+    assert card.count(f"| STS Benchmark test, Pearson r (raw cosine) | {saved['stsb/test/pearson']:.4f} |") == 1
+    experiment = client.get_run(run_id).info.experiment_id
+    assert [m.name for m in client.search_logged_models([experiment]) if m.source_run_id == run_id] == ["model"]
+
+    assert main(["--checkpoint", str(run / "best_checkpoint"), "--out", str(tmp_path / "e_best"), *common]) == 0
+    best = json.loads((tmp_path / "e_best" / "results.json").read_text())
+    assert best["mlflow_run_id"] != run_id
+    assert client.get_run(best["mlflow_run_id"]).data.params["checkpoint"] == str(run / "best_checkpoint")

@@ -197,7 +197,8 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
         tracking.log_metrics(uri, run_id, results, step)
         for plot in plots:
             tracking.log_artifact(uri, run_id, str(plot), "plots")
-        if trained.get("mlflow_run_id") == run_id and trained.get("model") in map(str, cards):
+        if (trained.get("mlflow_run_id") == run_id and trained.get("model")
+                and Path(trained["model"]).resolve() in {c.resolve() for c in cards}):
             from ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
 
             log_model(uri, run_id, trained["model"], step=step)  # the training run's model, now with its results and STS matrix
@@ -245,14 +246,15 @@ def trained_step(checkpoint: str) -> int:
 
 
 def training_info(checkpoint: str) -> Dict[str, str]:
-    """The train.json of the training job whose final checkpoint is `checkpoint` ({} if none)."""
+    """The train.json of the training job whose final weights `checkpoint` holds: its OUT/checkpoint,
+    or OUT/model (the same weights without optimizer state); {} for any other folder (OUT/best_checkpoint
+    holds other weights)."""
     info = Path(checkpoint).resolve().parent / "train.json"
     if not info.is_file():
         return {}
     data = json.loads(info.read_text(encoding="utf-8"))
-    if Path(data.get("checkpoint", "")).resolve() != Path(checkpoint).resolve():
-        return {}
-    return data
+    final = [Path(data[key]).resolve() for key in ("checkpoint", "model") if data.get(key)]
+    return data if Path(checkpoint).resolve() in final else {}
 
 
 def model_folders(checkpoint: str, trained: Dict[str, str]) -> List[Path]:
@@ -261,7 +263,7 @@ def model_folders(checkpoint: str, trained: Dict[str, str]) -> List[Path]:
     found = [Path(checkpoint)] if (Path(checkpoint) / FACTS_FILE).is_file() else []
     if trained.get("model") and (Path(trained["model"]) / FACTS_FILE).is_file():
         found.append(Path(trained["model"]))
-    return found
+    return list({folder.resolve(): folder for folder in found}.values())  # OUT/model evaluated itself: once
 
 
 def training_run(checkpoint: str) -> tuple[Optional[str], Optional[str]]:
