@@ -97,6 +97,8 @@ PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # Ray Train's sw
 
 def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> None:
     """Attach to the cluster at `address`/RAY_ADDRESS, or start a local instance on this machine."""
+    import sys
+
     import ray
 
     quiet_ray_logs()
@@ -108,6 +110,8 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
         context.print_on_execution_start = False
     if ray.is_initialized():
         return
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):  # a log file, a pipe or a job's log, not a terminal:
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # worker lines without colour codes (a user's own setting wins)
     address = address or os.environ.get("RAY_ADDRESS")
     kwargs = {"logging_level": logging.INFO if verbose() else logging.WARNING, "log_to_driver": True}
     # A submitted job whose own runtime env names a setup hook keeps it (Ray refuses two).
