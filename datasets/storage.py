@@ -200,6 +200,14 @@ def file_stat(path: str | Path) -> Optional[Tuple[int, int]]:
     return (int(info.size), int(info.mtime_ns or 0)) if info.type == pafs.FileType.File else None
 
 
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a local file's bytes (hex; what `sha256sum` prints), read in chunks."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def list_files(folder: str | Path) -> List[str]:
     """Files directly in a folder (not hidden), sorted; local paths or URIs like the folder's."""
     if not is_uri(folder):

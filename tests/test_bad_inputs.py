@@ -136,7 +136,8 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     `convsts train --config B --out R --fresh` after a run of config A into R trained on A's data
     (R/prepared) without a word. The manifest now records each raw file's size and time, and a run
     whose inputs are other files (by name and size), or files changed in place since, is refused
-    before it starts."""
+    before it starts. The same bytes copied anew to the same place are accepted by their sha256."""
+    import hashlib
     import os
     import shutil
 
@@ -164,12 +165,28 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     (tmp_path / "copy").mkdir()  # the same file elsewhere (a submitted job's copy of the project): the same input
     shutil.copy(raw / "a.parquet", tmp_path / "copy" / "a.parquet")
     snli.verify_prepared(str(prepared), config(tmp_path / "copy" / "a.parquet"))
+    # The same bytes copied anew (a fresh copy of the data: same size, a new time) are the same input:
+    # the manifest holds each local file's sha256.
+    assert manifest["input_files"][0]["sha256"] == hashlib.sha256((raw / "a.parquet").read_bytes()).hexdigest()
     stat = (raw / "a.parquet").stat()
-    os.utime(raw / "a.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten since, same size
+    os.utime(raw / "a.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    snli.verify_prepared(str(prepared), config(raw / "a.parquet"))
+    data = bytearray((raw / "a.parquet").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # rewritten since: the same size, other bytes
+    (raw / "a.parquet").write_bytes(bytes(data))
     out = tmp_path / "run"
-    with pytest.raises(BadInputError, match=r"a.parquet changed since it was prepared \(size (\d+) -> \1, modified "):
+    with pytest.raises(BadInputError, match=r"a.parquet changed since it was prepared \(size (\d+) -> \1, modified "
+                                            r".* -> .*, other bytes\)"):
         run_training(config(raw / "a.parquet"), out, prepared_dir=prepared)
     assert sorted(out.iterdir()) == []  # refused before the run exists
+    del manifest["input_files"][0]["sha256"]  # a folder prepared before digests were recorded: the time decides
+    (prepared / "snli" / "manifest.json").write_text(json.dumps(manifest))
+    os.utime(raw / "a.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    snli.verify_prepared(str(prepared), config(raw / "a.parquet"))
+    os.utime(raw / "a.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(BadInputError, match=r"a.parquet changed since it was prepared \(size (\d+) -> \1, modified "
+                                            r"[^,]*\)"):
+        snli.verify_prepared(str(prepared), config(raw / "a.parquet"))
 
 
 @pytest.mark.slow

@@ -33,14 +33,20 @@ def config_value(config: Dict[str, Any], dotted: str) -> Any:
     return value
 
 
-def input_record(files: Sequence[str]) -> List[Dict[str, Any]]:
-    """[{file (credentials redacted), size, mtime_ns}] of raw input files, as a manifest records them."""
+def input_record(files: Sequence[str], digests: bool = False) -> List[Dict[str, Any]]:
+    """[{file (credentials redacted), size, mtime_ns}] of raw input files, as a manifest records them.
+    With `digests`, a local file's sha256 too (the file read once more, at the end of prepare), so
+    that the same bytes copied anew to the same place (a new modification time) are recognised;
+    files at URIs record none."""
     record = []
     for file in files:
         found = storage.file_stat(file)
         if found is None:
             raise FileNotFoundError(f"input not found: {storage.redact(file)}")
-        record.append({"file": storage.redact(file), "size": found[0], "mtime_ns": found[1]})
+        entry = {"file": storage.redact(file), "size": found[0], "mtime_ns": found[1]}
+        if digests and not storage.is_uri(file):
+            entry["sha256"] = storage.file_sha256(file)
+        record.append(entry)
     return record
 
 
@@ -136,11 +142,12 @@ class Task:
     def write_manifest(self, out_dir: str, manifest: Dict[str, Any], inputs: Sequence[str] = ()) -> Dict[str, Any]:
         """The last step of `prepare`: the manifest, with every shard file and its row count, is
         written after the shards, so a folder without one is an interrupted prepare. `inputs`, the
-        raw files read, are recorded with their sizes and times (`input_files`; input_changes)."""
+        raw files read, are recorded with their sizes, times and, for local files, sha256
+        (`input_files`; input_changes)."""
         shards = {split: [{"file": storage.name(f), "rows": storage.parquet_rows(f)}
                           for f in self._shard_files(storage.join(out_dir, split))] for split in self.splits}
         if inputs:
-            manifest = {**manifest, "input_files": input_record(inputs)}
+            manifest = {**manifest, "input_files": input_record(inputs, digests=True)}
         manifest = redact_tree({**manifest, "shards": shards})  # input URIs lose their credentials
         storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
         return manifest
@@ -171,11 +178,15 @@ class Task:
 
     def input_changes(self, manifest: Dict[str, Any], cfg: "RunConfig") -> List[str]:
         """How this run's raw inputs (raw_inputs, expanded) differ from those the folder was prepared
-        from: a file at the same place whose size or modification time changed since, or other files
-        (by name and size: the same files copied elsewhere, as into a submitted job's working folder,
-        are the same inputs). Not compared when the manifest predates the record, or when this run's
-        inputs are not on this machine (a folder prepared elsewhere, e.g. on a cluster)."""
+        from: a file at the same place whose size or modification time changed since (unless its
+        bytes are the ones prepared: a local file with the same size and the recorded sha256, as
+        after copying the data anew), or other files (by name and size: the same files copied
+        elsewhere, as into a submitted job's working folder, are the same inputs). Not compared when
+        the manifest predates the record, or when this run's inputs are not on this machine (a
+        folder prepared elsewhere, e.g. on a cluster)."""
         from collections import Counter
+
+        from ray_jobs.runtime import log
 
         recorded = manifest.get("input_files")
         if recorded is None:
@@ -183,8 +194,6 @@ class Task:
         try:
             current = input_record(storage.expand_inputs(self.raw_inputs(cfg)))
         except FileNotFoundError as err:
-            from ray_jobs.runtime import log
-
             log.info("%s: this run's raw inputs are not here (%s); the prepared folder's inputs are not compared",
                      self.name, storage.redact(str(err)))
             return []
@@ -192,9 +201,17 @@ class Task:
         changed = []
         for old in recorded:
             now = here.get(old["file"], old)
-            if now != old:
-                changed.append(f"{old['file']} changed since it was prepared (size {old['size']} -> {now['size']}, "
-                               f"modified {_when(old['mtime_ns'])} -> {_when(now['mtime_ns'])})")
+            if (now["size"], now["mtime_ns"]) == (old["size"], old["mtime_ns"]):
+                continue
+            other_bytes = ""
+            if now["size"] == old["size"] and old.get("sha256"):  # the same bytes copied anew?
+                if storage.file_sha256(old["file"]) == old["sha256"]:
+                    log.info("%s: modified %s, after it was prepared, but holds the bytes prepared (sha256 %s)",
+                             old["file"], _when(now["mtime_ns"]), old["sha256"][:12])
+                    continue
+                other_bytes = ", other bytes"
+            changed.append(f"{old['file']} changed since it was prepared (size {old['size']} -> {now['size']}, "
+                           f"modified {_when(old['mtime_ns'])} -> {_when(now['mtime_ns'])}{other_bytes})")
         if changed:
             return changed
         before, after = (Counter(f"{storage.name(r['file'])} ({r['size']} bytes)" for r in records)
