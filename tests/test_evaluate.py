@@ -223,6 +223,7 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
 
     from mlflow.tracking import MlflowClient
 
+    from datasets.storage import BadInputError
     from models.checkpoint import save_model_folder
     from ray_jobs import tracking
     from ray_jobs.evaluate import main
@@ -255,3 +256,10 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
     best = json.loads((tmp_path / "e_best" / "results.json").read_text())
     assert best["mlflow_run_id"] != run_id
     assert client.get_run(best["mlflow_run_id"]).data.params["checkpoint"] == str(run / "best_checkpoint")
+
+    # A damaged train.json beside the folder is refused in one line naming it, before --out exists.
+    for damaged, message in (("{bad", r"train.json: not JSON \(Expecting"), ("[1]", r"train.json: not the JSON object")):
+        (run / "train.json").write_text(damaged)
+        with pytest.raises(BadInputError, match=message + r".*restore or delete it to evaluate .*model"):
+            main(["--checkpoint", str(model), "--out", str(tmp_path / "e_damaged"), *common])
+        assert not (tmp_path / "e_damaged").exists()

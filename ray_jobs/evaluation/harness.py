@@ -252,7 +252,13 @@ def training_info(checkpoint: str) -> Dict[str, str]:
     info = Path(checkpoint).resolve().parent / "train.json"
     if not info.is_file():
         return {}
-    data = json.loads(info.read_text(encoding="utf-8"))
+    again = f"restore or delete it to evaluate {checkpoint}"
+    try:
+        data = json.loads(info.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise BadInputError(f"{info}: not JSON ({err}); {again}") from None
+    if not isinstance(data, dict):
+        raise BadInputError(f"{info}: not the JSON object `convsts train` writes; {again}")
     final = [Path(data[key]).resolve() for key in ("checkpoint", "model") if data.get(key)]
     return data if Path(checkpoint).resolve() in final else {}
 
