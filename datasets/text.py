@@ -265,6 +265,20 @@ class PretrainedTokenizer:
 TOKENIZERS = {cls.kind: cls for cls in (DanTokenizer, SubwordTokenizer, PretrainedTokenizer)}
 
 
+def fit_tokenizer(kind: str, texts: Iterable[str], config: TokenizerConfig, model_config=None):
+    """A tokenizer of `kind` (an encoder's `tokenizer_kind`) fitted on `texts`: the DAN's counted words,
+    the Transformer's trained WordPiece, or the pretrained weights' own tokenizer (`model_config`'s
+    `pretrained.path`; `texts` not read). The trainer passes its prepared training text
+    (ray_jobs.training.data.build_tokenizer, which counts the DAN's words in Ray Data instead);
+    benches pass sample sentences."""
+    cls = TOKENIZERS[kind]
+    if hasattr(cls, "from_model"):
+        return cls.from_model(model_config, config)
+    if cls.fits_from_counts:
+        return cls.build(count_words(texts, config.lowercase), config)
+    return cls.train(texts, config)
+
+
 def tokenizer_from_dict(data: Dict[str, Any]):
     if data.get("kind") not in TOKENIZERS:
         raise ValueError(f"unknown tokenizer kind {data.get('kind')!r}: expected one of {'|'.join(TOKENIZERS)}")

@@ -171,6 +171,23 @@ def test_the_vocabulary_counted_in_ray_data_counts_every_word_of_the_training_te
     assert counted == direct
 
 
+def test_the_transformers_wordpiece_is_trained_on_the_training_text_read_through_ray_data(sample_prepared):
+    """The Transformer's tokenizer is trained on the text of every task's training rows (read from
+    Ray Data), not counted: its pieces cover the training words, and nothing is unknown in them."""
+    import pandas as pd
+
+    from datasets.text import SubwordTokenizer
+    from ray_jobs.training.data import build_tokenizer
+
+    cfg = load_config(None, ["model.encoder=transformer", "tokenizer.subword_vocab_size=2000"])
+    tokenizer = build_tokenizer(cfg, str(sample_prepared))
+    assert isinstance(tokenizer, SubwordTokenizer) and tokenizer.num_words == 2000
+    texts = [str(pd.read_parquet(sample_prepared / name / "train")[get_task(name).pair[0]].iloc[0])
+             for name in ("reddit", "snli")]
+    ids = tokenizer.encode(texts)["ids"]  # (2, L)
+    assert (ids[:, 0] > 1).all() and not (ids == 1).any()  # [PAD] 0, [UNK] 1: every character was seen
+
+
 def _shards(folder):
     """Each parquet shard of a split folder as a frame, in file-name order (the order training lists them)."""
     import pandas as pd

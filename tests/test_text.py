@@ -6,13 +6,27 @@ import sys
 import numpy as np
 import pytest
 
-from datasets.text import (DanTokenizer, _bigram_id, SubwordTokenizer, TokenizerConfig, count_words, load_tokenizer,
-                           normalize, save_tokenizer, words)
+from datasets.text import (DanTokenizer, _bigram_id, SubwordTokenizer, TokenizerConfig, count_words, fit_tokenizer,
+                           load_tokenizer, normalize, save_tokenizer, words)
+from models.encoders import encoder_class
 
 
 def test_normalize_unescapes_and_marks_urls():
     assert normalize("A &gt; B  see https://x.org/a?b") == "a > b see <url>"
     assert words("Don't stop!") == ["don't", "stop", "!"]
+
+
+def test_fit_tokenizer_gives_each_encoder_the_tokenizer_the_trainer_fits():
+    texts = ["the cat sat on the mat", "unbelievably long words", "the dog"] * 4
+    config = TokenizerConfig(bigram_buckets=100, subword_vocab_size=60, min_count=1)
+    dan = fit_tokenizer(encoder_class("dan").tokenizer_kind, iter(texts), config)  # any iterable, read once
+    assert isinstance(dan, DanTokenizer) and dan.vocab == DanTokenizer.build(count_words(texts), config).vocab
+    # The Transformer's WordPiece, not the DAN's words: a word outside its small vocabulary comes in pieces.
+    pieces = fit_tokenizer(encoder_class("transformer").tokenizer_kind, texts, config)
+    assert isinstance(pieces, SubwordTokenizer)
+    assert (pieces.encode(["unbelievably"])["ids"] > 0).sum() > 1 and pieces.num_words <= 60
+    with pytest.raises(KeyError):
+        fit_tokenizer("no-such-kind", texts, config)
 
 
 def test_dan_tokenizer_ids_padding_and_bigrams():

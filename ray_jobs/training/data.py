@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterator, List, Sequence
 import numpy as np
 import torch
 
-from datasets.text import TOKENIZERS, encode_columns, words
+from datasets.text import TOKENIZERS, encode_columns, fit_tokenizer, words
 from models.encoders import encoder_class
 from ray_jobs.config import RunConfig
 from ray_jobs.task_groups import TaskPlan
@@ -39,28 +39,28 @@ def _count_batch(batch: Dict[str, np.ndarray], columns: Sequence[str], lowercase
 def build_tokenizer(cfg: RunConfig, prepared_root: str):
     """The tokenizer the encoder needs, fitted on the training text of every task in the vocabulary
     (prepared_tasks: those trained plus those in every vocabulary), counted or trained in Ray Data."""
-    tokenizer_class = TOKENIZERS[encoder_class(cfg.model.encoder).tokenizer_kind]
-    if hasattr(tokenizer_class, "from_model"):  # a pretrained model's own tokenizer: nothing to fit
-        return tokenizer_class.from_model(cfg.model, cfg.tokenizer)
-    tasks = prepared_tasks(cfg)
-    sources = [(task.train_rows(cfg, prepared_root), list(task.pair)) for task in tasks.values()]
-    if not tokenizer_class.fits_from_counts:
-        def texts():
-            for ds, cols in sources:
+    kind = encoder_class(cfg.model.encoder).tokenizer_kind
+
+    def sources():
+        return [(task.train_rows(cfg, prepared_root), list(task.pair)) for task in prepared_tasks(cfg).values()]
+
+    if not TOKENIZERS[kind].fits_from_counts:  # WordPiece trained on the texts, or the pretrained model's own
+        def texts():  # read only when the tokenizer is trained
+            for ds, cols in sources():
                 for batch in ds.iter_batches(batch_size=4096, batch_format="numpy"):
                     for col in cols:
                         yield from (str(t) for t in batch[col])
 
-        return tokenizer_class.train(texts(), cfg.tokenizer)
+        return fit_tokenizer(kind, texts(), cfg.tokenizer, cfg.model)
     total: Counter = Counter()
-    for ds, cols in sources:
+    for ds, cols in sources():
         partial = ds.map_batches(_count_batch, fn_args=(cols, cfg.tokenizer.lowercase), batch_size=4096)
         for batch in partial.iter_batches(batch_size=None, batch_format="numpy"):
             # A block may hold the outputs of several map batches, so a word can occur more than
             # once in it: every occurrence adds (a dict of the pairs would keep only the last).
             for word, count in zip(batch["word"].tolist(), batch["count"].tolist()):
                 total[word] += count
-    return tokenizer_class.build(total, cfg.tokenizer)
+    return TOKENIZERS[kind].build(total, cfg.tokenizer)
 
 
 # ---------------------------------------------------------------------------------------------
