@@ -136,7 +136,8 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     `convsts train --config B --out R --fresh` after a run of config A into R trained on A's data
     (R/prepared) without a word. The manifest now records each raw file's size and time, and a run
     whose inputs are other files (by name and size), or files changed in place since, is refused
-    before it starts. The same bytes copied anew to the same place are accepted by their sha256."""
+    before it starts. The same bytes copied anew to the same place are accepted by their sha256, and
+    a copy elsewhere with the same name and size must hold those bytes too."""
     import hashlib
     import os
     import shutil
@@ -165,6 +166,13 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     (tmp_path / "copy").mkdir()  # the same file elsewhere (a submitted job's copy of the project): the same input
     shutil.copy(raw / "a.parquet", tmp_path / "copy" / "a.parquet")
     snli.verify_prepared(str(prepared), config(tmp_path / "copy" / "a.parquet"))
+    copied = bytearray((tmp_path / "copy" / "a.parquet").read_bytes())
+    copied[len(copied) // 3] ^= 0xFF  # a copy with the same name and size but other bytes is another input
+    (tmp_path / "copy" / "a.parquet").write_bytes(bytes(copied))
+    with pytest.raises(BadInputError, match=r"other raw inputs than this run's: .*copy/a.parquet: the name and size of "
+                                            r"a file the folder was prepared from, other bytes \(sha256 [0-9a-f]{12}, "
+                                            r"prepared [0-9a-f]{12}\)"):
+        snli.verify_prepared(str(prepared), config(tmp_path / "copy" / "a.parquet"))
     # The same bytes copied anew (a fresh copy of the data: same size, a new time) are the same input:
     # the manifest holds each local file's sha256.
     assert manifest["input_files"][0]["sha256"] == hashlib.sha256((raw / "a.parquet").read_bytes()).hexdigest()

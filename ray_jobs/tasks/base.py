@@ -181,9 +181,10 @@ class Task:
         from: a file at the same place whose size or modification time changed since (unless its
         bytes are the ones prepared: a local file with the same size and the recorded sha256, as
         after copying the data anew), or other files (by name and size: the same files copied
-        elsewhere, as into a submitted job's working folder, are the same inputs). Not compared when
-        the manifest predates the record, or when this run's inputs are not on this machine (a
-        folder prepared elsewhere, e.g. on a cluster)."""
+        elsewhere, as into a submitted job's working folder, are the same inputs, and a local copy
+        must also hold the recorded sha256 where the manifest has one). Not compared when the
+        manifest predates the record, or when this run's inputs are not on this machine (a folder
+        prepared elsewhere, e.g. on a cluster)."""
         from collections import Counter
 
         from ray_jobs.runtime import log
@@ -220,7 +221,22 @@ class Task:
             gone, added = sorted((before - after).elements()), sorted((after - before).elements())
             return [f"other files: {len(gone)} of the folder's not among this run's ({_names(gone)}), "
                     f"{len(added)} of this run's not among the folder's ({_names(added)})"]
-        return []
+        # The same names and sizes elsewhere (a copy of the data, a submitted job's copy of the project):
+        # where the manifest holds digests, a local copy must also hold the bytes prepared.
+        digests: Dict[tuple, set] = {}
+        for r in recorded:
+            if r.get("sha256"):
+                digests.setdefault((storage.name(r["file"]), r["size"]), set()).add(r["sha256"])
+        prepared_paths = {r["file"] for r in recorded}
+        for r in current:
+            known = digests.get((storage.name(r["file"]), r["size"]))
+            if r["file"] in prepared_paths or not known or storage.is_uri(r["file"]):
+                continue
+            digest = storage.file_sha256(r["file"])
+            if digest not in known:
+                changed.append(f"{r['file']}: the name and size of a file the folder was prepared from, other bytes "
+                               f"(sha256 {digest[:12]}, prepared {', '.join(sorted(d[:12] for d in known))})")
+        return changed
 
     def verify_prepared(self, prepared_root: str, cfg: Optional["RunConfig"] = None) -> Dict[str, Any]:
         """The task's prepared folder is complete: its manifest exists and lists exactly the shard
