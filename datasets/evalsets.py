@@ -57,6 +57,9 @@ STS_COLUMN_NAMES = {
     "sentence2": ("sentence2", "sentence_B", "sentence_b", "sentence_2", "s2", "text2", "text_b"),
     "score": ("score", "relatedness_score", "similarity_score", "similarity", "gold_score", "label"),
 }
+# A column naming each pair's split, in files that ship every split together (sentence-transformers'
+# stsbenchmark.tsv.gz: train/dev/test; SICK.txt: TRAIN/TRIAL/TEST): kept as `split`, lower-cased.
+STS_SPLIT_COLUMN_NAMES = ("split", "SemEval_set")
 MAX_LABEL_CLASSES = 3  # a `label` column with at most this many whole values is a class, not a 0-5 score
 STS_INPUT_PREFIX, STS_GOLD_PREFIX = "STS.input.", "STS.gs."  # the STS 2012-2016 releases' file pairs
 
@@ -105,7 +108,9 @@ def read_sts_file(path: str | Path) -> pd.DataFrame:
     header row (SICK, GLUE), the STS Benchmark's headerless 7-column file, or an STS 2012-2016
     `STS.input.<name>.txt` with its `STS.gs.<name>.txt` beside it; the text ones plain or compressed
     (datasets.compression: .gz, .bz2, .xz, .zst). Pairs whose gold line is empty
-    are left out and counted in `frame.attrs["without_gold"]`."""
+    are left out and counted in `frame.attrs["without_gold"]`. A table that ships several splits
+    together (a `split` or `SemEval_set` column: sentence-transformers' stsbenchmark.tsv.gz, SICK.txt)
+    keeps each pair's split, lower-cased, as a fourth column `split`."""
     path = str(path)
     name = plain_name(path)  # MTEB's test.jsonl.gz holds JSON lines
     if name.startswith(STS_INPUT_PREFIX):
@@ -160,6 +165,9 @@ def _sts_columns(df: pd.DataFrame, path: str) -> pd.DataFrame:
                             f"similarity scores; name the score column one of {list(STS_COLUMN_NAMES['score'][:-1])}")
     frame = pd.DataFrame({"sentence1": df[picked["sentence1"]].astype(str), "sentence2": df[picked["sentence2"]].astype(str),
                           "score": scores.astype(float)})
+    split = next((c for c in STS_SPLIT_COLUMN_NAMES if c in df.columns), None)
+    if split is not None:
+        frame["split"] = df[split].astype(str).str.strip().str.lower().to_numpy()
     return _without_missing_gold(frame)
 
 

@@ -215,6 +215,47 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
             read_sts_file(tmp_path / file)
 
 
+def test_an_sts_file_of_several_splits_is_scored_whole_and_split_by_split(tiny_checkpoint, tmp_path):
+    """sentence-transformers' stsbenchmark.tsv.gz ships STS-B's train, dev and test in one table with a
+    `split` column, SICK.txt its TRAIN/TRIAL/TEST in `SemEval_set`: each split is scored on its own
+    as well (a test split read this way scores as STS-B test does), not only the mix of all."""
+    import gzip
+
+    from datasets.evalsets import pair_keys, read_sts_file
+
+    splits = {split: read_stsb(stsb_split_path(resolve_path("{sample}"), split)) for split in ("train", "dev", "test")}
+    table = pd.concat([frame.assign(split=split) for split, frame in splits.items()], ignore_index=True)
+    lines = ["split\tgenre\tdataset\tyear\tsid\tscore\tsentence1\tsentence2"]  # unquoted, as it ships
+    lines += ["\t".join([r.split, r.genre, "MSRvid", "2012test", f"{i:04d}", repr(r.score), r.sentence1, r.sentence2])
+              for i, r in enumerate(table.itertuples())]
+    with gzip.open(tmp_path / "stsbenchmark.tsv.gz", "wt", encoding="utf-8") as out:
+        out.write("\n".join(lines) + "\n")
+    test = splits["test"].iloc[:60]
+    pd.DataFrame({"pair_ID": range(60), "sentence_A": test["sentence1"], "sentence_B": test["sentence2"],
+                  "relatedness_score": test["score"], "entailment_label": "NEUTRAL",
+                  "SemEval_set": ["TRIAL"] * 20 + ["TEST"] * 40}).to_csv(tmp_path / "SICK.txt", sep="\t", index=False)
+    read = read_sts_file(tmp_path / "stsbenchmark.tsv.gz")
+    assert list(read.columns) == ["sentence1", "sentence2", "score", "split"]
+    assert read["split"].value_counts().to_dict() == {s: len(f) for s, f in splits.items()}
+
+    cfg = load_config(None, ["eval.tuned.epochs=2", "data.cqa_test=''", "data.snli_dev=''"])
+    results = run_evaluation(cfg, tmp_path / "eval", checkpoint=str(tiny_checkpoint), log_to_mlflow=False,
+                             sts_files=[str(tmp_path / "stsbenchmark.tsv.gz"), str(tmp_path / "SICK.txt")])
+    for split in ("dev", "test"):  # the same pairs as STS-B's own files: the same scores
+        for stat in ("pearson", "spearman"):
+            assert results[f"sts/stsbenchmark/{split}/{stat}"] == pytest.approx(results[f"stsb/{split}/{stat}"], abs=1e-6)
+    assert abs(results["sts/stsbenchmark/pearson"] - results["stsb/test/pearson"]) > 1e-4  # the mix of all three
+    assert {"sts/stsbenchmark/train/pearson", "sts/SICK/trial/pearson", "sts/SICK/test/pearson"} <= results.keys()
+    # The tuned matrix is scored on pairs it was neither fitted nor selected on: none of train or dev.
+    fitted = set(pair_keys(pd.concat([splits["train"], splits["dev"]])))
+    fresh_test = sum(key not in fitted for key in pair_keys(splits["test"]))
+    assert results["sts_tuned/stsbenchmark/test/pairs"] == results["sts_tuned/stsbenchmark/pairs"] == fresh_test
+    assert "sts_tuned/stsbenchmark/train/pearson" not in results and "sts_tuned/stsbenchmark/dev/pearson" not in results
+    assert results["sts_tuned/SICK/trial/pairs"] + results["sts_tuned/SICK/test/pairs"] == results["sts_tuned/SICK/pairs"]
+    table_md = (tmp_path / "eval" / "results.md").read_text()
+    assert table_md.index("sts/stsbenchmark/dev/pearson") < table_md.index("sts/stsbenchmark/test/pearson")
+
+
 def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoint, tmp_path, mlflow_uri):
     """`convsts evaluate --checkpoint OUT/model` (the folder users take away) logs into the run that
     trained it, as OUT/checkpoint does, and re-logs the run's model with the results on its card;

@@ -55,24 +55,38 @@ def sts_file_metrics(scorer, path: str, name: str, transform: Optional[StsTransf
     sts_tuned/<name>/... with `transform` (the matrix fitted on STS-B: does it carry over?). The STS
     Benchmark holds many STS 2012-2016 pairs: the tuned scores leave out `fitted_pairs` (the pair_keys
     of the STS-B splits that fitted and selected the matrix) and say how many they scored
-    (sts_tuned/<name>/pairs)."""
+    (sts_tuned/<name>/pairs). A file that ships several splits together is also scored split by
+    split (sts/<name>/<split>/..., as `split` in read_sts_file's frame)."""
     frame = read_sts_file(path)
     left_out = frame.attrs.get("without_gold", 0)
-    (log.warning if left_out else log.info)("sts %s: %d pairs scored%s", name, len(frame),
+    # A file of several splits (a `split` column) is scored whole and split by split: sts/<name>/<split>/...
+    parts = {"": np.ones(len(frame), dtype=bool)}  # (n,) each
+    if "split" in frame.columns and frame["split"].nunique() > 1:
+        parts.update({f"/{split}": (frame["split"] == split).to_numpy() for split in sorted(frame["split"].unique())})
+    counts = ", ".join(f"{key[1:]} {int(rows.sum())}" for key, rows in parts.items() if key)
+    (log.warning if left_out else log.info)("sts %s: %d pairs scored%s%s", name, len(frame),
+                                            f" ({counts})" if counts else "",
                                             f", {left_out} without a gold score left out" if left_out else "")
     embedded = stsb_embeddings(scorer, frame)
-    results = sts_metrics(scorer, frame, f"sts/{name}", by_genre=False, embedded=embedded)
+    scores = predicted_scores(embedded)  # (n,)
+    results: Dict[str, float] = {}
+    for key, rows in parts.items():
+        results.update(sts_metrics_from_scores(scores[rows], frame[rows].reset_index(drop=True), f"sts/{name}{key}",
+                                               by_genre=False))
     if transform is None:
         return results
     fresh = np.array([key not in fitted_pairs for key in pair_keys(frame)], dtype=bool)  # (n,)
     if not fresh.all():
         log.info("sts_tuned %s: %d of %d pairs are in the STS-B splits that fitted the matrix; scored on the other %d",
                  name, int((~fresh).sum()), len(frame), int(fresh.sum()))
-    if fresh.sum() < 2:
-        return results
-    scores = transform.score(embedded["u"][fresh], embedded["v"][fresh])  # (fresh,)
-    results.update(sts_metrics_from_scores(scores, frame[fresh].reset_index(drop=True), f"sts_tuned/{name}", by_genre=False))
-    results[f"sts_tuned/{name}/pairs"] = float(fresh.sum())
+    tuned = transform.score(embedded["u"], embedded["v"])  # (n,)
+    for key, rows in parts.items():
+        kept = rows & fresh  # (n,)
+        if kept.sum() < 2:
+            continue
+        results.update(sts_metrics_from_scores(tuned[kept], frame[kept].reset_index(drop=True), f"sts_tuned/{name}{key}",
+                                               by_genre=False))
+        results[f"sts_tuned/{name}{key}/pairs"] = float(kept.sum())
     return results
 
 
