@@ -253,7 +253,8 @@ def test_an_sts_file_of_several_splits_is_scored_whole_and_split_by_split(tiny_c
     assert "sts_tuned/stsbenchmark/train/pearson" not in results and "sts_tuned/stsbenchmark/dev/pearson" not in results
     assert results["sts_tuned/SICK/trial/pairs"] + results["sts_tuned/SICK/test/pairs"] == results["sts_tuned/SICK/pairs"]
     table_md = (tmp_path / "eval" / "results.md").read_text()
-    assert table_md.index("sts/stsbenchmark/dev/pearson") < table_md.index("sts/stsbenchmark/test/pearson")
+    assert (table_md.index("| sts/stsbenchmark/pearson") < table_md.index("| sts/stsbenchmark/dev/pearson")
+            < table_md.index("| sts/stsbenchmark/test/pearson") < table_md.index("| sts/stsbenchmark/train/pearson"))
 
 
 def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoint, tmp_path, mlflow_uri):

@@ -105,9 +105,11 @@ SPLIT_ORDER = {"dev": 0, "test": 1, "train": 2}
 
 
 def _table_order(name: str) -> tuple:
-    """Within a group: dev before test, the overall score before the genres, pearson before spearman."""
+    """Within a group: dev before test, the overall score before the genres, pearson before spearman;
+    an other STS set's score over all its pairs before its splits'."""
     parts = name.split("/")
-    split = next((SPLIT_ORDER[p] for p in parts if p in SPLIT_ORDER), 3)
+    whole = -1 if parts[0] in ("sts", "sts_tuned") else 3  # sts/<set>/pearson, then sts/<set>/<split>/pearson
+    split = next((SPLIT_ORDER[p] for p in parts if p in SPLIT_ORDER), whole)
     genre = parts[2] if len(parts) == 4 else ""
     rank = parts[-1].rsplit("_", 1)[-1]  # p_at_3 before p_at_10
     return (split, genre != "", genre, parts[-1] != "pearson", int(rank) if rank.isdigit() else 0, name)
