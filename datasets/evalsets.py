@@ -75,30 +75,70 @@ def pair_keys(frame: pd.DataFrame) -> List[Tuple[str, str]]:
 
 
 SPLIT_NAMES = ("train", "dev", "validation", "test")  # a file named only so says nothing of its set
+# A Hugging Face hub parquet shard (data/test-00000-of-00001.parquet, a hash may follow): named by its split.
+HUB_SHARD = re.compile(r"(?P<split>[A-Za-z]+)-\d{5}-of-\d{5}(-[0-9a-f]+)?")
+GENERIC_FOLDERS = ("data",)  # hub datasets keep their files in data/: the folder above names the set
+SET_NAME = re.compile(r"[\w.+-]+")  # --sts NAME=FILE
 
 
-def sts_set_names(paths: Sequence[str]) -> Dict[str, str]:
-    """{path: the name its metrics go under}. An STS 2012-2016 file is named by its folder (the
-    release) and its set, so that one release's sets sort together and a set that several releases
-    hold (headlines: 2013-2016) keeps them apart: STS13/STS.input.headlines.txt -> STS13.headlines.
-    Any other file by its own name (my_sts.tsv -> my_sts), and by its folder's too where two share
-    it or where the name is only a split's (MTEB's sickr-sts/test.jsonl.gz -> sickr-sts.test).
-    Raises if two files still share a name."""
+def _set_folder(path: str) -> str:
+    """The nearest folder above `path` that names a set: not a split's folder, nor data/."""
+    text = str(path).split("?", 1)[0] if storage.is_uri(path) else str(path)
+    for folder in reversed(text.rstrip("/").split("/")[:-1]):
+        if folder and folder not in SPLIT_NAMES + GENERIC_FOLDERS and not folder.endswith(":"):
+            return folder
+    return ""
+
+
+def _named(entry: str) -> Tuple[str, str]:
+    """(name or "", path) of an --sts entry: NAME=FILE names its metrics; a file that exists under the
+    whole text, or a text whose part before "=" is not a plain name (a URI's query), is a path."""
+    name, sep, path = str(entry).partition("=")
+    if sep and path and SET_NAME.fullmatch(name) and not storage.is_file(entry):
+        return name, path
+    return "", str(entry)
+
+
+def check_sts_entries(entries: Sequence[str]) -> Dict[str, str]:
+    """sts_set_names of --sts entries whose files are all there; else one line naming the entry."""
+    for entry in entries:
+        name, path = _named(entry)
+        if name and not storage.is_file(path):  # a mistyped config override lands here too (trainr.steps=5)
+            raise BadInputError(f"--sts {entry}: no file {path} to name {name!r} (as a config override, "
+                                f"{name!r} is not a run config key)")
+        if not storage.is_file(path):
+            raise BadInputError(f"--sts {path}: no such file")
+    return sts_set_names(entries)
+
+
+def sts_set_names(entries: Sequence[str]) -> Dict[str, str]:
+    """{path: the name its metrics go under} for --sts entries. NAME=FILE is named NAME. An STS
+    2012-2016 file is named by its folder (the release) and its set, so that one release's sets sort
+    together and a set that several releases hold (headlines: 2013-2016) keeps them apart:
+    STS13/STS.input.headlines.txt -> STS13.headlines. Any other file by its own name (my_sts.tsv ->
+    my_sts), and by its folder's too where two share it or where the name is only a split's (MTEB's
+    sickr-sts/test.jsonl.gz -> sickr-sts.test; a hub shard sts12-sts/data/test-00000-of-00001.parquet
+    -> sts12-sts.test). Raises if two files still share a name."""
     def own(path: str) -> str:
         name = plain_name(path)
         if name.startswith(STS_INPUT_PREFIX):
             return ".".join(filter(None, [storage.folder_name(path), name[len(STS_INPUT_PREFIX):].rsplit(".", 1)[0]]))
-        return name.rsplit(".", 1)[0] if "." in name else name
+        stem = name.rsplit(".", 1)[0] if "." in name else name
+        shard = HUB_SHARD.fullmatch(stem)
+        return shard["split"] if shard else stem
 
-    names = {str(p): own(str(p)) for p in paths}
+    named = [_named(entry) for entry in entries]
+    names = {path: given or own(path) for given, path in named}
+    given = {path for name, path in named if name}
     counts = Counter(names.values())
-    names = {p: f"{storage.folder_name(p)}.{n}" if (counts[n] > 1 or n in SPLIT_NAMES) and storage.folder_name(p)
+    names = {p: f"{_set_folder(p)}.{n}" if p not in given and (counts[n] > 1 or n in SPLIT_NAMES) and _set_folder(p)
              and not storage.name(p).startswith(STS_INPUT_PREFIX) else n for p, n in names.items()}
     counts = Counter(names.values())
     clash = [p for p, n in names.items() if counts[n] > 1]
-    if clash:
-        raise BadInputError(f"{clash[0]}: its metrics would share the name {names[clash[0]]!r} with another --sts file; "
-                            f"give each file a name or folder of its own")
+    if clash or len(names) < len(named):
+        path = clash[0] if clash else next(p for p, c in Counter(p for _, p in named).items() if c > 1)
+        raise BadInputError(f"{path}: its metrics would share the name {names[path]!r} with another --sts entry; "
+                            f"name each file (--sts NAME=FILE) or give it a folder of its own")
     return names
 
 

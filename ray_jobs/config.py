@@ -329,7 +329,14 @@ def from_dict(values: Dict[str, Any], source: str = "") -> RunConfig:
         raise ConfigError(_describe(err, source)) from None
 
 
-OVERRIDE_ITEM = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")  # a dotted KEY=VALUE on the command line
+OVERRIDE_ITEM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)[A-Za-z0-9_.]*=")  # a dotted KEY=VALUE on the command line
+
+
+def is_override(item: str) -> bool:
+    """A command-line KEY=VALUE whose KEY starts at a run config key (trainer.steps=5, seed=1), not
+    a list option's own NAME=FILE (--sts sts12=FILE)."""
+    found = OVERRIDE_ITEM.match(item)
+    return bool(found) and found.group(1) in {f.name for f in dataclasses.fields(RunConfig)}
 
 
 def parse_with_overrides(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]],
@@ -339,9 +346,9 @@ def parse_with_overrides(parser: argparse.ArgumentParser, argv: Optional[Sequenc
     args = parser.parse_intermixed_args(argv)
     for option in list_options:
         values = getattr(args, option) or []
-        moved = [v for v in values if OVERRIDE_ITEM.match(v)]
+        moved = [v for v in values if is_override(v)]
         if moved:
-            setattr(args, option, [v for v in values if not OVERRIDE_ITEM.match(v)])
+            setattr(args, option, [v for v in values if not is_override(v)])
             args.overrides = list(args.overrides) + moved
     return args
 

@@ -1,6 +1,6 @@
 """`convsts evaluate`: metrics of a checkpoint (or a lexical baseline) -> DIR/results.json + table + MLflow.
 
-  convsts evaluate --checkpoint C --out DIR [--sts FILE ...] [--run-id ID] [--config ...]
+  convsts evaluate --checkpoint C --out DIR [--sts [NAME=]FILE ...] [--run-id ID] [--config ...]
   convsts evaluate --baseline bow|tfidf --out DIR
 
 Metric names: stsb/<split>/pearson|spearman, stsb/<split>/<genre>/pearson, sts/<name>/pearson and
@@ -37,7 +37,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--out", required=True)
     parser.add_argument("--config", default=None)
     parser.add_argument("--prepared", default=None, help="prepared shards (Reddit held-out split)")
-    parser.add_argument("--sts", nargs="*", default=[], help="other STS sets, as their releases ship them: parquet or JSON lines (MTEB), a table with a header row (SICK, GLUE), the STS Benchmark's sts-*.csv, or an STS 2012-2016 STS.input.<name>.txt beside its STS.gs.<name>.txt; text files plain or .gz/.bz2/.xz/.zst (MTEB's test.jsonl.gz)")
+    parser.add_argument("--sts", nargs="*", default=[], help="other STS sets, as their releases ship them: parquet or JSON lines (MTEB), a table with a header row (SICK, GLUE), the STS Benchmark's sts-*.csv, or an STS 2012-2016 STS.input.<name>.txt beside its STS.gs.<name>.txt; text files plain or .gz/.bz2/.xz/.zst (MTEB's test.jsonl.gz); NAME=FILE puts a file's metrics under sts/NAME/ (default: the file's name, or its folder's where the file is named by its split only)")
     parser.add_argument("--run-id", default=None, help="MLflow run to log into (default: the run that trained the weights when --checkpoint is a training run's OUT/checkpoint or OUT/model, as its OUT/train.json says; else a new run)")
     parser.add_argument("overrides", nargs="*")
     return parser

@@ -79,6 +79,10 @@ def test_overrides_after_a_list_option_stay_overrides():
                                                     "trainer.stages=[{start_step: 0}]"], ("sts", "fraction_curve"))
     assert args.sts == ["a/STS.input.x.txt", "s3://b/y.tsv?endpoint_override=h:9000"]
     assert args.overrides == ["data.snli_dev=''", "trainer.stages=[{start_step: 0}]"]
+    # --sts NAME=FILE names a file: a KEY=VALUE stays an override only where KEY starts at a run config key.
+    args = parse_with_overrides(evaluate_parser(), ["--checkpoint", "C", "--out", "E", "--sts", "sts12=a/test.parquet",
+                                                    "STS13.headlines=b.tsv", "seed=3", "model.encoder=dan"], ("sts",))
+    assert args.sts == ["sts12=a/test.parquet", "STS13.headlines=b.tsv"] and args.overrides == ["seed=3", "model.encoder=dan"]
     args = parse_with_overrides(evaluate_parser(), ["--fraction-curve", "C1", "C2", "--out", "E", "eval.seed=3"],
                                 ("sts", "fraction_curve"))
     assert args.fraction_curve == ["C1", "C2"] and args.overrides == ["eval.seed=3"]

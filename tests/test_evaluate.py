@@ -135,7 +135,7 @@ def test_stsb_sample_written_by_pandas_scores_by_genre(tiny_checkpoint, tmp_path
     assert metrics["stsb/dev/news/pearson"] == pytest.approx(sts_metrics(scorer, news, "x")["x/pearson"], abs=1e-9)
 
 
-def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tmp_path):
+def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tmp_path, monkeypatch):
     """The same 40 STS-B pairs written the ways STS releases ship: parquet and JSON lines (MTEB),
     SICK's tab-separated table, a comma-separated table with quoting, the STS Benchmark's own
     headerless file, and an STS 2012-2016 input file with its gold file (3 pairs without gold)."""
@@ -196,6 +196,26 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
         "c/other.tsv": "c.other"}
     with pytest.raises(BadInputError, match="share the name 'STS13.headlines'"):
         sts_set_names(["a/STS13/STS.input.headlines.txt", "b/STS13/STS.input.headlines.txt"])
+    # Hugging Face hub shards are named by their split, under the folder above data/; NAME=FILE names a file.
+    assert sts_set_names(["hub/sts12-sts/data/test-00000-of-00001.parquet",
+                          "hub/sts13-sts/data/test-00000-of-00001-5e2a1f0c.parquet",
+                          "s3://bucket/sick/test.parquet?region=x", "mine=a/data/test-00000-of-00001.parquet"]) == {
+        "hub/sts12-sts/data/test-00000-of-00001.parquet": "sts12-sts.test",
+        "hub/sts13-sts/data/test-00000-of-00001-5e2a1f0c.parquet": "sts13-sts.test",
+        "s3://bucket/sick/test.parquet?region=x": "sick.test", "a/data/test-00000-of-00001.parquet": "mine"}
+    with pytest.raises(BadInputError, match=r"share the name 'x'.*--sts NAME=FILE"):
+        sts_set_names(["x=a.tsv", "x=b.tsv"])
+    # Refused before the evaluation makes anything: a missing file, or a NAME=FILE without its file.
+    for entries, message in (([f"y={tmp_path / 'set_jsonl.jsonl'}", "trainr.steps=5"],
+                              r"--sts trainr.steps=5: no file 5 to name 'trainr.steps' \(as a config override, "
+                              r"'trainr.steps' is not a run config key\)"),
+                             ([str(tmp_path / "gone.tsv")], r"--sts .*gone.tsv: no such file")):
+        with pytest.raises(BadInputError, match=message):
+            run_evaluation(cfg, tmp_path / "refused", checkpoint=str(tiny_checkpoint), log_to_mlflow=False, sts_files=entries)
+        assert not (tmp_path / "refused").exists()
+    (tmp_path / "odd=name.tsv").write_text("")  # a file whose own name holds "=" is that file
+    monkeypatch.chdir(tmp_path)
+    assert sts_set_names(["odd=name.tsv"]) == {"odd=name.tsv": "odd=name"}
 
     (tmp_path / "two_columns.tsv").write_text("a cat sits\ta cat is sitting\n")
     (tmp_path / "STS.input.nogold.txt").write_text("a\tb\n")

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from datasets.evalsets import pair_keys, sts_set_names
+from datasets.evalsets import check_sts_entries, pair_keys, sts_set_names
 from datasets.storage import BadInputError, redact
 from datasets import storage
 from models.sts_transform import load_sts_transform
@@ -146,6 +146,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     out_dir = Path(out_dir)
     if not (checkpoint or baseline):
         raise ValueError("give --checkpoint or --baseline")
+    check_sts_entries(sts_files)  # a missing --sts file or a clash of names is refused before anything is made
     if checkpoint:
         from models.checkpoint import checkpoint_folder, read_meta
 
