@@ -5,7 +5,7 @@
 
 Metric names: stsb/<split>/pearson|spearman, stsb/<split>/<genre>/pearson, sts/<name>/pearson and
 sts_tuned/<name>/pearson (an --sts file, raw and with STS-B's tuned matrix), snli/<split>/accuracy,
-reddit/p_at_1|3|10, cqa2016/map. Primary metric: stsb/dev/pearson.
+reddit/p_at_1|3|10 (with reddit/queries and P@1's binomial standard error reddit/p_at_1_stderr), cqa2016/map. Primary metric: stsb/dev/pearson.
 """
 
 from __future__ import annotations

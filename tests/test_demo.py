@@ -65,6 +65,8 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     for name, (lo, hi) in RANGES.items():
         assert math.isfinite(results[name]) and lo <= results[name] <= hi, name
     assert results["reddit/p_at_1"] <= results["reddit/p_at_3"] <= results["reddit/p_at_10"]
+    p1 = results["reddit/p_at_1"]  # over eval.reddit_pairs queries, with its binomial standard error
+    assert results["reddit/queries"] == 200 and results["reddit/p_at_1_stderr"] == pytest.approx(math.sqrt(p1 * (1 - p1) / 200))
     # The same encoder untrained and the baseline are scored on the same metrics, in the same table.
     for name, (lo, hi) in RANGES.items():
         assert lo <= results[f"{UNTRAINED}/{name}"] <= hi, name

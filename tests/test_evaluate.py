@@ -103,7 +103,8 @@ def test_fraction_curve_from_checkpoints(tmp_path):
 def test_results_table_groups_metrics_in_reading_order_with_systems_in_columns():
     from ray_jobs.evaluation.harness import results_table
 
-    model = {"reddit/p_at_10": 0.8, "reddit/p_at_1": 0.5, "reddit/p_at_3": 0.6, "stsb/test/pearson": 0.83,
+    model = {"reddit/p_at_10": 0.8, "reddit/p_at_1": 0.5, "reddit/p_at_3": 0.6, "reddit/queries": 1000.0,
+             "reddit/p_at_1_stderr": 0.0158, "stsb/test/pearson": 0.83,
              "stsb/dev/pearson": 0.87, "stsb/dev/news/pearson": 0.77, "stsb_tuned/test/pearson": 0.85,
              "snli/dev/accuracy": 0.56, "cqa2016/map": 0.75, "eval/nonfinite_metrics": 0.0}
     table = results_table({"model": model, "tfidf": {"stsb/dev/pearson": 0.74, "reddit/p_at_1": 0.33}})
@@ -111,7 +112,8 @@ def test_results_table_groups_metrics_in_reading_order_with_systems_in_columns()
     assert rows[0] == "metric" and table.splitlines()[0] == "| metric | model | tfidf |"
     assert rows[2:] == ["**STS Benchmark, raw cosine**", "stsb/dev/pearson", "stsb/dev/news/pearson", "stsb/test/pearson",
                         "**STS Benchmark, tuned STS matrix**", "stsb_tuned/test/pearson",
-                        "**retrieval**", "reddit/p_at_1", "reddit/p_at_3", "reddit/p_at_10",
+                        "**retrieval**", "reddit/p_at_1", "reddit/p_at_1_stderr", "reddit/p_at_3", "reddit/p_at_10",
+                        "reddit/queries",
                         "**classification**", "snli/dev/accuracy", "**community QA**", "cqa2016/map"]
     assert "| reddit/p_at_1 | 0.5000 | 0.3300 |" in table and "| stsb_tuned/test/pearson | 0.8500 | — |" in table
 

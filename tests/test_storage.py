@@ -228,3 +228,36 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
         table = storage.read_parquet_table(f"{bucket}/mined/reddit/train")
         assert "negative" in table.column_names and table.num_rows == manifest["train_pairs"]
         assert any(k.startswith("convsts-data/mined/snli/train/") for k in keys(f"{bucket}/mined"))
+
+
+def test_the_cache_of_uri_folders_keeps_the_most_recently_used_copies(tmp_path, monkeypatch):
+    """Each checkpoint read from a bucket is copied once to this machine; evaluating a sweep's
+    checkpoints one after another must not fill the disk: past CACHE_ENTRIES copies per kind, the
+    least recently used go, but never the one just made nor one used within CACHE_IN_USE_S (another
+    process may be reading it), and an unfinished copy only once it is that old."""
+    import tempfile
+    import time
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    folders = []
+    for i in range(storage.CACHE_ENTRIES + 3):
+        (tmp_path / "bucket" / f"ckpt{i}").mkdir(parents=True)
+        (tmp_path / "bucket" / f"ckpt{i}" / "weights").write_text(f"weights {i}")
+        folders.append(f"file://{tmp_path}/bucket/ckpt{i}")
+    hours_ago = time.time() - 2 * storage.CACHE_IN_USE_S
+    copies = [storage.local_copy(folder, "checkpoints") for folder in folders[:-1]]  # all in use: none removed
+    assert len({c.parent for c in copies}) == 1 and all((c / "weights").is_file() for c in copies)
+    for i, copy in enumerate(copies):
+        os.utime(copy / ".complete", (hours_ago + i, hours_ago + i))  # used in that order, hours ago
+    storage.local_copy(folders[0], "checkpoints")  # the oldest copy is used again now
+    unfinished = copies[0].parent / "0123456789abcdef"  # a copy a stopped process left half-written
+    unfinished.mkdir()
+    os.utime(unfinished, (hours_ago, hours_ago))
+    newest = storage.local_copy(folders[-1], "checkpoints")
+    kept = {p.name for p in newest.parent.iterdir()}
+    # The 8 most recently used stay: the new copy, copy 0 (used again just now) and copies 4 .. 9; copies
+    # 1 .. 3, unused for hours, and the unfinished one are gone.
+    assert kept == {newest.name, copies[0].name} | {c.name for c in copies[4:]}
+    assert (newest / "weights").read_text() == f"weights {len(folders) - 1}"
+    assert storage.local_copy(folders[1], "checkpoints").joinpath("weights").read_text() == "weights 1"  # fetched again

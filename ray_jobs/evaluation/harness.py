@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -111,8 +112,8 @@ def _table_order(name: str) -> tuple:
     whole = -1 if parts[0] in ("sts", "sts_tuned") else 3  # sts/<set>/pearson, then sts/<set>/<split>/pearson
     split = next((SPLIT_ORDER[p] for p in parts if p in SPLIT_ORDER), whole)
     genre = parts[2] if len(parts) == 4 else ""
-    rank = parts[-1].rsplit("_", 1)[-1]  # p_at_3 before p_at_10
-    return (split, genre != "", genre, parts[-1] != "pearson", int(rank) if rank.isdigit() else 0, name)
+    rank = re.search(r"p_at_(\d+)", parts[-1])  # p_at_3 (and p_at_3_*) before p_at_10, other metrics after
+    return (split, genre != "", genre, parts[-1] != "pearson", int(rank.group(1)) if rank else 10**6, name)
 
 
 def results_table(columns: Dict[str, Dict[str, float]]) -> str:

@@ -40,4 +40,11 @@ def precision_at_n_metrics(scorer, pairs: pd.DataFrame, n_queries: int, negative
     full = scores_matrix(ctx, rsp)  # (q, |needed|)
     cols = np.vectorize(position.get)(candidates)
     scores = np.take_along_axis(full, cols, axis=1)  # (q, 1 + negatives); true response in column 0
-    return {f"{prefix}/p_at_{n}": v for n, v in precision_at_n(scores, (1, 3, 10)).items()}
+    out = {f"{prefix}/p_at_{n}": v for n, v in precision_at_n(scores, (1, 3, 10)).items()}
+    # The binomial standard error of P@1 over these queries: 0.016 at 1,000 queries and P@1 0.5, 0.007 at 5,000.
+    # Two models scored with the same seed rank the same queries and candidates, so their difference is
+    # better judged paired; this says how far one figure can move with the sample.
+    p1 = out[f"{prefix}/p_at_1"]
+    out[f"{prefix}/p_at_1_stderr"] = float(np.sqrt(p1 * (1 - p1) / len(queries)))
+    out[f"{prefix}/queries"] = float(len(queries))
+    return out
