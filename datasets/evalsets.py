@@ -207,7 +207,8 @@ def _sts_columns(df: pd.DataFrame, path: str) -> pd.DataFrame:
                           "score": scores.astype(float)})
     split = next((c for c in STS_SPLIT_COLUMN_NAMES if c in df.columns), None)
     if split is not None:
-        frame["split"] = df[split].astype(str).str.strip().str.lower().to_numpy()
+        names = df[split].astype(str).str.strip().str.lower().str.replace(r"[^\w.-]+", "_", regex=True)  # a metric name part
+        frame["split"] = names.where(names != "", "unnamed").to_numpy()
     return _without_missing_gold(frame)
 
 

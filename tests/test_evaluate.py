@@ -259,6 +259,10 @@ def test_an_sts_file_of_several_splits_is_scored_whole_and_split_by_split(tiny_c
     read = read_sts_file(tmp_path / "stsbenchmark.tsv.gz")
     assert list(read.columns) == ["sentence1", "sentence2", "score", "split"]
     assert read["split"].value_counts().to_dict() == {s: len(f) for s, f in splits.items()}
+    odd = pd.DataFrame({"sentence1": ["a", "b", "c"], "sentence2": ["d", "e", "f"], "score": [1.0, 2.0, 3.0],
+                        "split": ["Test / A", "", "dev"]})
+    odd.to_csv(tmp_path / "odd.tsv", sep="\t", index=False)  # split names become metric name parts
+    assert list(read_sts_file(tmp_path / "odd.tsv")["split"]) == ["test_a", "unnamed", "dev"]
 
     cfg = load_config(None, ["eval.tuned.epochs=2", "data.cqa_test=''", "data.snli_dev=''"])
     results = run_evaluation(cfg, tmp_path / "eval", checkpoint=str(tiny_checkpoint), log_to_mlflow=False,
