@@ -116,6 +116,7 @@ def test_results_table_groups_metrics_in_reading_order_with_systems_in_columns()
                         "reddit/queries",
                         "**classification**", "snli/dev/accuracy", "**community QA**", "cqa2016/map"]
     assert "| reddit/p_at_1 | 0.5000 | 0.3300 |" in table and "| stsb_tuned/test/pearson | 0.8500 | — |" in table
+    assert "| reddit/queries | 1000 | — |" in table  # counts are shown whole
 
 
 def test_stsb_sample_written_by_pandas_scores_by_genre(tiny_checkpoint, tmp_path):

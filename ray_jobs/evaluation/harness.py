@@ -134,8 +134,12 @@ def results_table(columns: Dict[str, Dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+COUNT_METRICS = ("queries", "pairs", "best_epoch")  # the last part of a metric that counts: shown whole
+
+
 def _table_row(name: str, columns: Dict[str, Dict[str, float]]) -> str:
-    cells = [f"{r[name]:.4f}" if isinstance(r.get(name), (int, float)) and np.isfinite(r[name]) else "—"
+    fmt = "{:.0f}" if name.rsplit("/", 1)[-1] in COUNT_METRICS else "{:.4f}"
+    cells = [fmt.format(r[name]) if isinstance(r.get(name), (int, float)) and np.isfinite(r[name]) else "—"
              for r in columns.values()]
     return f"| {name} | " + " | ".join(cells) + " |"
 
