@@ -135,9 +135,11 @@ def sts_set_names(entries: Sequence[str]) -> Dict[str, str]:
              and not storage.name(p).startswith(STS_INPUT_PREFIX) else n for p, n in names.items()}
     counts = Counter(names.values())
     clash = [p for p, n in names.items() if counts[n] > 1]
-    if clash or len(names) < len(named):
-        path = clash[0] if clash else next(p for p, c in Counter(p for _, p in named).items() if c > 1)
-        raise BadInputError(f"{path}: its metrics would share the name {names[path]!r} with another --sts entry; "
+    twice = [p for p, c in Counter(p for _, p in named).items() if c > 1]
+    if twice:
+        raise BadInputError(f"{twice[0]}: given to --sts twice; give each file once")
+    if clash:
+        raise BadInputError(f"{clash[0]}: its metrics would share the name {names[clash[0]]!r} with another --sts entry; "
                             f"name each file (--sts NAME=FILE) or give it a folder of its own")
     return names
 

@@ -208,6 +208,8 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
         "s3://bucket/sick/test.parquet?region=x": "sick.test", "a/data/test-00000-of-00001.parquet": "mine"}
     with pytest.raises(BadInputError, match=r"share the name 'x'.*--sts NAME=FILE"):
         sts_set_names(["x=a.tsv", "x=b.tsv"])
+    with pytest.raises(BadInputError, match=r"^a.tsv: given to --sts twice"):
+        sts_set_names(["x=a.tsv", "a.tsv"])
     # Refused before the evaluation makes anything: a missing file, or a NAME=FILE without its file.
     for entries, message in (([f"y={tmp_path / 'set_jsonl.jsonl'}", "trainr.steps=5"],
                               r"--sts trainr.steps=5: no file 5 to name 'trainr.steps' \(as a config override, "
