@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from datasets.evalsets import check_sts_entries, pair_keys, sts_set_names
+from datasets.evalsets import check_sts_entries, pair_keys
 from datasets.storage import BadInputError, redact
 from datasets import storage
 from models.sts_transform import load_sts_transform
@@ -35,10 +35,10 @@ def evaluated_tasks(cfg: RunConfig):
     return [get_task(name, cfg.task_modules) for name in model_heads(cfg)]
 
 
-def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_files: Sequence[str] = (),
+def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_sets: Optional[Dict[str, str]] = None,
              transform_dirs: Sequence[Path] = ()) -> Dict[str, float]:
-    """All metrics of one scorer. The tuned STS matrix (embedding scorers only) is saved in each of
-    `transform_dirs`."""
+    """All metrics of one scorer; `sts_sets`: other STS files, {path: name} (check_sts_entries). The
+    tuned STS matrix (embedding scorers only) is saved in each of `transform_dirs`."""
     results: Dict[str, float] = {}
     frames = {split: read_stsb_split(cfg, split) for split in ("dev", "test")}
     embedded = {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
@@ -58,7 +58,7 @@ def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_files: Seq
                 path = transform.save(folder)
                 if replaced:
                     log.info("replaced the tuned STS matrix in %s (dev r %.4f)", path, transform.dev_pearson)
-    names = sts_set_names(sts_files)
+    names = sts_sets or {}
     # The pairs the matrix was fitted and selected on, once for every --sts file.
     fitted = set(pair_keys(pd.concat([frames["train"], frames["dev"]]))) if transform is not None and names else set()
     for path, name in names.items():
@@ -151,7 +151,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     out_dir = Path(out_dir)
     if not (checkpoint or baseline):
         raise ValueError("give --checkpoint or --baseline")
-    check_sts_entries(sts_files)  # a missing --sts file or a clash of names is refused before anything is made
+    sts_sets = check_sts_entries(sts_files)  # a missing --sts file or a clash of names is refused before anything is made
     if checkpoint:
         from models.checkpoint import checkpoint_folder, read_meta
 
@@ -177,7 +177,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     # The tuned matrix goes beside a local checkpoint; for one read from a URI, to out_dir only.
     beside = [local] if checkpoint and not storage.is_uri(checkpoint) else []
     transform_dirs = [out_dir] + beside + cards
-    results = evaluate(scorer, cfg, prepared, sts_files, transform_dirs)
+    results = evaluate(scorer, cfg, prepared, sts_sets, transform_dirs)
     for folder in cards:
         add_results(folder, results)
         log.info("model card %s: results added", folder / CARD_FILE)
