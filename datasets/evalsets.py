@@ -83,11 +83,7 @@ SET_NAME = re.compile(r"[\w.+-]+")  # --sts NAME=FILE
 
 def _set_folder(path: str) -> str:
     """The nearest folder above `path` that names a set: not a split's folder, nor data/."""
-    text = str(path).split("?", 1)[0] if storage.is_uri(path) else str(path)
-    for folder in reversed(text.rstrip("/").split("/")[:-1]):
-        if folder and folder not in SPLIT_NAMES + GENERIC_FOLDERS and not folder.endswith(":"):
-            return folder
-    return ""
+    return next((folder for folder in storage.parent_names(path) if folder not in SPLIT_NAMES + GENERIC_FOLDERS), "")
 
 
 def _named(entry: str) -> Tuple[str, str]:

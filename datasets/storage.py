@@ -163,6 +163,15 @@ def folder_name(path: str | Path) -> str:
     return name(text.rstrip("/").rsplit("/", 1)[0]) if "/" in text.rstrip("/") else ""
 
 
+def parent_names(path: str | Path) -> List[str]:
+    """The names of the folders above `path`, nearest first (without a URI's query or scheme):
+    "s3://b/sts12/data/test.parquet?region=x" -> ["data", "sts12", "b"]."""
+    text = _split_query(str(path))[0] if is_uri(path) else str(path)
+    if is_uri(text):
+        text = text.split("://", 1)[1]
+    return [part for part in reversed(text.rstrip("/").split("/")[:-1]) if part]
+
+
 def name(path: str | Path) -> str:
     """The last path component (without a URI's query)."""
     text = _split_query(str(path))[0] if is_uri(path) else str(path)
