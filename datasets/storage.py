@@ -458,11 +458,11 @@ def prune_cache(root: Path, keep: Path) -> List[str]:
         except FileNotFoundError:  # removed by another process's pruning meanwhile
             return float("inf")
 
-    entries = sorted((e for e in root.iterdir() if e.is_dir()), key=last_use, reverse=True)
+    used = {e: last_use(e) for e in root.iterdir() if e.is_dir()}  # each entry stat'ed once
+    finished = sorted((e for e in used if (e / ".complete").is_file()), key=used.get, reverse=True)
+    kept = set(finished[:CACHE_ENTRIES])  # the most recently used finished copies
     old = time.time() - CACHE_IN_USE_S
-    finished = [e for e in entries if (e / ".complete").is_file()]
-    removed = [e for e in entries if e != keep and last_use(e) < old
-               and (e not in finished or finished.index(e) >= CACHE_ENTRIES)]
+    removed = [e for e, when in used.items() if e != keep and e not in kept and when < old]
     for entry in removed:
         shutil.rmtree(entry, ignore_errors=True)
     if removed:
