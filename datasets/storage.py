@@ -267,6 +267,18 @@ def copy_tree(source: str | Path, target: str | Path) -> None:
         pafs.copy_files(src, dst, source_filesystem=src_fs or pafs.LocalFileSystem(), destination_filesystem=dst_fs)
 
 
+def delete_folder(folder: str | Path) -> None:
+    """A folder and everything in it removed (local or at a URI)."""
+    if not is_uri(folder):
+        import shutil
+
+        shutil.rmtree(folder)
+        return
+    fs, inner = resolve(folder)
+    with reaching(folder):
+        fs.delete_dir(inner.rstrip("/"))
+
+
 def has_wildcards(path: str) -> bool:
     """Glob characters in the path (a URI's query, after "?", does not count)."""
     text = _split_query(path)[0] if is_uri(path) else path
@@ -287,6 +299,29 @@ def glob(pattern: str) -> List[str]:
     return [f for f in list_files(folder_uri) if fnmatch.fnmatchcase(name(f), base)]
 
 
+class _StoreReader(io.RawIOBase):
+    """A stream from a store that names the file and the byte it had reached when a read fails
+    (the connection dropped, the object went away, after the store's own retries): a StorageError
+    instead of the bare client error, so the command reports it in one line. Nothing is written
+    from a read that failed; running the command again reads the file anew."""
+
+    def __init__(self, stream, path: str | Path):
+        self._stream, self._path, self._offset = stream, path, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        with reaching(self._path, what=f"reading stopped at byte {self._offset:,}: "):
+            n = self._stream.readinto(buffer)
+        self._offset += n
+        return n
+
+    def close(self) -> None:
+        self._stream.close()
+        super().close()
+
+
 def open_binary(path: str | Path) -> io.BufferedReader:
     """A buffered binary reader (line iteration works) for a local file or a URI."""
     if not is_uri(path):
@@ -294,7 +329,7 @@ def open_binary(path: str | Path) -> io.BufferedReader:
     fs, inner = resolve(path)
     # compression=None: the bytes as stored (callers decompress, e.g. .zst with a large window).
     with reaching(path):
-        return io.BufferedReader(fs.open_input_stream(inner, compression=None))
+        return io.BufferedReader(_StoreReader(fs.open_input_stream(inner, compression=None), path))
 
 
 def open_text(path: str | Path, encoding: str = "utf-8") -> io.TextIOWrapper:

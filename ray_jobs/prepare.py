@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as err:
             print(f"convsts prepare: {err}", file=sys.stderr)
             return 2
-        result = task.prepare(args.input or task.raw_inputs(cfg), args.out, cfg)
+        result = task.prepare_into(args.input or task.raw_inputs(cfg), args.out, cfg)
     print(redact(json.dumps(result, indent=2)))
     return 0
 

@@ -72,3 +72,60 @@ def keys(uri_prefix: str) -> list:
     fs, inner = storage.resolve(uri_prefix)
     return sorted(i.path for i in fs.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
                   if i.type == pafs.FileType.File)
+
+
+class CuttingProxy:
+    """A TCP proxy on 127.0.0.1 in front of the S3 server that forwards `response_bytes` of the
+    server's answers and then drops every connection, open or new: a store that goes away in the
+    middle of a read, after the client's own retries too."""
+
+    def __init__(self, endpoint_url: str, response_bytes: int):
+        import threading
+
+        self.upstream = ("127.0.0.1", int(endpoint_url.rsplit(":", 1)[1]))
+        self.left, self.cut = response_bytes, threading.Event()
+        self.lock = threading.Lock()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            if self.cut.is_set():
+                client.close()
+                continue
+            server = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, answers: bool) -> None:
+        try:
+            while not self.cut.is_set():
+                data = source.recv(65536)
+                if not data:
+                    break
+                if answers:
+                    with self.lock:
+                        data, self.left = data[:max(self.left, 0)], self.left - len(data)
+                        if self.left <= 0:
+                            self.cut.set()
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, target):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+    def close(self) -> None:
+        self.cut.set()
+        self.sock.close()

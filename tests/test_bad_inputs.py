@@ -422,6 +422,45 @@ def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_pa
         assert len(lines) == 1 and "s3://***@bucket/p" in lines[0] and "NETWORK_CONNECTION" in lines[0], lines
 
 
+def test_a_store_that_fails_in_the_middle_of_a_read_is_one_line_and_the_same_command_then_prepares(tmp_path):
+    """Guards: a store that stopped answering while a dump was being read (the connection dropped,
+    after pyarrow's own retries) ended `convsts prepare` in pyarrow's traceback, which named no
+    file. It is now one line naming the file and the byte reached, exit 2, nothing written; the
+    same command run again once the store answers prepares the folder."""
+    import random
+    import string
+
+    from s3_server import CuttingProxy, s3_endpoint, upload
+
+    rng = random.Random(0)
+    rows = [{"id": f"c{i}", "parent_id": f"t1_c{i - 1}" if i % 2 else "t3_x", "link_id": f"t3_{i // 2}",
+             "author": "someone", "subreddit": "test",
+             "body": " ".join("".join(rng.choices(string.ascii_lowercase, k=7)) for _ in range(25))} for i in range(3000)]
+    dump = tmp_path / "RC_2015-01.zst"
+    dump.write_bytes(zstandard.ZstdCompressor().compress(b"".join(json.dumps(r).encode() + b"\n" for r in rows)))
+    size = dump.stat().st_size
+    assert 300_000 < size < 1 << 20  # one GET reads it: the driver's format check, then the Ray Data read task's
+    with s3_endpoint("convsts-data") as s3_env:
+        uri = "s3://convsts-data/raw/RC_2015-01.zst"
+        upload(dump, uri)
+        command = ["-m", "ray_jobs.cli", "prepare", "reddit", "--input", uri, "--out", str(tmp_path / "p")]
+        proxy = CuttingProxy(s3_env["AWS_ENDPOINT_URL"], response_bytes=size * 3 // 2)  # half-way into the second read
+        try:
+            cut = subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=REPO, timeout=300,
+                                 env={**ENV, **s3_env, "AWS_ENDPOINT_URL": proxy.url})
+        finally:
+            proxy.close()
+        lines = [line for line in cut.stderr.splitlines() if line.startswith("convsts ")]
+        assert cut.returncode == 2 and "Traceback" not in cut.stderr, cut.stderr[-3000:]
+        assert len(lines) == 1 and f"{uri}: reading stopped at byte " in lines[0] and "NETWORK_CONNECTION" in lines[0], lines
+        assert not (tmp_path / "p").exists() or not any((tmp_path / "p").iterdir())
+        again = subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=REPO, timeout=300,
+                               env={**ENV, **s3_env})
+        assert again.returncode == 0, again.stderr[-3000:]
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    assert manifest["lines_read"] == len(rows) and manifest["pairs"] == len(rows) // 2
+
+
 def test_an_unreachable_tracking_server_is_refused_before_any_work(tmp_path):
     """Guards: with MLFLOW_TRACKING_URI at a server that is not there, `evaluate` did all its work,
     then spent MLflow's retries (4 minutes here) and ended in a traceback that printed the URI's

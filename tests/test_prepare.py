@@ -13,7 +13,7 @@ from ray_jobs.tasks import get_task
 def prepare_reddit(inputs, out, cfg, fmt="auto"):
     """The Reddit task's prepare step as `convsts prepare reddit --format FMT` runs it."""
     cfg.data.reddit_format = fmt
-    return get_task("reddit").prepare([str(i) for i in inputs], str(out), cfg)
+    return get_task("reddit").prepare_into([str(i) for i in inputs], str(out), cfg)
 
 
 def _pairs_table(path):
@@ -51,7 +51,7 @@ def test_prepare_paired_table_manifest_adds_up(ray_session, tmp_path):
     # The thread crawled on two days (same root) never straddles the split.
     if len(keys) == 2:
         assert not (keys[0] & keys[1])
-    with pytest.raises(FileExistsError):
+    with pytest.raises(FileExistsError, match="already holds a prepared reddit folder"):
         prepare_reddit([str(src)], tmp_path / "out", cfg, "pairs")
 
 
@@ -213,3 +213,47 @@ def test_preparing_the_same_inputs_again_writes_the_same_shards_in_the_same_orde
     assert len(train) > 1000
     neighbours = (train["thread_key"].to_numpy()[1:] == train["thread_key"].to_numpy()[:-1]).mean()
     assert neighbours < 0.05, f"{neighbours:.2f} of consecutive pairs share a thread"
+
+
+def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_prepared_one(sample_prepared, tmp_path, caplog):
+    """`convsts prepare all` run again into its --out keeps each task prepared to the end (and
+    verified against the run), prepares an interrupted one again from scratch (its shards but no
+    manifest: what a killed prepare leaves), and refuses other content. `prepare TASK` into a
+    finished folder is refused: Ray Data would have added a second set of shards, and the folder
+    would have held every pair twice under a manifest that lists them all."""
+    import logging
+    import shutil
+
+    from datasets.storage import BadInputError
+    from ray_jobs.training.run import prepare_all
+
+    prepared = tmp_path / "prepared"
+    shutil.copytree(sample_prepared, prepared)
+    (prepared / "reddit" / "manifest.json").unlink()  # killed while writing the Reddit shards
+    for extra in list((prepared / "reddit" / "train").glob("*.parquet"))[1:]:
+        extra.unlink()
+    snli_before = (prepared / "snli" / "manifest.json").read_text()
+    with caplog.at_level(logging.INFO, logger="convsts"):
+        manifests = prepare_all(load_config(None), str(prepared))
+    assert "shards of an interrupted `convsts prepare`" in caplog.text and "removed, prepared again" in caplog.text
+    assert f"{prepared / 'snli'}: already prepared from this run's inputs and settings; kept" in caplog.text
+    assert (prepared / "snli" / "manifest.json").read_text() == snli_before  # kept as it was
+    for split in ("train", "test"):
+        again, first = _shards(prepared / "reddit" / split), _shards(sample_prepared / "reddit" / split)
+        assert len(again) == len(first) and all(a.equals(b) for a, b in zip(again, first)), split
+    assert manifests["reddit"]["train_pairs"] == sum(len(s) for s in _shards(prepared / "reddit" / "train"))
+
+    # A finished folder is never added to.
+    snli = get_task("snli")
+    with pytest.raises(FileExistsError, match="already holds a prepared snli folder"):
+        snli.prepare_into(snli.raw_inputs(load_config(None)), str(prepared / "snli"), load_config(None))
+    assert len(_shards(prepared / "snli" / "train")) == len(_shards(sample_prepared / "snli" / "train"))
+    # A kept folder is still checked against the run: other settings are refused, naming the key.
+    with pytest.raises(BadInputError, match=r"data\.test_share=0\.1 \(this run: 0\.3\)"):
+        prepare_all(load_config(None, ["data.test_share=0.3"]), str(prepared))
+    # Anything but an interrupted prepare's shards is not removed.
+    (prepared / "reddit" / "manifest.json").unlink()
+    (prepared / "reddit" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="reddit is not empty; choose a new --out folder"):
+        prepare_all(load_config(None), str(prepared))
+    assert (prepared / "reddit" / "notes.txt").read_text() == "mine"

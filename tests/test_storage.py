@@ -147,6 +147,8 @@ def test_readers_on_s3(tmp_path):
         assert again != local and (again / "note.txt").read_text() == "written again"
         with pytest.raises(FileNotFoundError, match="s3://convsts-data/raw/empty: no files there"):
             storage.local_copy(f"{base}/empty", "test")
+        storage.delete_folder(f"{base}/out")  # what `prepare` does with an interrupted prepare's shards
+        assert not storage.has_entries(f"{base}/out") and storage.has_entries(base)
 
 
 

@@ -283,6 +283,35 @@ class Task:
                                 f"{new_folder}, or delete {folder} to prepare it again")
         return manifest
 
+    def interrupted_prepare(self, out_dir: str) -> bool:
+        """out_dir holds what an interrupted `prepare` of this task leaves and nothing else: no
+        manifest (written last), only split folders (`splits`) of parquet shards."""
+        for entry in storage.entry_names(out_dir):
+            split_dir = storage.join(out_dir, entry)
+            if entry not in self.splits or not storage.is_dir(split_dir):
+                return False
+            if any(not n.endswith(".parquet") or not storage.is_file(storage.join(split_dir, n))
+                   for n in storage.entry_names(split_dir)):
+                return False
+        return True
+
+    def prepare_into(self, inputs: List[str], out_dir: str, cfg: "RunConfig") -> Dict[str, Any]:
+        """`prepare` into an empty (or new) out_dir. A folder that an interrupted prepare of this task
+        left (interrupted_prepare) is removed and prepared again, so the same command, run again,
+        resumes; any other content is refused, never added to (more shards would be more rows)."""
+        from ray_jobs.runtime import log
+
+        if storage.has_entries(out_dir):
+            if storage.is_file(storage.join(out_dir, MANIFEST)):
+                raise FileExistsError(f"{out_dir} already holds a prepared {self.name} folder ({MANIFEST}); "
+                                      f"choose a new --out folder")
+            if not self.interrupted_prepare(out_dir):
+                raise FileExistsError(f"{out_dir} is not empty; choose a new --out folder")
+            log.warning("%s: shards of an interrupted `convsts prepare` (no %s): removed, prepared again",
+                        out_dir, MANIFEST)
+            storage.delete_folder(out_dir)
+        return self.prepare(inputs, out_dir, cfg)
+
     def prepare(self, inputs: List[str], out_dir: str, cfg: "RunConfig") -> Dict[str, Any]:
         """Raw inputs -> out_dir/train parquet shards + out_dir/manifest.json. The default reads
         parquet or JSON-lines files holding the pair columns (and the label)."""

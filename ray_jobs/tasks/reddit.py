@@ -44,8 +44,6 @@ class RedditTask(Task):
         if len(kinds) != 1:
             raise BadInputError(f"mixed input formats {sorted(kinds)}; prepare them separately: {formats}")
         kind = kinds.pop()
-        if storage.has_entries(out_dir):
-            raise FileExistsError(f"{out_dir} is not empty; choose a new --out folder")
         ensure_ray()
         log.info("reddit: %d %s file(s) -> %s", len(files), kind, out_dir)
         build = reddit.pairs_dataset if kind == "pairs" else reddit.pushshift_dataset

@@ -20,6 +20,7 @@ from ray_jobs.model_card import write_card, run_facts
 from ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
 from ray_jobs.task_groups import plan_for
 from ray_jobs.tasks import prepared_tasks, trained_tasks
+from ray_jobs.tasks.base import MANIFEST
 from ray_jobs.training.loop import SCORE_METRIC
 from ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
 
@@ -88,20 +89,35 @@ def claim_output(out_dir: Path, cfg: RunConfig, fresh: bool) -> None:
     log.info("--fresh: removed %s", ", ".join(str(p) for p in used))
 
 
+def is_prepared(task, prepared: str) -> bool:
+    """The task's folder under `prepared` was prepared to the end (its manifest, written last, is there)."""
+    return storage.is_file(storage.join(task.prepared_dir(prepared), MANIFEST))
+
+
 def prepare_all(cfg: RunConfig, out_dir: str) -> Dict[str, Dict[str, Any]]:
-    """Every task the run needs (prepared_tasks), each into out_dir/<task>; returns the manifests."""
-    return {name: task.prepare(task.raw_inputs(cfg), task.prepared_dir(str(out_dir)), cfg)
-            for name, task in prepared_tasks(cfg).items()}
+    """Every task the run needs (prepared_tasks), each into out_dir/<task>; returns the manifests.
+    Run again into the same folder, it resumes: a task prepared to the end from this run's inputs
+    and settings is kept (one that differs is refused, naming the difference), one that was
+    interrupted is prepared again."""
+    manifests = {}
+    for name, task in prepared_tasks(cfg).items():
+        if is_prepared(task, str(out_dir)):
+            manifests[name] = task.verify_prepared(str(out_dir), cfg)
+            log.info("%s: already prepared from this run's inputs and settings; kept", task.prepared_dir(str(out_dir)))
+        else:
+            manifests[name] = task.prepare_into(task.raw_inputs(cfg), task.prepared_dir(str(out_dir)), cfg)
+    return manifests
 
 
 def ensure_prepared(cfg: RunConfig, prepared: str) -> Dict[str, Dict[str, Any]]:
-    """Prepare the shards of this run's tasks (prepared_tasks) that are not in `prepared` yet;
-    returns the manifests written."""
+    """Prepare the shards of this run's tasks (prepared_tasks) that are not in `prepared` yet (or
+    whose prepare was interrupted); returns the manifests written. Folders already prepared are
+    left to check_prepared."""
     written = {}
     for name, task in prepared_tasks(cfg).items():
-        if not storage.is_dir(task.train_path(prepared)):
+        if not is_prepared(task, prepared):
             ensure_ray()
-            written[name] = task.prepare(task.raw_inputs(cfg), task.prepared_dir(prepared), cfg)
+            written[name] = task.prepare_into(task.raw_inputs(cfg), task.prepared_dir(prepared), cfg)
     return written
 
 
