@@ -25,16 +25,15 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 from omegaconf import OmegaConf
 
-from datasets.storage import redact, resolve_path
+from datasets.storage import is_uri, redact, redact_tree, resolve_path
 from ray_jobs import tracking
-from ray_jobs.config import ConfigError, RunConfig, flatten, from_dict, load_config, merge_layer
+from ray_jobs.config import ConfigError, RunConfig, changed_values, flatten, from_dict, load_config, merge_layer
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
-
-SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_transform_sweep.safetensors
 from tune_spaces import TuneSpace, get_space
 
-STATE_FILE = "sweep.json"
-TRIAL_FUNCTION_CPU = 0.1  # the trial function only waits on its TorchTrainer  # parent run id and the sweep's arguments, for resumption
+SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_transform_sweep.safetensors
+STATE_FILE = "sweep.json"  # OUT/sweep.json: the parent run id and what defines the sweep (sweep_record), for resumption
+TRIAL_FUNCTION_CPU = 0.1  # the trial function only waits on its TorchTrainer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,6 +198,33 @@ def expected_trials(param_space: Dict[str, Any], num_samples: int) -> int:
     return total
 
 
+def sweep_record(space: TuneSpace, cfg: RunConfig, param_overrides: Dict[str, Any], num_samples: int,
+                 checkpoint: Optional[str], prepared_dir: Optional[str]) -> Dict[str, Any]:
+    """What defines a sweep, as STATE_FILE records it (credentials redacted): the space, its --param
+    dimensions, the number of samples, the checkpoint and prepared folder, the base run config
+    (with the tracking store its trials log to). A resumed sweep's trials are built from this
+    command's config but keep the recorded parameters, so a rerun that differs is refused."""
+    def where(path: Optional[str]) -> str:
+        return "" if not path else path if is_uri(path) else str(Path(resolve_path(path)).resolve())
+
+    return redact_tree({"space": space.name, "param": param_overrides, "num_samples": num_samples,
+                        "checkpoint": where(checkpoint), "prepared": where(prepared_dir), "config": cfg.to_dict()})
+
+
+def resume_differences(state: Dict[str, Any], record: Dict[str, Any]) -> List[str]:
+    """'KEY=RECORDED (this command: VALUE)' for each part of sweep_record that differs from the one
+    in STATE_FILE; none for a state written before the record (not compared, logged)."""
+    recorded = state.get("sweep")
+    if recorded is None:
+        log.info("%s predates the sweep record: this command's settings are not compared with the sweep's", STATE_FILE)
+        return []
+    sections = {"--space": "space", "--num-samples": "num_samples", "--checkpoint": "checkpoint", "--prepared": "prepared"}
+    out = [f"{flag} {recorded.get(key)!r} (this command: {record[key]!r})"
+           for flag, key in sections.items() if recorded.get(key) != record[key]]
+    out += changed_values(flatten(recorded.get("param", {}), "--param "), flatten(record["param"], "--param "), "this command")
+    return out + changed_values(flatten(recorded.get("config", {})), flatten(record["config"]), "this command")
+
+
 def _unfinished(result_grid, expected: int) -> int:
     """Trials not ended: started but neither terminated nor errored, or never created (Tune
     creates trials lazily, so an interrupted sweep's result grid lacks the ones not yet begun)."""
@@ -235,8 +261,14 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
     if fresh and experiment_path.exists():
         shutil.rmtree(experiment_path)
     param_space = {**space.params(), **param_overrides}
+    record = sweep_record(space, cfg, param_overrides, num_samples or space.num_samples, checkpoint, prepared_dir)
     if resume:
         state = json.loads(state_file.read_text(encoding="utf-8"))
+        differs = resume_differences(state, record)
+        if differs:
+            raise ConfigError(f"{out_dir} holds an interrupted or finished sweep that this command would resume, "
+                              f"but it differs: {'; '.join(differs)}; rerun it as it was, pass --fresh to start "
+                              f"over, or choose another --out")
         parent_run_id = state["parent_run_id"]
         expected = state["expected_trials"]
         log.info("resuming sweep %s (MLflow parent run %s) from %s", space.name, parent_run_id, experiment_path)
@@ -249,7 +281,7 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
             tags={"convsts.job": "tune", "convsts.space": space.name})
         expected = expected_trials(param_space, num_samples or space.num_samples)
         state_file.write_text(json.dumps({"parent_run_id": parent_run_id, "space": space.name,
-                                          "expected_trials": expected}), encoding="utf-8")
+                                          "expected_trials": expected, "sweep": record}, indent=2), encoding="utf-8")
 
     base = cfg.to_dict()
     if max_concurrent:

@@ -79,6 +79,13 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     assert "rerun the same command to resume" in log_first
     assert 2 <= len(finished_before) < TRIALS
 
+    # The same --out with another dimension would resume the recorded sweep: refused, naming it.
+    other = [*cmd[:cmd.index("eval.tuned.epochs=[6]")], "eval.tuned.epochs=[7]", *cmd[cmd.index("eval.tuned.epochs=[6]") + 1:]]
+    refused = subprocess.run(other, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("convsts ")]
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-3000:]
+    assert "--param eval.tuned.epochs.grid_search='[6]' (this command: '[7]')" in lines[0] and "--fresh" in lines[0]
+
     second = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             timeout=400)
     assert second.returncode == 0, second.stdout[-3000:]

@@ -58,3 +58,30 @@ def test_grid_overrides():
     assert out == {"data.snli_fraction": tune.grid_search([0.5, 1.0]), "eval.tuned.epochs": 3}
     with pytest.raises(ConfigError, match="expected key=value"):
         grid_overrides(["data.snli_fraction"])
+
+
+def test_a_sweep_is_resumed_only_by_the_command_that_started_it(tmp_path):
+    """Guards: a rerun into a sweep's --out resumed the recorded sweep whatever the command said;
+    its unfinished trials then trained with this command's base config and the recorded
+    parameters. sweep_record keeps what defines the sweep; every difference is named."""
+    from ray_jobs.tune import resume_differences, sweep_record
+
+    space = get_space("snli_fraction")
+    cfg = load_config(None, ["trainer.steps=10"])
+    first = sweep_record(space, cfg, grid_overrides(["data.snli_fraction=[0.1,1.0]"]), 1, None, str(tmp_path / "p"))
+    state = {"parent_run_id": "x", "sweep": first}
+    same = sweep_record(space, load_config(None, ["trainer.steps=10"]), grid_overrides(["data.snli_fraction=[0.1,1.0]"]),
+                        1, None, str(tmp_path / "p"))
+    assert resume_differences(state, same) == []
+    other = sweep_record(space, load_config(None, ["trainer.steps=20", "model.encoder=dan"]),
+                         grid_overrides(["data.snli_fraction=[0.1,0.5]"]), 2, None, str(tmp_path / "q"))
+    assert resume_differences(state, other) == [
+        "--num-samples 1 (this command: 2)",
+        f"--prepared {str(tmp_path / 'p')!r} (this command: {str(tmp_path / 'q')!r})",
+        "--param data.snli_fraction.grid_search='[0.1, 1.0]' (this command: '[0.1, 0.5]')",
+        "trainer.steps=10 (this command: 20)",
+    ]
+    assert resume_differences({"parent_run_id": "x"}, other) == []  # a state from before the record: not compared
+    secret = sweep_record(space, load_config(None, ["mlflow.tracking_uri=http://alice:PlAnTeD@127.0.0.1:5000"]),
+                          {}, 1, None, None)
+    assert "PlAnTeD" not in str(secret)
