@@ -28,7 +28,7 @@ from ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evalu
 from ray_jobs.evaluation.scorers import LexicalScorer
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
 from ray_jobs.tasks import prepared_tasks
-from ray_jobs.training.run import prepare_all, run_training
+from ray_jobs.training.run import claim_output, prepare_all, run_outputs, run_training
 from ray_jobs.training.state import initial_model
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -36,11 +36,20 @@ DEMO_CONFIGS = {PretrainedEncoder.name: CONFIGS / "demo.yaml", DanEncoder.name: 
 DEFAULT_ENCODER = PretrainedEncoder.name
 
 
-def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = LexicalScorer.KINDS) -> Dict[str, object]:
+def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = LexicalScorer.KINDS,
+             fresh: bool = False) -> Dict[str, object]:
+    """Prepare, train, evaluate and compare into out_dir. An out_dir that holds an earlier demo is
+    refused before any work, unless `fresh`: its training run's outputs are then removed (its
+    MLflow store and runs are kept, and its prepared sample is kept when it verifies)."""
     started = time.time()
     out_dir = Path(out_dir).resolve()
+    earlier = run_outputs(out_dir, cfg)
+    if earlier and not fresh:
+        raise FileExistsError(f"{out_dir} already holds a demo run ({', '.join(p.name for p in earlier)}): pass "
+                              f"--fresh to replace it (its MLflow runs are kept), or another --out")
     out_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
+    claim_output(out_dir, cfg, fresh)  # with --fresh: the earlier run's checkpoints go before this run starts
     ensure_ray()
     prepared = out_dir / "prepared"
     log.info("[1/4] preparing the embedded sample with Ray Data -> %s", prepared)
@@ -116,6 +125,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--encoder", choices=sorted(DEMO_CONFIGS), default=DEFAULT_ENCODER,
                         help=f"which demo config: {', '.join(f'{k} = {v.name}' for k, v in DEMO_CONFIGS.items())}")
     parser.add_argument("--config", default=None, help="a run config of your own (replaces --encoder's)")
+    parser.add_argument("--fresh", action="store_true", help="replace an earlier demo in --out (its MLflow runs are kept)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.steps=50")
     return parser
 
@@ -123,7 +133,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
-    run_demo(load_config(args.config or DEMO_CONFIGS[args.encoder], args.overrides), args.out)
+    run_demo(load_config(args.config or DEMO_CONFIGS[args.encoder], args.overrides), args.out, fresh=args.fresh)
     return 0
 
 

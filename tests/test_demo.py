@@ -134,6 +134,18 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     assert Path(local).read_text() == card  # the model logged after evaluation, with its results
     np.testing.assert_array_equal(load(out / "model").encode(texts), encoder.encode(texts))
 
+    # The same --out again: refused before any work (no MLflow run), then replaced with --fresh.
+    experiment = run.info.experiment_id
+    before = {r.info.run_id for r in client.search_runs([experiment])}
+    with pytest.raises(FileExistsError, match="already holds a demo run .*pass --fresh to replace it"):
+        run_demo(cfg, out, baselines=("bow",))
+    assert {r.info.run_id for r in client.search_runs([experiment])} == before
+    again = run_demo(cfg, out, baselines=("bow",), fresh=True)
+    assert again["mlflow_run_id"] not in before and client.get_run(again["mlflow_run_id"]).info.status == "FINISHED"
+    assert client.get_run(results["mlflow_run_id"]).info.status == "FINISHED"  # the earlier demo's run is kept
+    assert json.loads((out / "results.json").read_text())["mlflow_run_id"] == again["mlflow_run_id"]
+    np.testing.assert_array_equal(load(again["checkpoint"]).encode(texts), encoder.encode(texts))  # the same run, repeated
+
 
 @pytest.mark.slow
 def test_untrained_column_is_what_trainer_steps_0_saves(ray_session, sample_prepared, tmp_path):

@@ -72,13 +72,19 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) 
     return out
 
 
-def claim_output(out_dir: Path, cfg: RunConfig, fresh: bool) -> None:
-    """A training run's output folder holds one run: a second run into it is refused unless it
-    resumes (trainer.resume_from) or starts over (`fresh`: the old checkpoints are deleted)."""
+def run_outputs(out_dir: Path, cfg: RunConfig) -> List[Path]:
+    """What an earlier training run left in out_dir: train.json, its checkpoints and model folder,
+    Ray Train's own run folder (when it is local)."""
     candidates = [out_dir / "train.json", out_dir / "checkpoint", out_dir / MODEL_FOLDER, out_dir / BEST_FOLDER]
     if not storage.is_uri(cfg.trainer.storage_path):  # Ray Train's own run folder, when it is local
         candidates.append(Path(cfg.trainer.storage_path or out_dir / "ray_results") / cfg.name)
-    used = [p for p in candidates if p.exists()]
+    return [p for p in candidates if p.exists()]
+
+
+def claim_output(out_dir: Path, cfg: RunConfig, fresh: bool) -> None:
+    """A training run's output folder holds one run: a second run into it is refused unless it
+    resumes (trainer.resume_from) or starts over (`fresh`: the old checkpoints are deleted)."""
+    used = run_outputs(out_dir, cfg)
     if not used or cfg.trainer.resume_from:
         return
     if not fresh:
