@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Dict, Sequence
 
-from datasets.storage import redact, redact_tree
+from datasets.storage import BadInputError, redact, redact_tree
 from datasets.text import load_tokenizer
 from models.checkpoint import save_checkpoint
 from models.encoders import DanEncoder, PretrainedEncoder
@@ -53,7 +54,14 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = Lex
     ensure_ray()
     prepared = out_dir / "prepared"
     log.info("[1/4] preparing the embedded sample with Ray Data -> %s", prepared)
-    manifests = prepare_all(cfg, str(prepared))
+    try:
+        manifests = prepare_all(cfg, str(prepared))
+    except BadInputError as err:  # the earlier demo's sample, prepared with other data settings
+        if not fresh:
+            raise
+        log.info("--fresh: %s; removed, prepared again", err)
+        shutil.rmtree(prepared)
+        manifests = prepare_all(cfg, str(prepared))
     run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name,
                                 flatten(cfg.to_dict()), tags={"convsts.job": "demo"})
     tasks = prepared_tasks(cfg)

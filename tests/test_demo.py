@@ -55,8 +55,8 @@ def _small_eval_sets(folder: Path, rows: int = 300) -> list:
 
 @pytest.mark.slow
 def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
-    cfg = load_config(DEMO_CONFIGS[DEFAULT_ENCODER],
-                      TINY + _small_eval_sets(tmp_path / "eval") + [f"mlflow.tracking_uri={mlflow_uri}"])
+    overrides = TINY + _small_eval_sets(tmp_path / "eval") + [f"mlflow.tracking_uri={mlflow_uri}"]
+    cfg = load_config(DEMO_CONFIGS[DEFAULT_ENCODER], overrides)
     out = tmp_path / "demo"
     flat = run_demo(cfg, out, baselines=("bow",))
 
@@ -140,11 +140,14 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     with pytest.raises(FileExistsError, match="already holds a demo run .*pass --fresh to replace it"):
         run_demo(cfg, out, baselines=("bow",))
     assert {r.info.run_id for r in client.search_runs([experiment])} == before
-    again = run_demo(cfg, out, baselines=("bow",), fresh=True)
+    # --fresh with another held-out share: the earlier sample no longer fits, so it is prepared again.
+    other = load_config(DEMO_CONFIGS[DEFAULT_ENCODER], overrides + ["data.test_share=0.2"])
+    again = run_demo(other, out, baselines=("bow",), fresh=True)
     assert again["mlflow_run_id"] not in before and client.get_run(again["mlflow_run_id"]).info.status == "FINISHED"
     assert client.get_run(results["mlflow_run_id"]).info.status == "FINISHED"  # the earlier demo's run is kept
     assert json.loads((out / "results.json").read_text())["mlflow_run_id"] == again["mlflow_run_id"]
-    np.testing.assert_array_equal(load(again["checkpoint"]).encode(texts), encoder.encode(texts))  # the same run, repeated
+    assert json.loads((out / "prepared" / "reddit" / "manifest.json").read_text())["test_share"] == 0.2
+    assert load(again["checkpoint"]).meta["run_config"]["data"]["test_share"] == 0.2
 
 
 @pytest.mark.slow
