@@ -25,6 +25,7 @@ from models.checkpoint import save_checkpoint
 from models.encoders import DanEncoder, PretrainedEncoder
 from ray_jobs import tracking
 from ray_jobs.config import RunConfig, flatten, load_config
+from ray_jobs.evaluation.compare import compare_evaluations
 from ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evaluation
 from ray_jobs.evaluation.scorers import LexicalScorer
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
@@ -83,13 +84,16 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = Lex
         for name in baselines:
             others[name] = run_evaluation(cfg, out_dir / f"baseline_{name}", baseline=name, prepared_dir=prepared,
                                           log_to_mlflow=False)
+        # The gain over the untrained encoder on the same queries, with its paired standard error.
+        paired = compare_evaluations(out_dir / "eval", out_dir / "eval_untrained", suffix=f"minus_{UNTRAINED}")
+        columns[trained_name].update(paired)
         flat: Dict[str, object] = dict(columns[trained_name])
         for name, metrics in others.items():
             columns[name] = {k: v for k, v in metrics.items() if isinstance(v, float)}
             prefix = f"{UNTRAINED}/" if name == UNTRAINED else f"baseline/{name}/"
             flat.update({prefix + k: v for k, v in columns[name].items()})
         compared = {k: v for k, v in flat.items() if k.startswith((f"{UNTRAINED}/", "baseline/"))}
-        tracking.log_metrics(uri, run_id, compared, cfg.trainer.steps)  # beside the model's, at its last step
+        tracking.log_metrics(uri, run_id, {**compared, **paired}, cfg.trainer.steps)  # beside the model's, at its last step
         flat["checkpoint"] = str(trained.checkpoint)
         flat["mlflow_run_id"] = run_id
         flat["seconds"] = round(time.time() - started, 1)

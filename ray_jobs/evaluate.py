@@ -2,6 +2,7 @@
 
   convsts evaluate --checkpoint C --out DIR [--sts [NAME=]FILE ...] [--run-id ID] [--config ...]
   convsts evaluate --baseline bow|tfidf --out DIR
+  convsts evaluate --compare EVAL_A EVAL_B --out DIR   (paired P@N difference of two evaluations)
 
 Metric names: stsb/<split>/pearson|spearman, stsb/<split>/<genre>/pearson, sts/<name>/pearson and
 sts_tuned/<name>/pearson (an --sts file, raw and with STS-B's tuned matrix), snli/<split>/accuracy,
@@ -17,8 +18,9 @@ from typing import Sequence
 
 import pandas as pd
 
-from datasets.storage import resolve_path
+from datasets.storage import BadInputError, resolve_path
 from ray_jobs.config import load_config, parse_with_overrides
+from ray_jobs.evaluation.compare import compare_evaluations
 from ray_jobs.evaluation.curve import fraction_curve
 from ray_jobs.evaluation.harness import results_table, run_evaluation, training_run
 from ray_jobs.evaluation.scorers import LexicalScorer
@@ -34,6 +36,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     group.add_argument("--fraction-curve", nargs="+", metavar="CHECKPOINT",
                        help="STS-B of several checkpoints against the SNLI fraction each was trained with "
                             "(Figure 8): OUT/curve.csv and OUT/curve.png")
+    group.add_argument("--compare", nargs=2, metavar="EVAL_DIR",
+                       help="two evaluation folders (each an earlier --out) compared query by query: the paired "
+                            "difference of their Reddit P@N and its standard error -> OUT/compare.json, OUT/compare.md")
     parser.add_argument("--out", required=True)
     parser.add_argument("--config", default=None)
     parser.add_argument("--prepared", default=None, help="prepared shards (Reddit held-out split)")
@@ -46,6 +51,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_with_overrides(build_parser(), argv, ("sts", "fraction_curve"))  # overrides may follow --sts A B
     setup_logging()
+    if args.compare:
+        return compare(args)
     cfg = load_config(args.config, args.overrides)
     if args.fraction_curve:
         rows = fraction_curve(args.fraction_curve, cfg, Path(args.out))
@@ -63,6 +70,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(results_table({args.baseline or "model": {k: v for k, v in results.items() if isinstance(v, float)}}))
     print(json.dumps({"results": str(Path(args.out) / "results.json"), "mlflow_run_id": results.get("mlflow_run_id")}))
     return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    """--compare A B: A's per-query outcomes against B's (ray_jobs.evaluation.compare)."""
+    unused = [flag for flag, value in (("--prepared", args.prepared), ("--sts", args.sts), ("--config", args.config),
+                                       ("--run-id", args.run_id), ("overrides", args.overrides)) if value]
+    if unused:
+        raise BadInputError(f"--compare reads two finished evaluations; {', '.join(unused)} would do nothing")
+    a, b = (Path(folder) for folder in args.compare)
+    paired = compare_evaluations(a, b)
+    results = {name: read_results(folder) for name, folder in zip("ab", (a, b))}
+    rows = []
+    for name in sorted(k for k in paired if k.endswith("_diff")):
+        metric = name[: -len("_diff")]
+        rows.append(f"| {metric} | {_cell(results['a'].get(metric))} | {_cell(results['b'].get(metric))} | "
+                    f"{paired[name]:+.4f} | {paired[name + '_stderr']:.4f} |")
+    queries = "; ".join(f"{k.split('/')[0]}: {v:.0f} queries" for k, v in paired.items() if k.endswith("/paired_queries"))
+    table = "\n".join([f"A = {a}", f"B = {b}", "", "| metric | A | B | A - B | paired stderr |", "|---|---|---|---|---|",
+                       *rows, "", f"paired on the same queries and candidates ({queries})"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps({"a": str(a), "b": str(b), **paired}, indent=2), encoding="utf-8")
+    (out / "compare.md").write_text(table + "\n", encoding="utf-8")
+    print(table)
+    return 0
+
+
+def read_results(folder: Path) -> dict:
+    """An evaluation folder's results.json ({} when it has none: the table then shows only the differences)."""
+    path = folder / "results.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except ValueError as err:
+        raise BadInputError(f"{path}: not JSON ({err})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _cell(value) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) else "—"
 
 
 if __name__ == "__main__":

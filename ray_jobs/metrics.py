@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 from scipy import stats
 
 from models.similarity import pearson  # the one Pearson, part of this module's API
 
-__all__ = ["accuracy", "average_precision", "mean_average_precision", "pearson", "precision_at_n", "spearman"]
+__all__ = ["accuracy", "average_precision", "mean_average_precision", "paired_difference", "pearson", "precision_at_n",
+           "spearman", "true_ranks"]
 
 
 def spearman(pred: Sequence[float], gold: Sequence[float]) -> float:
@@ -24,12 +25,31 @@ def precision_at_n(scores: np.ndarray, ns: Sequence[int] = (1, 3, 10)) -> Dict[i
     within the top N; ties count against it (rank = 1 + number of candidates scoring >= it, others).
     Any non-finite score makes every P@N NaN: a NaN compares false with everything, and would
     otherwise rank the true candidate first (a diverged model would score 1.0)."""
+    rank = true_ranks(scores)  # (q,)
+    if rank is None:
+        return {n: float("nan") for n in ns}
+    return {n: float(np.mean(rank <= n)) for n in ns}
+
+
+def true_ranks(scores: np.ndarray) -> "np.ndarray | None":
+    """scores: (q, c) with the true candidate in column 0 -> its rank in each row (1 = first), ties
+    against it; None when any score is non-finite (precision_at_n says why)."""
     scores = np.asarray(scores, dtype=np.float64)
     if not np.isfinite(scores).all():
-        return {n: float("nan") for n in ns}
+        return None
     true = scores[:, :1]  # (q, 1)
-    rank = 1 + np.sum(scores[:, 1:] >= true, axis=1)  # (q,)
-    return {n: float(np.mean(rank <= n)) for n in ns}
+    return 1 + np.sum(scores[:, 1:] >= true, axis=1)  # (q,)
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> Tuple[float, float]:
+    """Mean of a - b over the same items (e.g. two models' P@1 hits on the same queries and
+    candidates) and its standard error: the paired test, much tighter than comparing two means
+    with their own standard errors, since both systems meet the same easy and hard items."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1 or len(a) < 2:
+        raise ValueError(f"paired difference needs two equal-length series of 2 or more items, got {a.shape} and {b.shape}")
+    d = a - b  # (n,)
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d)))
 
 
 def average_precision(scores: Sequence[float], relevant: Sequence[bool], cutoff: int = 10) -> float:

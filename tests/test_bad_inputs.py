@@ -725,8 +725,9 @@ def test_nan_embeddings_make_the_retrieval_and_sts_metrics_nan():
         model.encoder.dnn[0].weight[0, 0] = float("nan")  # a diverged model
     scorer = EmbeddingScorer(SentenceEncoder(model, tok, {}))
     pairs = pd.DataFrame({"context": texts, "response": texts[::-1]})
-    p = precision_at_n_metrics(scorer, pairs, 10, 9, 0, "reddit")
+    p, items = precision_at_n_metrics(scorer, pairs, 10, 9, 0, "reddit")
     assert p.pop("reddit/queries") == 10 and all(np.isnan(v) for v in p.values()), p  # P@N and its stderr
+    assert len(items) == 10 and items["rank"].isna().all()  # no rank either: nothing to compare on
     frame = pd.DataFrame({"sentence1": texts[:10], "sentence2": texts[10:20], "score": np.arange(10.0) / 2})
     assert np.isnan(sts_metrics(scorer, frame, "stsb/dev", by_genre=False)["stsb/dev/pearson"])
 

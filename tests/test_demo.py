@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -71,7 +72,16 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     for name, (lo, hi) in RANGES.items():
         assert lo <= results[f"{UNTRAINED}/{name}"] <= hi, name
     assert all(f"baseline/bow/{name}" in results for name in RANGES if not name.startswith("snli/"))
+    # The gain over the untrained encoder, paired on the same 200 queries and candidates: its mean is
+    # the difference of the two P@N; its paired standard error is at most the two binomial ones together.
+    for n in (1, 3, 10):
+        gain = results[f"reddit/p_at_{n}_minus_{UNTRAINED}"]
+        assert gain == pytest.approx(results[f"reddit/p_at_{n}"] - results[f"{UNTRAINED}/reddit/p_at_{n}"], abs=1e-12)
+    assert results["reddit/paired_queries"] == 200
+    assert 0 <= results[f"reddit/p_at_1_minus_{UNTRAINED}_stderr"] <= results["reddit/p_at_1_stderr"] + results[f"{UNTRAINED}/reddit/p_at_1_stderr"]
+    assert len(pd.read_parquet(out / "eval" / "items" / "reddit.parquet")) == 200
     table = (out / "results.md").read_text()
+    assert f"| reddit/p_at_1_minus_{UNTRAINED} | " in table and "| reddit/paired_queries | 200 | — |" in table
     assert "| metric | pretrained, 6 steps | untrained | bow |" in table
 
     # The checkpoint reloads without Ray and gives the same embeddings, and the same metric.
@@ -106,8 +116,10 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     # Evaluation metrics, the untrained encoder's and the baselines' stand at the last training step.
     for name in ("stsb/dev/pearson", f"{UNTRAINED}/stsb/dev/pearson", "baseline/bow/stsb/dev/pearson"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == [6], name
+    assert f"reddit/p_at_1_minus_{UNTRAINED}" in run.data.metrics
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "results.json" in artifacts and "checkpoint" not in artifacts  # no optimizer state
+    assert "items/reddit.parquet" in {a.path for a in client.list_artifacts(run.info.run_id, "items")}
     # The model is an MLflow 3 logged model of the run: logged after training and again after evaluation.
     logged_models = [m for m in client.search_logged_models([run.info.experiment_id]) if m.source_run_id == run.info.run_id]
     assert [m.name for m in logged_models] == ["model", "model"]

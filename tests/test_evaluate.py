@@ -334,3 +334,49 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
         with pytest.raises(BadInputError, match=message + r".*restore or delete it to evaluate .*model"):
             main(["--checkpoint", str(model), "--out", str(tmp_path / "e_damaged"), *common])
         assert not (tmp_path / "e_damaged").exists()
+
+
+def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path):
+    """`convsts evaluate --compare A B`: the P@N difference of two evaluations on the same queries and
+    candidates, with the paired standard error; evaluations of other queries are refused in one line."""
+    from datasets.storage import BadInputError
+    from ray_jobs.evaluate import main
+    from ray_jobs.evaluation.compare import write_items
+    from ray_jobs.evaluation.retrieval import precision_at_n_metrics
+    from ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
+
+    pairs = pd.read_parquet(resolve_path("{sample}/reddit_pairs.parquet")).head(400)
+    pairs = pd.DataFrame({"context": pairs["question"], "response": pairs["answer"]})
+    scorers = {"model": EmbeddingScorer(load(tiny_checkpoint)),
+               "tfidf": LexicalScorer("tfidf", list(pairs["context"]) + list(pairs["response"]))}
+    folders = {}
+    for name, scorer in scorers.items():
+        for seed in (0, 1):
+            metrics, items = precision_at_n_metrics(scorer, pairs, 150, 49, seed, "reddit")
+            assert len(items) == 150 and items["rank"].between(1, 50).all()
+            assert metrics["reddit/p_at_1"] == pytest.approx(float((items["rank"] == 1).mean()))
+            folders[name, seed] = tmp_path / f"{name}{seed}"
+            write_items(folders[name, seed] / "items", "reddit", items)
+            (folders[name, seed] / "results.json").write_text(json.dumps(metrics))
+
+    assert main(["--compare", str(folders["tfidf", 0]), str(folders["model", 0]), "--out", str(tmp_path / "c")]) == 0
+    paired = json.loads((tmp_path / "c" / "compare.json").read_text())
+    a, b = (json.loads((folders[k, 0] / "results.json").read_text()) for k in ("tfidf", "model"))
+    ranks = [pd.read_parquet(folders[k, 0] / "items" / "reddit.parquet")["rank"].to_numpy() for k in ("tfidf", "model")]
+    for n in (1, 3, 10):
+        assert paired[f"reddit/p_at_{n}_diff"] == pytest.approx(a[f"reddit/p_at_{n}"] - b[f"reddit/p_at_{n}"], abs=1e-12)
+        d = (ranks[0] <= n).astype(float) - (ranks[1] <= n).astype(float)
+        assert paired[f"reddit/p_at_{n}_diff_stderr"] == pytest.approx(d.std(ddof=1) / np.sqrt(150))
+    assert paired["reddit/paired_queries"] == 150 and paired["reddit/p_at_1_diff"] > 0  # TF-IDF beats a random DAN
+    table = (tmp_path / "c" / "compare.md").read_text()
+    assert f"| reddit/p_at_1 | {a['reddit/p_at_1']:.4f} | {b['reddit/p_at_1']:.4f} | {paired['reddit/p_at_1_diff']:+.4f} |" in table
+
+    # Another eval.seed drew other queries: refused, naming both folders, nothing written.
+    with pytest.raises(BadInputError, match=r"ranked other queries or candidates \(150 and 150 queries"):
+        main(["--compare", str(folders["tfidf", 0]), str(folders["model", 1]), "--out", str(tmp_path / "c2")])
+    assert not (tmp_path / "c2").exists()
+    with pytest.raises(BadInputError, match="no items/ folder"):
+        main(["--compare", str(folders["tfidf", 0]), str(tmp_path), "--out", str(tmp_path / "c3")])
+    with pytest.raises(BadInputError, match="--prepared would do nothing"):
+        main(["--compare", str(folders["tfidf", 0]), str(folders["model", 0]), "--out", str(tmp_path / "c4"),
+              "--prepared", str(tmp_path)])

@@ -17,6 +17,7 @@ from datasets import storage
 from models.sts_transform import load_sts_transform
 from ray_jobs import tracking
 from ray_jobs.config import RunConfig
+from ray_jobs.evaluation.compare import ITEMS_DIR, write_items
 from ray_jobs.evaluation.cqa import configured_cqa_metrics
 from ray_jobs.evaluation.plots import scatter_plot
 from ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
@@ -36,9 +37,10 @@ def evaluated_tasks(cfg: RunConfig):
 
 
 def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_sets: Optional[Dict[str, str]] = None,
-             transform_dirs: Sequence[Path] = ()) -> Dict[str, float]:
+             transform_dirs: Sequence[Path] = (), items_dir: Optional[Path] = None) -> Dict[str, float]:
     """All metrics of one scorer; `sts_sets`: other STS files, {path: name} (check_sts_entries). The
-    tuned STS matrix (embedding scorers only) is saved in each of `transform_dirs`."""
+    tuned STS matrix (embedding scorers only) is saved in each of `transform_dirs`; each task's
+    per-item outcomes (Task.evaluate_items) in `items_dir`/<task>.parquet (ray_jobs.evaluation.compare)."""
     results: Dict[str, float] = {}
     frames = {split: read_stsb_split(cfg, split) for split in ("dev", "test")}
     embedded = {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
@@ -64,7 +66,10 @@ def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_sets: Opti
     for path, name in names.items():
         results.update(sts_file_metrics(scorer, path, name, transform, fitted))
     for task in evaluated_tasks(cfg):
-        results.update(task.evaluate(scorer, cfg, prepared_dir))
+        metrics, items = task.evaluate_items(scorer, cfg, prepared_dir)
+        results.update(metrics)
+        if items is not None and items_dir is not None:
+            write_items(items_dir, task.name, items)
     results.update(configured_cqa_metrics(scorer, cfg))
     bad = sorted(k for k, v in results.items() if not np.isfinite(v))
     results["eval/nonfinite_metrics"] = float(len(bad))  # flagged in MLflow too (non-finite values are not logged)
@@ -134,7 +139,7 @@ def results_table(columns: Dict[str, Dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-COUNT_METRICS = ("queries", "pairs", "best_epoch")  # the last part of a metric that counts: shown whole
+COUNT_METRICS = ("queries", "paired_queries", "pairs", "best_epoch")  # the last part of a metric that counts: shown whole
 
 
 def _table_row(name: str, columns: Dict[str, Dict[str, float]]) -> str:
@@ -177,7 +182,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     # The tuned matrix goes beside a local checkpoint; for one read from a URI, to out_dir only.
     beside = [local] if checkpoint and not storage.is_uri(checkpoint) else []
     transform_dirs = [out_dir] + beside + cards
-    results = evaluate(scorer, cfg, prepared, sts_sets, transform_dirs)
+    results = evaluate(scorer, cfg, prepared, sts_sets, transform_dirs, items_dir=out_dir / ITEMS_DIR)
     for folder in cards:
         add_results(folder, results)
         log.info("model card %s: results added", folder / CARD_FILE)
@@ -205,6 +210,8 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
         tracking.log_metrics(uri, run_id, results, step)
         for plot in plots:
             tracking.log_artifact(uri, run_id, str(plot), "plots")
+        if (out_dir / ITEMS_DIR).is_dir():
+            tracking.log_artifacts(uri, run_id, str(out_dir / ITEMS_DIR), ITEMS_DIR)
         if (trained.get("mlflow_run_id") == run_id and trained.get("model")
                 and Path(trained["model"]).resolve() in {c.resolve() for c in cards}):
             from ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged

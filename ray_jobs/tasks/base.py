@@ -19,6 +19,8 @@ from datasets import storage
 from datasets.storage import BadInputError, redact_tree
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from ray_jobs.config import RunConfig
 
 MANIFEST = "manifest.json"
@@ -357,3 +359,10 @@ class Task:
     def evaluate(self, scorer, cfg: "RunConfig", prepared_root: Optional[str]) -> Dict[str, float]:
         """This task's own metrics of a scorer (a model or a lexical baseline)."""
         return {}
+
+    def evaluate_items(self, scorer, cfg: "RunConfig",
+                       prepared_root: Optional[str]) -> Tuple[Dict[str, float], Optional["pd.DataFrame"]]:
+        """evaluate's metrics and, for a task that scores items one by one, each item's outcome: a
+        frame that two evaluations of the same items are compared on, item by item (`convsts
+        evaluate --compare`; the Reddit task: each query's rank); None for a task without one."""
+        return self.evaluate(scorer, cfg, prepared_root), None

@@ -93,11 +93,14 @@ class RedditTask(Task):
         return loss, in_batch_accuracy(context, response)
 
     def evaluate(self, scorer, cfg, prepared_root: Optional[str]) -> Dict[str, float]:
+        return self.evaluate_items(scorer, cfg, prepared_root)[0]
+
+    def evaluate_items(self, scorer, cfg, prepared_root: Optional[str]):
         from ray_jobs.evaluation.retrieval import heldout_pairs, precision_at_n_metrics
 
         heldout = heldout_pairs(storage.join(self.prepared_dir(prepared_root), "test")) if prepared_root else None
         if heldout is None:
-            return {}
+            return {}, None
         return precision_at_n_metrics(scorer, heldout, cfg.eval.reddit_pairs, cfg.eval.reddit_negatives,
                                       cfg.eval.seed, prefix=self.name)
 

@@ -1,0 +1,84 @@
+"""Two evaluations compared item by item: the paired difference of their P@N on the same queries.
+
+Every evaluation writes each task's per-item outcomes beside its results.json (`OUT/items/<task>.parquet`:
+for Reddit, each query's hash, its candidates' hash and the true response's rank). Two evaluations
+with the same `eval.seed`, `eval.reddit_pairs` and held-out pairs rank the same queries among the
+same candidates, so their P@N difference is judged on the per-query differences: its standard
+error is a fraction of either P@N's own (both systems meet the same easy and hard queries).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Sequence
+
+import numpy as np
+import pandas as pd
+
+from datasets.storage import BadInputError
+from ray_jobs.metrics import paired_difference
+
+ITEMS_DIR = "items"  # OUT/items/<task>.parquet beside results.json
+KEY_COLUMNS = ("query", "candidates")
+RANKS = (1, 3, 10)
+
+
+def write_items(items_dir: Path, task: str, items: pd.DataFrame) -> Path:
+    items_dir.mkdir(parents=True, exist_ok=True)
+    path = items_dir / f"{task}.parquet"
+    items.to_parquet(path, index=False)
+    return path
+
+
+def read_items(evaluation: Path) -> Dict[str, pd.DataFrame]:
+    """{task: per-item frame} of an evaluation folder (`convsts evaluate --out`, or a demo's eval folders)."""
+    folder = Path(evaluation) / ITEMS_DIR
+    if not folder.is_dir():
+        raise BadInputError(f"{evaluation}: no {ITEMS_DIR}/ folder of per-query outcomes; give folders that "
+                            f"`convsts evaluate --out` (or the demo's eval, eval_untrained) wrote")
+    found = {}
+    for path in sorted(folder.glob("*.parquet")):
+        frame = pd.read_parquet(path)
+        missing = [c for c in (*KEY_COLUMNS, "rank") if c not in frame.columns]
+        if missing:
+            raise BadInputError(f"{path}: no column(s) {', '.join(missing)}; not an evaluation's per-query file")
+        found[path.stem] = frame
+    return found
+
+
+def paired_rank_metrics(a: pd.DataFrame, b: pd.DataFrame, task: str, suffix: str = "diff",
+                        labels: Sequence[str] = ("a", "b")) -> Dict[str, float]:
+    """<task>/p_at_N_<suffix> (a's P@N minus b's on the same queries) and its paired standard error
+    <task>/p_at_N_<suffix>_stderr, and <task>/paired_queries. Refused when the two did not rank the
+    same queries among the same candidates (another seed, query count or held-out folder)."""
+    # A query pair drawn twice (equal rows in the held-out split) is told apart by its occurrence.
+    left, right = (f.assign(occurrence=f.groupby(list(KEY_COLUMNS)).cumcount())
+                   .set_index([*KEY_COLUMNS, "occurrence"])["rank"] for f in (a, b))
+    if len(left) != len(right) or not left.index.sort_values().equals(right.index.sort_values()):
+        shared = len(left.index.intersection(right.index))
+        raise BadInputError(f"{task}: {labels[0]} and {labels[1]} ranked other queries or candidates ({len(left)} and "
+                            f"{len(right)} queries, {shared} the same): evaluate both with the same eval.seed, "
+                            f"eval.reddit_pairs, eval.reddit_negatives and prepared folder")
+    right = right.loc[left.index]
+    out: Dict[str, float] = {}
+    for n in RANKS:
+        diff, stderr = paired_difference((left.to_numpy() <= n).astype(float), (right.to_numpy() <= n).astype(float))
+        if not (np.isfinite(left.to_numpy()).all() and np.isfinite(right.to_numpy()).all()):
+            diff = stderr = float("nan")  # a NaN rank: that evaluation's P@N is NaN too
+        out[f"{task}/p_at_{n}_{suffix}"] = diff
+        out[f"{task}/p_at_{n}_{suffix}_stderr"] = stderr
+    out[f"{task}/paired_queries"] = float(len(left))
+    return out
+
+
+def compare_evaluations(a: Path, b: Path, suffix: str = "diff") -> Dict[str, float]:
+    """The paired metrics of every task whose per-item file both evaluation folders hold."""
+    items_a, items_b = read_items(a), read_items(b)
+    shared = sorted(set(items_a) & set(items_b))
+    if not shared:
+        raise BadInputError(f"{a} ({', '.join(sorted(items_a)) or 'none'}) and {b} "
+                            f"({', '.join(sorted(items_b)) or 'none'}) hold no task's per-query outcomes in common")
+    out: Dict[str, float] = {}
+    for task in shared:
+        out.update(paired_rank_metrics(items_a[task], items_b[task], task, suffix, labels=(str(a), str(b))))
+    return out
