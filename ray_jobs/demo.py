@@ -25,7 +25,7 @@ from models.checkpoint import save_checkpoint
 from models.encoders import DanEncoder, PretrainedEncoder
 from ray_jobs import tracking
 from ray_jobs.config import RunConfig, flatten, load_config
-from ray_jobs.evaluation.compare import compare_evaluations
+from ray_jobs.evaluation.compare import ITEMS_DIR, compare_evaluations
 from ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evaluation
 from ray_jobs.evaluation.scorers import LexicalScorer
 from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
@@ -85,7 +85,9 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = Lex
             others[name] = run_evaluation(cfg, out_dir / f"baseline_{name}", baseline=name, prepared_dir=prepared,
                                           log_to_mlflow=False)
         # The gain over the untrained encoder on the same queries, with its paired standard error.
-        paired = compare_evaluations(out_dir / "eval", out_dir / "eval_untrained", suffix=f"minus_{UNTRAINED}")
+        evaluations = (out_dir / "eval", out_dir / "eval_untrained")
+        paired = (compare_evaluations(*evaluations, suffix=f"minus_{UNTRAINED}")
+                  if all((e / ITEMS_DIR).is_dir() for e in evaluations) else {})  # none without a Reddit held-out split
         columns[trained_name].update(paired)
         flat: Dict[str, object] = dict(columns[trained_name])
         for name, metrics in others.items():

@@ -67,9 +67,13 @@ def test_evaluate_checkpoint(tiny_checkpoint, tmp_path, mlflow_uri):
 
 def test_baseline_has_no_tuned_metrics(tmp_path):
     cfg = load_config(None, ["data.cqa_test=''"])
+    stale = tmp_path / "bow" / "items" / "reddit.parquet"  # an earlier evaluation into the same --out, with Reddit
+    stale.parent.mkdir(parents=True)
+    pd.DataFrame({"query": [1], "candidates": [2], "rank": [1.0]}).to_parquet(stale)
     results = run_evaluation(cfg, tmp_path / "bow", baseline="bow", log_to_mlflow=False)
     assert 0 < results["stsb/dev/pearson"] < 1
     assert not any(k.startswith("stsb_tuned/") for k in results)
+    assert not stale.exists()  # this evaluation scored no queries: nothing of the earlier one's is left to compare
 
 
 def test_tuned_without_checkpoint_matrix_is_a_clear_error(tiny_checkpoint):

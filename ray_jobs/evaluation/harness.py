@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -182,6 +183,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     # The tuned matrix goes beside a local checkpoint; for one read from a URI, to out_dir only.
     beside = [local] if checkpoint and not storage.is_uri(checkpoint) else []
     transform_dirs = [out_dir] + beside + cards
+    shutil.rmtree(out_dir / ITEMS_DIR, ignore_errors=True)  # an earlier evaluation's into this --out: never compared as this one's
     results = evaluate(scorer, cfg, prepared, sts_sets, transform_dirs, items_dir=out_dir / ITEMS_DIR)
     for folder in cards:
         add_results(folder, results)
