@@ -7,6 +7,10 @@
 Metric names: stsb/<split>/pearson|spearman, stsb/<split>/<genre>/pearson, sts/<name>/pearson and
 sts_tuned/<name>/pearson (an --sts file, raw and with STS-B's tuned matrix), snli/<split>/accuracy,
 reddit/p_at_1|3|10 (with reddit/queries and P@1's binomial standard error reddit/p_at_1_stderr), cqa2016/map. Primary metric: stsb/dev/pearson.
+Each Reddit query's outcome goes to DIR/items/reddit.parquet (and the MLflow run's items/): `--compare A B`
+pairs two evaluations on their common queries and candidates (same eval.seed, eval.reddit_pairs,
+eval.reddit_negatives and held-out pairs) and gives reddit/p_at_N_diff (A minus B) with its paired
+standard error reddit/p_at_N_diff_stderr, far tighter than the two P@1 standard errors together.
 """
 
 from __future__ import annotations
@@ -82,7 +86,8 @@ def compare(args: argparse.Namespace) -> int:
     paired = compare_evaluations(a, b)
     results = {name: read_results(folder) for name, folder in zip("ab", (a, b))}
     rows = []
-    for name in sorted(k for k in paired if k.endswith("_diff")):
+    for name in sorted((k for k in paired if k.endswith("_diff")),
+                       key=lambda k: (k.split("/")[0], int(k.rsplit("_", 2)[-2]))):  # reddit/p_at_N_diff: N = 1, 3, 10
         metric = name[: -len("_diff")]
         rows.append(f"| {metric} | {_cell(results['a'].get(metric))} | {_cell(results['b'].get(metric))} | "
                     f"{paired[name]:+.4f} | {paired[name + '_stderr']:.4f} |")

@@ -373,6 +373,7 @@ def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path)
         assert paired[f"reddit/p_at_{n}_diff_stderr"] == pytest.approx(d.std(ddof=1) / np.sqrt(150))
     assert paired["reddit/paired_queries"] == 150 and paired["reddit/p_at_1_diff"] > 0  # TF-IDF beats a random DAN
     table = (tmp_path / "c" / "compare.md").read_text()
+    assert table.index("| reddit/p_at_1 |") < table.index("| reddit/p_at_3 |") < table.index("| reddit/p_at_10 |")
     assert f"| reddit/p_at_1 | {a['reddit/p_at_1']:.4f} | {b['reddit/p_at_1']:.4f} | {paired['reddit/p_at_1_diff']:+.4f} |" in table
 
     # Another eval.seed drew other queries: refused, naming both folders, nothing written.
