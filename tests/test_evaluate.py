@@ -382,6 +382,9 @@ def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path)
     assert not (tmp_path / "c2").exists()
     with pytest.raises(BadInputError, match="no items/ folder"):
         main(["--compare", str(folders["tfidf", 0]), str(tmp_path), "--out", str(tmp_path / "c3")])
+    (folders["model", 1] / "items" / "reddit.parquet").write_text("not parquet")
+    with pytest.raises(BadInputError, match=r"reddit.parquet: not a parquet file"):
+        main(["--compare", str(folders["tfidf", 0]), str(folders["model", 1]), "--out", str(tmp_path / "c5")])
     with pytest.raises(BadInputError, match="--prepared would do nothing"):
         main(["--compare", str(folders["tfidf", 0]), str(folders["model", 0]), "--out", str(tmp_path / "c4"),
               "--prepared", str(tmp_path)])

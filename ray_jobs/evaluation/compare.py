@@ -38,7 +38,10 @@ def read_items(evaluation: Path) -> Dict[str, pd.DataFrame]:
                             f"`convsts evaluate --out` (or the demo's eval, eval_untrained) wrote")
     found = {}
     for path in sorted(folder.glob("*.parquet")):
-        frame = pd.read_parquet(path)
+        try:
+            frame = pd.read_parquet(path)
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+            raise BadInputError(f"{path}: not a parquet file ({err}); evaluate again into {evaluation}") from None
         missing = [c for c in (*KEY_COLUMNS, "rank") if c not in frame.columns]
         if missing:
             raise BadInputError(f"{path}: no column(s) {', '.join(missing)}; not an evaluation's per-query file")
