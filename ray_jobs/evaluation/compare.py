@@ -62,12 +62,12 @@ def paired_rank_metrics(a: pd.DataFrame, b: pd.DataFrame, task: str, suffix: str
         raise BadInputError(f"{task}: {labels[0]} and {labels[1]} ranked other queries or candidates ({len(left)} and "
                             f"{len(right)} queries, {shared} the same): evaluate both with the same eval.seed, "
                             f"eval.reddit_pairs, eval.reddit_negatives and prepared folder")
-    right = right.loc[left.index]
+    ranks_a, ranks_b = left.to_numpy(), right.loc[left.index].to_numpy()  # (q,) each, the same queries in order
+    finite = np.isfinite(ranks_a).all() and np.isfinite(ranks_b).all()  # a NaN rank: that evaluation's P@N is NaN too
     out: Dict[str, float] = {}
     for n in RANKS:
-        diff, stderr = paired_difference((left.to_numpy() <= n).astype(float), (right.to_numpy() <= n).astype(float))
-        if not (np.isfinite(left.to_numpy()).all() and np.isfinite(right.to_numpy()).all()):
-            diff = stderr = float("nan")  # a NaN rank: that evaluation's P@N is NaN too
+        diff, stderr = (paired_difference((ranks_a <= n).astype(float), (ranks_b <= n).astype(float)) if finite
+                        else (float("nan"), float("nan")))
         out[f"{task}/p_at_{n}_{suffix}"] = diff
         out[f"{task}/p_at_{n}_{suffix}_stderr"] = stderr
     out[f"{task}/paired_queries"] = float(len(left))
