@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> int:
-    from datasets.text import DanTokenizer, count_words
+    from convsts.datasets.text import DanTokenizer, count_words
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", nargs="+", default=[str(Path(__file__).resolve().parents[2] / "shared/data/reddit")])
@@ -40,14 +40,14 @@ def main() -> int:
 
     import ray.data
 
-    from models.checkpoint import build_model
-    from ray_jobs.config import load_config
-    from datasets import storage
-    from ray_jobs.runtime import ensure_ray
-    from ray_jobs.task_groups import GradientCombiner, plan_tasks
-    from ray_jobs.tasks import get_task
-    from ray_jobs.training.data import frame_batch, tokenized
-    from ray_jobs.training.step import Optimizers, seed_everything, train_step
+    from convsts.models.checkpoint import build_model
+    from convsts.ray_jobs.config import load_config
+    from convsts.datasets import storage
+    from convsts.ray_jobs.runtime import ensure_ray
+    from convsts.ray_jobs.task_groups import GradientCombiner, plan_tasks
+    from convsts.ray_jobs.tasks import get_task
+    from convsts.ray_jobs.training.data import frame_batch, tokenized
+    from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
 
     ensure_ray()
     ray.data.DataContext.get_current().enable_progress_bars = False

@@ -1,5 +1,5 @@
-"""Encode throughput through torch (`models.load(C).encode`) and through onnxruntime (the graph
-`convsts export --format onnx` writes, run by `models.export.OnnxEncoder`), on the same sentences
+"""Encode throughput through torch (`convsts.models.load(C).encode`) and through onnxruntime (the graph
+`convsts export --format onnx` writes, run by `convsts.models.export.OnnxEncoder`), on the same sentences
 in one run: sentences/s of each, their ratio, and the largest difference between the embeddings.
 
   .venv/bin/python bench/onnx_encode.py [--encoders dan transformer pretrained] [--batch 128] [--sentences 4000]
@@ -44,14 +44,14 @@ def main() -> int:
     import onnxruntime
     import torch
 
-    from datasets.reddit import read_pairs_file
-    from datasets.text import TokenizerConfig, fit_tokenizer
-    from models import load, save_checkpoint
-    from models.checkpoint import build_model
-    from models.config import ModelConfig
-    from models.encoders import encoder_class
-    from models.export import OnnxEncoder, to_onnx
-    from datasets.storage import resolve_path
+    from convsts.datasets.reddit import read_pairs_file
+    from convsts.datasets.text import TokenizerConfig, fit_tokenizer
+    from convsts.models import load, save_checkpoint
+    from convsts.models.checkpoint import build_model
+    from convsts.models.config import ModelConfig
+    from convsts.models.encoders import encoder_class
+    from convsts.models.export import OnnxEncoder, to_onnx
+    from convsts.datasets.storage import resolve_path
 
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))
     texts = [t for t in list(pairs["context"]) + list(pairs["response"]) if isinstance(t, str)]

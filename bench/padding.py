@@ -30,11 +30,11 @@ def main() -> int:
     import numpy as np
     import ray
 
-    from datasets.reddit import read_pairs_file
-    from datasets.text import SubwordTokenizer, TokenizerConfig
-    from models.config import TransformerConfig
-    from datasets.storage import resolve_path
-    from ray_jobs.training.data import TaskStream
+    from convsts.datasets.reddit import read_pairs_file
+    from convsts.datasets.text import SubwordTokenizer, TokenizerConfig
+    from convsts.models.config import TransformerConfig
+    from convsts.datasets.storage import resolve_path
+    from convsts.ray_jobs.training.data import TaskStream
 
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))
     pairs = pairs[pairs["status"] == ""]

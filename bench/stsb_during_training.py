@@ -35,14 +35,14 @@ def main() -> int:
     import pyarrow.parquet as pq
     import torch
 
-    from datasets.text import load_tokenizer
-    from models.checkpoint import build_model
-    from ray_jobs.config import load_config
-    from ray_jobs.evaluation.sts import StsDevProbe
-    from ray_jobs.task_groups import GradientCombiner, draw_task, plan_tasks
-    from ray_jobs.tasks import get_task
-    from ray_jobs.training.data import FrameStream
-    from ray_jobs.training.step import Optimizers, seed_everything, train_step
+    from convsts.datasets.text import load_tokenizer
+    from convsts.models.checkpoint import build_model
+    from convsts.ray_jobs.config import load_config
+    from convsts.ray_jobs.evaluation.sts import StsDevProbe
+    from convsts.ray_jobs.task_groups import GradientCombiner, draw_task, plan_tasks
+    from convsts.ray_jobs.tasks import get_task
+    from convsts.ray_jobs.training.data import FrameStream
+    from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
 
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.overrides)

@@ -41,12 +41,12 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
-    from models.checkpoint import load_train_state
-    from ray_jobs import tracking
-    from ray_jobs.config import load_config
-    from ray_jobs.evaluation.harness import run_evaluation
-    from ray_jobs.runtime import ensure_ray
-    from ray_jobs.training.run import run_training
+    from convsts.models.checkpoint import load_train_state
+    from convsts.ray_jobs import tracking
+    from convsts.ray_jobs.config import load_config
+    from convsts.ray_jobs.evaluation.harness import run_evaluation
+    from convsts.ray_jobs.runtime import ensure_ray
+    from convsts.ray_jobs.training.run import run_training
 
     ensure_ray()
     out = Path(args.out)

@@ -17,8 +17,8 @@ import lzma
 import zlib
 from pathlib import Path
 
-from datasets import storage
-from datasets.storage import BadInputError
+from convsts.datasets import storage
+from convsts.datasets.storage import BadInputError
 
 ZSTD = ".zst"
 STDLIB = {".gz": ("gzip", lambda raw: gzip.GzipFile(fileobj=raw, mode="rb")),

@@ -22,9 +22,9 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from datasets import storage
-from datasets.compression import open_lines, plain_name
-from datasets.storage import BadInputError  # noqa: F401  (raised here; importable from here too)
+from convsts.datasets import storage
+from convsts.datasets.compression import open_lines, plain_name
+from convsts.datasets.storage import BadInputError  # noqa: F401  (raised here; importable from here too)
 
 CONTEXT_COLUMNS = ("context", "question", "input", "parent_body")
 RESPONSE_COLUMNS = ("response", "answer", "reply", "body")

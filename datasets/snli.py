@@ -17,8 +17,8 @@ from typing import Dict
 import numpy as np
 import pandas as pd
 
-from datasets import storage
-from datasets.compression import SUFFIXES, open_lines, plain_name
+from convsts.datasets import storage
+from convsts.datasets.compression import SUFFIXES, open_lines, plain_name
 
 LABELS = ("entailment", "neutral", "contradiction")
 LABEL_IDS = {name: i for i, name in enumerate(LABELS)}

@@ -234,7 +234,7 @@ class PretrainedTokenizer:
     @classmethod
     def from_model(cls, model_config, config: TokenizerConfig) -> "PretrainedTokenizer":
         """The tokenizer of the weights that `model.pretrained.path` names."""
-        from datasets.storage import pretrained_folder
+        from convsts.datasets.storage import pretrained_folder
 
         folder = pretrained_folder(model_config.pretrained.path)
         if (folder / "tokenizer.json").is_file():
@@ -269,7 +269,7 @@ def fit_tokenizer(kind: str, texts: Iterable[str], config: TokenizerConfig, mode
     """A tokenizer of `kind` (an encoder's `tokenizer_kind`) fitted on `texts`: the DAN's counted words,
     the Transformer's trained WordPiece, or the pretrained weights' own tokenizer (`model_config`'s
     `pretrained.path`; `texts` not read). The trainer passes its prepared training text
-    (ray_jobs.training.data.build_tokenizer, which counts the DAN's words in Ray Data instead);
+    (convsts.ray_jobs.training.data.build_tokenizer, which counts the DAN's words in Ray Data instead);
     benches pass sample sentences."""
     cls = TOKENIZERS[kind]
     if hasattr(cls, "from_model"):

@@ -2,7 +2,7 @@
 
 Layout of a checkpoint folder:
   config.json        format version, model config (architecture dataclass), the resolved run config
-  tokenizer.json     the tokenizer (datasets.text)
+  tokenizer.json     the tokenizer (convsts.datasets.text)
   model.safetensors  encoder + task heads (safe to load: no pickle)
   train_state.pt     optimizer state, step, data position (loaded with weights_only=True)
   sts_transform.safetensors   optional: the tuned STS matrix written by `convsts evaluate`
@@ -25,14 +25,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from datasets import storage
-from datasets.storage import BadInputError
-from datasets.text import save_tokenizer, tokenizer_from_dict
-from models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
-from models.heads import LEGACY_HEADS, MultitaskModel
-from models.similarity import angular_score_from_cosine, cosine_matrix
-from models.sts_transform import file_name as sts_file
-from models.sts_transform import load_sts_transform
+from convsts.datasets import storage
+from convsts.datasets.storage import BadInputError
+from convsts.datasets.text import save_tokenizer, tokenizer_from_dict
+from convsts.models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
+from convsts.models.heads import LEGACY_HEADS, MultitaskModel
+from convsts.models.similarity import angular_score_from_cosine, cosine_matrix
+from convsts.models.sts_transform import file_name as sts_file
+from convsts.models.sts_transform import load_sts_transform
 
 STS_PATTERN = "sts_transform*.safetensors"  # the tuned STS matrices (evaluate's and named ones)
 

@@ -2,7 +2,7 @@
 
 Every encoder has one interface: built from the model config and the tokenizer's vocabulary sizes
 (`from_config`), it names the tokenizer kind it needs (`tokenizer_kind`, a key of
-`datasets.text.TOKENIZERS`), encodes the dict of id tensors that tokenizer produces
+`convsts.datasets.text.TOKENIZERS`), encodes the dict of id tensors that tokenizer produces
 (`forward(inputs) -> (B, output_dim)`) and lists its parameters whose gradients are sparse
 (`sparse_parameters()`, which the optimizer factory and the gradient exchange take explicitly).
 `ENCODERS` maps `model.encoder` names to the classes; `build_encoder` is the one way to make one.
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
+from convsts.models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
 
 Inputs = Dict[str, torch.Tensor]
 
@@ -220,7 +220,7 @@ class PretrainedEncoder(nn.Module):
             hf_config = AutoConfig.for_model(**config.hf_config)
             self.model = AutoModel.from_config(hf_config, **_without_pooler(hf_config))
         else:
-            from datasets.storage import pretrained_folder
+            from convsts.datasets.storage import pretrained_folder
 
             folder = str(pretrained_folder(config.path))
             hf_config = AutoConfig.from_pretrained(folder)
@@ -295,7 +295,7 @@ def _quietly(load, *args, **kwargs):
 
 
 # `model.encoder` name -> encoder class. A new family is one class with the interface above (its
-# `name` the config value), an entry here, and its architecture dataclass as a field of models.config.ModelConfig.
+# `name` the config value), an entry here, and its architecture dataclass as a field of convsts.models.config.ModelConfig.
 ENCODERS: Dict[str, type] = {cls.name: cls for cls in (DanEncoder, TransformerSentenceEncoder, BiLstmMaxEncoder,
                                                         PretrainedEncoder)}
 

@@ -14,7 +14,7 @@
       Dense projection -> Normalize), with the checkpoint's tokenizer and length limit.
 
 The checkpoint normalizes text before tokenizing (HTML entities unescaped, URLs replaced by a
-marker, spaces squeezed: datasets.text.normalize); sentence-transformers tokenizes the raw text, so
+marker, spaces squeezed: convsts.datasets.text.normalize); sentence-transformers tokenizes the raw text, so
 texts with URLs or HTML entities can embed differently there.
 """
 
@@ -30,12 +30,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from datasets.storage import BadInputError
-from datasets.text import save_tokenizer, tokenizer_from_dict
-from models.checkpoint import load
-from models.encoders import PretrainedEncoder
-from models.heads import MultitaskModel
-from models.quiet import quiet_loggers
+from convsts.datasets.storage import BadInputError
+from convsts.datasets.text import save_tokenizer, tokenizer_from_dict
+from convsts.models.checkpoint import load
+from convsts.models.encoders import PretrainedEncoder
+from convsts.models.heads import MultitaskModel
+from convsts.models.quiet import quiet_loggers
 
 ONNX_FILE = "model.onnx"
 ONNX_OUTPUT = "sentence_embedding"

@@ -3,7 +3,7 @@
 Heads are named by kind (`HEADS`: "response", "nli") or by an importable "package.module:Class"
 for a head defined outside this file. A head is built as `Head(dim, model_config)`. Which task uses
 which head kind is the task's declaration (ray_jobs/tasks/); the model only stores {task: kind},
-which each checkpoint's config.json keeps so that `models.load` rebuilds the same heads.
+which each checkpoint's config.json keeps so that `convsts.models.load` rebuilds the same heads.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from models.config import ModelConfig
-from models.encoders import build_encoder
+from convsts.models.config import ModelConfig
+from convsts.models.encoders import build_encoder
 
 # The heads of checkpoints written before config.json listed them (format 2).
 LEGACY_HEADS = {"reddit": "response", "snli": "nli"}

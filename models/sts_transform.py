@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
-from models.similarity import angular_score, angular_score_np, pearson, pearson_t
+from convsts.models.similarity import angular_score, angular_score_np, pearson, pearson_t
 
 FILE_NAME = "sts_transform.safetensors"
 

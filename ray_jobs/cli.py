@@ -7,15 +7,15 @@ import sys
 from typing import Sequence
 
 COMMANDS = {
-    "prepare": ("ray_jobs.prepare", "raw Reddit / SNLI inputs -> parquet shards + manifest (Ray Data)"),
-    "mine-negatives": ("ray_jobs.mine", "a prepared folder whose Reddit training pairs carry mined hard negatives"),
-    "train": ("ray_jobs.train", "multitask training on Ray Train"),
-    "evaluate": ("ray_jobs.evaluate", "STS-B, Reddit P@N, SNLI, CQA metrics of a checkpoint or a baseline"),
-    "tune": ("ray_jobs.tune", "Ray Tune sweeps over a space in tune_spaces/ (sts_matrix, snli_fraction)"),
-    "submit": ("ray_jobs.submit", "submit one of these jobs to a Ray cluster (job API) and follow it"),
-    "jobs": ("ray_jobs.jobs", "list, show logs of, or stop jobs on a Ray cluster"),
-    "export": ("ray_jobs.export", "a checkpoint's encoder as ONNX or a sentence-transformers folder"),
-    "demo": ("ray_jobs.demo", "the whole pipeline on the embedded sample"),
+    "prepare": ("convsts.ray_jobs.prepare", "raw Reddit / SNLI inputs -> parquet shards + manifest (Ray Data)"),
+    "mine-negatives": ("convsts.ray_jobs.mine", "a prepared folder whose Reddit training pairs carry mined hard negatives"),
+    "train": ("convsts.ray_jobs.train", "multitask training on Ray Train"),
+    "evaluate": ("convsts.ray_jobs.evaluate", "STS-B, Reddit P@N, SNLI, CQA metrics of a checkpoint or a baseline"),
+    "tune": ("convsts.ray_jobs.tune", "Ray Tune sweeps over a space in tune_spaces/ (sts_matrix, snli_fraction)"),
+    "submit": ("convsts.ray_jobs.submit", "submit one of these jobs to a Ray cluster (job API) and follow it"),
+    "jobs": ("convsts.ray_jobs.jobs", "list, show logs of, or stop jobs on a Ray cluster"),
+    "export": ("convsts.ray_jobs.export", "a checkpoint's encoder as ONNX or a sentence-transformers folder"),
+    "demo": ("convsts.ray_jobs.demo", "the whole pipeline on the embedded sample"),
 }
 
 
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         print(f"convsts: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    from ray_jobs.runtime import run_main
+    from convsts.ray_jobs.runtime import run_main
 
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return run_main(argv[0], module.main, argv[1:])

@@ -18,12 +18,12 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from datasets import storage
-from datasets.storage import SAMPLE_TOKEN
-from datasets.reddit import RedditFilterConfig
-from datasets.text import TokenizerConfig
-from models.config import ModelConfig
-from models.sts_transform import StsTransformConfig
+from convsts.datasets import storage
+from convsts.datasets.storage import SAMPLE_TOKEN
+from convsts.datasets.reddit import RedditFilterConfig
+from convsts.datasets.text import TokenizerConfig
+from convsts.models.config import ModelConfig
+from convsts.models.sts_transform import StsTransformConfig
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
@@ -172,8 +172,8 @@ class RunConfig:
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
     def validate(self) -> "RunConfig":
-        from models.encoders import ENCODERS
-        from ray_jobs.tasks import get_task
+        from convsts.models.encoders import ENCODERS
+        from convsts.ray_jobs.tasks import get_task
 
         if self.model.encoder not in ENCODERS:
             raise ConfigError(f"model.encoder: expected {'|'.join(ENCODERS)}, got {self.model.encoder!r}")
@@ -211,7 +211,7 @@ class RunConfig:
 
     def _validate_numbers(self) -> None:
         """Every number a run uses is in its range before Ray starts (one line naming the key)."""
-        from models.encoders import POOLINGS
+        from convsts.models.encoders import POOLINGS
 
         t, m = self.trainer, self.model
 

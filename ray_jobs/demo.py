@@ -19,19 +19,19 @@ import time
 from pathlib import Path
 from typing import Dict, Sequence
 
-from datasets.storage import BadInputError, redact, redact_tree
-from datasets.text import load_tokenizer
-from models.checkpoint import save_checkpoint
-from models.encoders import DanEncoder, PretrainedEncoder
-from ray_jobs import tracking
-from ray_jobs.config import RunConfig, flatten, load_config
-from ray_jobs.evaluation.compare import ITEMS_DIR, compare_evaluations
-from ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evaluation
-from ray_jobs.evaluation.scorers import LexicalScorer
-from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
-from ray_jobs.tasks import prepared_tasks
-from ray_jobs.training.run import claim_output, prepare_all, run_outputs, run_training
-from ray_jobs.training.state import initial_model
+from convsts.datasets.storage import BadInputError, redact, redact_tree
+from convsts.datasets.text import load_tokenizer
+from convsts.models.checkpoint import save_checkpoint
+from convsts.models.encoders import DanEncoder, PretrainedEncoder
+from convsts.ray_jobs import tracking
+from convsts.ray_jobs.config import RunConfig, flatten, load_config
+from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, compare_evaluations
+from convsts.ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evaluation
+from convsts.ray_jobs.evaluation.scorers import LexicalScorer
+from convsts.ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
+from convsts.ray_jobs.tasks import prepared_tasks
+from convsts.ray_jobs.training.run import claim_output, prepare_all, run_outputs, run_training
+from convsts.ray_jobs.training.state import initial_model
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEMO_CONFIGS = {PretrainedEncoder.name: CONFIGS / "demo.yaml", DanEncoder.name: CONFIGS / "demo_dan.yaml"}  # --encoder: its config
@@ -152,6 +152,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ray_jobs.runtime import run_main
+    from convsts.ray_jobs.runtime import run_main
 
     raise SystemExit(run_main("demo", main))

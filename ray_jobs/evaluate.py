@@ -22,13 +22,13 @@ from typing import Sequence
 
 import pandas as pd
 
-from datasets.storage import BadInputError, resolve_path
-from ray_jobs.config import load_config, parse_with_overrides
-from ray_jobs.evaluation.compare import compare_evaluations
-from ray_jobs.evaluation.curve import fraction_curve
-from ray_jobs.evaluation.harness import results_table, run_evaluation, training_run
-from ray_jobs.evaluation.scorers import LexicalScorer
-from ray_jobs.runtime import setup_logging
+from convsts.datasets.storage import BadInputError, resolve_path
+from convsts.ray_jobs.config import load_config, parse_with_overrides
+from convsts.ray_jobs.evaluation.compare import compare_evaluations
+from convsts.ray_jobs.evaluation.curve import fraction_curve
+from convsts.ray_jobs.evaluation.harness import results_table, run_evaluation, training_run
+from convsts.ray_jobs.evaluation.scorers import LexicalScorer
+from convsts.ray_jobs.runtime import setup_logging
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def compare(args: argparse.Namespace) -> int:
-    """--compare A B: A's per-query outcomes against B's (ray_jobs.evaluation.compare)."""
+    """--compare A B: A's per-query outcomes against B's (convsts.ray_jobs.evaluation.compare)."""
     unused = [flag for flag, value in (("--prepared", args.prepared), ("--sts", args.sts), ("--config", args.config),
                                        ("--run-id", args.run_id), ("overrides", args.overrides)) if value]
     if unused:
@@ -117,6 +117,6 @@ def _cell(value) -> str:
 
 
 if __name__ == "__main__":
-    from ray_jobs.runtime import run_main
+    from convsts.ray_jobs.runtime import run_main
 
     raise SystemExit(run_main("evaluate", main))

@@ -3,7 +3,7 @@
   convsts export --checkpoint C --format onnx --out DIR
       DIR/model.onnx and DIR/tokenizer.json: inputs are `tokenizer.encode(texts)`'s int64 arrays
       (DAN: words, bigrams; Transformer, pretrained: ids), output `sentence_embedding` (batch, dim),
-      unit length; `models.export.OnnxEncoder(DIR).encode(texts)` runs it with onnxruntime.
+      unit length; `convsts.models.export.OnnxEncoder(DIR).encode(texts)` runs it with onnxruntime.
   convsts export --checkpoint C --format sentence-transformers --out DIR
       (model.encoder=pretrained) `SentenceTransformer(DIR).encode(texts)` gives the checkpoint's
       embeddings; models/export.py says what differs (text normalization).
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from models.export import to_onnx, to_sentence_transformers
-from ray_jobs.runtime import log, setup_logging
+from convsts.models.export import to_onnx, to_sentence_transformers
+from convsts.ray_jobs.runtime import log, setup_logging
 
 FORMATS = {"onnx": to_onnx, "sentence-transformers": to_sentence_transformers}
 
@@ -38,6 +38,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ray_jobs.runtime import run_main
+    from convsts.ray_jobs.runtime import run_main
 
     raise SystemExit(run_main("export", main))

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from datasets.storage import redact
+from convsts.datasets.storage import redact
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 

@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from ray_jobs.job_api import SubmitError, job_client, status_name, wait_for_job
+from convsts.ray_jobs.job_api import SubmitError, job_client, status_name, wait_for_job
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -54,6 +54,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ray_jobs.runtime import run_main
+    from convsts.ray_jobs.runtime import run_main
 
     raise SystemExit(run_main("jobs", main))

@@ -7,7 +7,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 from scipy import stats
 
-from models.similarity import pearson  # the one Pearson, part of this module's API
+from convsts.models.similarity import pearson  # the one Pearson, part of this module's API
 
 __all__ = ["accuracy", "average_precision", "mean_average_precision", "paired_difference", "pearson", "precision_at_n",
            "spearman", "true_ranks"]

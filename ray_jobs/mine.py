@@ -39,12 +39,12 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from datasets import storage
-from datasets.storage import BadInputError
-from datasets.negatives import MiningConfig, mine
-from ray_jobs.config import load_config
-from ray_jobs.runtime import log, setup_logging
-from ray_jobs.tasks.reddit import NEGATIVE, TASK as REDDIT
+from convsts.datasets import storage
+from convsts.datasets.storage import BadInputError
+from convsts.datasets.negatives import MiningConfig, mine
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.runtime import log, setup_logging
+from convsts.ray_jobs.tasks.reddit import NEGATIVE, TASK as REDDIT
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -199,7 +199,7 @@ class EncodePool:
         import ray
         import ray.data
 
-        from ray_jobs.runtime import ensure_ray
+        from convsts.ray_jobs.runtime import ensure_ray
 
         ensure_ray()
         rows = [{"side": side, "index": index, "texts": texts} for side, index, texts in chunks]
@@ -239,7 +239,7 @@ def embed_pairs(encoder, frame, chunk: int, batch_size: int, cache: Optional[Emb
 def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig, pairs: int, batch_size: int, cfg,
                   embeddings: str = "", chunk: int = EMBEDDING_CHUNK, pool: Optional[EncodePool] = None):
     """The work of the command; returns OUT's Reddit manifest."""
-    import models
+    from convsts import models
 
     mining.validate()
     pool = (pool or EncodePool()).validate()
@@ -317,6 +317,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ray_jobs.runtime import run_main
+    from convsts.ray_jobs.runtime import run_main
 
     raise SystemExit(run_main("mine-negatives", main))

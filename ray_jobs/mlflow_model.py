@@ -1,5 +1,5 @@
 """The trained encoder as an MLflow model (`pyfunc` flavor): a column `text` of strings in,
-embeddings (n, dim) out, as `models.load(folder).encode` gives them.
+embeddings (n, dim) out, as `convsts.models.load(folder).encode` gives them.
 
     mlflow.pyfunc.load_model("runs:/<run id>/model").predict(pd.DataFrame({"text": ["a sentence"]}))
     mlflow models serve -m runs:/<run id>/model --env-manager local --host 127.0.0.1 --port 5001
@@ -7,7 +7,7 @@ embeddings (n, dim) out, as `models.load(folder).encode` gives them.
          -d '{"dataframe_records": [{"text": "a man is playing a guitar"}]}'
 
 Params (per request): batch_size, normalize_embeddings, tuned (the STS matrix, when the model has one).
-The model's artifacts are the model folder (models.checkpoint.save_model_folder); loading it needs
+The model's artifacts are the model folder (convsts.models.checkpoint.save_model_folder); loading it needs
 this project installed (`models`, `datasets`), as the pip requirements say.
 """
 
@@ -23,8 +23,8 @@ from mlflow.models import Model
 import numpy as np
 import pandas as pd
 
-from models.quiet import quiet_loggers
-from ray_jobs import tracking
+from convsts.models.quiet import quiet_loggers
+from convsts.ray_jobs import tracking
 
 ARTIFACT = "model"  # runs:/<id>/model
 INPUT_COLUMN = "text"
@@ -37,7 +37,7 @@ class EncoderModel(mlflow.pyfunc.PythonModel):
     """pyfunc wrapper of SentenceEncoder.encode."""
 
     def load_context(self, context) -> None:
-        from models import load
+        from convsts.models import load
 
         self.encoder = load(context.artifacts[ARTIFACT])
 
@@ -93,7 +93,7 @@ def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: s
     to the run's model of that name)."""
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
-    from models import load
+    from convsts.models import load
 
     c = tracking.client(tracking_uri)
     run = c.get_run(run_id)

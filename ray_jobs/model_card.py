@@ -15,12 +15,12 @@ from typing import Any, Dict, Mapping, Optional
 import yaml
 from safetensors import safe_open
 
-from datasets.storage import redact, redact_tree
-from models.checkpoint import read_meta
-from models.encoders import PretrainedEncoder
-from ray_jobs.provenance import git_commit, library_versions, machine
+from convsts.datasets.storage import redact, redact_tree
+from convsts.models.checkpoint import read_meta
+from convsts.models.encoders import PretrainedEncoder
+from convsts.ray_jobs.provenance import git_commit, library_versions, machine
 
-PACKAGED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # the weights of datasets.storage.PRETRAINED_PACKAGE
+PACKAGED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # the weights of convsts.datasets.storage.PRETRAINED_PACKAGE
 CARD_FILE = "README.md"
 FACTS_FILE = "card.json"
 # The metrics the card lists, in reading order (all of them are in the run's results.json).
@@ -132,7 +132,7 @@ def render(folder: Path, facts: Dict[str, Any]) -> str:
         lines += ["", "All metrics: `card.json` (`results`), from `convsts evaluate`."]
     else:
         lines.append("Not evaluated yet: `convsts evaluate --checkpoint <this folder> --out DIR` adds the results here.")
-    lines += ["", "## How to load", "", "```python", "import models  # pip install convsts (this project)", "",
+    lines += ["", "## How to load", "", "```python", "from convsts import models  # pip install convsts (this project)", "",
               f'encoder = models.load("{folder.name}")',
               'encoder.encode("a man is playing a guitar")            # (dim,) unit length',
               'encoder.encode(["one", "two"], batch_size=64)          # (2, dim)',

@@ -14,11 +14,11 @@ import json
 import sys
 from typing import Sequence
 
-from datasets.storage import redact
-from ray_jobs.config import load_config, parse_with_overrides
-from ray_jobs.runtime import setup_logging
-from ray_jobs.tasks import builtin_tasks, get_task
-from ray_jobs.training.run import prepare_all
+from convsts.datasets.storage import redact
+from convsts.ray_jobs.config import load_config, parse_with_overrides
+from convsts.ray_jobs.runtime import setup_logging
+from convsts.ray_jobs.tasks import builtin_tasks, get_task
+from convsts.ray_jobs.training.run import prepare_all
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -51,6 +51,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ray_jobs.runtime import run_main
+    from convsts.ray_jobs.runtime import run_main
 
     raise SystemExit(run_main("prepare", main))

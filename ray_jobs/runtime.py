@@ -15,7 +15,7 @@ class RedactingFilter(logging.Filter):
     """Credentials in URIs (user-info, secret-like query values) never reach a log line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from datasets.storage import redact
+        from convsts.datasets.storage import redact
 
         message = record.getMessage()
         clean = redact(message)
@@ -167,8 +167,8 @@ def check_tracking_server(uri: str, where: str) -> None:
         return
     import requests
 
-    from datasets.storage import redact
-    from ray_jobs.config import ConfigError
+    from convsts.datasets.storage import redact
+    from convsts.ray_jobs.config import ConfigError
 
     try:
         requests.get(uri.rstrip("/") + "/health", timeout=TRACKING_PROBE_TIMEOUT_S)
@@ -186,8 +186,8 @@ def check_tracking_server(uri: str, where: str) -> None:
 
 
 def _user_error_types() -> tuple:
-    from datasets.storage import BadInputError, StorageError
-    from ray_jobs.config import ConfigError
+    from convsts.datasets.storage import BadInputError, StorageError
+    from convsts.ray_jobs.config import ConfigError
 
     return (ConfigError, BadInputError, StorageError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
 
@@ -243,7 +243,7 @@ def run_main(command: str, main, argv=None) -> int:
     try:
         return int(main(argv) or 0)
     except Exception as exc:
-        from datasets.storage import redact
+        from convsts.datasets.storage import redact
 
         found = None if debug else find_user_error(exc)
         if found is None:  # the traceback, with any credential a message or URI carried redacted

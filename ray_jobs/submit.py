@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from datasets.storage import has_credentials, redact, strip_credentials
-from ray_jobs.cli import COMMANDS
-from ray_jobs.job_api import SubmitError, explain, job_address, job_client, status_name, wait_for_job
-from ray_jobs.provenance import COMMIT_ENV, git_commit
-from ray_jobs.runtime import log
+from convsts.datasets.storage import has_credentials, redact, strip_credentials
+from convsts.ray_jobs.cli import COMMANDS
+from convsts.ray_jobs.job_api import SubmitError, explain, job_address, job_client, status_name, wait_for_job
+from convsts.ray_jobs.provenance import COMMIT_ENV, git_commit
+from convsts.ray_jobs.runtime import log
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUNTIME_ENV = PROJECT_ROOT / "cluster" / "runtime_env.yaml"
@@ -165,6 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ray_jobs.runtime import run_main
+    from convsts.ray_jobs.runtime import run_main
 
     raise SystemExit(run_main("submit", main))

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
-from datasets.storage import redact
+from convsts.datasets.storage import redact
 
 MAX_PARAM_LENGTH = 6000
 DIGEST_LENGTH = 16  # of a dataset input's digest (the manifest's sha1, shortened as MLflow shows digests)
@@ -77,7 +77,7 @@ def provenance_tags() -> Dict[str, str]:
     import os
     import sys
 
-    from ray_jobs.provenance import git_commit, library_versions, machine
+    from convsts.ray_jobs.provenance import git_commit, library_versions, machine
 
     program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
     tags = {"mlflow.source.name": program, "mlflow.source.type": "LOCAL",

@@ -13,10 +13,10 @@ import argparse
 import json
 from typing import Sequence
 
-from datasets.storage import redact
-from ray_jobs.config import load_config
-from ray_jobs.runtime import setup_logging, tracking_uri
-from ray_jobs.training.run import ensure_prepared, prepared_location, run_training
+from convsts.datasets.storage import redact
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.runtime import setup_logging, tracking_uri
+from convsts.ray_jobs.training.run import ensure_prepared, prepared_location, run_training
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -58,6 +58,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ray_jobs.runtime import run_main
+    from convsts.ray_jobs.runtime import run_main
 
     raise SystemExit(run_main("train", main))

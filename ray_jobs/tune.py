@@ -25,11 +25,11 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 from omegaconf import OmegaConf
 
-from datasets.storage import is_uri, redact, redact_tree, resolve_path
-from ray_jobs import tracking
-from ray_jobs.config import ConfigError, RunConfig, changed_values, flatten, from_dict, load_config, merge_layer
-from ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
-from tune_spaces import TuneSpace, get_space
+from convsts.datasets.storage import is_uri, redact, redact_tree, resolve_path
+from convsts.ray_jobs import tracking
+from convsts.ray_jobs.config import ConfigError, RunConfig, changed_values, flatten, from_dict, load_config, merge_layer
+from convsts.ray_jobs.runtime import ensure_ray, log, setup_logging, tracking_uri
+from convsts.tune_spaces import TuneSpace, get_space
 
 SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_transform_sweep.safetensors
 STATE_FILE = "sweep.json"  # OUT/sweep.json: the parent run id and what defines the sweep (sweep_record), for resumption
@@ -103,7 +103,7 @@ def sts_matrix_trial(params: Dict[str, Any], embeddings: Dict[str, Dict[str, np.
     import ray.tune
     from ray.tune import Checkpoint
 
-    from models.sts_transform import StsTransform, fit_sts_transform
+    from convsts.models.sts_transform import StsTransform, fit_sts_transform
 
     cfg = trial_config(base, params, fixed)
     run_id = _trial_run(uri, experiment, parent_run_id, params)
@@ -130,10 +130,10 @@ def train_trial(params: Dict[str, Any], base: Dict[str, Any], fixed: List[str], 
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from models import load
-    from ray_jobs.evaluation.harness import evaluate
-    from ray_jobs.evaluation.scorers import EmbeddingScorer
-    from ray_jobs.training.run import run_training
+    from convsts.models import load
+    from convsts.ray_jobs.evaluation.harness import evaluate
+    from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
+    from convsts.ray_jobs.training.run import run_training
 
     cfg = trial_config(base, params, fixed)
     run_id = _trial_run(uri, experiment, parent_run_id, params)
@@ -178,10 +178,10 @@ def _concurrency(space: TuneSpace, cfg: RunConfig) -> tuple[Dict[str, float], in
 
 def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> tuple[Dict[str, Any], Dict[str, Dict[str, np.ndarray]]]:
     """(STS-B frames, their embeddings) for train, dev and test."""
-    from datasets.evalsets import read_stsb, stsb_split_path
-    from models import load
-    from ray_jobs.evaluation.scorers import EmbeddingScorer
-    from ray_jobs.evaluation.sts import stsb_embeddings
+    from convsts.datasets.evalsets import read_stsb, stsb_split_path
+    from convsts.models import load
+    from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
+    from convsts.ray_jobs.evaluation.sts import stsb_embeddings
 
     scorer = EmbeddingScorer(load(checkpoint), cfg.eval.batch_size)
     stsb_dir = resolve_path(cfg.data.stsb_dir)
@@ -293,7 +293,7 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
         trainable = tune.with_parameters(sts_matrix_trial, embeddings=embeddings, base=base, fixed=space.fixed,
                                          uri=uri, experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id)
     else:
-        from ray_jobs.training.run import ensure_prepared, prepared_location
+        from convsts.ray_jobs.training.run import ensure_prepared, prepared_location
 
         prepared = prepared_location(cfg, out_dir, prepared_dir)
         ensure_prepared(cfg, prepared)
@@ -373,9 +373,9 @@ def _close_stopped_runs(uri: str, experiment: str, parent_run_id: str) -> None:
 
 def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path) -> Dict[str, Any]:
     """Test is scored for the chosen trial only, with the matrix that its best dev epoch produced."""
-    from models.sts_transform import file_name as sts_file
-    from models.sts_transform import load_sts_transform
-    from ray_jobs.evaluation.sts import transformed_sts_metrics
+    from convsts.models.sts_transform import file_name as sts_file
+    from convsts.models.sts_transform import load_sts_transform
+    from convsts.ray_jobs.evaluation.sts import transformed_sts_metrics
 
     with best.checkpoint.as_directory() as folder:
         transform = load_sts_transform(folder)
@@ -390,7 +390,7 @@ def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path
 
 
 def _fraction_curve(grid, space: TuneSpace, out_dir: Path) -> None:
-    from ray_jobs.evaluation.plots import fraction_curve_plot
+    from convsts.ray_jobs.evaluation.plots import fraction_curve_plot
 
     rows = []
     for result in grid:
@@ -447,6 +447,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ray_jobs.runtime import run_main
+    from convsts.ray_jobs.runtime import run_main
 
     raise SystemExit(run_main("tune", main))

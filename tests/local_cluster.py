@@ -69,10 +69,10 @@ def ray_processes(prefix: bytes) -> List[int]:
 
 
 def start_train(ray_session, out: Path, args: List[str]) -> subprocess.Popen:
-    """`python -m ray_jobs.train --out OUT ARGS` against the test session's Ray instance, its
+    """`python -m convsts.ray_jobs.train --out OUT ARGS` against the test session's Ray instance, its
     output (stdout and stderr) in one text pipe."""
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
-    return subprocess.Popen([sys.executable, "-m", "ray_jobs.train", "--out", str(out), *args],
+    return subprocess.Popen([sys.executable, "-m", "convsts.ray_jobs.train", "--out", str(out), *args],
                             cwd=Path(__file__).resolve().parent.parent, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

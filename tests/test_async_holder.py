@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import test_training_core as core
-from models.checkpoint import build_model
-from ray_jobs.config import ConfigError, load_config
-from ray_jobs.task_groups import GradientCombiner, plan_for, plan_tasks
-from ray_jobs.tasks import model_heads, trained_tasks
-from ray_jobs.training.data import FrameStream
-from ray_jobs.training.holder import HolderReset, HolderUpdate, ParameterHolder
-from ray_jobs.training.step import Optimizers, seed_everything, train_step
+from convsts.models.checkpoint import build_model
+from convsts.ray_jobs.config import ConfigError, load_config
+from convsts.ray_jobs.task_groups import GradientCombiner, plan_for, plan_tasks
+from convsts.ray_jobs.tasks import model_heads, trained_tasks
+from convsts.ray_jobs.training.data import FrameStream
+from convsts.ray_jobs.training.holder import HolderReset, HolderUpdate, ParameterHolder
+from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
 
 W = {"reddit": 0.95, "snli": 0.05}
 

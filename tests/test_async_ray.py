@@ -12,8 +12,8 @@ import time
 import pytest
 
 from local_cluster import ray_processes, start_train
-from models.checkpoint import load_model, load_train_state
-from ray_jobs import tracking
+from convsts.models.checkpoint import load_model, load_train_state
+from convsts.ray_jobs import tracking
 from tiny import TINY_DAN
 
 STEPS, EVERY, SLACK = 1200, 200, 2

@@ -14,9 +14,9 @@ import pytest
 import torch
 import zstandard
 
-from datasets.compression import open_lines
-from datasets.storage import BadInputError
-from ray_jobs.config import ConfigError, load_config
+from convsts.datasets.compression import open_lines
+from convsts.datasets.storage import BadInputError
+from convsts.ray_jobs.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO / "tests")}
@@ -59,7 +59,7 @@ def test_truncated_zst_raises_naming_the_file_and_offset(tmp_path):
 def test_prepare_on_a_truncated_zst_fails_in_one_line_and_writes_no_shards(tmp_path):
     cut = _cut_zst(tmp_path / "RC_2015-01.zst")
     out = tmp_path / "prepared"
-    result = _run("-m", "ray_jobs.prepare", "reddit", "--input", str(cut), "--out", str(out))
+    result = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(cut), "--out", str(out))
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     # The command's own report is one line, and Ray Data's log of the failed task is not printed.
@@ -84,7 +84,7 @@ def test_prepare_on_a_truncated_zst_fails_in_one_line_and_writes_no_shards(tmp_p
 def test_a_damaged_prepared_folder_is_refused(sample_prepared, tmp_path, damage, message):
     import shutil
 
-    from ray_jobs.tasks import get_task
+    from convsts.ray_jobs.tasks import get_task
 
     root = tmp_path / "p"
     shutil.copytree(sample_prepared / "snli", root / "snli")  # the session's sample stays intact
@@ -115,12 +115,12 @@ def test_a_damaged_prepared_folder_is_refused(sample_prepared, tmp_path, damage,
 
 @pytest.mark.slow
 def test_a_folder_prepared_with_other_filters_or_split_is_refused_before_any_run(sample_prepared, tmp_path):
-    from ray_jobs.tasks import get_task
+    from convsts.ray_jobs.tasks import get_task
 
     reddit = get_task("reddit")
     assert reddit.verify_prepared(str(sample_prepared), load_config(None))["split_salt"] == "convsts"  # same settings
     out = tmp_path / "run"
-    result = _run("-m", "ray_jobs.train", "--out", str(out), "--prepared", str(sample_prepared),
+    result = _run("-m", "convsts.ray_jobs.train", "--out", str(out), "--prepared", str(sample_prepared),
                   "filters.max_chars=200", "data.split_salt=other", "trainer.steps=2")
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
@@ -142,8 +142,8 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     import os
     import shutil
 
-    from ray_jobs.tasks import get_task
-    from ray_jobs.training.run import run_training
+    from convsts.ray_jobs.tasks import get_task
+    from convsts.ray_jobs.training.run import run_training
 
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -199,11 +199,11 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
 
 @pytest.mark.slow
 def test_a_checkpoint_is_not_scored_on_a_folder_split_otherwise_than_its_training_run(sample_prepared, tmp_path):
-    from datasets.text import DanTokenizer, count_words
-    from models import save_checkpoint
-    from models.checkpoint import build_model, read_meta
-    from ray_jobs.evaluation.harness import check_held_out, run_evaluation
-    from ray_jobs.tasks import get_task
+    from convsts.datasets.text import DanTokenizer, count_words
+    from convsts.models import save_checkpoint
+    from convsts.models.checkpoint import build_model, read_meta
+    from convsts.ray_jobs.evaluation.harness import check_held_out, run_evaluation
+    from convsts.ray_jobs.tasks import get_task
 
     reddit = get_task("reddit")
     manifest = reddit.verify_prepared(str(sample_prepared))
@@ -230,7 +230,7 @@ def test_a_checkpoint_is_not_scored_on_a_folder_split_otherwise_than_its_trainin
 
 
 def test_a_second_run_into_a_used_out_is_refused_unless_resumed_or_fresh(tmp_path):
-    from ray_jobs.training.run import claim_output
+    from convsts.ray_jobs.training.run import claim_output
 
     cfg = load_config(None, [])
     claim_output(tmp_path, cfg, fresh=False)  # empty: fine
@@ -244,10 +244,10 @@ def test_a_second_run_into_a_used_out_is_refused_unless_resumed_or_fresh(tmp_pat
 
 
 def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
-    from datasets.text import DanTokenizer, count_words
-    from models import save_checkpoint
-    from models.checkpoint import build_model
-    from ray_jobs.training.run import resume_mismatches
+    from convsts.datasets.text import DanTokenizer, count_words
+    from convsts.models import save_checkpoint
+    from convsts.models.checkpoint import build_model
+    from convsts.ray_jobs.training.run import resume_mismatches
 
     cfg = load_config(None, ["model.dan.output_dim=6", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]",
                              "tokenizer.bigram_buckets=11"])
@@ -301,7 +301,7 @@ def test_zero_steps_is_allowed_and_means_untrained():
 # ---- 7. one line, no traceback, through both entry points
 
 
-@pytest.mark.parametrize("entry", [["-m", "ray_jobs.cli", "train"], ["-m", "ray_jobs.train"]])
+@pytest.mark.parametrize("entry", [["-m", "convsts.ray_jobs.cli", "train"], ["-m", "convsts.ray_jobs.train"]])
 @pytest.mark.parametrize("case, expected", [
     ("yaml_list", "the top level must be a mapping"),
     ("unknown_key", "config key 'trainer.stepz'"),
@@ -323,7 +323,7 @@ def test_config_errors_print_one_line_without_traceback(tmp_path, entry, case, e
 
 
 def test_duplicate_comment_ids_make_no_second_pair_and_the_manifest_adds_up(ray_session, tmp_path):
-    from ray_jobs.tasks import get_task
+    from convsts.ray_jobs.tasks import get_task
 
     def comment(cid, parent, body):
         return json.dumps({"id": cid, "parent_id": parent, "link_id": "t3_a", "author": "someone", "body": body,
@@ -364,7 +364,7 @@ def _leaks(text: str) -> list:
     ("s3://b/p?secret_key=PlAnTeDqUeRy: Unexpected query parameter", "s3://b/p?secret_key=***: Unexpected query parameter"),
 ])
 def test_redact_removes_userinfo_and_secret_query_values(text, expected):
-    from datasets.storage import redact, redact_tree
+    from convsts.datasets.storage import redact, redact_tree
 
     assert redact(text) == expected
     assert redact_tree({"a": [text], text: 1}) == {"a": [expected], expected: 1}
@@ -374,7 +374,7 @@ def test_log_lines_and_error_lines_are_redacted(tmp_path):
     import io
     import logging
 
-    from ray_jobs.runtime import RedactingFilter
+    from convsts.ray_jobs.runtime import RedactingFilter
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -387,7 +387,7 @@ def test_log_lines_and_error_lines_are_redacted(tmp_path):
         logger.removeHandler(handler)
     assert "s3://***@bucket" in stream.getvalue() and not _leaks(stream.getvalue())
     # A user error that names the URI names it redacted.
-    result = _run("-m", "ray_jobs.prepare", "reddit", "--input", str(tmp_path / "x?secret_key=PlAnTeDqUeRy"),
+    result = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(tmp_path / "x?secret_key=PlAnTeDqUeRy"),
                   "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and "secret_key=***" in result.stderr and not _leaks(result.stderr)
 
@@ -404,7 +404,7 @@ def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_pa
     """Guards: a URI whose store cannot be reached (no server, a wrong endpoint) ended every command in
     pyarrow's OSError traceback. Each command now prints one line naming the URI (credentials
     redacted) and exits 2; the library raises StorageError, an OSError."""
-    from datasets import storage
+    from convsts.datasets import storage
 
     port = _closed_port()  # nothing listens: the connection is refused at once
     base = f"s3://AKIAPLANTED:PlAnTeDsEcReT@bucket/p?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
@@ -415,7 +415,7 @@ def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_pa
         storage.is_dir("s3://bucket/p?no_such_option=1")
     for command in (["prepare", "reddit", "--input", storage.join(base, "RC_*.zst"), "--out", str(tmp_path / "p")],
                     ["train", "--prepared", base, "--out", str(tmp_path / "t")]):
-        result = _run("-m", "ray_jobs.cli", *command)
+        result = _run("-m", "convsts.ray_jobs.cli", *command)
         lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
         assert result.returncode == 2, result.stderr[-2000:]
         assert "Traceback" not in result.stderr and not _leaks(result.stderr + result.stdout)
@@ -443,7 +443,7 @@ def test_a_store_that_fails_in_the_middle_of_a_read_is_one_line_and_the_same_com
     with s3_endpoint("convsts-data") as s3_env:
         uri = "s3://convsts-data/raw/RC_2015-01.zst"
         upload(dump, uri)
-        command = ["-m", "ray_jobs.cli", "prepare", "reddit", "--input", uri, "--out", str(tmp_path / "p")]
+        command = ["-m", "convsts.ray_jobs.cli", "prepare", "reddit", "--input", uri, "--out", str(tmp_path / "p")]
         proxy = CuttingProxy(s3_env["AWS_ENDPOINT_URL"], response_bytes=size * 3 // 2)  # half-way into the second read
         try:
             cut = subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=REPO, timeout=300,
@@ -469,15 +469,15 @@ def test_an_unreachable_tracking_server_is_refused_before_any_work(tmp_path):
     env = {**ENV, "MLFLOW_TRACKING_URI": url}
     for command in (["evaluate", "--baseline", "bow", "--out", str(tmp_path / "e")],
                     ["train", "--out", str(tmp_path / "t"), "trainer.steps=0"]):
-        result = subprocess.run([sys.executable, "-m", "ray_jobs.cli", *command], capture_output=True, text=True,
+        result = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", *command], capture_output=True, text=True,
                                 env=env, cwd=REPO, timeout=120)
         lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
         assert len(lines) == 1 and "MLFLOW_TRACKING_URI: no MLflow tracking server answers at http://***@127.0.0.1" in lines[0]
         assert not _leaks(result.stderr + result.stdout)
         assert not (tmp_path / command[command.index("--out") + 1] / "prepared").exists()  # refused before prepare
-    from ray_jobs.config import ConfigError
-    from ray_jobs.runtime import check_tracking_server
+    from convsts.ray_jobs.config import ConfigError
+    from convsts.ray_jobs.runtime import check_tracking_server
 
     for broken in ("http://", "http://alice:PlAnTeDsEcReT@[bad", "https://host:notaport"):  # were requests' tracebacks
         with pytest.raises(ConfigError, match="is not a valid tracking server URL") as caught:
@@ -512,8 +512,8 @@ def test_a_tracking_server_behind_a_self_signed_certificate_is_not_refused(tmp_p
     import ssl
     import threading
 
-    from ray_jobs.config import ConfigError
-    from ray_jobs.runtime import check_tracking_server
+    from convsts.ray_jobs.config import ConfigError
+    from convsts.ray_jobs.runtime import check_tracking_server
 
     server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -533,7 +533,7 @@ def test_a_tracking_server_behind_a_self_signed_certificate_is_not_refused(tmp_p
 def test_an_unexpected_error_prints_its_traceback_with_credentials_redacted():
     """Guards: an error run_main does not expect (not a user error) printed Python's own traceback,
     with whatever URI its message held. It prints the traceback redacted and exits 1."""
-    code = ("from ray_jobs.runtime import run_main\n"
+    code = ("from convsts.ray_jobs.runtime import run_main\n"
             "def main(argv):\n"
             f"    raise RuntimeError('request to {PLANTED} failed')\n"
             "raise SystemExit(run_main('x', main, []))\n")
@@ -543,8 +543,8 @@ def test_an_unexpected_error_prints_its_traceback_with_credentials_redacted():
 
 
 def test_submit_keeps_credentials_out_of_the_job_spec(monkeypatch):
-    from ray_jobs.job_api import SubmitError
-    from ray_jobs.submit import build_runtime_env, entrypoint
+    from convsts.ray_jobs.job_api import SubmitError
+    from convsts.ray_jobs.submit import build_runtime_env, entrypoint
 
     with pytest.raises(SubmitError, match=r"carries credentials") as refused:
         entrypoint("prepare", ["reddit", "--input", PLANTED])
@@ -567,7 +567,7 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(sample_prepared, r
            "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1",  # MLflow's own setting: samples within a short run
            "MPLCONFIGDIR": str(tmp_path / "mpl")}  # as in a fresh environment: the first plot builds matplotlib's font cache
     result = subprocess.run(
-        [sys.executable, "-m", "ray_jobs.train", "--out", str(out), "--prepared", str(sample_prepared),
+        [sys.executable, "-m", "convsts.ray_jobs.train", "--out", str(out), "--prepared", str(sample_prepared),
          "trainer.task_weights={snli: 1.0}", *TINY_TRAIN, f"data.reddit_inputs=[{PLANTED}]",
          f"mlflow.run_name=run-from-{PLANTED}"],
         capture_output=True, text=True, env=env, cwd=scratch, timeout=600)
@@ -618,10 +618,10 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(sample_prepared, r
 
 
 def _tiny_checkpoint(path: Path) -> Path:
-    from datasets.text import DanTokenizer, TokenizerConfig, count_words
-    from models import save_checkpoint
-    from models.checkpoint import build_model
-    from models.config import DanConfig, ModelConfig
+    from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from convsts.models import save_checkpoint
+    from convsts.models.checkpoint import build_model
+    from convsts.models.config import DanConfig, ModelConfig
 
     tokenizer = DanTokenizer.build(count_words(["a man plays a guitar", "a woman sings"]),
                                    TokenizerConfig(word_vocab_size=50, bigram_buckets=20))
@@ -635,18 +635,18 @@ def _damage(case: str, root: Path) -> tuple:
     dump, out = _dump_lines(6), ["--out", str(root / "prepared")]
     if case == "empty_file":
         (root / "RC_empty").write_bytes(b"")
-        return ["-m", "ray_jobs.prepare", "reddit", "--input", str(root / "RC_empty"), *out], "no records in any input"
+        return ["-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(root / "RC_empty"), *out], "no records in any input"
     if case == "first_line_not_json":
         (root / "RC_x").write_bytes(b"id,body\n" + dump)
-        return ["-m", "ray_jobs.prepare", "reddit", "--input", str(root / "RC_x"), *out], "RC_x:1: not NDJSON"
+        return ["-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(root / "RC_x"), *out], "RC_x:1: not NDJSON"
     if case == "readme_beside_dumps":
         (root / "dumps").mkdir()
         (root / "dumps" / "RC_2015-01").write_bytes(dump)
         (root / "dumps" / "README.md").write_text("# Reddit comments, January 2015\n")
-        return ["-m", "ray_jobs.prepare", "reddit", "--input", str(root / "dumps"), *out], "README.md:1: not NDJSON"
+        return ["-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(root / "dumps"), *out], "README.md:1: not NDJSON"
     if case == "non_utf8_sts":
         (root / "bad.tsv").write_bytes(b"sentence1\tsentence2\tscore\nA caf\xe9\tb\t3\n")
-        return (["-m", "ray_jobs.evaluate", "--baseline", "tfidf", "--out", str(root / "o"), "--sts",
+        return (["-m", "convsts.ray_jobs.evaluate", "--baseline", "tfidf", "--out", str(root / "o"), "--sts",
                  str(root / "bad.tsv"), "data.cqa_test=''"], "bad.tsv:2: not UTF-8 text")
     checkpoint = _tiny_checkpoint(root / "ckpt")
     if case == "checkpoint_uri_not_there":
@@ -662,7 +662,7 @@ def _damage(case: str, root: Path) -> tuple:
     else:
         (checkpoint / "config.json").write_text("{not json")
         message = "config.json: not valid JSON"
-    return ["-m", "ray_jobs.evaluate", "--checkpoint", str(checkpoint), "--out", str(root / "o"), "data.cqa_test=''"], \
+    return ["-m", "convsts.ray_jobs.evaluate", "--checkpoint", str(checkpoint), "--out", str(root / "o"), "data.cqa_test=''"], \
         message
 
 
@@ -680,7 +680,7 @@ def test_unreadable_inputs_give_one_line_naming_the_file(tmp_path, case):
 
 
 def test_a_utf8_byte_order_mark_is_accepted(ray_session, tmp_path):
-    from ray_jobs.tasks import get_task
+    from convsts.ray_jobs.tasks import get_task
 
     dump = tmp_path / "RC_bom"
     dump.write_bytes(b"\xef\xbb\xbf" + _dump_lines(6))
@@ -689,7 +689,7 @@ def test_a_utf8_byte_order_mark_is_accepted(ray_session, tmp_path):
 
 
 def test_a_literal_file_name_with_brackets_is_that_file(tmp_path):
-    from datasets.storage import expand_inputs
+    from convsts.datasets.storage import expand_inputs
 
     for name in ("RC_[1]", "RC_1", "RC_2"):
         (tmp_path / name).write_bytes(_dump_lines(2))
@@ -701,7 +701,7 @@ def test_a_literal_file_name_with_brackets_is_that_file(tmp_path):
 
 
 def test_nan_scores_give_nan_metrics_never_a_perfect_score():
-    from ray_jobs import metrics as M
+    from convsts.ray_jobs import metrics as M
 
     scores = np.array([[np.nan, 0.1, 0.2], [0.9, 0.1, 0.2]])
     assert all(np.isnan(v) for v in M.precision_at_n(scores, (1, 3)).values())
@@ -711,12 +711,12 @@ def test_nan_scores_give_nan_metrics_never_a_perfect_score():
 
 
 def test_nan_embeddings_make_the_retrieval_and_sts_metrics_nan():
-    from datasets.text import DanTokenizer, TokenizerConfig, count_words
-    from models.checkpoint import SentenceEncoder, build_model
-    from models.config import DanConfig, ModelConfig
-    from ray_jobs.evaluation.retrieval import precision_at_n_metrics
-    from ray_jobs.evaluation.scorers import EmbeddingScorer
-    from ray_jobs.evaluation.sts import sts_metrics
+    from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from convsts.models.checkpoint import SentenceEncoder, build_model
+    from convsts.models.config import DanConfig, ModelConfig
+    from convsts.ray_jobs.evaluation.retrieval import precision_at_n_metrics
+    from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
+    from convsts.ray_jobs.evaluation.sts import sts_metrics
 
     texts = [f"sentence {i} about thing {i % 5}" for i in range(30)]
     tok = DanTokenizer.build(count_words(texts), TokenizerConfig(bigram_buckets=101))
@@ -734,7 +734,7 @@ def test_nan_embeddings_make_the_retrieval_and_sts_metrics_nan():
 
 def test_a_nan_loss_stops_training_naming_the_step_and_task_and_saves_nothing():
     import test_training_core as core
-    from ray_jobs.training.loop import LoopHooks, NonFiniteLossError
+    from convsts.ray_jobs.training.loop import LoopHooks, NonFiniteLossError
 
     cfg = load_config(None, core.TINY + ["trainer.task_weights={snli: 1.0}", "trainer.steps=8", "trainer.log_every=4",
                                          "trainer.checkpoint_every=4",

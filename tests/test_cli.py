@@ -6,25 +6,25 @@ import pytest
 
 
 def test_unknown_config_key_exits_2_naming_the_key(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "train", "--out", str(tmp_path), "trainer.stepz=1"],
+    proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "train", "--out", str(tmp_path), "trainer.stepz=1"],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "trainer.stepz" in proc.stderr
 
 
 def test_help_lists_commands():
-    proc = subprocess.run([sys.executable, "-m", "ray_jobs.cli"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli"], capture_output=True, text=True)
     assert proc.returncode == 0
     for name in ("prepare", "train", "evaluate", "tune", "submit", "jobs", "demo"):
         assert f"  {name} " in proc.stdout
-        # Each command is also `python -m ray_jobs.<name>`, what a Ray job's entrypoint runs.
-        sub = subprocess.run([sys.executable, "-m", f"ray_jobs.{name}", "--help"], capture_output=True, text=True)
+        # Each command is also `python -m convsts.ray_jobs.<name>`, what a Ray job's entrypoint runs.
+        sub = subprocess.run([sys.executable, "-m", f"convsts.ray_jobs.{name}", "--help"], capture_output=True, text=True)
         assert sub.returncode == 0 and f"convsts {name}" in sub.stdout, (name, sub.stderr)
 
 
 def test_imports_have_no_side_effects(tmp_path):
     """Importing every package creates no files and sets no tracking URI or logging handlers."""
-    code = ("import logging, os, mlflow; import datasets, models, ray_jobs.train, ray_jobs.evaluate, ray_jobs.demo, ray_jobs.tune, ray_jobs.submit, ray_jobs.jobs, tune_spaces.sts_matrix, tune_spaces.snli_fraction;"
+    code = ("import logging, os, mlflow; import convsts.datasets.reddit, convsts.models, convsts.ray_jobs.train, convsts.ray_jobs.evaluate, convsts.ray_jobs.demo, convsts.ray_jobs.tune, convsts.ray_jobs.submit, convsts.ray_jobs.jobs, convsts.tune_spaces.sts_matrix, convsts.tune_spaces.snli_fraction;"
             "print(len(logging.getLogger().handlers), os.environ.get('MLFLOW_TRACKING_URI'), sorted(os.listdir('.')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -32,7 +32,7 @@ def test_imports_have_no_side_effects(tmp_path):
 
 
 def test_unknown_tune_space_exits_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "tune", "--space", "nope", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "tune", "--space", "nope", "--out", str(tmp_path)],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown tune space 'nope'" in proc.stderr
 
@@ -40,9 +40,9 @@ def test_unknown_tune_space_exits_2(tmp_path):
 def test_version_and_print_config():
     from importlib.metadata import version
 
-    proc = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "--version"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == f"convsts {version('convsts')}"
-    proc = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "train", "--print-config", "--config",
+    proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "train", "--print-config", "--config",
                            "configs/demo_dan.yaml", "trainer.steps=7",
                            "mlflow.tracking_uri=http://alice:s3cret@mlflow.example:5000"],
                           capture_output=True, text=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
@@ -55,7 +55,7 @@ def test_version_and_print_config():
 
 
 def test_submit_takes_its_own_options_after_the_job_name():
-    from ray_jobs.submit import build_parser, own_options_first
+    from convsts.ray_jobs.submit import build_parser, own_options_first
 
     for argv in (["train", "--config", "C", "--address", "http://head:8265", "--out", "D"],
                  ["--address", "http://head:8265", "train", "--config", "C", "--out", "D"],
@@ -70,9 +70,9 @@ def test_submit_takes_its_own_options_after_the_job_name():
 def test_overrides_after_a_list_option_stay_overrides():
     """`--sts A B key=value` (and prepare's `--input A B key=value`): argparse's nargs takes every
     later word; the dotted overrides among them go back to the overrides (a URI's query stays a path)."""
-    from ray_jobs.config import parse_with_overrides
-    from ray_jobs.evaluate import build_parser as evaluate_parser
-    from ray_jobs.prepare import build_parser as prepare_parser
+    from convsts.ray_jobs.config import parse_with_overrides
+    from convsts.ray_jobs.evaluate import build_parser as evaluate_parser
+    from convsts.ray_jobs.prepare import build_parser as prepare_parser
 
     args = parse_with_overrides(evaluate_parser(), ["--checkpoint", "C", "--out", "E", "--sts", "a/STS.input.x.txt",
                                                     "s3://b/y.tsv?endpoint_override=h:9000", "data.snli_dev=''",
@@ -92,7 +92,7 @@ def test_overrides_after_a_list_option_stay_overrides():
 
 
 def test_jobs_takes_address_before_or_after_the_action():
-    from ray_jobs.jobs import build_parser
+    from convsts.ray_jobs.jobs import build_parser
 
     assert build_parser().parse_args(["list", "--address", "http://h:8265"]).address == "http://h:8265"
     assert build_parser().parse_args(["--address", "http://h:8265", "list"]).address == "http://h:8265"
@@ -105,7 +105,7 @@ def test_ray_data_logs_to_the_console_at_warning_unless_verbose(verbose, tmp_pat
     """quiet_ray_logs points Ray Data at ray_jobs/ray_data_logging.yaml before Ray Data is imported
     (as the worker setup hook does in every Ray worker): its console shows warnings only, without
     the progress-bar hint; with --verbose, Ray's own config is left alone."""
-    code = ("import logging, os; from ray_jobs.runtime import quiet_ray_logs; quiet_ray_logs(); import ray.data; "
+    code = ("import logging, os; from convsts.ray_jobs.runtime import quiet_ray_logs; quiet_ray_logs(); import ray.data; "
             "lg = logging.getLogger('ray.data'); "
             "print(sorted((h.name, logging.getLevelName(h.level)) for h in lg.handlers)); "
             "lg.info('an info line'); lg.warning('Progress bars disabled. To enable, set ...'); lg.warning('a warning line')")

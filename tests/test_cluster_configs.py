@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ray_jobs.config import load_config
-from ray_jobs.submit import build_runtime_env, entrypoint, job_address
-from ray_jobs.task_groups import plan_tasks
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.submit import build_runtime_env, entrypoint, job_address
+from convsts.ray_jobs.task_groups import plan_tasks
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "cluster"
@@ -60,7 +60,7 @@ def test_rayjob_manifest():
     job = yaml.safe_load((CLUSTER / "rayjob.yaml").read_text())
     assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob" and job["metadata"]["name"]
     spec = job["spec"]
-    assert spec["entrypoint"].startswith("python -m ray_jobs.train ")
+    assert spec["entrypoint"].startswith("python -m convsts.ray_jobs.train ")
     pins = project_pins()
     cluster = spec["rayClusterSpec"]
     assert cluster["rayVersion"] == pins["ray"]
@@ -98,7 +98,7 @@ def test_runtime_env_forwards_the_tracking_uri(monkeypatch):
 
 def test_entrypoint_and_address(monkeypatch):
     assert entrypoint("train", ["--out", "/tmp/x y", "trainer.steps=5"]) == \
-        "python -m ray_jobs.train --out '/tmp/x y' trainer.steps=5"
+        "python -m convsts.ray_jobs.train --out '/tmp/x y' trainer.steps=5"
     with pytest.raises(ValueError, match="unknown job 'nope'"):
         entrypoint("nope", [])
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

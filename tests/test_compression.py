@@ -1,4 +1,4 @@
-"""Compressed inputs (datasets.compression): pushshift's .zst, .bz2 and .xz dumps, MTEB's .jsonl.gz,
+"""Compressed inputs (convsts.datasets.compression): pushshift's .zst, .bz2 and .xz dumps, MTEB's .jsonl.gz,
 read whole, across concatenated streams, and refused in one line when cut or corrupt."""
 
 import bz2
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import zstandard
 
-from datasets import compression, evalsets, reddit, snli
-from datasets.storage import BadInputError
+from convsts.datasets import compression, evalsets, reddit, snli
+from convsts.datasets.storage import BadInputError
 
 COMPRESS = {".zst": lambda data: zstandard.ZstdCompressor().compress(data), ".gz": gzip.compress,
             ".bz2": bz2.compress, ".xz": lzma.compress}

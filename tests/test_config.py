@@ -1,7 +1,7 @@
 import pytest
 
-from datasets.storage import resolve_path, sample_dir
-from ray_jobs.config import ConfigError, flatten, from_dict, load_config
+from convsts.datasets.storage import resolve_path, sample_dir
+from convsts.ray_jobs.config import ConfigError, flatten, from_dict, load_config
 
 
 def test_defaults_follow_the_paper():

@@ -1,20 +1,50 @@
-"""Our top-level `datasets` package shadows Hugging Face `datasets`: imports must resolve to ours,
-and MLflow's dataset features (which import `datasets` lazily) must keep working."""
+"""One import package: `convsts` and nothing else at the top level, so Hugging Face `datasets`
+(installed by the test extra) imports normally beside ours, from any folder, the project's own
+included; and MLflow's dataset features (which import `datasets` lazily) keep working."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+BOTH = (
+    "import datasets, convsts.datasets.reddit, convsts.models; "
+    "from pathlib import Path; "
+    "print(Path(datasets.__file__).resolve()); print(Path(convsts.datasets.reddit.__file__).resolve()); "
+    "print(hasattr(datasets, 'load_dataset'))"
+)
 
 
-def test_datasets_resolves_to_convsts():
-    import datasets
+@pytest.mark.parametrize("where", ["elsewhere", "project"])
+def test_hugging_face_datasets_imports_beside_convsts(where, tmp_path):
+    cwd = REPO if where == "project" else tmp_path
+    proc = subprocess.run([sys.executable, "-c", BOTH], capture_output=True, text=True, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    theirs, ours, has_load = proc.stdout.split()
+    assert Path(theirs).parent.parent.name == "site-packages" and Path(theirs).parent != REPO / "datasets", theirs
+    assert ours == str(REPO / "datasets" / "reddit.py")
+    assert has_load == "True"
 
-    assert Path(datasets.__file__).resolve().parent == Path(__file__).resolve().parent.parent / "datasets"
-    from datasets import reddit, snli, text  # noqa: F401
+
+def test_only_convsts_is_a_top_level_name_of_the_distribution():
+    from importlib.metadata import distribution
+
+    dist = distribution("convsts")
+    top = {Path(f).parts[0] for f in dist.files or [] if f.suffix == ".py" and "dist-info" not in str(f)}
+    # An editable install lists its finder module; a wheel lists convsts/ only.
+    assert top <= {"convsts", "__editable___convsts_0_1_0_finder.py"}, top
+    for name in ("models", "ray_jobs", "tune_spaces"):
+        proc = subprocess.run([sys.executable, "-c", f"import importlib.util as u; print(u.find_spec({name!r}))"],
+                              capture_output=True, text=True, cwd=Path("/"))
+        assert proc.stdout.strip() == "None", (name, proc.stdout, proc.stderr)
 
 
 def test_mlflow_dataset_logging_works_beside_our_package(mlflow_uri, tmp_path):
-    import datasets  # noqa: F401  (ours, already imported: the case that could confuse MLflow)
+    import convsts.datasets.text  # noqa: F401  (ours, already imported: the case that could confuse MLflow)
     import mlflow
     from mlflow.tracking import MlflowClient
 

@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 import torch
 
-from models import load
-from models.checkpoint import load_model
-from ray_jobs.config import load_config
-from ray_jobs.demo import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, build_parser, run_demo, save_untrained
-from ray_jobs.evaluation.sts import sts_metrics
-from datasets.storage import resolve_path
-from datasets.evalsets import read_stsb, stsb_split_path
+from convsts.models import load
+from convsts.models.checkpoint import load_model
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.demo import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, build_parser, run_demo, save_untrained
+from convsts.ray_jobs.evaluation.sts import sts_metrics
+from convsts.datasets.storage import resolve_path
+from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from tiny import TINY_DAN
 
 # The default demo (all-MiniLM-L6-v2, top layer training) at a tiny size.
@@ -94,7 +94,7 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     start = load(out / "untrained").encode(texts)
     assert load(out / "untrained").meta["run_config"]["trainer"]["steps"] == 0
     assert not np.allclose(encoder.encode(texts), start, atol=1e-6) and np.allclose(encoder.encode(texts), start, atol=0.2)
-    from ray_jobs.evaluation.scorers import EmbeddingScorer
+    from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 
     dev = read_stsb(stsb_split_path(resolve_path(cfg.data.stsb_dir), "dev"))
     again = sts_metrics(EmbeddingScorer(encoder), dev, "stsb/dev")["stsb/dev/pearson"]
@@ -165,7 +165,7 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
 @pytest.mark.slow
 def test_untrained_column_is_what_trainer_steps_0_saves(ray_session, sample_prepared, tmp_path):
     """The demo's untrained encoder (built in-process) has the weights a `trainer.steps=0` job saves."""
-    from ray_jobs.training.run import run_training
+    from convsts.ray_jobs.training.run import run_training
 
     cfg = load_config(DEMO_CONFIGS["dan"], TINY_DAN + ["trainer.steps=0", "trainer.eval_every=0",
                                                        f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])

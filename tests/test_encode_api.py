@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from datasets.text import DanTokenizer, SubwordTokenizer, TokenizerConfig, count_words
-from models import load, save_checkpoint
-from models.checkpoint import build_model
-from models.config import DanConfig, ModelConfig, TransformerConfig
+from convsts.datasets.text import DanTokenizer, SubwordTokenizer, TokenizerConfig, count_words
+from convsts.models import load, save_checkpoint
+from convsts.models.checkpoint import build_model
+from convsts.models.config import DanConfig, ModelConfig, TransformerConfig
 
 TEXTS = ["the cat sat on the mat", "a dog", "cats and dogs living together in one small house", "", "the end"]
 HEADS = {"reddit": "response", "snli": "nli"}
@@ -98,7 +98,7 @@ def test_encode_on_cuda_equals_the_cpu(encoder):
 def test_similarity_of_every_pair_and_of_row_pairs(encoder):
     from sentence_transformers import util
 
-    from models.similarity import angular_score_np
+    from convsts.models.similarity import angular_score_np
 
     a, b = encoder.encode(TEXTS[:3]), encoder.encode(TEXTS[2:])
     sim = encoder.similarity(a, b)

@@ -3,7 +3,7 @@ separate .relevancy file), written here at a tiny size."""
 
 import pytest
 
-from datasets.evalsets import read_cqa, read_relevancy
+from convsts.datasets.evalsets import read_cqa, read_relevancy
 
 XML_2016 = """<?xml version="1.0" encoding="UTF-8"?>
 <root>

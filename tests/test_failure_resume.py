@@ -9,8 +9,8 @@ import time
 import pytest
 
 from local_cluster import ray_processes, start_train
-from ray_jobs import tracking
-from models.checkpoint import load_train_state
+from convsts.ray_jobs import tracking
+from convsts.models.checkpoint import load_train_state
 from tiny import TINY_DAN
 
 STEPS, EVERY = 800, 200

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from models import load
-from models.encoders import TransformerSentenceEncoder
-from ray_jobs import tracking
-from ray_jobs.config import load_config
+from convsts.models import load
+from convsts.models.encoders import TransformerSentenceEncoder
+from convsts.ray_jobs import tracking
+from convsts.ray_jobs.config import load_config
 
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 SAMPLE_DATA = ["data.reddit_inputs=['{sample}/reddit_pairs.parquet']", "data.snli_train='{sample}/snli_train.parquet'",
@@ -38,7 +38,7 @@ def test_gpu_configs_ask_for_what_a_gpu_run_needs():
 
 @pytest.mark.slow
 def test_transformer_gpu_config_trains_on_cpu_at_a_tiny_size(ray_session, sample_prepared, mlflow_uri, tmp_path):
-    from ray_jobs.training.run import run_training
+    from convsts.ray_jobs.training.run import run_training
 
     cfg = load_config(REPO_CONFIGS / "transformer_gpu.yaml", SAMPLE_DATA + TINY + [f"mlflow.tracking_uri={mlflow_uri}"])
     result = run_training(cfg, tmp_path / "run", prepared_dir=sample_prepared)

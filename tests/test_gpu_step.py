@@ -6,12 +6,12 @@ stopped a multi-GPU DAN run at its first step."""
 import pytest
 import torch
 
-from datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
 from local_cluster import free_port
-from models.checkpoint import build_model
-from ray_jobs.config import load_config
-from ray_jobs.evaluation.sts import StsDevProbe, read_stsb_split
-from ray_jobs.task_groups import _all_reduce_sparse
+from convsts.models.checkpoint import build_model
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.evaluation.sts import StsDevProbe, read_stsb_split
+from convsts.ray_jobs.task_groups import _all_reduce_sparse
 from tiny import TINY_DAN
 
 

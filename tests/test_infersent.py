@@ -3,16 +3,16 @@ through the same Ray Train job, then evaluated."""
 
 import pytest
 
-from models import load
-from models.encoders import BiLstmMaxEncoder
-from ray_jobs import tracking
+from convsts.models import load
+from convsts.models.encoders import BiLstmMaxEncoder
+from convsts.ray_jobs import tracking
 from pathlib import Path
 
-from ray_jobs.config import load_config
-from ray_jobs.evaluation.nli import nli_metrics
-from ray_jobs.evaluation.scorers import EmbeddingScorer
-from datasets.snli import read_snli
-from datasets.storage import resolve_path
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.evaluation.nli import nli_metrics
+from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
+from convsts.datasets.snli import read_snli
+from convsts.datasets.storage import resolve_path
 
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -26,7 +26,7 @@ TINY = [
 
 @pytest.mark.slow
 def test_infersent_trains_on_snli_alone(ray_session, mlflow_uri, tmp_path):
-    from ray_jobs.training.run import ensure_prepared, run_training
+    from convsts.ray_jobs.training.run import ensure_prepared, run_training
 
     cfg = load_config(REPO_CONFIGS / "infersent.yaml", TINY + [f"mlflow.tracking_uri={mlflow_uri}"])
     assert cfg.trainer.task_weights == {"snli": 1.0} and cfg.model.encoder == "bilstm"

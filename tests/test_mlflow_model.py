@@ -1,6 +1,6 @@
 """The trained encoder as a model folder with a model card and as an MLflow pyfunc model: loaded
 with mlflow.pyfunc, registered on the sqlite store, and served by `mlflow models serve` on
-127.0.0.1 (real HTTP; the vectors equal models.load(...).encode); the card takes evaluation results."""
+127.0.0.1 (real HTTP; the vectors equal convsts.models.load(...).encode); the card takes evaluation results."""
 
 import json
 import os
@@ -14,16 +14,16 @@ import pytest
 import torch
 import yaml
 
-from datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
 from local_cluster import BIN, free_port, stop_pids
-from models import load, save_checkpoint
-from models.checkpoint import build_model, save_model_folder
-from models.config import DanConfig, ModelConfig
-from models.sts_transform import StsTransform, StsTransformConfig
-from ray_jobs import tracking
-from ray_jobs.evaluation.harness import trained_step
-from ray_jobs.mlflow_model import log_model
-from ray_jobs.model_card import CARD_FILE, add_results, run_facts, write_card
+from convsts.models import load, save_checkpoint
+from convsts.models.checkpoint import build_model, save_model_folder
+from convsts.models.config import DanConfig, ModelConfig
+from convsts.models.sts_transform import StsTransform, StsTransformConfig
+from convsts.ray_jobs import tracking
+from convsts.ray_jobs.evaluation.harness import trained_step
+from convsts.ray_jobs.mlflow_model import log_model
+from convsts.ray_jobs.model_card import CARD_FILE, add_results, run_facts, write_card
 
 TEXTS = ["A man is playing a guitar.", "Two dogs run through a snowy field.", "", "what is the best pizza in town?"]
 
@@ -67,7 +67,7 @@ def test_model_folder_has_no_optimizer_state_and_a_card(model_folder):
     header = yaml.safe_load(card.split("---")[1])
     assert header["library_name"] == "convsts" and header["datasets"] == ["reddit", "snli"]
     assert "encoder-dan" in header["tags"] and "model-index" not in header  # not evaluated yet
-    assert "90 training pairs" in card and "snli: 40 training pairs" in card and "`snli/train.parquet`" in card and "models.load(" in card and "runs:/RUNID/model" in card
+    assert "90 training pairs" in card and "snli: 40 training pairs" in card and "`snli/train.parquet`" in card and "convsts.models.load(" in card and "runs:/RUNID/model" in card
     assert "secret" not in card and "secret" not in (model_folder / "card.json").read_text()
     add_results(model_folder, {"stsb/test/pearson": 0.7123, "reddit/p_at_1": 0.25, "checkpoint": "x"})
     card = (model_folder / CARD_FILE).read_text()

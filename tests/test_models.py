@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from datasets.text import DanTokenizer, TokenizerConfig, count_words
-from models import load, save_checkpoint
-from models.checkpoint import build_model
-from models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig
-from models.encoders import timing_signal
-from models.losses import in_batch_softmax_loss, nli_loss
+from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.models import load, save_checkpoint
+from convsts.models.checkpoint import build_model
+from convsts.models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig
+from convsts.models.encoders import timing_signal
+from convsts.models.losses import in_batch_softmax_loss, nli_loss
 
 TEXTS = ["the cat sat on the mat", "a dog", "cats and dogs living together", "the end"]
 

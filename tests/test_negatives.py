@@ -8,16 +8,16 @@ import pandas as pd
 import pytest
 import torch
 
-from datasets.negatives import MiningConfig, mine
-from datasets.storage import BadInputError
-from datasets.text import DanTokenizer, count_words, encode_columns
-from models.checkpoint import build_model
-from models.losses import in_batch_softmax_loss
-from ray_jobs.config import load_config
-from ray_jobs.tasks import get_task, model_heads
-from ray_jobs.tasks.base import fields
-from ray_jobs.training.data import frame_batch
-from ray_jobs.training.step import seed_everything
+from convsts.datasets.negatives import MiningConfig, mine
+from convsts.datasets.storage import BadInputError
+from convsts.datasets.text import DanTokenizer, count_words, encode_columns
+from convsts.models.checkpoint import build_model
+from convsts.models.losses import in_batch_softmax_loss
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.tasks import get_task, model_heads
+from convsts.ray_jobs.tasks.base import fields
+from convsts.ray_jobs.training.data import frame_batch
+from convsts.ray_jobs.training.step import seed_everything
 from tiny import TINY_DAN
 
 
@@ -48,7 +48,7 @@ def test_mining_draws_from_the_rank_window_below_the_margin():
 
 
 def test_mine_negatives_refuses_bad_options_in_one_line(capsys, tmp_path):
-    from ray_jobs.mine import main as mine_main
+    from convsts.ray_jobs.mine import main as mine_main
 
     common = ["--checkpoint", str(tmp_path), "--prepared", str(tmp_path), "--out", str(tmp_path / "o")]
     for bad, message in ((["--range-min", "5", "--range-max", "5"], "need 0 <= --range-min < --range-max, got 5, 5"),
@@ -92,10 +92,10 @@ def test_reddit_loss_runs_over_the_batch_responses_and_its_negatives():
 
 @pytest.mark.slow
 def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(ray_session, sample_prepared, tmp_path):
-    from models import save_checkpoint
-    from ray_jobs.mine import main as mine_main
-    from ray_jobs.training.data import build_tokenizer
-    from ray_jobs.training.run import run_training
+    from convsts.models import save_checkpoint
+    from convsts.ray_jobs.mine import main as mine_main
+    from convsts.ray_jobs.training.data import build_tokenizer
+    from convsts.ray_jobs.training.run import run_training
 
     base = TINY_DAN + ["trainer.log_every=1", "trainer.checkpoint_every=2", f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"]
     cfg = load_config(None, base)
@@ -142,9 +142,9 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
     """--embeddings: a run writes each chunk's embeddings, a run killed mid-way resumes from its
     whole chunks to the same negatives, a re-run with other ranges encodes nothing, and a folder
     made by another checkpoint or for other pairs is refused."""
-    from models import load, save_checkpoint
-    from ray_jobs.mine import EncodePool, mine_prepared
-    from ray_jobs.training.data import build_tokenizer
+    from convsts.models import load, save_checkpoint
+    from convsts.ray_jobs.mine import EncodePool, mine_prepared
+    from convsts.ray_jobs.training.data import build_tokenizer
 
     cfg = load_config(None, TINY_DAN)
     tokenizer = build_tokenizer(cfg, str(sample_prepared))

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from ray_jobs.config import load_config
-from ray_jobs.training.step import make_optimizer, set_lr
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.training.step import make_optimizer, set_lr
 
 
 def _params():
@@ -30,10 +30,10 @@ def test_dense_lr_scale_and_stage_changes(optimizer):
 
 def test_sparse_parameters_come_from_the_model():
     """The optimizer groups follow what the encoder declares, not an attribute patched onto tensors."""
-    from datasets.text import DanTokenizer, TokenizerConfig, count_words
-    from models.checkpoint import build_model
-    from models.config import DanConfig, ModelConfig
-    from ray_jobs.training.step import Optimizers
+    from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from convsts.models.checkpoint import build_model
+    from convsts.models.config import DanConfig, ModelConfig
+    from convsts.ray_jobs.training.step import Optimizers
 
     tok = DanTokenizer.build(count_words(["a b c"]), TokenizerConfig(bigram_buckets=11))
     model = build_model(ModelConfig(dan=DanConfig(embedding_dim=4, hidden_sizes=[4], output_dim=3)), tok)
@@ -46,10 +46,10 @@ def test_sparse_parameters_come_from_the_model():
 
 
 def test_head_lr_scale_applies_to_the_named_task_head_only_and_survives_stage_changes():
-    from datasets.text import DanTokenizer, TokenizerConfig, count_words
-    from models.checkpoint import build_model
-    from models.config import DanConfig, ModelConfig
-    from ray_jobs.training.step import Optimizers
+    from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from convsts.models.checkpoint import build_model
+    from convsts.models.config import DanConfig, ModelConfig
+    from convsts.ray_jobs.training.step import Optimizers
 
     tok = DanTokenizer.build(count_words(["a b c"]), TokenizerConfig(bigram_buckets=11))
     model = build_model(ModelConfig(dan=DanConfig(embedding_dim=4, hidden_sizes=[4], output_dim=3)), tok)
@@ -70,7 +70,7 @@ def test_head_lr_scale_applies_to_the_named_task_head_only_and_survives_stage_ch
 
 
 def test_head_lr_scale_names_a_trained_task():
-    from ray_jobs.config import ConfigError
+    from convsts.ray_jobs.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"trainer.head_lr_scale.snil"):
         load_config(None, ["trainer.head_lr_scale={snil: 50}"])

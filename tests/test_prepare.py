@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ray_jobs.config import load_config
-from ray_jobs.tasks import get_task
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.tasks import get_task
 
 
 def prepare_reddit(inputs, out, cfg, fmt="auto"):
@@ -154,8 +154,8 @@ def test_the_vocabulary_counted_in_ray_data_counts_every_word_of_the_training_te
 
     import pandas as pd
 
-    from datasets.text import DanTokenizer, words
-    from ray_jobs.training.data import build_tokenizer
+    from convsts.datasets.text import DanTokenizer, words
+    from convsts.ray_jobs.training.data import build_tokenizer
 
     cfg = load_config(None, ["model.encoder=dan"])
     total: Counter = Counter()
@@ -176,8 +176,8 @@ def test_the_transformers_wordpiece_is_trained_on_the_training_text_read_through
     Ray Data), not counted: its pieces cover the training words, and nothing is unknown in them."""
     import pandas as pd
 
-    from datasets.text import SubwordTokenizer
-    from ray_jobs.training.data import build_tokenizer
+    from convsts.datasets.text import SubwordTokenizer
+    from convsts.ray_jobs.training.data import build_tokenizer
 
     cfg = load_config(None, ["model.encoder=transformer", "tokenizer.subword_vocab_size=2000"])
     tokenizer = build_tokenizer(cfg, str(sample_prepared))
@@ -199,7 +199,7 @@ def test_preparing_the_same_inputs_again_writes_the_same_shards_in_the_same_orde
     """Ray Data's groupby and join hand rows over as their tasks finish; prepare writes them in one
     order fixed by the rows themselves, cut into the same shards, so that a repeated run trains the
     same model on a folder prepared again. The order spreads a thread's pairs over the split."""
-    from ray_jobs.training.run import prepare_all
+    from convsts.ray_jobs.training.run import prepare_all
 
     names = prepare_all(load_config(None), str(tmp_path))
     assert set(names) == {"reddit", "snli"}
@@ -224,8 +224,8 @@ def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_pre
     import logging
     import shutil
 
-    from datasets.storage import BadInputError
-    from ray_jobs.training.run import prepare_all
+    from convsts.datasets.storage import BadInputError
+    from convsts.ray_jobs.training.run import prepare_all
 
     prepared = tmp_path / "prepared"
     shutil.copytree(sample_prepared, prepared)

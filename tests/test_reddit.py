@@ -3,7 +3,7 @@ import json
 import pandas as pd
 import pytest
 
-from datasets.reddit import (RedditFilterConfig, annotate_pairs, detect_format, failing_rule, read_pairs_file,
+from convsts.datasets.reddit import (RedditFilterConfig, annotate_pairs, detect_format, failing_rule, read_pairs_file,
                              split_of, thread_keys)
 
 CFG = RedditFilterConfig()

@@ -3,7 +3,7 @@ import json
 import pandas as pd
 import pytest
 
-from datasets.snli import LABEL_IDS, read_snli, take_fraction, with_fraction_rank
+from convsts.datasets.snli import LABEL_IDS, read_snli, take_fraction, with_fraction_rank
 
 
 def _frame(n):

@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import models
-from datasets import evalsets, reddit, snli, storage
-from ray_jobs.config import load_config
-from datasets.storage import expand_inputs
-from ray_jobs.tasks import get_task
+from convsts import models
+from convsts.datasets import evalsets, reddit, snli, storage
+from convsts.ray_jobs.config import load_config
+from convsts.datasets.storage import expand_inputs
+from convsts.ray_jobs.tasks import get_task
 from s3_server import keys, s3_endpoint, upload
 from tiny import TINY_TRAIN
 
@@ -172,7 +172,7 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_TRACKING"))}
         env.update(s3_env, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
         out = tmp_path / "run"
-        train = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "train", "--out", str(out), *data, *TINY_TRAIN,
+        train = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "train", "--out", str(out), *data, *TINY_TRAIN,
                                 "trainer.eval_every=2",  # STS-B dev read from the bucket inside training
                                 f"trainer.storage_path={bucket}/ray_results"],
                                cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -204,7 +204,7 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
         assert (out / "best_checkpoint" / "model.safetensors").is_file()
         assert not any(Path(out).glob("prepared"))  # nothing prepared locally
 
-        evaluation = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "evaluate", "--checkpoint",
+        evaluation = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "evaluate", "--checkpoint",
                                      uri, "--prepared", f"{bucket}/prepared",
                                      "--out", str(out / "eval"), *data],
                                     cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -220,7 +220,7 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
 
         # `convsts mine-negatives` reads the same checkpoint and prepared folder from the bucket and
         # writes its prepared folder there.
-        mined = subprocess.run([sys.executable, "-m", "ray_jobs.cli", "mine-negatives", "--checkpoint", uri,
+        mined = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "mine-negatives", "--checkpoint", uri,
                                 "--prepared", f"{bucket}/prepared", "--out", f"{bucket}/mined", "--pairs", "300"],
                                cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert mined.returncode == 0, mined.stdout[-3000:] + mined.stderr[-4000:]

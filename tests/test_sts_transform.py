@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.sts_transform import (StsTransformConfig, angular_score, angular_score_np, fit_sts_transform,
+from convsts.models.sts_transform import (StsTransformConfig, angular_score, angular_score_np, fit_sts_transform,
                                   initial_matrix, load_sts_transform)
 
 
@@ -83,7 +83,7 @@ def test_bad_hyperparameters_are_named():
 
 
 def test_named_matrices_live_beside_the_default_one(tmp_path):
-    from models.sts_transform import StsTransform, StsTransformConfig, load_sts_transform
+    from convsts.models.sts_transform import StsTransform, StsTransformConfig, load_sts_transform
 
     first = StsTransform(np.eye(4, dtype=np.float32), StsTransformConfig(), 0.5, 1)
     second = StsTransform(2 * np.eye(4, dtype=np.float32), StsTransformConfig(lr=0.01), 0.6, 2)

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def convsts(args, env, timeout=600):
-    return subprocess.run([sys.executable, "-m", "ray_jobs.cli", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from datasets.text import DanTokenizer, TokenizerConfig, count_words
-from models.checkpoint import build_model
-from models.config import DanConfig, ModelConfig
-from ray_jobs.config import load_config
-from ray_jobs.task_groups import GradientCombiner, plan_tasks
-from ray_jobs.tasks import get_task
-from ray_jobs.training.step import Optimizers, train_step
+from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.models.checkpoint import build_model
+from convsts.models.config import DanConfig, ModelConfig
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.task_groups import GradientCombiner, plan_tasks
+from convsts.ray_jobs.tasks import get_task
+from convsts.ray_jobs.training.step import Optimizers, train_step
 
 WEIGHTS = {"reddit": 0.95, "snli": 0.05}
 REDDIT = (["what is your favourite book", "anyone watching the game", "best laptop for coding"],
@@ -95,17 +95,17 @@ def _nan_worker(config):
     import ray.train
 
     import test_training_core as core
-    from ray_jobs.training.loop import LoopHooks
+    from convsts.ray_jobs.training.loop import LoopHooks
 
     rank = ray.train.get_context().get_world_rank()
     cfg = load_config(None, core.TINY + ["trainer.steps=8", "trainer.log_every=4", "trainer.checkpoint_every=4",
                                          "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.001}]"])
     tokenizer = core._tokenizer(cfg)
-    from models.checkpoint import build_model
-    from ray_jobs.tasks import model_heads, trained_tasks
-    from ray_jobs.training.data import FrameStream
-    from ray_jobs.training.loop import TrainLoop
-    from ray_jobs.training.step import seed_everything
+    from convsts.models.checkpoint import build_model
+    from convsts.ray_jobs.tasks import model_heads, trained_tasks
+    from convsts.ray_jobs.training.data import FrameStream
+    from convsts.ray_jobs.training.loop import TrainLoop
+    from convsts.ray_jobs.training.step import seed_everything
 
     seed_everything(cfg.seed)
     model = build_model(cfg.model, tokenizer, model_heads(cfg))
@@ -153,7 +153,7 @@ def test_a_run_repeated_with_the_same_config_trains_the_same_model(ray_session, 
     weighting) train the same weights, bit for bit."""
     from safetensors.torch import load_file
 
-    from ray_jobs.training.run import prepare_all, run_training
+    from convsts.ray_jobs.training.run import prepare_all, run_training
     from tiny import TINY_DAN
 
     overrides = [*TINY_DAN, "data.rows_per_shard=300", "trainer.steps=16", "trainer.log_every=8",

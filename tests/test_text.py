@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from datasets.text import (DanTokenizer, _bigram_id, SubwordTokenizer, TokenizerConfig, count_words, fit_tokenizer,
+from convsts.datasets.text import (DanTokenizer, _bigram_id, SubwordTokenizer, TokenizerConfig, count_words, fit_tokenizer,
                            load_tokenizer, normalize, save_tokenizer, words)
-from models.encoders import encoder_class
+from convsts.models.encoders import encoder_class
 
 
 def test_normalize_unescapes_and_marks_urls():
@@ -61,7 +61,7 @@ def test_bigram_ids_are_the_same_in_another_process(tmp_path):
     checkpoint was trained with."""
     tok = DanTokenizer.build(count_words(["the cat sat on the mat"]), TokenizerConfig(bigram_buckets=1000))
     save_tokenizer(tok, tmp_path / "tok.json")
-    code = (f"import json; from datasets.text import load_tokenizer; "
+    code = (f"import json; from convsts.datasets.text import load_tokenizer; "
             f"print(json.dumps(load_tokenizer({str(tmp_path / 'tok.json')!r}).encode(['the zebra sat on a mat'])['bigrams'].tolist()))")
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     other = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -11,19 +11,19 @@ import pytest
 import torch
 
 import toy_task
-from datasets.text import DanTokenizer, count_words
-from models import load, save_checkpoint
-from models.checkpoint import build_model
-from models.encoders import ENCODERS
-from models.losses import in_batch_softmax_loss
-from ray_jobs.config import ConfigError, load_config
-from ray_jobs.task_groups import GradientCombiner, plan_tasks
-from ray_jobs.tasks import builtin_tasks, get_task, model_heads, trained_tasks
-from ray_jobs.tasks.base import fields
-from ray_jobs.training.data import FrameStream
-from ray_jobs.training.loop import LoopHooks, TrainLoop
-from ray_jobs.training.state import StageSchedule, resume_skip
-from ray_jobs.training.step import Optimizers, seed_everything, train_step
+from convsts.datasets.text import DanTokenizer, count_words
+from convsts.models import load, save_checkpoint
+from convsts.models.checkpoint import build_model
+from convsts.models.encoders import ENCODERS
+from convsts.models.losses import in_batch_softmax_loss
+from convsts.ray_jobs.config import ConfigError, load_config
+from convsts.ray_jobs.task_groups import GradientCombiner, plan_tasks
+from convsts.ray_jobs.tasks import builtin_tasks, get_task, model_heads, trained_tasks
+from convsts.ray_jobs.tasks.base import fields
+from convsts.ray_jobs.training.data import FrameStream
+from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
+from convsts.ray_jobs.training.state import StageSchedule, resume_skip
+from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
 
 TINY = ["model.dan.embedding_dim=8", "model.dan.hidden_sizes=[8]", "model.dan.output_dim=6",
         "model.response_hidden=5", "model.nli_hidden=4", "tokenizer.bigram_buckets=97", "trainer.optimizer=adam",
@@ -42,7 +42,7 @@ def _tokenizer(cfg):
 
 def snli_with_nan_loss_at(call: int):
     """The SNLI task, except that the loss of its `call`-th step is NaN (a fresh counter each time)."""
-    from ray_jobs.tasks.snli import SnliTask
+    from convsts.ray_jobs.tasks.snli import SnliTask
 
     class NanLoss(SnliTask):
         calls = 0
@@ -167,7 +167,7 @@ def test_a_toy_task_is_one_module_plus_config_entries(tmp_path):
     loop, model, _ = _loop(cfg, hooks=LoopHooks(log=lambda m, s: logged.update(m), say=lambda line: None))
     loop.run()
     assert "toy/loss" in logged and np.isfinite(logged["toy/loss"])
-    # The checkpoint records the head kinds; models.load rebuilds the toy head without the task registry.
+    # The checkpoint records the head kinds; convsts.models.load rebuilds the toy head without the task registry.
     save_checkpoint(tmp_path / "c", model, _tokenizer(cfg), cfg.to_dict())
     loaded = load(tmp_path / "c")
     assert set(loaded.model.heads) == {"reddit", "snli", "toy"}
@@ -205,7 +205,7 @@ def test_toy_task_prepare_uses_the_default_reader(ray_session, tmp_path):
     cfg = load_config(None, ["task_modules=[toy_task]", "trainer.task_weights={toy: 1.0}",
                              f"data.task_inputs={{toy: [{tmp_path / 'toy.jsonl'}]}}"])
     task = get_task("toy", cfg.task_modules)
-    from ray_jobs.prepare import build_parser
+    from convsts.ray_jobs.prepare import build_parser
 
     # Overrides may follow the options on the command line, as for every other command.
     args = build_parser().parse_intermixed_args(["toy", "--out", "X", "task_modules=[toy_task]"])
@@ -221,7 +221,7 @@ def test_toy_task_prepare_uses_the_default_reader(ray_session, tmp_path):
 def test_every_checkpoint_carries_the_latest_in_training_score():
     """With in-training evaluation on, each checkpoint report names the STS-B dev score it is
     ranked by (Ray keeps the best ones): the latest evaluation's, or the floor before the first."""
-    from ray_jobs.training.loop import NOT_EVALUATED, SCORE_METRIC
+    from convsts.ray_jobs.training.loop import NOT_EVALUATED, SCORE_METRIC
 
     cfg = load_config(None, TINY + ["trainer.task_weights={reddit: 1.0}", "trainer.steps=6", "trainer.checkpoint_every=1",
                                     "trainer.eval_every=2", "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.01}]"])
@@ -240,7 +240,7 @@ def test_length_bucketing_groups_similar_lengths_and_keeps_every_row(ray_session
     import numpy as np
     import ray
 
-    from ray_jobs.training.data import TaskStream
+    from convsts.ray_jobs.training.data import TaskStream
 
     rng = np.random.default_rng(0)
     items = []
@@ -270,7 +270,7 @@ def test_length_bucketing_groups_similar_lengths_and_keeps_every_row(ray_session
 
 @pytest.mark.parametrize("decay", ["linear", "cosine"])
 def test_lr_warms_up_then_decays_toward_zero_at_the_last_step(decay):
-    from ray_jobs.config import StageConfig
+    from convsts.ray_jobs.config import StageConfig
 
     schedule = StageSchedule([StageConfig(0, 8, 1.0), StageConfig(60, 16, 0.5)], warmup_steps=10, decay=decay, total=110)
     assert schedule.lr_at(0) == pytest.approx(0.1) and schedule.lr_at(9) == pytest.approx(1.0)  # warm-up

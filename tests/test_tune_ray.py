@@ -13,17 +13,17 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from datasets.evalsets import read_stsb, stsb_split_path
-from datasets.snli import fraction_rank
-from datasets.text import DanTokenizer, TokenizerConfig, count_words
-from datasets.storage import resolve_path
-from models import load, save_checkpoint
-from models.checkpoint import build_model
-from models.config import DanConfig, ModelConfig
-from models.sts_transform import load_sts_transform
-from ray_jobs import tracking
-from ray_jobs.config import ConfigError, load_config
-from ray_jobs.tune import SWEEP_MATRIX
+from convsts.datasets.evalsets import read_stsb, stsb_split_path
+from convsts.datasets.snli import fraction_rank
+from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.datasets.storage import resolve_path
+from convsts.models import load, save_checkpoint
+from convsts.models.checkpoint import build_model
+from convsts.models.config import DanConfig, ModelConfig
+from convsts.models.sts_transform import load_sts_transform
+from convsts.ray_jobs import tracking
+from convsts.ray_jobs.config import ConfigError, load_config
+from convsts.ray_jobs.tune import SWEEP_MATRIX
 from tiny import TINY_DAN
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     checkpoint = _tiny_checkpoint(tmp_path / "ckpt")
     out = tmp_path / "sweep"
     experiment = "tune-sts-matrix-test"
-    cmd = [sys.executable, "-m", "ray_jobs.tune", "--space", "sts_matrix", "--checkpoint", str(checkpoint),
+    cmd = [sys.executable, "-m", "convsts.ray_jobs.tune", "--space", "sts_matrix", "--checkpoint", str(checkpoint),
            "--out", str(out), "--num-samples", str(TRIALS), "--max-concurrent", "1", "--param", "eval.tuned.epochs=[6]",
            f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"]
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
@@ -128,10 +128,10 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
 
 @pytest.mark.slow
 def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path):
-    from ray_jobs.training.data import build_tokenizer
-    from ray_jobs.training.state import initial_model
-    from ray_jobs.tune import grid_overrides, run_sweep
-    from tune_spaces import get_space
+    from convsts.ray_jobs.training.data import build_tokenizer
+    from convsts.ray_jobs.training.state import initial_model
+    from convsts.ray_jobs.tune import grid_overrides, run_sweep
+    from convsts.tune_spaces import get_space
 
     experiment = "tune-snli-fraction-test"
     base = TINY_MODEL + [f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}",

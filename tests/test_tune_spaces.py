@@ -3,10 +3,10 @@
 import pytest
 from ray import tune
 
-from ray_jobs.config import ConfigError, load_config
-from ray_jobs.tune import check_space_keys, grid_overrides, trial_config
-from tune_spaces import TuneSpace, builtin_spaces, get_space
-from tune_spaces.snli_fraction import FRACTIONS
+from convsts.ray_jobs.config import ConfigError, load_config
+from convsts.ray_jobs.tune import check_space_keys, grid_overrides, trial_config
+from convsts.tune_spaces import TuneSpace, builtin_spaces, get_space
+from convsts.tune_spaces.snli_fraction import FRACTIONS
 
 
 def test_builtin_spaces():
@@ -64,7 +64,7 @@ def test_a_sweep_is_resumed_only_by_the_command_that_started_it(tmp_path):
     """Guards: a rerun into a sweep's --out resumed the recorded sweep whatever the command said;
     its unfinished trials then trained with this command's base config and the recorded
     parameters. sweep_record keeps what defines the sweep; every difference is named."""
-    from ray_jobs.tune import resume_differences, sweep_record
+    from convsts.ray_jobs.tune import resume_differences, sweep_record
 
     space = get_space("snli_fraction")
     cfg = load_config(None, ["trainer.steps=10"])

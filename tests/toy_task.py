@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ray_jobs.tasks.base import Task, fields
+from convsts.ray_jobs.tasks.base import Task, fields
 
 
 class SameFirstWordHead(nn.Module):

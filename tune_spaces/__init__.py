@@ -42,10 +42,10 @@ class TuneSpace:
 
 
 def get_space(name: str) -> TuneSpace:
-    """`sts_matrix` -> tune_spaces.sts_matrix.SPACE; `my.module:MY_SPACE` -> that attribute."""
+    """`sts_matrix` -> convsts.tune_spaces.sts_matrix.SPACE; `my.module:MY_SPACE` -> that attribute."""
     module_name, _, attr = name.partition(":")
     if "." not in module_name and not attr:
-        module_name = f"tune_spaces.{module_name}"
+        module_name = f"convsts.tune_spaces.{module_name}"
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
@@ -61,6 +61,6 @@ def get_space(name: str) -> TuneSpace:
 def builtin_spaces() -> List[str]:
     import pkgutil
 
-    import tune_spaces
+    from convsts import tune_spaces
 
     return sorted(m.name for m in pkgutil.iter_modules(tune_spaces.__path__))

@@ -3,7 +3,7 @@
 
 from ray import tune
 
-from tune_spaces import TuneSpace
+from convsts.tune_spaces import TuneSpace
 
 FRACTIONS = [round(0.1 * k, 1) for k in range(1, 11)]
 

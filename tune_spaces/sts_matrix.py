@@ -2,7 +2,7 @@
 
 from ray import tune
 
-from tune_spaces import TuneSpace
+from convsts.tune_spaces import TuneSpace
 
 
 def params():

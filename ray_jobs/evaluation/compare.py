@@ -15,8 +15,8 @@ from typing import Dict, Sequence
 import numpy as np
 import pandas as pd
 
-from datasets.storage import BadInputError
-from ray_jobs.metrics import paired_difference
+from convsts.datasets.storage import BadInputError
+from convsts.ray_jobs.metrics import paired_difference
 
 ITEMS_DIR = "items"  # OUT/items/<task>.parquet beside results.json
 KEY_COLUMNS = ("query", "candidates")

@@ -7,11 +7,11 @@ from typing import Dict
 import numpy as np
 import pandas as pd
 
-from datasets.evalsets import cqa_text, read_cqa
-from datasets.storage import resolve_path
-from ray_jobs.config import RunConfig
-from ray_jobs.evaluation.scorers import pair_cosine
-from ray_jobs.metrics import mean_average_precision
+from convsts.datasets.evalsets import cqa_text, read_cqa
+from convsts.datasets.storage import resolve_path
+from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.evaluation.scorers import pair_cosine
+from convsts.ray_jobs.metrics import mean_average_precision
 
 
 def cqa_metrics(scorer, frame: pd.DataFrame, prefix: str) -> Dict[str, float]:

@@ -7,17 +7,17 @@ from typing import Any, Dict, List, Sequence
 
 import pandas as pd
 
-from ray_jobs.config import RunConfig
-from ray_jobs.evaluation.plots import fraction_curve_plot
-from ray_jobs.evaluation.scorers import EmbeddingScorer
-from ray_jobs.evaluation.sts import read_stsb_split, sts_metrics
+from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.evaluation.plots import fraction_curve_plot
+from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
+from convsts.ray_jobs.evaluation.sts import read_stsb_split, sts_metrics
 
 CURVE_METRICS = ["stsb/dev/pearson", "stsb/dev/captions/pearson", "stsb/test/pearson", "stsb/test/captions/pearson"]
 
 
 def fraction_curve(checkpoints: Sequence[str], cfg: RunConfig, out_dir: Path) -> List[Dict[str, Any]]:
     """Writes out_dir/curve.csv and out_dir/curve.png; returns the rows."""
-    from models import load
+    from convsts.models import load
 
     out_dir.mkdir(parents=True, exist_ok=True)
     frames = {split: read_stsb_split(cfg, split) for split in ("dev", "test")}

@@ -12,22 +12,22 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from datasets.evalsets import check_sts_entries, pair_keys
-from datasets.storage import BadInputError, redact
-from datasets import storage
-from models.sts_transform import load_sts_transform
-from ray_jobs import tracking
-from ray_jobs.config import RunConfig
-from ray_jobs.evaluation.compare import ITEMS_DIR, write_items
-from ray_jobs.evaluation.cqa import configured_cqa_metrics
-from ray_jobs.evaluation.plots import scatter_plot
-from ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
-from ray_jobs.model_card import CARD_FILE, FACTS_FILE, add_results
-from ray_jobs.evaluation.sts import (predicted_scores, read_stsb_split, sts_file_metrics, sts_metrics,
+from convsts.datasets.evalsets import check_sts_entries, pair_keys
+from convsts.datasets.storage import BadInputError, redact
+from convsts.datasets import storage
+from convsts.models.sts_transform import load_sts_transform
+from convsts.ray_jobs import tracking
+from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, write_items
+from convsts.ray_jobs.evaluation.cqa import configured_cqa_metrics
+from convsts.ray_jobs.evaluation.plots import scatter_plot
+from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
+from convsts.ray_jobs.model_card import CARD_FILE, FACTS_FILE, add_results
+from convsts.ray_jobs.evaluation.sts import (predicted_scores, read_stsb_split, sts_file_metrics, sts_metrics,
                                      stsb_embeddings, tuned_sts_metrics)
-from ray_jobs.runtime import log, tracking_uri
-from ray_jobs.tasks import get_task, model_heads
-from ray_jobs.tasks.base import MANIFEST, config_value
+from convsts.ray_jobs.runtime import log, tracking_uri
+from convsts.ray_jobs.tasks import get_task, model_heads
+from convsts.ray_jobs.tasks.base import MANIFEST, config_value
 
 PRIMARY_METRIC = "stsb/dev/pearson"
 
@@ -41,7 +41,7 @@ def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_sets: Opti
              transform_dirs: Sequence[Path] = (), items_dir: Optional[Path] = None) -> Dict[str, float]:
     """All metrics of one scorer; `sts_sets`: other STS files, {path: name} (check_sts_entries). The
     tuned STS matrix (embedding scorers only) is saved in each of `transform_dirs`; each task's
-    per-item outcomes (Task.evaluate_items) in `items_dir`/<task>.parquet (ray_jobs.evaluation.compare)."""
+    per-item outcomes (Task.evaluate_items) in `items_dir`/<task>.parquet (convsts.ray_jobs.evaluation.compare)."""
     results: Dict[str, float] = {}
     frames = {split: read_stsb_split(cfg, split) for split in ("dev", "test")}
     embedded = {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
@@ -159,7 +159,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
         raise ValueError("give --checkpoint or --baseline")
     sts_sets = check_sts_entries(sts_files)  # a missing --sts file or a clash of names is refused before anything is made
     if checkpoint:
-        from models.checkpoint import checkpoint_folder, read_meta
+        from convsts.models.checkpoint import checkpoint_folder, read_meta
 
         local = checkpoint_folder(checkpoint)  # a URI's files, copied to this machine once and read from there
         meta = read_meta(local)
@@ -171,7 +171,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
                 if checkpoint:
                     check_held_out(task, manifest, prepared, checkpoint, meta)
     if checkpoint:
-        from models import load
+        from convsts.models import load
 
         scorer = EmbeddingScorer(load(local), cfg.eval.batch_size)
     else:
@@ -216,7 +216,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
             tracking.log_artifacts(uri, run_id, str(out_dir / ITEMS_DIR), ITEMS_DIR)
         if (trained.get("mlflow_run_id") == run_id and trained.get("model")
                 and Path(trained["model"]).resolve() in {c.resolve() for c in cards}):
-            from ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
+            from convsts.ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
 
             log_model(uri, run_id, trained["model"], step=step)  # the training run's model, now with its results and STS matrix
         flat["mlflow_run_id"] = run_id
@@ -230,7 +230,7 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
 def check_held_out(task, manifest: Dict[str, object], prepared: str, checkpoint: str, meta: Dict[str, Any]) -> None:
     """A checkpoint is scored on held-out rows split as in its own training run (Task.split_keys):
     a folder split otherwise may hold out rows the checkpoint trained on, so it is refused. `meta`:
-    the checkpoint's config.json (models.checkpoint.read_meta)."""
+    the checkpoint's config.json (convsts.models.checkpoint.read_meta)."""
     trained = meta.get("run_config", {})
     if task.name not in trained.get("trainer", {}).get("task_weights", {}):
         return
@@ -251,7 +251,7 @@ def trained_step(checkpoint: str) -> int:
     """The training step of a checkpoint's weights: config.json's "step" (checkpoints and model
     folders since it was added), else the train state (older checkpoints), else the steps the run
     config asked for."""
-    from models.checkpoint import load_train_state, read_meta
+    from convsts.models.checkpoint import load_train_state, read_meta
 
     meta = read_meta(checkpoint)
     if "step" in meta:

@@ -6,10 +6,10 @@ from typing import Dict
 
 import pandas as pd
 
-from datasets.snli import read_snli
-from datasets.storage import resolve_path
-from ray_jobs.metrics import accuracy
-from ray_jobs.runtime import log
+from convsts.datasets.snli import read_snli
+from convsts.datasets.storage import resolve_path
+from convsts.ray_jobs.metrics import accuracy
+from convsts.ray_jobs.runtime import log
 
 
 def nli_metrics(scorer, frame: pd.DataFrame, prefix: str) -> Dict[str, float]:

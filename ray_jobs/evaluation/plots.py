@@ -8,7 +8,7 @@ from typing import Any, Dict, Sequence
 import numpy as np
 import pandas as pd
 
-from models.similarity import pearson
+from convsts.models.similarity import pearson
 
 
 def _pyplot():

@@ -9,9 +9,9 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import pandas as pd
 
-from datasets import storage
-from ray_jobs.evaluation.scorers import scores_matrix
-from ray_jobs.metrics import precision_at_n, true_ranks
+from convsts.datasets import storage
+from convsts.ray_jobs.evaluation.scorers import scores_matrix
+from convsts.ray_jobs.metrics import precision_at_n, true_ranks
 
 
 def heldout_pairs(test_dir: str) -> Optional[pd.DataFrame]:

@@ -8,8 +8,8 @@ from typing import Dict, Sequence
 
 import numpy as np
 
-from datasets.text import words
-from models.similarity import cosine
+from convsts.datasets.text import words
+from convsts.models.similarity import cosine
 
 
 class EmbeddingScorer:

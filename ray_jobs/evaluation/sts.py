@@ -1,5 +1,5 @@
 """STS benchmarks: STS-B (overall and by genre, raw and with the tuned matrix), any STS-style file,
-and the STS-B dev probe run inside training. Score: models.similarity's angular score."""
+and the STS-B dev probe run inside training. Score: convsts.models.similarity's angular score."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from typing import AbstractSet, Dict, Optional, Tuple
 import numpy as np
 import pandas as pd
 
-from datasets.evalsets import pair_keys, read_sts_file, read_stsb, stsb_split_path
-from datasets.storage import resolve_path
-from models.similarity import angular_score_from_cosine, pearson
-from models.sts_transform import StsTransform, fit_sts_transform
-from ray_jobs.config import RunConfig
-from ray_jobs.evaluation.scorers import pair_cosine
-from ray_jobs.metrics import spearman
-from ray_jobs.runtime import log
+from convsts.datasets.evalsets import pair_keys, read_sts_file, read_stsb, stsb_split_path
+from convsts.datasets.storage import resolve_path
+from convsts.models.similarity import angular_score_from_cosine, pearson
+from convsts.models.sts_transform import StsTransform, fit_sts_transform
+from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.evaluation.scorers import pair_cosine
+from convsts.ray_jobs.metrics import spearman
+from convsts.ray_jobs.runtime import log
 
 
 def read_stsb_split(cfg: RunConfig, split: str) -> pd.DataFrame:
@@ -51,7 +51,7 @@ def sts_metrics(scorer, frame: pd.DataFrame, prefix: str, by_genre: bool = True,
 
 def sts_file_metrics(scorer, path: str, name: str, transform: Optional[StsTransform] = None,
                      fitted_pairs: AbstractSet[Tuple[str, str]] = frozenset()) -> Dict[str, float]:
-    """sts/<name>/{pearson,spearman} of an STS-style file (datasets.evalsets.read_sts_file), and
+    """sts/<name>/{pearson,spearman} of an STS-style file (convsts.datasets.evalsets.read_sts_file), and
     sts_tuned/<name>/... with `transform` (the matrix fitted on STS-B: does it carry over?). The STS
     Benchmark holds many STS 2012-2016 pairs: the tuned scores leave out `fitted_pairs` (the pair_keys
     of the STS-B splits that fitted and selected the matrix) and say how many they scored
@@ -119,7 +119,7 @@ class StsDevProbe:
         self.tokenizer = tokenizer
 
     def evaluate(self, model) -> Dict[str, float]:
-        from models.checkpoint import SentenceEncoder
+        from convsts.models.checkpoint import SentenceEncoder
 
         model.eval()
         try:

@@ -7,14 +7,14 @@ import importlib
 import pkgutil
 from typing import TYPE_CHECKING, Dict, List, Sequence
 
-from ray_jobs.tasks.base import Task
+from convsts.ray_jobs.tasks.base import Task
 
 if TYPE_CHECKING:
-    from ray_jobs.config import RunConfig
+    from convsts.ray_jobs.config import RunConfig
 
 
 def builtin_tasks() -> List[str]:
-    import ray_jobs.tasks as package
+    import convsts.ray_jobs.tasks as package
 
     return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name != "base")
 
@@ -33,7 +33,7 @@ def get_task(name: str, modules: Sequence[str] = ()) -> Task:
         if task.name == name:
             return task
     if name in builtin_tasks():
-        return _task_in(f"ray_jobs.tasks.{name}")
+        return _task_in(f"convsts.ray_jobs.tasks.{name}")
     known = builtin_tasks() + [_task_in(m).name for m in modules]
     raise ValueError(f"unknown task {name!r}: known tasks are {', '.join(known)} "
                      f"(add a module under ray_jobs/tasks/ or list one in task_modules)")

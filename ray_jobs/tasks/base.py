@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from datasets import storage
-from datasets.storage import BadInputError, redact_tree
+from convsts.datasets import storage
+from convsts.datasets.storage import BadInputError, redact_tree
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ray_jobs.config import RunConfig
+    from convsts.ray_jobs.config import RunConfig
 
 MANIFEST = "manifest.json"
 Batch = Dict[str, torch.Tensor]
@@ -99,7 +99,7 @@ def fields(batch: Batch, prefix: str) -> Batch:
 
 class Task:
     name: str = ""
-    head: str = ""  # head kind in models.heads.HEADS, or "package.module:Class"
+    head: str = ""  # head kind in convsts.models.heads.HEADS, or "package.module:Class"
     pair: Tuple[str, str] = ("", "")  # the two text columns of a row; both go through the shared encoder
     label: Optional[str] = None  # an integer label column the loss needs
     keeps_head_on_warm_start: bool = False  # a warm start copies this task's head along with the encoder
@@ -135,7 +135,7 @@ class Task:
         """A pandas frame of training rows -> out_dir/train parquet shards (Ray Data)."""
         import ray.data
 
-        from ray_jobs.runtime import ensure_ray
+        from convsts.ray_jobs.runtime import ensure_ray
 
         ensure_ray()
         target, fs = storage.path_and_filesystem(storage.join(out_dir, "train"))
@@ -163,7 +163,7 @@ class Task:
                             keys: Optional[Tuple[str, ...]] = None, label: str = "this run") -> List[str]:
         """'KEY=RECORDED (LABEL: VALUE)' for each of `keys` (default prepared_keys; a section such
         as `filters` key by key) whose value in the manifest differs from the run config's."""
-        from ray_jobs.config import changed_values, flatten
+        from convsts.ray_jobs.config import changed_values, flatten
 
         recorded: Dict[str, Any] = {}
         current: Dict[str, Any] = {}
@@ -189,7 +189,7 @@ class Task:
         prepared elsewhere, e.g. on a cluster)."""
         from collections import Counter
 
-        from ray_jobs.runtime import log
+        from convsts.ray_jobs.runtime import log
 
         recorded = manifest.get("input_files")
         if recorded is None:
@@ -301,7 +301,7 @@ class Task:
         """`prepare` into an empty (or new) out_dir. A folder that an interrupted prepare of this task
         left (interrupted_prepare) is removed and prepared again, so the same command, run again,
         resumes; any other content is refused, never added to (more shards would be more rows)."""
-        from ray_jobs.runtime import log
+        from convsts.ray_jobs.runtime import log
 
         if storage.has_entries(out_dir):
             if storage.is_file(storage.join(out_dir, MANIFEST)):

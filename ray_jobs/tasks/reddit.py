@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional
 
-from datasets import storage
-from datasets.storage import BadInputError
-from models.losses import in_batch_accuracy, in_batch_softmax_loss
-from ray_jobs.tasks.base import Task, fields
+from convsts.datasets import storage
+from convsts.datasets.storage import BadInputError
+from convsts.models.losses import in_batch_accuracy, in_batch_softmax_loss
+from convsts.ray_jobs.tasks.base import Task, fields
 
 
 NEGATIVE = "negative"  # the column of mined hard negatives (`convsts mine-negatives`)
@@ -29,8 +29,8 @@ class RedditTask(Task):
 
     def prepare(self, inputs: List[str], out_dir: str, cfg) -> Dict[str, Any]:
         """Reddit inputs -> out_dir/{train,test} shards + out_dir/manifest.json (local or a URI)."""
-        from datasets import reddit
-        from ray_jobs.runtime import ensure_ray, log
+        from convsts.datasets import reddit
+        from convsts.ray_jobs.runtime import ensure_ray, log
 
         started = time.time()
         files = storage.expand_inputs(inputs)
@@ -96,7 +96,7 @@ class RedditTask(Task):
         return self.evaluate_items(scorer, cfg, prepared_root)[0]
 
     def evaluate_items(self, scorer, cfg, prepared_root: Optional[str]):
-        from ray_jobs.evaluation.retrieval import heldout_pairs, precision_at_n_metrics
+        from convsts.ray_jobs.evaluation.retrieval import heldout_pairs, precision_at_n_metrics
 
         heldout = heldout_pairs(storage.join(self.prepared_dir(prepared_root), "test")) if prepared_root else None
         if heldout is None:

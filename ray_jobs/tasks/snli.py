@@ -7,13 +7,13 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from datasets import storage
-from models.losses import nli_loss
-from ray_jobs.tasks.base import Task, fields
+from convsts.datasets import storage
+from convsts.models.losses import nli_loss
+from convsts.ray_jobs.tasks.base import Task, fields
 
 
 def _fraction_filter(batch: Dict[str, np.ndarray], fraction: float, seed: int) -> Dict[str, np.ndarray]:
-    from datasets.snli import fraction_rank
+    from convsts.datasets.snli import fraction_rank
 
     keep = np.array([fraction_rank(str(p), str(h), seed) < fraction
                      for p, h in zip(batch["premise"], batch["hypothesis"])], dtype=bool)
@@ -34,8 +34,8 @@ class SnliTask(Task):
         return [cfg.data.snli_train]
 
     def prepare(self, inputs: List[str], out_dir: str, cfg) -> Dict[str, Any]:
-        from datasets import snli
-        from ray_jobs.runtime import log
+        from convsts.datasets import snli
+        from convsts.ray_jobs.runtime import log
 
         path = storage.resolve_path(inputs[0])
         read = snli.read_snli(path)
@@ -61,7 +61,7 @@ class SnliTask(Task):
         return nli_loss(logits, labels), (logits.argmax(1) == labels).float().mean()
 
     def evaluate(self, scorer, cfg, prepared_root: Optional[str]) -> Dict[str, float]:
-        from ray_jobs.evaluation.nli import nli_accuracy
+        from convsts.ray_jobs.evaluation.nli import nli_accuracy
 
         if not hasattr(scorer, "nli_logits"):
             return {}

@@ -13,12 +13,12 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ray_jobs.config import RunConfig
-from ray_jobs.task_groups import TaskPlan
-from ray_jobs.training.holder import HolderUpdate, holder_stats_metrics
-from ray_jobs.training.loop import NON_FINITE_ADVICE, LoopHooks, NonFiniteLossError, StreamFactory, TrainLoop
-from ray_jobs.training.state import TrainState
-from ray_jobs.training.step import Optimizers, train_step
+from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.task_groups import TaskPlan
+from convsts.ray_jobs.training.holder import HolderUpdate, holder_stats_metrics
+from convsts.ray_jobs.training.loop import NON_FINITE_ADVICE, LoopHooks, NonFiniteLossError, StreamFactory, TrainLoop
+from convsts.ray_jobs.training.state import TrainState
+from convsts.ray_jobs.training.step import Optimizers, train_step
 
 
 class AsyncTrainLoop(TrainLoop):

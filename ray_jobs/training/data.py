@@ -11,11 +11,11 @@ from typing import Any, Dict, Iterator, List, Sequence
 import numpy as np
 import torch
 
-from datasets.text import TOKENIZERS, encode_columns, fit_tokenizer, words
-from models.encoders import encoder_class
-from ray_jobs.config import RunConfig
-from ray_jobs.task_groups import TaskPlan
-from ray_jobs.tasks import Task, prepared_tasks, trained_tasks
+from convsts.datasets.text import TOKENIZERS, encode_columns, fit_tokenizer, words
+from convsts.models.encoders import encoder_class
+from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.task_groups import TaskPlan
+from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
 
 
 def check_prepared(prepared_root: str, tasks: Dict[str, Task], cfg: RunConfig) -> Dict[str, Dict[str, Any]]:

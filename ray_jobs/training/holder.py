@@ -26,11 +26,11 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
-from ray_jobs.config import from_dict
-from ray_jobs.task_groups import plan_for
-from ray_jobs.tasks import trained_tasks
-from ray_jobs.training.state import StageSchedule, TrainState, initial_model
-from ray_jobs.training.step import Optimizers
+from convsts.ray_jobs.config import from_dict
+from convsts.ray_jobs.task_groups import plan_for
+from convsts.ray_jobs.tasks import trained_tasks
+from convsts.ray_jobs.training.state import StageSchedule, TrainState, initial_model
+from convsts.ray_jobs.training.step import Optimizers
 
 # A pushed or pulled tensor: dense, or a sparse table's (row indices (nnz,), rows (nnz, D)).
 Wire = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
@@ -56,7 +56,7 @@ class ParameterHolder:
         self._cond: Optional[asyncio.Condition] = None
 
     def _build(self, run: Dict[str, Any], tokenizer: Dict[str, Any]) -> None:
-        from datasets.text import tokenizer_from_dict
+        from convsts.datasets.text import tokenizer_from_dict
 
         self.cfg = from_dict(run)
         trainer = self.cfg.trainer

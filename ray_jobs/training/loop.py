@@ -10,12 +10,12 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 
-from ray_jobs.config import RunConfig
-from ray_jobs.evaluation.sts import StsDevProbe
-from ray_jobs.task_groups import GradientCombiner, TaskPlan, draw_task
-from ray_jobs.tasks import trained_tasks
-from ray_jobs.training.state import MetricWindow, StageSchedule, TrainState, format_eta, resume_skip
-from ray_jobs.training.step import Optimizers, train_step
+from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.evaluation.sts import StsDevProbe
+from convsts.ray_jobs.task_groups import GradientCombiner, TaskPlan, draw_task
+from convsts.ray_jobs.tasks import trained_tasks
+from convsts.ray_jobs.training.state import MetricWindow, StageSchedule, TrainState, format_eta, resume_skip
+from convsts.ray_jobs.training.step import Optimizers, train_step
 
 # open_stream(task, batch_size, epoch, skip) -> an iterator of batches with .position()
 StreamFactory = Callable[[str, int, int, int], Iterator[Dict[str, torch.Tensor]]]

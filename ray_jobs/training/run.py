@@ -11,18 +11,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from datasets.storage import redact, redact_tree, resolve_path
-from datasets import storage
-from models.checkpoint import load_model, read_meta, save_model_folder
-from ray_jobs import tracking
-from ray_jobs.config import ConfigError, RunConfig, changed_values, flatten
-from ray_jobs.model_card import write_card, run_facts
-from ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
-from ray_jobs.task_groups import plan_for
-from ray_jobs.tasks import prepared_tasks, trained_tasks
-from ray_jobs.tasks.base import MANIFEST
-from ray_jobs.training.loop import SCORE_METRIC
-from ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
+from convsts.datasets.storage import redact, redact_tree, resolve_path
+from convsts.datasets import storage
+from convsts.models.checkpoint import load_model, read_meta, save_model_folder
+from convsts.ray_jobs import tracking
+from convsts.ray_jobs.config import ConfigError, RunConfig, changed_values, flatten
+from convsts.ray_jobs.model_card import write_card, run_facts
+from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
+from convsts.ray_jobs.task_groups import plan_for
+from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
+from convsts.ray_jobs.tasks.base import MANIFEST
+from convsts.ray_jobs.training.loop import SCORE_METRIC
+from convsts.ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
 
 
 MODEL_FOLDER = "model"  # OUT/model
@@ -137,7 +137,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     out_dir.mkdir(parents=True, exist_ok=True)
     prepared = prepared_location(cfg, out_dir, prepared_dir)
     if cfg.trainer.eval_every:
-        from ray_jobs.evaluation.sts import read_stsb_split
+        from convsts.ray_jobs.evaluation.sts import read_stsb_split
 
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
     manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders, before any run exists
@@ -175,7 +175,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
 
 def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, out_dir: Path) -> None:
     """OUT/loss_curves.png from the run's per-task metric history, logged under plots/."""
-    from ray_jobs.evaluation.plots import loss_curves_plot
+    from convsts.ray_jobs.evaluation.plots import loss_curves_plot
 
     c = tracking.client(uri)
     names = [f"{task}/{m}" for task in cfg.trainer.task_weights for m in ("loss", "batch_accuracy")]
@@ -204,9 +204,9 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from ray_jobs.mlflow_model import log_model
+    from convsts.ray_jobs.mlflow_model import log_model
 
-    from ray_jobs.training.worker import train_loop_per_worker
+    from convsts.ray_jobs.training.worker import train_loop_per_worker
 
     started = time.time()
     init = cfg.trainer.resume_from or cfg.trainer.warm_start
@@ -233,7 +233,7 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
     }
     holder = None
     if plan.mode == "async":  # the shared encoder's parameter holder, for this fit only
-        from ray_jobs.training.holder import start_holder
+        from convsts.ray_jobs.training.holder import start_holder
 
         holder = loop_config["holder"] = start_holder(cfg)
     trainer = TorchTrainer(

@@ -11,8 +11,8 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 import torch
 
-from ray_jobs.config import TrainerConfig
-from ray_jobs.task_groups import GradientCombiner
+from convsts.ray_jobs.config import TrainerConfig
+from convsts.ray_jobs.task_groups import GradientCombiner
 
 
 def seed_everything(seed: int) -> None:

@@ -9,15 +9,15 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from datasets.storage import redact_tree
-from datasets.text import tokenizer_from_dict
-from models.checkpoint import save_checkpoint
-from ray_jobs import tracking
-from ray_jobs.config import from_dict
-from ray_jobs.task_groups import plan_for
-from ray_jobs.training.data import TaskStream
-from ray_jobs.training.loop import LoopHooks, TrainLoop
-from ray_jobs.training.state import TrainState, initial_model, restore
+from convsts.datasets.storage import redact_tree
+from convsts.datasets.text import tokenizer_from_dict
+from convsts.models.checkpoint import save_checkpoint
+from convsts.ray_jobs import tracking
+from convsts.ray_jobs.config import from_dict
+from convsts.ray_jobs.task_groups import plan_for
+from convsts.ray_jobs.training.data import TaskStream
+from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
+from convsts.ray_jobs.training.state import TrainState, initial_model, restore
 
 
 def say_once(line: str) -> None:
@@ -75,13 +75,13 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
 
     evaluate = None
     if rank == 0 and cfg.trainer.eval_every:
-        from ray_jobs.evaluation.sts import StsDevProbe
+        from convsts.ray_jobs.evaluation.sts import StsDevProbe
 
         probe = StsDevProbe(cfg, tokenizer)
         evaluate = probe.evaluate
     hooks = LoopHooks(log=log, checkpoint=report, evaluate=evaluate, say=say_once)
     if plan.mode == "async":
-        from ray_jobs.training.async_loop import AsyncTrainLoop
+        from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
 
         loop: TrainLoop = AsyncTrainLoop(cfg, model, plan, rank, open_stream, loop_config["holder"], tokenizer, hooks,
                                          state)
