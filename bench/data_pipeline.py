@@ -31,9 +31,15 @@ def main() -> int:
     parser.add_argument("--input", nargs="+", default=[str(Path(__file__).resolve().parents[2] / "shared/data/reddit")])
     parser.add_argument("--rows", type=int, default=100_000, help="rows of the feed to stream")
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--bigram-hash", default="codes", choices=DanTokenizer.BIGRAM_HASHES,
-                        help="the DAN tokenizer's bigram ids: codes (vectorized, the default) or crc32 (per bigram, the format before)")
-    parser.add_argument("--config", default=None, help="run config (filters, tokenizer, optimizer); default: the defaults")
+    parser.add_argument(
+        "--bigram-hash",
+        default="codes",
+        choices=DanTokenizer.BIGRAM_HASHES,
+        help="the DAN tokenizer's bigram ids: codes (vectorized, the default) or crc32 (per bigram, the format before)",
+    )
+    parser.add_argument(
+        "--config", default=None, help="run config (filters, tokenizer, optimizer); default: the defaults"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.optimizer=adam")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -59,8 +65,10 @@ def main() -> int:
     reddit = get_task("reddit")
     manifest = reddit.prepare(args.input, str(work / "reddit"), cfg)
     prep_s = time.perf_counter() - started
-    print(f"prepare reddit: {manifest['lines_read']} lines -> {manifest['pairs']} pairs in {prep_s:.1f} s = "
-          f"{manifest['lines_read'] / prep_s:,.0f} lines/s  (filtered {json.dumps(manifest['filtered_by_rule'])})")
+    print(
+        f"prepare reddit: {manifest['lines_read']} lines -> {manifest['pairs']} pairs in {prep_s:.1f} s = "
+        f"{manifest['lines_read'] / prep_s:,.0f} lines/s  (filtered {json.dumps(manifest['filtered_by_rule'])})"
+    )
 
     import pyarrow.parquet as pq
 
@@ -73,7 +81,7 @@ def main() -> int:
         start = time.perf_counter()
         for i in range(0, len(texts), 1024):
             for column in ("context", "response"):
-                tokenizer.encode(list(texts[column].iloc[i:i + 1024]), width=cfg.tokenizer.max_words)
+                tokenizer.encode(list(texts[column].iloc[i : i + 1024]), width=cfg.tokenizer.max_words)
         best = max(best, len(texts) / (time.perf_counter() - start))
     print(f"DAN tokenizer ({args.bigram_hash} bigrams), one process: {best:,.0f} rows/s")
     ds = tokenized(reddit, storage.read_shards(str(work / "reddit" / "train")), tokenizer, cfg.tokenizer.max_words)
@@ -90,17 +98,22 @@ def main() -> int:
     feed_s = time.perf_counter() - started
     feed = rows / feed_s
     steady = rows / max(feed_s - first, 1e-9)
-    print(f"tokenized feed: {rows} rows in {feed_s:.1f} s = {feed:,.0f} rows/s "
-          f"(first batch after {first:.1f} s; {steady:,.0f} rows/s after it)")
+    print(
+        f"tokenized feed: {rows} rows in {feed_s:.1f} s = {feed:,.0f} rows/s "
+        f"(first batch after {first:.1f} s; {steady:,.0f} rows/s after it)"
+    )
 
     seed_everything(0)
     model = build_model(cfg.model, tokenizer)
     opts = Optimizers.build(cfg.trainer, model, [reddit.name], cfg.trainer.stages[0].lr)
     combiner = GradientCombiner(plan_tasks({reddit.name: 1.0}, 1), 0)
     frame = pq.read_table(str(work / "reddit" / "train")).slice(0, 40 * args.batch).to_pandas()
-    batches = [frame_batch(tokenizer, reddit, frame.iloc[i * args.batch:(i + 1) * args.batch], cfg.tokenizer.max_words,
-                           cfg=cfg)
-               for i in range(40)]
+    batches = [
+        frame_batch(
+            tokenizer, reddit, frame.iloc[i * args.batch : (i + 1) * args.batch], cfg.tokenizer.max_words, cfg=cfg
+        )
+        for i in range(40)
+    ]
     times = []
     for batch in batches:
         start = time.perf_counter()
@@ -108,7 +121,9 @@ def main() -> int:
         times.append(time.perf_counter() - start)
     consume = args.batch / statistics.median(times[5:])
     print(f"DAN training step (one process, batch {args.batch}, {cfg.trainer.optimizer}): {consume:,.0f} pairs/s")
-    print(f"ratio feed / DAN consumption: {feed / consume:.1f} (whole stream), {steady / consume:.1f} (after the first batch); target >= 3")
+    print(
+        f"ratio feed / DAN consumption: {feed / consume:.1f} (whole stream), {steady / consume:.1f} (after the first batch); target >= 3"
+    )
     return 0
 
 

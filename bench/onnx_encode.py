@@ -56,8 +56,10 @@ def main() -> int:
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))
     texts = [t for t in list(pairs["context"]) + list(pairs["response"]) if isinstance(t, str)]
     sentences = (texts * (1 + args.sentences // len(texts)))[: args.sentences]
-    print(f"CPU, {os.cpu_count()} cores; torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"onnxruntime {onnxruntime.__version__}; {len(sentences)} Reddit sample sentences, batch {args.batch}")
+    print(
+        f"CPU, {os.cpu_count()} cores; torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"onnxruntime {onnxruntime.__version__}; {len(sentences)} Reddit sample sentences, batch {args.batch}"
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.encoders:
@@ -72,13 +74,26 @@ def main() -> int:
             torch_rate = best_rate(lambda s: torch_encoder.encode(s, batch_size=args.batch), sentences)
             onnx_encoder = OnnxEncoder(exported)
             onnx_rate = best_rate(lambda s: onnx_encoder.encode(s, batch_size=args.batch), sentences)
-            diff = float(np.abs(torch_encoder.encode(sentences[:500], batch_size=args.batch)
-                                - onnx_encoder.encode(sentences[:500], batch_size=args.batch)).max())
+            diff = float(
+                np.abs(
+                    torch_encoder.encode(sentences[:500], batch_size=args.batch)
+                    - onnx_encoder.encode(sentences[:500], batch_size=args.batch)
+                ).max()
+            )
             onnx_encoder = None  # its session (and threads) released before the next encoder is timed
-            rows.append({"encoder": name, "torch_sentences_per_s": torch_rate, "onnx_sentences_per_s": onnx_rate,
-                         "onnx_over_torch": onnx_rate / torch_rate, "max_abs_diff": diff})
-            print(f"  {name:<12} torch {torch_rate:9.0f} sentences/s   onnxruntime {onnx_rate:9.0f} sentences/s   "
-                  f"ratio {onnx_rate / torch_rate:5.2f}   max |diff| {diff:.1e}")
+            rows.append(
+                {
+                    "encoder": name,
+                    "torch_sentences_per_s": torch_rate,
+                    "onnx_sentences_per_s": onnx_rate,
+                    "onnx_over_torch": onnx_rate / torch_rate,
+                    "max_abs_diff": diff,
+                }
+            )
+            print(
+                f"  {name:<12} torch {torch_rate:9.0f} sentences/s   onnxruntime {onnx_rate:9.0f} sentences/s   "
+                f"ratio {onnx_rate / torch_rate:5.2f}   max |diff| {diff:.1e}"
+            )
     print(json.dumps(rows))
     return 0
 

@@ -40,8 +40,10 @@ def main() -> int:
     pairs = pairs[pairs["status"] == ""]
     contexts, responses = list(pairs["context"]), list(pairs["response"])
     tokenizer = SubwordTokenizer.train(contexts + responses, TokenizerConfig(max_words=64))
-    ids = {f"{side}__ids": tokenizer.encode(texts, width=64)["ids"]
-           for side, texts in (("context", contexts), ("response", responses))}
+    ids = {
+        f"{side}__ids": tokenizer.encode(texts, width=64)["ids"]
+        for side, texts in (("context", contexts), ("response", responses))
+    }
     n = len(contexts) // args.batch * args.batch
     t = TransformerConfig()
     h, f = t.hidden_size, t.filter_size
@@ -74,9 +76,11 @@ def main() -> int:
                     all_flops += flops(np.full(len(lengths), width)).sum()
             stream.close()
             label = f"bucket_batches={buckets}" if buckets else "no bucketing"
-            print(f"  {label:<18} real tokens {100 * real / positions:5.1f}% of positions "
-                  f"({100 * real / fixed:4.1f}% at the fixed width 64)   "
-                  f"{100 * real_flops / all_flops:5.1f}% of FLOPs on real tokens")
+            print(
+                f"  {label:<18} real tokens {100 * real / positions:5.1f}% of positions "
+                f"({100 * real / fixed:4.1f}% at the fixed width 64)   "
+                f"{100 * real_flops / all_flops:5.1f}% of FLOPs on real tokens"
+            )
     finally:
         ray.shutdown()
     return 0

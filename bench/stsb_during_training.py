@@ -51,9 +51,18 @@ def main() -> int:
     probe = StsDevProbe(cfg, tokenizer)
     batch_size = cfg.trainer.stages[0].batch_size
     tasks = {name: get_task(name) for name in weights}
-    streams = {name: FrameStream(task, pq.read_table(str(Path(args.prepared) / name / "train")).to_pandas(), tokenizer,
-                                 batch_size, cfg.tokenizer.max_words, seed=cfg.seed, cfg=cfg)
-               for name, task in tasks.items()}
+    streams = {
+        name: FrameStream(
+            task,
+            pq.read_table(str(Path(args.prepared) / name / "train")).to_pandas(),
+            tokenizer,
+            batch_size,
+            cfg.tokenizer.max_words,
+            seed=cfg.seed,
+            cfg=cfg,
+        )
+        for name, task in tasks.items()
+    }
     seed_everything(cfg.seed)
     model = build_model(cfg.model, tokenizer)
     # The trainer's step, one process: each step's task drawn by weight (the 1-worker trainer's mode).
@@ -65,11 +74,15 @@ def main() -> int:
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
         name = draw_task(plan, draws)
-        train_step(model, tasks[name], next(streams[name]), opts, combiner, cfg.trainer.grad_clip,
-                   cfg.trainer.precision)
+        train_step(
+            model, tasks[name], next(streams[name]), opts, combiner, cfg.trainer.grad_clip, cfg.trainer.precision
+        )
         if step % args.every == 0:
-            print(f"{weights} step {step} {metric} {probe.evaluate(model)[metric]:.4f} "
-                  f"{(time.perf_counter() - started) / step:.3f} s/step", flush=True)
+            print(
+                f"{weights} step {step} {metric} {probe.evaluate(model)[metric]:.4f} "
+                f"{(time.perf_counter() - started) / step:.3f} s/step",
+                flush=True,
+            )
     return 0
 
 

@@ -52,20 +52,41 @@ def main() -> int:
     out = Path(args.out)
     rows: Dict[str, Dict[str, float]] = {}
     # One stage (the budget's step counts differ by mode) and no checkpoints but the last.
-    common = ["trainer.stages=[{start_step: 0, batch_size: 128, lr: 0.001}]", "trainer.eval_every=0", "trainer.log_every=25"]
+    common = [
+        "trainer.stages=[{start_step: 0, batch_size: 128, lr: 0.001}]",
+        "trainer.eval_every=0",
+        "trainer.log_every=25",
+    ]
     for mode in args.modes.split(","):
-        def config(steps: int, name: str):
-            return load_config(args.config, [*common, f"trainer.task_split={mode}", f"trainer.steps={steps}",
-                                             f"trainer.checkpoint_every={steps}", f"name={name}", *args.overrides])
 
-        calib = run_training(config(args.calibration_steps, f"split-{mode}-calibration"), out / f"{mode}-calibration",
-                             prepared_dir=args.prepared, fresh=True)
+        def config(steps: int, name: str):
+            return load_config(
+                args.config,
+                [
+                    *common,
+                    f"trainer.task_split={mode}",
+                    f"trainer.steps={steps}",
+                    f"trainer.checkpoint_every={steps}",
+                    f"name={name}",
+                    *args.overrides,
+                ],
+            )
+
+        calib = run_training(
+            config(args.calibration_steps, f"split-{mode}-calibration"),
+            out / f"{mode}-calibration",
+            prepared_dir=args.prepared,
+            fresh=True,
+        )
         client = tracking.client(calib.tracking_uri)
         step_s = statistics.median(_history(client, calib.run_id, "step_time_s")[1:])
         fixed_s = max(calib.seconds - args.calibration_steps * step_s, 0.0)
         steps = int((args.minutes * 60 - fixed_s) / step_s)
-        print(f"[bench] {mode}: {step_s * 1000:.1f} ms per update, {fixed_s:.0f} s fixed -> {steps} updates in "
-              f"{args.minutes} min", flush=True)
+        print(
+            f"[bench] {mode}: {step_s * 1000:.1f} ms per update, {fixed_s:.0f} s fixed -> {steps} updates in "
+            f"{args.minutes} min",
+            flush=True,
+        )
         cfg = config(steps, f"split-{mode}")
         result = run_training(cfg, out / mode, prepared_dir=args.prepared, fresh=True)
         client = tracking.client(result.tracking_uri)
@@ -83,20 +104,37 @@ def main() -> int:
             for task in ("reddit", "snli"):
                 row[f"{task}_pairs_s"] = _mean(_history(client, result.run_id, f"{task}/pairs_per_s")[1:])
             row["staleness_reddit"] = row["staleness_snli"] = 0.0
-        results = run_evaluation(cfg, out / f"{mode}-eval", checkpoint=str(result.checkpoint),
-                                 prepared_dir=args.prepared, run_id=result.run_id, mlflow_uri=result.tracking_uri)
-        row.update({"stsb_dev": results["stsb/dev/pearson"], "stsb_test": results["stsb/test/pearson"],
-                    "p_at_1": results["reddit/p_at_1"], "snli_dev": results["snli/dev/accuracy"], "run": result.run_id})
+        results = run_evaluation(
+            cfg,
+            out / f"{mode}-eval",
+            checkpoint=str(result.checkpoint),
+            prepared_dir=args.prepared,
+            run_id=result.run_id,
+            mlflow_uri=result.tracking_uri,
+        )
+        row.update(
+            {
+                "stsb_dev": results["stsb/dev/pearson"],
+                "stsb_test": results["stsb/test/pearson"],
+                "p_at_1": results["reddit/p_at_1"],
+                "snli_dev": results["snli/dev/accuracy"],
+                "run": result.run_id,
+            }
+        )
         rows[mode] = row
         print(f"[bench] {mode}: {row}", flush=True)
 
-    print("| mode | updates | train s | Reddit pairs/s | SNLI pairs/s | Reddit:SNLI updates | staleness Reddit / SNLI "
-          "| STS-B dev | STS-B test | P@1 | SNLI dev | MLflow run |")
+    print(
+        "| mode | updates | train s | Reddit pairs/s | SNLI pairs/s | Reddit:SNLI updates | staleness Reddit / SNLI "
+        "| STS-B dev | STS-B test | P@1 | SNLI dev | MLflow run |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for mode, r in rows.items():
-        print(f"| {mode} | {r['updates']:.0f} | {r['seconds']:.0f} | {r['reddit_pairs_s']:.0f} | {r['snli_pairs_s']:.0f} "
-              f"| {r['ratio']:.1f}:1 | {r['staleness_reddit']:.2f} / {r['staleness_snli']:.2f} | {r['stsb_dev']:.4f} "
-              f"| {r['stsb_test']:.4f} | {r['p_at_1']:.4f} | {r['snli_dev']:.4f} | {r['run']} |")
+        print(
+            f"| {mode} | {r['updates']:.0f} | {r['seconds']:.0f} | {r['reddit_pairs_s']:.0f} | {r['snli_pairs_s']:.0f} "
+            f"| {r['ratio']:.1f}:1 | {r['staleness_reddit']:.2f} / {r['staleness_snli']:.2f} | {r['stsb_dev']:.4f} "
+            f"| {r['stsb_test']:.4f} | {r['p_at_1']:.4f} | {r['snli_dev']:.4f} | {r['run']} |"
+        )
     return 0
 
 

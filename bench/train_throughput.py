@@ -37,8 +37,18 @@ def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float
 
     tasks = trained_tasks(cfg)
     batch_size, lr = cfg.trainer.stages[0].batch_size, cfg.trainer.stages[0].lr
-    streams = {name: FrameStream(task, pq.read_table(str(prepared / name / "train")).to_pandas(), tokenizer, batch_size,
-                                 cfg.tokenizer.max_words, seed=cfg.seed, cfg=cfg) for name, task in tasks.items()}
+    streams = {
+        name: FrameStream(
+            task,
+            pq.read_table(str(prepared / name / "train")).to_pandas(),
+            tokenizer,
+            batch_size,
+            cfg.tokenizer.max_words,
+            seed=cfg.seed,
+            cfg=cfg,
+        )
+        for name, task in tasks.items()
+    }
     seed_everything(cfg.seed)
     model = build_model(cfg.model, tokenizer, model_heads(cfg))
     plan = plan_tasks(cfg.trainer.task_weights, 1)
@@ -48,8 +58,9 @@ def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float
     for step in range(steps):
         start = time.perf_counter()
         name = draw_task(plan, draws)
-        train_step(model, tasks[name], next(streams[name]), opts, combiner, cfg.trainer.grad_clip,
-                   cfg.trainer.precision)  # tokenizes too
+        train_step(
+            model, tasks[name], next(streams[name]), opts, combiner, cfg.trainer.grad_clip, cfg.trainer.precision
+        )  # tokenizes too
         times.append(time.perf_counter() - start)
     return batch_size / statistics.median(times[warmup:])
 
@@ -94,13 +105,25 @@ def main() -> int:
 
     plain = plain_loop(cfg, prepared, tokenizer, args.steps, args.warmup)
     torch.set_num_threads(os.cpu_count() or 1)
-    one, one_s = ray_job(load_config(args.config, args.overrides + [f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}"]),
-                         prepared, 1, args.steps, work / "ray1")
-    two, two_s = ray_job(load_config(args.config, args.overrides + [f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}"]),
-                         prepared, 2, args.steps, work / "ray2")
-    print(f"config {args.config}, {args.steps} steps, batch {cfg.trainer.stages[0].batch_size}, "
-          f"{os.cpu_count()} CPUs, torch threads in the plain loop: 1 (a Ray worker gets "
-          f"{cfg.trainer.cpus_per_worker} CPU)")
+    one, one_s = ray_job(
+        load_config(args.config, args.overrides + [f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}"]),
+        prepared,
+        1,
+        args.steps,
+        work / "ray1",
+    )
+    two, two_s = ray_job(
+        load_config(args.config, args.overrides + [f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}"]),
+        prepared,
+        2,
+        args.steps,
+        work / "ray2",
+    )
+    print(
+        f"config {args.config}, {args.steps} steps, batch {cfg.trainer.stages[0].batch_size}, "
+        f"{os.cpu_count()} CPUs, torch threads in the plain loop: 1 (a Ray worker gets "
+        f"{cfg.trainer.cpus_per_worker} CPU)"
+    )
     print(f"plain single-process loop   {plain:9.1f} pairs/s")
     print(f"Ray Train, 1 worker         {one:9.1f} pairs/s   (whole fit incl. start-up {one_s:.0f} s)")
     print(f"Ray Train, 2 workers        {two:9.1f} pairs/s   (whole fit incl. start-up {two_s:.0f} s)")

@@ -21,9 +21,11 @@ from convsts.datasets import storage
 from convsts.datasets.storage import BadInputError
 
 ZSTD = ".zst"
-STDLIB = {".gz": ("gzip", lambda raw: gzip.GzipFile(fileobj=raw, mode="rb")),
-          ".bz2": ("bzip2", lambda raw: bz2.BZ2File(raw, mode="rb")),
-          ".xz": ("xz", lambda raw: lzma.LZMAFile(raw, mode="rb"))}
+STDLIB = {
+    ".gz": ("gzip", lambda raw: gzip.GzipFile(fileobj=raw, mode="rb")),
+    ".bz2": ("bzip2", lambda raw: bz2.BZ2File(raw, mode="rb")),
+    ".xz": ("xz", lambda raw: lzma.LZMAFile(raw, mode="rb")),
+}
 SUFFIXES = (ZSTD, *STDLIB)  # the compressions an input may have
 BUFFER = 1 << 20
 
@@ -87,8 +89,10 @@ class _ZstdLines(io.RawIOBase):
             chunk = self._raw.read(BUFFER)
             if not chunk:
                 if self._frame_has_input and not self._dobj.eof:
-                    raise BadInputError(f"{self._path}: truncated zstd file: the data ends inside a frame at byte "
-                                        f"{self._offset} (re-download or re-compress it)")
+                    raise BadInputError(
+                        f"{self._path}: truncated zstd file: the data ends inside a frame at byte "
+                        f"{self._offset} (re-download or re-compress it)"
+                    )
                 self._done = True
                 return
             self._offset += len(chunk)
@@ -111,7 +115,7 @@ class _ZstdLines(io.RawIOBase):
     def readinto(self, buffer) -> int:
         self._fill()
         n = min(len(buffer), len(self._pending) - self._at)
-        buffer[:n] = self._pending[self._at:self._at + n]  # one copy out; the rest is not moved
+        buffer[:n] = self._pending[self._at : self._at + n]  # one copy out; the rest is not moved
         self._at += n
         return n
 
@@ -137,7 +141,7 @@ class _Source(io.RawIOBase):
             data = self._raw.read(len(buffer))
         except OSError as err:
             raise _SourceFailed() from err
-        buffer[:len(data)] = data
+        buffer[: len(data)] = data
         return len(data)
 
     def close(self) -> None:
@@ -163,8 +167,10 @@ class _StdlibLines(io.RawIOBase):
         except _SourceFailed as failed:
             raise failed.__cause__ from None  # the store's own error, as for an uncompressed file
         except EOFError:
-            raise BadInputError(f"{self._path}: truncated {self._kind} file: the data ends before its end-of-stream "
-                                f"marker (re-download or re-compress it)") from None
+            raise BadInputError(
+                f"{self._path}: truncated {self._kind} file: the data ends before its end-of-stream "
+                f"marker (re-download or re-compress it)"
+            ) from None
         except (OSError, zlib.error, lzma.LZMAError) as err:
             raise BadInputError(f"{self._path}: corrupt {self._kind} data: {err}") from None
 

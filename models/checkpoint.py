@@ -147,8 +147,9 @@ def _load_weights(file: Path) -> Dict[str, torch.Tensor]:
     try:
         return load_file(str(file))
     except Exception as err:  # safetensors raises its own SafetensorError for a cut or corrupt file
-        raise BadInputError(f"{file}: not a readable safetensors file ({err}); the checkpoint is damaged "
-                            f"or was cut short") from None
+        raise BadInputError(
+            f"{file}: not a readable safetensors file ({err}); the checkpoint is damaged or was cut short"
+        ) from None
 
 
 def load_model(path: str | Path) -> tuple[MultitaskModel, Any, Dict[str, Any]]:
@@ -159,14 +160,17 @@ def load_model(path: str | Path) -> tuple[MultitaskModel, Any, Dict[str, Any]]:
     try:
         tokenizer = tokenizer_from_dict(tokenizer_data)
     except (ValueError, KeyError, TypeError) as err:  # an unknown kind or bigram hash, a missing field
-        raise BadInputError(f"{path / 'tokenizer.json'}: not a tokenizer this version reads ({err}); "
-                            "the checkpoint is damaged or from another program") from None
+        raise BadInputError(
+            f"{path / 'tokenizer.json'}: not a tokenizer this version reads ({err}); "
+            "the checkpoint is damaged or from another program"
+        ) from None
     model = build_model(model_config_from_dict(meta["model"]), tokenizer, meta.get("heads", LEGACY_HEADS))
     try:
         model.load_state_dict(_load_weights(path / "model.safetensors"))
     except RuntimeError as err:  # shapes or names that do not match config.json
-        raise BadInputError(f"{path / 'model.safetensors'}: does not match {path / 'config.json'} "
-                            f"({str(err).splitlines()[0]})") from None
+        raise BadInputError(
+            f"{path / 'model.safetensors'}: does not match {path / 'config.json'} ({str(err).splitlines()[0]})"
+        ) from None
     model.eval()
     return model, tokenizer, meta
 
@@ -179,7 +183,7 @@ def load_train_state(path: str | Path) -> Optional[Dict[str, Any]]:
 
 
 def resolve_device(device: Optional[str]) -> torch.device:
-    """"cpu", "cuda", "cuda:N", or "auto"/None: CUDA when torch sees a GPU, else the CPU."""
+    """ "cpu", "cuda", "cuda:N", or "auto"/None: CUDA when torch sees a GPU, else the CPU."""
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
@@ -188,10 +192,10 @@ def resolve_device(device: Optional[str]) -> torch.device:
 class SentenceEncoder:
     """A loaded checkpoint with `encode` as SentenceTransformer has it, plus the task heads' scores:
 
-        encoder = models.load("runs/demo/checkpoint")
-        encoder.encode("a man is playing a guitar")            # (dim,) float32, unit length
-        encoder.encode(["one", "two"], batch_size=64)           # (2, dim)
-        encoder.encode(texts, device="cuda", convert_to_tensor=True, show_progress_bar=True)
+    encoder = models.load("runs/demo/checkpoint")
+    encoder.encode("a man is playing a guitar")            # (dim,) float32, unit length
+    encoder.encode(["one", "two"], batch_size=64)           # (2, dim)
+    encoder.encode(texts, device="cuda", convert_to_tensor=True, show_progress_bar=True)
     """
 
     PROGRESS_MIN_BATCHES = 8  # show_progress_bar=None: a bar for longer inputs when stderr is a terminal
@@ -251,12 +255,15 @@ class SentenceEncoder:
             bar.update(1)
         return out
 
-    def _embed(self, texts: List[str], batch_size: int, normalize: bool, show: Optional[bool],
-               desc: str = "encode") -> torch.Tensor:
+    def _embed(
+        self, texts: List[str], batch_size: int, normalize: bool, show: Optional[bool], desc: str = "encode"
+    ) -> torch.Tensor:
         window = batch_size * self.SORT_WINDOW
         with self._progress(len(texts), batch_size, show, desc) as bar:
-            chunks = [self._embed_sorted(texts[i : i + window], batch_size, normalize, bar)
-                      for i in range(0, len(texts), window)]
+            chunks = [
+                self._embed_sorted(texts[i : i + window], batch_size, normalize, bar)
+                for i in range(0, len(texts), window)
+            ]
         return torch.cat(chunks) if chunks else torch.zeros((0, self.dim), device=self.device)
 
     @staticmethod
@@ -265,9 +272,16 @@ class SentenceEncoder:
         return emb if convert_to_tensor else emb.cpu().numpy().astype(np.float32)
 
     @torch.no_grad()
-    def encode(self, sentences: Union[str, Sequence[str]], batch_size: int = 256, show_progress_bar: Optional[bool] = None,
-               convert_to_tensor: bool = False, device: Optional[str] = None, normalize_embeddings: bool = True,
-               tuned: Union[bool, str] = False):
+    def encode(
+        self,
+        sentences: Union[str, Sequence[str]],
+        batch_size: int = 256,
+        show_progress_bar: Optional[bool] = None,
+        convert_to_tensor: bool = False,
+        device: Optional[str] = None,
+        normalize_embeddings: bool = True,
+        tuned: Union[bool, str] = False,
+    ):
         """One string -> (dim,), a list -> (n, dim): numpy float32, or a torch tensor on the model's
         device with `convert_to_tensor=True`. Sentences are encoded longest first and returned in
         input order.
@@ -280,14 +294,18 @@ class SentenceEncoder:
                                 a name ("sweep"): the matrix of that name (`convsts tune --space sts_matrix`)"""
         texts, single = self._texts(sentences, device)
         if tuned and not normalize_embeddings:
-            raise ValueError("tuned=True applies a matrix fit on unit-length embeddings: keep normalize_embeddings=True")
+            raise ValueError(
+                "tuned=True applies a matrix fit on unit-length embeddings: keep normalize_embeddings=True"
+            )
         emb = self._embed(texts, batch_size, normalize_embeddings, show_progress_bar)  # (n, dim)
         if tuned:
             name = "" if tuned is True else str(tuned)
             transform = load_sts_transform(self.path, name) if self.path else None
             if transform is None:
-                raise FileNotFoundError(f"no {sts_file(name)} in checkpoint {self.path}; run `convsts evaluate` "
-                                        f"(or, for a named matrix, `convsts tune --space sts_matrix`) on it first")
+                raise FileNotFoundError(
+                    f"no {sts_file(name)} in checkpoint {self.path}; run `convsts evaluate` "
+                    f"(or, for a named matrix, `convsts tune --space sts_matrix`) on it first"
+                )
             emb = torch.from_numpy(transform.apply(emb.cpu().numpy())).to(emb.device)  # (n, dim) or (n, rank)
         return self._output(emb, single, convert_to_tensor)
 
@@ -309,7 +327,9 @@ class SentenceEncoder:
         `similarity_pairwise`; `score` as in `similarity`."""
         a, b = self._rows(embeddings1), self._rows(embeddings2)
         if a.shape != b.shape:
-            raise ValueError(f"similarity_pairwise: {tuple(a.shape)} and {tuple(b.shape)} embeddings; give as many rows of one size")
+            raise ValueError(
+                f"similarity_pairwise: {tuple(a.shape)} and {tuple(b.shape)} embeddings; give as many rows of one size"
+            )
         return self._score(torch.nn.functional.cosine_similarity(a, b.to(a.device), dim=-1), score)  # (n,)
 
     @staticmethod
@@ -329,12 +349,20 @@ class SentenceEncoder:
             raise ValueError(f"score={score!r}: use one of {', '.join(cls.SIMILARITY_SCORES)}")
         if score == "cosine":
             return cos
-        return torch.from_numpy(angular_score_from_cosine(cos.cpu().numpy())).to(cos.device)  # the evaluation's own score
+        return torch.from_numpy(angular_score_from_cosine(cos.cpu().numpy())).to(
+            cos.device
+        )  # the evaluation's own score
 
     @torch.no_grad()
-    def encode_responses(self, sentences: Union[str, Sequence[str]], batch_size: int = 256,
-                         show_progress_bar: Optional[bool] = None, convert_to_tensor: bool = False,
-                         device: Optional[str] = None, normalize_embeddings: bool = False):
+    def encode_responses(
+        self,
+        sentences: Union[str, Sequence[str]],
+        batch_size: int = 256,
+        show_progress_bar: Optional[bool] = None,
+        convert_to_tensor: bool = False,
+        device: Optional[str] = None,
+        normalize_embeddings: bool = False,
+    ):
         """Response embeddings after the response-side network (the right side of the Reddit score:
         context . response); the same options as `encode`, unnormalized by default as the score uses them."""
         texts, single = self._texts(sentences, device)
@@ -345,9 +373,15 @@ class SentenceEncoder:
         return self._output(emb, single, convert_to_tensor)
 
     @torch.no_grad()
-    def classify_nli(self, premises: Union[str, Sequence[str]], hypotheses: Union[str, Sequence[str]],
-                     batch_size: int = 256, show_progress_bar: Optional[bool] = None, convert_to_tensor: bool = False,
-                     device: Optional[str] = None):
+    def classify_nli(
+        self,
+        premises: Union[str, Sequence[str]],
+        hypotheses: Union[str, Sequence[str]],
+        batch_size: int = 256,
+        show_progress_bar: Optional[bool] = None,
+        convert_to_tensor: bool = False,
+        device: Optional[str] = None,
+    ):
         """Logits over (entailment, neutral, contradiction): (3,) for one pair of strings, (n, 3) for lists."""
         if isinstance(premises, str) != isinstance(hypotheses, str):
             raise TypeError("classify_nli: give two strings or two lists")
@@ -357,7 +391,7 @@ class SentenceEncoder:
             raise ValueError(f"classify_nli: {len(left)} premises but {len(right)} hypotheses")
         head = self.model.heads[self.model.task_of_head("nli")]
         both = self._embed(left + right, batch_size, True, show_progress_bar, "classify")  # (2n, dim)
-        logits = head(both[: len(left)], both[len(left):])  # (n, 3)
+        logits = head(both[: len(left)], both[len(left) :])  # (n, 3)
         return self._output(logits, single, convert_to_tensor)
 
 

@@ -194,7 +194,11 @@ def _without_pooler(hf_config) -> Dict[str, Any]:
     from transformers import AutoModel
 
     model_class = AutoModel._model_mapping[type(hf_config)]
-    return {"add_pooling_layer": False} if "add_pooling_layer" in inspect.signature(model_class.__init__).parameters else {}
+    return (
+        {"add_pooling_layer": False}
+        if "add_pooling_layer" in inspect.signature(model_class.__init__).parameters
+        else {}
+    )
 
 
 class PretrainedEncoder(nn.Module):
@@ -241,11 +245,16 @@ class PretrainedEncoder(nn.Module):
         count = self.model.config.num_hidden_layers
         lists = [m for m in self.model.modules() if isinstance(m, nn.ModuleList) and len(m) == count]
         if not lists:
-            raise ValueError(f"model.pretrained.train_layers={train_layers}: no list of {count} layers in "
-                             f"{type(self.model).__name__}; use -1 (every layer trains)")
+            raise ValueError(
+                f"model.pretrained.train_layers={train_layers}: no list of {count} layers in "
+                f"{type(self.model).__name__}; use -1 (every layer trains)"
+            )
         layers = list(lists[0])
-        frozen = [self.model.get_input_embeddings(), getattr(self.model, "embeddings", nn.Identity()),
-                  *layers[: max(0, len(layers) - train_layers)]]
+        frozen = [
+            self.model.get_input_embeddings(),
+            getattr(self.model, "embeddings", nn.Identity()),
+            *layers[: max(0, len(layers) - train_layers)],
+        ]
         for module in frozen:
             for p in module.parameters():
                 p.requires_grad_(False)
@@ -296,8 +305,9 @@ def _quietly(load, *args, **kwargs):
 
 # `model.encoder` name -> encoder class. A new family is one class with the interface above (its
 # `name` the config value), an entry here, and its architecture dataclass as a field of convsts.models.config.ModelConfig.
-ENCODERS: Dict[str, type] = {cls.name: cls for cls in (DanEncoder, TransformerSentenceEncoder, BiLstmMaxEncoder,
-                                                        PretrainedEncoder)}
+ENCODERS: Dict[str, type] = {
+    cls.name: cls for cls in (DanEncoder, TransformerSentenceEncoder, BiLstmMaxEncoder, PretrainedEncoder)
+}
 
 
 def encoder_class(name: str) -> type:

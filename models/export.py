@@ -41,8 +41,12 @@ ONNX_FILE = "model.onnx"
 ONNX_OUTPUT = "sentence_embedding"
 ONNX_OPSET = 18
 ONNX_TOLERANCE = 1e-4  # max |onnxruntime - torch| accepted by the export's own check
-CHECK_TEXTS = ["A man is playing a guitar.", "", "Two dogs run through a field of tall grass near the river bank.",
-               "what's the best way to learn python? https://example.com"]
+CHECK_TEXTS = [
+    "A man is playing a guitar.",
+    "",
+    "Two dogs run through a field of tall grass near the river bank.",
+    "what's the best way to learn python? https://example.com",
+]
 
 
 def _empty_out(out_dir: Path) -> None:
@@ -117,9 +121,18 @@ def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
     partial.mkdir(parents=True)
     try:
         with torch.no_grad(), quiet_loggers(EXPORT_LOGGERS):
-            torch.onnx.export(_GraphEncoder(loaded.model, names).eval(), args, str(partial / ONNX_FILE), dynamo=True,
-                              input_names=names, output_names=[ONNX_OUTPUT], dynamic_shapes=((axes,) * len(names),),
-                              opset_version=ONNX_OPSET, external_data=False, verbose=False)
+            torch.onnx.export(
+                _GraphEncoder(loaded.model, names).eval(),
+                args,
+                str(partial / ONNX_FILE),
+                dynamo=True,
+                input_names=names,
+                output_names=[ONNX_OUTPUT],
+                dynamic_shapes=((axes,) * len(names),),
+                opset_version=ONNX_OPSET,
+                external_data=False,
+                verbose=False,
+            )
         save_tokenizer(loaded.tokenizer, partial / "tokenizer.json")
         got = OnnxEncoder(partial).encode(CHECK_TEXTS, batch_size=2)  # (n, dim); batches of other widths
         diff = float(np.abs(got - loaded.encode(CHECK_TEXTS)).max())
@@ -140,23 +153,38 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
     loaded = load(checkpoint)
     encoder = loaded.model.encoder
     if not isinstance(encoder, PretrainedEncoder):
-        raise BadInputError(f"{checkpoint}: a {loaded.model.config.encoder} encoder; the sentence-transformers "
-                            f"format holds the pretrained-transformer encoder (model.encoder=pretrained) only")
+        raise BadInputError(
+            f"{checkpoint}: a {loaded.model.config.encoder} encoder; the sentence-transformers "
+            f"format holds the pretrained-transformer encoder (model.encoder=pretrained) only"
+        )
     out_dir = Path(out_dir)
     _empty_out(out_dir)
     max_len = loaded.tokenizer.config.max_words  # special tokens included, as max_seq_length counts them
     with tempfile.TemporaryDirectory() as tmp:
         encoder.model.save_pretrained(tmp)  # config.json + model.safetensors of the fine-tuned transformer
         hf_tokenizer = Tokenizer.from_str(loaded.tokenizer.to_dict()["hf_tokenizer"])
-        PreTrainedTokenizerFast(tokenizer_object=hf_tokenizer, model_max_length=max_len, unk_token="[UNK]",
-                                pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
-                                mask_token="[MASK]").save_pretrained(tmp)
+        PreTrainedTokenizerFast(
+            tokenizer_object=hf_tokenizer,
+            model_max_length=max_len,
+            unk_token="[UNK]",
+            pad_token="[PAD]",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
+            mask_token="[MASK]",
+        ).save_pretrained(tmp)
         hidden = encoder.model.config.hidden_size
         modules = [Transformer(tmp, max_seq_length=max_len), Pooling(hidden, pooling_mode=encoder.config.pooling)]
         if encoder.config.output_dim:
             linear = encoder.projection
-            modules.append(Dense(hidden, encoder.config.output_dim, activation_function=torch.nn.Identity(),
-                                 init_weight=linear.weight.detach().clone(), init_bias=linear.bias.detach().clone()))
+            modules.append(
+                Dense(
+                    hidden,
+                    encoder.config.output_dim,
+                    activation_function=torch.nn.Identity(),
+                    init_weight=linear.weight.detach().clone(),
+                    init_bias=linear.bias.detach().clone(),
+                )
+            )
         modules.append(Normalize())
         # Written beside the target and renamed when complete: a cut export leaves no folder to load.
         partial = out_dir.with_name(out_dir.name + ".partial")

@@ -29,7 +29,9 @@ class ResponseHead(nn.Module):
 
     def __init__(self, dim: int, config: ModelConfig):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim, config.response_hidden), nn.Tanh(), nn.Linear(config.response_hidden, dim))
+        self.net = nn.Sequential(
+            nn.Linear(dim, config.response_hidden), nn.Tanh(), nn.Linear(config.response_hidden, dim)
+        )
         nn.init.zeros_(self.net[-1].weight)
         nn.init.zeros_(self.net[-1].bias)
 
@@ -42,8 +44,9 @@ class NliHead(nn.Module):
 
     def __init__(self, dim: int, config: ModelConfig):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(4 * dim, config.nli_hidden), nn.ReLU(),
-                                 nn.Linear(config.nli_hidden, config.nli_classes))
+        self.net = nn.Sequential(
+            nn.Linear(4 * dim, config.nli_hidden), nn.ReLU(), nn.Linear(config.nli_hidden, config.nli_classes)
+        )
 
     def forward(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         features = torch.cat([u, v, (u - v).abs(), u * v], dim=-1)  # (B, 4D)

@@ -8,8 +8,13 @@ import torch
 import torch.nn.functional as F
 
 
-def in_batch_softmax_loss(context: torch.Tensor, response: torch.Tensor, scale: float = 1.0,
-                          symmetric: bool = False, negatives: Optional[torch.Tensor] = None) -> torch.Tensor:
+def in_batch_softmax_loss(
+    context: torch.Tensor,
+    response: torch.Tensor,
+    scale: float = 1.0,
+    symmetric: bool = False,
+    negatives: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Each response is the positive for its own context and a negative for the other K-1.
 
     context, response: (K, D). Scores are dot products times `scale`; the loss is the mean over

@@ -72,8 +72,12 @@ class StsTransform:
         from safetensors.numpy import save_file
 
         path = Path(folder) / file_name(name)
-        meta = {"config": json.dumps(dataclasses.asdict(self.config)), "dev_pearson": repr(self.dev_pearson),
-                "best_epoch": str(self.best_epoch), "history": json.dumps(self.history)}
+        meta = {
+            "config": json.dumps(dataclasses.asdict(self.config)),
+            "dev_pearson": repr(self.dev_pearson),
+            "best_epoch": str(self.best_epoch),
+            "history": json.dumps(self.history),
+        }
         save_file({"matrix": np.ascontiguousarray(self.matrix, dtype=np.float32)}, str(path), metadata=meta)
         return path
 
@@ -88,8 +92,13 @@ def load_sts_transform(folder: str | Path, name: str = "") -> Optional[StsTransf
     with safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
         matrix = f.get_tensor("matrix")
-    return StsTransform(matrix, StsTransformConfig(**json.loads(meta["config"])), float(meta["dev_pearson"]),
-                        int(meta["best_epoch"]), json.loads(meta["history"]))
+    return StsTransform(
+        matrix,
+        StsTransformConfig(**json.loads(meta["config"])),
+        float(meta["dev_pearson"]),
+        int(meta["best_epoch"]),
+        json.loads(meta["history"]),
+    )
 
 
 def initial_matrix(dim: int, cfg: StsTransformConfig) -> torch.Tensor:
@@ -104,8 +113,12 @@ def initial_matrix(dim: int, cfg: StsTransformConfig) -> torch.Tensor:
 EpochCallback = Callable[[int, float, float, Optional[np.ndarray]], None]
 
 
-def fit_sts_transform(train: Dict[str, np.ndarray], dev: Dict[str, np.ndarray], cfg: StsTransformConfig,
-                      on_epoch: Optional[EpochCallback] = None) -> StsTransform:
+def fit_sts_transform(
+    train: Dict[str, np.ndarray],
+    dev: Dict[str, np.ndarray],
+    cfg: StsTransformConfig,
+    on_epoch: Optional[EpochCallback] = None,
+) -> StsTransform:
     """train/dev: {"u": (n, d), "v": (n, d), "score": (n,) gold on 0-5}. Keeps the epoch best on dev.
 
     `on_epoch(epoch, dev_pearson, best_so_far, matrix_if_new_best_else_None)` runs after each epoch

@@ -8,7 +8,10 @@ from typing import Sequence
 
 COMMANDS = {
     "prepare": ("convsts.ray_jobs.prepare", "raw Reddit / SNLI inputs -> parquet shards + manifest (Ray Data)"),
-    "mine-negatives": ("convsts.ray_jobs.mine", "a prepared folder whose Reddit training pairs carry mined hard negatives"),
+    "mine-negatives": (
+        "convsts.ray_jobs.mine",
+        "a prepared folder whose Reddit training pairs carry mined hard negatives",
+    ),
     "train": ("convsts.ray_jobs.train", "multitask training on Ray Train"),
     "evaluate": ("convsts.ray_jobs.evaluate", "STS-B, Reddit P@N, SNLI, CQA metrics of a checkpoint or a baseline"),
     "tune": ("convsts.ray_jobs.tune", "Ray Tune sweeps over a space in tune_spaces/ (sts_matrix, snli_fraction)"),
@@ -20,9 +23,13 @@ COMMANDS = {
 
 
 def usage() -> str:
-    lines = ["usage: convsts <command> [args] [--debug] [--verbose] | convsts --version",
-             "       (convsts <command> --help for its options; --debug or CONVSTS_DEBUG=1 shows tracebacks of",
-             "       input and config errors; --verbose also shows Ray's progress bars and info logs)", "", "commands:"]
+    lines = [
+        "usage: convsts <command> [args] [--debug] [--verbose] | convsts --version",
+        "       (convsts <command> --help for its options; --debug or CONVSTS_DEBUG=1 shows tracebacks of",
+        "       input and config errors; --verbose also shows Ray's progress bars and info logs)",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:<15} {desc}" for name, (_, desc) in COMMANDS.items()]
     return "\n".join(lines)
 

@@ -25,6 +25,7 @@ from convsts.datasets.text import TokenizerConfig
 from convsts.models.config import ModelConfig
 from convsts.models.sts_transform import StsTransformConfig
 
+
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
 
@@ -230,10 +231,19 @@ class RunConfig:
         need(t.eval_every >= 0, "trainer.eval_every", ">= 0 (0 = off)", t.eval_every)
         need(t.bucket_batches >= 0, "trainer.bucket_batches", ">= 0 (0 = off)", t.bucket_batches)
         need(t.max_failures >= 0, "trainer.max_failures", ">= 0", t.max_failures)
-        need(math.isfinite(t.grad_clip) and t.grad_clip >= 0, "trainer.grad_clip", "finite and >= 0 (0 = off)", t.grad_clip)
+        need(
+            math.isfinite(t.grad_clip) and t.grad_clip >= 0,
+            "trainer.grad_clip",
+            "finite and >= 0 (0 = off)",
+            t.grad_clip,
+        )
         need(math.isfinite(t.momentum) and 0 <= t.momentum < 1, "trainer.momentum", "in [0, 1)", t.momentum)
-        need(math.isfinite(t.weight_decay) and t.weight_decay >= 0, "trainer.weight_decay", "finite and >= 0",
-             t.weight_decay)
+        need(
+            math.isfinite(t.weight_decay) and t.weight_decay >= 0,
+            "trainer.weight_decay",
+            "finite and >= 0",
+            t.weight_decay,
+        )
         need(t.warmup_steps >= 0, "trainer.warmup_steps", ">= 0 (0 = off)", t.warmup_steps)
         need(t.precision in PRECISIONS, "trainer.precision", "|".join(PRECISIONS), t.precision)
         need(t.lr_decay in LR_DECAYS, "trainer.lr_decay", "|".join(LR_DECAYS), t.lr_decay)
@@ -241,25 +251,55 @@ class RunConfig:
         need(t.async_refresh_every >= 1, "trainer.async_refresh_every", ">= 1", t.async_refresh_every)
         need(t.async_slack >= 0, "trainer.async_slack", ">= 0", t.async_slack)
         for task, count in t.task_workers.items():
-            need(task in t.task_weights, f"trainer.task_workers.{task}", f"a trained task ({', '.join(t.task_weights)})", task)
+            need(
+                task in t.task_weights,
+                f"trainer.task_workers.{task}",
+                f"a trained task ({', '.join(t.task_weights)})",
+                task,
+            )
             need(count >= 1, f"trainer.task_workers.{task}", ">= 1", count)
         if t.task_workers:
-            need(sorted(t.task_workers) == sorted(t.task_weights), "trainer.task_workers",
-                 f"a count for every trained task ({', '.join(t.task_weights)})", dict(t.task_workers))
-            need(sum(t.task_workers.values()) == t.num_workers, "trainer.task_workers",
-                 f"counts summing to trainer.num_workers ({t.num_workers})", dict(t.task_workers))
+            need(
+                sorted(t.task_workers) == sorted(t.task_weights),
+                "trainer.task_workers",
+                f"a count for every trained task ({', '.join(t.task_weights)})",
+                dict(t.task_workers),
+            )
+            need(
+                sum(t.task_workers.values()) == t.num_workers,
+                "trainer.task_workers",
+                f"counts summing to trainer.num_workers ({t.num_workers})",
+                dict(t.task_workers),
+            )
         if t.task_split == "async":
-            need(t.num_workers >= len(t.task_weights), "trainer.num_workers",
-                 f">= the number of tasks ({len(t.task_weights)}) with trainer.task_split=async", t.num_workers)
+            need(
+                t.num_workers >= len(t.task_weights),
+                "trainer.num_workers",
+                f">= the number of tasks ({len(t.task_weights)}) with trainer.task_split=async",
+                t.num_workers,
+            )
         need(m.pretrained.pooling in POOLINGS, "model.pretrained.pooling", "|".join(POOLINGS), m.pretrained.pooling)
-        need(m.pretrained.output_dim >= 0, "model.pretrained.output_dim", ">= 0 (0 = no projection)",
-             m.pretrained.output_dim)
-        need(m.pretrained.train_layers >= -1, "model.pretrained.train_layers", ">= -1 (-1 = all)",
-             m.pretrained.train_layers)
+        need(
+            m.pretrained.output_dim >= 0,
+            "model.pretrained.output_dim",
+            ">= 0 (0 = no projection)",
+            m.pretrained.output_dim,
+        )
+        need(
+            m.pretrained.train_layers >= -1,
+            "model.pretrained.train_layers",
+            ">= -1 (-1 = all)",
+            m.pretrained.train_layers,
+        )
         finite_positive("model.score_scale", m.score_scale)
         finite_positive("trainer.dense_lr_scale", t.dense_lr_scale)
         for task, scale in t.head_lr_scale.items():
-            need(task in t.task_weights, f"trainer.head_lr_scale.{task}", f"a trained task ({', '.join(t.task_weights)})", task)
+            need(
+                task in t.task_weights,
+                f"trainer.head_lr_scale.{task}",
+                f"a trained task ({', '.join(t.task_weights)})",
+                task,
+            )
             finite_positive(f"trainer.head_lr_scale.{task}", scale)
         for i, stage in enumerate(t.stages):
             need(stage.batch_size >= 1, f"trainer.stages[{i}].batch_size", ">= 1", stage.batch_size)
@@ -273,8 +313,12 @@ class RunConfig:
             need(size >= 1, f"model.dan.hidden_sizes[{i}]", ">= 1", size)
         for key in ("num_layers", "num_heads", "hidden_size", "filter_size", "max_positions", "output_dim"):
             need(getattr(m.transformer, key) >= 1, f"model.transformer.{key}", ">= 1", getattr(m.transformer, key))
-        need(m.transformer.hidden_size % m.transformer.num_heads == 0, "model.transformer.hidden_size",
-             f"a multiple of model.transformer.num_heads ({m.transformer.num_heads})", m.transformer.hidden_size)
+        need(
+            m.transformer.hidden_size % m.transformer.num_heads == 0,
+            "model.transformer.hidden_size",
+            f"a multiple of model.transformer.num_heads ({m.transformer.num_heads})",
+            m.transformer.hidden_size,
+        )
         need(0 <= m.transformer.dropout < 1, "model.transformer.dropout", "in [0, 1)", m.transformer.dropout)
         for key in ("hidden_size", "embedding_dim"):
             need(getattr(m.bilstm, key) >= 1, f"model.bilstm.{key}", ">= 1", getattr(m.bilstm, key))
@@ -339,8 +383,9 @@ def is_override(item: str) -> bool:
     return bool(found) and found.group(1) in {f.name for f in dataclasses.fields(RunConfig)}
 
 
-def parse_with_overrides(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]],
-                         list_options: Sequence[str] = ()) -> argparse.Namespace:
+def parse_with_overrides(
+    parser: argparse.ArgumentParser, argv: Optional[Sequence[str]], list_options: Sequence[str] = ()
+) -> argparse.Namespace:
     """parser.parse_intermixed_args, then the dotted KEY=VALUE items that a list option (nargs: --sts
     A B, --input A B) took in are moved to args.overrides, where they were meant to go."""
     args = parser.parse_intermixed_args(argv)
@@ -366,8 +411,10 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
         except Exception as err:  # yaml errors name the line
             raise ConfigError(f"cannot parse config file {path}: {err}") from None
         if not isinstance(layer, DictConfig):
-            raise ConfigError(f"config file {path}: the top level must be a mapping of keys (name:, trainer:, ...), "
-                              f"not a {type(layer).__name__.replace('Config', '').lower()}")
+            raise ConfigError(
+                f"config file {path}: the top level must be a mapping of keys (name:, trainer:, ...), "
+                f"not a {type(layer).__name__.replace('Config', '').lower()}"
+            )
         layers.append(layer)
     for item in overrides or []:
         if "=" not in item:

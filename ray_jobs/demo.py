@@ -34,12 +34,16 @@ from convsts.ray_jobs.training.run import claim_output, prepare_all, run_outputs
 from convsts.ray_jobs.training.state import initial_model
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-DEMO_CONFIGS = {PretrainedEncoder.name: CONFIGS / "demo.yaml", DanEncoder.name: CONFIGS / "demo_dan.yaml"}  # --encoder: its config
+DEMO_CONFIGS = {
+    PretrainedEncoder.name: CONFIGS / "demo.yaml",
+    DanEncoder.name: CONFIGS / "demo_dan.yaml",
+}  # --encoder: its config
 DEFAULT_ENCODER = PretrainedEncoder.name
 
 
-def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = LexicalScorer.KINDS,
-             fresh: bool = False) -> Dict[str, object]:
+def run_demo(
+    cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = LexicalScorer.KINDS, fresh: bool = False
+) -> Dict[str, object]:
     """Prepare, train, evaluate and compare into out_dir. An out_dir that holds an earlier demo is
     refused before any work, unless `fresh`: its training run's outputs are then removed (its
     MLflow store and runs are kept, and its prepared sample is kept when it verifies)."""
@@ -47,8 +51,10 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = Lex
     out_dir = Path(out_dir).resolve()
     earlier = run_outputs(out_dir, cfg)
     if earlier and not fresh:
-        raise FileExistsError(f"{out_dir} already holds a demo run ({', '.join(p.name for p in earlier)}): pass "
-                              f"--fresh to replace it (its MLflow runs are kept), or another --out")
+        raise FileExistsError(
+            f"{out_dir} already holds a demo run ({', '.join(p.name for p in earlier)}): pass "
+            f"--fresh to replace it (its MLflow runs are kept), or another --out"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
     claim_output(out_dir, cfg, fresh)  # with --fresh: the earlier run's checkpoints go before this run starts
@@ -63,31 +69,53 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = Lex
         log.info("--fresh: %s; removed, prepared again", err)
         shutil.rmtree(prepared)
         manifests = prepare_all(cfg, str(prepared))
-    run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name,
-                                flatten(cfg.to_dict()), tags={"convsts.job": "demo"})
+    run_id = tracking.start_run(
+        uri,
+        cfg.mlflow.experiment,
+        cfg.mlflow.run_name or cfg.name,
+        flatten(cfg.to_dict()),
+        tags={"convsts.job": "demo"},
+    )
     tasks = prepared_tasks(cfg)
     for name, manifest in manifests.items():
         tracking.log_metrics(uri, run_id, tasks[name].manifest_metrics(manifest))
-    log.info("[2/4] training %s for %d steps with Ray Train (%d workers)", cfg.model.encoder, cfg.trainer.steps,
-             cfg.trainer.num_workers)
+    log.info(
+        "[2/4] training %s for %d steps with Ray Train (%d workers)",
+        cfg.model.encoder,
+        cfg.trainer.steps,
+        cfg.trainer.num_workers,
+    )
     try:
         trained = run_training(cfg, out_dir, run_id=run_id, prepared_dir=prepared, mlflow_uri=uri)
         log.info("[3/4] evaluating %s", trained.checkpoint)
-        results = run_evaluation(cfg, out_dir / "eval", checkpoint=str(trained.checkpoint), prepared_dir=prepared,
-                                 run_id=run_id, mlflow_uri=uri)
+        results = run_evaluation(
+            cfg,
+            out_dir / "eval",
+            checkpoint=str(trained.checkpoint),
+            prepared_dir=prepared,
+            run_id=run_id,
+            mlflow_uri=uri,
+        )
         trained_name = f"{cfg.model.encoder}, {cfg.trainer.steps} steps"
         columns = {trained_name: {k: v for k, v in results.items() if isinstance(v, float)}}
         log.info("[4/4] the same encoder untrained (trainer.steps=0) and the baselines: %s", ", ".join(baselines))
         untrained = save_untrained(cfg, trained.checkpoint, out_dir / "untrained")
-        others = {UNTRAINED: run_evaluation(cfg, out_dir / "eval_untrained", checkpoint=str(untrained),
-                                            prepared_dir=prepared, log_to_mlflow=False)}
+        others = {
+            UNTRAINED: run_evaluation(
+                cfg, out_dir / "eval_untrained", checkpoint=str(untrained), prepared_dir=prepared, log_to_mlflow=False
+            )
+        }
         for name in baselines:
-            others[name] = run_evaluation(cfg, out_dir / f"baseline_{name}", baseline=name, prepared_dir=prepared,
-                                          log_to_mlflow=False)
+            others[name] = run_evaluation(
+                cfg, out_dir / f"baseline_{name}", baseline=name, prepared_dir=prepared, log_to_mlflow=False
+            )
         # The gain over the untrained encoder on the same queries, with its paired standard error.
         evaluations = (out_dir / "eval", out_dir / "eval_untrained")
-        paired = (compare_evaluations(*evaluations, suffix=f"minus_{UNTRAINED}")
-                  if all((e / ITEMS_DIR).is_dir() for e in evaluations) else {})  # none without a Reddit held-out split
+        paired = (
+            compare_evaluations(*evaluations, suffix=f"minus_{UNTRAINED}")
+            if all((e / ITEMS_DIR).is_dir() for e in evaluations)
+            else {}
+        )  # none without a Reddit held-out split
         columns[trained_name].update(paired)
         flat: Dict[str, object] = dict(columns[trained_name])
         for name, metrics in others.items():
@@ -95,7 +123,9 @@ def run_demo(cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = Lex
             prefix = f"{UNTRAINED}/" if name == UNTRAINED else f"baseline/{name}/"
             flat.update({prefix + k: v for k, v in columns[name].items()})
         compared = {k: v for k, v in flat.items() if k.startswith((f"{UNTRAINED}/", "baseline/"))}
-        tracking.log_metrics(uri, run_id, {**compared, **paired}, cfg.trainer.steps)  # beside the model's, at its last step
+        tracking.log_metrics(
+            uri, run_id, {**compared, **paired}, cfg.trainer.steps
+        )  # beside the model's, at its last step
         flat["checkpoint"] = str(trained.checkpoint)
         flat["mlflow_run_id"] = run_id
         flat["seconds"] = round(time.time() - started, 1)
@@ -133,13 +163,20 @@ def save_untrained(cfg: RunConfig, trained_checkpoint: str | Path, path: Path) -
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="convsts demo", description=__doc__,
-                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser or argparse.ArgumentParser(
+        prog="convsts demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", required=True)
-    parser.add_argument("--encoder", choices=sorted(DEMO_CONFIGS), default=DEFAULT_ENCODER,
-                        help=f"which demo config: {', '.join(f'{k} = {v.name}' for k, v in DEMO_CONFIGS.items())}")
+    parser.add_argument(
+        "--encoder",
+        choices=sorted(DEMO_CONFIGS),
+        default=DEFAULT_ENCODER,
+        help=f"which demo config: {', '.join(f'{k} = {v.name}' for k, v in DEMO_CONFIGS.items())}",
+    )
     parser.add_argument("--config", default=None, help="a run config of your own (replaces --encoder's)")
-    parser.add_argument("--fresh", action="store_true", help="replace an earlier demo in --out (its MLflow runs are kept)")
+    parser.add_argument(
+        "--fresh", action="store_true", help="replace an earlier demo in --out (its MLflow runs are kept)"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.steps=50")
     return parser
 

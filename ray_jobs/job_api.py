@@ -70,10 +70,14 @@ def explain(err: Exception, url: str) -> str:
     if "uthenticat" in text or "401" in text or "403" in text:
         source = _token_source()
         if source and os.environ.get("RAY_AUTH_MODE") != "disabled":
-            return (f"the Ray cluster at {url} rejected the token this client sent (from {source}): it is not "
-                    f"the cluster's token; use the one in the head node's ~/.ray/auth_token ({text})")
-        return (f"the Ray cluster at {url} refused this client ({text}). It uses token authentication and no "
-                f"token was sent: set RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, and RAY_AUTH_MODE=token")
+            return (
+                f"the Ray cluster at {url} rejected the token this client sent (from {source}): it is not "
+                f"the cluster's token; use the one in the head node's ~/.ray/auth_token ({text})"
+            )
+        return (
+            f"the Ray cluster at {url} refused this client ({text}). It uses token authentication and no "
+            f"token was sent: set RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, and RAY_AUTH_MODE=token"
+        )
     return f"cannot reach the Ray job API at {url}: {text}"
 
 

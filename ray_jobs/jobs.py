@@ -13,8 +13,9 @@ from convsts.ray_jobs.job_api import SubmitError, job_client, status_name, wait_
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="convsts jobs", description=__doc__,
-                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser or argparse.ArgumentParser(
+        prog="convsts jobs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     address_help = "Ray dashboard address (default: RAY_ADDRESS); before or after the action"
     parser.add_argument("--address", default=None, help=address_help)
     sub = parser.add_subparsers(dest="action", required=True)

@@ -9,13 +9,26 @@ from scipy import stats
 
 from convsts.models.similarity import pearson  # the one Pearson, part of this module's API
 
-__all__ = ["accuracy", "average_precision", "mean_average_precision", "paired_difference", "pearson", "precision_at_n",
-           "spearman", "true_ranks"]
+__all__ = [
+    "accuracy",
+    "average_precision",
+    "mean_average_precision",
+    "paired_difference",
+    "pearson",
+    "precision_at_n",
+    "spearman",
+    "true_ranks",
+]
 
 
 def spearman(pred: Sequence[float], gold: Sequence[float]) -> float:
     pred, gold = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
-    if len(pred) < 2 or not (np.isfinite(pred).all() and np.isfinite(gold).all()) or np.std(pred) == 0 or np.std(gold) == 0:
+    if (
+        len(pred) < 2
+        or not (np.isfinite(pred).all() and np.isfinite(gold).all())
+        or np.std(pred) == 0
+        or np.std(gold) == 0
+    ):
         return float("nan")
     return float(stats.spearmanr(pred, gold)[0])
 
@@ -47,7 +60,9 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> Tuple[float, fl
     with their own standard errors, since both systems meet the same easy and hard items."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1 or len(a) < 2:
-        raise ValueError(f"paired difference needs two equal-length series of 2 or more items, got {a.shape} and {b.shape}")
+        raise ValueError(
+            f"paired difference needs two equal-length series of 2 or more items, got {a.shape} and {b.shape}"
+        )
     d = a - b  # (n,)
     return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d)))
 

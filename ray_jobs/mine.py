@@ -48,26 +48,40 @@ from convsts.ray_jobs.tasks.reddit import NEGATIVE, TASK as REDDIT
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="convsts mine-negatives", description=__doc__,
-                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser or argparse.ArgumentParser(
+        prog="convsts mine-negatives", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     defaults = MiningConfig()
     parser.add_argument("--checkpoint", required=True, help="the model that scores the candidates")
     parser.add_argument("--prepared", required=True, help="a folder written by `convsts prepare`")
     parser.add_argument("--out", required=True, help="a new folder (local or a URI)")
-    parser.add_argument("--pairs", type=int, default=0, help="mine a seeded sample of this many training pairs (0 = all)")
+    parser.add_argument(
+        "--pairs", type=int, default=0, help="mine a seeded sample of this many training pairs (0 = all)"
+    )
     parser.add_argument("--range-min", type=int, default=defaults.range_min)
     parser.add_argument("--range-max", type=int, default=defaults.range_max)
-    parser.add_argument("--margin", type=float, default=defaults.margin,
-                        help="skip candidates scoring above the true response's score minus this (default: no filter)")
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=defaults.margin,
+        help="skip candidates scoring above the true response's score minus this (default: no filter)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--batch-size", type=int, default=128, help="sentences per encode batch")
-    parser.add_argument("--embeddings", default="",
-                        help="keep the encoded sentences in this folder (local or a URI): a killed run resumes, "
-                             "a re-run with other ranges or margin encodes nothing")
+    parser.add_argument(
+        "--embeddings",
+        default="",
+        help="keep the encoded sentences in this folder (local or a URI): a killed run resumes, "
+        "a re-run with other ranges or margin encodes nothing",
+    )
     pool = EncodePool()
-    parser.add_argument("--workers", type=int, default=pool.workers,
-                        help="encode on this many Ray Data actors, each with its own copy of the model (0 = in "
-                             "this process); with --gpus-per-worker, one GPU each on a GPU cluster")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=pool.workers,
+        help="encode on this many Ray Data actors, each with its own copy of the model (0 = in "
+        "this process); with --gpus-per-worker, one GPU each on a GPU cluster",
+    )
     parser.add_argument("--cpus-per-worker", type=float, default=pool.cpus_per_worker)
     parser.add_argument("--gpus-per-worker", type=float, default=pool.gpus_per_worker)
     parser.add_argument("--config", default=None, help="run config (data.rows_per_shard of the new shards)")
@@ -89,8 +103,12 @@ def embeddings_key(checkpoint: str, frame, chunk: int) -> Dict[str, str]:
     texts = hashlib.sha1()
     for context, response in zip(frame["context"], frame["response"]):
         texts.update(f"{context}\x00{response}\x00".encode("utf-8"))
-    return {"checkpoint_weights": weights.hexdigest(), "pairs_text": texts.hexdigest(), "pairs": str(len(frame)),
-            "chunk": str(chunk)}
+    return {
+        "checkpoint_weights": weights.hexdigest(),
+        "pairs_text": texts.hexdigest(),
+        "pairs": str(len(frame)),
+        "chunk": str(chunk),
+    }
 
 
 class EmbeddingCache:
@@ -101,16 +119,20 @@ class EmbeddingCache:
     def __init__(self, folder: str, key: Dict[str, str], chunk: int):
         self.folder, self.chunk, self.reused, self.encoded = folder, chunk, 0, 0
         if storage.is_file(folder):
-            raise BadInputError(f"{storage.redact(folder)}: a file, not a folder; give --embeddings a folder (new or "
-                                f"made by an earlier run)")
+            raise BadInputError(
+                f"{storage.redact(folder)}: a file, not a folder; give --embeddings a folder (new or "
+                f"made by an earlier run)"
+            )
         key_path = storage.join(folder, "key.json")
         if storage.is_file(key_path):
             held = json.loads(storage.read_text(key_path))
             differ = sorted(k for k in set(held) | set(key) if held.get(k) != key.get(k))
             if differ:
-                raise BadInputError(f"{storage.redact(key_path)}: these embeddings are of another {' and '.join(differ)} than this run's "
-                                    f"(held {[held.get(k) for k in differ]}, this run {[key.get(k) for k in differ]}); "
-                                    f"give --embeddings a new folder")
+                raise BadInputError(
+                    f"{storage.redact(key_path)}: these embeddings are of another {' and '.join(differ)} than this run's "
+                    f"(held {[held.get(k) for k in differ]}, this run {[key.get(k) for k in differ]}); "
+                    f"give --embeddings a new folder"
+                )
         else:
             if not storage.is_uri(folder):
                 from pathlib import Path
@@ -168,8 +190,10 @@ class ChunkEncoder:
         self.batch_size = batch_size
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        out = [npy_bytes(encode_side(self.encoder, str(side), list(texts), self.batch_size))
-               for side, texts in zip(batch["side"], batch["texts"])]
+        out = [
+            npy_bytes(encode_side(self.encoder, str(side), list(texts), self.batch_size))
+            for side, texts in zip(batch["side"], batch["texts"])
+        ]
         return {"side": batch["side"], "index": batch["index"], "embeddings": np.array(out, dtype=object)}
 
 
@@ -184,11 +208,15 @@ class EncodePool:
 
     def validate(self) -> "EncodePool":
         if self.workers < 0 or self.cpus_per_worker <= 0 or self.gpus_per_worker < 0:
-            raise ValueError(f"need --workers >= 0, --cpus-per-worker > 0 and --gpus-per-worker >= 0, got "
-                             f"{self.workers}, {self.cpus_per_worker:g}, {self.gpus_per_worker:g}")
+            raise ValueError(
+                f"need --workers >= 0, --cpus-per-worker > 0 and --gpus-per-worker >= 0, got "
+                f"{self.workers}, {self.cpus_per_worker:g}, {self.gpus_per_worker:g}"
+            )
         if self.gpus_per_worker and not self.workers:
-            raise ValueError("--gpus-per-worker is for a pool: give --workers N too (without a pool the command "
-                             "encodes on this machine's GPU when it has one)")
+            raise ValueError(
+                "--gpus-per-worker is for a pool: give --workers N too (without a pool the command "
+                "encodes on this machine's GPU when it has one)"
+            )
         return self
 
     def encoded(self, encoder, chunks: Sequence[Chunk], batch_size: int) -> Iterator[Tuple[str, int, torch.Tensor]]:
@@ -204,17 +232,22 @@ class EncodePool:
         ensure_ray()
         rows = [{"side": side, "index": index, "texts": texts} for side, index, texts in chunks]
         done = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-            ChunkEncoder, batch_size=1, compute=ray.data.ActorPoolStrategy(size=self.workers),
-            num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker or None,
+            ChunkEncoder,
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=self.workers),
+            num_cpus=self.cpus_per_worker,
+            num_gpus=self.gpus_per_worker or None,
             # The model travels by reference inside a list: each actor (and a restarted one) gets it
             # from the object store, and the driver's reference keeps it there until the pool is done.
-            fn_constructor_args=([ray.put(encoder)], batch_size, max(1, int(self.cpus_per_worker))))
+            fn_constructor_args=([ray.put(encoder)], batch_size, max(1, int(self.cpus_per_worker))),
+        )
         for row in done.iter_rows():
             yield str(row["side"]), int(row["index"]), torch.from_numpy(np.load(io.BytesIO(row["embeddings"])))
 
 
-def embed_pairs(encoder, frame, chunk: int, batch_size: int, cache: Optional[EmbeddingCache],
-                pool: EncodePool) -> Dict[str, torch.Tensor]:
+def embed_pairs(
+    encoder, frame, chunk: int, batch_size: int, cache: Optional[EmbeddingCache], pool: EncodePool
+) -> Dict[str, torch.Tensor]:
     """{"context": (n, D), "response": (n, D)}: the pairs' two sides, chunk by chunk, read from the
     cache where it holds a chunk, the rest encoded by `pool` (and written to the cache as each
     chunk finishes, so a killed run keeps whole chunks)."""
@@ -225,7 +258,7 @@ def embed_pairs(encoder, frame, chunk: int, batch_size: int, cache: Optional[Emb
         for index, start in enumerate(range(0, len(texts), chunk)):
             emb = cache.held(side, index) if cache else None
             if emb is None:
-                todo.append((side, index, texts[start:start + chunk]))
+                todo.append((side, index, texts[start : start + chunk]))
             else:
                 held[index] = emb
     for count, (side, index, emb) in enumerate(pool.encoded(encoder, todo, batch_size), start=1):
@@ -236,8 +269,18 @@ def embed_pairs(encoder, frame, chunk: int, batch_size: int, cache: Optional[Emb
     return {side: torch.cat([held[i] for i in sorted(held)]) for side, held in parts.items()}  # (n, D) each
 
 
-def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig, pairs: int, batch_size: int, cfg,
-                  embeddings: str = "", chunk: int = EMBEDDING_CHUNK, pool: Optional[EncodePool] = None):
+def mine_prepared(
+    checkpoint: str,
+    prepared: str,
+    out: str,
+    mining: MiningConfig,
+    pairs: int,
+    batch_size: int,
+    cfg,
+    embeddings: str = "",
+    chunk: int = EMBEDDING_CHUNK,
+    pool: Optional[EncodePool] = None,
+):
     """The work of the command; returns OUT's Reddit manifest."""
     from convsts import models
 
@@ -258,22 +301,35 @@ def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig
         keep = np.sort(np.random.default_rng(mining.seed).choice(total, size=pairs, replace=False))
         frame = frame.iloc[keep].reset_index(drop=True)
     if len(frame) <= mining.range_min:
-        raise BadInputError(f"{REDDIT.train_path(prepared)}: {len(frame)} pairs to mine, need more than "
-                            f"--range-min ({mining.range_min})")
+        raise BadInputError(
+            f"{REDDIT.train_path(prepared)}: {len(frame)} pairs to mine, need more than "
+            f"--range-min ({mining.range_min})"
+        )
     log.info("mine-negatives: encoding %d contexts and %d responses with %s", len(frame), len(frame), checkpoint)
     cache = EmbeddingCache(embeddings, embeddings_key(checkpoint, frame, chunk), chunk) if embeddings else None
     embedded = embed_pairs(encoder, frame, chunk, batch_size, cache, pool)
     context, response = embedded["context"], embedded["response"]  # (n, D) each
     if cache and cache.reused:
-        log.info("mine-negatives: %d of %d chunks read from %s, %d encoded", cache.reused, cache.reused + cache.encoded,
-                 storage.redact(embeddings), cache.encoded)
+        log.info(
+            "mine-negatives: %d of %d chunks read from %s, %d encoded",
+            cache.reused,
+            cache.reused + cache.encoded,
+            storage.redact(embeddings),
+            cache.encoded,
+        )
     chosen = mine(context, response, mining)  # (n,)
     found = chosen >= 0
     frame[NEGATIVE] = frame["response"].to_numpy()[np.where(found, chosen, 0)]
     mined = frame[found].reset_index(drop=True)
-    log.info("mine-negatives: %d of %d pairs got a negative; %d had no candidate in ranks [%d, %d)%s (left out)",
-             len(mined), len(frame), int((~found).sum()), mining.range_min, mining.range_max,
-             "" if mining.margin is None else f" scoring {mining.margin:g} below their response")
+    log.info(
+        "mine-negatives: %d of %d pairs got a negative; %d had no candidate in ranks [%d, %d)%s (left out)",
+        len(mined),
+        len(frame),
+        int((~found).sum()),
+        mining.range_min,
+        mining.range_max,
+        "" if mining.margin is None else f" scoring {mining.margin:g} below their response",
+    )
 
     for entry in storage.entry_names(prepared):  # every other task's folder (custom tasks too), as it is
         if entry != REDDIT.name:
@@ -282,13 +338,23 @@ def mine_prepared(checkpoint: str, prepared: str, out: str, mining: MiningConfig
     storage.copy_tree(storage.join(REDDIT.prepared_dir(prepared), "test"), storage.join(reddit_out, "test"))
     REDDIT.write_train_frame(mined, reddit_out, cfg)
     manifest = {k: v for k, v in manifest.items() if k != "shards"}
-    manifest.update(train_pairs=len(mined), pairs=len(mined) + manifest.get("test_pairs", 0), negatives={
-        "checkpoint": checkpoint, "from": prepared, "of_train_pairs": total, "sampled_pairs": len(frame),
-        "mined_pairs": len(mined), "without_negative": int((~found).sum()),
-        **{k: v for k, v in dataclasses.asdict(mining).items() if k != "chunk"},
-        "embeddings": storage.redact(embeddings), "embedding_chunks_reused": cache.reused if cache else 0,
-        "encode_workers": pool.workers,
-        "seconds": round(time.time() - started, 1)})
+    manifest.update(
+        train_pairs=len(mined),
+        pairs=len(mined) + manifest.get("test_pairs", 0),
+        negatives={
+            "checkpoint": checkpoint,
+            "from": prepared,
+            "of_train_pairs": total,
+            "sampled_pairs": len(frame),
+            "mined_pairs": len(mined),
+            "without_negative": int((~found).sum()),
+            **{k: v for k, v in dataclasses.asdict(mining).items() if k != "chunk"},
+            "embeddings": storage.redact(embeddings),
+            "embedding_chunks_reused": cache.reused if cache else 0,
+            "encode_workers": pool.workers,
+            "seconds": round(time.time() - started, 1),
+        },
+    )
     return REDDIT.write_manifest(reddit_out, manifest)
 
 
@@ -309,10 +375,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     setup_logging()
     cfg = load_config(args.config, args.overrides)
-    manifest = mine_prepared(args.checkpoint, args.prepared, args.out, mining, args.pairs, args.batch_size, cfg,
-                             embeddings=args.embeddings, pool=pool)
-    log.info("wrote %s: %d Reddit training pairs with a negative (%.0f s)", args.out,
-             manifest["negatives"]["mined_pairs"], manifest["negatives"]["seconds"])
+    manifest = mine_prepared(
+        args.checkpoint,
+        args.prepared,
+        args.out,
+        mining,
+        args.pairs,
+        args.batch_size,
+        cfg,
+        embeddings=args.embeddings,
+        pool=pool,
+    )
+    log.info(
+        "wrote %s: %d Reddit training pairs with a negative (%.0f s)",
+        args.out,
+        manifest["negatives"]["mined_pairs"],
+        manifest["negatives"]["seconds"],
+    )
     return 0
 
 

@@ -44,9 +44,13 @@ class EncoderModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params: Optional[dict] = None) -> np.ndarray:
         params = params or {}
         texts = _texts(model_input)
-        return self.encoder.encode(texts, batch_size=int(params.get("batch_size", 256)), show_progress_bar=False,
-                                   normalize_embeddings=bool(params.get("normalize_embeddings", True)),
-                                   tuned=bool(params.get("tuned", False)))  # (n, dim)
+        return self.encoder.encode(
+            texts,
+            batch_size=int(params.get("batch_size", 256)),
+            show_progress_bar=False,
+            normalize_embeddings=bool(params.get("normalize_embeddings", True)),
+            tuned=bool(params.get("tuned", False)),
+        )  # (n, dim)
 
 
 def _texts(model_input) -> List[str]:
@@ -65,8 +69,13 @@ def signature(dim: int):
     return ModelSignature(
         inputs=Schema([ColSpec("string", INPUT_COLUMN)]),
         outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, dim))]),
-        params=ParamSchema([ParamSpec("batch_size", "long", 256), ParamSpec("normalize_embeddings", "boolean", True),
-                            ParamSpec("tuned", "boolean", False)]),
+        params=ParamSchema(
+            [
+                ParamSpec("batch_size", "long", 256),
+                ParamSpec("normalize_embeddings", "boolean", True),
+                ParamSpec("tuned", "boolean", False),
+            ]
+        ),
     )
 
 
@@ -97,16 +106,25 @@ def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: s
 
     c = tracking.client(tracking_uri)
     run = c.get_run(run_id)
-    logged = c.create_logged_model(run.info.experiment_id, name=ARTIFACT, source_run_id=run_id,
-                                   params=dict(run.data.params), model_type="sentence-encoder")
+    logged = c.create_logged_model(
+        run.info.experiment_id,
+        name=ARTIFACT,
+        source_run_id=run_id,
+        params=dict(run.data.params),
+        model_type="sentence-encoder",
+    )
     try:
         with tempfile.TemporaryDirectory() as tmp, quiet_loggers(MLFLOW_LOGGERS, {PROGRESS_ENV: "false"}):
             local = Path(tmp) / ARTIFACT
-            mlflow.pyfunc.save_model(str(local), python_model=EncoderModel(), artifacts={ARTIFACT: str(folder)},
-                                     signature=signature(load(folder).dim), pip_requirements=requirements(),
-                                     input_example=pd.DataFrame({INPUT_COLUMN: EXAMPLE}),
-                                     mlflow_model=Model(run_id=run_id, model_id=logged.model_id,
-                                                        artifact_path=logged.artifact_location))
+            mlflow.pyfunc.save_model(
+                str(local),
+                python_model=EncoderModel(),
+                artifacts={ARTIFACT: str(folder)},
+                signature=signature(load(folder).dim),
+                pip_requirements=requirements(),
+                input_example=pd.DataFrame({INPUT_COLUMN: EXAMPLE}),
+                mlflow_model=Model(run_id=run_id, model_id=logged.model_id, artifact_path=logged.artifact_location),
+            )
             c.log_model_artifacts(logged.model_id, str(local))
         c.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
         _link_metrics(c, run_id, run.data.metrics, logged.model_id, step)
@@ -123,9 +141,12 @@ def _link_metrics(c, run_id: str, keys, model_id: str, step: int) -> None:
     """The run's metrics `keys` at `step` (its final evaluation) shown on the model's page too."""
     from mlflow.entities import Metric
 
-    linked = [Metric(m.key, m.value, m.timestamp, m.step, run_id=run_id, model_id=model_id)
-              for key in keys
-              for m in c.get_metric_history(run_id, key) if m.step == step and m.model_id is None]
+    linked = [
+        Metric(m.key, m.value, m.timestamp, m.step, run_id=run_id, model_id=model_id)
+        for key in keys
+        for m in c.get_metric_history(run_id, key)
+        if m.step == step and m.model_id is None
+    ]
     for start in range(0, len(linked), 500):
         c.log_batch(run_id, metrics=linked[start : start + 500])
 

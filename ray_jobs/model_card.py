@@ -36,21 +36,38 @@ CARD_METRICS = (
 )
 
 
-def run_facts(run_config: Mapping[str, Any], manifests: Mapping[str, Mapping[str, Any]], digests: Mapping[str, str],
-              run_id: Optional[str], tracking_uri: Optional[str], seconds: Optional[float] = None) -> Dict[str, Any]:
+def run_facts(
+    run_config: Mapping[str, Any],
+    manifests: Mapping[str, Mapping[str, Any]],
+    digests: Mapping[str, str],
+    run_id: Optional[str],
+    tracking_uri: Optional[str],
+    seconds: Optional[float] = None,
+) -> Dict[str, Any]:
     """What a training run knows about the model it wrote: config, data, code, libraries, machine."""
     data = {}
     for task, manifest in manifests.items():
         inputs = manifest.get("inputs") or ([manifest["input"]] if manifest.get("input") else [])
-        data[task] = {"inputs": [redact(str(i)) for i in inputs],
-                      # Reddit splits train/test; SNLI's train file is all training pairs.
-                      "train_pairs": manifest.get("train_pairs", manifest.get("pairs")),
-                      "test_pairs": manifest.get("test_pairs", 0),
-                      "digest": digests.get(task)}
-    return {"name": run_config.get("name"), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "mlflow_run_id": run_id, "tracking_uri": redact(tracking_uri or ""), "train_seconds": seconds,
-            "commit": git_commit(), "libraries": library_versions(), "machine": machine(),
-            "data": data, "run_config": redact_tree(dict(run_config)), "results": {}}
+        data[task] = {
+            "inputs": [redact(str(i)) for i in inputs],
+            # Reddit splits train/test; SNLI's train file is all training pairs.
+            "train_pairs": manifest.get("train_pairs", manifest.get("pairs")),
+            "test_pairs": manifest.get("test_pairs", 0),
+            "digest": digests.get(task),
+        }
+    return {
+        "name": run_config.get("name"),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "mlflow_run_id": run_id,
+        "tracking_uri": redact(tracking_uri or ""),
+        "train_seconds": seconds,
+        "commit": git_commit(),
+        "libraries": library_versions(),
+        "machine": machine(),
+        "data": data,
+        "run_config": redact_tree(dict(run_config)),
+        "results": {},
+    }
 
 
 def parameter_counts(folder: Path) -> Dict[str, int]:
@@ -94,52 +111,91 @@ def render(folder: Path, facts: Dict[str, Any]) -> str:
     if base:
         header["base_model"] = base
     if results:
-        header["model-index"] = [{"name": facts.get("name") or folder.name, "results": [
-            {"task": {"type": "sentence-similarity"}, "dataset": {"name": name.split("/")[0]},
-             "metrics": [{"type": name, "value": round(float(results[name]), 4), "name": label}]}
-            for name, label in CARD_METRICS if name in results]}]
+        header["model-index"] = [
+            {
+                "name": facts.get("name") or folder.name,
+                "results": [
+                    {
+                        "task": {"type": "sentence-similarity"},
+                        "dataset": {"name": name.split("/")[0]},
+                        "metrics": [{"type": name, "value": round(float(results[name]), 4), "name": label}],
+                    }
+                    for name, label in CARD_METRICS
+                    if name in results
+                ],
+            }
+        ]
     counts = parameter_counts(folder)
-    lines = ["---", yaml.safe_dump(header, sort_keys=False).rstrip(), "---", "",
-             f"# {facts.get('name') or folder.name}", "",
-             "A sentence encoder trained with convsts: the multitask method of *Learning Semantic Textual Similarity "
-             "from Conversations* (Yang et al., 2018): Reddit input-response prediction with in-batch softmax, "
-             "plus SNLI classification, on one shared encoder.", "",
-             "## Model", "",
-             f"- encoder: `{encoder}`" + (f", initialized from `{base}`" if base else ""),
-             f"- parameters: {counts['encoder']:,} in the encoder, {counts['heads']:,} in the task heads "
-             f"({', '.join(f'{t}: {k}' for t, k in meta.get('heads', {}).items())})",
-             f"- embedding: {_output_dim(meta)} dimensions, unit length",
-             f"- architecture: `{json.dumps(_architecture(meta), sort_keys=True)}`", "",
-             "## Training data", ""]
+    lines = [
+        "---",
+        yaml.safe_dump(header, sort_keys=False).rstrip(),
+        "---",
+        "",
+        f"# {facts.get('name') or folder.name}",
+        "",
+        "A sentence encoder trained with convsts: the multitask method of *Learning Semantic Textual Similarity "
+        "from Conversations* (Yang et al., 2018): Reddit input-response prediction with in-batch softmax, "
+        "plus SNLI classification, on one shared encoder.",
+        "",
+        "## Model",
+        "",
+        f"- encoder: `{encoder}`" + (f", initialized from `{base}`" if base else ""),
+        f"- parameters: {counts['encoder']:,} in the encoder, {counts['heads']:,} in the task heads "
+        f"({', '.join(f'{t}: {k}' for t, k in meta.get('heads', {}).items())})",
+        f"- embedding: {_output_dim(meta)} dimensions, unit length",
+        f"- architecture: `{json.dumps(_architecture(meta), sort_keys=True)}`",
+        "",
+        "## Training data",
+        "",
+    ]
     for task, d in sorted(facts.get("data", {}).items()):
         inputs = ", ".join(f"`{i}`" for i in d["inputs"][:4]) + (" ..." if len(d["inputs"]) > 4 else "")
-        lines.append(f"- {task}: {d.get('train_pairs') or 0:,} training pairs, {d.get('test_pairs') or 0:,} held out "
-                     f"(prepared from {inputs or 'injected rows'}; manifest digest `{(d.get('digest') or '')[:12]}`)")
+        lines.append(
+            f"- {task}: {d.get('train_pairs') or 0:,} training pairs, {d.get('test_pairs') or 0:,} held out "
+            f"(prepared from {inputs or 'injected rows'}; manifest digest `{(d.get('digest') or '')[:12]}`)"
+        )
     trainer = facts.get("run_config", {}).get("trainer", {})
-    lines += ["", "## Training", "",
-              f"- steps: {trainer.get('steps')}, workers: {trainer.get('num_workers')}, task weights: "
-              f"{trainer.get('task_weights')}, optimizer: {trainer.get('optimizer')}, stages: {trainer.get('stages')}",
-              f"- time: {facts['train_seconds']:.0f} s" if facts.get("train_seconds") else "- time: not recorded",
-              f"- MLflow run: `{facts.get('mlflow_run_id')}` in `{facts.get('tracking_uri')}`",
-              f"- code: convsts commit `{facts.get('commit') or 'unknown (not a git checkout)'}`",
-              f"- libraries: {', '.join(f'{k} {v}' for k, v in facts.get('libraries', {}).items())}",
-              f"- machine: {', '.join(f'{k} {v}' for k, v in facts.get('machine', {}).items())}",
-              "- the full run config is in `config.json` (`run_config`)", "",
-              "## Evaluation", ""]
+    lines += [
+        "",
+        "## Training",
+        "",
+        f"- steps: {trainer.get('steps')}, workers: {trainer.get('num_workers')}, task weights: "
+        f"{trainer.get('task_weights')}, optimizer: {trainer.get('optimizer')}, stages: {trainer.get('stages')}",
+        f"- time: {facts['train_seconds']:.0f} s" if facts.get("train_seconds") else "- time: not recorded",
+        f"- MLflow run: `{facts.get('mlflow_run_id')}` in `{facts.get('tracking_uri')}`",
+        f"- code: convsts commit `{facts.get('commit') or 'unknown (not a git checkout)'}`",
+        f"- libraries: {', '.join(f'{k} {v}' for k, v in facts.get('libraries', {}).items())}",
+        f"- machine: {', '.join(f'{k} {v}' for k, v in facts.get('machine', {}).items())}",
+        "- the full run config is in `config.json` (`run_config`)",
+        "",
+        "## Evaluation",
+        "",
+    ]
     if results:
         lines += ["| metric | value |", "|---|---|"]
         lines += [f"| {label} | {results[name]:.4f} |" for name, label in CARD_METRICS if name in results]
         lines += ["", "All metrics: `card.json` (`results`), from `convsts evaluate`."]
     else:
-        lines.append("Not evaluated yet: `convsts evaluate --checkpoint <this folder> --out DIR` adds the results here.")
-    lines += ["", "## How to load", "", "```python", "from convsts import models  # pip install convsts (this project)", "",
-              f'encoder = models.load("{folder.name}")',
-              'encoder.encode("a man is playing a guitar")            # (dim,) unit length',
-              'encoder.encode(["one", "two"], batch_size=64)          # (2, dim)',
-              "```", "",
-              "As an MLflow model (`pyfunc`: a column `text` of strings in, embeddings out): "
-              f"`mlflow.pyfunc.load_model(\"runs:/{facts.get('mlflow_run_id')}/model\")`; served with "
-              f"`mlflow models serve -m runs:/{facts.get('mlflow_run_id')}/model --env-manager local`.", ""]
+        lines.append(
+            "Not evaluated yet: `convsts evaluate --checkpoint <this folder> --out DIR` adds the results here."
+        )
+    lines += [
+        "",
+        "## How to load",
+        "",
+        "```python",
+        "from convsts import models  # pip install convsts (this project)",
+        "",
+        f'encoder = models.load("{folder.name}")',
+        'encoder.encode("a man is playing a guitar")            # (dim,) unit length',
+        'encoder.encode(["one", "two"], batch_size=64)          # (2, dim)',
+        "```",
+        "",
+        "As an MLflow model (`pyfunc`: a column `text` of strings in, embeddings out): "
+        f'`mlflow.pyfunc.load_model("runs:/{facts.get("mlflow_run_id")}/model")`; served with '
+        f"`mlflow models serve -m runs:/{facts.get('mlflow_run_id')}/model --env-manager local`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -165,5 +221,3 @@ def add_results(folder: str | Path, results: Mapping[str, Any]) -> Optional[Path
     facts = json.loads((folder / FACTS_FILE).read_text(encoding="utf-8"))
     facts["results"] = {k: v for k, v in results.items() if isinstance(v, (int, float))}
     return write_card(folder, facts)
-
-

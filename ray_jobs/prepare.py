@@ -22,8 +22,9 @@ from convsts.ray_jobs.training.run import prepare_all
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="convsts prepare", description=__doc__,
-                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser or argparse.ArgumentParser(
+        prog="convsts prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("what", help=f"a task ({', '.join(builtin_tasks())}, or one from task_modules) or 'all'")
     parser.add_argument("--input", nargs="+", help="input files, folders or globs (one task)")
     parser.add_argument("--format", default=None, choices=["auto", "pushshift", "pairs"], help="Reddit input format")
@@ -36,7 +37,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_with_overrides(build_parser(), argv, ("input",))  # overrides may follow the options, --input A B too
     setup_logging()
-    cfg = load_config(args.config, list(args.overrides) + ([f"data.reddit_format={args.format}"] if args.format else []))
+    cfg = load_config(
+        args.config, list(args.overrides) + ([f"data.reddit_format={args.format}"] if args.format else [])
+    )
     if args.what == "all":
         result = prepare_all(cfg, args.out)
     else:

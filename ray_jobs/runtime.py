@@ -136,8 +136,12 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
         # `core_worker.cc` line about the watcher's constructor arguments (ray-project/ray#53727).
         # Read by Train's controller, which gets it from this process's environment; a user's own value stays.
         os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
-        ray.init(num_cpus=num_cpus, dashboard_host="127.0.0.1",
-                 _system_config={"worker_maximum_startup_concurrency": max(LOCAL_STARTUP_CONCURRENCY, cpus)}, **kwargs)
+        ray.init(
+            num_cpus=num_cpus,
+            dashboard_host="127.0.0.1",
+            _system_config={"worker_maximum_startup_concurrency": max(LOCAL_STARTUP_CONCURRENCY, cpus)},
+            **kwargs,
+        )
 
 
 TRACKING_PROBE_TIMEOUT_S = 10.0  # one request before any work; MLflow's own client retries for minutes
@@ -181,15 +185,25 @@ def check_tracking_server(uri: str, where: str) -> None:
         cause = err.args[0] if err.args else None
         if cause is not None and getattr(cause, "reason", None) is not None:  # urllib3's error inside requests'
             reason = str(cause.reason).split(": ", 1)[-1]
-        raise ConfigError(f"{where}: no MLflow tracking server answers at {redact(uri)} ({redact(reason)}); start it, "
-                          f"or point {where} at a running one (unset, runs log to a sqlite store in --out)") from None
+        raise ConfigError(
+            f"{where}: no MLflow tracking server answers at {redact(uri)} ({redact(reason)}); start it, "
+            f"or point {where} at a running one (unset, runs log to a sqlite store in --out)"
+        ) from None
 
 
 def _user_error_types() -> tuple:
     from convsts.datasets.storage import BadInputError, StorageError
     from convsts.ray_jobs.config import ConfigError
 
-    return (ConfigError, BadInputError, StorageError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError)
+    return (
+        ConfigError,
+        BadInputError,
+        StorageError,
+        FileNotFoundError,
+        FileExistsError,
+        NotADirectoryError,
+        PermissionError,
+    )
 
 
 def find_user_error(exc: BaseException) -> Optional[BaseException]:
@@ -252,7 +266,11 @@ def run_main(command: str, main, argv=None) -> int:
             print(redact("".join(traceback.format_exception(exc))), end="", file=sys.stderr)
             return 1
         message = str(found.args[0] if len(found.args) == 1 and isinstance(found.args[0], str) else found)
-        if isinstance(found, (FileNotFoundError, PermissionError)) and found.filename and str(found.filename) not in message:
+        if (
+            isinstance(found, (FileNotFoundError, PermissionError))
+            and found.filename
+            and str(found.filename) not in message
+        ):
             message = f"{found.filename}: {message}"
         line = redact(message.strip().splitlines()[0])
         print(f"convsts {command}: {line} (--debug shows the traceback)", file=sys.stderr)

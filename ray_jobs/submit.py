@@ -63,14 +63,19 @@ def build_runtime_env(path: Optional[str | Path], working_dir: Path = PROJECT_RO
         if value and name not in env_vars:
             if has_credentials(value):
                 value = strip_credentials(value)
-                log.warning("%s: its credentials are not forwarded into the job (a job's runtime_env is visible "
-                            "in the dashboard); the cluster must provide MLFLOW_TRACKING_USERNAME / "
-                            "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), see docs/cluster.md", name)
+                log.warning(
+                    "%s: its credentials are not forwarded into the job (a job's runtime_env is visible "
+                    "in the dashboard); the cluster must provide MLFLOW_TRACKING_USERNAME / "
+                    "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), see docs/cluster.md",
+                    name,
+                )
             env_vars[name] = value
     for name, value in env_vars.items():
         if has_credentials(str(value)):
-            raise SubmitError(f"runtime_env variable {name} carries credentials ({redact(str(value))}); a job's "
-                              f"runtime_env is visible in the dashboard: provide them on the cluster (docs/cluster.md)")
+            raise SubmitError(
+                f"runtime_env variable {name} carries credentials ({redact(str(value))}); a job's "
+                f"runtime_env is visible in the dashboard: provide them on the cluster (docs/cluster.md)"
+            )
     commit = git_commit()  # the job's working copy is no git checkout: its runs record the commit sent
     if commit:
         env_vars.setdefault(COMMIT_ENV, commit)
@@ -83,22 +88,31 @@ def entrypoint(job: str, args: Sequence[str], python: str = "python") -> str:
         raise ValueError(f"unknown job {job!r}: expected one of {', '.join(JOBS)}")
     for arg in args:
         if has_credentials(arg):
-            raise SubmitError(f"argument {redact(arg)!r} carries credentials, and a job's entrypoint is visible in "
-                              f"the dashboard and its logs: give the cluster the credentials instead (for S3: "
-                              f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an instance role; see docs/cluster.md)")
+            raise SubmitError(
+                f"argument {redact(arg)!r} carries credentials, and a job's entrypoint is visible in "
+                f"the dashboard and its logs: give the cluster the credentials instead (for S3: "
+                f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an instance role; see docs/cluster.md)"
+            )
     return " ".join([python, "-m", JOBS[job], *map(shlex.quote, args)])
 
 
-def submit(job: str, args: Sequence[str], address: Optional[str] = None, runtime_env: Optional[str] = None,
-           python: str = "python", submission_id: Optional[str] = None) -> tuple[Any, str]:
+def submit(
+    job: str,
+    args: Sequence[str],
+    address: Optional[str] = None,
+    runtime_env: Optional[str] = None,
+    python: str = "python",
+    submission_id: Optional[str] = None,
+) -> tuple[Any, str]:
     client = job_client(address)
     env = build_runtime_env(runtime_env)
     command = entrypoint(job, args, python)
     deadline = time.time() + AGENT_WAIT_S
     while True:
         try:
-            job_id = client.submit_job(entrypoint=command, runtime_env=env, submission_id=submission_id,
-                                       metadata={"convsts.job": job})
+            job_id = client.submit_job(
+                entrypoint=command, runtime_env=env, submission_id=submission_id, metadata={"convsts.job": job}
+            )
             return client, job_id
         except Exception as err:
             # A head that has just started answers before its job agent is up: wait for it.
@@ -109,8 +123,9 @@ def submit(job: str, args: Sequence[str], address: Optional[str] = None, runtime
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="convsts submit", description=__doc__,
-                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser or argparse.ArgumentParser(
+        prog="convsts submit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--address", default=None, help="Ray dashboard address (default: RAY_ADDRESS)")
     parser.add_argument("--runtime-env", default=None, help=f"runtime_env YAML (default: {DEFAULT_RUNTIME_ENV.name})")
     parser.add_argument("--python", default="python", help="the interpreter on the cluster that runs the job")

@@ -66,8 +66,9 @@ class TaskPlan:
         return f"task split mode={self.mode} ({groups})"
 
 
-def plan_tasks(weights: Dict[str, float], num_workers: int, task_workers: Optional[Dict[str, int]] = None,
-               split: str = "sync") -> TaskPlan:
+def plan_tasks(
+    weights: Dict[str, float], num_workers: int, task_workers: Optional[Dict[str, int]] = None, split: str = "sync"
+) -> TaskPlan:
     """Ranks -> tasks: `task_workers` ({task: count}, summing to num_workers) when given, else by
     the weights (largest remainder, at least one rank per task)."""
     total = sum(weights.values())
@@ -77,10 +78,14 @@ def plan_tasks(weights: Dict[str, float], num_workers: int, task_workers: Option
     if num_workers == 1 and len(norm) > 1 and split == "sync":
         return TaskPlan("task_sampling", norm, ("*",))
     if num_workers < len(norm):
-        raise ValueError(f"{num_workers} workers for {len(norm)} tasks: use one worker (sync), or at least one per task")
+        raise ValueError(
+            f"{num_workers} workers for {len(norm)} tasks: use one worker (sync), or at least one per task"
+        )
     if task_workers:
         if sorted(task_workers) != sorted(norm) or sum(task_workers.values()) != num_workers:
-            raise ValueError(f"task workers {dict(task_workers)} must give every task of {sorted(norm)} and sum to {num_workers}")
+            raise ValueError(
+                f"task workers {dict(task_workers)} must give every task of {sorted(norm)} and sum to {num_workers}"
+            )
         counts = dict(task_workers)
     else:  # largest-remainder allocation with at least one rank per task
         counts = {t: max(1, int(w * num_workers)) for t, w in norm.items()}
@@ -124,7 +129,9 @@ class GradientCombiner:
         self.combine_encoder(list(model.encoder.parameters()), model.sparse_parameters())
         self.combine_head(task, list(model.heads[task].parameters()))
 
-    def combine_encoder(self, params: Sequence[torch.nn.Parameter], sparse_params: Sequence[torch.nn.Parameter] = ()) -> None:
+    def combine_encoder(
+        self, params: Sequence[torch.nn.Parameter], sparse_params: Sequence[torch.nn.Parameter] = ()
+    ) -> None:
         """`sparse_params`: those of `params` whose gradients are sparse. Every rank runs the same
         collectives for them even on a step where its gradient for them is missing."""
         scale = self.plan.encoder_grad_scale(self.rank)
@@ -197,8 +204,12 @@ def _all_reduce_sparse(p: torch.nn.Parameter, scale: float) -> torch.Tensor:
     buffer lives on the parameter's device (NCCL exchanges CUDA tensors only)."""
     device = p.device
     if p.grad is None:
-        grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long, device=device),
-                                       torch.zeros((0, *p.shape[1:]), device=device), p.shape, check_invariants=False)
+        grad = torch.sparse_coo_tensor(
+            torch.zeros((1, 0), dtype=torch.long, device=device),
+            torch.zeros((0, *p.shape[1:]), device=device),
+            p.shape,
+            check_invariants=False,
+        )
     else:
         grad = p.grad.coalesce()
     indices = grad.indices()[0]  # (nnz,)
@@ -222,4 +233,3 @@ def _all_reduce_sparse(p: torch.nn.Parameter, scale: float) -> torch.Tensor:
 def draw_task(plan: TaskPlan, generator: torch.Generator) -> str:
     weights = torch.tensor([plan.weights[t] for t in plan.tasks])
     return plan.tasks[int(torch.multinomial(weights, 1, generator=generator).item())]
-

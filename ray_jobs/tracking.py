@@ -32,7 +32,7 @@ def artifact_root(tracking_uri: str) -> Optional[str]:
     prefix = "sqlite:///"
     if not tracking_uri.startswith(prefix):
         return None
-    return (Path(tracking_uri[len(prefix):]).resolve().parent / ARTIFACT_FOLDER).as_uri()
+    return (Path(tracking_uri[len(prefix) :]).resolve().parent / ARTIFACT_FOLDER).as_uri()
 
 
 def experiment_id(tracking_uri: str, name: str) -> str:
@@ -80,8 +80,11 @@ def provenance_tags() -> Dict[str, str]:
     from convsts.ray_jobs.provenance import git_commit, library_versions, machine
 
     program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-    tags = {"mlflow.source.name": program, "mlflow.source.type": "LOCAL",
-            "convsts.command": " ".join([program, *sys.argv[1:]])[:MAX_PARAM_LENGTH]}
+    tags = {
+        "mlflow.source.name": program,
+        "mlflow.source.type": "LOCAL",
+        "convsts.command": " ".join([program, *sys.argv[1:]])[:MAX_PARAM_LENGTH],
+    }
     commit = git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit
@@ -100,8 +103,9 @@ def system_metrics(tracking_uri: str, run_id: str, interval_s: float = 10.0):
         yield
         return
     try:
-        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=True,
-                                       tracking_uri=tracking_uri)
+        monitor = SystemMetricsMonitor(
+            run_id, sampling_interval=interval_s, resume_logging=True, tracking_uri=tracking_uri
+        )
     except ImportError:  # psutil missing
         yield
         return
@@ -112,8 +116,9 @@ def system_metrics(tracking_uri: str, run_id: str, interval_s: float = 10.0):
         monitor.finish()
 
 
-def log_datasets(tracking_uri: str, run_id: str, datasets: Mapping[str, Mapping[str, Any]],
-                 context: str = "training") -> None:
+def log_datasets(
+    tracking_uri: str, run_id: str, datasets: Mapping[str, Mapping[str, Any]], context: str = "training"
+) -> None:
     """MLflow dataset inputs: {name: {"digest", "source" (a URI or path), "profile" (row counts ...)}}."""
     import json
 
@@ -123,10 +128,18 @@ def log_datasets(tracking_uri: str, run_id: str, datasets: Mapping[str, Mapping[
     for name, d in datasets.items():
         source = redact(str(d["source"]))
         source_type = source.split("://", 1)[0] if "://" in source else "local"
-        items.append(DatasetInput(
-            Dataset(name=name, digest=str(d["digest"])[:DIGEST_LENGTH], source_type=source_type,
-                    source=json.dumps({"uri": source}), profile=redact(json.dumps(d.get("profile", {})))),
-            tags=[InputTag("mlflow.data.context", context)]))
+        items.append(
+            DatasetInput(
+                Dataset(
+                    name=name,
+                    digest=str(d["digest"])[:DIGEST_LENGTH],
+                    source_type=source_type,
+                    source=json.dumps({"uri": source}),
+                    profile=redact(json.dumps(d.get("profile", {}))),
+                ),
+                tags=[InputTag("mlflow.data.context", context)],
+            )
+        )
     if items:
         client(tracking_uri).log_inputs(run_id, datasets=items)
 
@@ -188,8 +201,9 @@ def find_run(tracking_uri: str, experiment: str, tags: Mapping[str, str]) -> Opt
     if exp is None:
         return None
     query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    runs = c.search_runs([exp.experiment_id], filter_string=query, order_by=["attributes.start_time DESC"],
-                         max_results=1)
+    runs = c.search_runs(
+        [exp.experiment_id], filter_string=query, order_by=["attributes.start_time DESC"], max_results=1
+    )
     return runs[0].info.run_id if runs else None
 
 
@@ -198,5 +212,6 @@ def child_runs(tracking_uri: str, experiment: str, parent_run_id: str) -> list:
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    return c.search_runs([exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
-                         max_results=10_000)
+    return c.search_runs(
+        [exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'", max_results=10_000
+    )

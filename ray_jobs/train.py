@@ -20,19 +20,33 @@ from convsts.ray_jobs.training.run import ensure_prepared, prepared_location, ru
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="convsts train", description=__doc__,
-                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser or argparse.ArgumentParser(
+        prog="convsts train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", default=None, help="run config YAML")
-    parser.add_argument("--out", default=None, help="output folder (checkpoint, model, ray_results, mlflow.db); "
-                        "required unless --print-config")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output folder (checkpoint, model, ray_results, mlflow.db); required unless --print-config",
+    )
     parser.add_argument("--prepared", default=None, help="prepared shards (default: data.prepared_dir or OUT/prepared)")
-    parser.add_argument("--resume", default=None, help="checkpoint folder to resume from (checked: same model, "
-                        "tokenizer settings, tasks and prepared data)")
-    parser.add_argument("--fresh", action="store_true", help="OUT already holds a run: delete its checkpoints and start over")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved run config (YAML, credentials masked) and exit")
-    parser.add_argument("--register-as", default=None, metavar="NAME",
-                        help="register the run's MLflow model under NAME (mlflow.register_as)")
+    parser.add_argument(
+        "--resume",
+        default=None,
+        help="checkpoint folder to resume from (checked: same model, tokenizer settings, tasks and prepared data)",
+    )
+    parser.add_argument(
+        "--fresh", action="store_true", help="OUT already holds a run: delete its checkpoints and start over"
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved run config (YAML, credentials masked) and exit"
+    )
+    parser.add_argument(
+        "--register-as",
+        default=None,
+        metavar="NAME",
+        help="register the run's MLflow model under NAME (mlflow.register_as)",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.steps=500")
     return parser
 
@@ -52,8 +66,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     prepared = prepared_location(cfg, args.out, args.prepared)
     ensure_prepared(cfg, prepared)
     result = run_training(cfg, args.out, prepared_dir=prepared, fresh=args.fresh, mlflow_uri=uri)
-    print(json.dumps({"checkpoint": str(result.checkpoint), "model": str(result.model), "mlflow_run_id": result.run_id,
-                      "seconds": round(result.seconds, 1), "task_split_mode": result.mode}, indent=2))
+    print(
+        json.dumps(
+            {
+                "checkpoint": str(result.checkpoint),
+                "model": str(result.model),
+                "mlflow_run_id": result.run_id,
+                "seconds": round(result.seconds, 1),
+                "task_split_mode": result.mode,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

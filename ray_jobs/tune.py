@@ -86,9 +86,14 @@ def _trial_run(uri: str, experiment: str, parent_run_id: str, params: Dict[str, 
     trial_id = tune.get_context().get_trial_id()
     run_id = tracking.find_run(uri, experiment, {"mlflow.parentRunId": parent_run_id, "convsts.trial_id": trial_id})
     if run_id is None:
-        run_id = tracking.start_run(uri, experiment, f"{tune.get_context().get_trial_name()}", _plain(params),
-                                    tags={"convsts.job": "tune-trial", "convsts.trial_id": trial_id},
-                                    parent_run_id=parent_run_id)
+        run_id = tracking.start_run(
+            uri,
+            experiment,
+            f"{tune.get_context().get_trial_name()}",
+            _plain(params),
+            tags={"convsts.job": "tune-trial", "convsts.trial_id": trial_id},
+            parent_run_id=parent_run_id,
+        )
     # One point per start: a trial that a resumed sweep reruns shows two.
     tracking.log_metrics(uri, run_id, {"trial/started": time.time()})
     return run_id
@@ -98,8 +103,15 @@ def _trial_run(uri: str, experiment: str, parent_run_id: str, params: Dict[str, 
 # Trainables (functions of their config; shared inputs come through the object store)
 
 
-def sts_matrix_trial(params: Dict[str, Any], embeddings: Dict[str, Dict[str, np.ndarray]], base: Dict[str, Any],
-                     fixed: List[str], uri: str, experiment: str, parent_run_id: str) -> None:
+def sts_matrix_trial(
+    params: Dict[str, Any],
+    embeddings: Dict[str, Dict[str, np.ndarray]],
+    base: Dict[str, Any],
+    fixed: List[str],
+    uri: str,
+    experiment: str,
+    parent_run_id: str,
+) -> None:
     import ray.tune
     from ray.tune import Checkpoint
 
@@ -119,13 +131,25 @@ def sts_matrix_trial(params: Dict[str, Any], embeddings: Dict[str, Dict[str, np.
             ray.tune.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
 
     fitted = fit_sts_transform(embeddings["train"], embeddings["dev"], cfg.eval.tuned, on_epoch=on_epoch)
-    tracking.log_metrics(uri, run_id, {"stsb_tuned/dev/pearson": fitted.dev_pearson,
-                                       "stsb_tuned/best_epoch": fitted.best_epoch}, step=cfg.eval.tuned.epochs)
+    tracking.log_metrics(
+        uri,
+        run_id,
+        {"stsb_tuned/dev/pearson": fitted.dev_pearson, "stsb_tuned/best_epoch": fitted.best_epoch},
+        step=cfg.eval.tuned.epochs,
+    )
     tracking.end_run(uri, run_id)
 
 
-def train_trial(params: Dict[str, Any], base: Dict[str, Any], fixed: List[str], uri: str, experiment: str,
-                parent_run_id: str, prepared: str, trials_dir: str) -> None:
+def train_trial(
+    params: Dict[str, Any],
+    base: Dict[str, Any],
+    fixed: List[str],
+    uri: str,
+    experiment: str,
+    parent_run_id: str,
+    prepared: str,
+    trials_dir: str,
+) -> None:
     """One multitask training (a TorchTrainer inside the trial, Train V2 style), then evaluation."""
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -141,8 +165,14 @@ def train_trial(params: Dict[str, Any], base: Dict[str, Any], fixed: List[str], 
     trial_dir = Path(trials_dir) / ray.tune.get_context().get_trial_id()
     try:
         # fresh: a trial that a resumed sweep restarts trains again from its start.
-        trained = run_training(cfg, trial_dir / "run", run_id=run_id, prepared_dir=prepared,
-                               extra_callbacks=[TuneReportCallback()], fresh=True)
+        trained = run_training(
+            cfg,
+            trial_dir / "run",
+            run_id=run_id,
+            prepared_dir=prepared,
+            extra_callbacks=[TuneReportCallback()],
+            fresh=True,
+        )
         results = evaluate(EmbeddingScorer(load(trained.checkpoint), cfg.eval.batch_size), cfg, prepared)
     except BaseException:
         tracking.end_run(uri, run_id, "FAILED")
@@ -172,7 +202,8 @@ def _concurrency(space: TuneSpace, cfg: RunConfig) -> tuple[Dict[str, float], in
             f"a trial needs {per_trial:g} CPUs ({TRIAL_FUNCTION_CPU} for the trial function, "
             f"trainer.num_workers x trainer.cpus_per_worker = {cfg.trainer.num_workers} x {cfg.trainer.cpus_per_worker} "
             f"for the workers, 1 free for Ray Data) and the cluster has {cpus:g}: lower trainer.cpus_per_worker "
-            f"(e.g. trainer.cpus_per_worker={max(0.1, (cpus - 1.0 - TRIAL_FUNCTION_CPU) / cfg.trainer.num_workers):.2f})")
+            f"(e.g. trainer.cpus_per_worker={max(0.1, (cpus - 1.0 - TRIAL_FUNCTION_CPU) / cfg.trainer.num_workers):.2f})"
+        )
     return {"cpu": TRIAL_FUNCTION_CPU}, max(1, int(cpus // per_trial))
 
 
@@ -198,17 +229,32 @@ def expected_trials(param_space: Dict[str, Any], num_samples: int) -> int:
     return total
 
 
-def sweep_record(space: TuneSpace, cfg: RunConfig, param_overrides: Dict[str, Any], num_samples: int,
-                 checkpoint: Optional[str], prepared_dir: Optional[str]) -> Dict[str, Any]:
+def sweep_record(
+    space: TuneSpace,
+    cfg: RunConfig,
+    param_overrides: Dict[str, Any],
+    num_samples: int,
+    checkpoint: Optional[str],
+    prepared_dir: Optional[str],
+) -> Dict[str, Any]:
     """What defines a sweep, as STATE_FILE records it (credentials redacted): the space, its --param
     dimensions, the number of samples, the checkpoint and prepared folder, the base run config
     (with the tracking store its trials log to). A resumed sweep's trials are built from this
     command's config but keep the recorded parameters, so a rerun that differs is refused."""
+
     def where(path: Optional[str]) -> str:
         return "" if not path else path if is_uri(path) else str(Path(resolve_path(path)).resolve())
 
-    return redact_tree({"space": space.name, "param": param_overrides, "num_samples": num_samples,
-                        "checkpoint": where(checkpoint), "prepared": where(prepared_dir), "config": cfg.to_dict()})
+    return redact_tree(
+        {
+            "space": space.name,
+            "param": param_overrides,
+            "num_samples": num_samples,
+            "checkpoint": where(checkpoint),
+            "prepared": where(prepared_dir),
+            "config": cfg.to_dict(),
+        }
+    )
 
 
 def resume_differences(state: Dict[str, Any], record: Dict[str, Any]) -> List[str]:
@@ -218,10 +264,20 @@ def resume_differences(state: Dict[str, Any], record: Dict[str, Any]) -> List[st
     if recorded is None:
         log.info("%s predates the sweep record: this command's settings are not compared with the sweep's", STATE_FILE)
         return []
-    sections = {"--space": "space", "--num-samples": "num_samples", "--checkpoint": "checkpoint", "--prepared": "prepared"}
-    out = [f"{flag} {recorded.get(key)!r} (this command: {record[key]!r})"
-           for flag, key in sections.items() if recorded.get(key) != record[key]]
-    out += changed_values(flatten(recorded.get("param", {}), "--param "), flatten(record["param"], "--param "), "this command")
+    sections = {
+        "--space": "space",
+        "--num-samples": "num_samples",
+        "--checkpoint": "checkpoint",
+        "--prepared": "prepared",
+    }
+    out = [
+        f"{flag} {recorded.get(key)!r} (this command: {record[key]!r})"
+        for flag, key in sections.items()
+        if recorded.get(key) != record[key]
+    ]
+    out += changed_values(
+        flatten(recorded.get("param", {}), "--param "), flatten(record["param"], "--param "), "this command"
+    )
     return out + changed_values(flatten(recorded.get("config", {})), flatten(record["config"]), "this command")
 
 
@@ -232,10 +288,18 @@ def _unfinished(result_grid, expected: int) -> int:
     return max(expected, len(result_grid)) - ended
 
 
-def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str] = None,
-              reddit_checkpoint: Optional[str] = None, prepared_dir: Optional[str] = None,
-              param_overrides: Optional[Dict[str, Any]] = None, num_samples: Optional[int] = None,
-              fresh: bool = False, max_concurrent: Optional[int] = None) -> Dict[str, Any]:
+def run_sweep(
+    space: TuneSpace,
+    cfg: RunConfig,
+    out_dir: str | Path,
+    checkpoint: Optional[str] = None,
+    reddit_checkpoint: Optional[str] = None,
+    prepared_dir: Optional[str] = None,
+    param_overrides: Optional[Dict[str, Any]] = None,
+    num_samples: Optional[int] = None,
+    fresh: bool = False,
+    max_concurrent: Optional[int] = None,
+) -> Dict[str, Any]:
     from ray import tune
 
     started = time.time()
@@ -266,22 +330,37 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
         state = json.loads(state_file.read_text(encoding="utf-8"))
         differs = resume_differences(state, record)
         if differs:
-            raise ConfigError(f"{out_dir} holds an interrupted or finished sweep that this command would resume, "
-                              f"but it differs: {'; '.join(differs)}; rerun it as it was, pass --fresh to start "
-                              f"over, or choose another --out")
+            raise ConfigError(
+                f"{out_dir} holds an interrupted or finished sweep that this command would resume, "
+                f"but it differs: {'; '.join(differs)}; rerun it as it was, pass --fresh to start "
+                f"over, or choose another --out"
+            )
         parent_run_id = state["parent_run_id"]
         expected = state["expected_trials"]
         log.info("resuming sweep %s (MLflow parent run %s) from %s", space.name, parent_run_id, experiment_path)
     else:
         parent_run_id = tracking.start_run(
-            uri, cfg.mlflow.experiment, cfg.mlflow.run_name or f"tune-{space.name}",
-            {**flatten(cfg.to_dict()), "tune.space": space.name, "tune.objective": space.objective,
-             "tune.metric": space.metric, "tune.checkpoint": checkpoint or reddit_checkpoint or "",
-             "tune.param_overrides": repr(param_overrides)},
-            tags={"convsts.job": "tune", "convsts.space": space.name})
+            uri,
+            cfg.mlflow.experiment,
+            cfg.mlflow.run_name or f"tune-{space.name}",
+            {
+                **flatten(cfg.to_dict()),
+                "tune.space": space.name,
+                "tune.objective": space.objective,
+                "tune.metric": space.metric,
+                "tune.checkpoint": checkpoint or reddit_checkpoint or "",
+                "tune.param_overrides": repr(param_overrides),
+            },
+            tags={"convsts.job": "tune", "convsts.space": space.name},
+        )
         expected = expected_trials(param_space, num_samples or space.num_samples)
-        state_file.write_text(json.dumps({"parent_run_id": parent_run_id, "space": space.name,
-                                          "expected_trials": expected, "sweep": record}, indent=2), encoding="utf-8")
+        state_file.write_text(
+            json.dumps(
+                {"parent_run_id": parent_run_id, "space": space.name, "expected_trials": expected, "sweep": record},
+                indent=2,
+            ),
+            encoding="utf-8",
+        )
 
     base = cfg.to_dict()
     if max_concurrent:
@@ -290,41 +369,64 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
     if space.objective == "sts_matrix":
         log.info("encoding STS-B train/dev/test once with %s", checkpoint)
         frames, embeddings = stsb_embeddings_of(checkpoint, cfg)
-        trainable = tune.with_parameters(sts_matrix_trial, embeddings=embeddings, base=base, fixed=space.fixed,
-                                         uri=uri, experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id)
+        trainable = tune.with_parameters(
+            sts_matrix_trial,
+            embeddings=embeddings,
+            base=base,
+            fixed=space.fixed,
+            uri=uri,
+            experiment=cfg.mlflow.experiment,
+            parent_run_id=parent_run_id,
+        )
     else:
         from convsts.ray_jobs.training.run import ensure_prepared, prepared_location
 
         prepared = prepared_location(cfg, out_dir, prepared_dir)
         ensure_prepared(cfg, prepared)
-        trainable = tune.with_parameters(train_trial, base=base, fixed=space.fixed, uri=uri,
-                                         experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id,
-                                         prepared=str(prepared), trials_dir=str(out_dir / "trials"))
+        trainable = tune.with_parameters(
+            train_trial,
+            base=base,
+            fixed=space.fixed,
+            uri=uri,
+            experiment=cfg.mlflow.experiment,
+            parent_run_id=parent_run_id,
+            prepared=str(prepared),
+            trials_dir=str(out_dir / "trials"),
+        )
     trainable = tune.with_resources(trainable, resources)
 
     scheduler = None
     if space.scheduler == "asha":
         from ray.tune.schedulers import ASHAScheduler
 
-        scheduler = ASHAScheduler(time_attr="training_iteration", metric=space.metric, mode=space.mode,
-                                  max_t=space.max_t, grace_period=max(1, min(5, space.max_t // 4)), reduction_factor=3)
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration",
+            metric=space.metric,
+            mode=space.mode,
+            max_t=space.max_t,
+            grace_period=max(1, min(5, space.max_t // 4)),
+            reduction_factor=3,
+        )
     if resume:
-        tuner = tune.Tuner.restore(str(experiment_path), trainable=trainable, resume_unfinished=True,
-                                   resume_errored=True)
+        tuner = tune.Tuner.restore(
+            str(experiment_path), trainable=trainable, resume_unfinished=True, resume_errored=True
+        )
     else:
         tuner = tune.Tuner(
             trainable,
             param_space=param_space,
-            tune_config=tune.TuneConfig(num_samples=num_samples or space.num_samples, scheduler=scheduler,
-                                        max_concurrent_trials=concurrency),
+            tune_config=tune.TuneConfig(
+                num_samples=num_samples or space.num_samples, scheduler=scheduler, max_concurrent_trials=concurrency
+            ),
             run_config=tune.RunConfig(name=space.name, storage_path=str(out_dir / "ray_tune"), verbose=1),
         )
     log.info("sweep %s: %s trials at once, %s per trial function", space.name, concurrency, resources)
     grid = tuner.fit()
     pending = _unfinished(grid, expected)
     if pending:
-        raise SweepInterrupted(f"{pending} trial(s) did not finish; rerun the same command to resume "
-                               f"(state in {experiment_path})")
+        raise SweepInterrupted(
+            f"{pending} trial(s) did not finish; rerun the same command to resume (state in {experiment_path})"
+        )
     _close_stopped_runs(uri, cfg.mlflow.experiment, parent_run_id)
     errors = [r for r in grid if r.error is not None]
     best = grid.get_best_result(metric=space.metric, mode=space.mode, scope="last")
@@ -345,8 +447,11 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
     results["seconds"] = round(time.time() - started, 1)
     (out_dir / "results.json").write_text(redact(json.dumps(results, indent=2)), encoding="utf-8")
 
-    best_child = tracking.find_run(uri, cfg.mlflow.experiment, {"mlflow.parentRunId": parent_run_id,
-                                                                "convsts.trial_id": best.metrics.get("trial_id", "")})
+    best_child = tracking.find_run(
+        uri,
+        cfg.mlflow.experiment,
+        {"mlflow.parentRunId": parent_run_id, "convsts.trial_id": best.metrics.get("trial_id", "")},
+    )
     tracking.log_params(uri, parent_run_id, {f"best.{k}": v for k, v in _plain(best_params).items()})
     tracking.log_metrics(uri, parent_run_id, {k: v for k, v in results.items() if "/" in k})
     tracking.set_tags(uri, parent_run_id, {"convsts.best_trial_run": best_child or ""})
@@ -354,8 +459,14 @@ def run_sweep(space: TuneSpace, cfg: RunConfig, out_dir: str | Path, checkpoint:
         if (out_dir / name).is_file():
             tracking.log_artifact(uri, parent_run_id, str(out_dir / name))
     tracking.end_run(uri, parent_run_id, "FINISHED")
-    log.info("sweep %s: %d trials in %.0f s; best %s = %.4f", space.name, len(grid), results["seconds"],
-             space.metric, float(best.metrics.get(space.metric, math.nan)))
+    log.info(
+        "sweep %s: %d trials in %.0f s; best %s = %.4f",
+        space.name,
+        len(grid),
+        results["seconds"],
+        space.metric,
+        float(best.metrics.get(space.metric, math.nan)),
+    )
     return results
 
 
@@ -396,9 +507,11 @@ def _fraction_curve(grid, space: TuneSpace, out_dir: Path) -> None:
     for result in grid:
         if result.error is not None or not result.metrics:
             continue
-        row = {"fraction": result.config["data.snli_fraction"],
-               "seed": result.config.get("data.snli_fraction_seed", 0),
-               "trial": Path(result.path).name}
+        row = {
+            "fraction": result.config["data.snli_fraction"],
+            "seed": result.config.get("data.snli_fraction_seed", 0),
+            "trial": Path(result.path).name,
+        }
         row.update({name: result.metrics.get(name, math.nan) for name in space.report})
         rows.append(row)
     rows.sort(key=lambda r: (r["fraction"], r["seed"]))
@@ -410,16 +523,21 @@ def _fraction_curve(grid, space: TuneSpace, out_dir: Path) -> None:
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="convsts tune", description=__doc__,
-                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = parser or argparse.ArgumentParser(
+        prog="convsts tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--space", required=True, help="a name in tune_spaces/ or package.module:ATTRIBUTE")
     parser.add_argument("--out", required=True)
     parser.add_argument("--config", default=None, help="base run config YAML")
     parser.add_argument("--checkpoint", default=None, help="encoder checkpoint (sts_matrix)")
     parser.add_argument("--reddit-checkpoint", default=None, help="Reddit-only checkpoint to warm-start from (train)")
     parser.add_argument("--prepared", default=None, help="prepared shards (train objective)")
-    parser.add_argument("--param", action="append", default=[],
-                        help="replace a space dimension: key=[v1,v2] (grid) or key=v (fixed); repeatable")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        help="replace a space dimension: key=[v1,v2] (grid) or key=v (fixed); repeatable",
+    )
     parser.add_argument("--num-samples", type=int, default=None)
     parser.add_argument("--max-concurrent", type=int, default=None, help="at most this many trials at once")
     parser.add_argument("--fresh", action="store_true", help="start over instead of resuming DIR's sweep")
@@ -436,9 +554,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError(str(err)) from None
     cfg = load_config(args.config, args.overrides)
     try:
-        results = run_sweep(space, cfg, args.out, checkpoint=args.checkpoint, reddit_checkpoint=args.reddit_checkpoint,
-                            prepared_dir=args.prepared, param_overrides=grid_overrides(args.param),
-                            num_samples=args.num_samples, fresh=args.fresh, max_concurrent=args.max_concurrent)
+        results = run_sweep(
+            space,
+            cfg,
+            args.out,
+            checkpoint=args.checkpoint,
+            reddit_checkpoint=args.reddit_checkpoint,
+            prepared_dir=args.prepared,
+            param_overrides=grid_overrides(args.param),
+            num_samples=args.num_samples,
+            fresh=args.fresh,
+            max_concurrent=args.max_concurrent,
+        )
     except SweepInterrupted as err:
         print(f"convsts tune: {err}")
         return 130

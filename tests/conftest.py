@@ -52,8 +52,9 @@ def mlflow_uri(tmp_path_factory) -> str:
 
 
 def pytest_addoption(parser):
-    parser.addoption("--slow", action="store_true", default=False,
-                     help="also run the slow end-to-end tests (Ray Train / Tune jobs)")
+    parser.addoption(
+        "--slow", action="store_true", default=False, help="also run the slow end-to-end tests (Ray Train / Tune jobs)"
+    )
 
 
 def pytest_collection_modifyitems(config, items):

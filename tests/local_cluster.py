@@ -72,9 +72,14 @@ def start_train(ray_session, out: Path, args: List[str]) -> subprocess.Popen:
     """`python -m convsts.ray_jobs.train --out OUT ARGS` against the test session's Ray instance, its
     output (stdout and stderr) in one text pipe."""
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
-    return subprocess.Popen([sys.executable, "-m", "convsts.ray_jobs.train", "--out", str(out), *args],
-                            cwd=Path(__file__).resolve().parent.parent, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "convsts.ray_jobs.train", "--out", str(out), *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -120,16 +125,31 @@ def ray_head(env: Dict[str, str], num_cpus: int = 2) -> Iterator[Dict[str, str]]
     """`ray start --head` with a private temp dir; yields {"address": dashboard URL, "temp_dir": ...}."""
     temp_dir = tempfile.mkdtemp(prefix="cvray", dir="/tmp")  # short: Ray's unix sockets live under it
     dashboard_port = free_port()
-    full_env = {**os.environ, **env, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                "RAY_USAGE_STATS_ENABLED": "0"}
+    full_env = {
+        **os.environ,
+        **env,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     full_env.pop("RAY_ADDRESS", None)
-    cmd = [str(BIN / "ray"), "start", "--head", f"--port={free_port()}", "--dashboard-host=127.0.0.1",
-           f"--dashboard-port={dashboard_port}", f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}",
-           "--disable-usage-stats", "--include-dashboard=true",
-           # Fixed default ports (agent 52365, metrics, ...) collide with another Ray on the machine.
-           f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-           f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-           f"--ray-client-server-port={free_port()}"]
+    cmd = [
+        str(BIN / "ray"),
+        "start",
+        "--head",
+        f"--port={free_port()}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard_port}",
+        f"--num-cpus={num_cpus}",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+        "--include-dashboard=true",
+        # Fixed default ports (agent 52365, metrics, ...) collide with another Ray on the machine.
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        f"--ray-client-server-port={free_port()}",
+    ]
     try:
         done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=180)
         if done.returncode != 0:
@@ -149,10 +169,25 @@ def mlflow_server(root: Path) -> Iterator[str]:
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        env=env, stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(BIN / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env=env,
+        stdout=open(root / "server.log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_http(f"{url}/health", 180)

@@ -70,8 +70,11 @@ def keys(uri_prefix: str) -> list:
     from convsts.datasets import storage
 
     fs, inner = storage.resolve(uri_prefix)
-    return sorted(i.path for i in fs.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
-                  if i.type == pafs.FileType.File)
+    return sorted(
+        i.path
+        for i in fs.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
+        if i.type == pafs.FileType.File
+    )
 
 
 class CuttingProxy:
@@ -114,7 +117,7 @@ class CuttingProxy:
                     break
                 if answers:
                     with self.lock:
-                        data, self.left = data[:max(self.left, 0)], self.left - len(data)
+                        data, self.left = data[: max(self.left, 0)], self.left - len(data)
                         if self.left <= 0:
                             self.cut.set()
                 target.sendall(data)

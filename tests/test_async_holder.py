@@ -31,22 +31,34 @@ def test_async_plan_gives_each_rank_one_task_and_scales_nothing():
         plan_tasks(W, 1, split="async")
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["trainer.task_split=lockstep"], "trainer.task_split"),
-    (["trainer.task_workers={reddit: 2, snli: 1}"], "trainer.task_workers"),  # sums to 3, not 2
-    (["trainer.task_workers={reddit: 2}"], "trainer.task_workers"),  # no count for snli
-    (["trainer.task_split=async", "trainer.num_workers=1"], "trainer.num_workers"),
-    (["trainer.async_refresh_every=0"], "trainer.async_refresh_every"),
-    (["trainer.async_slack=-1"], "trainer.async_slack"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["trainer.task_split=lockstep"], "trainer.task_split"),
+        (["trainer.task_workers={reddit: 2, snli: 1}"], "trainer.task_workers"),  # sums to 3, not 2
+        (["trainer.task_workers={reddit: 2}"], "trainer.task_workers"),  # no count for snli
+        (["trainer.task_split=async", "trainer.num_workers=1"], "trainer.num_workers"),
+        (["trainer.async_refresh_every=0"], "trainer.async_refresh_every"),
+        (["trainer.async_slack=-1"], "trainer.async_slack"),
+    ],
+)
 def test_async_config_keys_are_checked(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(None, overrides)
 
 
 def _setup(extra=()):
-    cfg = load_config(None, core.TINY + ["trainer.task_split=async", "trainer.steps=60", "trainer.checkpoint_every=25",
-                                         "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.01}]", *extra])
+    cfg = load_config(
+        None,
+        core.TINY
+        + [
+            "trainer.task_split=async",
+            "trainer.steps=60",
+            "trainer.checkpoint_every=25",
+            "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.01}]",
+            *extra,
+        ],
+    )
     tokenizer = core._tokenizer(cfg)
     seed_everything(cfg.seed)
     model = build_model(cfg.model, tokenizer, model_heads(cfg))
@@ -62,8 +74,13 @@ def _worker_update(cfg, tokenizer, model, task_name, generation=1):
     update.generation = generation
     stream = FrameStream(tasks[task_name], core.FRAMES[task_name], tokenizer, 4, 16)
     plan = plan_for(cfg.trainer, 2)
-    train_step(model, tasks[task_name], next(stream), Optimizers(encoder=[update], heads={task_name: []}),
-               GradientCombiner(plan, plan.ranks_of(task_name)[0]))
+    train_step(
+        model,
+        tasks[task_name],
+        next(stream),
+        Optimizers(encoder=[update], heads={task_name: []}),
+        GradientCombiner(plan, plan.ranks_of(task_name)[0]),
+    )
     return update
 
 

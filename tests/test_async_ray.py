@@ -17,10 +17,19 @@ from convsts.ray_jobs import tracking
 from tiny import TINY_DAN
 
 STEPS, EVERY, SLACK = 1200, 200, 2
-ARGS = [f"trainer.steps={STEPS}", f"trainer.checkpoint_every={EVERY}", "trainer.log_every=10", "trainer.eval_every=0",
-        "trainer.max_failures=3", "trainer.task_split=async", f"trainer.async_slack={SLACK}", "trainer.num_workers=2",
-        "trainer.async_overlap=true",  # one update in flight: the checkpoints and the end come with one pending
-        *TINY_DAN, "mlflow.experiment=async-test"]
+ARGS = [
+    f"trainer.steps={STEPS}",
+    f"trainer.checkpoint_every={EVERY}",
+    "trainer.log_every=10",
+    "trainer.eval_every=0",
+    "trainer.max_failures=3",
+    "trainer.task_split=async",
+    f"trainer.async_slack={SLACK}",
+    "trainer.num_workers=2",
+    "trainer.async_overlap=true",  # one update in flight: the checkpoints and the end come with one pending
+    *TINY_DAN,
+    "mlflow.experiment=async-test",
+]
 # Each task's count stays within slack + its workers of its share (ray_jobs/training/holder.py); +1 for the rounding.
 TOLERANCE = SLACK + 2
 
@@ -37,9 +46,12 @@ def _wait_for(predicate, proc, seconds):
 
 @pytest.mark.slow
 def test_async_groups_train_both_tasks_and_resume_after_killing_the_holder_and_a_worker(
-        ray_session, sample_prepared, mlflow_uri, tmp_path):
+    ray_session, sample_prepared, mlflow_uri, tmp_path
+):
     out = tmp_path / "run"
-    proc = start_train(ray_session, out, ["--prepared", str(sample_prepared), *ARGS, f"mlflow.tracking_uri={mlflow_uri}"])
+    proc = start_train(
+        ray_session, out, ["--prepared", str(sample_prepared), *ARGS, f"mlflow.tracking_uri={mlflow_uri}"]
+    )
     client = tracking.client(mlflow_uri)
 
     def progress():
@@ -49,8 +61,11 @@ def test_async_groups_train_both_tasks_and_resume_after_killing_the_holder_and_a
             return None
         history = client.get_metric_history(run_id, "async/reddit/updates")
         states = list((out / "ray_results").rglob("train_state.pt"))
-        return (len(states), max((m.step for m in history), default=0),
-                len(client.get_metric_history(run_id, "train/restarted_at_step")))
+        return (
+            len(states),
+            max((m.step for m in history), default=0),
+            len(client.get_metric_history(run_id, "train/restarted_at_step")),
+        )
 
     try:
         # 1. The parameter holder's process dies once a checkpoint exists and training has gone past it.
@@ -59,8 +74,9 @@ def test_async_groups_train_both_tasks_and_resume_after_killing_the_holder_and_a
         assert len(holders) == 1, holders
         os.kill(holders[0], signal.SIGKILL)
         # 2. Once the group has restarted and passed another checkpoint, a worker dies.
-        assert _wait_for(lambda: (p := progress()) and p[2] == 1 and p[1] >= 2 * EVERY + 60, proc, 300), \
+        assert _wait_for(lambda: (p := progress()) and p[2] == 1 and p[1] >= 2 * EVERY + 60, proc, 300), (
             "no restart after the holder died"
+        )
         workers = ray_processes(b"ray::RayTrainWorker")
         assert len(workers) == 2, workers
         os.kill(workers[0], signal.SIGKILL)
@@ -86,8 +102,15 @@ def test_async_groups_train_both_tasks_and_resume_after_killing_the_holder_and_a
     assert all(f"start step {r}" in log for r in restarts)
     # Per-task metrics from both groups and the holder's own.
     metrics = client.get_run(train["mlflow_run_id"]).data.metrics
-    for key in ("reddit/loss", "snli/loss", "snli/batch_accuracy", "async/reddit/staleness_mean",
-                "async/snli/updates", "async/snli/wait_s", "async/reddit/pairs_per_s"):
+    for key in (
+        "reddit/loss",
+        "snli/loss",
+        "snli/batch_accuracy",
+        "async/reddit/staleness_mean",
+        "async/snli/updates",
+        "async/snli/wait_s",
+        "async/reddit/pairs_per_s",
+    ):
         assert key in metrics, key
     model, _, _ = load_model(train["checkpoint"])  # the same checkpoint format as a sync run
     assert set(model.heads) == {"reddit", "snli"}

@@ -23,8 +23,17 @@ ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"
 
 
 def _dump_lines(n: int) -> bytes:
-    rows = [{"id": f"c{i}", "parent_id": f"t1_c{i - 1}" if i % 2 else "t3_x", "link_id": f"t3_{i // 2}",
-             "author": "someone", "body": f"comment number {i} with a few words", "subreddit": "test"} for i in range(n)]
+    rows = [
+        {
+            "id": f"c{i}",
+            "parent_id": f"t1_c{i - 1}" if i % 2 else "t3_x",
+            "link_id": f"t3_{i // 2}",
+            "author": "someone",
+            "body": f"comment number {i} with a few words",
+            "subreddit": "test",
+        }
+        for i in range(n)
+    ]
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
@@ -35,7 +44,9 @@ def _cut_zst(path: Path, share: float = 0.6) -> Path:
 
 
 def _run(*args, cwd=None):
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=ENV, cwd=cwd or REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=ENV, cwd=cwd or REPO, timeout=300
+    )
 
 
 # ---- 1. truncated or corrupt .zst
@@ -43,7 +54,9 @@ def _run(*args, cwd=None):
 
 def test_truncated_zst_raises_naming_the_file_and_offset(tmp_path):
     cut = _cut_zst(tmp_path / "RC_cut.zst")
-    with pytest.raises(BadInputError, match=r"RC_cut.zst: truncated zstd file: the data ends inside a frame at byte \d+"):
+    with pytest.raises(
+        BadInputError, match=r"RC_cut.zst: truncated zstd file: the data ends inside a frame at byte \d+"
+    ):
         sum(1 for _ in open_lines(str(cut)))
     corrupt = bytearray(zstandard.ZstdCompressor().compress(_dump_lines(2000)))
     corrupt[40:60] = b"\x00" * 20
@@ -71,16 +84,19 @@ def test_prepare_on_a_truncated_zst_fails_in_one_line_and_writes_no_shards(tmp_p
 # ---- 2. half-written prepared folders
 
 
-@pytest.mark.parametrize("damage, message", [
-    ("no_manifest", "has shards but no manifest.json: an interrupted or older `convsts prepare`"),
-    ("missing_shard", "shards do not match"),
-    ("extra_shard", "shards do not match"),
-    ("corrupt_shard", "not a readable parquet file"),
-    # A hand-edited manifest: one line naming the entry, not a KeyError or TypeError.
-    ("shard_without_rows", r"manifest.json: shards.train\[0\]: no int 'rows'; delete "),
-    ("input_without_size", r"manifest.json: input_files\[0\]: no int 'size'; delete "),
-    ("manifest_a_list", r"manifest.json: not a JSON object but list; delete "),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("no_manifest", "has shards but no manifest.json: an interrupted or older `convsts prepare`"),
+        ("missing_shard", "shards do not match"),
+        ("extra_shard", "shards do not match"),
+        ("corrupt_shard", "not a readable parquet file"),
+        # A hand-edited manifest: one line naming the entry, not a KeyError or TypeError.
+        ("shard_without_rows", r"manifest.json: shards.train\[0\]: no int 'rows'; delete "),
+        ("input_without_size", r"manifest.json: input_files\[0\]: no int 'size'; delete "),
+        ("manifest_a_list", r"manifest.json: not a JSON object but list; delete "),
+    ],
+)
 def test_a_damaged_prepared_folder_is_refused(sample_prepared, tmp_path, damage, message):
     import shutil
 
@@ -120,11 +136,22 @@ def test_a_folder_prepared_with_other_filters_or_split_is_refused_before_any_run
     reddit = get_task("reddit")
     assert reddit.verify_prepared(str(sample_prepared), load_config(None))["split_salt"] == "convsts"  # same settings
     out = tmp_path / "run"
-    result = _run("-m", "convsts.ray_jobs.train", "--out", str(out), "--prepared", str(sample_prepared),
-                  "filters.max_chars=200", "data.split_salt=other", "trainer.steps=2")
+    result = _run(
+        "-m",
+        "convsts.ray_jobs.train",
+        "--out",
+        str(out),
+        "--prepared",
+        str(sample_prepared),
+        "filters.max_chars=200",
+        "data.split_salt=other",
+        "trainer.steps=2",
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("convsts train: ") and f"{sample_prepared / 'reddit' / 'manifest.json'}: prepared with " in last
+    assert (
+        last.startswith("convsts train: ") and f"{sample_prepared / 'reddit' / 'manifest.json'}: prepared with " in last
+    )
     assert "data.split_salt='convsts' (this run: 'other'); filters.max_chars=350 (this run: 200)" in last
     assert "Traceback" not in result.stderr
     # Refused before the run exists: no MLflow run, no checkpoint, no Ray Train folder.
@@ -152,7 +179,9 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     snli = get_task("snli")
 
     def config(path):
-        return load_config(None, [f"data.snli_train={path}", "trainer.task_weights={snli: 1.0}", "trainer.eval_every=0"])
+        return load_config(
+            None, [f"data.snli_train={path}", "trainer.task_weights={snli: 1.0}", "trainer.eval_every=0"]
+        )
 
     prepared = tmp_path / "p"
     manifest = snli.prepare([str(raw / "a.parquet")], str(prepared / "snli"), config(raw / "a.parquet"))
@@ -160,8 +189,11 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     snli.verify_prepared(str(prepared), config(raw / "a.parquet"))  # the same file: accepted
     snli.verify_prepared(str(prepared), config(tmp_path / "elsewhere.parquet"))  # not on this machine: not compared
     size = (raw / "a.parquet").stat().st_size
-    with pytest.raises(BadInputError, match=rf"prepared from other raw inputs than this run's: other files: 1 of the "
-                                            rf"folder's not among this run's \(a.parquet \({size} bytes\)\), 1 of this run's"):
+    with pytest.raises(
+        BadInputError,
+        match=rf"prepared from other raw inputs than this run's: other files: 1 of the "
+        rf"folder's not among this run's \(a.parquet \({size} bytes\)\), 1 of this run's",
+    ):
         snli.verify_prepared(str(prepared), config(raw / "b.parquet"))
     (tmp_path / "copy").mkdir()  # the same file elsewhere (a submitted job's copy of the project): the same input
     shutil.copy(raw / "a.parquet", tmp_path / "copy" / "a.parquet")
@@ -169,9 +201,12 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     copied = bytearray((tmp_path / "copy" / "a.parquet").read_bytes())
     copied[len(copied) // 3] ^= 0xFF  # a copy with the same name and size but other bytes is another input
     (tmp_path / "copy" / "a.parquet").write_bytes(bytes(copied))
-    with pytest.raises(BadInputError, match=r"other raw inputs than this run's: .*copy/a.parquet: the name and size of "
-                                            r"a file the folder was prepared from, other bytes \(sha256 [0-9a-f]{12}, "
-                                            r"prepared [0-9a-f]{12}\)"):
+    with pytest.raises(
+        BadInputError,
+        match=r"other raw inputs than this run's: .*copy/a.parquet: the name and size of "
+        r"a file the folder was prepared from, other bytes \(sha256 [0-9a-f]{12}, "
+        r"prepared [0-9a-f]{12}\)",
+    ):
         snli.verify_prepared(str(prepared), config(tmp_path / "copy" / "a.parquet"))
     # The same bytes copied anew (a fresh copy of the data: same size, a new time) are the same input:
     # the manifest holds each local file's sha256.
@@ -183,8 +218,11 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     data[len(data) // 2] ^= 0xFF  # rewritten since: the same size, other bytes
     (raw / "a.parquet").write_bytes(bytes(data))
     out = tmp_path / "run"
-    with pytest.raises(BadInputError, match=r"a.parquet changed since it was prepared \(size (\d+) -> \1, modified "
-                                            r".* -> .*, other bytes\)"):
+    with pytest.raises(
+        BadInputError,
+        match=r"a.parquet changed since it was prepared \(size (\d+) -> \1, modified "
+        r".* -> .*, other bytes\)",
+    ):
         run_training(config(raw / "a.parquet"), out, prepared_dir=prepared)
     assert sorted(out.iterdir()) == []  # refused before the run exists
     del manifest["input_files"][0]["sha256"]  # a folder prepared before digests were recorded: the time decides
@@ -192,8 +230,11 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     os.utime(raw / "a.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns))
     snli.verify_prepared(str(prepared), config(raw / "a.parquet"))
     os.utime(raw / "a.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    with pytest.raises(BadInputError, match=r"a.parquet changed since it was prepared \(size (\d+) -> \1, modified "
-                                            r"[^,]*\)"):
+    with pytest.raises(
+        BadInputError,
+        match=r"a.parquet changed since it was prepared \(size (\d+) -> \1, modified "
+        r"[^,]*\)",
+    ):
         snli.verify_prepared(str(prepared), config(raw / "a.parquet"))
 
 
@@ -207,22 +248,39 @@ def test_a_checkpoint_is_not_scored_on_a_folder_split_otherwise_than_its_trainin
 
     reddit = get_task("reddit")
     manifest = reddit.verify_prepared(str(sample_prepared))
-    tiny = ["model.dan.output_dim=6", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]", "tokenizer.bigram_buckets=11"]
+    tiny = [
+        "model.dan.output_dim=6",
+        "model.dan.embedding_dim=4",
+        "model.dan.hidden_sizes=[4]",
+        "tokenizer.bigram_buckets=11",
+    ]
     tok = DanTokenizer.build(count_words(["a b c"]), load_config(None, tiny).tokenizer)
     checkpoints = {}
-    for name, extra in (("same", []), ("salted", ["data.split_salt=other"]), ("share", ["data.test_share=0.2"]),
-                        ("snli_only", ["data.split_salt=other", "trainer.task_weights={snli: 1.0}"])):
+    for name, extra in (
+        ("same", []),
+        ("salted", ["data.split_salt=other"]),
+        ("share", ["data.test_share=0.2"]),
+        ("snli_only", ["data.split_salt=other", "trainer.task_weights={snli: 1.0}"]),
+    ):
         cfg = load_config(None, tiny + extra)
         checkpoints[name] = str(save_checkpoint(tmp_path / name, build_model(cfg.model, tok), tok, cfg.to_dict()))
     for name in ("same", "snli_only"):  # split as in training, or never trained on Reddit: scored
         check_held_out(reddit, manifest, str(sample_prepared), checkpoints[name], read_meta(checkpoints[name]))
     with pytest.raises(BadInputError, match=r"test_share=0.1 \(.*share trained with: 0.2\)"):
         check_held_out(reddit, manifest, str(sample_prepared), checkpoints["share"], read_meta(checkpoints["share"]))
-    with pytest.raises(BadInputError, match=r"reddit/manifest.json: held out with data.split_salt='convsts' "
-                                            r"\(.*salted trained with: 'other'\); its held-out rows may be in the "
-                                            r"checkpoint's training data"):
-        run_evaluation(load_config(None), tmp_path / "eval", checkpoints["salted"], prepared_dir=sample_prepared,
-                       log_to_mlflow=False)
+    with pytest.raises(
+        BadInputError,
+        match=r"reddit/manifest.json: held out with data.split_salt='convsts' "
+        r"\(.*salted trained with: 'other'\); its held-out rows may be in the "
+        r"checkpoint's training data",
+    ):
+        run_evaluation(
+            load_config(None),
+            tmp_path / "eval",
+            checkpoints["salted"],
+            prepared_dir=sample_prepared,
+            log_to_mlflow=False,
+        )
     assert not (tmp_path / "eval").exists()  # refused before anything is written
 
 
@@ -249,17 +307,34 @@ def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
     from convsts.models.checkpoint import build_model
     from convsts.ray_jobs.training.run import resume_mismatches
 
-    cfg = load_config(None, ["model.dan.output_dim=6", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]",
-                             "tokenizer.bigram_buckets=11"])
+    cfg = load_config(
+        None,
+        [
+            "model.dan.output_dim=6",
+            "model.dan.embedding_dim=4",
+            "model.dan.hidden_sizes=[4]",
+            "tokenizer.bigram_buckets=11",
+        ],
+    )
     tok = DanTokenizer.build(count_words(["a b c"]), cfg.tokenizer)
-    save_checkpoint(tmp_path / "c", build_model(cfg.model, tok), tok, cfg.to_dict(), provenance={"data": {"reddit": "aaa"}})
+    save_checkpoint(
+        tmp_path / "c", build_model(cfg.model, tok), tok, cfg.to_dict(), provenance={"data": {"reddit": "aaa"}}
+    )
     assert resume_mismatches(str(tmp_path / "c"), cfg, {"reddit": "aaa"}) == []
     meta = json.loads((tmp_path / "c" / "config.json").read_text())
     del meta["run_config"]["model"]["symmetric_loss"]  # a checkpoint written before that setting existed
     (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
     assert resume_mismatches(str(tmp_path / "c"), cfg, {"reddit": "aaa"}) == []
-    other = load_config(None, ["model.dan.output_dim=8", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]",
-                               "tokenizer.bigram_buckets=11", "tokenizer.word_vocab_size=10"])
+    other = load_config(
+        None,
+        [
+            "model.dan.output_dim=8",
+            "model.dan.embedding_dim=4",
+            "model.dan.hidden_sizes=[4]",
+            "tokenizer.bigram_buckets=11",
+            "tokenizer.word_vocab_size=10",
+        ],
+    )
     differs = resume_mismatches(str(tmp_path / "c"), other, {"reddit": "bbb"})
     assert "model.dan.output_dim=6 (this run: 8)" in differs
     assert "tokenizer.word_vocab_size=50000 (this run: 10)" in differs
@@ -269,26 +344,29 @@ def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
 # ---- 5. numbers in the run config
 
 
-@pytest.mark.parametrize("override, key", [
-    ("trainer.steps=-5", "trainer.steps"),
-    ("trainer.stages=[{start_step: 0, batch_size: 0, lr: 0.01}]", "trainer.stages[0].batch_size"),
-    ("trainer.stages=[{start_step: 0, batch_size: 8, lr: -1}]", "trainer.stages[0].lr"),
-    ("trainer.stages=[{start_step: 0, batch_size: 8, lr: .nan}]", "trainer.stages[0].lr"),
-    ("trainer.task_weights={reddit: .nan, snli: 0.05}", "trainer.task_weights.reddit"),
-    ("trainer.task_weights={reddit: .inf, snli: 0.05}", "trainer.task_weights.reddit"),
-    ("trainer.task_weights={reddit: 0, snli: 0.05}", "trainer.task_weights.reddit"),
-    ("trainer.log_every=0", "trainer.log_every"),
-    ("trainer.checkpoint_every=0", "trainer.checkpoint_every"),
-    ("trainer.eval_every=-1", "trainer.eval_every"),
-    ("trainer.cpus_per_worker=0", "trainer.cpus_per_worker"),
-    ("trainer.torch_threads=-1", "trainer.torch_threads"),
-    ("trainer.grad_clip=-1", "trainer.grad_clip"),
-    ("model.dan.output_dim=0", "model.dan.output_dim"),
-    ("model.dan.hidden_sizes=[16, 0]", "model.dan.hidden_sizes[1]"),
-    ("model.transformer.num_heads=3", "model.transformer.hidden_size"),
-    ("tokenizer.max_words=0", "tokenizer.max_words"),
-    ("data.rows_per_shard=0", "data.rows_per_shard"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("trainer.steps=-5", "trainer.steps"),
+        ("trainer.stages=[{start_step: 0, batch_size: 0, lr: 0.01}]", "trainer.stages[0].batch_size"),
+        ("trainer.stages=[{start_step: 0, batch_size: 8, lr: -1}]", "trainer.stages[0].lr"),
+        ("trainer.stages=[{start_step: 0, batch_size: 8, lr: .nan}]", "trainer.stages[0].lr"),
+        ("trainer.task_weights={reddit: .nan, snli: 0.05}", "trainer.task_weights.reddit"),
+        ("trainer.task_weights={reddit: .inf, snli: 0.05}", "trainer.task_weights.reddit"),
+        ("trainer.task_weights={reddit: 0, snli: 0.05}", "trainer.task_weights.reddit"),
+        ("trainer.log_every=0", "trainer.log_every"),
+        ("trainer.checkpoint_every=0", "trainer.checkpoint_every"),
+        ("trainer.eval_every=-1", "trainer.eval_every"),
+        ("trainer.cpus_per_worker=0", "trainer.cpus_per_worker"),
+        ("trainer.torch_threads=-1", "trainer.torch_threads"),
+        ("trainer.grad_clip=-1", "trainer.grad_clip"),
+        ("model.dan.output_dim=0", "model.dan.output_dim"),
+        ("model.dan.hidden_sizes=[16, 0]", "model.dan.hidden_sizes[1]"),
+        ("model.transformer.num_heads=3", "model.transformer.hidden_size"),
+        ("tokenizer.max_words=0", "tokenizer.max_words"),
+        ("data.rows_per_shard=0", "data.rows_per_shard"),
+    ],
+)
 def test_out_of_range_numbers_are_refused_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=re.escape(f"config key '{key}'")):
         load_config(None, [override])
@@ -302,15 +380,21 @@ def test_zero_steps_is_allowed_and_means_untrained():
 
 
 @pytest.mark.parametrize("entry", [["-m", "convsts.ray_jobs.cli", "train"], ["-m", "convsts.ray_jobs.train"]])
-@pytest.mark.parametrize("case, expected", [
-    ("yaml_list", "the top level must be a mapping"),
-    ("unknown_key", "config key 'trainer.stepz'"),
-    ("bad_number", "config key 'trainer.steps': must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("yaml_list", "the top level must be a mapping"),
+        ("unknown_key", "config key 'trainer.stepz'"),
+        ("bad_number", "config key 'trainer.steps': must be >= 0"),
+    ],
+)
 def test_config_errors_print_one_line_without_traceback(tmp_path, entry, case, expected):
     config = tmp_path / "c.yaml"
-    config.write_text({"yaml_list": "- a\n- b\n", "unknown_key": "trainer:\n  stepz: 3\n",
-                       "bad_number": "trainer:\n  steps: -5\n"}[case])
+    config.write_text(
+        {"yaml_list": "- a\n- b\n", "unknown_key": "trainer:\n  stepz: 3\n", "bad_number": "trainer:\n  steps: -5\n"}[
+            case
+        ]
+    )
     result = _run(*entry, "--config", str(config), "--out", str(tmp_path / "out"))
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and expected in result.stderr
@@ -326,23 +410,34 @@ def test_duplicate_comment_ids_make_no_second_pair_and_the_manifest_adds_up(ray_
     from convsts.ray_jobs.tasks import get_task
 
     def comment(cid, parent, body):
-        return json.dumps({"id": cid, "parent_id": parent, "link_id": "t3_a", "author": "someone", "body": body,
-                           "subreddit": "test"})
+        return json.dumps(
+            {"id": cid, "parent_id": parent, "link_id": "t3_a", "author": "someone", "body": body, "subreddit": "test"}
+        )
 
     root, reply = comment("c1", "t3_a", "what do you all think of this"), comment("c2", "t1_c1", "i think it is fine")
-    lines = [root, reply, reply, root,  # dumps repeat comments: c1 and c2 twice each
-             comment("c3", "t1_c2", "fine is an understatement"), comment("c4", "t1_c1", "[deleted]"), "{not json"]
+    lines = [
+        root,
+        reply,
+        reply,
+        root,  # dumps repeat comments: c1 and c2 twice each
+        comment("c3", "t1_c2", "fine is an understatement"),
+        comment("c4", "t1_c1", "[deleted]"),
+        "{not json",
+    ]
     dump = tmp_path / "RC_dup"
     dump.write_text("\n".join(lines) + "\n")
     m = get_task("reddit").prepare([str(dump)], str(tmp_path / "out"), load_config(None, ["data.test_share=0"]))
     assert m["lines_read"] == 7  # the file's lines, not a sum of what the join produced
     assert m["duplicate_ids"] == 2 and m["malformed"] == 1 and m["filtered_by_rule"]["deleted"] == 1
     assert m["unpaired_by_reason"] == {"unpaired_parent_is_submission": 1} and m["pairs"] == 2
-    assert m["lines_read"] == (m["malformed"] + m["duplicate_ids"] + sum(m["filtered_by_rule"].values())
-                               + m["unpaired"] + m["pairs"])
+    assert m["lines_read"] == (
+        m["malformed"] + m["duplicate_ids"] + sum(m["filtered_by_rule"].values()) + m["unpaired"] + m["pairs"]
+    )
     pairs = pd.read_parquet(tmp_path / "out" / "train")
     assert sorted(zip(pairs["context"], pairs["response"])) == [
-        ("i think it is fine", "fine is an understatement"), ("what do you all think of this", "i think it is fine")]
+        ("i think it is fine", "fine is an understatement"),
+        ("what do you all think of this", "i think it is fine"),
+    ]
 
 
 # ---- 6. credentials in URIs are redacted everywhere a config or URI is written or logged
@@ -355,14 +450,23 @@ def _leaks(text: str) -> list:
     return [secret for secret in SECRETS if secret in text]
 
 
-@pytest.mark.parametrize("text, expected", [
-    (PLANTED, "s3://***@bucket/dumps/RC_x.zst?secret_key=***&region=eu"),
-    ("http://alice:pw@mlflow:5000", "http://***@mlflow:5000"),
-    ("gs://b/p?access_token=T1&X-Amz-Signature=S1", "gs://b/p?access_token=***&X-Amz-Signature=***"),
-    ("s3://bucket/p?endpoint_override=minio:9000&scheme=http", "s3://bucket/p?endpoint_override=minio:9000&scheme=http"),
-    ("trainer.steps=5 alice@example.com", "trainer.steps=5 alice@example.com"),
-    ("s3://b/p?secret_key=PlAnTeDqUeRy: Unexpected query parameter", "s3://b/p?secret_key=***: Unexpected query parameter"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (PLANTED, "s3://***@bucket/dumps/RC_x.zst?secret_key=***&region=eu"),
+        ("http://alice:pw@mlflow:5000", "http://***@mlflow:5000"),
+        ("gs://b/p?access_token=T1&X-Amz-Signature=S1", "gs://b/p?access_token=***&X-Amz-Signature=***"),
+        (
+            "s3://bucket/p?endpoint_override=minio:9000&scheme=http",
+            "s3://bucket/p?endpoint_override=minio:9000&scheme=http",
+        ),
+        ("trainer.steps=5 alice@example.com", "trainer.steps=5 alice@example.com"),
+        (
+            "s3://b/p?secret_key=PlAnTeDqUeRy: Unexpected query parameter",
+            "s3://b/p?secret_key=***: Unexpected query parameter",
+        ),
+    ],
+)
 def test_redact_removes_userinfo_and_secret_query_values(text, expected):
     from convsts.datasets.storage import redact, redact_tree
 
@@ -387,8 +491,15 @@ def test_log_lines_and_error_lines_are_redacted(tmp_path):
         logger.removeHandler(handler)
     assert "s3://***@bucket" in stream.getvalue() and not _leaks(stream.getvalue())
     # A user error that names the URI names it redacted.
-    result = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(tmp_path / "x?secret_key=PlAnTeDqUeRy"),
-                  "--out", str(tmp_path / "out"))
+    result = _run(
+        "-m",
+        "convsts.ray_jobs.prepare",
+        "reddit",
+        "--input",
+        str(tmp_path / "x?secret_key=PlAnTeDqUeRy"),
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert result.returncode == 2 and "secret_key=***" in result.stderr and not _leaks(result.stderr)
 
 
@@ -413,8 +524,10 @@ def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_pa
     assert not _leaks(str(caught.value)) and isinstance(caught.value, OSError)
     with pytest.raises(storage.StorageError, match="Unexpected query parameter"):
         storage.is_dir("s3://bucket/p?no_such_option=1")
-    for command in (["prepare", "reddit", "--input", storage.join(base, "RC_*.zst"), "--out", str(tmp_path / "p")],
-                    ["train", "--prepared", base, "--out", str(tmp_path / "t")]):
+    for command in (
+        ["prepare", "reddit", "--input", storage.join(base, "RC_*.zst"), "--out", str(tmp_path / "p")],
+        ["train", "--prepared", base, "--out", str(tmp_path / "t")],
+    ):
         result = _run("-m", "convsts.ray_jobs.cli", *command)
         lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
         assert result.returncode == 2, result.stderr[-2000:]
@@ -433,9 +546,17 @@ def test_a_store_that_fails_in_the_middle_of_a_read_is_one_line_and_the_same_com
     from s3_server import CuttingProxy, s3_endpoint, upload
 
     rng = random.Random(0)
-    rows = [{"id": f"c{i}", "parent_id": f"t1_c{i - 1}" if i % 2 else "t3_x", "link_id": f"t3_{i // 2}",
-             "author": "someone", "subreddit": "test",
-             "body": " ".join("".join(rng.choices(string.ascii_lowercase, k=7)) for _ in range(25))} for i in range(3000)]
+    rows = [
+        {
+            "id": f"c{i}",
+            "parent_id": f"t1_c{i - 1}" if i % 2 else "t3_x",
+            "link_id": f"t3_{i // 2}",
+            "author": "someone",
+            "subreddit": "test",
+            "body": " ".join("".join(rng.choices(string.ascii_lowercase, k=7)) for _ in range(25)),
+        }
+        for i in range(3000)
+    ]
     dump = tmp_path / "RC_2015-01.zst"
     dump.write_bytes(zstandard.ZstdCompressor().compress(b"".join(json.dumps(r).encode() + b"\n" for r in rows)))
     size = dump.stat().st_size
@@ -446,16 +567,25 @@ def test_a_store_that_fails_in_the_middle_of_a_read_is_one_line_and_the_same_com
         command = ["-m", "convsts.ray_jobs.cli", "prepare", "reddit", "--input", uri, "--out", str(tmp_path / "p")]
         proxy = CuttingProxy(s3_env["AWS_ENDPOINT_URL"], response_bytes=size * 3 // 2)  # half-way into the second read
         try:
-            cut = subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=REPO, timeout=300,
-                                 env={**ENV, **s3_env, "AWS_ENDPOINT_URL": proxy.url})
+            cut = subprocess.run(
+                [sys.executable, *command],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                timeout=300,
+                env={**ENV, **s3_env, "AWS_ENDPOINT_URL": proxy.url},
+            )
         finally:
             proxy.close()
         lines = [line for line in cut.stderr.splitlines() if line.startswith("convsts ")]
         assert cut.returncode == 2 and "Traceback" not in cut.stderr, cut.stderr[-3000:]
-        assert len(lines) == 1 and f"{uri}: reading stopped at byte " in lines[0] and "NETWORK_CONNECTION" in lines[0], lines
+        assert (
+            len(lines) == 1 and f"{uri}: reading stopped at byte " in lines[0] and "NETWORK_CONNECTION" in lines[0]
+        ), lines
         assert not (tmp_path / "p").exists() or not any((tmp_path / "p").iterdir())
-        again = subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=REPO, timeout=300,
-                               env={**ENV, **s3_env})
+        again = subprocess.run(
+            [sys.executable, *command], capture_output=True, text=True, cwd=REPO, timeout=300, env={**ENV, **s3_env}
+        )
         assert again.returncode == 0, again.stderr[-3000:]
     manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
     assert manifest["lines_read"] == len(rows) and manifest["pairs"] == len(rows) // 2
@@ -467,13 +597,24 @@ def test_an_unreachable_tracking_server_is_refused_before_any_work(tmp_path):
     password. Each command now makes one request first and refuses in one line, credentials redacted."""
     url = f"http://alice:PlAnTeDsEcReT@127.0.0.1:{_closed_port()}"
     env = {**ENV, "MLFLOW_TRACKING_URI": url}
-    for command in (["evaluate", "--baseline", "bow", "--out", str(tmp_path / "e")],
-                    ["train", "--out", str(tmp_path / "t"), "trainer.steps=0"]):
-        result = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", *command], capture_output=True, text=True,
-                                env=env, cwd=REPO, timeout=120)
+    for command in (
+        ["evaluate", "--baseline", "bow", "--out", str(tmp_path / "e")],
+        ["train", "--out", str(tmp_path / "t"), "trainer.steps=0"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "convsts.ray_jobs.cli", *command],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=120,
+        )
         lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-        assert len(lines) == 1 and "MLFLOW_TRACKING_URI: no MLflow tracking server answers at http://***@127.0.0.1" in lines[0]
+        assert (
+            len(lines) == 1
+            and "MLFLOW_TRACKING_URI: no MLflow tracking server answers at http://***@127.0.0.1" in lines[0]
+        )
         assert not _leaks(result.stderr + result.stdout)
         assert not (tmp_path / command[command.index("--out") + 1] / "prepared").exists()  # refused before prepare
     from convsts.ray_jobs.config import ConfigError
@@ -496,12 +637,20 @@ def _self_signed_certificate(folder: Path) -> tuple:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now)
-            .not_valid_after(now + datetime.timedelta(hours=1)).sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .sign(key, hashes.SHA256())
+    )
     (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
+    (folder / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return folder / "cert.pem", folder / "key.pem"
 
 
@@ -533,12 +682,18 @@ def test_a_tracking_server_behind_a_self_signed_certificate_is_not_refused(tmp_p
 def test_an_unexpected_error_prints_its_traceback_with_credentials_redacted():
     """Guards: an error run_main does not expect (not a user error) printed Python's own traceback,
     with whatever URI its message held. It prints the traceback redacted and exits 1."""
-    code = ("from convsts.ray_jobs.runtime import run_main\n"
-            "def main(argv):\n"
-            f"    raise RuntimeError('request to {PLANTED} failed')\n"
-            "raise SystemExit(run_main('x', main, []))\n")
+    code = (
+        "from convsts.ray_jobs.runtime import run_main\n"
+        "def main(argv):\n"
+        f"    raise RuntimeError('request to {PLANTED} failed')\n"
+        "raise SystemExit(run_main('x', main, []))\n"
+    )
     result = _run("-c", code)
-    assert result.returncode == 1 and "Traceback" in result.stderr and "RuntimeError: request to s3://***@bucket" in result.stderr
+    assert (
+        result.returncode == 1
+        and "Traceback" in result.stderr
+        and "RuntimeError: request to s3://***@bucket" in result.stderr
+    )
     assert not _leaks(result.stderr)
 
 
@@ -563,25 +718,53 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(sample_prepared, r
 
     scratch, out = tmp_path / "cwd", tmp_path / "run"
     scratch.mkdir()
-    env = {**ENV, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
-           "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1",  # MLflow's own setting: samples within a short run
-           "MPLCONFIGDIR": str(tmp_path / "mpl")}  # as in a fresh environment: the first plot builds matplotlib's font cache
+    env = {
+        **ENV,
+        "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+        "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1",  # MLflow's own setting: samples within a short run
+        "MPLCONFIGDIR": str(tmp_path / "mpl"),
+    }  # as in a fresh environment: the first plot builds matplotlib's font cache
     result = subprocess.run(
-        [sys.executable, "-m", "convsts.ray_jobs.train", "--out", str(out), "--prepared", str(sample_prepared),
-         "trainer.task_weights={snli: 1.0}", *TINY_TRAIN, f"data.reddit_inputs=[{PLANTED}]",
-         f"mlflow.run_name=run-from-{PLANTED}"],
-        capture_output=True, text=True, env=env, cwd=scratch, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "convsts.ray_jobs.train",
+            "--out",
+            str(out),
+            "--prepared",
+            str(sample_prepared),
+            "trainer.task_weights={snli: 1.0}",
+            *TINY_TRAIN,
+            f"data.reddit_inputs=[{PLANTED}]",
+            f"mlflow.run_name=run-from-{PLANTED}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=scratch,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert not _leaks(result.stdout + result.stderr)
     output = result.stdout + result.stderr
-    assert output.count("[convsts rank 0] step 4/4 ") == 1  # each progress line once (Ray Train's print patch doubled them)
+    assert (
+        output.count("[convsts rank 0] step 4/4 ") == 1
+    )  # each progress line once (Ray Train's print patch doubled them)
     assert output.count("task split mode=") == 1 and output.count("[convsts rank 0] world size 2; device cpu") == 1
     assert "(RayTrainWorker pid=" in output and "\x1b[" not in output  # worker lines, uncoloured in a captured log
     # Without --verbose, Ray Data's, Ray Train's, MLflow's and matplotlib's info lines stay off the console, in
     # the driver and in every Ray worker (the job's worker_process_setup_hook).
-    for chatter in ("execution finished", "Progress bars disabled", "Reporting training result",
-                    "Checkpoint successfully created", "Setting up process group", "Creating initial MLflow database",
-                    "Started monitoring system metrics", "RayDeprecationWarning", "generated new fontManager"):
+    for chatter in (
+        "execution finished",
+        "Progress bars disabled",
+        "Reporting training result",
+        "Checkpoint successfully created",
+        "Setting up process group",
+        "Creating initial MLflow database",
+        "Started monitoring system metrics",
+        "RayDeprecationWarning",
+        "generated new fontManager",
+    ):
         assert chatter not in output, chatter
     # Every file the run wrote (checkpoint config.json, train.json, Ray's results, MLflow's store
     # and artifacts wherever they landed), read as bytes.
@@ -607,11 +790,16 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(sample_prepared, r
     if head:
         assert tags["mlflow.source.git.commit"].split("-")[0] == head
     assert tags["mlflow.source.name"] == "train.py" and "--prepared" in tags["convsts.command"]
-    assert tags["convsts.version.torch"] == torch.__version__ and tags["convsts.machine.cpu_count"] == str(os.cpu_count())
+    assert tags["convsts.version.torch"] == torch.__version__ and tags["convsts.machine.cpu_count"] == str(
+        os.cpu_count()
+    )
     inputs = {d.dataset.name: d.dataset for d in run.inputs.dataset_inputs}  # the prepared data as MLflow inputs
     assert set(inputs) == {"snli"} and json.loads(inputs["snli"].profile)["pairs"] > 0
     assert len(inputs["snli"].digest) == 16 and not _leaks(json.dumps([d.profile for d in inputs.values()]))
-    assert "system/cpu_utilization_percentage" in run.data.metrics and "system/system_memory_usage_megabytes" in run.data.metrics
+    assert (
+        "system/cpu_utilization_percentage" in run.data.metrics
+        and "system/system_memory_usage_megabytes" in run.data.metrics
+    )
 
 
 # ---- 7. one line naming the file for inputs that cannot be read; 9. literal names are not globs
@@ -623,10 +811,12 @@ def _tiny_checkpoint(path: Path) -> Path:
     from convsts.models.checkpoint import build_model
     from convsts.models.config import DanConfig, ModelConfig
 
-    tokenizer = DanTokenizer.build(count_words(["a man plays a guitar", "a woman sings"]),
-                                   TokenizerConfig(word_vocab_size=50, bigram_buckets=20))
-    config = ModelConfig(dan=DanConfig(embedding_dim=8, hidden_sizes=[8], output_dim=8), response_hidden=8,
-                         nli_hidden=8)
+    tokenizer = DanTokenizer.build(
+        count_words(["a man plays a guitar", "a woman sings"]), TokenizerConfig(word_vocab_size=50, bigram_buckets=20)
+    )
+    config = ModelConfig(
+        dan=DanConfig(embedding_dim=8, hidden_sizes=[8], output_dim=8), response_hidden=8, nli_hidden=8
+    )
     return save_checkpoint(path, build_model(config, tokenizer).eval(), tokenizer, {})
 
 
@@ -635,7 +825,14 @@ def _damage(case: str, root: Path) -> tuple:
     dump, out = _dump_lines(6), ["--out", str(root / "prepared")]
     if case == "empty_file":
         (root / "RC_empty").write_bytes(b"")
-        return ["-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(root / "RC_empty"), *out], "no records in any input"
+        return [
+            "-m",
+            "convsts.ray_jobs.prepare",
+            "reddit",
+            "--input",
+            str(root / "RC_empty"),
+            *out,
+        ], "no records in any input"
     if case == "first_line_not_json":
         (root / "RC_x").write_bytes(b"id,body\n" + dump)
         return ["-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(root / "RC_x"), *out], "RC_x:1: not NDJSON"
@@ -643,11 +840,30 @@ def _damage(case: str, root: Path) -> tuple:
         (root / "dumps").mkdir()
         (root / "dumps" / "RC_2015-01").write_bytes(dump)
         (root / "dumps" / "README.md").write_text("# Reddit comments, January 2015\n")
-        return ["-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(root / "dumps"), *out], "README.md:1: not NDJSON"
+        return [
+            "-m",
+            "convsts.ray_jobs.prepare",
+            "reddit",
+            "--input",
+            str(root / "dumps"),
+            *out,
+        ], "README.md:1: not NDJSON"
     if case == "non_utf8_sts":
         (root / "bad.tsv").write_bytes(b"sentence1\tsentence2\tscore\nA caf\xe9\tb\t3\n")
-        return (["-m", "convsts.ray_jobs.evaluate", "--baseline", "tfidf", "--out", str(root / "o"), "--sts",
-                 str(root / "bad.tsv"), "data.cqa_test=''"], "bad.tsv:2: not UTF-8 text")
+        return (
+            [
+                "-m",
+                "convsts.ray_jobs.evaluate",
+                "--baseline",
+                "tfidf",
+                "--out",
+                str(root / "o"),
+                "--sts",
+                str(root / "bad.tsv"),
+                "data.cqa_test=''",
+            ],
+            "bad.tsv:2: not UTF-8 text",
+        )
     checkpoint = _tiny_checkpoint(root / "ckpt")
     if case == "checkpoint_uri_not_there":
         checkpoint, message = f"file://{root}/nothing_here", f"file://{root}/nothing_here: no files there"
@@ -662,13 +878,30 @@ def _damage(case: str, root: Path) -> tuple:
     else:
         (checkpoint / "config.json").write_text("{not json")
         message = "config.json: not valid JSON"
-    return ["-m", "convsts.ray_jobs.evaluate", "--checkpoint", str(checkpoint), "--out", str(root / "o"), "data.cqa_test=''"], \
-        message
+    return [
+        "-m",
+        "convsts.ray_jobs.evaluate",
+        "--checkpoint",
+        str(checkpoint),
+        "--out",
+        str(root / "o"),
+        "data.cqa_test=''",
+    ], message
 
 
-@pytest.mark.parametrize("case", ["empty_file", "first_line_not_json", "readme_beside_dumps", "non_utf8_sts",
-                                  "checkpoint_uri_not_there", "truncated_safetensors", "unknown_bigram_hash",
-                                  "config_not_json"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "empty_file",
+        "first_line_not_json",
+        "readme_beside_dumps",
+        "non_utf8_sts",
+        "checkpoint_uri_not_there",
+        "truncated_safetensors",
+        "unknown_bigram_hash",
+        "config_not_json",
+    ],
+)
 def test_unreadable_inputs_give_one_line_naming_the_file(tmp_path, case):
     args, expected = _damage(case, tmp_path)
     result = _run(*args)
@@ -736,11 +969,21 @@ def test_a_nan_loss_stops_training_naming_the_step_and_task_and_saves_nothing():
     import test_training_core as core
     from convsts.ray_jobs.training.loop import LoopHooks, NonFiniteLossError
 
-    cfg = load_config(None, core.TINY + ["trainer.task_weights={snli: 1.0}", "trainer.steps=8", "trainer.log_every=4",
-                                         "trainer.checkpoint_every=4",
-                                         "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.001}]"])
+    cfg = load_config(
+        None,
+        core.TINY
+        + [
+            "trainer.task_weights={snli: 1.0}",
+            "trainer.steps=8",
+            "trainer.log_every=4",
+            "trainer.checkpoint_every=4",
+            "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.001}]",
+        ],
+    )
     saved = []
-    loop, _, _ = core._loop(cfg, hooks=LoopHooks(checkpoint=lambda step, m, s: saved.append(step), say=lambda line: None))
+    loop, _, _ = core._loop(
+        cfg, hooks=LoopHooks(checkpoint=lambda step, m, s: saved.append(step), say=lambda line: None)
+    )
     loop.tasks["snli"] = core.snli_with_nan_loss_at(3)
     with pytest.raises(NonFiniteLossError, match="non-finite snli loss .* at step 3"):
         loop.run()

@@ -6,8 +6,11 @@ import pytest
 
 
 def test_unknown_config_key_exits_2_naming_the_key(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "train", "--out", str(tmp_path), "trainer.stepz=1"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "convsts.ray_jobs.cli", "train", "--out", str(tmp_path), "trainer.stepz=1"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     assert "trainer.stepz" in proc.stderr
 
@@ -18,22 +21,29 @@ def test_help_lists_commands():
     for name in ("prepare", "train", "evaluate", "tune", "submit", "jobs", "demo"):
         assert f"  {name} " in proc.stdout
         # Each command is also `python -m convsts.ray_jobs.<name>`, what a Ray job's entrypoint runs.
-        sub = subprocess.run([sys.executable, "-m", f"convsts.ray_jobs.{name}", "--help"], capture_output=True, text=True)
+        sub = subprocess.run(
+            [sys.executable, "-m", f"convsts.ray_jobs.{name}", "--help"], capture_output=True, text=True
+        )
         assert sub.returncode == 0 and f"convsts {name}" in sub.stdout, (name, sub.stderr)
 
 
 def test_imports_have_no_side_effects(tmp_path):
     """Importing every package creates no files and sets no tracking URI or logging handlers."""
-    code = ("import logging, os, mlflow; import convsts.datasets.reddit, convsts.models, convsts.ray_jobs.train, convsts.ray_jobs.evaluate, convsts.ray_jobs.demo, convsts.ray_jobs.tune, convsts.ray_jobs.submit, convsts.ray_jobs.jobs, convsts.tune_spaces.sts_matrix, convsts.tune_spaces.snli_fraction;"
-            "print(len(logging.getLogger().handlers), os.environ.get('MLFLOW_TRACKING_URI'), sorted(os.listdir('.')))")
+    code = (
+        "import logging, os, mlflow; import convsts.datasets.reddit, convsts.models, convsts.ray_jobs.train, convsts.ray_jobs.evaluate, convsts.ray_jobs.demo, convsts.ray_jobs.tune, convsts.ray_jobs.submit, convsts.ray_jobs.jobs, convsts.tune_spaces.sts_matrix, convsts.tune_spaces.snli_fraction;"
+        "print(len(logging.getLogger().handlers), os.environ.get('MLFLOW_TRACKING_URI'), sorted(os.listdir('.')))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "0 None []"
 
 
 def test_unknown_tune_space_exits_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "tune", "--space", "nope", "--out", str(tmp_path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "convsts.ray_jobs.cli", "tune", "--space", "nope", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "unknown tune space 'nope'" in proc.stderr
 
 
@@ -42,10 +52,22 @@ def test_version_and_print_config():
 
     proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == f"convsts {version('convsts')}"
-    proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "train", "--print-config", "--config",
-                           "configs/demo_dan.yaml", "trainer.steps=7",
-                           "mlflow.tracking_uri=http://alice:s3cret@mlflow.example:5000"],
-                          capture_output=True, text=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "convsts.ray_jobs.cli",
+            "train",
+            "--print-config",
+            "--config",
+            "configs/demo_dan.yaml",
+            "trainer.steps=7",
+            "mlflow.tracking_uri=http://alice:s3cret@mlflow.example:5000",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=str(__import__("pathlib").Path(__file__).parents[1]),
+    )
     assert proc.returncode == 0, proc.stderr
     import yaml
 
@@ -57,9 +79,11 @@ def test_version_and_print_config():
 def test_submit_takes_its_own_options_after_the_job_name():
     from convsts.ray_jobs.submit import build_parser, own_options_first
 
-    for argv in (["train", "--config", "C", "--address", "http://head:8265", "--out", "D"],
-                 ["--address", "http://head:8265", "train", "--config", "C", "--out", "D"],
-                 ["train", "--config", "C", "--out", "D", "--address=http://head:8265"]):
+    for argv in (
+        ["train", "--config", "C", "--address", "http://head:8265", "--out", "D"],
+        ["--address", "http://head:8265", "train", "--config", "C", "--out", "D"],
+        ["train", "--config", "C", "--out", "D", "--address=http://head:8265"],
+    ):
         args = build_parser().parse_args(own_options_first(argv))
         assert args.address == "http://head:8265" and args.job == "train", argv
         assert args.args == ["--config", "C", "--out", "D"], argv
@@ -74,20 +98,50 @@ def test_overrides_after_a_list_option_stay_overrides():
     from convsts.ray_jobs.evaluate import build_parser as evaluate_parser
     from convsts.ray_jobs.prepare import build_parser as prepare_parser
 
-    args = parse_with_overrides(evaluate_parser(), ["--checkpoint", "C", "--out", "E", "--sts", "a/STS.input.x.txt",
-                                                    "s3://b/y.tsv?endpoint_override=h:9000", "data.snli_dev=''",
-                                                    "trainer.stages=[{start_step: 0}]"], ("sts", "fraction_curve"))
+    args = parse_with_overrides(
+        evaluate_parser(),
+        [
+            "--checkpoint",
+            "C",
+            "--out",
+            "E",
+            "--sts",
+            "a/STS.input.x.txt",
+            "s3://b/y.tsv?endpoint_override=h:9000",
+            "data.snli_dev=''",
+            "trainer.stages=[{start_step: 0}]",
+        ],
+        ("sts", "fraction_curve"),
+    )
     assert args.sts == ["a/STS.input.x.txt", "s3://b/y.tsv?endpoint_override=h:9000"]
     assert args.overrides == ["data.snli_dev=''", "trainer.stages=[{start_step: 0}]"]
     # --sts NAME=FILE names a file: a KEY=VALUE stays an override only where KEY starts at a run config key.
-    args = parse_with_overrides(evaluate_parser(), ["--checkpoint", "C", "--out", "E", "--sts", "sts12=a/test.parquet",
-                                                    "STS13.headlines=b.tsv", "seed=3", "model.encoder=dan"], ("sts",))
-    assert args.sts == ["sts12=a/test.parquet", "STS13.headlines=b.tsv"] and args.overrides == ["seed=3", "model.encoder=dan"]
-    args = parse_with_overrides(evaluate_parser(), ["--fraction-curve", "C1", "C2", "--out", "E", "eval.seed=3"],
-                                ("sts", "fraction_curve"))
+    args = parse_with_overrides(
+        evaluate_parser(),
+        [
+            "--checkpoint",
+            "C",
+            "--out",
+            "E",
+            "--sts",
+            "sts12=a/test.parquet",
+            "STS13.headlines=b.tsv",
+            "seed=3",
+            "model.encoder=dan",
+        ],
+        ("sts",),
+    )
+    assert args.sts == ["sts12=a/test.parquet", "STS13.headlines=b.tsv"] and args.overrides == [
+        "seed=3",
+        "model.encoder=dan",
+    ]
+    args = parse_with_overrides(
+        evaluate_parser(), ["--fraction-curve", "C1", "C2", "--out", "E", "eval.seed=3"], ("sts", "fraction_curve")
+    )
     assert args.fraction_curve == ["C1", "C2"] and args.overrides == ["eval.seed=3"]
-    args = parse_with_overrides(prepare_parser(), ["reddit", "--input", "RC_1.zst", "RC_2.zst", "data.test_share=0.2",
-                                                   "--out", "P"], ("input",))
+    args = parse_with_overrides(
+        prepare_parser(), ["reddit", "--input", "RC_1.zst", "RC_2.zst", "data.test_share=0.2", "--out", "P"], ("input",)
+    )
     assert args.input == ["RC_1.zst", "RC_2.zst"] and args.overrides == ["data.test_share=0.2"] and args.out == "P"
 
 
@@ -105,15 +159,18 @@ def test_ray_data_logs_to_the_console_at_warning_unless_verbose(verbose, tmp_pat
     """quiet_ray_logs points Ray Data at ray_jobs/ray_data_logging.yaml before Ray Data is imported
     (as the worker setup hook does in every Ray worker): its console shows warnings only, without
     the progress-bar hint; with --verbose, Ray's own config is left alone."""
-    code = ("import logging, os; from convsts.ray_jobs.runtime import quiet_ray_logs; quiet_ray_logs(); import ray.data; "
-            "lg = logging.getLogger('ray.data'); "
-            "print(sorted((h.name, logging.getLevelName(h.level)) for h in lg.handlers)); "
-            "lg.info('an info line'); lg.warning('Progress bars disabled. To enable, set ...'); lg.warning('a warning line')")
+    code = (
+        "import logging, os; from convsts.ray_jobs.runtime import quiet_ray_logs; quiet_ray_logs(); import ray.data; "
+        "lg = logging.getLogger('ray.data'); "
+        "print(sorted((h.name, logging.getLevelName(h.level)) for h in lg.handlers)); "
+        "lg.info('an info line'); lg.warning('Progress bars disabled. To enable, set ...'); lg.warning('a warning line')"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_DATA_LOGGING_CONFIG", "CONVSTS_VERBOSE")}
     if verbose:
         env["CONVSTS_VERBOSE"] = "1"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "a warning line" in done.stderr
     if verbose:

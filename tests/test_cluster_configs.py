@@ -40,8 +40,16 @@ def test_every_yaml_parses():
 
 def test_launcher_yaml_has_the_keys_ray_requires_and_project_pins():
     cfg = yaml.safe_load((CLUSTER / "aws-gpu.yaml").read_text())
-    for key in ("cluster_name", "max_workers", "provider", "auth", "available_node_types", "head_node_type",
-                "head_start_ray_commands", "worker_start_ray_commands"):
+    for key in (
+        "cluster_name",
+        "max_workers",
+        "provider",
+        "auth",
+        "available_node_types",
+        "head_node_type",
+        "head_start_ray_commands",
+        "worker_start_ray_commands",
+    ):
         assert key in cfg, key
     assert cfg["provider"]["type"] == "aws" and cfg["provider"]["region"]
     assert cfg["head_node_type"] in cfg["available_node_types"]
@@ -53,7 +61,9 @@ def test_launcher_yaml_has_the_keys_ray_requires_and_project_pins():
     assert cfg["docker"]["image"].startswith(f"rayproject/ray:{pins['ray']}-")
     installed = pins_in(" ".join(cfg["setup_commands"]))
     assert installed == {k: v for k, v in pins.items() if k != "ray"}  # Ray comes from the pinned image
-    assert "nightly" not in (CLUSTER / "aws-gpu.yaml").read_text() and "git+" not in (CLUSTER / "aws-gpu.yaml").read_text()
+    assert (
+        "nightly" not in (CLUSTER / "aws-gpu.yaml").read_text() and "git+" not in (CLUSTER / "aws-gpu.yaml").read_text()
+    )
 
 
 def test_rayjob_manifest():
@@ -67,7 +77,9 @@ def test_rayjob_manifest():
     head = cluster["headGroupSpec"]
     assert "rayStartParams" in head and head["template"]["spec"]["containers"]
     groups = cluster["workerGroupSpecs"]
-    assert groups and all(g["groupName"] and "rayStartParams" in g and g["template"]["spec"]["containers"] for g in groups)
+    assert groups and all(
+        g["groupName"] and "rayStartParams" in g and g["template"]["spec"]["containers"] for g in groups
+    )
     images = [c["image"] for c in head["template"]["spec"]["containers"]]
     images += [c["image"] for g in groups for c in g["template"]["spec"]["containers"]]
     assert all(image.startswith(f"rayproject/ray:{pins['ray']}-") for image in images)
@@ -97,8 +109,10 @@ def test_runtime_env_forwards_the_tracking_uri(monkeypatch):
 
 
 def test_entrypoint_and_address(monkeypatch):
-    assert entrypoint("train", ["--out", "/tmp/x y", "trainer.steps=5"]) == \
-        "python -m convsts.ray_jobs.train --out '/tmp/x y' trainer.steps=5"
+    assert (
+        entrypoint("train", ["--out", "/tmp/x y", "trainer.steps=5"])
+        == "python -m convsts.ray_jobs.train --out '/tmp/x y' trainer.steps=5"
+    )
     with pytest.raises(ValueError, match="unknown job 'nope'"):
         entrypoint("nope", [])
     monkeypatch.delenv("RAY_ADDRESS", raising=False)

@@ -14,14 +14,27 @@ import zstandard
 from convsts.datasets import compression, evalsets, reddit, snli
 from convsts.datasets.storage import BadInputError
 
-COMPRESS = {".zst": lambda data: zstandard.ZstdCompressor().compress(data), ".gz": gzip.compress,
-            ".bz2": bz2.compress, ".xz": lzma.compress}
+COMPRESS = {
+    ".zst": lambda data: zstandard.ZstdCompressor().compress(data),
+    ".gz": gzip.compress,
+    ".bz2": bz2.compress,
+    ".xz": lzma.compress,
+}
 KIND = {".zst": "zstd", ".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}
 
 
 def _lines(n: int, start: int = 0) -> bytes:
-    rows = [{"id": f"c{i}", "parent_id": "t3_x", "link_id": "t3_x", "author": "someone",
-             "body": f"comment number {i} with a few words", "subreddit": "test"} for i in range(start, start + n)]
+    rows = [
+        {
+            "id": f"c{i}",
+            "parent_id": "t3_x",
+            "link_id": "t3_x",
+            "author": "someone",
+            "body": f"comment number {i} with a few words",
+            "subreddit": "test",
+        }
+        for i in range(start, start + n)
+    ]
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
@@ -51,7 +64,7 @@ def test_a_cut_or_corrupt_compressed_file_is_refused_naming_it(tmp_path, suffix)
     with pytest.raises(BadInputError, match=rf"RC_cut{suffix}: truncated {KIND[suffix]} file"):
         sum(1 for _ in compression.open_lines(cut))
     corrupt = bytearray(data)
-    corrupt[len(data) // 2: len(data) // 2 + 64] = b"\x00" * 64
+    corrupt[len(data) // 2 : len(data) // 2 + 64] = b"\x00" * 64
     bad = tmp_path / f"RC_bad{suffix}"
     bad.write_bytes(bytes(corrupt))
     with pytest.raises(BadInputError, match=rf"RC_bad{suffix}: corrupt {KIND[suffix]} data"):
@@ -79,7 +92,9 @@ def test_a_store_failing_mid_read_is_its_own_error_not_corrupt_data():
     store's error goes through unchanged, not as 'corrupt gzip data'."""
     for suffix in (".gz", ".bz2"):
         kind, opener = compression.STDLIB[suffix]
-        stream = compression._StdlibLines(_FailingStore(COMPRESS[suffix](_lines(20000))), f"s3://b/RC{suffix}", kind, opener)
+        stream = compression._StdlibLines(
+            _FailingStore(COMPRESS[suffix](_lines(20000))), f"s3://b/RC{suffix}", kind, opener
+        )
         with pytest.raises(ConnectionResetError, match="connection reset by the store"):
             sum(1 for _ in io.BufferedReader(stream))
 
@@ -94,9 +109,13 @@ def test_a_paired_table_reads_compressed(tmp_path):
 
 
 def test_snli_and_sts_files_read_compressed_as_their_releases_ship_them(tmp_path):
-    rows = [{"sentence1": "A man.", "sentence2": "A person.", "gold_label": "entailment"},
-            {"sentence1": "A dog.", "sentence2": "A cat.", "gold_label": "-"}]
-    (tmp_path / "snli_1.0_dev.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    rows = [
+        {"sentence1": "A man.", "sentence2": "A person.", "gold_label": "entailment"},
+        {"sentence1": "A dog.", "sentence2": "A cat.", "gold_label": "-"},
+    ]
+    (tmp_path / "snli_1.0_dev.jsonl.gz").write_bytes(
+        gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode())
+    )
     nli = snli.read_snli(tmp_path / "snli_1.0_dev.jsonl.gz")
     assert list(nli["premise"]) == ["A man."] and nli.attrs["without_gold"] == 1
     table = "sentence1\tsentence2\tgold_label\nKids play.\tAdults sleep.\tcontradiction\n"
@@ -104,11 +123,18 @@ def test_snli_and_sts_files_read_compressed_as_their_releases_ship_them(tmp_path
     assert list(snli.read_snli(tmp_path / "snli_1.0_test.txt.bz2")["label"]) == [snli.LABEL_IDS["contradiction"]]
 
     # MTEB's STS files: test.jsonl.gz, one folder per set; named by the folder, as "test" names no set.
-    sts = pd.DataFrame({"sentence1": ["a cat sits", "a man sings"], "sentence2": ["a cat is sitting", "stocks fell"],
-                        "score": [4.6, 0.2]})
+    sts = pd.DataFrame(
+        {
+            "sentence1": ["a cat sits", "a man sings"],
+            "sentence2": ["a cat is sitting", "stocks fell"],
+            "score": [4.6, 0.2],
+        }
+    )
     for folder in ("sts12-sts", "sickr-sts"):
         (tmp_path / folder).mkdir()
-        (tmp_path / folder / "test.jsonl.gz").write_bytes(gzip.compress(sts.to_json(orient="records", lines=True).encode()))
+        (tmp_path / folder / "test.jsonl.gz").write_bytes(
+            gzip.compress(sts.to_json(orient="records", lines=True).encode())
+        )
     pd.testing.assert_frame_equal(evalsets.read_sts_file(tmp_path / "sts12-sts" / "test.jsonl.gz"), sts)
     paths = [str(tmp_path / f / "test.jsonl.gz") for f in ("sts12-sts", "sickr-sts")]
     assert sorted(evalsets.sts_set_names(paths).values()) == ["sickr-sts.test", "sts12-sts.test"]

@@ -70,7 +70,10 @@ def test_task_weights_are_replaced_not_merged(tmp_path):
     path = tmp_path / "snli_only.yaml"
     path.write_text("trainer:\n  task_weights: {snli: 1.0}\n")
     assert load_config(path).trainer.task_weights == {"snli": 1.0}
-    assert load_config(path, ["trainer.task_weights={reddit: 3, snli: 1}"]).trainer.task_weights == {"reddit": 3.0, "snli": 1.0}
+    assert load_config(path, ["trainer.task_weights={reddit: 3, snli: 1}"]).trainer.task_weights == {
+        "reddit": 3.0,
+        "snli": 1.0,
+    }
     # ... and the dict round trip that Ray workers and Tune trials use keeps them as they are.
     cfg = load_config(path)
     assert from_dict(cfg.to_dict()).trainer.task_weights == {"snli": 1.0}

@@ -38,8 +38,12 @@ def test_only_convsts_is_a_top_level_name_of_the_distribution():
     # An editable install lists its finder module; a wheel lists convsts/ only.
     assert top <= {"convsts", "__editable___convsts_0_1_0_finder.py"}, top
     for name in ("models", "ray_jobs", "tune_spaces"):
-        proc = subprocess.run([sys.executable, "-c", f"import importlib.util as u; print(u.find_spec({name!r}))"],
-                              capture_output=True, text=True, cwd=Path("/"))
+        proc = subprocess.run(
+            [sys.executable, "-c", f"import importlib.util as u; print(u.find_spec({name!r}))"],
+            capture_output=True,
+            text=True,
+            cwd=Path("/"),
+        )
         assert proc.stdout.strip() == "None", (name, proc.stdout, proc.stderr)
 
 

@@ -20,14 +20,27 @@ from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from tiny import TINY_DAN
 
 # The default demo (all-MiniLM-L6-v2, top layer training) at a tiny size.
-TINY = ["trainer.steps=6", "trainer.log_every=3", "trainer.checkpoint_every=3", "trainer.eval_every=0",
-        "model.pretrained.train_layers=1", "tokenizer.max_words=24", "model.response_hidden=64", "model.nli_hidden=32",
-        "trainer.warmup_steps=2", "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.00002}]",
-        "eval.reddit_pairs=200", "eval.tuned.enabled=false"]
+TINY = [
+    "trainer.steps=6",
+    "trainer.log_every=3",
+    "trainer.checkpoint_every=3",
+    "trainer.eval_every=0",
+    "model.pretrained.train_layers=1",
+    "tokenizer.max_words=24",
+    "model.response_hidden=64",
+    "model.nli_hidden=32",
+    "trainer.warmup_steps=2",
+    "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.00002}]",
+    "eval.reddit_pairs=200",
+    "eval.tuned.enabled=false",
+]
 
 RANGES = {
-    "stsb/dev/pearson": (-1, 1), "stsb/test/pearson": (-1, 1),
-    "reddit/p_at_1": (0, 1), "reddit/p_at_3": (0, 1), "reddit/p_at_10": (0, 1),
+    "stsb/dev/pearson": (-1, 1),
+    "stsb/test/pearson": (-1, 1),
+    "reddit/p_at_1": (0, 1),
+    "reddit/p_at_3": (0, 1),
+    "reddit/p_at_10": (0, 1),
     "snli/dev/accuracy": (0, 1),
 }
 
@@ -50,8 +63,12 @@ def _small_eval_sets(folder: Path, rows: int = 300) -> list:
     for name in ("stsb_dev", "stsb_test", "snli_dev"):
         pd.read_parquet(sample / f"{name}.parquet").sample(rows, random_state=0).to_parquet(folder / f"{name}.parquet")
     cqa = pd.read_parquet(sample / "cqa2016_test.parquet")
-    cqa[cqa["orgq_id"].isin(cqa["orgq_id"].unique()[:rows // 10])].to_parquet(folder / "cqa.parquet")  # 10 each
-    return [f"data.stsb_dir={folder}", f"data.snli_dev={folder / 'snli_dev.parquet'}", f"data.cqa_test={folder / 'cqa.parquet'}"]
+    cqa[cqa["orgq_id"].isin(cqa["orgq_id"].unique()[: rows // 10])].to_parquet(folder / "cqa.parquet")  # 10 each
+    return [
+        f"data.stsb_dir={folder}",
+        f"data.snli_dev={folder / 'snli_dev.parquet'}",
+        f"data.cqa_test={folder / 'cqa.parquet'}",
+    ]
 
 
 @pytest.mark.slow
@@ -67,7 +84,9 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
         assert math.isfinite(results[name]) and lo <= results[name] <= hi, name
     assert results["reddit/p_at_1"] <= results["reddit/p_at_3"] <= results["reddit/p_at_10"]
     p1 = results["reddit/p_at_1"]  # over eval.reddit_pairs queries, with its binomial standard error
-    assert results["reddit/queries"] == 200 and results["reddit/p_at_1_stderr"] == pytest.approx(math.sqrt(p1 * (1 - p1) / 200))
+    assert results["reddit/queries"] == 200 and results["reddit/p_at_1_stderr"] == pytest.approx(
+        math.sqrt(p1 * (1 - p1) / 200)
+    )
     # The same encoder untrained and the baseline are scored on the same metrics, in the same table.
     for name, (lo, hi) in RANGES.items():
         assert lo <= results[f"{UNTRAINED}/{name}"] <= hi, name
@@ -78,7 +97,11 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
         gain = results[f"reddit/p_at_{n}_minus_{UNTRAINED}"]
         assert gain == pytest.approx(results[f"reddit/p_at_{n}"] - results[f"{UNTRAINED}/reddit/p_at_{n}"], abs=1e-12)
     assert results["reddit/paired_queries"] == 200
-    assert 0 <= results[f"reddit/p_at_1_minus_{UNTRAINED}_stderr"] <= results["reddit/p_at_1_stderr"] + results[f"{UNTRAINED}/reddit/p_at_1_stderr"]
+    assert (
+        0
+        <= results[f"reddit/p_at_1_minus_{UNTRAINED}_stderr"]
+        <= results["reddit/p_at_1_stderr"] + results[f"{UNTRAINED}/reddit/p_at_1_stderr"]
+    )
     assert len(pd.read_parquet(out / "eval" / "items" / "reddit.parquet")) == 200
     table = (out / "results.md").read_text()
     assert f"| reddit/p_at_1_minus_{UNTRAINED} | " in table and "| reddit/paired_queries | 200 | — |" in table
@@ -93,7 +116,9 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     # holds the packaged weights themselves.
     start = load(out / "untrained").encode(texts)
     assert load(out / "untrained").meta["run_config"]["trainer"]["steps"] == 0
-    assert not np.allclose(encoder.encode(texts), start, atol=1e-6) and np.allclose(encoder.encode(texts), start, atol=0.2)
+    assert not np.allclose(encoder.encode(texts), start, atol=1e-6) and np.allclose(
+        encoder.encode(texts), start, atol=0.2
+    )
     from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 
     dev = read_stsb(stsb_split_path(resolve_path(cfg.data.stsb_dir), "dev"))
@@ -107,8 +132,14 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     run = client.get_run(results["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.params["trainer.steps"] == "6" and run.data.params["model.encoder"] == "pretrained"
-    for name in ("reddit/loss", "snli/loss", "reddit/pairs_per_s", "snli/pairs_per_s", *RANGES,
-                 *(f"{UNTRAINED}/{m}" for m in RANGES)):
+    for name in (
+        "reddit/loss",
+        "snli/loss",
+        "reddit/pairs_per_s",
+        "snli/pairs_per_s",
+        *RANGES,
+        *(f"{UNTRAINED}/{m}" for m in RANGES),
+    ):
         assert name in run.data.metrics, name
     assert run.data.tags["task_split_mode"] == "gradient_weighting"
     history = client.get_metric_history(run.info.run_id, "reddit/loss")
@@ -121,7 +152,9 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     assert "results.json" in artifacts and "checkpoint" not in artifacts  # no optimizer state
     assert "items/reddit.parquet" in {a.path for a in client.list_artifacts(run.info.run_id, "items")}
     # The model is an MLflow 3 logged model of the run: logged after training and again after evaluation.
-    logged_models = [m for m in client.search_logged_models([run.info.experiment_id]) if m.source_run_id == run.info.run_id]
+    logged_models = [
+        m for m in client.search_logged_models([run.info.experiment_id]) if m.source_run_id == run.info.run_id
+    ]
     assert [m.name for m in logged_models] == ["model", "model"]
     assert [o.step for o in client.get_run(run.info.run_id).outputs.model_outputs] == [6, 6]
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
@@ -135,7 +168,8 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
         logged = {a.path.rsplit("/", 1)[-1] for a in listed}
         (tmp_path / "logged").mkdir()
         local = mlflow.artifacts.download_artifacts(
-            artifact_uri=f"runs:/{run.info.run_id}/model/artifacts/model/README.md", dst_path=str(tmp_path / "logged"))
+            artifact_uri=f"runs:/{run.info.run_id}/model/artifacts/model/README.md", dst_path=str(tmp_path / "logged")
+        )
     finally:
         mlflow.set_tracking_uri(None)
     assert {"model.safetensors", "README.md", "card.json"} <= logged
@@ -167,8 +201,11 @@ def test_untrained_column_is_what_trainer_steps_0_saves(ray_session, sample_prep
     """The demo's untrained encoder (built in-process) has the weights a `trainer.steps=0` job saves."""
     from convsts.ray_jobs.training.run import run_training
 
-    cfg = load_config(DEMO_CONFIGS["dan"], TINY_DAN + ["trainer.steps=0", "trainer.eval_every=0",
-                                                       f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    cfg = load_config(
+        DEMO_CONFIGS["dan"],
+        TINY_DAN
+        + ["trainer.steps=0", "trainer.eval_every=0", f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"],
+    )
     job = run_training(cfg, tmp_path / "run", prepared_dir=sample_prepared).checkpoint
     ours = save_untrained(cfg, job, tmp_path / "untrained")
     a, b = load_model(job)[0].state_dict(), load_model(ours)[0].state_dict()

@@ -22,13 +22,22 @@ def encoder(request, tmp_path):
     torch.manual_seed(0)
     if request.param == "dan":
         tokenizer = DanTokenizer.build(count_words(TEXTS), TokenizerConfig(bigram_buckets=64))
-        config = ModelConfig(encoder="dan", dan=DanConfig(embedding_dim=16, hidden_sizes=[16], output_dim=12),
-                             response_hidden=8, nli_hidden=8)
+        config = ModelConfig(
+            encoder="dan",
+            dan=DanConfig(embedding_dim=16, hidden_sizes=[16], output_dim=12),
+            response_hidden=8,
+            nli_hidden=8,
+        )
     else:
         tokenizer = SubwordTokenizer.train(TEXTS * 5, TokenizerConfig(subword_vocab_size=200, min_count=1))
-        config = ModelConfig(encoder="transformer", response_hidden=8, nli_hidden=8,
-                             transformer=TransformerConfig(num_layers=1, num_heads=2, hidden_size=16, filter_size=32,
-                                                           output_dim=12, dropout=0.0))
+        config = ModelConfig(
+            encoder="transformer",
+            response_hidden=8,
+            nli_hidden=8,
+            transformer=TransformerConfig(
+                num_layers=1, num_heads=2, hidden_size=16, filter_size=32, output_dim=12, dropout=0.0
+            ),
+        )
     save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer, HEADS), tokenizer, {})
     return load(tmp_path / "ckpt")
 
@@ -106,7 +115,9 @@ def test_similarity_of_every_pair_and_of_row_pairs(encoder):
     torch.testing.assert_close(sim, util.cos_sim(a, b), atol=1e-6, rtol=0)  # sentence-transformers' own
     assert sim[2, 0] == pytest.approx(1.0, abs=1e-6)  # TEXTS[2] against itself
     pairs = encoder.similarity_pairwise(a, b)
-    torch.testing.assert_close(pairs, util.pairwise_cos_sim(torch.from_numpy(a), torch.from_numpy(b)), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        pairs, util.pairwise_cos_sim(torch.from_numpy(a), torch.from_numpy(b)), atol=1e-6, rtol=0
+    )
     torch.testing.assert_close(pairs, torch.diagonal(sim), atol=1e-6, rtol=0)
     # The paper's STS score on the 0-5 scale: the one `convsts evaluate` correlates with gold scores.
     sts = encoder.similarity(a, b, score="sts")

@@ -36,12 +36,17 @@ def test_2016_layout_with_gold_in_the_xml(tmp_path):
     df = read_cqa(path)
     assert list(df["relq_id"]) == ["Q1_R2", "Q1_R1"] and list(df["ir_rank"]) == [2, 1]
     assert list(df["relevant"]) == [False, True]
-    assert df.loc[0, "orgq_body"] == "how long does a visa renewal take?" and df.loc[1, "relq_subject"] == "visa renewal time"
+    assert (
+        df.loc[0, "orgq_body"] == "how long does a visa renewal take?"
+        and df.loc[1, "relq_subject"] == "visa renewal time"
+    )
 
 
 def test_2017_layout_with_relevancy_file(tmp_path):
     path = tmp_path / "SemEval2017-task3-English-test-input.xml"
-    path.write_text(XML_2016.replace(' RELQ_RELEVANCE2ORGQ="Irrelevant"', "").replace(' RELQ_RELEVANCE2ORGQ="PerfectMatch"', ""))
+    path.write_text(
+        XML_2016.replace(' RELQ_RELEVANCE2ORGQ="Irrelevant"', "").replace(' RELQ_RELEVANCE2ORGQ="PerfectMatch"', "")
+    )
     with pytest.raises(ValueError, match="Q1_R2 has no RELQ_RELEVANCE2ORGQ"):
         read_cqa(path)
     gold = tmp_path / "gold.relevancy"

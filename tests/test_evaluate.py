@@ -22,27 +22,39 @@ def tiny_checkpoint(tmp_path):
     stsb = read_stsb(stsb_split_path(resolve_path("{sample}"), "train"))
     texts = list(stsb["sentence1"]) + list(stsb["sentence2"])
     tokenizer = DanTokenizer.build(count_words(texts), TokenizerConfig(word_vocab_size=5000, bigram_buckets=500))
-    config = ModelConfig(dan=DanConfig(embedding_dim=24, hidden_sizes=[24], output_dim=16), response_hidden=16,
-                         nli_hidden=8)
+    config = ModelConfig(
+        dan=DanConfig(embedding_dim=24, hidden_sizes=[24], output_dim=16), response_hidden=16, nli_hidden=8
+    )
     return save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer).eval(), tokenizer, {})
 
 
 def test_evaluate_checkpoint(tiny_checkpoint, tmp_path, mlflow_uri):
     sts_file = tmp_path / "my_sts.tsv"
-    pd.DataFrame({"sentence1": ["a cat sits", "a man runs", "rain falls", "two dogs play"],
-                  "sentence2": ["a cat is sitting", "the stock fell", "it is raining", "dogs are playing"],
-                  "score": [4.8, 0.2, 4.0, 4.5]}).to_csv(sts_file, sep="\t", index=False)
+    pd.DataFrame(
+        {
+            "sentence1": ["a cat sits", "a man runs", "rain falls", "two dogs play"],
+            "sentence2": ["a cat is sitting", "the stock fell", "it is raining", "dogs are playing"],
+            "score": [4.8, 0.2, 4.0, 4.5],
+        }
+    ).to_csv(sts_file, sep="\t", index=False)
     cfg = load_config(None, ["eval.tuned.epochs=3"])
     out = tmp_path / "eval"
-    results = run_evaluation(cfg, out, checkpoint=str(tiny_checkpoint), sts_files=[str(sts_file)],
-                             mlflow_uri=mlflow_uri)
+    results = run_evaluation(
+        cfg, out, checkpoint=str(tiny_checkpoint), sts_files=[str(sts_file)], mlflow_uri=mlflow_uri
+    )
 
     saved = json.loads((out / "results.json").read_text())
     assert saved == json.loads(json.dumps(results))
     for split in ("dev", "test"):
-        for name in (f"stsb/{split}/pearson", f"stsb/{split}/spearman", f"stsb/{split}/captions/pearson",
-                     f"stsb/{split}/forums/pearson", f"stsb/{split}/news/pearson",
-                     f"stsb_tuned/{split}/pearson", f"stsb_tuned/{split}/news/pearson"):
+        for name in (
+            f"stsb/{split}/pearson",
+            f"stsb/{split}/spearman",
+            f"stsb/{split}/captions/pearson",
+            f"stsb/{split}/forums/pearson",
+            f"stsb/{split}/news/pearson",
+            f"stsb_tuned/{split}/pearson",
+            f"stsb_tuned/{split}/news/pearson",
+        ):
             assert -1 <= saved[name] <= 1, name
     assert {"sts/my_sts/pearson", "sts/my_sts/spearman", "snli/dev/accuracy", "cqa2016/map"} <= set(saved)
     assert not any(k.startswith("reddit/") for k in saved)  # no prepared held-out split was given
@@ -87,13 +99,15 @@ def test_fraction_curve_from_checkpoints(tmp_path):
 
     stsb = read_stsb(stsb_split_path(resolve_path("{sample}"), "dev"))
     tokenizer = DanTokenizer.build(count_words(list(stsb["sentence1"])), TokenizerConfig(bigram_buckets=100))
-    config = ModelConfig(dan=DanConfig(embedding_dim=8, hidden_sizes=[8], output_dim=8), response_hidden=8,
-                         nli_hidden=8)
+    config = ModelConfig(
+        dan=DanConfig(embedding_dim=8, hidden_sizes=[8], output_dim=8), response_hidden=8, nli_hidden=8
+    )
     checkpoints = []
     for fraction in (1.0, 0.5):
         run = load_config(None, [f"data.snli_fraction={fraction}"]).to_dict()
-        checkpoints.append(str(save_checkpoint(tmp_path / f"f{fraction}", build_model(config, tokenizer).eval(),
-                                               tokenizer, run)))
+        checkpoints.append(
+            str(save_checkpoint(tmp_path / f"f{fraction}", build_model(config, tokenizer).eval(), tokenizer, run))
+        )
     rows = fraction_curve(checkpoints, load_config(), tmp_path / "curve")
     assert [r["fraction"] for r in rows] == [0.5, 1.0]
     assert all(-1 <= r[m] <= 1 for r in rows for m in CURVE_METRICS)
@@ -107,18 +121,41 @@ def test_fraction_curve_from_checkpoints(tmp_path):
 def test_results_table_groups_metrics_in_reading_order_with_systems_in_columns():
     from convsts.ray_jobs.evaluation.harness import results_table
 
-    model = {"reddit/p_at_10": 0.8, "reddit/p_at_1": 0.5, "reddit/p_at_3": 0.6, "reddit/queries": 1000.0,
-             "reddit/p_at_1_stderr": 0.0158, "stsb/test/pearson": 0.83,
-             "stsb/dev/pearson": 0.87, "stsb/dev/news/pearson": 0.77, "stsb_tuned/test/pearson": 0.85,
-             "snli/dev/accuracy": 0.56, "cqa2016/map": 0.75, "eval/nonfinite_metrics": 0.0}
+    model = {
+        "reddit/p_at_10": 0.8,
+        "reddit/p_at_1": 0.5,
+        "reddit/p_at_3": 0.6,
+        "reddit/queries": 1000.0,
+        "reddit/p_at_1_stderr": 0.0158,
+        "stsb/test/pearson": 0.83,
+        "stsb/dev/pearson": 0.87,
+        "stsb/dev/news/pearson": 0.77,
+        "stsb_tuned/test/pearson": 0.85,
+        "snli/dev/accuracy": 0.56,
+        "cqa2016/map": 0.75,
+        "eval/nonfinite_metrics": 0.0,
+    }
     table = results_table({"model": model, "tfidf": {"stsb/dev/pearson": 0.74, "reddit/p_at_1": 0.33}})
     rows = [line.split("|")[1].strip() for line in table.splitlines()]
     assert rows[0] == "metric" and table.splitlines()[0] == "| metric | model | tfidf |"
-    assert rows[2:] == ["**STS Benchmark, raw cosine**", "stsb/dev/pearson", "stsb/dev/news/pearson", "stsb/test/pearson",
-                        "**STS Benchmark, tuned STS matrix**", "stsb_tuned/test/pearson",
-                        "**retrieval**", "reddit/p_at_1", "reddit/p_at_1_stderr", "reddit/p_at_3", "reddit/p_at_10",
-                        "reddit/queries",
-                        "**classification**", "snli/dev/accuracy", "**community QA**", "cqa2016/map"]
+    assert rows[2:] == [
+        "**STS Benchmark, raw cosine**",
+        "stsb/dev/pearson",
+        "stsb/dev/news/pearson",
+        "stsb/test/pearson",
+        "**STS Benchmark, tuned STS matrix**",
+        "stsb_tuned/test/pearson",
+        "**retrieval**",
+        "reddit/p_at_1",
+        "reddit/p_at_1_stderr",
+        "reddit/p_at_3",
+        "reddit/p_at_10",
+        "reddit/queries",
+        "**classification**",
+        "snli/dev/accuracy",
+        "**community QA**",
+        "cqa2016/map",
+    ]
     assert "| reddit/p_at_1 | 0.5000 | 0.3300 |" in table and "| stsb_tuned/test/pearson | 0.8500 | — |" in table
     assert "| reddit/queries | 1000 | — |" in table  # counts are shown whole
 
@@ -153,24 +190,52 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     plain = pairs[["sentence1", "sentence2", "score"]]
     plain.to_parquet(tmp_path / "set_parquet.parquet")
     plain.to_json(tmp_path / "set_jsonl.jsonl", orient="records", lines=True)
-    pd.DataFrame({"pair_ID": range(1, 41), "sentence_A": pairs["sentence1"], "sentence_B": pairs["sentence2"],
-                  "relatedness_score": pairs["score"], "entailment_judgment": "NEUTRAL"}).to_csv(
-        tmp_path / "SICK_trial.txt", sep="\t", index=False)
+    pd.DataFrame(
+        {
+            "pair_ID": range(1, 41),
+            "sentence_A": pairs["sentence1"],
+            "sentence_B": pairs["sentence2"],
+            "relatedness_score": pairs["score"],
+            "entailment_judgment": "NEUTRAL",
+        }
+    ).to_csv(tmp_path / "SICK_trial.txt", sep="\t", index=False)
     plain.assign(sentence1=plain["sentence1"] + ", and so on").to_csv(tmp_path / "commas.csv", index=False)
-    official = ["\t".join(["main-captions", "MSRvid", "2012test", f"{i:04d}", f"{r.score:.3f}", r.sentence1, r.sentence2]
-                          + (["licence", "extra"] if i % 5 == 0 else [])) for i, r in enumerate(plain.itertuples())]
+    official = [
+        "\t".join(
+            ["main-captions", "MSRvid", "2012test", f"{i:04d}", f"{r.score:.3f}", r.sentence1, r.sentence2]
+            + (["licence", "extra"] if i % 5 == 0 else [])
+        )
+        for i, r in enumerate(plain.itertuples())
+    ]
     (tmp_path / "sts-test.csv").write_text("\n".join(official) + "\n")
     extra = [("a man is cutting a tomato", "a woman plays a flute")] * 3  # gold left empty, as some years' files do
     (tmp_path / "STS.input.demo.txt").write_text(
-        "\n".join(f"{a}\t{b}" for a, b in list(zip(plain["sentence1"], plain["sentence2"])) + extra) + "\n")
+        "\n".join(f"{a}\t{b}" for a, b in list(zip(plain["sentence1"], plain["sentence2"])) + extra) + "\n"
+    )
     (tmp_path / "STS.gs.demo.txt").write_text("\n".join([f"{s:.3f}" for s in plain["score"]] + ["", "", ""]) + "\n")
 
     # 10 STS-B train pairs (which fit the tuned matrix), re-cased, re-punctuated and swapped, beside the 40.
     seen = read_stsb(stsb_split_path(resolve_path("{sample}"), "train")).iloc[:10]
-    pd.concat([plain, pd.DataFrame({"sentence1": seen["sentence2"].str.upper() + " !", "sentence2": seen["sentence1"],
-                                    "score": seen["score"]})]).to_csv(tmp_path / "overlap.tsv", sep="\t", index=False)
-    files = {"set_parquet": "set_parquet.parquet", "set_jsonl": "set_jsonl.jsonl", "SICK_trial": "SICK_trial.txt",
-             "commas": "commas.csv", "sts-test": "sts-test.csv", f"{tmp_path.name}.demo": "STS.input.demo.txt"}
+    pd.concat(
+        [
+            plain,
+            pd.DataFrame(
+                {
+                    "sentence1": seen["sentence2"].str.upper() + " !",
+                    "sentence2": seen["sentence1"],
+                    "score": seen["score"],
+                }
+            ),
+        ]
+    ).to_csv(tmp_path / "overlap.tsv", sep="\t", index=False)
+    files = {
+        "set_parquet": "set_parquet.parquet",
+        "set_jsonl": "set_jsonl.jsonl",
+        "SICK_trial": "SICK_trial.txt",
+        "commas": "commas.csv",
+        "sts-test": "sts-test.csv",
+        f"{tmp_path.name}.demo": "STS.input.demo.txt",
+    }
     for name, file in files.items():
         frame = read_sts_file(tmp_path / file)
         assert list(frame.columns) == ["sentence1", "sentence2", "score"], name
@@ -179,16 +244,26 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     assert read_sts_file(tmp_path / "STS.input.demo.txt").attrs["without_gold"] == 3
 
     cfg = load_config(None, ["eval.tuned.epochs=2", "data.cqa_test=''", "data.snli_dev=''"])
-    results = run_evaluation(cfg, tmp_path / "eval", checkpoint=str(tiny_checkpoint), log_to_mlflow=False,
-                             sts_files=[str(tmp_path / f) for f in files.values()])
+    results = run_evaluation(
+        cfg,
+        tmp_path / "eval",
+        checkpoint=str(tiny_checkpoint),
+        log_to_mlflow=False,
+        sts_files=[str(tmp_path / f) for f in files.values()],
+    )
     for kind in ("sts", "sts_tuned"):  # the same pairs score the same in every format; the STS-B matrix applies too
         scores = [results[f"{kind}/{name}/pearson"] for name in files if name != "commas"]
         assert -1 <= scores[0] <= 1 and max(scores) - min(scores) < 1e-6, (kind, scores)
     counts = {results[f"sts_tuned/{name}/pairs"] for name in files if name != "commas"}  # not in STS-B train or dev
     assert len(counts) == 1 and 30 <= counts.pop() <= 40
     # The tuned matrix is scored without the pairs it was fitted on: the 10 added ones are left out.
-    results = run_evaluation(cfg, tmp_path / "eval2", checkpoint=str(tiny_checkpoint), log_to_mlflow=False,
-                             sts_files=[str(tmp_path / "overlap.tsv"), str(tmp_path / "set_parquet.parquet")])
+    results = run_evaluation(
+        cfg,
+        tmp_path / "eval2",
+        checkpoint=str(tiny_checkpoint),
+        log_to_mlflow=False,
+        sts_files=[str(tmp_path / "overlap.tsv"), str(tmp_path / "set_parquet.parquet")],
+    )
     assert results["sts_tuned/overlap/pairs"] == results["sts_tuned/set_parquet/pairs"]
     assert results["sts_tuned/overlap/pearson"] == pytest.approx(results["sts_tuned/set_parquet/pearson"], abs=1e-6)
     assert results["sts/overlap/pearson"] != pytest.approx(results["sts/set_parquet/pearson"], abs=1e-6)  # all 50
@@ -196,31 +271,56 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
 
     # An STS 2012-2016 set is named by its release's folder too (headlines is in STS 2013-2016); other
     # files by their own name, and by their folder's where two share one.
-    assert sts_set_names(["r/STS13/STS.input.headlines.txt", "r/STS14/STS.input.headlines.txt",
-                          "r/STS14/STS.input.images.txt", "a/my_sts.tsv", "b/other.tsv", "c/other.tsv"]) == {
-        "r/STS13/STS.input.headlines.txt": "STS13.headlines", "r/STS14/STS.input.headlines.txt": "STS14.headlines",
-        "r/STS14/STS.input.images.txt": "STS14.images", "a/my_sts.tsv": "my_sts", "b/other.tsv": "b.other",
-        "c/other.tsv": "c.other"}
+    assert sts_set_names(
+        [
+            "r/STS13/STS.input.headlines.txt",
+            "r/STS14/STS.input.headlines.txt",
+            "r/STS14/STS.input.images.txt",
+            "a/my_sts.tsv",
+            "b/other.tsv",
+            "c/other.tsv",
+        ]
+    ) == {
+        "r/STS13/STS.input.headlines.txt": "STS13.headlines",
+        "r/STS14/STS.input.headlines.txt": "STS14.headlines",
+        "r/STS14/STS.input.images.txt": "STS14.images",
+        "a/my_sts.tsv": "my_sts",
+        "b/other.tsv": "b.other",
+        "c/other.tsv": "c.other",
+    }
     with pytest.raises(BadInputError, match="share the name 'STS13.headlines'"):
         sts_set_names(["a/STS13/STS.input.headlines.txt", "b/STS13/STS.input.headlines.txt"])
     # Hugging Face hub shards are named by their split, under the folder above data/; NAME=FILE names a file.
-    assert sts_set_names(["hub/sts12-sts/data/test-00000-of-00001.parquet",
-                          "hub/sts13-sts/data/test-00000-of-00001-5e2a1f0c.parquet",
-                          "s3://bucket/sick/test.parquet?region=x", "mine=a/data/test-00000-of-00001.parquet"]) == {
+    assert sts_set_names(
+        [
+            "hub/sts12-sts/data/test-00000-of-00001.parquet",
+            "hub/sts13-sts/data/test-00000-of-00001-5e2a1f0c.parquet",
+            "s3://bucket/sick/test.parquet?region=x",
+            "mine=a/data/test-00000-of-00001.parquet",
+        ]
+    ) == {
         "hub/sts12-sts/data/test-00000-of-00001.parquet": "sts12-sts.test",
         "hub/sts13-sts/data/test-00000-of-00001-5e2a1f0c.parquet": "sts13-sts.test",
-        "s3://bucket/sick/test.parquet?region=x": "sick.test", "a/data/test-00000-of-00001.parquet": "mine"}
+        "s3://bucket/sick/test.parquet?region=x": "sick.test",
+        "a/data/test-00000-of-00001.parquet": "mine",
+    }
     with pytest.raises(BadInputError, match=r"share the name 'x'.*--sts NAME=FILE"):
         sts_set_names(["x=a.tsv", "x=b.tsv"])
     with pytest.raises(BadInputError, match=r"^a.tsv: given to --sts twice"):
         sts_set_names(["x=a.tsv", "a.tsv"])
     # Refused before the evaluation makes anything: a missing file, or a NAME=FILE without its file.
-    for entries, message in (([f"y={tmp_path / 'set_jsonl.jsonl'}", "trainr.steps=5"],
-                              r"--sts trainr.steps=5: no file 5 to name 'trainr.steps' \(as a config override, "
-                              r"'trainr.steps' is not a run config key\)"),
-                             ([str(tmp_path / "gone.tsv")], r"--sts .*gone.tsv: no such file")):
+    for entries, message in (
+        (
+            [f"y={tmp_path / 'set_jsonl.jsonl'}", "trainr.steps=5"],
+            r"--sts trainr.steps=5: no file 5 to name 'trainr.steps' \(as a config override, "
+            r"'trainr.steps' is not a run config key\)",
+        ),
+        ([str(tmp_path / "gone.tsv")], r"--sts .*gone.tsv: no such file"),
+    ):
         with pytest.raises(BadInputError, match=message):
-            run_evaluation(cfg, tmp_path / "refused", checkpoint=str(tiny_checkpoint), log_to_mlflow=False, sts_files=entries)
+            run_evaluation(
+                cfg, tmp_path / "refused", checkpoint=str(tiny_checkpoint), log_to_mlflow=False, sts_files=entries
+            )
         assert not (tmp_path / "refused").exists()
     (tmp_path / "odd=name.tsv").write_text("")  # a file whose own name holds "=" is that file
     monkeypatch.chdir(tmp_path)
@@ -235,11 +335,13 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     plain.rename(columns={"score": "label"}).to_json(tmp_path / "glue_stsb.jsonl", orient="records", lines=True)
     pd.testing.assert_frame_equal(read_sts_file(tmp_path / "glue_stsb.jsonl"), plain, check_exact=False, atol=1e-3)
     plain.assign(label=(plain["score"] > 2.5).astype(int)).drop(columns="score").to_parquet(tmp_path / "mrpc.parquet")
-    for file, message in (("two_columns.tsv", "two_columns.tsv: no header row naming the sentence and score columns"),
-                          ("STS.input.nogold.txt", "STS.gs.nogold.txt are not beside it"),
-                          ("STS.input.short.txt", "STS.gs.short.txt: 1 lines for the 2 pairs"),
-                          ("bad_score.tsv", "bad_score.tsv: row 2: relatedness_score 'high' is not a number"),
-                          ("mrpc.parquet", r"mrpc.parquet: its label column holds only the classes \[0, 1\], not similarity")):
+    for file, message in (
+        ("two_columns.tsv", "two_columns.tsv: no header row naming the sentence and score columns"),
+        ("STS.input.nogold.txt", "STS.gs.nogold.txt are not beside it"),
+        ("STS.input.short.txt", "STS.gs.short.txt: 1 lines for the 2 pairs"),
+        ("bad_score.tsv", "bad_score.tsv: row 2: relatedness_score 'high' is not a number"),
+        ("mrpc.parquet", r"mrpc.parquet: its label column holds only the classes \[0, 1\], not similarity"),
+    ):
         with pytest.raises(BadInputError, match=message):
             read_sts_file(tmp_path / file)
 
@@ -255,28 +357,50 @@ def test_an_sts_file_of_several_splits_is_scored_whole_and_split_by_split(tiny_c
     splits = {split: read_stsb(stsb_split_path(resolve_path("{sample}"), split)) for split in ("train", "dev", "test")}
     table = pd.concat([frame.assign(split=split) for split, frame in splits.items()], ignore_index=True)
     lines = ["split\tgenre\tdataset\tyear\tsid\tscore\tsentence1\tsentence2"]  # unquoted, as it ships
-    lines += ["\t".join([r.split, r.genre, "MSRvid", "2012test", f"{i:04d}", repr(r.score), r.sentence1, r.sentence2])
-              for i, r in enumerate(table.itertuples())]
+    lines += [
+        "\t".join([r.split, r.genre, "MSRvid", "2012test", f"{i:04d}", repr(r.score), r.sentence1, r.sentence2])
+        for i, r in enumerate(table.itertuples())
+    ]
     with gzip.open(tmp_path / "stsbenchmark.tsv.gz", "wt", encoding="utf-8") as out:
         out.write("\n".join(lines) + "\n")
     test = splits["test"].iloc[:60]
-    pd.DataFrame({"pair_ID": range(60), "sentence_A": test["sentence1"], "sentence_B": test["sentence2"],
-                  "relatedness_score": test["score"], "entailment_label": "NEUTRAL",
-                  "SemEval_set": ["TRIAL"] * 20 + ["TEST"] * 40}).to_csv(tmp_path / "SICK.txt", sep="\t", index=False)
+    pd.DataFrame(
+        {
+            "pair_ID": range(60),
+            "sentence_A": test["sentence1"],
+            "sentence_B": test["sentence2"],
+            "relatedness_score": test["score"],
+            "entailment_label": "NEUTRAL",
+            "SemEval_set": ["TRIAL"] * 20 + ["TEST"] * 40,
+        }
+    ).to_csv(tmp_path / "SICK.txt", sep="\t", index=False)
     read = read_sts_file(tmp_path / "stsbenchmark.tsv.gz")
     assert list(read.columns) == ["sentence1", "sentence2", "score", "split"]
     assert read["split"].value_counts().to_dict() == {s: len(f) for s, f in splits.items()}
-    odd = pd.DataFrame({"sentence1": ["a", "b", "c"], "sentence2": ["d", "e", "f"], "score": [1.0, 2.0, 3.0],
-                        "split": ["Test / A", "", "dev"]})
+    odd = pd.DataFrame(
+        {
+            "sentence1": ["a", "b", "c"],
+            "sentence2": ["d", "e", "f"],
+            "score": [1.0, 2.0, 3.0],
+            "split": ["Test / A", "", "dev"],
+        }
+    )
     odd.to_csv(tmp_path / "odd.tsv", sep="\t", index=False)  # split names become metric name parts
     assert list(read_sts_file(tmp_path / "odd.tsv")["split"]) == ["test_a", "unnamed", "dev"]
 
     cfg = load_config(None, ["eval.tuned.epochs=2", "data.cqa_test=''", "data.snli_dev=''"])
-    results = run_evaluation(cfg, tmp_path / "eval", checkpoint=str(tiny_checkpoint), log_to_mlflow=False,
-                             sts_files=[str(tmp_path / "stsbenchmark.tsv.gz"), str(tmp_path / "SICK.txt")])
+    results = run_evaluation(
+        cfg,
+        tmp_path / "eval",
+        checkpoint=str(tiny_checkpoint),
+        log_to_mlflow=False,
+        sts_files=[str(tmp_path / "stsbenchmark.tsv.gz"), str(tmp_path / "SICK.txt")],
+    )
     for split in ("dev", "test"):  # the same pairs as STS-B's own files: the same scores
         for stat in ("pearson", "spearman"):
-            assert results[f"sts/stsbenchmark/{split}/{stat}"] == pytest.approx(results[f"stsb/{split}/{stat}"], abs=1e-6)
+            assert results[f"sts/stsbenchmark/{split}/{stat}"] == pytest.approx(
+                results[f"stsb/{split}/{stat}"], abs=1e-6
+            )
     assert abs(results["sts/stsbenchmark/pearson"] - results["stsb/test/pearson"]) > 1e-4  # the mix of all three
     assert {"sts/stsbenchmark/train/pearson", "sts/SICK/trial/pearson", "sts/SICK/test/pearson"} <= results.keys()
     # The tuned matrix is scored on pairs it was neither fitted nor selected on: none of train or dev.
@@ -284,10 +408,16 @@ def test_an_sts_file_of_several_splits_is_scored_whole_and_split_by_split(tiny_c
     fresh_test = sum(key not in fitted for key in pair_keys(splits["test"]))
     assert results["sts_tuned/stsbenchmark/test/pairs"] == results["sts_tuned/stsbenchmark/pairs"] == fresh_test
     assert "sts_tuned/stsbenchmark/train/pearson" not in results and "sts_tuned/stsbenchmark/dev/pearson" not in results
-    assert results["sts_tuned/SICK/trial/pairs"] + results["sts_tuned/SICK/test/pairs"] == results["sts_tuned/SICK/pairs"]
+    assert (
+        results["sts_tuned/SICK/trial/pairs"] + results["sts_tuned/SICK/test/pairs"] == results["sts_tuned/SICK/pairs"]
+    )
     table_md = (tmp_path / "eval" / "results.md").read_text()
-    assert (table_md.index("| sts/stsbenchmark/pearson") < table_md.index("| sts/stsbenchmark/dev/pearson")
-            < table_md.index("| sts/stsbenchmark/test/pearson") < table_md.index("| sts/stsbenchmark/train/pearson"))
+    assert (
+        table_md.index("| sts/stsbenchmark/pearson")
+        < table_md.index("| sts/stsbenchmark/dev/pearson")
+        < table_md.index("| sts/stsbenchmark/test/pearson")
+        < table_md.index("| sts/stsbenchmark/train/pearson")
+    )
 
 
 def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoint, tmp_path, mlflow_uri):
@@ -310,11 +440,24 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
     model = save_model_folder(run / "checkpoint", run / "model")
     run_id = tracking.start_run(mlflow_uri, "convsts", "train")
     write_card(model, run_facts({"name": "tiny", "trainer": {"steps": 0}}, {}, {}, run_id, mlflow_uri, 1.0))
-    (run / "train.json").write_text(json.dumps({"checkpoint": str(run / "checkpoint"), "model": str(model),
-                                                "best_checkpoint": str(run / "best_checkpoint"),
-                                                "mlflow_run_id": run_id, "tracking_uri": mlflow_uri}))
-    common = ["eval.tuned.epochs=1", "data.snli_dev=''", "data.snli_test=''", "data.cqa_test=''",
-              f"mlflow.tracking_uri={mlflow_uri}"]
+    (run / "train.json").write_text(
+        json.dumps(
+            {
+                "checkpoint": str(run / "checkpoint"),
+                "model": str(model),
+                "best_checkpoint": str(run / "best_checkpoint"),
+                "mlflow_run_id": run_id,
+                "tracking_uri": mlflow_uri,
+            }
+        )
+    )
+    common = [
+        "eval.tuned.epochs=1",
+        "data.snli_dev=''",
+        "data.snli_test=''",
+        "data.cqa_test=''",
+        f"mlflow.tracking_uri={mlflow_uri}",
+    ]
 
     assert main(["--checkpoint", str(model), "--out", str(tmp_path / "e_model"), *common]) == 0
     saved = json.loads((tmp_path / "e_model" / "results.json").read_text())
@@ -333,7 +476,10 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
     assert client.get_run(best["mlflow_run_id"]).data.params["checkpoint"] == str(run / "best_checkpoint")
 
     # A damaged train.json beside the folder is refused in one line naming it, before --out exists.
-    for damaged, message in (("{bad", r"train.json: not JSON \(Expecting"), ("[1]", r"train.json: not the JSON object")):
+    for damaged, message in (
+        ("{bad", r"train.json: not JSON \(Expecting"),
+        ("[1]", r"train.json: not the JSON object"),
+    ):
         (run / "train.json").write_text(damaged)
         with pytest.raises(BadInputError, match=message + r".*restore or delete it to evaluate .*model"):
             main(["--checkpoint", str(model), "--out", str(tmp_path / "e_damaged"), *common])
@@ -351,8 +497,10 @@ def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path)
 
     pairs = pd.read_parquet(resolve_path("{sample}/reddit_pairs.parquet")).head(400)
     pairs = pd.DataFrame({"context": pairs["question"], "response": pairs["answer"]})
-    scorers = {"model": EmbeddingScorer(load(tiny_checkpoint)),
-               "tfidf": LexicalScorer("tfidf", list(pairs["context"]) + list(pairs["response"]))}
+    scorers = {
+        "model": EmbeddingScorer(load(tiny_checkpoint)),
+        "tfidf": LexicalScorer("tfidf", list(pairs["context"]) + list(pairs["response"])),
+    }
     folders = {}
     for name, scorer in scorers.items():
         for seed in (0, 1):
@@ -368,13 +516,18 @@ def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path)
     a, b = (json.loads((folders[k, 0] / "results.json").read_text()) for k in ("tfidf", "model"))
     ranks = [pd.read_parquet(folders[k, 0] / "items" / "reddit.parquet")["rank"].to_numpy() for k in ("tfidf", "model")]
     for n in (1, 3, 10):
-        assert paired[f"reddit/p_at_{n}_diff"] == pytest.approx(a[f"reddit/p_at_{n}"] - b[f"reddit/p_at_{n}"], abs=1e-12)
+        assert paired[f"reddit/p_at_{n}_diff"] == pytest.approx(
+            a[f"reddit/p_at_{n}"] - b[f"reddit/p_at_{n}"], abs=1e-12
+        )
         d = (ranks[0] <= n).astype(float) - (ranks[1] <= n).astype(float)
         assert paired[f"reddit/p_at_{n}_diff_stderr"] == pytest.approx(d.std(ddof=1) / np.sqrt(150))
     assert paired["reddit/paired_queries"] == 150 and paired["reddit/p_at_1_diff"] > 0  # TF-IDF beats a random DAN
     table = (tmp_path / "c" / "compare.md").read_text()
     assert table.index("| reddit/p_at_1 |") < table.index("| reddit/p_at_3 |") < table.index("| reddit/p_at_10 |")
-    assert f"| reddit/p_at_1 | {a['reddit/p_at_1']:.4f} | {b['reddit/p_at_1']:.4f} | {paired['reddit/p_at_1_diff']:+.4f} |" in table
+    assert (
+        f"| reddit/p_at_1 | {a['reddit/p_at_1']:.4f} | {b['reddit/p_at_1']:.4f} | {paired['reddit/p_at_1_diff']:+.4f} |"
+        in table
+    )
 
     # Another eval.seed drew other queries: refused, naming both folders, nothing written.
     with pytest.raises(BadInputError, match=r"ranked other queries or candidates \(150 and 150 queries"):
@@ -386,5 +539,14 @@ def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path)
     with pytest.raises(BadInputError, match=r"reddit.parquet: not a parquet file"):
         main(["--compare", str(folders["tfidf", 0]), str(folders["model", 1]), "--out", str(tmp_path / "c5")])
     with pytest.raises(BadInputError, match="--prepared would do nothing"):
-        main(["--compare", str(folders["tfidf", 0]), str(folders["model", 0]), "--out", str(tmp_path / "c4"),
-              "--prepared", str(tmp_path)])
+        main(
+            [
+                "--compare",
+                str(folders["tfidf", 0]),
+                str(folders["model", 0]),
+                "--out",
+                str(tmp_path / "c4"),
+                "--prepared",
+                str(tmp_path),
+            ]
+        )

@@ -34,13 +34,22 @@ def _checkpoint(kind: str, texts, folder: Path) -> Path:
     torch.manual_seed(0)
     if kind == "dan":
         tokenizer = DanTokenizer.build(count_words(texts), TokenizerConfig(bigram_buckets=5000))
-        config = ModelConfig(encoder="dan", dan=DanConfig(embedding_dim=64, hidden_sizes=[64, 64], output_dim=48),
-                             response_hidden=16, nli_hidden=16)
+        config = ModelConfig(
+            encoder="dan",
+            dan=DanConfig(embedding_dim=64, hidden_sizes=[64, 64], output_dim=48),
+            response_hidden=16,
+            nli_hidden=16,
+        )
     else:
         tokenizer = SubwordTokenizer.train(texts, TokenizerConfig(subword_vocab_size=1000, min_count=1, max_words=48))
-        config = ModelConfig(encoder="transformer", response_hidden=16, nli_hidden=16,
-                             transformer=TransformerConfig(num_layers=2, num_heads=4, hidden_size=64, filter_size=128,
-                                                           output_dim=48, dropout=0.0))
+        config = ModelConfig(
+            encoder="transformer",
+            response_hidden=16,
+            nli_hidden=16,
+            transformer=TransformerConfig(
+                num_layers=2, num_heads=4, hidden_size=64, filter_size=128, output_dim=48, dropout=0.0
+            ),
+        )
     return save_checkpoint(folder, build_model(config, tokenizer, HEADS), tokenizer, {})
 
 

@@ -15,16 +15,23 @@ from tiny import TINY_DAN
 
 STEPS, EVERY = 800, 200
 TINY = [
-    f"trainer.steps={STEPS}", f"trainer.checkpoint_every={EVERY}", "trainer.log_every=5", "trainer.eval_every=0",
-    "trainer.keep_checkpoints=2", "trainer.max_failures=2",
-    *TINY_DAN, "mlflow.experiment=failure-test",
+    f"trainer.steps={STEPS}",
+    f"trainer.checkpoint_every={EVERY}",
+    "trainer.log_every=5",
+    "trainer.eval_every=0",
+    "trainer.keep_checkpoints=2",
+    "trainer.max_failures=2",
+    *TINY_DAN,
+    "mlflow.experiment=failure-test",
 ]
 
 
 @pytest.mark.slow
 def test_killed_worker_is_replaced_and_training_resumes(ray_session, sample_prepared, mlflow_uri, tmp_path):
     out = tmp_path / "run"
-    proc = start_train(ray_session, out, ["--prepared", str(sample_prepared), *TINY, f"mlflow.tracking_uri={mlflow_uri}"])
+    proc = start_train(
+        ray_session, out, ["--prepared", str(sample_prepared), *TINY, f"mlflow.tracking_uri={mlflow_uri}"]
+    )
     # Kill once a checkpoint exists and training has gone on past it (the controller registers a
     # reported checkpoint a moment after the files are written).
     client = tracking.client(mlflow_uri)
@@ -52,7 +59,9 @@ def test_killed_worker_is_replaced_and_training_resumes(ray_session, sample_prep
     assert load_train_state(train["checkpoint"])["step"] == STEPS
     restarts = client.get_metric_history(train["mlflow_run_id"], "train/restarted_at_step")
     starts = [line for line in log.splitlines() if "start step" in line or "died" in line.lower()]
-    assert len(restarts) == 1, f"the worker group was not restarted exactly once (killed {victims[0]}):\n" + "\n".join(starts)
+    assert len(restarts) == 1, f"the worker group was not restarted exactly once (killed {victims[0]}):\n" + "\n".join(
+        starts
+    )
     restart_step = int(restarts[0].value)
     # The last step logged before the kill, against the step training went on from.
     history = client.get_metric_history(train["mlflow_run_id"], "reddit/loss")

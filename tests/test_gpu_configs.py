@@ -13,15 +13,30 @@ from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import load_config
 
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-SAMPLE_DATA = ["data.reddit_inputs=['{sample}/reddit_pairs.parquet']", "data.snli_train='{sample}/snli_train.parquet'",
-               "data.snli_dev='{sample}/snli_dev.parquet'", "data.snli_test=''", "data.stsb_dir='{sample}'",
-               "data.cqa_test=''"]
-TINY = ["trainer.use_gpu=false", "trainer.cpus_per_worker=0.5", "trainer.steps=8", "trainer.warmup_steps=2",
-        "trainer.log_every=4", "trainer.checkpoint_every=4", "trainer.eval_every=4", "trainer.bucket_batches=4",
-        "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.0003}, {start_step: 4, batch_size: 16, lr: 0.0003}]",
-        "tokenizer.subword_vocab_size=2000", "tokenizer.max_words=24",
-        "model.transformer={num_layers: 1, num_heads: 2, hidden_size: 32, filter_size: 64, dropout: 0.1, output_dim: 24}",
-        "model.response_hidden=16", "model.nli_hidden=16"]
+SAMPLE_DATA = [
+    "data.reddit_inputs=['{sample}/reddit_pairs.parquet']",
+    "data.snli_train='{sample}/snli_train.parquet'",
+    "data.snli_dev='{sample}/snli_dev.parquet'",
+    "data.snli_test=''",
+    "data.stsb_dir='{sample}'",
+    "data.cqa_test=''",
+]
+TINY = [
+    "trainer.use_gpu=false",
+    "trainer.cpus_per_worker=0.5",
+    "trainer.steps=8",
+    "trainer.warmup_steps=2",
+    "trainer.log_every=4",
+    "trainer.checkpoint_every=4",
+    "trainer.eval_every=4",
+    "trainer.bucket_batches=4",
+    "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.0003}, {start_step: 4, batch_size: 16, lr: 0.0003}]",
+    "tokenizer.subword_vocab_size=2000",
+    "tokenizer.max_words=24",
+    "model.transformer={num_layers: 1, num_heads: 2, hidden_size: 32, filter_size: 64, dropout: 0.1, output_dim: 24}",
+    "model.response_hidden=16",
+    "model.nli_hidden=16",
+]
 
 
 def test_gpu_configs_ask_for_what_a_gpu_run_needs():

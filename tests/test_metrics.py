@@ -25,11 +25,13 @@ def test_angular_score():
 
 
 def test_precision_at_n_ties_count_against():
-    scores = np.array([
-        [0.9, 0.1, 0.2, 0.3],  # rank 1
-        [0.5, 0.5, 0.1, 0.1],  # tie with one negative -> rank 2
-        [0.1, 0.2, 0.3, 0.4],  # rank 4
-    ])
+    scores = np.array(
+        [
+            [0.9, 0.1, 0.2, 0.3],  # rank 1
+            [0.5, 0.5, 0.1, 0.1],  # tie with one negative -> rank 2
+            [0.1, 0.2, 0.3, 0.4],  # rank 4
+        ]
+    )
     p = M.precision_at_n(scores, (1, 3))
     assert p[1] == pytest.approx(1 / 3)
     assert p[3] == pytest.approx(2 / 3)

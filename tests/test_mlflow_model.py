@@ -40,34 +40,61 @@ def _answers(url: str) -> bool:
 def model_folder(tmp_path):
     torch.manual_seed(0)
     tokenizer = DanTokenizer.build(count_words(TEXTS * 3), TokenizerConfig(bigram_buckets=128))
-    config = ModelConfig(encoder="dan", dan=DanConfig(embedding_dim=16, hidden_sizes=[16], output_dim=12),
-                         response_hidden=8, nli_hidden=8)
-    ckpt = save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer, {"reddit": "response", "snli": "nli"}),
-                           tokenizer, {"name": "tiny"}, train_state={"step": 3})
+    config = ModelConfig(
+        encoder="dan",
+        dan=DanConfig(embedding_dim=16, hidden_sizes=[16], output_dim=12),
+        response_hidden=8,
+        nli_hidden=8,
+    )
+    ckpt = save_checkpoint(
+        tmp_path / "ckpt",
+        build_model(config, tokenizer, {"reddit": "response", "snli": "nli"}),
+        tokenizer,
+        {"name": "tiny"},
+        train_state={"step": 3},
+    )
     rotation = np.linalg.qr(np.random.default_rng(0).normal(size=(12, 12)))[0]  # a tuned STS matrix, as evaluate saves
     StsTransform(rotation, StsTransformConfig(), 0.5, 1).save(ckpt)
     folder = save_model_folder(ckpt, tmp_path / "model")
-    manifests = {"reddit": {"inputs": ["s3://key:secret@bucket/pairs.parquet"], "train_pairs": 90, "test_pairs": 10},
-                 "snli": {"input": "snli/train.parquet", "pairs": 40}}  # the two manifest layouts
-    write_card(folder, run_facts({"name": "tiny", "trainer": {"steps": 3}}, manifests, {"reddit": "ab" * 20},
-                                 "RUNID", "sqlite:///x.db", 12.0))
+    manifests = {
+        "reddit": {"inputs": ["s3://key:secret@bucket/pairs.parquet"], "train_pairs": 90, "test_pairs": 10},
+        "snli": {"input": "snli/train.parquet", "pairs": 40},
+    }  # the two manifest layouts
+    write_card(
+        folder,
+        run_facts(
+            {"name": "tiny", "trainer": {"steps": 3}}, manifests, {"reddit": "ab" * 20}, "RUNID", "sqlite:///x.db", 12.0
+        ),
+    )
     return folder
 
 
 def test_model_folder_has_no_optimizer_state_and_a_card(model_folder):
-    assert sorted(p.name for p in model_folder.iterdir()) == ["README.md", "card.json", "config.json",
-                                                               "model.safetensors", "sts_transform.safetensors",
-                                                               "tokenizer.json"]
+    assert sorted(p.name for p in model_folder.iterdir()) == [
+        "README.md",
+        "card.json",
+        "config.json",
+        "model.safetensors",
+        "sts_transform.safetensors",
+        "tokenizer.json",
+    ]
     assert load(model_folder).encode(TEXTS).shape == (4, 12)
     # The weights' training step travels in config.json, so evaluation logs at it without the train state.
     assert json.loads((model_folder / "config.json").read_text())["step"] == 3 and trained_step(model_folder) == 3
-    np.testing.assert_allclose(load(model_folder).encode(TEXTS, tuned=True),
-                               load(model_folder.parent / "ckpt").encode(TEXTS, tuned=True))
+    np.testing.assert_allclose(
+        load(model_folder).encode(TEXTS, tuned=True), load(model_folder.parent / "ckpt").encode(TEXTS, tuned=True)
+    )
     card = (model_folder / CARD_FILE).read_text()
     header = yaml.safe_load(card.split("---")[1])
     assert header["library_name"] == "convsts" and header["datasets"] == ["reddit", "snli"]
     assert "encoder-dan" in header["tags"] and "model-index" not in header  # not evaluated yet
-    assert "90 training pairs" in card and "snli: 40 training pairs" in card and "`snli/train.parquet`" in card and "convsts.models.load(" in card and "runs:/RUNID/model" in card
+    assert (
+        "90 training pairs" in card
+        and "snli: 40 training pairs" in card
+        and "`snli/train.parquet`" in card
+        and "convsts.models.load(" in card
+        and "runs:/RUNID/model" in card
+    )
     assert "secret" not in card and "secret" not in (model_folder / "card.json").read_text()
     add_results(model_folder, {"stsb/test/pearson": 0.7123, "reddit/p_at_1": 0.25, "checkpoint": "x"})
     card = (model_folder / CARD_FILE).read_text()
@@ -118,10 +145,28 @@ def test_mlflow_model_loads_registers_and_serves_over_http(model_folder, tmp_pat
     port = free_port()
     # The scoring server execs `uvicorn` by name: the environment's bin folder must be on PATH.
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.Popen([str(BIN / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager", "local",
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            env=env, cwd=tmp_path, stdout=open(tmp_path / "serve.log", "w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            str(BIN / "mlflow"),
+            "models",
+            "serve",
+            "-m",
+            model_uri,
+            "--env-manager",
+            "local",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=open(tmp_path / "serve.log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 180
         while not _answers(f"http://127.0.0.1:{port}/ping"):
@@ -129,8 +174,9 @@ def test_mlflow_model_loads_registers_and_serves_over_http(model_folder, tmp_pat
             assert time.time() < deadline, "mlflow models serve did not answer within 180 s"
             time.sleep(0.5)
         body = json.dumps({"dataframe_records": [{"text": t} for t in TEXTS]}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations", data=body, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=60) as response:
             served = np.array(json.loads(response.read())["predictions"], dtype=np.float32)
     finally:

@@ -18,8 +18,9 @@ def tiny_config(encoder: str) -> ModelConfig:
     return ModelConfig(
         encoder=encoder,
         dan=DanConfig(embedding_dim=16, hidden_sizes=[12], output_dim=10),
-        transformer=TransformerConfig(num_layers=2, num_heads=2, hidden_size=16, filter_size=32, dropout=0.0,
-                                      output_dim=10),
+        transformer=TransformerConfig(
+            num_layers=2, num_heads=2, hidden_size=16, filter_size=32, dropout=0.0, output_dim=10
+        ),
         bilstm=BiLstmConfig(hidden_size=8, embedding_dim=12, output_dim=10),
         response_hidden=14,
         nli_hidden=9,
@@ -66,7 +67,9 @@ def test_dan_is_sum_over_sqrt_n(tokenizer):
     enc = model.encoder
     ids = tokenizer.encode(["the cat sat"])
     w, b = torch.from_numpy(ids["words"]), torch.from_numpy(ids["bigrams"])
-    by_hand = (enc.word_embedding.weight[w[0]].sum(0) + enc.bigram_embedding.weight[b[0][b[0] > 0]].sum(0)) / math.sqrt(3)
+    by_hand = (enc.word_embedding.weight[w[0]].sum(0) + enc.bigram_embedding.weight[b[0][b[0] > 0]].sum(0)) / math.sqrt(
+        3
+    )
     expected = enc.dnn(by_hand.unsqueeze(0))
     assert torch.allclose(enc({"words": w, "bigrams": b}), expected, atol=1e-6)
     unit = torch.nn.functional.normalize(expected, dim=-1)  # what model.encode gives
@@ -110,8 +113,11 @@ def test_both_sides_in_one_encoder_call_equal_two_calls(encoder, tokenizer):
     right = {k: torch.from_numpy(v) for k, v in tokenizer.encode(TEXTS[1:], width=8).items()}
 
     def grads():
-        return {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad).clone()
-                for n, p in model.named_parameters() if p.grad is not None}
+        return {
+            n: (p.grad.to_dense() if p.grad.is_sparse else p.grad).clone()
+            for n, p in model.named_parameters()
+            if p.grad is not None
+        }
 
     u, v = model.encode_both(left, right)
     (u * v).sum().backward()
@@ -149,12 +155,14 @@ def test_in_batch_softmax_loss_by_hand():
     negatives = torch.tensor([[3.0, 0.0], [0.0, -1.0]])  # scores: context 0 -> [3, 0], context 1 -> [0, -1]
     row0 = -math.log(math.exp(2) / (math.exp(2) + math.exp(1) + math.exp(3) + math.exp(0)))
     row1 = -math.log(math.exp(1) / (math.exp(0) + math.exp(1) + math.exp(0) + math.exp(-1)))
-    assert in_batch_softmax_loss(context, response, negatives=negatives).item() == pytest.approx((row0 + row1) / 2,
-                                                                                                 rel=1e-6)
+    assert in_batch_softmax_loss(context, response, negatives=negatives).item() == pytest.approx(
+        (row0 + row1) / 2, rel=1e-6
+    )
     # ... and the symmetric half stays over the contexts only (the columns of the true responses)
     expected = ((row0 + row1) / 2 + (col0 + col1) / 2) / 2
-    assert in_batch_softmax_loss(context, response, symmetric=True, negatives=negatives).item() == \
-        pytest.approx(expected, rel=1e-6)
+    assert in_batch_softmax_loss(context, response, symmetric=True, negatives=negatives).item() == pytest.approx(
+        expected, rel=1e-6
+    )
 
 
 def test_nli_loss_by_hand():

@@ -51,10 +51,12 @@ def test_mine_negatives_refuses_bad_options_in_one_line(capsys, tmp_path):
     from convsts.ray_jobs.mine import main as mine_main
 
     common = ["--checkpoint", str(tmp_path), "--prepared", str(tmp_path), "--out", str(tmp_path / "o")]
-    for bad, message in ((["--range-min", "5", "--range-max", "5"], "need 0 <= --range-min < --range-max, got 5, 5"),
-                         (["--pairs", "-1"], "--pairs: must be >= 0"),
-                         (["--workers", "2", "--cpus-per-worker", "0"], "need --workers >= 0, --cpus-per-worker > 0"),
-                         (["--gpus-per-worker", "1"], "--gpus-per-worker is for a pool: give --workers N too")):
+    for bad, message in (
+        (["--range-min", "5", "--range-max", "5"], "need 0 <= --range-min < --range-max, got 5, 5"),
+        (["--pairs", "-1"], "--pairs: must be >= 0"),
+        (["--workers", "2", "--cpus-per-worker", "0"], "need --workers >= 0, --cpus-per-worker > 0"),
+        (["--gpus-per-worker", "1"], "--gpus-per-worker is for a pool: give --workers N too"),
+    ):
         with pytest.raises(SystemExit) as exit_:
             mine_main(common + bad)
         assert exit_.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
@@ -63,9 +65,13 @@ def test_mine_negatives_refuses_bad_options_in_one_line(capsys, tmp_path):
 
 def test_reddit_loss_runs_over_the_batch_responses_and_its_negatives():
     cfg = load_config(None, TINY_DAN + ["data.reddit_hard_negatives=true"])
-    rows = pd.DataFrame({"context": [f"question {i} about topic {i % 5}" for i in range(8)],
-                         "response": [f"answer {i} on topic {i % 5}" for i in range(8)],
-                         "negative": [f"answer {(i + 3) % 8} on topic {(i + 3) % 5}" for i in range(8)]})
+    rows = pd.DataFrame(
+        {
+            "context": [f"question {i} about topic {i % 5}" for i in range(8)],
+            "response": [f"answer {i} on topic {i % 5}" for i in range(8)],
+            "negative": [f"answer {(i + 3) % 8} on topic {(i + 3) % 5}" for i in range(8)],
+        }
+    )
     tokenizer = DanTokenizer.build(count_words(rows.to_numpy().ravel().tolist()), cfg.tokenizer)
     seed_everything(0)
     model = build_model(cfg.model, tokenizer, model_heads(cfg))
@@ -83,8 +89,9 @@ def test_reddit_loss_runs_over_the_batch_responses_and_its_negatives():
     response = model.heads["reddit"](model.encode(fields(batch, "response")))  # (8, D)
     negative = model.heads["reddit"](model.encode(fields(batch, "negative")))  # (8, D)
     scale = cfg.model.score_scale
-    assert loss.item() == pytest.approx(in_batch_softmax_loss(context, response, scale, negatives=negative).item(),
-                                        rel=1e-5)
+    assert loss.item() == pytest.approx(
+        in_batch_softmax_loss(context, response, scale, negatives=negative).item(), rel=1e-5
+    )
     assert loss.item() > in_batch_softmax_loss(context, response, scale).item()  # more candidates, more loss
     plain, _ = task.loss(model, {k: v for k, v in batch.items() if not k.startswith("negative__")})
     assert plain.item() == pytest.approx(in_batch_softmax_loss(context, response, scale).item(), rel=1e-5)
@@ -97,7 +104,11 @@ def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(r
     from convsts.ray_jobs.training.data import build_tokenizer
     from convsts.ray_jobs.training.run import run_training
 
-    base = TINY_DAN + ["trainer.log_every=1", "trainer.checkpoint_every=2", f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"]
+    base = TINY_DAN + [
+        "trainer.log_every=1",
+        "trainer.checkpoint_every=2",
+        f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}",
+    ]
     cfg = load_config(None, base)
     prepared = sample_prepared
     seed_everything(0)
@@ -105,22 +116,41 @@ def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(r
     untrained = tmp_path / "untrained"  # the model a run with trainer.steps=0 saves
     save_checkpoint(untrained, build_model(cfg.model, tokenizer, model_heads(cfg)), tokenizer, cfg.to_dict())
     mined = tmp_path / "mined"
-    assert mine_main(["--checkpoint", str(untrained), "--prepared", str(prepared), "--out", str(mined),
-                      "--range-min", "1", "--range-max", "20"]) == 0
+    assert (
+        mine_main(
+            [
+                "--checkpoint",
+                str(untrained),
+                "--prepared",
+                str(prepared),
+                "--out",
+                str(mined),
+                "--range-min",
+                "1",
+                "--range-max",
+                "20",
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((mined / "reddit" / "manifest.json").read_text())
     source = json.loads((prepared / "reddit" / "manifest.json").read_text())
     info = manifest["negatives"]
     assert info["of_train_pairs"] == source["train_pairs"] == info["sampled_pairs"]
-    assert info["mined_pairs"] + info["without_negative"] == info["sampled_pairs"] == manifest["train_pairs"] + \
-        info["without_negative"]
+    assert (
+        info["mined_pairs"] + info["without_negative"]
+        == info["sampled_pairs"]
+        == manifest["train_pairs"] + info["without_negative"]
+    )
     assert (info["range_min"], info["range_max"], info["margin"], info["checkpoint"]) == (1, 20, None, str(untrained))
     train = pd.read_parquet(mined / "reddit" / "train")
     assert len(train) == info["mined_pairs"] > 0 and {"context", "response", "negative"} <= set(train.columns)
     assert (train["negative"] != train["response"]).all() and train["negative"].isin(train["response"]).all()
     # The other task and the Reddit test split are copied as they are; the folder passes the same checks.
     assert (mined / "snli" / "manifest.json").read_text() == (prepared / "snli" / "manifest.json").read_text()
-    assert sorted(p.name for p in (mined / "reddit" / "test").iterdir()) == \
-        sorted(p.name for p in (prepared / "reddit" / "test").iterdir())
+    assert sorted(p.name for p in (mined / "reddit" / "test").iterdir()) == sorted(
+        p.name for p in (prepared / "reddit" / "test").iterdir()
+    )
     get_task("reddit").verify_prepared(str(mined))
     with pytest.raises(FileExistsError, match="not empty"):
         mine_main(["--checkpoint", str(untrained), "--prepared", str(prepared), "--out", str(mined)])
@@ -157,14 +187,32 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
 
     def run(out, checkpoint=checkpoints[0], pairs=0, pool=None, **ranges):
         mining = MiningConfig(**{"range_min": 1, "range_max": 20, **ranges})
-        manifest = mine_prepared(str(checkpoint), str(sample_prepared), str(tmp_path / out), mining, pairs, 64, cfg,
-                                 embeddings=str(cache), chunk=200, pool=pool)
+        manifest = mine_prepared(
+            str(checkpoint),
+            str(sample_prepared),
+            str(tmp_path / out),
+            mining,
+            pairs,
+            64,
+            cfg,
+            embeddings=str(cache),
+            chunk=200,
+            pool=pool,
+        )
         return manifest["negatives"], pd.read_parquet(tmp_path / out / "reddit" / "train")
 
     (tmp_path / "a_file").write_text("")
     with pytest.raises(BadInputError, match=r"a_file: a file, not a folder; give --embeddings a folder"):
-        mine_prepared(str(checkpoints[0]), str(sample_prepared), str(tmp_path / "refused"), MiningConfig(), 0, 64, cfg,
-                      embeddings=str(tmp_path / "a_file"))
+        mine_prepared(
+            str(checkpoints[0]),
+            str(sample_prepared),
+            str(tmp_path / "refused"),
+            MiningConfig(),
+            0,
+            64,
+            cfg,
+            embeddings=str(tmp_path / "a_file"),
+        )
 
     first, mined = run("first")
     chunks = sorted(p.name for p in cache.glob("*.npy"))

@@ -40,8 +40,9 @@ def test_sparse_parameters_come_from_the_model():
     assert model.sparse_parameters() == [model.encoder.word_embedding.weight, model.encoder.bigram_embedding.weight]
     opts = Optimizers.build(load_config(None, ["trainer.optimizer=adam"]).trainer, model, ["reddit"], 0.01)
     assert [type(o).__name__ for o in opts.encoder] == ["SparseAdam", "Adam"]
-    dense = build_model(ModelConfig(dan=DanConfig(embedding_dim=4, hidden_sizes=[4], output_dim=3,
-                                                  sparse_embeddings=False)), tok)
+    dense = build_model(
+        ModelConfig(dan=DanConfig(embedding_dim=4, hidden_sizes=[4], output_dim=3, sparse_embeddings=False)), tok
+    )
     assert dense.sparse_parameters() == []
 
 
@@ -53,7 +54,9 @@ def test_head_lr_scale_applies_to_the_named_task_head_only_and_survives_stage_ch
 
     tok = DanTokenizer.build(count_words(["a b c"]), TokenizerConfig(bigram_buckets=11))
     model = build_model(ModelConfig(dan=DanConfig(embedding_dim=4, hidden_sizes=[4], output_dim=3)), tok)
-    cfg = load_config(None, ["trainer.optimizer=adamw", "trainer.dense_lr_scale=0.5", "trainer.head_lr_scale={snli: 50}"])
+    cfg = load_config(
+        None, ["trainer.optimizer=adamw", "trainer.dense_lr_scale=0.5", "trainer.head_lr_scale={snli: 50}"]
+    )
     opts = Optimizers.build(cfg.trainer, model, ["reddit", "snli"], 1e-4)
 
     def lrs(module, optimizers):

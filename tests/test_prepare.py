@@ -20,10 +20,22 @@ def _pairs_table(path):
     rows = {
         "source_file": ["books_2015-02-02.json"] * 4 + ["books_2015-02-03.json"] * 2,
         "subreddit": ["books"] * 6,
-        "question": ["What are you reading this week", "I am reading Dune again", "What are you reading this week",
-                     "short link", "What are you reading this week", "I am reading Dune again"],
-        "answer": ["I am reading Dune again", "Dune is a great book", "https://example.com/book",
-                   "x" * 360, "I am reading Dune again", "Dune is a great book"],
+        "question": [
+            "What are you reading this week",
+            "I am reading Dune again",
+            "What are you reading this week",
+            "short link",
+            "What are you reading this week",
+            "I am reading Dune again",
+        ],
+        "answer": [
+            "I am reading Dune again",
+            "Dune is a great book",
+            "https://example.com/book",
+            "x" * 360,
+            "I am reading Dune again",
+            "Dune is a great book",
+        ],
     }
     pq.write_table(pa.table(rows), path)
 
@@ -32,8 +44,9 @@ def test_prepare_paired_table_manifest_adds_up(ray_session, tmp_path):
     src = tmp_path / "pairs.parquet"
     _pairs_table(src)
     bad = tmp_path / "more.jsonl"
-    bad.write_text(json.dumps({"question": "Is this a good thread", "answer": "Yes it is a good thread"}) + "\n"
-                   + "{broken json\n")
+    bad.write_text(
+        json.dumps({"question": "Is this a good thread", "answer": "Yes it is a good thread"}) + "\n" + "{broken json\n"
+    )
     cfg = load_config(None, ["data.test_share=0.5"])
     manifest = prepare_reddit([str(src), str(bad)], tmp_path / "out", cfg, "pairs")
     assert manifest["lines_read"] == 8
@@ -41,8 +54,9 @@ def test_prepare_paired_table_manifest_adds_up(ray_session, tmp_path):
     assert manifest["filtered_by_rule"]["banned_prefix"] == 1
     assert manifest["filtered_by_rule"]["too_long"] == 1
     assert manifest["pairs"] == 5 == manifest["train_pairs"] + manifest["test_pairs"]
-    assert manifest["lines_read"] == (manifest["pairs"] + manifest["malformed"] + manifest["unpaired"]
-                                      + sum(manifest["filtered_by_rule"].values()))
+    assert manifest["lines_read"] == (
+        manifest["pairs"] + manifest["malformed"] + manifest["unpaired"] + sum(manifest["filtered_by_rule"].values())
+    )
     written = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert written["pairs"] == 5
     train = pq.read_table(tmp_path / "out" / "train").to_pandas() if manifest["train_pairs"] else None
@@ -57,8 +71,10 @@ def test_prepare_paired_table_manifest_adds_up(ray_session, tmp_path):
 
 def test_prepare_snli_writes_ranked_shards(ray_session, tmp_path):
     src = tmp_path / "snli.parquet"
-    pq.write_table(pa.table({"sentence1": ["a", "b", "c"], "sentence2": ["d", "e", "f"],
-                             "label": ["entailment", "-", "neutral"]}), src)
+    pq.write_table(
+        pa.table({"sentence1": ["a", "b", "c"], "sentence2": ["d", "e", "f"], "label": ["entailment", "-", "neutral"]}),
+        src,
+    )
     manifest = get_task("snli").prepare([str(src)], str(tmp_path / "snli"), load_config())
     assert manifest["pairs"] == 2 and manifest["labels"] == {"entailment": 1, "neutral": 1, "contradiction": 0}
     assert manifest["without_gold"] == 1  # the '-' pair: left out, and counted
@@ -77,25 +93,42 @@ def _write_dump(path, rows, extra_lines=(), zst=False):
 
 
 def _comment(cid, parent, author="alice", body="a perfectly normal comment", link="t3_s1"):
-    return {"id": cid, "parent_id": parent, "link_id": link, "author": author, "body": body,
-            "subreddit": "test", "created_utc": 1420070400}
+    return {
+        "id": cid,
+        "parent_id": parent,
+        "link_id": link,
+        "author": author,
+        "body": body,
+        "subreddit": "test",
+        "created_utc": 1420070400,
+    }
 
 
 def test_prepare_pushshift_dumps_joins_parents_across_files(ray_session, tmp_path):
     first = tmp_path / "RC_2015-01.zst"
     second = tmp_path / "RC_2015-02"
-    _write_dump(first, [
-        _comment("c1", "t3_s1", body="I think this is a great idea"),
-        _comment("c3", "t1_c2", author="helper_bot", body="Beep boop I am a bot here"),
-        _comment("c4", "t1_c3", body="nobody asked you, bot"),
-        _comment("c5", "t1_gone", body="replying to a deleted ghost"),
-        _comment("c6", "t1_c1", body="[deleted]"),
-    ], extra_lines=["this is not json", json.dumps({"id": "c9", "parent_id": "t1_c1"})], zst=True)
-    _write_dump(second, [
-        _comment("c2", "t1_c1", author="bob", body="I completely agree with you"),  # parent in the other file
-        _comment("d1", "t3_s2", link="t3_s2", body="another thread starts here"),
-        _comment("d2", "t1_d1", link="t3_s2", body="and somebody replies to it"),
-    ], extra_lines=[], zst=False)
+    _write_dump(
+        first,
+        [
+            _comment("c1", "t3_s1", body="I think this is a great idea"),
+            _comment("c3", "t1_c2", author="helper_bot", body="Beep boop I am a bot here"),
+            _comment("c4", "t1_c3", body="nobody asked you, bot"),
+            _comment("c5", "t1_gone", body="replying to a deleted ghost"),
+            _comment("c6", "t1_c1", body="[deleted]"),
+        ],
+        extra_lines=["this is not json", json.dumps({"id": "c9", "parent_id": "t1_c1"})],
+        zst=True,
+    )
+    _write_dump(
+        second,
+        [
+            _comment("c2", "t1_c1", author="bob", body="I completely agree with you"),  # parent in the other file
+            _comment("d1", "t3_s2", link="t3_s2", body="another thread starts here"),
+            _comment("d2", "t1_d1", link="t3_s2", body="and somebody replies to it"),
+        ],
+        extra_lines=[],
+        zst=False,
+    )
     with open(second, "ab") as fh:
         fh.write(b'{"id": "bad", "body": "\xff\xfe"}\n')
     cfg = load_config(None, ["data.test_share=0.5"])
@@ -105,8 +138,11 @@ def test_prepare_pushshift_dumps_joins_parents_across_files(ray_session, tmp_pat
     assert m["malformed"] == 3
     assert sorted(m["malformed_examples"]) == sorted([f"{first}:6", f"{first}:7", f"{second}:4"])
     assert m["filtered_by_rule"]["bot_author"] == 1 and m["filtered_by_rule"]["deleted"] == 1
-    assert m["unpaired_by_reason"] == {"unpaired_parent_is_submission": 2, "unpaired_parent_filtered": 1,
-                                       "unpaired_parent_missing": 1}
+    assert m["unpaired_by_reason"] == {
+        "unpaired_parent_is_submission": 2,
+        "unpaired_parent_filtered": 1,
+        "unpaired_parent_missing": 1,
+    }
     assert m["pairs"] == 2
     assert m["lines_read"] == m["pairs"] + m["malformed"] + m["unpaired"] + sum(m["filtered_by_rule"].values())
     pairs = []
@@ -114,8 +150,10 @@ def test_prepare_pushshift_dumps_joins_parents_across_files(ray_session, tmp_pat
         if (tmp_path / "out" / split).is_dir():
             pairs += pq.read_table(tmp_path / "out" / split).to_pylist()
     got = {(p["context"], p["response"], p["thread_key"]) for p in pairs}
-    assert got == {("I think this is a great idea", "I completely agree with you", "t3_s1"),
-                   ("another thread starts here", "and somebody replies to it", "t3_s2")}
+    assert got == {
+        ("I think this is a great idea", "I completely agree with you", "t3_s1"),
+        ("another thread starts here", "and somebody replies to it", "t3_s2"),
+    }
 
 
 def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(ray_session, tmp_path):
@@ -125,18 +163,22 @@ def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(ray_session, tmp_path)
     import gzip
     import lzma
 
-    months = {"RC_2015-01.bz2": (bz2.compress, [_comment("c1", "t3_s1", body="I think this is a great idea")]),
-              "RC_2015-02.xz": (lzma.compress, [_comment("c2", "t1_c1", body="I completely agree with you")]),
-              "RC_2015-03.gz": (gzip.compress, [_comment("c3", "t1_c2", body="and so do I, for what it is worth")]),
-              "RC_2015-04": (bytes, [_comment("c4", "t1_c3", body="four months of agreement here")])}
+    months = {
+        "RC_2015-01.bz2": (bz2.compress, [_comment("c1", "t3_s1", body="I think this is a great idea")]),
+        "RC_2015-02.xz": (lzma.compress, [_comment("c2", "t1_c1", body="I completely agree with you")]),
+        "RC_2015-03.gz": (gzip.compress, [_comment("c3", "t1_c2", body="and so do I, for what it is worth")]),
+        "RC_2015-04": (bytes, [_comment("c4", "t1_c3", body="four months of agreement here")]),
+    }
     for name, (compress, rows) in months.items():
         (tmp_path / name).write_bytes(compress(("\n".join(json.dumps(r) for r in rows) + "\n").encode()))
     m = prepare_reddit([str(tmp_path / "RC_2015-*")], tmp_path / "out", load_config(None, ["data.test_share=0.0"]))
     assert m["format"] == "pushshift" and m["lines_read"] == 4 and m["pairs"] == 3
     got = {(p["context"], p["response"]) for p in pq.read_table(tmp_path / "out" / "train").to_pylist()}
-    assert got == {("I think this is a great idea", "I completely agree with you"),
-                   ("I completely agree with you", "and so do I, for what it is worth"),
-                   ("and so do I, for what it is worth", "four months of agreement here")}
+    assert got == {
+        ("I think this is a great idea", "I completely agree with you"),
+        ("I completely agree with you", "and so do I, for what it is worth"),
+        ("and so do I, for what it is worth", "four months of agreement here"),
+    }
 
 
 def test_a_file_that_is_not_ndjson_fails_at_once_naming_it(ray_session, tmp_path):
@@ -182,8 +224,10 @@ def test_the_transformers_wordpiece_is_trained_on_the_training_text_read_through
     cfg = load_config(None, ["model.encoder=transformer", "tokenizer.subword_vocab_size=2000"])
     tokenizer = build_tokenizer(cfg, str(sample_prepared))
     assert isinstance(tokenizer, SubwordTokenizer) and tokenizer.num_words == 2000
-    texts = [str(pd.read_parquet(sample_prepared / name / "train")[get_task(name).pair[0]].iloc[0])
-             for name in ("reddit", "snli")]
+    texts = [
+        str(pd.read_parquet(sample_prepared / name / "train")[get_task(name).pair[0]].iloc[0])
+        for name in ("reddit", "snli")
+    ]
     ids = tokenizer.encode(texts)["ids"]  # (2, L)
     assert (ids[:, 0] > 1).all() and not (ids == 1).any()  # [PAD] 0, [UNK] 1: every character was seen
 
@@ -215,7 +259,9 @@ def test_preparing_the_same_inputs_again_writes_the_same_shards_in_the_same_orde
     assert neighbours < 0.05, f"{neighbours:.2f} of consecutive pairs share a thread"
 
 
-def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_prepared_one(sample_prepared, tmp_path, caplog):
+def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_prepared_one(
+    sample_prepared, tmp_path, caplog
+):
     """`convsts prepare all` run again into its --out keeps each task prepared to the end (and
     verified against the run), prepares an interrupted one again from scratch (its shards but no
     manifest: what a killed prepare leaves), and refuses other content. `prepare TASK` into a

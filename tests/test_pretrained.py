@@ -64,8 +64,14 @@ def test_encode_sorts_by_length_inside_and_returns_input_order(tmp_path):
     tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=128))
     save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer, {"reddit": "response"}), tokenizer, {})
     encoder = load(tmp_path / "ckpt")
-    texts = ["ok", "A man is playing a guitar on a stage in front of a large crowd of people.", "", "two dogs",
-             "Two dogs run through a snowy field", "ok"] * 3
+    texts = [
+        "ok",
+        "A man is playing a guitar on a stage in front of a large crowd of people.",
+        "",
+        "two dogs",
+        "Two dogs run through a snowy field",
+        "ok",
+    ] * 3
     alone = np.concatenate([_reference([t]) if t else encoder.encode([t]) for t in texts])
     encoder.SORT_WINDOW = 1  # several sorted windows of two batches of 2
     np.testing.assert_allclose(encoder.encode(texts, batch_size=2), alone, atol=1e-5)
@@ -88,8 +94,27 @@ def test_train_layers_freezes_the_lower_layers_and_pooling_options():
     assert out.shape == (3, 64) and torch.allclose(out.norm(dim=-1), torch.ones(3))
 
 
-WORDPIECES = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "is", "playing", "guitar", "two", "dogs",
-              "run", "through", "snow", "##y", "field", "ok", "."]
+WORDPIECES = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "a",
+    "man",
+    "is",
+    "playing",
+    "guitar",
+    "two",
+    "dogs",
+    "run",
+    "through",
+    "snow",
+    "##y",
+    "field",
+    "ok",
+    ".",
+]
 
 
 def _plain_bert_release(folder, pickled=False, distil=False, **save):
@@ -101,11 +126,23 @@ def _plain_bert_release(folder, pickled=False, distil=False, **save):
     torch.manual_seed(0)
     words = WORDPIECES
     if distil:  # its blocks are transformer.layer, and it has no pooler
-        model = DistilBertModel(DistilBertConfig(vocab_size=len(words), dim=32, n_layers=3, n_heads=2, hidden_dim=64,
-                                                 max_position_embeddings=64))
+        model = DistilBertModel(
+            DistilBertConfig(
+                vocab_size=len(words), dim=32, n_layers=3, n_heads=2, hidden_dim=64, max_position_embeddings=64
+            )
+        )
     else:
-        model = BertModel(BertConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=64), add_pooling_layer=False)
+        model = BertModel(
+            BertConfig(
+                vocab_size=len(words),
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=64,
+            ),
+            add_pooling_layer=False,
+        )
     config = model.config
     if pickled:  # PyTorch's own format, as releases from before safetensors ship it
         folder.mkdir()
@@ -169,28 +206,46 @@ def test_a_plain_bert_release_loads_from_a_folder_and_from_a_bucket(tmp_path):
         cached = pretrained_folder(uri)
         assert sorted(p.name for p in cached.glob("model-*.safetensors")) == shards
         assert pretrained_folder(uri) == cached  # copied once
-        (tmp_path / "config.json").write_text(json.dumps({**json.loads((sharded / "config.json").read_text()),
-                                                          "note": "replaced"}))
+        (tmp_path / "config.json").write_text(
+            json.dumps({**json.loads((sharded / "config.json").read_text()), "note": "replaced"})
+        )
         upload(tmp_path / "config.json", f"{uri}/config.json")  # a file replaced at the same URI: fetched again
         again = pretrained_folder(uri)
         assert again != cached and json.loads((again / "config.json").read_text())["note"] == "replaced"
-        with pytest.raises(FileNotFoundError, match=r"elsewhere: not a Hugging Face model folder \(missing config.json, "
-                                                    r"model.safetensors or model.safetensors.index.json or pytorch_model.bin"):
+        with pytest.raises(
+            FileNotFoundError,
+            match=r"elsewhere: not a Hugging Face model folder \(missing config.json, "
+            r"model.safetensors or model.safetensors.index.json or pytorch_model.bin",
+        ):
             pretrained_folder(f"s3://convsts-models/{tmp_path.name}/elsewhere")
     with torch.no_grad():
         ours = model.encode({"ids": torch.from_numpy(tokenizer.encode(SENTENCES)["ids"])}).numpy()
     np.testing.assert_allclose(ours, _reference(SENTENCES, sharded), atol=1e-5)
     (plain / "vocab.txt").unlink()
-    with pytest.raises(FileNotFoundError, match=r"plain: not a Hugging Face model folder \(missing tokenizer.json or vocab.txt\)"):
+    with pytest.raises(
+        FileNotFoundError, match=r"plain: not a Hugging Face model folder \(missing tokenizer.json or vocab.txt\)"
+    ):
         pretrained_folder(str(plain))
 
 
 PRETRAINED_TINY = [
-    "model.encoder=pretrained", "model.pretrained.train_layers=1", "model.score_scale=20",
-    "model.response_hidden=64", "model.nli_hidden=32", "tokenizer.max_words=24",
-    "trainer.optimizer=adamw", "trainer.weight_decay=0.01", "trainer.warmup_steps=2", "trainer.grad_clip=1.0",
-    "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.00002}]", "trainer.steps=4", "trainer.log_every=2",
-    "trainer.checkpoint_every=2", "trainer.eval_every=0", "trainer.num_workers=2", "trainer.cpus_per_worker=0.5",
+    "model.encoder=pretrained",
+    "model.pretrained.train_layers=1",
+    "model.score_scale=20",
+    "model.response_hidden=64",
+    "model.nli_hidden=32",
+    "tokenizer.max_words=24",
+    "trainer.optimizer=adamw",
+    "trainer.weight_decay=0.01",
+    "trainer.warmup_steps=2",
+    "trainer.grad_clip=1.0",
+    "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.00002}]",
+    "trainer.steps=4",
+    "trainer.log_every=2",
+    "trainer.checkpoint_every=2",
+    "trainer.eval_every=0",
+    "trainer.num_workers=2",
+    "trainer.cpus_per_worker=0.5",
 ]
 
 
@@ -198,9 +253,15 @@ PRETRAINED_TINY = [
 def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, sample_prepared, tmp_path):
     from convsts.ray_jobs.training.run import run_training
 
-    cfg = load_config(None, PRETRAINED_TINY + [f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
-                                               "trainer.bucket_batches=2",  # batches bucketed by length
-                                               "trainer.torch_threads=2"])  # beyond Ray's floor(0.5 CPU) = 1
+    cfg = load_config(
+        None,
+        PRETRAINED_TINY
+        + [
+            f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+            "trainer.bucket_batches=2",  # batches bucketed by length
+            "trainer.torch_threads=2",
+        ],
+    )  # beyond Ray's floor(0.5 CPU) = 1
     result = run_training(cfg, tmp_path / "run", prepared_dir=sample_prepared)
     encoder = load(result.checkpoint)
     start = _reference(SENTENCES)
@@ -232,8 +293,20 @@ def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, o
     torch.manual_seed(0)
     save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer, {"reddit": "response"}), tokenizer, {})
     texts = SENTENCES + ["A woman is slicing an onion on a wooden board while a man watches her from the door"]
-    assert cli(["export", "--checkpoint", str(tmp_path / "ckpt"), "--format", "sentence-transformers",
-                "--out", str(tmp_path / "st")]) == 0
+    assert (
+        cli(
+            [
+                "export",
+                "--checkpoint",
+                str(tmp_path / "ckpt"),
+                "--format",
+                "sentence-transformers",
+                "--out",
+                str(tmp_path / "st"),
+            ]
+        )
+        == 0
+    )
     exported = SentenceTransformer(str(tmp_path / "st"), device="cpu")
     assert exported.max_seq_length == 16
     np.testing.assert_allclose(exported.encode(texts), load(tmp_path / "ckpt").encode(texts), atol=1e-5)
@@ -249,7 +322,19 @@ def test_sentence_transformers_export_refuses_other_encoders(tmp_path, capsys):
 
     tokenizer = DanTokenizer.build(count_words(SENTENCES), TokenizerConfig(bigram_buckets=16))
     save_checkpoint(tmp_path / "dan", build_model(ModelConfig(encoder="dan"), tokenizer), tokenizer, {})
-    assert cli(["export", "--checkpoint", str(tmp_path / "dan"), "--format", "sentence-transformers",
-                "--out", str(tmp_path / "st")]) != 0
+    assert (
+        cli(
+            [
+                "export",
+                "--checkpoint",
+                str(tmp_path / "dan"),
+                "--format",
+                "sentence-transformers",
+                "--out",
+                str(tmp_path / "st"),
+            ]
+        )
+        != 0
+    )
     assert "pretrained-transformer encoder" in capsys.readouterr().err
     assert not (tmp_path / "st").exists()

@@ -3,8 +3,15 @@ import json
 import pandas as pd
 import pytest
 
-from convsts.datasets.reddit import (RedditFilterConfig, annotate_pairs, detect_format, failing_rule, read_pairs_file,
-                             split_of, thread_keys)
+from convsts.datasets.reddit import (
+    RedditFilterConfig,
+    annotate_pairs,
+    detect_format,
+    failing_rule,
+    read_pairs_file,
+    split_of,
+    thread_keys,
+)
 
 CFG = RedditFilterConfig()
 
@@ -45,22 +52,29 @@ def test_split_is_deterministic_and_near_the_share():
 
 
 def test_thread_keys_follow_replies_to_the_root():
-    group = pd.DataFrame({
-        "context": ["Title of post", "first comment", "first comment", "other title"],
-        "response": ["first comment", "reply one", "reply two", "lonely reply"],
-        "subreddit": ["books"] * 4,
-    })
+    group = pd.DataFrame(
+        {
+            "context": ["Title of post", "first comment", "first comment", "other title"],
+            "response": ["first comment", "reply one", "reply two", "lonely reply"],
+            "subreddit": ["books"] * 4,
+        }
+    )
     keys = thread_keys(group)
     assert keys[0] == keys[1] == keys[2] == "books|title of post"
     assert keys[3] == "books|other title"
 
 
 def test_annotate_keeps_a_thread_on_one_side():
-    group = pd.DataFrame({
-        "context": ["Root title here", "a comment here", "a comment here"],
-        "response": ["a comment here", "a reply here", "x" * 400],
-        "group": ["f1"] * 3, "subreddit": ["s"] * 3, "source": ["f:1", "f:2", "f:3"], "status": ["", "", ""],
-    })
+    group = pd.DataFrame(
+        {
+            "context": ["Root title here", "a comment here", "a comment here"],
+            "response": ["a comment here", "a reply here", "x" * 400],
+            "group": ["f1"] * 3,
+            "subreddit": ["s"] * 3,
+            "source": ["f:1", "f:2", "f:3"],
+            "status": ["", "", ""],
+        }
+    )
     out = annotate_pairs(group, CFG, 0.5, "salt")
     assert list(out["status"]) == ["", "", "too_long"]
     assert out["split"][0] == out["split"][1] and out["split"][2] == ""
@@ -68,8 +82,12 @@ def test_annotate_keeps_a_thread_on_one_side():
 
 def test_read_pairs_jsonl_counts_malformed_lines(tmp_path):
     path = tmp_path / "pairs.jsonl"
-    lines = [json.dumps({"context": "hello there", "response": "general kenobi"}), "{not json",
-             json.dumps({"context": None, "response": "x"}), json.dumps(["a", "list"])]
+    lines = [
+        json.dumps({"context": "hello there", "response": "general kenobi"}),
+        "{not json",
+        json.dumps({"context": None, "response": "x"}),
+        json.dumps(["a", "list"]),
+    ]
     path.write_bytes(("\n".join(lines) + "\n").encode() + b"\xff\xfe\n")
     df = read_pairs_file(str(path))
     assert len(df) == 5

@@ -7,8 +7,13 @@ from convsts.datasets.snli import LABEL_IDS, read_snli, take_fraction, with_frac
 
 
 def _frame(n):
-    return pd.DataFrame({"premise": [f"p{i}" for i in range(n)], "hypothesis": [f"h{i}" for i in range(n)],
-                         "label": [i % 3 for i in range(n)]})
+    return pd.DataFrame(
+        {
+            "premise": [f"p{i}" for i in range(n)],
+            "hypothesis": [f"h{i}" for i in range(n)],
+            "label": [i % 3 for i in range(n)],
+        }
+    )
 
 
 def test_fractions_are_nested_and_deterministic():
@@ -27,9 +32,11 @@ def test_fractions_are_nested_and_deterministic():
 
 
 def test_official_jsonl_drops_gold_dash(tmp_path):
-    rows = [{"sentence1": "A man.", "sentence2": "A person.", "gold_label": "entailment"},
-            {"sentence1": "A dog.", "sentence2": "A cat.", "gold_label": "-"},
-            {"sentence1": "Kids.", "sentence2": "Adults.", "gold_label": "contradiction"}]
+    rows = [
+        {"sentence1": "A man.", "sentence2": "A person.", "gold_label": "entailment"},
+        {"sentence1": "A dog.", "sentence2": "A cat.", "gold_label": "-"},
+        {"sentence1": "Kids.", "sentence2": "Adults.", "gold_label": "contradiction"},
+    ]
     path = tmp_path / "snli_1.0_dev.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     df = read_snli(path)
@@ -51,14 +58,18 @@ def test_hugging_face_export_with_integer_labels(tmp_path):
     with pytest.raises(ValueError, match=r"snli_validation.parquet: row 2: unknown label 3 \(expected one of"):
         read_snli(path)
     pd.DataFrame({"premise": ["a"], "text_b": ["d"], "label": [1]}).to_parquet(path)
-    with pytest.raises(ValueError, match=r"snli_validation.parquet: no hypothesis column; expected one of \['sentence2', 'hypothesis'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"snli_validation.parquet: no hypothesis column; expected one of \['sentence2', 'hypothesis'\]",
+    ):
         read_snli(path)
 
 
 def test_official_txt_and_bad_label(tmp_path):
     path = tmp_path / "snli_1.0_test.txt"
-    path.write_text("gold_label\tsentence1_binary_parse\tsentence1\tsentence2\n"
-                    "neutral\t( x )\tA \"quoted\" man.\tSomeone.\n")
+    path.write_text(
+        'gold_label\tsentence1_binary_parse\tsentence1\tsentence2\nneutral\t( x )\tA "quoted" man.\tSomeone.\n'
+    )
     assert read_snli(path)["premise"][0] == 'A "quoted" man.'
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"premise": "a", "hypothesis": "b", "label": "maybe"}) + "\n")

@@ -25,8 +25,15 @@ SAMPLE = REPO / "datasets" / "sample"
 
 
 def _comment(cid, parent, body, link="t3_s1", author="alice"):
-    return {"id": cid, "parent_id": parent, "link_id": link, "author": author, "body": body,
-            "subreddit": "test", "created_utc": 1420070400}
+    return {
+        "id": cid,
+        "parent_id": parent,
+        "link_id": link,
+        "author": author,
+        "body": body,
+        "subreddit": "test",
+        "created_utc": 1420070400,
+    }
 
 
 def _write_dump(path, rows, extra=(), zst=False):
@@ -54,7 +61,10 @@ def test_uri_spelling():
     assert storage.join(q, "reddit", "train") == "s3://b/prep/reddit/train?endpoint_override=127.0.0.1:9000&scheme=http"
     assert storage.join("/data/prep", "reddit") == "/data/prep/reddit"
     assert storage.name(q) == "prep"
-    assert storage.add_suffix("s3://b/q.xml?scheme=http", ".subtaskB.relevancy") == "s3://b/q.xml.subtaskB.relevancy?scheme=http"
+    assert (
+        storage.add_suffix("s3://b/q.xml?scheme=http", ".subtaskB.relevancy")
+        == "s3://b/q.xml.subtaskB.relevancy?scheme=http"
+    )
     # A "?" that is not followed by k=v options is a glob character, not a query.
     assert storage.has_wildcards("s3://b/RC_2015-0?.zst") and not storage.has_wildcards(q)
     assert storage.has_wildcards("/data/RC_*.zst")
@@ -89,14 +99,17 @@ def test_prepare_reads_and_writes_file_uris(ray_session, tmp_path):
     pairs = pq.read_table(tmp_path / "prepared" / "reddit" / "train").to_pandas()
     assert set(zip(pairs["context"], pairs["response"])) == {
         ("I think this is a great idea", "I completely agree with you"),
-        ("another thread starts here", "and somebody replies to it")}
+        ("another thread starts here", "and somebody replies to it"),
+    }
 
 
 def test_readers_on_s3(tmp_path):
     """Dumps, paired tables, SNLI, STS-B and CQA read from s3:// as from local files."""
     _write_dump(tmp_path / "RC_2015-01.zst", DUMP_ROWS, zst=True)
-    lines = [json.dumps({"sentence1": "A man sleeps.", "sentence2": "A person rests.", "gold_label": "entailment"}),
-             json.dumps({"sentence1": "A dog runs.", "sentence2": "A cat sits.", "gold_label": "-"})]
+    lines = [
+        json.dumps({"sentence1": "A man sleeps.", "sentence2": "A person rests.", "gold_label": "entailment"}),
+        json.dumps({"sentence1": "A dog runs.", "sentence2": "A cat sits.", "gold_label": "-"}),
+    ]
     (tmp_path / "snli.jsonl").write_text("\n".join(lines) + "\n")
     (tmp_path / "RC_2015-02.bz2").write_bytes(bz2.compress("".join(json.dumps(r) + "\n" for r in DUMP_ROWS).encode()))
     (tmp_path / "sts-dev.csv").write_text("main-news\tfile\t2012\t1\t4.2\tA cat sat.\tA cat was sitting.\textra\n")
@@ -125,8 +138,9 @@ def test_readers_on_s3(tmp_path):
         split = evalsets.stsb_split_path(base, "dev")
         assert split == f"{base}/sts-dev.csv"
         sts = evalsets.read_stsb(split)
-        assert sts.to_dict("records") == [{"genre": "news", "sentence1": "A cat sat.",
-                                           "sentence2": "A cat was sitting.", "score": 4.2}]
+        assert sts.to_dict("records") == [
+            {"genre": "news", "sentence1": "A cat sat.", "sentence2": "A cat was sitting.", "score": 4.2}
+        ]
         cqa = evalsets.read_cqa(f"{base}/cqa.parquet")
         assert len(cqa) == pq.read_metadata(SAMPLE / "cqa2016_test.parquet").num_rows
         storage.write_text(f"{base}/out/note.txt", "written")
@@ -151,8 +165,6 @@ def test_readers_on_s3(tmp_path):
         assert not storage.has_entries(f"{base}/out") and storage.has_entries(base)
 
 
-
-
 @pytest.mark.slow
 def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
     """`convsts train` with every input, the prepared shards and Ray Train's storage in a bucket;
@@ -160,22 +172,47 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
     and `convsts mine-negatives` mines with it into a prepared folder in the bucket."""
     with s3_endpoint("convsts-data") as s3_env:
         bucket = "s3://convsts-data"
-        files = {"reddit_pairs.parquet": "raw/reddit/reddit_pairs.parquet", "snli_train.parquet": "raw/snli/train.parquet",
-                 "snli_dev.parquet": "raw/snli/dev.parquet", "stsb_train.parquet": "raw/stsb/stsb_train.parquet",
-                 "stsb_dev.parquet": "raw/stsb/stsb_dev.parquet", "stsb_test.parquet": "raw/stsb/stsb_test.parquet",
-                 "cqa2016_test.parquet": "raw/cqa/test.parquet"}
+        files = {
+            "reddit_pairs.parquet": "raw/reddit/reddit_pairs.parquet",
+            "snli_train.parquet": "raw/snli/train.parquet",
+            "snli_dev.parquet": "raw/snli/dev.parquet",
+            "stsb_train.parquet": "raw/stsb/stsb_train.parquet",
+            "stsb_dev.parquet": "raw/stsb/stsb_dev.parquet",
+            "stsb_test.parquet": "raw/stsb/stsb_test.parquet",
+            "cqa2016_test.parquet": "raw/cqa/test.parquet",
+        }
         for local, key in files.items():
             upload(SAMPLE / local, f"{bucket}/{key}")
-        data = [f"data.reddit_inputs=[{bucket}/raw/reddit/]", f"data.snli_train={bucket}/raw/snli/train.parquet",
-                f"data.snli_dev={bucket}/raw/snli/dev.parquet", f"data.stsb_dir={bucket}/raw/stsb",
-                f"data.cqa_test={bucket}/raw/cqa/test.parquet", f"data.prepared_dir={bucket}/prepared"]
+        data = [
+            f"data.reddit_inputs=[{bucket}/raw/reddit/]",
+            f"data.snli_train={bucket}/raw/snli/train.parquet",
+            f"data.snli_dev={bucket}/raw/snli/dev.parquet",
+            f"data.stsb_dir={bucket}/raw/stsb",
+            f"data.cqa_test={bucket}/raw/cqa/test.parquet",
+            f"data.prepared_dir={bucket}/prepared",
+        ]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_TRACKING"))}
         env.update(s3_env, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
         out = tmp_path / "run"
-        train = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "train", "--out", str(out), *data, *TINY_TRAIN,
-                                "trainer.eval_every=2",  # STS-B dev read from the bucket inside training
-                                f"trainer.storage_path={bucket}/ray_results"],
-                               cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        train = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "convsts.ray_jobs.cli",
+                "train",
+                "--out",
+                str(out),
+                *data,
+                *TINY_TRAIN,
+                "trainer.eval_every=2",  # STS-B dev read from the bucket inside training
+                f"trainer.storage_path={bucket}/ray_results",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-4000:]
         # Its own local Ray instance (no RAY_ADDRESS) runs Ray Train without the preemption watcher,
         # whose start printed a core_worker.cc error line on every run (ray-project/ray#53727).
@@ -204,10 +241,26 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
         assert (out / "best_checkpoint" / "model.safetensors").is_file()
         assert not any(Path(out).glob("prepared"))  # nothing prepared locally
 
-        evaluation = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "evaluate", "--checkpoint",
-                                     uri, "--prepared", f"{bucket}/prepared",
-                                     "--out", str(out / "eval"), *data],
-                                    cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        evaluation = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "convsts.ray_jobs.cli",
+                "evaluate",
+                "--checkpoint",
+                uri,
+                "--prepared",
+                f"{bucket}/prepared",
+                "--out",
+                str(out / "eval"),
+                *data,
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert evaluation.returncode == 0, evaluation.stdout[-3000:] + evaluation.stderr[-4000:]
         results = json.loads((out / "eval" / "results.json").read_text())
         assert 0.0 <= results["reddit/p_at_1"] <= 1.0  # scored on the held-out split read from the bucket
@@ -215,14 +268,34 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
         assert 0.0 <= results["cqa2016/map"] <= 1.0
         assert 0.0 <= results["snli/dev/accuracy"] <= 1.0
         # The tuned STS matrix of a checkpoint read from a URI is written to --out only.
-        assert -1.0 <= results["stsb_tuned/test/pearson"] <= 1.0 and (out / "eval" / "sts_transform.safetensors").is_file()
+        assert (
+            -1.0 <= results["stsb_tuned/test/pearson"] <= 1.0 and (out / "eval" / "sts_transform.safetensors").is_file()
+        )
         assert not (REPO / "s3:").exists()
 
         # `convsts mine-negatives` reads the same checkpoint and prepared folder from the bucket and
         # writes its prepared folder there.
-        mined = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "mine-negatives", "--checkpoint", uri,
-                                "--prepared", f"{bucket}/prepared", "--out", f"{bucket}/mined", "--pairs", "300"],
-                               cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        mined = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "convsts.ray_jobs.cli",
+                "mine-negatives",
+                "--checkpoint",
+                uri,
+                "--prepared",
+                f"{bucket}/prepared",
+                "--out",
+                f"{bucket}/mined",
+                "--pairs",
+                "300",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert mined.returncode == 0, mined.stdout[-3000:] + mined.stderr[-4000:]
         manifest = json.loads(storage.read_text(f"{bucket}/mined/reddit/manifest.json"))
         assert manifest["negatives"]["checkpoint"] == uri and manifest["negatives"]["sampled_pairs"] == 300

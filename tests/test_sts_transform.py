@@ -2,8 +2,14 @@ import numpy as np
 import pytest
 import torch
 
-from convsts.models.sts_transform import (StsTransformConfig, angular_score, angular_score_np, fit_sts_transform,
-                                  initial_matrix, load_sts_transform)
+from convsts.models.sts_transform import (
+    StsTransformConfig,
+    angular_score,
+    angular_score_np,
+    fit_sts_transform,
+    initial_matrix,
+    load_sts_transform,
+)
 
 
 def _pairs(n, dim, matrix, rng):

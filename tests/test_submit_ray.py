@@ -18,8 +18,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def convsts(args, env, timeout=600):
-    return subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "convsts.ray_jobs.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def client_env(tmp_path, address, **extra):
@@ -31,23 +37,40 @@ def client_env(tmp_path, address, **extra):
 @pytest.mark.slow
 def test_submit_training_job_with_token_auth(sample_prepared, tmp_path):
     token = secrets.token_hex(16)  # made up for this test cluster only
-    with ray_head({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}) as head, \
-            mlflow_server(tmp_path / "mlflow") as mlflow_url:
+    with (
+        ray_head({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}) as head,
+        mlflow_server(tmp_path / "mlflow") as mlflow_url,
+    ):
         # Without the token the client is refused, with a message that says what to do.
         refused = convsts(["jobs", "list"], client_env(tmp_path, head["address"]))
         assert refused.returncode == 2 and "token authentication" in refused.stderr, refused.stderr
         assert "no token was sent" in refused.stderr
         # A wrong token is named as rejected, not as missing.
         wrong = convsts(["jobs", "list"], client_env(tmp_path, head["address"], RAY_AUTH_TOKEN=secrets.token_hex(16)))
-        assert wrong.returncode == 2 and "rejected the token this client sent (from RAY_AUTH_TOKEN)" in wrong.stderr, \
+        assert wrong.returncode == 2 and "rejected the token this client sent (from RAY_AUTH_TOKEN)" in wrong.stderr, (
             wrong.stderr
+        )
 
         env = client_env(tmp_path, head["address"], RAY_AUTH_TOKEN=token)
         out = tmp_path / "job_out"
         # Asynchronous task groups: the parameter holder is an actor of the submitted job.
-        done = convsts(["submit", "--submission-id", "convsts-test-train", "train", "--out", str(out),
-                        "--prepared", str(sample_prepared), *TINY_TRAIN,
-                        "trainer.task_split=async", f"mlflow.tracking_uri={mlflow_url}", "mlflow.experiment=submitted"], env)
+        done = convsts(
+            [
+                "submit",
+                "--submission-id",
+                "convsts-test-train",
+                "train",
+                "--out",
+                str(out),
+                "--prepared",
+                str(sample_prepared),
+                *TINY_TRAIN,
+                "trainer.task_split=async",
+                f"mlflow.tracking_uri={mlflow_url}",
+                "mlflow.experiment=submitted",
+            ],
+            env,
+        )
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
         assert "job convsts-test-train: SUCCEEDED" in done.stdout
         assert "task split mode=async" in done.stdout  # the job's logs were streamed
@@ -66,7 +89,8 @@ def test_submit_training_job_with_token_auth(sample_prepared, tmp_path):
         assert run.data.metrics["async/reddit/updates"] + run.data.metrics["async/snli/updates"] == 4
         # The run's model, a logged model in the server's artifact root.
         assert [o.model_id for o in run.outputs.model_outputs] == [
-            m.model_id for m in client.search_logged_models([exp.experiment_id]) if m.source_run_id == run.info.run_id]
+            m.model_id for m in client.search_logged_models([exp.experiment_id]) if m.source_run_id == run.info.run_id
+        ]
         assert run.outputs.model_outputs
 
         listed = convsts(["jobs", "list"], env)
@@ -87,8 +111,20 @@ def test_submit_and_stop_without_auth(tmp_path):
         assert 0 < json.loads((out / "results.json").read_text())["stsb/dev/pearson"] < 1
 
         # A long training job is stopped through `convsts jobs stop`; following it then reports failure.
-        started = convsts(["submit", "--no-wait", "--submission-id", "convsts-test-long", "train",
-                           "--out", str(tmp_path / "long"), *TINY_TRAIN, "trainer.steps=100000"], env)
+        started = convsts(
+            [
+                "submit",
+                "--no-wait",
+                "--submission-id",
+                "convsts-test-long",
+                "train",
+                "--out",
+                str(tmp_path / "long"),
+                *TINY_TRAIN,
+                "trainer.steps=100000",
+            ],
+            env,
+        )
         assert started.returncode == 0, started.stderr
         deadline = time.time() + 120
         while "RUNNING" not in convsts(["jobs", "list"], env).stdout and time.time() < deadline:

@@ -17,10 +17,15 @@ from convsts.ray_jobs.tasks import get_task
 from convsts.ray_jobs.training.step import Optimizers, train_step
 
 WEIGHTS = {"reddit": 0.95, "snli": 0.05}
-REDDIT = (["what is your favourite book", "anyone watching the game", "best laptop for coding"],
-          ["dune without a doubt", "yes what a match", "anything with a good keyboard"])
-SNLI = (["a man plays a guitar", "two dogs run in a field", "a woman reads"],
-        ["a person makes music", "cats sleep indoors", "someone is reading"], [0, 2, 0])
+REDDIT = (
+    ["what is your favourite book", "anyone watching the game", "best laptop for coding"],
+    ["dune without a doubt", "yes what a match", "anything with a good keyboard"],
+)
+SNLI = (
+    ["a man plays a guitar", "two dogs run in a field", "a woman reads"],
+    ["a person makes music", "cats sleep indoors", "someone is reading"],
+    [0, 2, 0],
+)
 
 
 def _setup():
@@ -67,7 +72,8 @@ def test_two_workers_share_one_encoder_with_weighted_gradients(ray_session, tmp_
     from ray.train.torch import TorchTrainer
 
     TorchTrainer(
-        _worker, train_loop_config={"out": str(tmp_path)},
+        _worker,
+        train_loop_config={"out": str(tmp_path)},
         scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
         run_config=ray.train.RunConfig(storage_path=str(tmp_path / "ray"), name="split"),
     ).fit()
@@ -98,8 +104,16 @@ def _nan_worker(config):
     from convsts.ray_jobs.training.loop import LoopHooks
 
     rank = ray.train.get_context().get_world_rank()
-    cfg = load_config(None, core.TINY + ["trainer.steps=8", "trainer.log_every=4", "trainer.checkpoint_every=4",
-                                         "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.001}]"])
+    cfg = load_config(
+        None,
+        core.TINY
+        + [
+            "trainer.steps=8",
+            "trainer.log_every=4",
+            "trainer.checkpoint_every=4",
+            "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.001}]",
+        ],
+    )
     tokenizer = core._tokenizer(cfg)
     from convsts.models.checkpoint import build_model
     from convsts.ray_jobs.tasks import model_heads, trained_tasks
@@ -116,8 +130,14 @@ def _nan_worker(config):
 
     plan = plan_tasks(cfg.trainer.task_weights, 2)
     saved = []
-    loop = TrainLoop(cfg, model, plan, rank, open_stream,
-                     LoopHooks(checkpoint=lambda step, m, s: saved.append(step), say=lambda line: None))
+    loop = TrainLoop(
+        cfg,
+        model,
+        plan,
+        rank,
+        open_stream,
+        LoopHooks(checkpoint=lambda step, m, s: saved.append(step), say=lambda line: None),
+    )
     loop.tasks["snli"] = core.snli_with_nan_loss_at(3)
     try:
         loop.run()
@@ -133,7 +153,8 @@ def test_a_nan_loss_on_one_rank_stops_every_rank(ray_session, tmp_path):
 
     with pytest.raises(Exception, match="non-finite"):
         TorchTrainer(
-            _nan_worker, train_loop_config={"out": str(tmp_path)},
+            _nan_worker,
+            train_loop_config={"out": str(tmp_path)},
             scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
             run_config=ray.train.RunConfig(storage_path=str(tmp_path / "ray"), name="nan"),
         ).fit()
@@ -156,14 +177,22 @@ def test_a_run_repeated_with_the_same_config_trains_the_same_model(ray_session, 
     from convsts.ray_jobs.training.run import prepare_all, run_training
     from tiny import TINY_DAN
 
-    overrides = [*TINY_DAN, "data.rows_per_shard=300", "trainer.steps=16", "trainer.log_every=8",
-                 "trainer.checkpoint_every=16", "trainer.eval_every=0",
-                 f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    overrides = [
+        *TINY_DAN,
+        "data.rows_per_shard=300",
+        "trainer.steps=16",
+        "trainer.log_every=8",
+        "trainer.checkpoint_every=16",
+        "trainer.eval_every=0",
+        f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+    ]
     prepared = tmp_path / "prepared"
     prepare_all(load_config(None, overrides), str(prepared))
     assert len(list((prepared / "reddit" / "train").glob("*.parquet"))) >= 8  # many blocks to read in parallel
-    runs = [run_training(load_config(None, overrides), tmp_path / name, prepared_dir=prepared).checkpoint
-            for name in ("first", "again")]
+    runs = [
+        run_training(load_config(None, overrides), tmp_path / name, prepared_dir=prepared).checkpoint
+        for name in ("first", "again")
+    ]
     assert (runs[0] / "tokenizer.json").read_text() == (runs[1] / "tokenizer.json").read_text()
     first, again = (load_file(str(run / "model.safetensors")) for run in runs)
     assert first.keys() == again.keys()

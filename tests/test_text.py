@@ -6,8 +6,18 @@ import sys
 import numpy as np
 import pytest
 
-from convsts.datasets.text import (DanTokenizer, _bigram_id, SubwordTokenizer, TokenizerConfig, count_words, fit_tokenizer,
-                           load_tokenizer, normalize, save_tokenizer, words)
+from convsts.datasets.text import (
+    DanTokenizer,
+    _bigram_id,
+    SubwordTokenizer,
+    TokenizerConfig,
+    count_words,
+    fit_tokenizer,
+    load_tokenizer,
+    normalize,
+    save_tokenizer,
+    words,
+)
 from convsts.models.encoders import encoder_class
 
 
@@ -53,7 +63,9 @@ def test_bigram_codes_keep_unknown_words_apart_and_do_not_depend_on_the_batch():
     assert bigrams[1, 0] != bigrams[2, 0] and bigrams[1, 1] != bigrams[2, 1]  # ... but their bigrams differ
     assert bigrams[0, 0] == bigrams[3, 0]  # "the cat" in either row
     alone = tok.encode(["the zebra sat"], width=20)  # another batch, another width: the same ids
-    assert np.array_equal(alone["bigrams"][0, :2], bigrams[1, :2]) and np.array_equal(alone["words"][0, :3], words_[1, :3])
+    assert np.array_equal(alone["bigrams"][0, :2], bigrams[1, :2]) and np.array_equal(
+        alone["words"][0, :3], words_[1, :3]
+    )
 
 
 def test_bigram_ids_are_the_same_in_another_process(tmp_path):
@@ -61,11 +73,14 @@ def test_bigram_ids_are_the_same_in_another_process(tmp_path):
     checkpoint was trained with."""
     tok = DanTokenizer.build(count_words(["the cat sat on the mat"]), TokenizerConfig(bigram_buckets=1000))
     save_tokenizer(tok, tmp_path / "tok.json")
-    code = (f"import json; from convsts.datasets.text import load_tokenizer; "
-            f"print(json.dumps(load_tokenizer({str(tmp_path / 'tok.json')!r}).encode(['the zebra sat on a mat'])['bigrams'].tolist()))")
+    code = (
+        f"import json; from convsts.datasets.text import load_tokenizer; "
+        f"print(json.dumps(load_tokenizer({str(tmp_path / 'tok.json')!r}).encode(['the zebra sat on a mat'])['bigrams'].tolist()))"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    other = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                      check=True).stdout)
+    other = json.loads(
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    )
     assert other == tok.encode(["the zebra sat on a mat"])["bigrams"].tolist()
 
 
@@ -99,4 +114,6 @@ def test_subword_tokenizer_trains_and_round_trips(tmp_path):
     ids = tok.encode(["quick foxes", "dog"])["ids"]
     assert ids.shape[0] == 2 and (ids[1, -1] == 0)  # padded with [PAD] = 0
     save_tokenizer(tok, tmp_path / "sub.json")
-    assert np.array_equal(load_tokenizer(tmp_path / "sub.json").encode(["quick foxes"], width=ids.shape[1])["ids"], ids[:1])
+    assert np.array_equal(
+        load_tokenizer(tmp_path / "sub.json").encode(["quick foxes"], width=ids.shape[1])["ids"], ids[:1]
+    )

@@ -25,13 +25,30 @@ from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
 from convsts.ray_jobs.training.state import StageSchedule, resume_skip
 from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
 
-TINY = ["model.dan.embedding_dim=8", "model.dan.hidden_sizes=[8]", "model.dan.output_dim=6",
-        "model.response_hidden=5", "model.nli_hidden=4", "tokenizer.bigram_buckets=97", "trainer.optimizer=adam",
-        "trainer.log_every=1000", "trainer.checkpoint_every=1000"]
-REDDIT = pd.DataFrame({"context": [f"question number {i} about topic {i % 7}" for i in range(40)],
-                       "response": [f"answer {i} on topic {i % 7} here" for i in range(40)]})
-SNLI = pd.DataFrame({"premise": [f"a man {i} plays" for i in range(24)],
-                     "hypothesis": [f"someone {i} sleeps" for i in range(24)], "label": [i % 3 for i in range(24)]})
+TINY = [
+    "model.dan.embedding_dim=8",
+    "model.dan.hidden_sizes=[8]",
+    "model.dan.output_dim=6",
+    "model.response_hidden=5",
+    "model.nli_hidden=4",
+    "tokenizer.bigram_buckets=97",
+    "trainer.optimizer=adam",
+    "trainer.log_every=1000",
+    "trainer.checkpoint_every=1000",
+]
+REDDIT = pd.DataFrame(
+    {
+        "context": [f"question number {i} about topic {i % 7}" for i in range(40)],
+        "response": [f"answer {i} on topic {i % 7} here" for i in range(40)],
+    }
+)
+SNLI = pd.DataFrame(
+    {
+        "premise": [f"a man {i} plays" for i in range(24)],
+        "hypothesis": [f"someone {i} sleeps" for i in range(24)],
+        "label": [i % 3 for i in range(24)],
+    }
+)
 FRAMES = {"reddit": REDDIT, "snli": SNLI, "toy": toy_task.rows()}
 
 
@@ -72,8 +89,15 @@ def _loop(cfg, state=None, hooks=None, model=None):
 
 
 def test_stage_switch_reopens_streams_and_changes_lr():
-    cfg = load_config(None, TINY + ["trainer.task_weights={reddit: 1.0}", "trainer.steps=5",
-                                    "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.01}, {start_step: 3, batch_size: 8, lr: 0.001}]"])
+    cfg = load_config(
+        None,
+        TINY
+        + [
+            "trainer.task_weights={reddit: 1.0}",
+            "trainer.steps=5",
+            "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.01}, {start_step: 3, batch_size: 8, lr: 0.001}]",
+        ],
+    )
     lrs = []
     loop, _, opened = _loop(cfg)
     original = loop.optimizers.set_lr
@@ -81,12 +105,22 @@ def test_stage_switch_reopens_streams_and_changes_lr():
     assert loop.run() == 5
     assert opened == [("reddit", 4, 0, 0), ("reddit", 8, 0, 0)]
     assert lrs == [0.001] and loop.optimizers.encoder[0].param_groups[0]["lr"] == pytest.approx(0.001)
-    assert StageSchedule(cfg.trainer.stages).at(2).batch_size == 4 and StageSchedule(cfg.trainer.stages).at(3).lr == 0.001
+    assert (
+        StageSchedule(cfg.trainer.stages).at(2).batch_size == 4 and StageSchedule(cfg.trainer.stages).at(3).lr == 0.001
+    )
 
 
 def test_resume_from_a_checkpointed_state_matches_the_uninterrupted_run():
-    cfg = load_config(None, TINY + ["trainer.task_weights={reddit: 1.0}", "trainer.steps=6", "trainer.checkpoint_every=3",
-                                    "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.01}]"])
+    cfg = load_config(
+        None,
+        TINY
+        + [
+            "trainer.task_weights={reddit: 1.0}",
+            "trainer.steps=6",
+            "trainer.checkpoint_every=3",
+            "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.01}]",
+        ],
+    )
     saved = {}
 
     def checkpoint(step, metrics, state):  # a snapshot, as the worker's torch.save makes
@@ -119,15 +153,20 @@ def test_gradient_weighting_in_one_process_scales_the_encoder_update():
     task = get_task("reddit")
     batch = FrameStream(task, REDDIT, tokenizer, 8, 16).__next__()
     results = {}
-    for name, combiner in (("plain", GradientCombiner(plan_tasks({"reddit": 1.0}, 1), 0)),
-                           ("weighted", GradientCombiner(plan_tasks(cfg.trainer.task_weights, 2), 0))):
+    for name, combiner in (
+        ("plain", GradientCombiner(plan_tasks({"reddit": 1.0}, 1), 0)),
+        ("weighted", GradientCombiner(plan_tasks(cfg.trainer.task_weights, 2), 0)),
+    ):
         seed_everything(0)
         model = build_model(cfg.model, tokenizer)
         opts = Optimizers.build(cfg.trainer, model, ["reddit"], lr=0.1)
         loss, _ = train_step(model, task, batch, opts, combiner)
         assert loss.requires_grad is False and loss.dim() == 0
-        results[name] = {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad) for n, p in model.named_parameters()
-                         if p.grad is not None}
+        results[name] = {
+            n: (p.grad.to_dense() if p.grad.is_sparse else p.grad)
+            for n, p in model.named_parameters()
+            if p.grad is not None
+        }
     for name, delta in results["plain"].items():
         scale = 0.95 if name.startswith("encoder.") else 1.0
         torch.testing.assert_close(results["weighted"][name], scale * delta, rtol=1e-5, atol=1e-7)
@@ -135,9 +174,16 @@ def test_gradient_weighting_in_one_process_scales_the_encoder_update():
 
 
 def test_one_worker_draws_both_tasks_and_logs_each():
-    cfg = load_config(None, TINY + ["trainer.steps=40", "trainer.log_every=40",
-                                    "trainer.task_weights={reddit: 0.5, snli: 0.5}",
-                                    "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.001}]"])
+    cfg = load_config(
+        None,
+        TINY
+        + [
+            "trainer.steps=40",
+            "trainer.log_every=40",
+            "trainer.task_weights={reddit: 0.5, snli: 0.5}",
+            "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.001}]",
+        ],
+    )
     logged = {}
     loop, _, _ = _loop(cfg, hooks=LoopHooks(log=lambda m, s: logged.update(m), say=lambda line: None))
     loop.run()
@@ -158,9 +204,17 @@ def test_registries_list_the_built_in_tasks_and_encoders():
 
 
 def test_a_toy_task_is_one_module_plus_config_entries(tmp_path):
-    cfg = load_config(None, TINY + ["task_modules=[toy_task]", "trainer.task_weights={reddit: 0.5, toy: 0.5}",
-                                    "trainer.steps=30", "trainer.log_every=30",
-                                    "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.01}]"])
+    cfg = load_config(
+        None,
+        TINY
+        + [
+            "task_modules=[toy_task]",
+            "trainer.task_weights={reddit: 0.5, toy: 0.5}",
+            "trainer.steps=30",
+            "trainer.log_every=30",
+            "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.01}]",
+        ],
+    )
     assert list(trained_tasks(cfg)) == ["reddit", "toy"]
     assert model_heads(cfg) == {"reddit": "response", "snli": "nli", "toy": "toy_task:SameFirstWordHead"}
     logged = {}
@@ -202,8 +256,14 @@ def test_the_run_seed_sets_initial_weights_and_batch_order():
 
 def test_toy_task_prepare_uses_the_default_reader(ray_session, tmp_path):
     toy_task.rows().to_json(tmp_path / "toy.jsonl", orient="records", lines=True)
-    cfg = load_config(None, ["task_modules=[toy_task]", "trainer.task_weights={toy: 1.0}",
-                             f"data.task_inputs={{toy: [{tmp_path / 'toy.jsonl'}]}}"])
+    cfg = load_config(
+        None,
+        [
+            "task_modules=[toy_task]",
+            "trainer.task_weights={toy: 1.0}",
+            f"data.task_inputs={{toy: [{tmp_path / 'toy.jsonl'}]}}",
+        ],
+    )
     task = get_task("toy", cfg.task_modules)
     from convsts.ray_jobs.prepare import build_parser
 
@@ -223,12 +283,24 @@ def test_every_checkpoint_carries_the_latest_in_training_score():
     ranked by (Ray keeps the best ones): the latest evaluation's, or the floor before the first."""
     from convsts.ray_jobs.training.loop import NOT_EVALUATED, SCORE_METRIC
 
-    cfg = load_config(None, TINY + ["trainer.task_weights={reddit: 1.0}", "trainer.steps=6", "trainer.checkpoint_every=1",
-                                    "trainer.eval_every=2", "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.01}]"])
+    cfg = load_config(
+        None,
+        TINY
+        + [
+            "trainer.task_weights={reddit: 1.0}",
+            "trainer.steps=6",
+            "trainer.checkpoint_every=1",
+            "trainer.eval_every=2",
+            "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.01}]",
+        ],
+    )
     scores = iter([0.5, 0.7, 0.6])
     reported = {}
-    hooks = LoopHooks(checkpoint=lambda step, metrics, state: reported.update({step: metrics[SCORE_METRIC]}),
-                      evaluate=lambda model: {SCORE_METRIC: next(scores)}, say=lambda line: None)
+    hooks = LoopHooks(
+        checkpoint=lambda step, metrics, state: reported.update({step: metrics[SCORE_METRIC]}),
+        evaluate=lambda model: {SCORE_METRIC: next(scores)},
+        say=lambda line: None,
+    )
     loop, _, _ = _loop(cfg, hooks=hooks)
     loop.run()
     assert reported == {1: NOT_EVALUATED, 2: 0.5, 3: 0.5, 4: 0.7, 5: 0.7, 6: 0.6}
@@ -272,7 +344,9 @@ def test_length_bucketing_groups_similar_lengths_and_keeps_every_row(ray_session
 def test_lr_warms_up_then_decays_toward_zero_at_the_last_step(decay):
     from convsts.ray_jobs.config import StageConfig
 
-    schedule = StageSchedule([StageConfig(0, 8, 1.0), StageConfig(60, 16, 0.5)], warmup_steps=10, decay=decay, total=110)
+    schedule = StageSchedule(
+        [StageConfig(0, 8, 1.0), StageConfig(60, 16, 0.5)], warmup_steps=10, decay=decay, total=110
+    )
     assert schedule.lr_at(0) == pytest.approx(0.1) and schedule.lr_at(9) == pytest.approx(1.0)  # warm-up
     assert schedule.lr_at(10) == pytest.approx(1.0)  # decay starts after warm-up
     middle = 0.5 if decay == "linear" else 0.5 * (1 + math.cos(math.pi * 0.5))

@@ -32,17 +32,24 @@ TRIALS = 10
 # summation order): one CI run differed by 5.3e-7; ten times that still tells a wrong matrix apart.
 FLOAT32_RESCORE = 5e-6
 TINY_MODEL = [
-    *TINY_DAN, "trainer.optimizer=adam",
-    "trainer.log_every=2", "trainer.eval_every=0", "eval.reddit_pairs=200", "data.cqa_test=''",
+    *TINY_DAN,
+    "trainer.optimizer=adam",
+    "trainer.log_every=2",
+    "trainer.eval_every=0",
+    "eval.reddit_pairs=200",
+    "data.cqa_test=''",
 ]
 
 
 def _tiny_checkpoint(path):
     stsb = read_stsb(stsb_split_path(resolve_path("{sample}"), "train"))
-    tokenizer = DanTokenizer.build(count_words(list(stsb["sentence1"]) + list(stsb["sentence2"])),
-                                   TokenizerConfig(word_vocab_size=5000, bigram_buckets=500))
-    config = ModelConfig(dan=DanConfig(embedding_dim=24, hidden_sizes=[24], output_dim=16), response_hidden=16,
-                         nli_hidden=8)
+    tokenizer = DanTokenizer.build(
+        count_words(list(stsb["sentence1"]) + list(stsb["sentence2"])),
+        TokenizerConfig(word_vocab_size=5000, bigram_buckets=500),
+    )
+    config = ModelConfig(
+        dan=DanConfig(embedding_dim=24, hidden_sizes=[24], output_dim=16), response_hidden=16, nli_hidden=8
+    )
     return save_checkpoint(path, build_model(config, tokenizer).eval(), tokenizer, {})
 
 
@@ -55,9 +62,25 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     checkpoint = _tiny_checkpoint(tmp_path / "ckpt")
     out = tmp_path / "sweep"
     experiment = "tune-sts-matrix-test"
-    cmd = [sys.executable, "-m", "convsts.ray_jobs.tune", "--space", "sts_matrix", "--checkpoint", str(checkpoint),
-           "--out", str(out), "--num-samples", str(TRIALS), "--max-concurrent", "1", "--param", "eval.tuned.epochs=[6]",
-           f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "convsts.ray_jobs.tune",
+        "--space",
+        "sts_matrix",
+        "--checkpoint",
+        str(checkpoint),
+        "--out",
+        str(out),
+        "--num-samples",
+        str(TRIALS),
+        "--max-concurrent",
+        "1",
+        "--param",
+        "eval.tuned.epochs=[6]",
+        f"mlflow.tracking_uri={mlflow_uri}",
+        f"mlflow.experiment={experiment}",
+    ]
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
 
     first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -68,8 +91,9 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     while time.time() < deadline and first.poll() is None:
         if (out / "sweep.json").is_file():
             parent = json.loads((out / "sweep.json").read_text())["parent_run_id"]
-            finished_before = {t: r for t, r in _runs(mlflow_uri, experiment, parent).items()
-                               if r.info.status == "FINISHED"}
+            finished_before = {
+                t: r for t, r in _runs(mlflow_uri, experiment, parent).items() if r.info.status == "FINISHED"
+            }
             if len(finished_before) >= 2:
                 break
         time.sleep(0.2)
@@ -80,14 +104,19 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     assert 2 <= len(finished_before) < TRIALS
 
     # The same --out with another dimension would resume the recorded sweep: refused, naming it.
-    other = [*cmd[:cmd.index("eval.tuned.epochs=[6]")], "eval.tuned.epochs=[7]", *cmd[cmd.index("eval.tuned.epochs=[6]") + 1:]]
+    other = [
+        *cmd[: cmd.index("eval.tuned.epochs=[6]")],
+        "eval.tuned.epochs=[7]",
+        *cmd[cmd.index("eval.tuned.epochs=[6]") + 1 :],
+    ]
     refused = subprocess.run(other, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     lines = [line for line in refused.stderr.splitlines() if line.startswith("convsts ")]
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-3000:]
     assert "--param eval.tuned.epochs.grid_search='[6]' (this command: '[7]')" in lines[0] and "--fresh" in lines[0]
 
-    second = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            timeout=400)
+    second = subprocess.run(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400
+    )
     assert second.returncode == 0, second.stdout[-3000:]
     assert "resuming sweep sts_matrix" in second.stdout
 
@@ -122,8 +151,9 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     best_child = client.get_run(parent.data.tags["convsts.best_trial_run"])
     # The trial logged its own float32 score; the sweep re-scores the saved matrix in another process,
     # which can differ in the 7th digit (one CI run: 0.42600630 vs 0.42600683), as transform.dev_pearson above.
-    assert best_child.data.metrics["stsb_tuned/dev/pearson"] == pytest.approx(results["stsb_tuned/dev/pearson"],
-                                                                              abs=FLOAT32_RESCORE)
+    assert best_child.data.metrics["stsb_tuned/dev/pearson"] == pytest.approx(
+        results["stsb_tuned/dev/pearson"], abs=FLOAT32_RESCORE
+    )
 
 
 @pytest.mark.slow
@@ -134,24 +164,39 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
     from convsts.tune_spaces import get_space
 
     experiment = "tune-snli-fraction-test"
-    base = TINY_MODEL + [f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}",
-                         "trainer.num_workers=2"]
+    base = TINY_MODEL + [
+        f"mlflow.tracking_uri={mlflow_uri}",
+        f"mlflow.experiment={experiment}",
+        "trainer.num_workers=2",
+    ]
     prepared = sample_prepared
     # The Reddit-only checkpoint the trials warm-start from: what a Reddit-only run with
     # trainer.steps=0 saves (its tokenizer and seeded weights), without a Ray Train job of its own.
     reddit_cfg = load_config(None, base + ["trainer.steps=0", "trainer.task_weights={reddit: 1.0}"])
     tokenizer = build_tokenizer(reddit_cfg, str(prepared))
-    reddit_checkpoint = save_checkpoint(tmp_path / "reddit", initial_model(reddit_cfg, tokenizer), tokenizer,
-                                        reddit_cfg.to_dict())
+    reddit_checkpoint = save_checkpoint(
+        tmp_path / "reddit", initial_model(reddit_cfg, tokenizer), tokenizer, reddit_cfg.to_dict()
+    )
 
     # The trials train with asynchronous task groups (a parameter holder per trial).
     cfg = load_config(None, base + ["trainer.steps=4", "trainer.checkpoint_every=2", "trainer.task_split=async"])
     with pytest.raises(ConfigError, match="trainer.cpus_per_worker"):  # 2 x 0.5 + 0.1 leaves Ray Data no CPU
-        run_sweep(get_space("snli_fraction"), cfg, tmp_path / "infeasible", reddit_checkpoint=str(reddit_checkpoint),
-                  prepared_dir=str(prepared))
+        run_sweep(
+            get_space("snli_fraction"),
+            cfg,
+            tmp_path / "infeasible",
+            reddit_checkpoint=str(reddit_checkpoint),
+            prepared_dir=str(prepared),
+        )
     cfg.trainer.cpus_per_worker = 0.4
-    results = run_sweep(get_space("snli_fraction"), cfg, tmp_path / "sweep", reddit_checkpoint=str(reddit_checkpoint),
-                        prepared_dir=str(prepared), param_overrides=grid_overrides(["data.snli_fraction=[0.5,1.0]"]))
+    results = run_sweep(
+        get_space("snli_fraction"),
+        cfg,
+        tmp_path / "sweep",
+        reddit_checkpoint=str(reddit_checkpoint),
+        prepared_dir=str(prepared),
+        param_overrides=grid_overrides(["data.snli_fraction=[0.5,1.0]"]),
+    )
 
     out = tmp_path / "sweep"
     curve = pd.read_csv(out / "curve.csv")

@@ -13,8 +13,14 @@ def test_builtin_spaces():
     assert {"sts_matrix", "snli_fraction"} <= set(builtin_spaces())
     sts = get_space("sts_matrix")
     assert sts.objective == "sts_matrix" and sts.metric == "stsb_tuned/dev/pearson" and sts.scheduler == "asha"
-    assert set(sts.params()) == {"eval.tuned.lr", "eval.tuned.weight_decay", "eval.tuned.init", "eval.tuned.rank",
-                                 "eval.tuned.epochs", "eval.tuned.loss"}
+    assert set(sts.params()) == {
+        "eval.tuned.lr",
+        "eval.tuned.weight_decay",
+        "eval.tuned.init",
+        "eval.tuned.rank",
+        "eval.tuned.epochs",
+        "eval.tuned.loss",
+    }
     snli = get_space("snli_fraction")
     assert snli.objective == "train"
     assert FRACTIONS == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
@@ -24,11 +30,22 @@ def test_builtin_spaces():
         check_space_keys(space, base, {})
 
 
-MY_SPACE = TuneSpace(name="mine", description="a user's own space", objective="sts_matrix",
-                     metric="stsb_tuned/dev/pearson", mode="max",
-                     params=lambda: {"eval.tuned.lr": tune.choice([0.01, 0.1])})
-BAD_SPACE = TuneSpace(name="bad", description="", objective="sts_matrix", metric="m", mode="max",
-                      params=lambda: {"eval.tuned.learning_rate": 0.1})
+MY_SPACE = TuneSpace(
+    name="mine",
+    description="a user's own space",
+    objective="sts_matrix",
+    metric="stsb_tuned/dev/pearson",
+    mode="max",
+    params=lambda: {"eval.tuned.lr": tune.choice([0.01, 0.1])},
+)
+BAD_SPACE = TuneSpace(
+    name="bad",
+    description="",
+    objective="sts_matrix",
+    metric="m",
+    mode="max",
+    params=lambda: {"eval.tuned.learning_rate": 0.1},
+)
 
 
 def test_user_space_by_module_path():
@@ -70,11 +87,23 @@ def test_a_sweep_is_resumed_only_by_the_command_that_started_it(tmp_path):
     cfg = load_config(None, ["trainer.steps=10"])
     first = sweep_record(space, cfg, grid_overrides(["data.snli_fraction=[0.1,1.0]"]), 1, None, str(tmp_path / "p"))
     state = {"parent_run_id": "x", "sweep": first}
-    same = sweep_record(space, load_config(None, ["trainer.steps=10"]), grid_overrides(["data.snli_fraction=[0.1,1.0]"]),
-                        1, None, str(tmp_path / "p"))
+    same = sweep_record(
+        space,
+        load_config(None, ["trainer.steps=10"]),
+        grid_overrides(["data.snli_fraction=[0.1,1.0]"]),
+        1,
+        None,
+        str(tmp_path / "p"),
+    )
     assert resume_differences(state, same) == []
-    other = sweep_record(space, load_config(None, ["trainer.steps=20", "model.encoder=dan"]),
-                         grid_overrides(["data.snli_fraction=[0.1,0.5]"]), 2, None, str(tmp_path / "q"))
+    other = sweep_record(
+        space,
+        load_config(None, ["trainer.steps=20", "model.encoder=dan"]),
+        grid_overrides(["data.snli_fraction=[0.1,0.5]"]),
+        2,
+        None,
+        str(tmp_path / "q"),
+    )
     assert resume_differences(state, other) == [
         "--num-samples 1 (this command: 2)",
         f"--prepared {str(tmp_path / 'p')!r} (this command: {str(tmp_path / 'q')!r})",
@@ -82,6 +111,7 @@ def test_a_sweep_is_resumed_only_by_the_command_that_started_it(tmp_path):
         "trainer.steps=10 (this command: 20)",
     ]
     assert resume_differences({"parent_run_id": "x"}, other) == []  # a state from before the record: not compared
-    secret = sweep_record(space, load_config(None, ["mlflow.tracking_uri=http://alice:PlAnTeD@127.0.0.1:5000"]),
-                          {}, 1, None, None)
+    secret = sweep_record(
+        space, load_config(None, ["mlflow.tracking_uri=http://alice:PlAnTeD@127.0.0.1:5000"]), {}, 1, None, None
+    )
     assert "PlAnTeD" not in str(secret)

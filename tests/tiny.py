@@ -2,9 +2,13 @@
 command line): small vocabularies and a small DAN so that a job takes seconds."""
 
 TINY_DAN = [
-    "tokenizer.word_vocab_size=3000", "tokenizer.bigram_buckets=2000",
-    "model.dan.embedding_dim=32", "model.dan.hidden_sizes=[32]", "model.dan.output_dim=24",
-    "model.response_hidden=16", "model.nli_hidden=16",
+    "tokenizer.word_vocab_size=3000",
+    "tokenizer.bigram_buckets=2000",
+    "model.dan.embedding_dim=32",
+    "model.dan.hidden_sizes=[32]",
+    "model.dan.output_dim=24",
+    "model.response_hidden=16",
+    "model.nli_hidden=16",
     "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.001}]",
 ]
 

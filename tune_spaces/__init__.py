@@ -50,7 +50,9 @@ def get_space(name: str) -> TuneSpace:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         if err.name == module_name:
-            raise ValueError(f"unknown tune space {name!r}: no module {module_name}; built in: {', '.join(builtin_spaces())}") from None
+            raise ValueError(
+                f"unknown tune space {name!r}: no module {module_name}; built in: {', '.join(builtin_spaces())}"
+            ) from None
         raise
     space = getattr(module, attr or "SPACE", None)
     if not isinstance(space, TuneSpace):

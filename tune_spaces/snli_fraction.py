@@ -23,6 +23,12 @@ SPACE = TuneSpace(
     mode="max",
     params=params,
     fixed=["eval.tuned.enabled=false"],
-    report=["stsb/dev/pearson", "stsb/dev/captions/pearson", "stsb/test/pearson", "stsb/test/captions/pearson",
-            "snli/dev/accuracy", "data/snli_train_pairs"],
+    report=[
+        "stsb/dev/pearson",
+        "stsb/dev/captions/pearson",
+        "stsb/test/pearson",
+        "stsb/test/captions/pearson",
+        "snli/dev/accuracy",
+        "data/snli_train_pairs",
+    ],
 )

@@ -34,8 +34,10 @@ def read_items(evaluation: Path) -> Dict[str, pd.DataFrame]:
     """{task: per-item frame} of an evaluation folder (`convsts evaluate --out`, or a demo's eval folders)."""
     folder = Path(evaluation) / ITEMS_DIR
     if not folder.is_dir():
-        raise BadInputError(f"{evaluation}: no {ITEMS_DIR}/ folder of per-query outcomes; give folders that "
-                            f"`convsts evaluate --out` (or the demo's eval, eval_untrained) wrote")
+        raise BadInputError(
+            f"{evaluation}: no {ITEMS_DIR}/ folder of per-query outcomes; give folders that "
+            f"`convsts evaluate --out` (or the demo's eval, eval_untrained) wrote"
+        )
     found = {}
     for path in sorted(folder.glob("*.parquet")):
         try:
@@ -49,25 +51,33 @@ def read_items(evaluation: Path) -> Dict[str, pd.DataFrame]:
     return found
 
 
-def paired_rank_metrics(a: pd.DataFrame, b: pd.DataFrame, task: str, suffix: str = "diff",
-                        labels: Sequence[str] = ("a", "b")) -> Dict[str, float]:
+def paired_rank_metrics(
+    a: pd.DataFrame, b: pd.DataFrame, task: str, suffix: str = "diff", labels: Sequence[str] = ("a", "b")
+) -> Dict[str, float]:
     """<task>/p_at_N_<suffix> (a's P@N minus b's on the same queries) and its paired standard error
     <task>/p_at_N_<suffix>_stderr, and <task>/paired_queries. Refused when the two did not rank the
     same queries among the same candidates (another seed, query count or held-out folder)."""
     # A query pair drawn twice (equal rows in the held-out split) is told apart by its occurrence.
-    left, right = (f.assign(occurrence=f.groupby(list(KEY_COLUMNS)).cumcount())
-                   .set_index([*KEY_COLUMNS, "occurrence"])["rank"] for f in (a, b))
+    left, right = (
+        f.assign(occurrence=f.groupby(list(KEY_COLUMNS)).cumcount()).set_index([*KEY_COLUMNS, "occurrence"])["rank"]
+        for f in (a, b)
+    )
     if len(left) != len(right) or not left.index.sort_values().equals(right.index.sort_values()):
         shared = len(left.index.intersection(right.index))
-        raise BadInputError(f"{task}: {labels[0]} and {labels[1]} ranked other queries or candidates ({len(left)} and "
-                            f"{len(right)} queries, {shared} the same): evaluate both with the same eval.seed, "
-                            f"eval.reddit_pairs, eval.reddit_negatives and prepared folder")
+        raise BadInputError(
+            f"{task}: {labels[0]} and {labels[1]} ranked other queries or candidates ({len(left)} and "
+            f"{len(right)} queries, {shared} the same): evaluate both with the same eval.seed, "
+            f"eval.reddit_pairs, eval.reddit_negatives and prepared folder"
+        )
     ranks_a, ranks_b = left.to_numpy(), right.loc[left.index].to_numpy()  # (q,) each, the same queries in order
     finite = np.isfinite(ranks_a).all() and np.isfinite(ranks_b).all()  # a NaN rank: that evaluation's P@N is NaN too
     out: Dict[str, float] = {}
     for n in RANKS:
-        diff, stderr = (paired_difference((ranks_a <= n).astype(float), (ranks_b <= n).astype(float)) if finite
-                        else (float("nan"), float("nan")))
+        diff, stderr = (
+            paired_difference((ranks_a <= n).astype(float), (ranks_b <= n).astype(float))
+            if finite
+            else (float("nan"), float("nan"))
+        )
         out[f"{task}/p_at_{n}_{suffix}"] = diff
         out[f"{task}/p_at_{n}_{suffix}_stderr"] = stderr
     out[f"{task}/paired_queries"] = float(len(left))
@@ -79,8 +89,10 @@ def compare_evaluations(a: Path, b: Path, suffix: str = "diff") -> Dict[str, flo
     items_a, items_b = read_items(a), read_items(b)
     shared = sorted(set(items_a) & set(items_b))
     if not shared:
-        raise BadInputError(f"{a} ({', '.join(sorted(items_a)) or 'none'}) and {b} "
-                            f"({', '.join(sorted(items_b)) or 'none'}) hold no task's per-query outcomes in common")
+        raise BadInputError(
+            f"{a} ({', '.join(sorted(items_a)) or 'none'}) and {b} "
+            f"({', '.join(sorted(items_b)) or 'none'}) hold no task's per-query outcomes in common"
+        )
     out: Dict[str, float] = {}
     for task in shared:
         out.update(paired_rank_metrics(items_a[task], items_b[task], task, suffix, labels=(str(a), str(b))))

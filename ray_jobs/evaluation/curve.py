@@ -26,10 +26,15 @@ def fraction_curve(checkpoints: Sequence[str], cfg: RunConfig, out_dir: Path) ->
         encoder = load(checkpoint)
         data = encoder.meta.get("run_config", {}).get("data", {})
         if "snli_fraction" not in data:
-            raise ValueError(f"{checkpoint}: its config.json has no data.snli_fraction (not a convsts training checkpoint)")
+            raise ValueError(
+                f"{checkpoint}: its config.json has no data.snli_fraction (not a convsts training checkpoint)"
+            )
         scorer = EmbeddingScorer(encoder, cfg.eval.batch_size)
-        row: Dict[str, Any] = {"fraction": data["snli_fraction"], "seed": data.get("snli_fraction_seed", 0),
-                               "checkpoint": str(checkpoint)}
+        row: Dict[str, Any] = {
+            "fraction": data["snli_fraction"],
+            "seed": data.get("snli_fraction_seed", 0),
+            "checkpoint": str(checkpoint),
+        }
         for split, frame in frames.items():
             row.update(sts_metrics(scorer, frame, f"stsb/{split}"))
         rows.append({k: row[k] for k in ["fraction", "seed", *CURVE_METRICS, "checkpoint"]})

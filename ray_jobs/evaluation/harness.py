@@ -23,8 +23,14 @@ from convsts.ray_jobs.evaluation.cqa import configured_cqa_metrics
 from convsts.ray_jobs.evaluation.plots import scatter_plot
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
 from convsts.ray_jobs.model_card import CARD_FILE, FACTS_FILE, add_results
-from convsts.ray_jobs.evaluation.sts import (predicted_scores, read_stsb_split, sts_file_metrics, sts_metrics,
-                                     stsb_embeddings, tuned_sts_metrics)
+from convsts.ray_jobs.evaluation.sts import (
+    predicted_scores,
+    read_stsb_split,
+    sts_file_metrics,
+    sts_metrics,
+    stsb_embeddings,
+    tuned_sts_metrics,
+)
 from convsts.ray_jobs.runtime import log, tracking_uri
 from convsts.ray_jobs.tasks import get_task, model_heads
 from convsts.ray_jobs.tasks.base import MANIFEST, config_value
@@ -37,8 +43,14 @@ def evaluated_tasks(cfg: RunConfig):
     return [get_task(name, cfg.task_modules) for name in model_heads(cfg)]
 
 
-def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_sets: Optional[Dict[str, str]] = None,
-             transform_dirs: Sequence[Path] = (), items_dir: Optional[Path] = None) -> Dict[str, float]:
+def evaluate(
+    scorer,
+    cfg: RunConfig,
+    prepared_dir: Optional[str],
+    sts_sets: Optional[Dict[str, str]] = None,
+    transform_dirs: Sequence[Path] = (),
+    items_dir: Optional[Path] = None,
+) -> Dict[str, float]:
     """All metrics of one scorer; `sts_sets`: other STS files, {path: name} (check_sts_entries). The
     tuned STS matrix (embedding scorers only) is saved in each of `transform_dirs`; each task's
     per-item outcomes (Task.evaluate_items) in `items_dir`/<task>.parquet (convsts.ray_jobs.evaluation.compare)."""
@@ -75,8 +87,11 @@ def evaluate(scorer, cfg: RunConfig, prepared_dir: Optional[str], sts_sets: Opti
     bad = sorted(k for k, v in results.items() if not np.isfinite(v))
     results["eval/nonfinite_metrics"] = float(len(bad))  # flagged in MLflow too (non-finite values are not logged)
     if bad:
-        log.warning("%d metric(s) are NaN (non-finite embeddings or scores, or a constant prediction): %s",
-                    len(bad), ", ".join(bad[:8]) + (" ..." if len(bad) > 8 else ""))
+        log.warning(
+            "%d metric(s) are NaN (non-finite embeddings or scores, or a constant prediction): %s",
+            len(bad),
+            ", ".join(bad[:8]) + (" ..." if len(bad) > 8 else ""),
+        )
     return results
 
 
@@ -90,7 +105,9 @@ def baseline_scorer(kind: str, cfg: RunConfig, prepared_dir: Optional[str]) -> L
             continue
         fit += list(frame["sentence1"]) + list(frame["sentence2"])
     for task in evaluated_tasks(cfg):
-        test_dir = storage.join(task.prepared_dir(prepared_dir), "test") if prepared_dir and "test" in task.splits else None
+        test_dir = (
+            storage.join(task.prepared_dir(prepared_dir), "test") if prepared_dir and "test" in task.splits else None
+        )
         if test_dir and storage.is_dir(test_dir):
             table = storage.read_parquet_table(test_dir, columns=list(task.pair))
             for column in task.pair:
@@ -140,24 +157,40 @@ def results_table(columns: Dict[str, Dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-COUNT_METRICS = ("queries", "paired_queries", "pairs", "best_epoch")  # the last part of a metric that counts: shown whole
+COUNT_METRICS = (
+    "queries",
+    "paired_queries",
+    "pairs",
+    "best_epoch",
+)  # the last part of a metric that counts: shown whole
 
 
 def _table_row(name: str, columns: Dict[str, Dict[str, float]]) -> str:
     fmt = "{:.0f}" if name.rsplit("/", 1)[-1] in COUNT_METRICS else "{:.4f}"
-    cells = [fmt.format(r[name]) if isinstance(r.get(name), (int, float)) and np.isfinite(r[name]) else "—"
-             for r in columns.values()]
+    cells = [
+        fmt.format(r[name]) if isinstance(r.get(name), (int, float)) and np.isfinite(r[name]) else "—"
+        for r in columns.values()
+    ]
     return f"| {name} | " + " | ".join(cells) + " |"
 
 
-def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str] = None, baseline: Optional[str] = None,
-                   prepared_dir: Optional[str | Path] = None, sts_files: Sequence[str] = (),
-                   run_id: Optional[str] = None, log_to_mlflow: bool = True,
-                   mlflow_uri: Optional[str] = None) -> Dict[str, object]:
+def run_evaluation(
+    cfg: RunConfig,
+    out_dir: str | Path,
+    checkpoint: Optional[str] = None,
+    baseline: Optional[str] = None,
+    prepared_dir: Optional[str | Path] = None,
+    sts_files: Sequence[str] = (),
+    run_id: Optional[str] = None,
+    log_to_mlflow: bool = True,
+    mlflow_uri: Optional[str] = None,
+) -> Dict[str, object]:
     out_dir = Path(out_dir)
     if not (checkpoint or baseline):
         raise ValueError("give --checkpoint or --baseline")
-    sts_sets = check_sts_entries(sts_files)  # a missing --sts file or a clash of names is refused before anything is made
+    sts_sets = check_sts_entries(
+        sts_files
+    )  # a missing --sts file or a clash of names is refused before anything is made
     if checkpoint:
         from convsts.models.checkpoint import checkpoint_folder, read_meta
 
@@ -176,14 +209,18 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
         scorer = EmbeddingScorer(load(local), cfg.eval.batch_size)
     else:
         scorer = baseline_scorer(baseline, cfg, prepared)
-    uri = (mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)) if log_to_mlflow else None  # before the scoring
+    uri = (
+        (mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)) if log_to_mlflow else None
+    )  # before the scoring
     out_dir.mkdir(parents=True, exist_ok=True)  # once the model loads: a refused checkpoint leaves no folder behind
     trained = training_info(checkpoint) if checkpoint else {}
     cards = model_folders(checkpoint, trained) if checkpoint else []
     # The tuned matrix goes beside a local checkpoint; for one read from a URI, to out_dir only.
     beside = [local] if checkpoint and not storage.is_uri(checkpoint) else []
     transform_dirs = [out_dir] + beside + cards
-    shutil.rmtree(out_dir / ITEMS_DIR, ignore_errors=True)  # an earlier evaluation's into this --out: never compared as this one's
+    shutil.rmtree(
+        out_dir / ITEMS_DIR, ignore_errors=True
+    )  # an earlier evaluation's into this --out: never compared as this one's
     results = evaluate(scorer, cfg, prepared, sts_sets, transform_dirs, items_dir=out_dir / ITEMS_DIR)
     for folder in cards:
         add_results(folder, results)
@@ -194,31 +231,45 @@ def run_evaluation(cfg: RunConfig, out_dir: str | Path, checkpoint: Optional[str
     step = trained_step(local) if checkpoint else 0  # the training step of the weights scored
     label = model_label(checkpoint, meta, step) if checkpoint else scorer.name
     scatter_plot(predicted_scores(embedded), test, plots[0], f"STS-B test, {label}, raw cosine")
-    transform = load_sts_transform(out_dir) if isinstance(scorer, EmbeddingScorer) and "stsb_tuned/test/pearson" in results else None
+    transform = (
+        load_sts_transform(out_dir)
+        if isinstance(scorer, EmbeddingScorer) and "stsb_tuned/test/pearson" in results
+        else None
+    )
     if transform is not None:
         plots.append(out_dir / "stsb_test_scatter_tuned.png")
-        scatter_plot(transform.score(embedded["u"], embedded["v"]), test, plots[1],
-                     f"STS-B test, {label}, tuned STS matrix")
+        scatter_plot(
+            transform.score(embedded["u"], embedded["v"]), test, plots[1], f"STS-B test, {label}, tuned STS matrix"
+        )
     flat: Dict[str, object] = dict(results)
     if checkpoint:
         flat["checkpoint"] = str(checkpoint)
     if log_to_mlflow:
         own_run = run_id is None
         if own_run:
-            run_id = tracking.start_run(uri, cfg.mlflow.experiment, f"evaluate-{scorer.name}",
-                                        {"checkpoint": checkpoint or "", "baseline": baseline or ""},
-                                        tags={"convsts.job": "evaluate"})
+            run_id = tracking.start_run(
+                uri,
+                cfg.mlflow.experiment,
+                f"evaluate-{scorer.name}",
+                {"checkpoint": checkpoint or "", "baseline": baseline or ""},
+                tags={"convsts.job": "evaluate"},
+            )
         # Against the training step of the weights scored: the last step for a training run's model.
         tracking.log_metrics(uri, run_id, results, step)
         for plot in plots:
             tracking.log_artifact(uri, run_id, str(plot), "plots")
         if (out_dir / ITEMS_DIR).is_dir():
             tracking.log_artifacts(uri, run_id, str(out_dir / ITEMS_DIR), ITEMS_DIR)
-        if (trained.get("mlflow_run_id") == run_id and trained.get("model")
-                and Path(trained["model"]).resolve() in {c.resolve() for c in cards}):
+        if (
+            trained.get("mlflow_run_id") == run_id
+            and trained.get("model")
+            and Path(trained["model"]).resolve() in {c.resolve() for c in cards}
+        ):
             from convsts.ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
 
-            log_model(uri, run_id, trained["model"], step=step)  # the training run's model, now with its results and STS matrix
+            log_model(
+                uri, run_id, trained["model"], step=step
+            )  # the training run's model, now with its results and STS matrix
         flat["mlflow_run_id"] = run_id
         if own_run:
             tracking.end_run(uri, run_id)
@@ -234,17 +285,23 @@ def check_held_out(task, manifest: Dict[str, object], prepared: str, checkpoint:
     trained = meta.get("run_config", {})
     if task.name not in trained.get("trainer", {}).get("task_weights", {}):
         return
-    recorded = tuple(k for k in task.split_keys if config_value(trained, k) is not None)  # older checkpoints: what they hold
+    recorded = tuple(
+        k for k in task.split_keys if config_value(trained, k) is not None
+    )  # older checkpoints: what they hold
     differs = task.settings_mismatches(manifest, trained, recorded, label=f"{checkpoint} trained with")
     if differs:
-        raise BadInputError(f"{storage.join(task.prepared_dir(prepared), MANIFEST)}: held out with {'; '.join(differs)}; "
-                            f"its held-out rows may be in the checkpoint's training data: evaluate on a folder split "
-                            f"as the checkpoint's run was")
+        raise BadInputError(
+            f"{storage.join(task.prepared_dir(prepared), MANIFEST)}: held out with {'; '.join(differs)}; "
+            f"its held-out rows may be in the checkpoint's training data: evaluate on a folder split "
+            f"as the checkpoint's run was"
+        )
 
 
 def model_label(checkpoint: str, meta: Dict[str, Any], step: int) -> str:
     """A checkpoint's name for plots: its run name (from `meta`, its config.json), encoder and training steps."""
-    return f"{meta.get('run_config', {}).get('name') or Path(checkpoint).name} ({meta['model']['encoder']}, {step} steps)"
+    return (
+        f"{meta.get('run_config', {}).get('name') or Path(checkpoint).name} ({meta['model']['encoder']}, {step} steps)"
+    )
 
 
 def trained_step(checkpoint: str) -> int:

@@ -20,5 +20,7 @@ def nli_metrics(scorer, frame: pd.DataFrame, prefix: str) -> Dict[str, float]:
 def nli_accuracy(scorer, path: str, prefix: str) -> Dict[str, float]:
     frame = read_snli(resolve_path(path))
     if frame.attrs["without_gold"]:
-        log.info("%s: %d pairs scored, %d without a gold label left out", prefix, len(frame), frame.attrs["without_gold"])
+        log.info(
+            "%s: %d pairs scored, %d without a gold label left out", prefix, len(frame), frame.attrs["without_gold"]
+        )
     return nli_metrics(scorer, frame, prefix)

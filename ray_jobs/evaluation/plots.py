@@ -29,8 +29,13 @@ def scatter_plot(predicted: np.ndarray, frame: pd.DataFrame, path: Path, title: 
     gold = frame["score"].to_numpy()
     for genre in sorted(genres.unique()):
         mask = (genres == genre).to_numpy()
-        ax.scatter(gold[mask], predicted[mask], s=5, alpha=0.45,
-                   label=f"{genre} (r = {pearson(predicted[mask], gold[mask]):.3f}, n = {int(mask.sum())})")
+        ax.scatter(
+            gold[mask],
+            predicted[mask],
+            s=5,
+            alpha=0.45,
+            label=f"{genre} (r = {pearson(predicted[mask], gold[mask]):.3f}, n = {int(mask.sum())})",
+        )
     ax.plot([0, 5], [0, 5], color="0.3", linewidth=1, linestyle="--", label="y = x")
     ax.set_xlim(-0.1, 5.1)
     ax.set_ylim(-0.1, 5.1)
@@ -84,13 +89,12 @@ def fraction_curve_plot(rows: Sequence[Dict[str, Any]], metrics: Sequence[str], 
     # One x per fraction (the seeds' subsets differ by a few pairs): the mean pair count.
     x_at = {f: float(np.mean([x_of(r) for r in rows if float(r["fraction"]) == f])) for f in fractions}
     for name in metrics:
-        points = [(x_at[float(r["fraction"])], float(r[name])) for r in rows
-                  if np.isfinite(float(r.get(name, np.nan)))]
+        points = [(x_at[float(r["fraction"])], float(r[name])) for r in rows if np.isfinite(float(r.get(name, np.nan)))]
         if not points:
             continue
         xs = sorted({x for x, _ in points})
         values = [[v for x, v in points if x == at] for at in xs]
-        line, = ax.plot(xs, [np.mean(v) for v in values], marker="o", label=name)
+        (line,) = ax.plot(xs, [np.mean(v) for v in values], marker="o", label=name)
         ax.fill_between(xs, [min(v) for v in values], [max(v) for v in values], color=line.get_color(), alpha=0.15)
         ax.scatter([x for x, _ in points], [v for _, v in points], s=8, alpha=0.4, color=line.get_color())
     if by_pairs:

@@ -23,8 +23,9 @@ def heldout_pairs(test_dir: str) -> Optional[pd.DataFrame]:
     return frame.sort_values(["thread_key", "context", "response"], kind="stable").reset_index(drop=True)
 
 
-def precision_at_n_metrics(scorer, pairs: pd.DataFrame, n_queries: int, negatives: int, seed: int,
-                           prefix: str) -> Tuple[Dict[str, float], pd.DataFrame]:
+def precision_at_n_metrics(
+    scorer, pairs: pd.DataFrame, n_queries: int, negatives: int, seed: int, prefix: str
+) -> Tuple[Dict[str, float], pd.DataFrame]:
     """P@1/3/10 of `scorer` on `n_queries` held-out pairs, each against `negatives` random responses,
     and each query's outcome (query_rows): two evaluations with the same seed and held-out pairs
     rank the same queries among the same candidates, so `convsts evaluate --compare` pairs them."""
@@ -61,9 +62,13 @@ def query_rows(pairs: pd.DataFrame, candidates: np.ndarray, ranks: Optional[np.n
     1 = first; NaN for every query when a score was not finite)."""
     keys = pd.util.hash_pandas_object(pairs, index=False).to_numpy()  # (pairs,) uint64
     ranked = keys[candidates]  # (q, 1 + negatives)
-    return pd.DataFrame({
-        "query": ranked[:, 0],
-        "candidates": np.array([int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little")
-                                for row in ranked], dtype=np.uint64),
-        "rank": ranks.astype(np.float64) if ranks is not None else np.full(len(candidates), np.nan),
-    })
+    return pd.DataFrame(
+        {
+            "query": ranked[:, 0],
+            "candidates": np.array(
+                [int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little") for row in ranked],
+                dtype=np.uint64,
+            ),
+            "rank": ranks.astype(np.float64) if ranks is not None else np.full(len(candidates), np.nan),
+        }
+    )

@@ -23,11 +23,16 @@ def read_stsb_split(cfg: RunConfig, split: str) -> pd.DataFrame:
 
 
 def stsb_embeddings(scorer, frame: pd.DataFrame) -> Dict[str, np.ndarray]:
-    return {"u": scorer.embed(frame["sentence1"]), "v": scorer.embed(frame["sentence2"]),
-            "score": frame["score"].to_numpy(dtype=np.float64)}
+    return {
+        "u": scorer.embed(frame["sentence1"]),
+        "v": scorer.embed(frame["sentence2"]),
+        "score": frame["score"].to_numpy(dtype=np.float64),
+    }
 
 
-def sts_metrics_from_scores(scores: np.ndarray, frame: pd.DataFrame, prefix: str, by_genre: bool = True) -> Dict[str, float]:
+def sts_metrics_from_scores(
+    scores: np.ndarray, frame: pd.DataFrame, prefix: str, by_genre: bool = True
+) -> Dict[str, float]:
     gold = frame["score"].to_numpy()
     out = {f"{prefix}/pearson": pearson(scores, gold), f"{prefix}/spearman": spearman(scores, gold)}
     if by_genre and "genre" in frame.columns:
@@ -42,15 +47,21 @@ def predicted_scores(embedded: Dict[str, np.ndarray]) -> np.ndarray:
     return angular_score_from_cosine(pair_cosine(embedded["u"], embedded["v"]))
 
 
-def sts_metrics(scorer, frame: pd.DataFrame, prefix: str, by_genre: bool = True,
-                embedded: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, float]:
+def sts_metrics(
+    scorer, frame: pd.DataFrame, prefix: str, by_genre: bool = True, embedded: Optional[Dict[str, np.ndarray]] = None
+) -> Dict[str, float]:
     """Pearson and Spearman of the angular score against the gold scores."""
     emb = embedded or stsb_embeddings(scorer, frame)
     return sts_metrics_from_scores(predicted_scores(emb), frame, prefix, by_genre)
 
 
-def sts_file_metrics(scorer, path: str, name: str, transform: Optional[StsTransform] = None,
-                     fitted_pairs: AbstractSet[Tuple[str, str]] = frozenset()) -> Dict[str, float]:
+def sts_file_metrics(
+    scorer,
+    path: str,
+    name: str,
+    transform: Optional[StsTransform] = None,
+    fitted_pairs: AbstractSet[Tuple[str, str]] = frozenset(),
+) -> Dict[str, float]:
     """sts/<name>/{pearson,spearman} of an STS-style file (convsts.datasets.evalsets.read_sts_file), and
     sts_tuned/<name>/... with `transform` (the matrix fitted on STS-B: does it carry over?). The STS
     Benchmark holds many STS 2012-2016 pairs: the tuned scores leave out `fitted_pairs` (the pair_keys
@@ -64,34 +75,50 @@ def sts_file_metrics(scorer, path: str, name: str, transform: Optional[StsTransf
     if "split" in frame.columns and frame["split"].nunique() > 1:
         parts.update({f"/{split}": (frame["split"] == split).to_numpy() for split in sorted(frame["split"].unique())})
     counts = ", ".join(f"{key[1:]} {int(rows.sum())}" for key, rows in parts.items() if key)
-    (log.warning if left_out else log.info)("sts %s: %d pairs scored%s%s", name, len(frame),
-                                            f" ({counts})" if counts else "",
-                                            f", {left_out} without a gold score left out" if left_out else "")
+    (log.warning if left_out else log.info)(
+        "sts %s: %d pairs scored%s%s",
+        name,
+        len(frame),
+        f" ({counts})" if counts else "",
+        f", {left_out} without a gold score left out" if left_out else "",
+    )
     embedded = stsb_embeddings(scorer, frame)
     scores = predicted_scores(embedded)  # (n,)
     results: Dict[str, float] = {}
     for key, rows in parts.items():
-        results.update(sts_metrics_from_scores(scores[rows], frame[rows].reset_index(drop=True), f"sts/{name}{key}",
-                                               by_genre=False))
+        results.update(
+            sts_metrics_from_scores(
+                scores[rows], frame[rows].reset_index(drop=True), f"sts/{name}{key}", by_genre=False
+            )
+        )
     if transform is None:
         return results
     fresh = np.array([key not in fitted_pairs for key in pair_keys(frame)], dtype=bool)  # (n,)
     if not fresh.all():
-        log.info("sts_tuned %s: %d of %d pairs are in the STS-B splits that fitted the matrix; scored on the other %d",
-                 name, int((~fresh).sum()), len(frame), int(fresh.sum()))
+        log.info(
+            "sts_tuned %s: %d of %d pairs are in the STS-B splits that fitted the matrix; scored on the other %d",
+            name,
+            int((~fresh).sum()),
+            len(frame),
+            int(fresh.sum()),
+        )
     tuned = transform.score(embedded["u"], embedded["v"])  # (n,)
     for key, rows in parts.items():
         kept = rows & fresh  # (n,)
         if kept.sum() < 2:
             continue
-        results.update(sts_metrics_from_scores(tuned[kept], frame[kept].reset_index(drop=True), f"sts_tuned/{name}{key}",
-                                               by_genre=False))
+        results.update(
+            sts_metrics_from_scores(
+                tuned[kept], frame[kept].reset_index(drop=True), f"sts_tuned/{name}{key}", by_genre=False
+            )
+        )
         results[f"sts_tuned/{name}{key}/pairs"] = float(kept.sum())
     return results
 
 
-def tuned_sts_metrics(scorer, cfg: RunConfig, frames: Dict[str, pd.DataFrame],
-                      embedded: Dict[str, Dict[str, np.ndarray]]) -> tuple[Dict[str, float], StsTransform]:
+def tuned_sts_metrics(
+    scorer, cfg: RunConfig, frames: Dict[str, pd.DataFrame], embedded: Dict[str, Dict[str, np.ndarray]]
+) -> tuple[Dict[str, float], StsTransform]:
     """Fit one matrix on STS-B train (selected on dev), then score dev and test with it."""
     if "train" not in embedded:
         embedded["train"] = stsb_embeddings(scorer, frames["train"])
@@ -99,13 +126,16 @@ def tuned_sts_metrics(scorer, cfg: RunConfig, frames: Dict[str, pd.DataFrame],
     return transformed_sts_metrics(transform, frames, embedded), transform
 
 
-def transformed_sts_metrics(transform: StsTransform, frames: Dict[str, pd.DataFrame],
-                            embedded: Dict[str, Dict[str, np.ndarray]]) -> Dict[str, float]:
+def transformed_sts_metrics(
+    transform: StsTransform, frames: Dict[str, pd.DataFrame], embedded: Dict[str, Dict[str, np.ndarray]]
+) -> Dict[str, float]:
     """stsb_tuned/<dev|test>/... of a fitted matrix on embeddings already computed."""
     results: Dict[str, float] = {"stsb_tuned/best_epoch": float(transform.best_epoch)}
     for split in ("dev", "test"):
         emb = embedded[split]
-        results.update(sts_metrics_from_scores(transform.score(emb["u"], emb["v"]), frames[split], f"stsb_tuned/{split}"))
+        results.update(
+            sts_metrics_from_scores(transform.score(emb["u"], emb["v"]), frames[split], f"stsb_tuned/{split}")
+        )
     return results
 
 
@@ -124,8 +154,10 @@ class StsDevProbe:
         model.eval()
         try:
             encoder = SentenceEncoder(model, self.tokenizer, {})
-            embedded = {"u": encoder.encode(list(self.frame["sentence1"]), 512),
-                        "v": encoder.encode(list(self.frame["sentence2"]), 512)}
+            embedded = {
+                "u": encoder.encode(list(self.frame["sentence1"]), 512),
+                "v": encoder.encode(list(self.frame["sentence2"]), 512),
+            }
         finally:
             model.train()
         return {self.METRIC: pearson(predicted_scores(embedded), self.frame["score"].to_numpy())}

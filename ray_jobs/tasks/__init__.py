@@ -35,8 +35,10 @@ def get_task(name: str, modules: Sequence[str] = ()) -> Task:
     if name in builtin_tasks():
         return _task_in(f"convsts.ray_jobs.tasks.{name}")
     known = builtin_tasks() + [_task_in(m).name for m in modules]
-    raise ValueError(f"unknown task {name!r}: known tasks are {', '.join(known)} "
-                     f"(add a module under ray_jobs/tasks/ or list one in task_modules)")
+    raise ValueError(
+        f"unknown task {name!r}: known tasks are {', '.join(known)} "
+        f"(add a module under ray_jobs/tasks/ or list one in task_modules)"
+    )
 
 
 def trained_tasks(cfg: "RunConfig") -> Dict[str, Task]:

@@ -84,8 +84,11 @@ def manifest_shape_problem(manifest: Any) -> Optional[str]:
         if not isinstance(entries, list):
             return f"{key}: not a list"
         for i, item in enumerate(entries):
-            wrong = [f"no {kind.__name__} {name!r}" for name, kind in entry.items()
-                     if not isinstance(item, dict) or type(item.get(name)) is not kind]
+            wrong = [
+                f"no {kind.__name__} {name!r}"
+                for name, kind in entry.items()
+                if not isinstance(item, dict) or type(item.get(name)) is not kind
+            ]
             if wrong:
                 return f"{key}[{i}]: {', '.join(wrong)}"
     return None
@@ -94,7 +97,7 @@ def manifest_shape_problem(manifest: Any) -> Optional[str]:
 def fields(batch: Batch, prefix: str) -> Batch:
     """The id tensors of one text column: {"words": ..., "bigrams": ...} from "<prefix>__words", ..."""
     head = prefix + "__"
-    return {k[len(head):]: v for k, v in batch.items() if k.startswith(head)}
+    return {k[len(head) :]: v for k, v in batch.items() if k.startswith(head)}
 
 
 class Task:
@@ -146,8 +149,13 @@ class Task:
         written after the shards, so a folder without one is an interrupted prepare. `inputs`, the
         raw files read, are recorded with their sizes, times and, for local files, sha256
         (`input_files`; input_changes)."""
-        shards = {split: [{"file": storage.name(f), "rows": storage.parquet_rows(f)}
-                          for f in self._shard_files(storage.join(out_dir, split))] for split in self.splits}
+        shards = {
+            split: [
+                {"file": storage.name(f), "rows": storage.parquet_rows(f)}
+                for f in self._shard_files(storage.join(out_dir, split))
+            ]
+            for split in self.splits
+        }
         if inputs:
             manifest = {**manifest, "input_files": input_record(inputs, digests=True)}
         manifest = redact_tree({**manifest, "shards": shards})  # input URIs lose their credentials
@@ -159,8 +167,13 @@ class Task:
         manifest records them by."""
         return {key.rpartition(".")[2]: config_value(config, key) for key in self.prepared_keys}
 
-    def settings_mismatches(self, manifest: Dict[str, Any], config: Dict[str, Any],
-                            keys: Optional[Tuple[str, ...]] = None, label: str = "this run") -> List[str]:
+    def settings_mismatches(
+        self,
+        manifest: Dict[str, Any],
+        config: Dict[str, Any],
+        keys: Optional[Tuple[str, ...]] = None,
+        label: str = "this run",
+    ) -> List[str]:
         """'KEY=RECORDED (LABEL: VALUE)' for each of `keys` (default prepared_keys; a section such
         as `filters` key by key) whose value in the manifest differs from the run config's."""
         from convsts.ray_jobs.config import changed_values, flatten
@@ -197,8 +210,11 @@ class Task:
         try:
             current = input_record(storage.expand_inputs(self.raw_inputs(cfg)))
         except FileNotFoundError as err:
-            log.info("%s: this run's raw inputs are not here (%s); the prepared folder's inputs are not compared",
-                     self.name, storage.redact(str(err)))
+            log.info(
+                "%s: this run's raw inputs are not here (%s); the prepared folder's inputs are not compared",
+                self.name,
+                storage.redact(str(err)),
+            )
             return []
         here = {r["file"]: r for r in current}
         changed = []
@@ -209,20 +225,30 @@ class Task:
             other_bytes = ""
             if now["size"] == old["size"] and old.get("sha256"):  # the same bytes copied anew?
                 if storage.file_sha256(old["file"]) == old["sha256"]:
-                    log.info("%s: modified %s, after it was prepared, but holds the bytes prepared (sha256 %s)",
-                             old["file"], _when(now["mtime_ns"]), old["sha256"][:12])
+                    log.info(
+                        "%s: modified %s, after it was prepared, but holds the bytes prepared (sha256 %s)",
+                        old["file"],
+                        _when(now["mtime_ns"]),
+                        old["sha256"][:12],
+                    )
                     continue
                 other_bytes = ", other bytes"
-            changed.append(f"{old['file']} changed since it was prepared (size {old['size']} -> {now['size']}, "
-                           f"modified {_when(old['mtime_ns'])} -> {_when(now['mtime_ns'])}{other_bytes})")
+            changed.append(
+                f"{old['file']} changed since it was prepared (size {old['size']} -> {now['size']}, "
+                f"modified {_when(old['mtime_ns'])} -> {_when(now['mtime_ns'])}{other_bytes})"
+            )
         if changed:
             return changed
-        before, after = (Counter(f"{storage.name(r['file'])} ({r['size']} bytes)" for r in records)
-                         for records in (recorded, current))
+        before, after = (
+            Counter(f"{storage.name(r['file'])} ({r['size']} bytes)" for r in records)
+            for records in (recorded, current)
+        )
         if before != after:
             gone, added = sorted((before - after).elements()), sorted((after - before).elements())
-            return [f"other files: {len(gone)} of the folder's not among this run's ({_names(gone)}), "
-                    f"{len(added)} of this run's not among the folder's ({_names(added)})"]
+            return [
+                f"other files: {len(gone)} of the folder's not among this run's ({_names(gone)}), "
+                f"{len(added)} of this run's not among the folder's ({_names(added)})"
+            ]
         # The same names and sizes elsewhere (a copy of the data, a submitted job's copy of the project):
         # where the manifest holds digests, a local copy must also hold the bytes prepared.
         digests: Dict[tuple, set] = {}
@@ -236,8 +262,10 @@ class Task:
                 continue
             digest = storage.file_sha256(r["file"])
             if digest not in known:
-                changed.append(f"{r['file']}: the name and size of a file the folder was prepared from, other bytes "
-                               f"(sha256 {digest[:12]}, prepared {', '.join(sorted(d[:12] for d in known))})")
+                changed.append(
+                    f"{r['file']}: the name and size of a file the folder was prepared from, other bytes "
+                    f"(sha256 {digest[:12]}, prepared {', '.join(sorted(d[:12] for d in known))})"
+                )
         return changed
 
     def verify_prepared(self, prepared_root: str, cfg: Optional["RunConfig"] = None) -> Dict[str, Any]:
@@ -249,8 +277,12 @@ class Task:
         again = f"delete {folder} and run `convsts prepare` again"
         if not storage.is_file(manifest_path):
             if storage.is_dir(folder):
-                raise BadInputError(f"{folder} has shards but no {MANIFEST}: an interrupted or older `convsts prepare`; {again}")
-            raise FileNotFoundError(f"{self.name} shards not found at {folder}; run `convsts prepare all --out {prepared_root}` first")
+                raise BadInputError(
+                    f"{folder} has shards but no {MANIFEST}: an interrupted or older `convsts prepare`; {again}"
+                )
+            raise FileNotFoundError(
+                f"{self.name} shards not found at {folder}; run `convsts prepare all --out {prepared_root}` first"
+            )
         try:
             manifest = json.loads(storage.read_text(manifest_path))
         except ValueError as err:
@@ -264,25 +296,33 @@ class Task:
             expected = {s["file"] for s in listed}
             if present != expected:
                 missing, extra = sorted(expected - present), sorted(present - expected)
-                raise BadInputError(f"{split_dir}: shards do not match {manifest_path} (missing {missing[:3]}, "
-                                    f"not listed {extra[:3]}); {again}")
+                raise BadInputError(
+                    f"{split_dir}: shards do not match {manifest_path} (missing {missing[:3]}, "
+                    f"not listed {extra[:3]}); {again}"
+                )
             for shard in listed:
                 try:
                     rows = storage.parquet_rows(storage.join(split_dir, shard["file"]))
                 except BadInputError as err:  # a corrupt footer, a truncated file
                     raise BadInputError(f"{err}; {again}") from None
                 if rows != shard["rows"]:
-                    raise BadInputError(f"{storage.join(split_dir, shard['file'])}: {rows} rows, the manifest says "
-                                        f"{shard['rows']}; {again}")
+                    raise BadInputError(
+                        f"{storage.join(split_dir, shard['file'])}: {rows} rows, the manifest says "
+                        f"{shard['rows']}; {again}"
+                    )
         differs = self.settings_mismatches(manifest, redact_tree(cfg.to_dict())) if cfg is not None else []
         new_folder = "prepare this run's data into a new folder (`convsts prepare all --config ... --out NEW`, then --prepared NEW)"
         if differs:
-            raise BadInputError(f"{manifest_path}: prepared with {'; '.join(differs)}; {new_folder} "
-                                f"or set these keys to the folder's values")
+            raise BadInputError(
+                f"{manifest_path}: prepared with {'; '.join(differs)}; {new_folder} "
+                f"or set these keys to the folder's values"
+            )
         changed = self.input_changes(manifest, cfg) if cfg is not None else []
         if changed:
-            raise BadInputError(f"{manifest_path}: prepared from other raw inputs than this run's: {'; '.join(changed)}; "
-                                f"{new_folder}, or delete {folder} to prepare it again")
+            raise BadInputError(
+                f"{manifest_path}: prepared from other raw inputs than this run's: {'; '.join(changed)}; "
+                f"{new_folder}, or delete {folder} to prepare it again"
+            )
         return manifest
 
     def interrupted_prepare(self, out_dir: str) -> bool:
@@ -292,8 +332,10 @@ class Task:
             split_dir = storage.join(out_dir, entry)
             if entry not in self.splits or not storage.is_dir(split_dir):
                 return False
-            if any(not n.endswith(".parquet") or not storage.is_file(storage.join(split_dir, n))
-                   for n in storage.entry_names(split_dir)):
+            if any(
+                not n.endswith(".parquet") or not storage.is_file(storage.join(split_dir, n))
+                for n in storage.entry_names(split_dir)
+            ):
                 return False
         return True
 
@@ -305,12 +347,14 @@ class Task:
 
         if storage.has_entries(out_dir):
             if storage.is_file(storage.join(out_dir, MANIFEST)):
-                raise FileExistsError(f"{out_dir} already holds a prepared {self.name} folder ({MANIFEST}); "
-                                      f"choose a new --out folder")
+                raise FileExistsError(
+                    f"{out_dir} already holds a prepared {self.name} folder ({MANIFEST}); choose a new --out folder"
+                )
             if not self.interrupted_prepare(out_dir):
                 raise FileExistsError(f"{out_dir} is not empty; choose a new --out folder")
-            log.warning("%s: shards of an interrupted `convsts prepare` (no %s): removed, prepared again",
-                        out_dir, MANIFEST)
+            log.warning(
+                "%s: shards of an interrupted `convsts prepare` (no %s): removed, prepared again", out_dir, MANIFEST
+            )
             storage.delete_folder(out_dir)
         return self.prepare(inputs, out_dir, cfg)
 
@@ -331,8 +375,11 @@ class Task:
             frames.append(frame[columns])
         frame = pd.concat(frames, ignore_index=True)
         self.write_train_frame(frame, out_dir, cfg)
-        return self.write_manifest(out_dir, {"inputs": list(inputs), "pairs": len(frame),
-                                             "seconds": round(time.time() - started, 1)}, inputs=files)
+        return self.write_manifest(
+            out_dir,
+            {"inputs": list(inputs), "pairs": len(frame), "seconds": round(time.time() - started, 1)},
+            inputs=files,
+        )
 
     def manifest_metrics(self, manifest: Dict[str, Any]) -> Dict[str, float]:
         """Counts from the prepare manifest logged to MLflow as data/... metrics."""
@@ -360,8 +407,9 @@ class Task:
         """This task's own metrics of a scorer (a model or a lexical baseline)."""
         return {}
 
-    def evaluate_items(self, scorer, cfg: "RunConfig",
-                       prepared_root: Optional[str]) -> Tuple[Dict[str, float], Optional["pd.DataFrame"]]:
+    def evaluate_items(
+        self, scorer, cfg: "RunConfig", prepared_root: Optional[str]
+    ) -> Tuple[Dict[str, float], Optional["pd.DataFrame"]]:
         """evaluate's metrics and, for a task that scores items one by one, each item's outcome: a
         frame that two evaluations of the same items are compared on, item by item (`convsts
         evaluate --compare`; the Reddit task: each query's rank); None for a task without one."""

@@ -57,15 +57,25 @@ class RedditTask(Task):
             "seconds": round(time.time() - started, 1),
         }
         manifest = self.write_manifest(out_dir, manifest, inputs=files)
-        log.info("reddit: %d lines read, %d pairs (%d train / %d test), %d filtered, %d unpaired, "
-                 "%d duplicate ids, %d malformed", manifest["lines_read"], manifest["pairs"],
-                 manifest["train_pairs"], manifest["test_pairs"], sum(manifest["filtered_by_rule"].values()),
-                 manifest["unpaired"], manifest["duplicate_ids"], manifest["malformed"])
+        log.info(
+            "reddit: %d lines read, %d pairs (%d train / %d test), %d filtered, %d unpaired, "
+            "%d duplicate ids, %d malformed",
+            manifest["lines_read"],
+            manifest["pairs"],
+            manifest["train_pairs"],
+            manifest["test_pairs"],
+            sum(manifest["filtered_by_rule"].values()),
+            manifest["unpaired"],
+            manifest["duplicate_ids"],
+            manifest["malformed"],
+        )
         return manifest
 
     def manifest_metrics(self, manifest: Dict[str, Any]) -> Dict[str, float]:
-        return {"data/reddit_train_pairs": float(manifest["train_pairs"]),
-                "data/reddit_test_pairs": float(manifest["test_pairs"])}
+        return {
+            "data/reddit_train_pairs": float(manifest["train_pairs"]),
+            "data/reddit_test_pairs": float(manifest["test_pairs"]),
+        }
 
     def text_columns(self, cfg=None) -> Dict[str, str]:
         columns = super().text_columns(cfg)
@@ -77,9 +87,11 @@ class RedditTask(Task):
         if cfg.data.reddit_hard_negatives:
             shards = self._shard_files(self.train_path(prepared_root))
             if shards and NEGATIVE not in storage.read_parquet_schema(shards[0]).names:
-                raise BadInputError(f"{self.train_path(prepared_root)}: no '{NEGATIVE}' column, which "
-                                    f"data.reddit_hard_negatives=true trains on; write one with `convsts mine-negatives "
-                                    f"--prepared {prepared_root} --out NEW` and train on NEW")
+                raise BadInputError(
+                    f"{self.train_path(prepared_root)}: no '{NEGATIVE}' column, which "
+                    f"data.reddit_hard_negatives=true trains on; write one with `convsts mine-negatives "
+                    f"--prepared {prepared_root} --out NEW` and train on NEW"
+                )
         return super().train_rows(cfg, prepared_root)
 
     def loss(self, model, batch):
@@ -88,8 +100,7 @@ class RedditTask(Task):
         context, response, *negative = model.encode_all(sides + ([negatives] if negatives else []))  # (B, D) each
         response = model.heads[self.name](response)  # (B, D)
         negative = model.heads[self.name](negative[0]) if negative else None  # (B, D)
-        loss = in_batch_softmax_loss(context, response, model.config.score_scale, model.config.symmetric_loss,
-                                     negative)
+        loss = in_batch_softmax_loss(context, response, model.config.score_scale, model.config.symmetric_loss, negative)
         return loss, in_batch_accuracy(context, response)
 
     def evaluate(self, scorer, cfg, prepared_root: Optional[str]) -> Dict[str, float]:
@@ -101,8 +112,9 @@ class RedditTask(Task):
         heldout = heldout_pairs(storage.join(self.prepared_dir(prepared_root), "test")) if prepared_root else None
         if heldout is None:
             return {}, None
-        return precision_at_n_metrics(scorer, heldout, cfg.eval.reddit_pairs, cfg.eval.reddit_negatives,
-                                      cfg.eval.seed, prefix=self.name)
+        return precision_at_n_metrics(
+            scorer, heldout, cfg.eval.reddit_pairs, cfg.eval.reddit_negatives, cfg.eval.seed, prefix=self.name
+        )
 
 
 TASK = RedditTask()

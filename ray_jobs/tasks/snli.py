@@ -15,8 +15,10 @@ from convsts.ray_jobs.tasks.base import Task, fields
 def _fraction_filter(batch: Dict[str, np.ndarray], fraction: float, seed: int) -> Dict[str, np.ndarray]:
     from convsts.datasets.snli import fraction_rank
 
-    keep = np.array([fraction_rank(str(p), str(h), seed) < fraction
-                     for p, h in zip(batch["premise"], batch["hypothesis"])], dtype=bool)
+    keep = np.array(
+        [fraction_rank(str(p), str(h), seed) < fraction for p, h in zip(batch["premise"], batch["hypothesis"])],
+        dtype=bool,
+    )
     return {name: np.asarray(values)[keep] for name, values in batch.items()}
 
 
@@ -41,9 +43,16 @@ class SnliTask(Task):
         read = snli.read_snli(path)
         frame = snli.with_fraction_rank(read, cfg.data.snli_fraction_seed)
         self.write_train_frame(frame, out_dir, cfg)
-        manifest = {"input": path, "pairs": len(frame), "labels": snli.label_counts(frame),
-                    "without_gold": read.attrs["without_gold"], "fraction_seed": cfg.data.snli_fraction_seed}
-        log.info("snli: %d pairs -> %s (%d without a gold label left out)", len(frame), out_dir, read.attrs["without_gold"])
+        manifest = {
+            "input": path,
+            "pairs": len(frame),
+            "labels": snli.label_counts(frame),
+            "without_gold": read.attrs["without_gold"],
+            "fraction_seed": cfg.data.snli_fraction_seed,
+        }
+        log.info(
+            "snli: %d pairs -> %s (%d without a gold label left out)", len(frame), out_dir, read.attrs["without_gold"]
+        )
         return self.write_manifest(out_dir, manifest, inputs=[path])
 
     def train_rows(self, cfg, prepared_root: str):
@@ -51,8 +60,9 @@ class SnliTask(Task):
         ds = storage.read_shards(self.train_path(prepared_root))
         if cfg.data.snli_fraction >= 1.0:
             return ds
-        return ds.map_batches(_fraction_filter, fn_args=(float(cfg.data.snli_fraction), int(cfg.data.snli_fraction_seed)),
-                              batch_size=4096)
+        return ds.map_batches(
+            _fraction_filter, fn_args=(float(cfg.data.snli_fraction), int(cfg.data.snli_fraction_seed)), batch_size=4096
+        )
 
     def loss(self, model, batch):
         u, v = model.encode_both(fields(batch, "premise"), fields(batch, "hypothesis"))  # (B, D) each

@@ -22,18 +22,39 @@ from convsts.ray_jobs.training.step import Optimizers, train_step
 
 
 class AsyncTrainLoop(TrainLoop):
-    def __init__(self, cfg: RunConfig, model, plan: TaskPlan, rank: int, open_stream: StreamFactory, holder,
-                 tokenizer, hooks: Optional[LoopHooks] = None, state: Optional[TrainState] = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        model,
+        plan: TaskPlan,
+        rank: int,
+        open_stream: StreamFactory,
+        holder,
+        tokenizer,
+        hooks: Optional[LoopHooks] = None,
+        state: Optional[TrainState] = None,
+    ):
         (self.task,) = plan.tasks_of(rank)
         self.holder = holder
         self.update = HolderUpdate(holder, model, self.task, cfg.trainer.async_refresh_every)
-        super().__init__(cfg, model, plan, rank, open_stream, hooks, state,
-                         optimizers=Optimizers(encoder=[self.update], heads={self.task: []}))
+        super().__init__(
+            cfg,
+            model,
+            plan,
+            rank,
+            open_stream,
+            hooks,
+            state,
+            optimizers=Optimizers(encoder=[self.update], heads={self.task: []}),
+        )
         import ray
 
         if rank == 0:  # every (re)start: the holder begins a generation from this run's starting point
-            ray.get(holder.reset.remote(cfg.to_dict(), tokenizer.to_dict(), model.state_dict(),
-                                        state.to_dict() if state else None))
+            ray.get(
+                holder.reset.remote(
+                    cfg.to_dict(), tokenizer.to_dict(), model.state_dict(), state.to_dict() if state else None
+                )
+            )
         self.combiner.barrier()  # no rank pushes to a holder that rank 0 has not reset
         self.update.connect(state.pushed_of(rank, plan.world_size) if state else 0)
         self.logged = self.evaluated = self.step
@@ -63,11 +84,20 @@ class AsyncTrainLoop(TrainLoop):
                 self.stage = stage
                 self.streams = self._open_streams(stage.batch_size, {})
             batch = next(self.streams[self.task])
-            loss, accuracy = train_step(self.model, self.tasks[self.task], batch, self.optimizers, self.combiner,
-                                        trainer.grad_clip, trainer.precision)
+            loss, accuracy = train_step(
+                self.model,
+                self.tasks[self.task],
+                batch,
+                self.optimizers,
+                self.combiner,
+                trainer.grad_clip,
+                trainer.precision,
+            )
             if not bool(torch.isfinite(loss)):  # never pushed: the holder's weights stay finite
-                raise NonFiniteLossError(f"non-finite {self.task} loss ({float(loss)}) on rank {self.rank} after update "
-                                         f"{self.step}: training stopped; {NON_FINITE_ADVICE}")
+                raise NonFiniteLossError(
+                    f"non-finite {self.task} loss ({float(loss)}) on rank {self.rank} after update "
+                    f"{self.step}: training stopped; {NON_FINITE_ADVICE}"
+                )
             if in_flight is not None and self._receive(in_flight, run_start):
                 return self.step  # the update just computed is not needed
             self.update.send()
@@ -100,8 +130,12 @@ class AsyncTrainLoop(TrainLoop):
         if self._crossed(trainer.log_every, self.logged) or reply["done"]:
             metrics = self._log_window(run_start)
             self.logged = self.step
-        if (trainer.eval_every and self.hooks.evaluate is not None and self.rank == 0
-                and self._crossed(trainer.eval_every, self.evaluated)):
+        if (
+            trainer.eval_every
+            and self.hooks.evaluate is not None
+            and self.rank == 0
+            and self._crossed(trainer.eval_every, self.evaluated)
+        ):
             self.evaluated = self.step
             self._evaluate()
         return metrics
@@ -122,16 +156,24 @@ class AsyncTrainLoop(TrainLoop):
         next checkpoint on) before any rank pushes again."""
         import ray
 
-        gathered = self.combiner.gather_objects({"position": {t: s.position() for t, s in self.streams.items()},
-                                                 "pushed": self.update.pushed})
+        gathered = self.combiner.gather_objects(
+            {"position": {t: s.position() for t, s in self.streams.items()}, "pushed": self.update.pushed}
+        )
         state = None
         if self.rank == 0:
             snap: Dict[str, Any] = ray.get(self.holder.checkpoint_state.remote(self.update.generation))
             self.model.load_state_dict(snap["model"])  # what the checkpoint holds: the holder's weights
             self.update.version = snap["step"]
             self.step = snap["step"]
-            state = TrainState(snap["step"], snap["encoder_optimizers"], snap["head_optimizers"],
-                               [g["position"] for g in gathered], self.plan.world_size, self.plan.mode,
-                               snap["task_updates"], [g["pushed"] for g in gathered])
+            state = TrainState(
+                snap["step"],
+                snap["encoder_optimizers"],
+                snap["head_optimizers"],
+                [g["position"] for g in gathered],
+                self.plan.world_size,
+                self.plan.mode,
+                snap["task_updates"],
+                [g["pushed"] for g in gathered],
+            )
         self.combiner.barrier()
         self._checkpoint(metrics, state)

@@ -45,6 +45,7 @@ def build_tokenizer(cfg: RunConfig, prepared_root: str):
         return [(task.train_rows(cfg, prepared_root), list(task.pair)) for task in prepared_tasks(cfg).values()]
 
     if not TOKENIZERS[kind].fits_from_counts:  # WordPiece trained on the texts, or the pretrained model's own
+
         def texts():  # read only when the tokenizer is trained
             for ds, cols in sources():
                 for batch in ds.iter_batches(batch_size=4096, batch_format="numpy"):
@@ -67,8 +68,9 @@ def build_tokenizer(cfg: RunConfig, prepared_root: str):
 # Datasets
 
 
-def _tokenize_batch(batch: Dict[str, np.ndarray], tokenizer, columns: Dict[str, str],
-                    width: int, passthrough: Sequence[str]) -> Dict[str, np.ndarray]:
+def _tokenize_batch(
+    batch: Dict[str, np.ndarray], tokenizer, columns: Dict[str, str], width: int, passthrough: Sequence[str]
+) -> Dict[str, np.ndarray]:
     out = encode_columns(tokenizer, batch, columns, width)
     for name in passthrough:
         out[name] = np.asarray(batch[name])
@@ -81,8 +83,9 @@ def tokenized(task: Task, rows, tokenizer, width: int, cfg: RunConfig | None = N
     passthrough = (task.label,) if task.label else ()
     # The tokenizer object travels once per Ray Data task and serves every batch of it (rebuilding
     # a 50k-word vocabulary from its dict per batch cost a quarter of the DAN tokenizer's time).
-    return rows.map_batches(_tokenize_batch, fn_args=(tokenizer, task.text_columns(cfg), width, passthrough),
-                            batch_size=1024)
+    return rows.map_batches(
+        _tokenize_batch, fn_args=(tokenizer, task.text_columns(cfg), width, passthrough), batch_size=1024
+    )
 
 
 def task_datasets(cfg: RunConfig, prepared_root: str, tokenizer) -> Dict[str, Any]:
@@ -131,8 +134,18 @@ class TaskStream:
     With `bucket_batches` > 1, each window of that many batches is sorted by length (the longest
     text column of a row, `pad_id` not counted), cut back into batches and yielded in a seeded order."""
 
-    def __init__(self, task: str, shard, batch_size: int, device, seed: int, epoch: int = 0, skip: int = 0,
-                 bucket_batches: int = 0, pad_id: int = 0):
+    def __init__(
+        self,
+        task: str,
+        shard,
+        batch_size: int,
+        device,
+        seed: int,
+        epoch: int = 0,
+        skip: int = 0,
+        bucket_batches: int = 0,
+        pad_id: int = 0,
+    ):
         self.task, self.shard, self.batch_size, self.device, self.seed = task, shard, batch_size, device, seed
         self.bucket_batches, self.pad_id = bucket_batches, pad_id
         self.epoch, self.batch_in_epoch = epoch, 0
@@ -140,8 +153,12 @@ class TaskStream:
 
     def _epoch(self) -> Iterator[Dict[str, torch.Tensor]]:
         batches = self.shard.iter_torch_batches(
-            batch_size=self.batch_size, drop_last=True, device=self.device,
-            local_shuffle_buffer_size=4 * self.batch_size, local_shuffle_seed=self.seed + self.epoch)
+            batch_size=self.batch_size,
+            drop_last=True,
+            device=self.device,
+            local_shuffle_buffer_size=4 * self.batch_size,
+            local_shuffle_seed=self.seed + self.epoch,
+        )
         if self.bucket_batches <= 1:
             yield from batches
             return
@@ -162,7 +179,7 @@ class TaskStream:
         order = torch.argsort(lengths, stable=True)  # (W*B,) shortest first
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch * 7_919 + salt)
         for j in torch.randperm(len(window), generator=generator).tolist():
-            idx = order[j * self.batch_size:(j + 1) * self.batch_size]  # (B,)
+            idx = order[j * self.batch_size : (j + 1) * self.batch_size]  # (B,)
             yield {k: v[idx] for k, v in rows.items()}
 
     def _batches(self, skip: int) -> Iterator[Dict[str, torch.Tensor]]:
@@ -176,7 +193,9 @@ class TaskStream:
                     continue
                 yield batch
             if produced == 0:
-                raise RuntimeError(f"{self.task}: this worker's shard has fewer rows than one batch ({self.batch_size})")
+                raise RuntimeError(
+                    f"{self.task}: this worker's shard has fewer rows than one batch ({self.batch_size})"
+                )
             self.epoch += 1
             self.batch_in_epoch = 0
 
@@ -194,8 +213,9 @@ class TaskStream:
         self._it.close()
 
 
-def frame_batch(tokenizer, task: Task, part, width: int, device=None,
-                cfg: RunConfig | None = None) -> Dict[str, torch.Tensor]:
+def frame_batch(
+    tokenizer, task: Task, part, width: int, device=None, cfg: RunConfig | None = None
+) -> Dict[str, torch.Tensor]:
     """One task's batch from rows of a pandas frame, tokenized as the Ray Data feed does (the text
     columns a run with `cfg` trains on: `task.text_columns(cfg)`)."""
     columns = task.text_columns(cfg)
@@ -211,8 +231,19 @@ class FrameStream:
     order, epoch after epoch, each epoch's rows shuffled with seed + epoch; with `cfg`, the text
     columns that run trains on (a mined Reddit folder's negatives with data.reddit_hard_negatives)."""
 
-    def __init__(self, task: Task, frame, tokenizer, batch_size: int, width: int, seed: int = 0,
-                 epoch: int = 0, skip: int = 0, device=None, cfg: RunConfig | None = None):
+    def __init__(
+        self,
+        task: Task,
+        frame,
+        tokenizer,
+        batch_size: int,
+        width: int,
+        seed: int = 0,
+        epoch: int = 0,
+        skip: int = 0,
+        device=None,
+        cfg: RunConfig | None = None,
+    ):
         if len(frame) < batch_size:
             raise RuntimeError(f"{task.name}: {len(frame)} rows, fewer than one batch ({batch_size})")
         self.task, self.frame, self.tokenizer, self.batch_size, self.width = task, frame, tokenizer, batch_size, width
@@ -231,7 +262,7 @@ class FrameStream:
             self.epoch += 1
             self.batch_in_epoch = 0
             self._order = self._shuffled()
-        rows = self._order[self.batch_in_epoch * self.batch_size:(self.batch_in_epoch + 1) * self.batch_size]
+        rows = self._order[self.batch_in_epoch * self.batch_size : (self.batch_in_epoch + 1) * self.batch_size]
         self.batch_in_epoch += 1
         return frame_batch(self.tokenizer, self.task, self.frame.iloc[rows], self.width, self.device, self.cfg)
 

@@ -70,8 +70,13 @@ class ParameterHolder:
 
     # -- set-up and checkpoints (rank 0) ----------------------------------------------------------
 
-    def reset(self, run: Dict[str, Any], tokenizer: Dict[str, Any], weights: Dict[str, torch.Tensor],
-              state: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    def reset(
+        self,
+        run: Dict[str, Any],
+        tokenizer: Dict[str, Any],
+        weights: Dict[str, torch.Tensor],
+        state: Optional[Dict[str, Any]] = None,
+    ) -> Dict[str, Any]:
         """Start a generation of the run `run` (the run config's dict; `tokenizer`: the tokenizer's)
         from `weights` (a model state dict) and a TrainState dict (optimizers, step, per-task
         counts; None for a fresh run)."""
@@ -102,29 +107,41 @@ class ParameterHolder:
         self._check(generation)
         every = self.cfg.trainer.checkpoint_every
         self.next_checkpoint = (self.step // every + 1) * every
-        return {"step": self.step, "model": self.model.state_dict(),
-                "encoder_optimizers": [o.state_dict() for o in self.optimizers.encoder],
-                "head_optimizers": {t: [o.state_dict() for o in opts] for t, opts in self.optimizers.heads.items()},
-                "task_updates": dict(self.updates)}
+        return {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "encoder_optimizers": [o.state_dict() for o in self.optimizers.encoder],
+            "head_optimizers": {t: [o.state_dict() for o in opts] for t, opts in self.optimizers.heads.items()},
+            "task_updates": dict(self.updates),
+        }
 
     def stats(self) -> Dict[str, Any]:
         """Per task since the last call: updates, staleness (sum, max), seconds waited for pacing;
         with the counts so far and the seconds the window covers."""
         window, self.window = self.window, self._empty_window()
-        return {"step": self.step, "seconds": time.time() - window["started"], "updates": dict(self.updates),
-                "base": self.base, "window": window["tasks"]}
+        return {
+            "step": self.step,
+            "seconds": time.time() - window["started"],
+            "updates": dict(self.updates),
+            "base": self.base,
+            "window": window["tasks"],
+        }
 
     def _empty_window(self) -> Dict[str, Any]:
-        return {"started": time.time(),
-                "tasks": {t: {"updates": 0, "staleness_sum": 0, "staleness_max": 0, "waited_s": 0.0} for t in self.tasks}}
+        return {
+            "started": time.time(),
+            "tasks": {t: {"updates": 0, "staleness_sum": 0, "staleness_max": 0, "waited_s": 0.0} for t in self.tasks},
+        }
 
     # -- the workers' calls -------------------------------------------------------------------------
 
     def _check(self, generation: int) -> None:
         if generation != self.generation:
             what = "restarted" if self.generation == 0 else f"was reset (generation {self.generation})"
-            raise HolderReset(f"the parameter holder {what} since this worker connected (generation {generation}): "
-                              "the worker group restarts from the last checkpoint")
+            raise HolderReset(
+                f"the parameter holder {what} since this worker connected (generation {generation}): "
+                "the worker group restarts from the last checkpoint"
+            )
 
     def _done(self) -> bool:
         return self.step >= self.cfg.trainer.steps
@@ -167,7 +184,9 @@ class ParameterHolder:
             reply["weights"] = self._weights_since(task, version)
         return reply
 
-    async def push(self, generation: int, task: str, grads: Dict[str, Wire], version: int, pull: bool) -> Dict[str, Any]:
+    async def push(
+        self, generation: int, task: str, grads: Dict[str, Wire], version: int, pull: bool
+    ) -> Dict[str, Any]:
         """Apply one update of `task` computed on the weights of update `version` (unless the run has
         reached trainer.steps: "applied" False), then wait for the task's next turn (see `turn`)."""
         self._check(generation)
@@ -192,7 +211,9 @@ class ParameterHolder:
         for name, grad in grads.items():
             param = self.params.get(name)
             if param is None or not shared_or_head(name, task):
-                raise KeyError(f"a {task} worker pushed a gradient for {name!r}, not a parameter of the encoder or its head")
+                raise KeyError(
+                    f"a {task} worker pushed a gradient for {name!r}, not a parameter of the encoder or its head"
+                )
             if isinstance(grad, tuple):
                 rows, values = grad  # (nnz,), (nnz, D)
                 param.grad = torch.sparse_coo_tensor(rows.unsqueeze(0), values, param.shape, check_invariants=False)
@@ -227,8 +248,11 @@ def start_holder(cfg) -> Any:
     dies (up to trainer.max_failures times), empty: see the module's docstring."""
     import ray
 
-    return ray.remote(ParameterHolder).options(num_cpus=0, max_restarts=cfg.trainer.max_failures,
-                                               max_task_retries=0).remote()
+    return (
+        ray.remote(ParameterHolder)
+        .options(num_cpus=0, max_restarts=cfg.trainer.max_failures, max_task_retries=0)
+        .remote()
+    )
 
 
 class HolderUpdate(torch.optim.Optimizer):
@@ -327,10 +351,20 @@ def holder_stats_metrics(stats: Dict[str, Any], batch_size: int) -> Dict[str, fl
     out: Dict[str, float] = {}
     for task, w in stats["window"].items():
         n = w["updates"]
-        out.update({f"async/{task}/updates": stats["updates"][task], f"async/{task}/share": stats["updates"][task] / counted,
-                    f"async/{task}/updates_per_s": n / seconds, f"async/{task}/pairs_per_s": n * batch_size / seconds,
-                    f"async/{task}/wait_s": w["waited_s"]})
+        out.update(
+            {
+                f"async/{task}/updates": stats["updates"][task],
+                f"async/{task}/share": stats["updates"][task] / counted,
+                f"async/{task}/updates_per_s": n / seconds,
+                f"async/{task}/pairs_per_s": n * batch_size / seconds,
+                f"async/{task}/wait_s": w["waited_s"],
+            }
+        )
         if n:
-            out.update({f"async/{task}/staleness_mean": w["staleness_sum"] / n, f"async/{task}/staleness_max": w["staleness_max"]})
+            out.update(
+                {
+                    f"async/{task}/staleness_mean": w["staleness_sum"] / n,
+                    f"async/{task}/staleness_max": w["staleness_max"],
+                }
+            )
     return out
-

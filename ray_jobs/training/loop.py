@@ -43,15 +43,25 @@ def _no_checkpoint(step: int, metrics: Dict[str, float], state: Optional[TrainSt
 @dataclass
 class LoopHooks:
     log: Callable[[Dict[str, float], int], None] = _no_log  # metrics at a step (MLflow)
-    checkpoint: Callable[[int, Dict[str, float], Optional[TrainState]], None] = _no_checkpoint  # every rank calls it; rank 0 gets the state
+    checkpoint: Callable[[int, Dict[str, float], Optional[TrainState]], None] = (
+        _no_checkpoint  # every rank calls it; rank 0 gets the state
+    )
     evaluate: Optional[Callable[[Any], Dict[str, float]]] = None  # rank 0, every trainer.eval_every steps
     say: Callable[[str], None] = lambda line: print(line, flush=True)
 
 
 class TrainLoop:
-    def __init__(self, cfg: RunConfig, model, plan: TaskPlan, rank: int, open_stream: StreamFactory,
-                 hooks: Optional[LoopHooks] = None, state: Optional[TrainState] = None,
-                 optimizers: Optional[Optimizers] = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        model,
+        plan: TaskPlan,
+        rank: int,
+        open_stream: StreamFactory,
+        hooks: Optional[LoopHooks] = None,
+        state: Optional[TrainState] = None,
+        optimizers: Optional[Optimizers] = None,
+    ):
         """`optimizers`: given by a loop whose updates are applied elsewhere (async); else built
         here and loaded from `state`."""
         self.cfg, self.model, self.plan, self.rank = cfg, model, plan, rank
@@ -61,7 +71,9 @@ class TrainLoop:
         self.my_tasks = plan.tasks_of(rank)
         self.leaders = {t: plan.leader(t) for t in plan.tasks}
         self.combiner = GradientCombiner(plan, rank)
-        self.schedule = StageSchedule(cfg.trainer.stages, cfg.trainer.warmup_steps, cfg.trainer.lr_decay, cfg.trainer.steps)
+        self.schedule = StageSchedule(
+            cfg.trainer.stages, cfg.trainer.warmup_steps, cfg.trainer.lr_decay, cfg.trainer.steps
+        )
         self.start = self.step = state.step if state else 0
         self.stage = self.schedule.at(self.step)
         self.lr = self.schedule.lr_at(self.step)
@@ -82,7 +94,9 @@ class TrainLoop:
         self.last_eval: Dict[str, float] = {}  # rank 0's latest in-training evaluation
 
     def _open_streams(self, batch_size: int, positions: Dict[str, Dict[str, int]]):
-        return {t: self.open_stream(t, batch_size, *resume_skip(positions.get(t, {}), batch_size)) for t in self.my_tasks}
+        return {
+            t: self.open_stream(t, batch_size, *resume_skip(positions.get(t, {}), batch_size)) for t in self.my_tasks
+        }
 
     def _next_task(self) -> str:
         return draw_task(self.plan, self.task_gen) if self.plan.mode == "task_sampling" else self.my_tasks[0]
@@ -94,26 +108,42 @@ class TrainLoop:
         if self.combiner.any_rank(self.bad):
             for (step, task), loss in self.window_steps:
                 if not bool(torch.isfinite(loss)):
-                    raise NonFiniteLossError(f"non-finite {task} loss ({float(loss)}) at step {step}: training stopped; {NON_FINITE_ADVICE}")
+                    raise NonFiniteLossError(
+                        f"non-finite {task} loss ({float(loss)}) at step {step}: training stopped; {NON_FINITE_ADVICE}"
+                    )
             others = [t for t in self.plan.tasks if t not in self.my_tasks]
-            raise NonFiniteLossError(f"non-finite loss on another rank ({', '.join(others)}) by step {self.step}: "
-                                     f"training stopped; {NON_FINITE_ADVICE}")
+            raise NonFiniteLossError(
+                f"non-finite loss on another rank ({', '.join(others)}) by step {self.step}: "
+                f"training stopped; {NON_FINITE_ADVICE}"
+            )
         self.window_steps.clear()
 
     def save(self, metrics: Dict[str, float]) -> None:
         """Collect the train state on rank 0 (collectives: every rank calls this) and hand it to the hook."""
         self.combiner.sync_heads(self.model.heads)
-        gathered = self.combiner.gather_objects({
-            "heads": {t: [o.state_dict() for o in self.optimizers.heads[t]] for t in self.my_tasks if self.leaders[t] == self.rank},
-            "position": {t: s.position() for t, s in self.streams.items()},
-        })
+        gathered = self.combiner.gather_objects(
+            {
+                "heads": {
+                    t: [o.state_dict() for o in self.optimizers.heads[t]]
+                    for t in self.my_tasks
+                    if self.leaders[t] == self.rank
+                },
+                "position": {t: s.position() for t, s in self.streams.items()},
+            }
+        )
         state = None
         if self.rank == 0:
             head_states: Dict[str, Any] = {}
             for g in gathered:
                 head_states.update(g["heads"])
-            state = TrainState(self.step, [o.state_dict() for o in self.optimizers.encoder], head_states,
-                               [g["position"] for g in gathered], self.plan.world_size, self.plan.mode)
+            state = TrainState(
+                self.step,
+                [o.state_dict() for o in self.optimizers.encoder],
+                head_states,
+                [g["position"] for g in gathered],
+                self.plan.world_size,
+                self.plan.mode,
+            )
         self._checkpoint(metrics, state)
 
     def _checkpoint(self, metrics: Dict[str, float], state: Optional[TrainState]) -> None:
@@ -125,7 +155,9 @@ class TrainLoop:
     def _evaluate(self) -> None:
         """Rank 0's in-training evaluation: said, logged, and kept to rank the next checkpoints."""
         self.last_eval = self.hooks.evaluate(self.model)
-        self.hooks.say(f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
+        self.hooks.say(
+            f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items())
+        )
         self.hooks.log(self.last_eval, self.step)
 
     def _log_window(self, run_start: float) -> Dict[str, float]:
@@ -160,8 +192,15 @@ class TrainLoop:
                 self.optimizers.set_lr(lr)
             name = self._next_task()
             batch = next(self.streams[name])
-            loss, accuracy = train_step(self.model, self.tasks[name], batch, self.optimizers, self.combiner,
-                                        trainer.grad_clip, trainer.precision)
+            loss, accuracy = train_step(
+                self.model,
+                self.tasks[name],
+                batch,
+                self.optimizers,
+                self.combiner,
+                trainer.grad_clip,
+                trainer.precision,
+            )
             self.step += 1
             self.bad = self.bad.to(loss.device) | ~torch.isfinite(loss)
             self.window_steps.append(((self.step, name), loss))

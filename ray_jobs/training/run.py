@@ -49,8 +49,10 @@ def prepared_location(cfg: RunConfig, out_dir: str | Path, given: Optional[str |
 
 def data_digests(manifests: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
     """{task: sha1 of its verified manifest's shard names and row counts}: what a run trained on."""
-    return {name: hashlib.sha1(json.dumps(m["shards"], sort_keys=True).encode()).hexdigest()
-            for name, m in manifests.items()}
+    return {
+        name: hashlib.sha1(json.dumps(m["shards"], sort_keys=True).encode()).hexdigest()
+        for name, m in manifests.items()
+    }
 
 
 def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) -> List[str]:
@@ -61,8 +63,12 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) 
     new = redact_tree(cfg.to_dict())  # the checkpoint's copy is redacted
     out = []
     for section in ("model", "tokenizer"):  # a setting added since the checkpoint was written is not a difference
-        out += changed_values(flatten(old.get(section, {}), f"{section}."), flatten(new[section], f"{section}."),
-                              "this run", new_keys=False)
+        out += changed_values(
+            flatten(old.get(section, {}), f"{section}."),
+            flatten(new[section], f"{section}."),
+            "this run",
+            new_keys=False,
+        )
     if sorted(old.get("trainer", {}).get("task_weights", {})) != sorted(cfg.trainer.task_weights):
         out.append(f"tasks={sorted(old['trainer']['task_weights'])} (this run: {sorted(cfg.trainer.task_weights)})")
     trained_on = meta.get("provenance", {}).get("data", {})
@@ -88,8 +94,10 @@ def claim_output(out_dir: Path, cfg: RunConfig, fresh: bool) -> None:
     if not used or cfg.trainer.resume_from:
         return
     if not fresh:
-        raise FileExistsError(f"{out_dir} already holds a training run ({', '.join(p.name for p in used)}): pass "
-                              f"--resume {out_dir / 'checkpoint'} to continue it, --fresh to start over, or another --out")
+        raise FileExistsError(
+            f"{out_dir} already holds a training run ({', '.join(p.name for p in used)}): pass "
+            f"--resume {out_dir / 'checkpoint'} to continue it, --fresh to start over, or another --out"
+        )
     for path in used:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     log.info("--fresh: removed %s", ", ".join(str(p) for p in used))
@@ -127,9 +135,15 @@ def ensure_prepared(cfg: RunConfig, prepared: str) -> Dict[str, Dict[str, Any]]:
     return written
 
 
-def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = None,
-                 prepared_dir: Optional[str | Path] = None, extra_callbacks: Sequence[Any] = (),
-                 fresh: bool = False, mlflow_uri: Optional[str] = None) -> TrainResult:
+def run_training(
+    cfg: RunConfig,
+    out_dir: str | Path,
+    run_id: Optional[str] = None,
+    prepared_dir: Optional[str | Path] = None,
+    extra_callbacks: Sequence[Any] = (),
+    fresh: bool = False,
+    mlflow_uri: Optional[str] = None,
+) -> TrainResult:
     """Check the inputs, then build datasets and the TorchTrainer, fit, copy the final checkpoint to
     out_dir/checkpoint. The MLflow run is created after the checks and ends FAILED on any error.
     `mlflow_uri`: the tracking URI as the caller resolved (and checked) it; None resolves it here."""
@@ -153,17 +167,30 @@ def run_training(cfg: RunConfig, out_dir: str | Path, run_id: Optional[str] = No
     params = flatten(cfg.to_dict())
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
     if own_run:
-        run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name, params,
-                                    tags={"convsts.job": "train"})
+        run_id = tracking.start_run(
+            uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name, params, tags={"convsts.job": "train"}
+        )
     else:
         tracking.log_params(uri, run_id, params)
 
     try:
-        tracking.log_datasets(uri, run_id, {
-            name: {"digest": digests[name], "source": storage.join(task.prepared_dir(prepared), "train"),
-                   "profile": {k: manifests[name].get(k) for k in ("pairs", "train_pairs", "test_pairs", "inputs", "input")
-                               if manifests[name].get(k) is not None}}
-            for name, task in prepared_tasks(cfg).items() if name in manifests})
+        tracking.log_datasets(
+            uri,
+            run_id,
+            {
+                name: {
+                    "digest": digests[name],
+                    "source": storage.join(task.prepared_dir(prepared), "train"),
+                    "profile": {
+                        k: manifests[name].get(k)
+                        for k in ("pairs", "train_pairs", "test_pairs", "inputs", "input")
+                        if manifests[name].get(k) is not None
+                    },
+                }
+                for name, task in prepared_tasks(cfg).items()
+                if name in manifests
+            },
+        )
         result = _train(cfg, out_dir, prepared, uri, run_id, manifests, digests, extra_callbacks)
     except BaseException:
         tracking.end_run(uri, run_id, "FAILED")  # never left RUNNING (a caller's run fails with it)
@@ -183,8 +210,12 @@ def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, out_dir: Path) -> No
     if not any(histories.values()):
         return
     path = out_dir / "loss_curves.png"
-    loss_curves_plot(histories, path, f"{cfg.name}: {cfg.model.encoder}, {cfg.trainer.steps} steps, "
-                                      f"{cfg.trainer.num_workers} workers, {cfg.trainer.task_split}")
+    loss_curves_plot(
+        histories,
+        path,
+        f"{cfg.name}: {cfg.model.encoder}, {cfg.trainer.steps} steps, "
+        f"{cfg.trainer.num_workers} workers, {cfg.trainer.task_split}",
+    )
     tracking.log_artifact(uri, run_id, str(path), "plots")
 
 
@@ -195,12 +226,21 @@ def checkpoint_config(cfg: RunConfig):
 
     if not cfg.trainer.eval_every:
         return ray.train.CheckpointConfig(num_to_keep=cfg.trainer.keep_checkpoints)
-    return ray.train.CheckpointConfig(num_to_keep=cfg.trainer.keep_checkpoints,
-                                      checkpoint_score_attribute=SCORE_METRIC, checkpoint_score_order="max")
+    return ray.train.CheckpointConfig(
+        num_to_keep=cfg.trainer.keep_checkpoints, checkpoint_score_attribute=SCORE_METRIC, checkpoint_score_order="max"
+    )
 
 
-def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
-           manifests: Dict[str, Dict[str, Any]], digests: Dict[str, str], extra_callbacks: Sequence[Any]) -> TrainResult:
+def _train(
+    cfg: RunConfig,
+    out_dir: Path,
+    prepared: str,
+    uri: str,
+    run_id: str,
+    manifests: Dict[str, Dict[str, Any]],
+    digests: Dict[str, str],
+    extra_callbacks: Sequence[Any],
+) -> TrainResult:
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -285,10 +325,26 @@ def _train(cfg: RunConfig, out_dir: Path, prepared: str, uri: str, run_id: str,
     model_dir = save_model_folder(final, out_dir / MODEL_FOLDER)
     write_card(model_dir, run_facts(cfg.to_dict(), manifests, digests, run_id, uri, seconds))
     model_uri = log_model(uri, run_id, model_dir, cfg.mlflow.register_as, step=cfg.trainer.steps)
-    log.info("model: %s (MLflow %s%s)", model_dir, model_uri,
-             f", registered as {cfg.mlflow.register_as}" if cfg.mlflow.register_as else "")
-    (out_dir / "train.json").write_text(json.dumps(
-        {"checkpoint": str(final), "best_checkpoint": str(best) if best else None, "model": str(model_dir),
-         "mlflow_model": model_uri, "mlflow_run_id": run_id, "tracking_uri": redact(uri), "seconds": round(seconds, 1), "task_split_mode": plan.mode}, indent=2),
-        encoding="utf-8")
+    log.info(
+        "model: %s (MLflow %s%s)",
+        model_dir,
+        model_uri,
+        f", registered as {cfg.mlflow.register_as}" if cfg.mlflow.register_as else "",
+    )
+    (out_dir / "train.json").write_text(
+        json.dumps(
+            {
+                "checkpoint": str(final),
+                "best_checkpoint": str(best) if best else None,
+                "model": str(model_dir),
+                "mlflow_model": model_uri,
+                "mlflow_run_id": run_id,
+                "tracking_uri": redact(uri),
+                "seconds": round(seconds, 1),
+                "task_split_mode": plan.mode,
+            },
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
     return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows, model_dir)

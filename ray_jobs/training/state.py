@@ -35,8 +35,13 @@ def initial_model(cfg: RunConfig, tokenizer, warm_start: bool = True):
     return model
 
 
-def restore(model, checkpoint_dir: Optional[str] = None, resume_from: Optional[str] = None,
-            warm_start: Optional[str] = None, warm_heads: Sequence[str] = ()) -> Optional["TrainState"]:
+def restore(
+    model,
+    checkpoint_dir: Optional[str] = None,
+    resume_from: Optional[str] = None,
+    warm_start: Optional[str] = None,
+    warm_heads: Sequence[str] = (),
+) -> Optional["TrainState"]:
     """Load weights into `model` from the first source given and return the train state to
     continue from (None for a fresh or warm-started run):
       checkpoint_dir  Ray Train's latest checkpoint after a worker-group restart;
@@ -132,8 +137,13 @@ class MetricWindow:
         for t in tasks:
             w = self.sums[t]
             if w["n"]:
-                out.update({f"{t}/loss": float(w["loss"]) / w["n"], f"{t}/batch_accuracy": float(w["acc"]) / w["n"],
-                            f"{t}/pairs_per_s": w["pairs"] / elapsed})
+                out.update(
+                    {
+                        f"{t}/loss": float(w["loss"]) / w["n"],
+                        f"{t}/batch_accuracy": float(w["acc"]) / w["n"],
+                        f"{t}/pairs_per_s": w["pairs"] / elapsed,
+                    }
+                )
         return out
 
     def seconds(self) -> float:
@@ -168,15 +178,28 @@ class TrainState:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "TrainState":
-        return cls(step=data["step"], encoder_optimizers=data.get("encoder_optimizers", []),
-                   head_optimizers=data.get("head_optimizers", {}), positions=data.get("positions", []),
-                   world_size=data.get("world_size", 1), mode=data.get("mode", ""),
-                   task_updates=data.get("task_updates", {}), pushed=data.get("pushed", []))
+        return cls(
+            step=data["step"],
+            encoder_optimizers=data.get("encoder_optimizers", []),
+            head_optimizers=data.get("head_optimizers", {}),
+            positions=data.get("positions", []),
+            world_size=data.get("world_size", 1),
+            mode=data.get("mode", ""),
+            task_updates=data.get("task_updates", {}),
+            pushed=data.get("pushed", []),
+        )
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"step": self.step, "encoder_optimizers": self.encoder_optimizers, "head_optimizers": self.head_optimizers,
-                "positions": self.positions, "world_size": self.world_size, "mode": self.mode,
-                "task_updates": self.task_updates, "pushed": self.pushed}
+        return {
+            "step": self.step,
+            "encoder_optimizers": self.encoder_optimizers,
+            "head_optimizers": self.head_optimizers,
+            "positions": self.positions,
+            "world_size": self.world_size,
+            "mode": self.mode,
+            "task_updates": self.task_updates,
+            "pushed": self.pushed,
+        }
 
     def load_optimizers(self, optimizers) -> None:
         for opt, sd in zip(optimizers.encoder, self.encoder_optimizers):

@@ -22,8 +22,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_optimizer(trainer: TrainerConfig, params: Sequence[torch.nn.Parameter], sparse: Sequence[torch.nn.Parameter],
-                   lr: float, scale: float = 1.0) -> List[torch.optim.Optimizer]:
+def make_optimizer(
+    trainer: TrainerConfig,
+    params: Sequence[torch.nn.Parameter],
+    sparse: Sequence[torch.nn.Parameter],
+    lr: float,
+    scale: float = 1.0,
+) -> List[torch.optim.Optimizer]:
     """Optimizers for `params`; those also in `sparse` (sparse gradients: the DAN's embedding
     tables) learn at the stage's lr, the dense ones at lr x trainer.dense_lr_scale; all of them
     also x `scale` (a task head's trainer.head_lr_scale). Each param group carries its
@@ -32,8 +37,14 @@ def make_optimizer(trainer: TrainerConfig, params: Sequence[torch.nn.Parameter],
     tables = [p for p in params if id(p) in sparse_ids]
     dense = [p for p in params if id(p) not in sparse_ids]
     dense_scale = scale * trainer.dense_lr_scale
-    groups = [g for g in ({"params": tables, "lr": lr * scale, "lr_scale": scale},
-                          {"params": dense, "lr": lr * dense_scale, "lr_scale": dense_scale}) if g["params"]]
+    groups = [
+        g
+        for g in (
+            {"params": tables, "lr": lr * scale, "lr_scale": scale},
+            {"params": dense, "lr": lr * dense_scale, "lr_scale": dense_scale},
+        )
+        if g["params"]
+    ]
     if trainer.optimizer == "sgd":
         return [torch.optim.SGD(groups, lr=lr, momentum=trainer.momentum)]
     if trainer.optimizer == "adagrad":
@@ -65,12 +76,17 @@ class Optimizers:
     @classmethod
     def build(cls, trainer: TrainerConfig, model, tasks: Sequence[str], lr: float) -> "Optimizers":
         sparse = model.sparse_parameters()
+
         def trainable(module) -> List[torch.nn.Parameter]:  # frozen layers (requires_grad False) left out
             return [p for p in module.parameters() if p.requires_grad]
 
-        return cls(make_optimizer(trainer, trainable(model.encoder), sparse, lr),
-                   {t: make_optimizer(trainer, trainable(model.heads[t]), sparse, lr, trainer.head_lr_scale.get(t, 1.0))
-                    for t in tasks})
+        return cls(
+            make_optimizer(trainer, trainable(model.encoder), sparse, lr),
+            {
+                t: make_optimizer(trainer, trainable(model.heads[t]), sparse, lr, trainer.head_lr_scale.get(t, 1.0))
+                for t in tasks
+            },
+        )
 
     def all(self) -> List[torch.optim.Optimizer]:
         return self.encoder + [o for opts in self.heads.values() for o in opts]
@@ -82,8 +98,15 @@ class Optimizers:
         set_lr(self.all(), lr)
 
 
-def train_step(model, task, batch: Dict[str, torch.Tensor], optimizers: Optimizers, combiner: GradientCombiner,
-               grad_clip: float = 0.0, precision: str = "fp32") -> Tuple[torch.Tensor, torch.Tensor]:
+def train_step(
+    model,
+    task,
+    batch: Dict[str, torch.Tensor],
+    optimizers: Optimizers,
+    combiner: GradientCombiner,
+    grad_clip: float = 0.0,
+    precision: str = "fp32",
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """One update on `task`'s batch; returns (loss, accuracy) as detached 0-dim tensors on the
     model's device (reading them is the caller's choice: it waits for the device). With precision
     "bf16" the forward pass and loss run under bfloat16 autocast; gradients and weights stay fp32."""
@@ -97,8 +120,11 @@ def train_step(model, task, batch: Dict[str, torch.Tensor], optimizers: Optimize
     combiner.combine(model, task.name)
     if grad_clip > 0:
         sparse = {id(p) for p in model.sparse_parameters()}
-        dense = [p for p in [*model.encoder.parameters(), *model.heads[task.name].parameters()]
-                 if p.grad is not None and id(p) not in sparse]
+        dense = [
+            p
+            for p in [*model.encoder.parameters(), *model.heads[task.name].parameters()]
+            if p.grad is not None and id(p) not in sparse
+        ]
         torch.nn.utils.clip_grad_norm_(dense, grad_clip)
     for opt in optimizers.for_task(task.name):
         opt.step()

@@ -55,8 +55,17 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     shards = {name: ray.train.get_dataset_shard(name) for name in loop_config["datasets"]}
 
     def open_stream(task: str, batch_size: int, epoch: int, skip: int) -> TaskStream:
-        return TaskStream(task, shards[task], batch_size, device, cfg.seed * 1000 + rank, epoch=epoch, skip=skip,
-                          bucket_batches=cfg.trainer.bucket_batches, pad_id=tokenizer.pad_id)
+        return TaskStream(
+            task,
+            shards[task],
+            batch_size,
+            device,
+            cfg.seed * 1000 + rank,
+            epoch=epoch,
+            skip=skip,
+            bucket_batches=cfg.trainer.bucket_batches,
+            pad_id=tokenizer.pad_id,
+        )
 
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
 
@@ -69,8 +78,14 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
             ray.train.report({**metrics, "step": step}, checkpoint=None)
             return
         with tempfile.TemporaryDirectory() as tmp:
-            save_checkpoint(tmp, model, tokenizer, redact_tree(loop_config["run"]), train_state.to_dict(),
-                            redact_tree(loop_config["provenance"]))
+            save_checkpoint(
+                tmp,
+                model,
+                tokenizer,
+                redact_tree(loop_config["run"]),
+                train_state.to_dict(),
+                redact_tree(loop_config["provenance"]),
+            )
             ray.train.report({**metrics, "step": step}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
     evaluate = None
@@ -83,14 +98,17 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     if plan.mode == "async":
         from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
 
-        loop: TrainLoop = AsyncTrainLoop(cfg, model, plan, rank, open_stream, loop_config["holder"], tokenizer, hooks,
-                                         state)
+        loop: TrainLoop = AsyncTrainLoop(
+            cfg, model, plan, rank, open_stream, loop_config["holder"], tokenizer, hooks, state
+        )
     else:
         loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
     if rank == 0:
         threads = torch.get_num_threads()
         # The task split itself is the driver's line just before (run.py); this is what only a worker knows.
-        say_once(f"[convsts rank 0] world size {world}; device {device}; torch threads {threads}; start step {loop.step}")
+        say_once(
+            f"[convsts rank 0] world size {world}; device {device}; torch threads {threads}; start step {loop.step}"
+        )
         if loop.step == 0 and uri and run_id:
             tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode, "torch_threads": str(threads)})
         if checkpoint is not None:  # a restarted worker group (FailureConfig)
