@@ -46,9 +46,9 @@ def main() -> int:
 
     import ray.data
 
+    from convsts.datasets import storage
     from convsts.models.checkpoint import build_model
     from convsts.ray_jobs.config import load_config
-    from convsts.datasets import storage
     from convsts.ray_jobs.runtime import ensure_ray
     from convsts.ray_jobs.task_groups import GradientCombiner, plan_tasks
     from convsts.ray_jobs.tasks import get_task

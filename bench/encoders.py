@@ -57,8 +57,8 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     from torch.utils.flop_counter import FlopCounterMode
 
     from convsts.datasets.reddit import read_pairs_file
-    from convsts.datasets.text import TokenizerConfig, fit_tokenizer
     from convsts.datasets.storage import resolve_path
+    from convsts.datasets.text import TokenizerConfig, fit_tokenizer
     from convsts.models.checkpoint import SentenceEncoder, build_model
     from convsts.models.config import ModelConfig
     from convsts.models.encoders import encoder_class
@@ -181,7 +181,7 @@ def main() -> int:
     precisions = [p for p in (("fp32", torch.float32, False), ("bf16", torch.bfloat16, True)) if p[0] in wanted]
     ctx = mp.get_context("spawn")
     rows = []
-    for label, dtype, bf16 in precisions:
+    for label, _dtype, bf16 in precisions:
         for encoder in args.encoders:
             queue = ctx.Queue()
             proc = ctx.Process(target=run_encoder, args=(encoder, args.batch, device, bf16, args.optimizer, queue))

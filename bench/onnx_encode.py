@@ -23,12 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def best_rate(encode, sentences, passes: int = 3) -> float:
-    encode(sentences[:64])  # warm-up
+def best_rate(encode, sentences, batch_size: int, passes: int = 3) -> float:
+    encode(sentences[:64], batch_size=batch_size)  # warm-up
     best = float("inf")
     for _ in range(passes):
         start = time.perf_counter()
-        encode(sentences)
+        encode(sentences, batch_size=batch_size)
         best = min(best, time.perf_counter() - start)
     return len(sentences) / best
 
@@ -45,13 +45,13 @@ def main() -> int:
     import torch
 
     from convsts.datasets.reddit import read_pairs_file
+    from convsts.datasets.storage import resolve_path
     from convsts.datasets.text import TokenizerConfig, fit_tokenizer
     from convsts.models import load, save_checkpoint
     from convsts.models.checkpoint import build_model
     from convsts.models.config import ModelConfig
     from convsts.models.encoders import encoder_class
     from convsts.models.export import OnnxEncoder, to_onnx
-    from convsts.datasets.storage import resolve_path
 
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))
     texts = [t for t in list(pairs["context"]) + list(pairs["response"]) if isinstance(t, str)]
@@ -71,9 +71,9 @@ def main() -> int:
             # torch is timed before any onnxruntime session exists: onnxruntime's idle threads spin
             # for a while after each run and, on a machine with few cores, slow whatever runs beside.
             torch_encoder = load(ckpt)
-            torch_rate = best_rate(lambda s: torch_encoder.encode(s, batch_size=args.batch), sentences)
+            torch_rate = best_rate(torch_encoder.encode, sentences, args.batch)
             onnx_encoder = OnnxEncoder(exported)
-            onnx_rate = best_rate(lambda s: onnx_encoder.encode(s, batch_size=args.batch), sentences)
+            onnx_rate = best_rate(onnx_encoder.encode, sentences, args.batch)
             diff = float(
                 np.abs(
                     torch_encoder.encode(sentences[:500], batch_size=args.batch)

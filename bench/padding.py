@@ -31,9 +31,9 @@ def main() -> int:
     import ray
 
     from convsts.datasets.reddit import read_pairs_file
+    from convsts.datasets.storage import resolve_path
     from convsts.datasets.text import SubwordTokenizer, TokenizerConfig
     from convsts.models.config import TransformerConfig
-    from convsts.datasets.storage import resolve_path
     from convsts.ray_jobs.training.data import TaskStream
 
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))

@@ -17,16 +17,15 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
-from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def _history(client, run_id: str, key: str) -> List[float]:
+def _history(client, run_id: str, key: str) -> list[float]:
     return [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
-def _mean(values: List[float]) -> float:
+def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
@@ -50,7 +49,7 @@ def main() -> int:
 
     ensure_ray()
     out = Path(args.out)
-    rows: Dict[str, Dict[str, float]] = {}
+    rows: dict[str, dict[str, float]] = {}
     # One stage (the budget's step counts differ by mode) and no checkpoints but the last.
     common = [
         "trainer.stages=[{start_step: 0, batch_size: 128, lr: 0.001}]",
@@ -59,7 +58,7 @@ def main() -> int:
     ]
     for mode in args.modes.split(","):
 
-        def config(steps: int, name: str):
+        def config(steps: int, name: str, mode: str = mode):
             return load_config(
                 args.config,
                 [
@@ -91,7 +90,7 @@ def main() -> int:
         result = run_training(cfg, out / mode, prepared_dir=args.prepared, fresh=True)
         client = tracking.client(result.tracking_uri)
         state = load_train_state(result.checkpoint)
-        row: Dict[str, float] = {"updates": steps, "seconds": result.seconds}
+        row: dict[str, float] = {"updates": steps, "seconds": result.seconds}
         if mode == "async":
             updates = state["task_updates"]
             row["ratio"] = updates["reddit"] / max(updates["snli"], 1)

@@ -55,7 +55,7 @@ def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float
     combiner, draws = GradientCombiner(plan, 0), torch.Generator().manual_seed(cfg.seed)
     opts = Optimizers.build(cfg.trainer, model, list(tasks), lr)
     times = []
-    for step in range(steps):
+    for _ in range(steps):
         start = time.perf_counter()
         name = draw_task(plan, draws)
         train_step(

@@ -6,8 +6,8 @@ import csv
 import io
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
 
 import pandas as pd
 
@@ -69,7 +69,7 @@ MAX_LABEL_CLASSES = 3  # a `label` column with at most this many whole values is
 STS_INPUT_PREFIX, STS_GOLD_PREFIX = "STS.input.", "STS.gs."  # the STS 2012-2016 releases' file pairs
 
 
-def pair_keys(frame: pd.DataFrame) -> List[Tuple[str, str]]:
+def pair_keys(frame: pd.DataFrame) -> list[tuple[str, str]]:
     """Each pair's (sentence, sentence), lowercased with punctuation and spacing collapsed and in
     sorted order: how a pair is recognised across releases (the STS Benchmark re-punctuated the
     STS 2012-2017 pairs it took)."""
@@ -92,7 +92,7 @@ def _set_folder(path: str) -> str:
     return next((folder for folder in storage.parent_names(path) if folder not in SPLIT_NAMES + GENERIC_FOLDERS), "")
 
 
-def _named(entry: str) -> Tuple[str, str]:
+def _named(entry: str) -> tuple[str, str]:
     """(name or "", path) of an --sts entry: NAME=FILE names its metrics; a file that exists under the
     whole text, or a text whose part before "=" is not a plain name (a URI's query), is a path."""
     name, sep, path = str(entry).partition("=")
@@ -101,7 +101,7 @@ def _named(entry: str) -> Tuple[str, str]:
     return "", str(entry)
 
 
-def check_sts_entries(entries: Sequence[str]) -> Dict[str, str]:
+def check_sts_entries(entries: Sequence[str]) -> dict[str, str]:
     """sts_set_names of --sts entries whose files are all there; else one line naming the entry."""
     for entry in entries:
         name, path = _named(entry)
@@ -115,7 +115,7 @@ def check_sts_entries(entries: Sequence[str]) -> Dict[str, str]:
     return sts_set_names(entries)
 
 
-def sts_set_names(entries: Sequence[str]) -> Dict[str, str]:
+def sts_set_names(entries: Sequence[str]) -> dict[str, str]:
     """{path: the name its metrics go under} for --sts entries. NAME=FILE is named NAME. An STS
     2012-2016 file is named by its folder (the release) and its set, so that one release's sets sort
     together and a set that several releases hold (headlines: 2013-2016) keeps them apart:

@@ -6,7 +6,6 @@ the window)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -22,11 +21,11 @@ class MiningConfig:
     # When set, an eligible candidate scoring above the true response's score minus this is skipped
     # (None: no such filter, as in sentence-transformers; a margin of 0 leaves out every pair whose
     # true response ranks below range_max, the pairs the model finds hardest).
-    margin: Optional[float] = None
+    margin: float | None = None
     seed: int = 0
     chunk: int = 1024  # contexts scored at once: (chunk, n) floats in memory
 
-    def validate(self) -> "MiningConfig":
+    def validate(self) -> MiningConfig:
         if not 0 <= self.range_min < self.range_max:
             raise ValueError(f"negatives: need 0 <= range_min < range_max, got {self.range_min}, {self.range_max}")
         if self.margin is not None and not np.isfinite(self.margin):

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,15 +41,15 @@ class RedditFilterConfig:
 
     max_chars: int = 350  # a comment of this many characters or more is removed
     min_alpha_share: float = 0.7  # removed when alphabetic characters / all characters <= this
-    banned_prefixes: List[str] = field(default_factory=lambda: ["https", "/r/", "@"])
-    banned_bodies: List[str] = field(default_factory=lambda: ["[deleted]", "[removed]"])
+    banned_prefixes: list[str] = field(default_factory=lambda: ["https", "/r/", "@"])
+    banned_bodies: list[str] = field(default_factory=lambda: ["[deleted]", "[removed]"])
     author_substring: str = "bot"  # removed when the author name contains this (case-insensitive)
 
 
 RULES = ("deleted", "bot_author", "banned_prefix", "too_long", "low_alpha")
 
 
-def failing_rule(text: str, author: Optional[str], cfg: RedditFilterConfig) -> str:
+def failing_rule(text: str, author: str | None, cfg: RedditFilterConfig) -> str:
     """The first rule (in RULES order) that removes this comment, or "" when it is kept.
 
     Computed on the raw body: `len` counts Unicode code points; the alphabetic share is
@@ -70,7 +71,7 @@ def failing_rule(text: str, author: Optional[str], cfg: RedditFilterConfig) -> s
 
 def split_of(thread_key: str, test_share: float, salt: str = "convsts") -> str:
     """Deterministic split by a hash of the thread: the same on every machine and every run."""
-    digest = hashlib.sha1(f"{salt}\x00{thread_key}".encode("utf-8")).digest()
+    digest = hashlib.sha1(f"{salt}\x00{thread_key}".encode()).digest()
     bucket = int.from_bytes(digest[:8], "big") / 2**64  # uniform in [0, 1)
     return "test" if bucket < test_share else "train"
 
@@ -83,7 +84,7 @@ def _norm_key(text: str) -> str:
 # Paired tables
 
 
-def json_record(raw: bytes, first_line: bool = False) -> Optional[Dict[str, Any]]:
+def json_record(raw: bytes, first_line: bool = False) -> dict[str, Any] | None:
     """One NDJSON line -> its object, or None when it is not UTF-8 or not a JSON object. A UTF-8
     byte-order mark at the start of a file (as some editors and exporters write) is accepted."""
     try:
@@ -145,7 +146,7 @@ def thread_keys(group: pd.DataFrame) -> pd.Series:
     the question it answered reaches the thread's root (a submission title). Keying the split on
     (subreddit, root text) keeps a thread crawled on several days on one side of the split.
     """
-    parent_of: Dict[str, str] = {}
+    parent_of: dict[str, str] = {}
     for q, a in zip(group["context"], group["response"]):
         parent_of.setdefault(a, q)
     roots = []
@@ -179,7 +180,7 @@ def annotate_pairs(group: pd.DataFrame, cfg: RedditFilterConfig, test_share: flo
 # Format detection
 
 
-def detect_format(path: str) -> Optional[str]:
+def detect_format(path: str) -> str | None:
     """ "pushshift" for NDJSON comment dumps, "pairs" for paired tables, None for a file without
     records (empty, or blank lines only); anything else raises BadInputError naming the file."""
     if storage.name(path).endswith(".parquet"):
@@ -197,7 +198,7 @@ def detect_format(path: str) -> Optional[str]:
     raise BadInputError(f"{path}: cannot tell the format from its first record (keys {sorted(first)})")
 
 
-def _first_json_line(path: str) -> Optional[Dict[str, Any]]:
+def _first_json_line(path: str) -> dict[str, Any] | None:
     """The first record of an NDJSON file, None when it has none; a first line that is not a JSON
     object means the file is not NDJSON at all (a README beside the dumps, a CSV)."""
     with open_lines(path) as fh:
@@ -218,7 +219,7 @@ def _first_json_line(path: str) -> Optional[Dict[str, Any]]:
 # Ray Data pipeline
 
 
-def _read_pairs_batch(batch: Dict[str, np.ndarray]) -> pd.DataFrame:
+def _read_pairs_batch(batch: dict[str, np.ndarray]) -> pd.DataFrame:
     return pd.concat([read_pairs_file(str(p)) for p in batch["path"]], ignore_index=True)
 
 
@@ -262,7 +263,7 @@ def in_fixed_order(part, rows: int, rows_per_shard: int):
     return ordered
 
 
-def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard: int) -> Dict[str, Any]:
+def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard: int) -> dict[str, Any]:
     """Write kept pairs as train/test parquet shards (out_dir local or a URI); return the manifest's counts.
 
     `lines_read` is counted where the input was read (one row per line or table row); the buckets
@@ -271,7 +272,7 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
 
     annotated = annotated.materialize()
     counts = annotated.groupby(["status", "split"]).count().take_all()
-    by_status: Dict[str, int] = {}
+    by_status: dict[str, int] = {}
     by_split = {"train": 0, "test": 0}
     for row in counts:
         n = int(row["count()"])
@@ -324,7 +325,7 @@ DUMP_FIELDS = {"id": str, "parent_id": str, "link_id": str, "author": str, "body
 COMMENT_COLUMNS = ["id", "parent_id", "link_id", "author", "body", "subreddit", "source", "status"]
 
 
-def parse_comment(raw: bytes, first_line: bool = False) -> Optional[Dict[str, str]]:
+def parse_comment(raw: bytes, first_line: bool = False) -> dict[str, str] | None:
     """One NDJSON line -> the fields we use, or None when the line is malformed (not UTF-8, not a
     JSON object, a required field missing or of the wrong type)."""
     obj = json_record(raw, first_line)
@@ -339,7 +340,7 @@ def parse_comment(raw: bytes, first_line: bool = False) -> Optional[Dict[str, st
 
 def read_dump_file(path: str, batch_rows: int = 100_000) -> Iterator[pd.DataFrame]:
     """Comments of one dump file (plain or compressed), in batches; malformed lines kept as status "malformed"."""
-    rows: List[Dict[str, str]] = []
+    rows: list[dict[str, str]] = []
     with open_lines(path) as fh:
         for lineno, raw in enumerate(fh, start=1):
             comment = parse_comment(raw, lineno == 1)
@@ -356,7 +357,7 @@ def read_dump_file(path: str, batch_rows: int = 100_000) -> Iterator[pd.DataFram
         yield pd.DataFrame(rows, columns=COMMENT_COLUMNS)
 
 
-def _read_dump_batch(batch: Dict[str, np.ndarray]) -> Iterator[pd.DataFrame]:
+def _read_dump_batch(batch: dict[str, np.ndarray]) -> Iterator[pd.DataFrame]:
     for path in batch["path"]:
         yield from read_dump_file(str(path))
 

@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 from pathlib import Path
-from typing import Dict
 
 import numpy as np
 import pandas as pd
@@ -25,7 +24,7 @@ LABEL_IDS = {name: i for i, name in enumerate(LABELS)}
 
 
 def fraction_rank(premise: str, hypothesis: str, seed: int = 0) -> float:
-    digest = hashlib.sha1(f"{seed}\x00{premise}\x00{hypothesis}".encode("utf-8")).digest()
+    digest = hashlib.sha1(f"{seed}\x00{premise}\x00{hypothesis}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
@@ -106,5 +105,5 @@ def take_fraction(df: pd.DataFrame, fraction: float) -> pd.DataFrame:
     return df[df["fraction_rank"] < fraction].reset_index(drop=True)
 
 
-def label_counts(df: pd.DataFrame) -> Dict[str, int]:
+def label_counts(df: pd.DataFrame) -> dict[str, int]:
     return {LABELS[i]: int((df["label"] == i).sum()) for i in range(3)}

@@ -17,8 +17,8 @@ import io
 import os
 import re
 import stat
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
 
 import pyarrow.fs as pafs
 
@@ -102,7 +102,7 @@ def is_uri(path: str | Path) -> bool:
     return isinstance(path, str) and _SCHEME.match(path) is not None
 
 
-def _split_query(uri: str) -> Tuple[str, str]:
+def _split_query(uri: str) -> tuple[str, str]:
     """("scheme://path", "?k=v&...") ; a "?" not followed by k=v options is a glob character."""
     head, sep, query = uri.rpartition("?")
     if sep and "=" in query and "/" not in query:
@@ -110,7 +110,7 @@ def _split_query(uri: str) -> Tuple[str, str]:
     return uri, ""
 
 
-def resolve(path: str | Path) -> Tuple[pafs.FileSystem, str]:
+def resolve(path: str | Path) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for a local path or a URI."""
     if is_uri(path):
         with reaching(path):
@@ -118,7 +118,7 @@ def resolve(path: str | Path) -> Tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(str(path))
 
 
-def path_and_filesystem(path: str | Path) -> Tuple[str, Optional[pafs.FileSystem]]:
+def path_and_filesystem(path: str | Path) -> tuple[str, pafs.FileSystem | None]:
     """(path, filesystem) for the calls that take both (ray.data read/write_parquet, pyarrow.parquet):
     URIs with a query (endpoint options) are resolved here so that those see a plain path and the
     configured filesystem; local paths go as they are (filesystem None)."""
@@ -166,7 +166,7 @@ def folder_name(path: str | Path) -> str:
     return name(text.rstrip("/").rsplit("/", 1)[0]) if "/" in text.rstrip("/") else ""
 
 
-def parent_names(path: str | Path) -> List[str]:
+def parent_names(path: str | Path) -> list[str]:
     """The names of the folders above `path`, nearest first (without a URI's query or scheme):
     "s3://b/sts12/data/test.parquet?region=x" -> ["data", "sts12", "b"]."""
     text = _split_query(str(path))[0] if is_uri(path) else str(path)
@@ -199,7 +199,7 @@ def is_file(path: str | Path) -> bool:
     return _info(path).type == pafs.FileType.File
 
 
-def file_stat(path: str | Path) -> Optional[Tuple[int, int]]:
+def file_stat(path: str | Path) -> tuple[int, int] | None:
     """(size in bytes, modification time in ns) of a file, local or at a URI (one request); None
     where no file is."""
     if not is_uri(path):
@@ -220,14 +220,14 @@ def file_sha256(path: str | Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def list_files(folder: str | Path) -> List[str]:
+def list_files(folder: str | Path) -> list[str]:
     """Files directly in a folder (not hidden), sorted; local paths or URIs like the folder's."""
     if not is_uri(folder):
         return sorted(str(p) for p in Path(folder).iterdir() if p.is_file() and not p.name.startswith("."))
     return [join(folder, file) for file, _, _ in folder_stats(folder)]
 
 
-def folder_stats(folder: str | Path) -> List[Tuple[str, int, int]]:
+def folder_stats(folder: str | Path) -> list[tuple[str, int, int]]:
     """(name, size in bytes, modification time in ns) of each file directly in a folder (not
     hidden), sorted by name; at a URI from the one listing request."""
     if not is_uri(folder):
@@ -253,7 +253,7 @@ def has_entries(folder: str | Path) -> bool:
         return bool(fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False)))
 
 
-def entry_names(folder: str | Path) -> List[str]:
+def entry_names(folder: str | Path) -> list[str]:
     """The names of a folder's entries, files and folders (local or a URI), sorted."""
     if not is_uri(folder):
         return sorted(p.name for p in Path(folder).iterdir())
@@ -291,7 +291,7 @@ def has_wildcards(path: str) -> bool:
     return any(ch in text for ch in "*?[")
 
 
-def glob(pattern: str) -> List[str]:
+def glob(pattern: str) -> list[str]:
     """Files matching a pattern whose wildcards are in the last component (URIs), or anywhere (local)."""
     if not is_uri(pattern):
         return sorted(local_glob.glob(pattern))
@@ -354,7 +354,7 @@ def _reading_parquet(path: str | Path):
         yield
 
 
-def read_parquet_table(path: str | Path, columns: Optional[List[str]] = None):
+def read_parquet_table(path: str | Path, columns: list[str] | None = None):
     """One parquet file or a folder of shards -> pyarrow.Table."""
     import pyarrow.parquet as pq
 
@@ -458,7 +458,7 @@ def pretrained_folder(path: str) -> Path:
     return folder
 
 
-def local_copy(folder: str, kind: str, files: Optional[Sequence[Tuple[str, int, int]]] = None) -> Path:
+def local_copy(folder: str, kind: str, files: Sequence[tuple[str, int, int]] | None = None) -> Path:
     """A folder at a URI on this machine: its `files` ((name, size, modification time in ns); by
     default every file directly in it) copied once into a cache folder under the temporary
     directory, keyed by the URI and each file's size and time, so that a file replaced at the same
@@ -493,7 +493,7 @@ CACHE_IN_USE_S = (
 )
 
 
-def prune_cache(root: Path, keep: Path) -> List[str]:
+def prune_cache(root: Path, keep: Path) -> list[str]:
     """Removes the copies in one cache folder (local_copy's, per kind) beyond the CACHE_ENTRIES most
     recently used, other than `keep` and any used within CACHE_IN_USE_S seconds; an unfinished copy
     (a process stopped while copying) goes once it is that old. Returns the names removed (logged)."""
@@ -526,11 +526,11 @@ def prune_cache(root: Path, keep: Path) -> List[str]:
     return [e.name for e in removed]
 
 
-def _missing_pretrained_files(folder: Path) -> List[str]:
+def _missing_pretrained_files(folder: Path) -> list[str]:
     return [" or ".join(group) for group in PRETRAINED_FILES if not any((folder / f).is_file() for f in group)]
 
 
-def _pretrained_files_at(uri: str) -> List[Tuple[str, int, int]]:
+def _pretrained_files_at(uri: str) -> list[tuple[str, int, int]]:
     """(name, size, modification time in ns) of the files of a model folder at a URI that loading
     needs: the first of each group present (with the shards an index names), and the tokenizer's
     settings where present."""
@@ -547,10 +547,10 @@ def _pretrained_files_at(uri: str) -> List[Tuple[str, int, int]]:
     return files + [listed[file] for file in PRETRAINED_EXTRAS if file in listed]
 
 
-def expand_inputs(inputs) -> List[str]:
+def expand_inputs(inputs) -> list[str]:
     """Files, folders (their files) and globs, local or URIs (s3://, gs://, ...) -> a sorted list of
     files; missing inputs raise."""
-    files: List[str] = []
+    files: list[str] = []
     for item in inputs:
         item = resolve_path(item)
         if is_dir(item):

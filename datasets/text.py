@@ -14,9 +14,10 @@ import json
 import re
 import zlib
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ def normalize(text: str, lowercase: bool = True) -> str:
     return " ".join(text.split())
 
 
-def words(text: str, lowercase: bool = True) -> List[str]:
+def words(text: str, lowercase: bool = True) -> list[str]:
     return _TOKEN_RE.findall(normalize(text, lowercase))
 
 
@@ -59,7 +60,7 @@ def count_words(texts: Iterable[str], lowercase: bool = True) -> Counter:
 
 
 def _bigram_id(w1: str, w2: str, buckets: int) -> int:
-    return 1 + zlib.crc32(f"{w1}\x00{w2}".encode("utf-8")) % (buckets - 1)
+    return 1 + zlib.crc32(f"{w1}\x00{w2}".encode()) % (buckets - 1)
 
 
 OOV_CODES = 1 << 24  # an out-of-vocabulary word's code: num_words + crc32(word) mod this
@@ -95,10 +96,10 @@ class DanTokenizer:
         self.vocab = list(vocab)  # index i + 2 is the id of vocab[i]; 0 = pad, 1 = <unk>
         self.bigram_hash = bigram_hash
         self._ids = {w: i + 2 for i, w in enumerate(self.vocab)}
-        self._bigram_cache: Dict[tuple, int] = {}  # "crc32" only: bigram hashing is half of its time
+        self._bigram_cache: dict[tuple, int] = {}  # "crc32" only: bigram hashing is half of its time
 
     @classmethod
-    def build(cls, counts: Counter, config: TokenizerConfig) -> "DanTokenizer":
+    def build(cls, counts: Counter, config: TokenizerConfig) -> DanTokenizer:
         # Ties broken by the word itself so that the vocabulary is the same on every machine.
         ranked = sorted((w for w, c in counts.items() if c >= config.min_count), key=lambda w: (-counts[w], w))
         return cls(ranked[: config.word_vocab_size], config)
@@ -107,10 +108,10 @@ class DanTokenizer:
     def num_words(self) -> int:
         return len(self.vocab) + 2
 
-    def tokens(self, text: str) -> List[str]:
+    def tokens(self, text: str) -> list[str]:
         return words(text, self.config.lowercase)[: self.config.max_words]
 
-    def encode(self, texts: Sequence[str], width: int | None = None) -> Dict[str, np.ndarray]:
+    def encode(self, texts: Sequence[str], width: int | None = None) -> dict[str, np.ndarray]:
         """Returns {"words": (B, L) int64, "bigrams": (B, L) int64}; L = `width` or the longest text."""
         token_lists = [self.tokens(t) for t in texts]
         longest = max([len(t) for t in token_lists] + [1])
@@ -129,7 +130,7 @@ class DanTokenizer:
         bigram_ids[:, :-1] = np.where(right > 0, hashed, 0)
         return {"words": word_ids, "bigrams": bigram_ids}
 
-    def _encode_crc32(self, token_lists: List[List[str]], width: int) -> Dict[str, np.ndarray]:
+    def _encode_crc32(self, token_lists: list[list[str]], width: int) -> dict[str, np.ndarray]:
         word_ids = np.zeros((len(token_lists), width), dtype=np.int64)  # (B, L)
         bigram_ids = np.zeros((len(token_lists), width), dtype=np.int64)  # (B, L); at most L-1 used
         buckets = self.config.bigram_buckets
@@ -148,14 +149,14 @@ class DanTokenizer:
             found = self._bigram_cache[pair] = _bigram_id(pair[0], pair[1], buckets)
         return found
 
-    def __getstate__(self) -> Dict[str, Any]:  # pickled into Ray Data tasks: without the bigram cache
+    def __getstate__(self) -> dict[str, Any]:  # pickled into Ray Data tasks: without the bigram cache
         return {**self.__dict__, "_bigram_cache": {}}
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "config": asdict(self.config), "vocab": self.vocab, "bigram_hash": self.bigram_hash}
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> "DanTokenizer":
+    def from_dict(cls, data: dict[str, Any]) -> DanTokenizer:
         return cls(data["vocab"], TokenizerConfig(**data["config"]), data.get("bigram_hash", "crc32"))
 
 
@@ -184,7 +185,7 @@ class SubwordTokenizer:
         self._tok = Tokenizer.from_str(hf_json)
 
     @classmethod
-    def train(cls, texts: Iterable[str], config: TokenizerConfig) -> "SubwordTokenizer":
+    def train(cls, texts: Iterable[str], config: TokenizerConfig) -> SubwordTokenizer:
         from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -200,16 +201,16 @@ class SubwordTokenizer:
     def num_words(self) -> int:
         return self._tok.get_vocab_size()
 
-    def encode(self, texts: Sequence[str], width: int | None = None) -> Dict[str, np.ndarray]:
+    def encode(self, texts: Sequence[str], width: int | None = None) -> dict[str, np.ndarray]:
         encodings = self._tok.encode_batch([normalize(t, lowercase=False) for t in texts])
         limit = self.config.max_words
         return {"ids": padded_ids([e.ids[:limit] for e in encodings], width, self.pad_id)}
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "config": asdict(self.config), "hf_tokenizer": self._hf_json}
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> "SubwordTokenizer":
+    def from_dict(cls, data: dict[str, Any]) -> SubwordTokenizer:
         return cls(data["hf_tokenizer"], TokenizerConfig(**data["config"]))
 
 
@@ -232,7 +233,7 @@ class PretrainedTokenizer:
         self._tok.enable_truncation(max_length=config.max_words)
 
     @classmethod
-    def from_model(cls, model_config, config: TokenizerConfig) -> "PretrainedTokenizer":
+    def from_model(cls, model_config, config: TokenizerConfig) -> PretrainedTokenizer:
         """The tokenizer of the weights that `model.pretrained.path` names."""
         from convsts.datasets.storage import pretrained_folder
 
@@ -249,15 +250,15 @@ class PretrainedTokenizer:
     def num_words(self) -> int:
         return self._tok.get_vocab_size()
 
-    def encode(self, texts: Sequence[str], width: int | None = None) -> Dict[str, np.ndarray]:
+    def encode(self, texts: Sequence[str], width: int | None = None) -> dict[str, np.ndarray]:
         encodings = self._tok.encode_batch([normalize(t, lowercase=False) for t in texts])
         return {"ids": padded_ids([e.ids for e in encodings], width, self.pad_id)}
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "config": asdict(self.config), "hf_tokenizer": self._hf_json}
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> "PretrainedTokenizer":
+    def from_dict(cls, data: dict[str, Any]) -> PretrainedTokenizer:
         return cls(data["hf_tokenizer"], TokenizerConfig(**data["config"]))
 
 
@@ -279,7 +280,7 @@ def fit_tokenizer(kind: str, texts: Iterable[str], config: TokenizerConfig, mode
     return cls.train(texts, config)
 
 
-def tokenizer_from_dict(data: Dict[str, Any]):
+def tokenizer_from_dict(data: dict[str, Any]):
     if data.get("kind") not in TOKENIZERS:
         raise ValueError(f"unknown tokenizer kind {data.get('kind')!r}: expected one of {'|'.join(TOKENIZERS)}")
     return TOKENIZERS[data["kind"]].from_dict(data)
@@ -293,13 +294,13 @@ def load_tokenizer(path: str | Path):
     return tokenizer_from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
-def encode_columns(tokenizer, batch: Dict[str, Any], columns: Dict[str, str], width: int) -> Dict[str, np.ndarray]:
+def encode_columns(tokenizer, batch: dict[str, Any], columns: dict[str, str], width: int) -> dict[str, np.ndarray]:
     """Tokenize text columns of a batch into fixed-width id columns named `<prefix>__<field>`.
 
     `columns` maps a text column to its prefix, e.g. {"context": "context", "response": "response"}.
     Fixed width keeps Ray Data's tensor columns rectangular across blocks.
     """
-    out: Dict[str, np.ndarray] = {}
+    out: dict[str, np.ndarray] = {}
     for column, prefix in columns.items():
         texts = [str(t) if t is not None else "" for t in batch[column]]
         for field_name, ids in tokenizer.encode(texts, width=width).items():

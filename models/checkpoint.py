@@ -18,8 +18,9 @@ import dataclasses
 import json
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ STS_PATTERN = "sts_transform*.safetensors"  # the tuned STS matrices (evaluate's
 FORMAT_VERSION = 2  # 2: the response head is residual (identity at init)
 
 
-def model_config_from_dict(data: Dict[str, Any]) -> ModelConfig:
+def model_config_from_dict(data: dict[str, Any]) -> ModelConfig:
     return ModelConfig(
         encoder=data["encoder"],
         dan=DanConfig(**data["dan"]),
@@ -59,7 +60,7 @@ def vocab_sizes(tokenizer) -> tuple[int, int]:
     return tokenizer.num_words, getattr(tokenizer.config, "bigram_buckets", 1)
 
 
-def build_model(config: ModelConfig, tokenizer, heads: Optional[Dict[str, str]] = None) -> MultitaskModel:
+def build_model(config: ModelConfig, tokenizer, heads: dict[str, str] | None = None) -> MultitaskModel:
     """The encoder sized for `tokenizer`, with `heads` ({task: head kind}; default: the format-2 pair)."""
     num_words, num_bigrams = vocab_sizes(tokenizer)
     return MultitaskModel(config, num_words, num_bigrams, heads)
@@ -69,9 +70,9 @@ def save_checkpoint(
     path: str | Path,
     model: MultitaskModel,
     tokenizer,
-    run_config: Optional[Dict[str, Any]] = None,
-    train_state: Optional[Dict[str, Any]] = None,
-    provenance: Optional[Dict[str, Any]] = None,
+    run_config: dict[str, Any] | None = None,
+    train_state: dict[str, Any] | None = None,
+    provenance: dict[str, Any] | None = None,
 ) -> Path:
     """`provenance`: what the weights were trained on (the prepared data's digests), checked on resume."""
     path = Path(path)
@@ -120,7 +121,7 @@ def checkpoint_folder(path: str | Path) -> Path:
     return storage.local_copy(str(path), "checkpoints") if storage.is_uri(path) else Path(path)
 
 
-def read_meta(path: str | Path) -> Dict[str, Any]:
+def read_meta(path: str | Path) -> dict[str, Any]:
     path = checkpoint_folder(path)
     config_file = path / "config.json"
     if not config_file.is_file():
@@ -131,7 +132,7 @@ def read_meta(path: str | Path) -> Dict[str, Any]:
     return meta
 
 
-def _read_json(file: Path) -> Dict[str, Any]:
+def _read_json(file: Path) -> dict[str, Any]:
     try:
         value = json.loads(file.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
@@ -141,7 +142,7 @@ def _read_json(file: Path) -> Dict[str, Any]:
     return value
 
 
-def _load_weights(file: Path) -> Dict[str, torch.Tensor]:
+def _load_weights(file: Path) -> dict[str, torch.Tensor]:
     if not file.is_file():
         raise FileNotFoundError(f"{file.parent} is not a complete checkpoint: {file.name} is missing")
     try:
@@ -152,7 +153,7 @@ def _load_weights(file: Path) -> Dict[str, torch.Tensor]:
         ) from None
 
 
-def load_model(path: str | Path) -> tuple[MultitaskModel, Any, Dict[str, Any]]:
+def load_model(path: str | Path) -> tuple[MultitaskModel, Any, dict[str, Any]]:
     """(model, tokenizer, meta) from a checkpoint folder (local or a URI); the model is in eval mode on CPU."""
     path = checkpoint_folder(path)
     meta = read_meta(path)
@@ -175,14 +176,14 @@ def load_model(path: str | Path) -> tuple[MultitaskModel, Any, Dict[str, Any]]:
     return model, tokenizer, meta
 
 
-def load_train_state(path: str | Path) -> Optional[Dict[str, Any]]:
+def load_train_state(path: str | Path) -> dict[str, Any] | None:
     file = checkpoint_folder(path) / "train_state.pt"
     if not file.is_file():
         return None
     return torch.load(file, map_location="cpu", weights_only=True)
 
 
-def resolve_device(device: Optional[str]) -> torch.device:
+def resolve_device(device: str | None) -> torch.device:
     """ "cpu", "cuda", "cuda:N", or "auto"/None: CUDA when torch sees a GPU, else the CPU."""
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -201,7 +202,7 @@ class SentenceEncoder:
     PROGRESS_MIN_BATCHES = 8  # show_progress_bar=None: a bar for longer inputs when stderr is a terminal
     SORT_WINDOW = 64  # batches tokenized and sorted by length together (bounds the token arrays' memory)
 
-    def __init__(self, model: MultitaskModel, tokenizer, meta: Dict[str, Any], path: Optional[Path] = None):
+    def __init__(self, model: MultitaskModel, tokenizer, meta: dict[str, Any], path: Path | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.meta = meta
@@ -215,12 +216,12 @@ class SentenceEncoder:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def to(self, device: Optional[str]) -> "SentenceEncoder":
+    def to(self, device: str | None) -> SentenceEncoder:
         """Move the model to `device` (see resolve_device); token tensors follow it."""
         self.model.to(resolve_device(device))
         return self
 
-    def _progress(self, n: int, batch_size: int, show: Optional[bool], desc: str):
+    def _progress(self, n: int, batch_size: int, show: bool | None, desc: str):
         from tqdm.auto import tqdm
 
         batches = -(-n // batch_size)
@@ -230,14 +231,14 @@ class SentenceEncoder:
         # A bar the caller asked for stays when done; an automatic one (evaluation's many encodes) clears itself.
         return tqdm(total=batches, desc=desc, unit="batch", disable=not show, leave=asked)
 
-    def _texts(self, sentences: Union[str, Sequence[str]], device: Optional[str]) -> tuple[List[str], bool]:
+    def _texts(self, sentences: str | Sequence[str], device: str | None) -> tuple[list[str], bool]:
         """(the texts as a list, whether one string was given); moves the model when `device` is set."""
         if device is not None:
             self.to(device)
         single = isinstance(sentences, str)
         return ([sentences] if single else list(sentences)), single
 
-    def _embed_sorted(self, texts: List[str], batch_size: int, normalize: bool, bar) -> torch.Tensor:
+    def _embed_sorted(self, texts: list[str], batch_size: int, normalize: bool, bar) -> torch.Tensor:
         """(n, dim) on the model's device: the texts tokenized once, encoded longest first in batches cut
         to their own longest row (little padding for the Transformer and the pretrained encoder),
         returned in input order."""
@@ -256,7 +257,7 @@ class SentenceEncoder:
         return out
 
     def _embed(
-        self, texts: List[str], batch_size: int, normalize: bool, show: Optional[bool], desc: str = "encode"
+        self, texts: list[str], batch_size: int, normalize: bool, show: bool | None, desc: str = "encode"
     ) -> torch.Tensor:
         window = batch_size * self.SORT_WINDOW
         with self._progress(len(texts), batch_size, show, desc) as bar:
@@ -274,13 +275,13 @@ class SentenceEncoder:
     @torch.no_grad()
     def encode(
         self,
-        sentences: Union[str, Sequence[str]],
+        sentences: str | Sequence[str],
         batch_size: int = 256,
-        show_progress_bar: Optional[bool] = None,
+        show_progress_bar: bool | None = None,
         convert_to_tensor: bool = False,
-        device: Optional[str] = None,
+        device: str | None = None,
         normalize_embeddings: bool = True,
-        tuned: Union[bool, str] = False,
+        tuned: bool | str = False,
     ):
         """One string -> (dim,), a list -> (n, dim): numpy float32, or a torch tensor on the model's
         device with `convert_to_tensor=True`. Sentences are encoded longest first and returned in
@@ -356,11 +357,11 @@ class SentenceEncoder:
     @torch.no_grad()
     def encode_responses(
         self,
-        sentences: Union[str, Sequence[str]],
+        sentences: str | Sequence[str],
         batch_size: int = 256,
-        show_progress_bar: Optional[bool] = None,
+        show_progress_bar: bool | None = None,
         convert_to_tensor: bool = False,
-        device: Optional[str] = None,
+        device: str | None = None,
         normalize_embeddings: bool = False,
     ):
         """Response embeddings after the response-side network (the right side of the Reddit score:
@@ -375,12 +376,12 @@ class SentenceEncoder:
     @torch.no_grad()
     def classify_nli(
         self,
-        premises: Union[str, Sequence[str]],
-        hypotheses: Union[str, Sequence[str]],
+        premises: str | Sequence[str],
+        hypotheses: str | Sequence[str],
         batch_size: int = 256,
-        show_progress_bar: Optional[bool] = None,
+        show_progress_bar: bool | None = None,
         convert_to_tensor: bool = False,
-        device: Optional[str] = None,
+        device: str | None = None,
     ):
         """Logits over (entailment, neutral, contradiction): (3,) for one pair of strings, (n, 3) for lists."""
         if isinstance(premises, str) != isinstance(hypotheses, str):

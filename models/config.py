@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any
 
 
 @dataclass
 class DanConfig:
     embedding_dim: int = 300
-    hidden_sizes: List[int] = field(default_factory=lambda: [300, 300])
+    hidden_sizes: list[int] = field(default_factory=lambda: [300, 300])
     output_dim: int = 500
     sparse_embeddings: bool = True  # sparse gradients: an SGD step touches only the rows in the batch
 
@@ -50,7 +50,7 @@ class PretrainedConfig:
     train_layers: int = -1
     # Filled when the weights are first loaded and stored in every checkpoint, so that a
     # checkpoint loads without the original folder. Not a setting.
-    hf_config: Dict[str, Any] = field(default_factory=dict)
+    hf_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -11,7 +11,7 @@ Every encoder has one interface: built from the model config and the tokenizer's
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from torch import nn
 
 from convsts.models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
 
-Inputs = Dict[str, torch.Tensor]
+Inputs = dict[str, torch.Tensor]
 
 
 class DanEncoder(nn.Module):
@@ -29,7 +29,7 @@ class DanEncoder(nn.Module):
     tokenizer_kind = "dan"  # word ids + hashed bigram ids
 
     @classmethod
-    def from_config(cls, config: ModelConfig, num_words: int, num_bigrams: int) -> "DanEncoder":
+    def from_config(cls, config: ModelConfig, num_words: int, num_bigrams: int) -> DanEncoder:
         return cls(config.dan, num_words, num_bigrams)
 
     def __init__(self, config: DanConfig, num_words: int, num_bigrams: int):
@@ -55,7 +55,7 @@ class DanEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.output_dim
 
-    def sparse_parameters(self) -> List[nn.Parameter]:
+    def sparse_parameters(self) -> list[nn.Parameter]:
         if not self.config.sparse_embeddings:
             return []
         return [self.word_embedding.weight, self.bigram_embedding.weight]
@@ -100,7 +100,7 @@ class TransformerSentenceEncoder(nn.Module):
     tokenizer_kind = "subword"  # WordPiece ids
 
     @classmethod
-    def from_config(cls, config: ModelConfig, num_words: int, num_bigrams: int) -> "TransformerSentenceEncoder":
+    def from_config(cls, config: ModelConfig, num_words: int, num_bigrams: int) -> TransformerSentenceEncoder:
         return cls(config.transformer, num_words)
 
     def __init__(self, config: TransformerConfig, num_tokens: int):
@@ -122,7 +122,7 @@ class TransformerSentenceEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.output_dim
 
-    def sparse_parameters(self) -> List[nn.Parameter]:
+    def sparse_parameters(self) -> list[nn.Parameter]:
         return []
 
     def forward(self, inputs: Inputs) -> torch.Tensor:
@@ -153,7 +153,7 @@ class BiLstmMaxEncoder(nn.Module):
     tokenizer_kind = "dan"  # word ids (its bigram ids are not used)
 
     @classmethod
-    def from_config(cls, config: ModelConfig, num_words: int, num_bigrams: int) -> "BiLstmMaxEncoder":
+    def from_config(cls, config: ModelConfig, num_words: int, num_bigrams: int) -> BiLstmMaxEncoder:
         return cls(config.bilstm, num_words)
 
     def __init__(self, config: BiLstmConfig, num_words: int):
@@ -168,7 +168,7 @@ class BiLstmMaxEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.output_dim or 2 * self.config.hidden_size
 
-    def sparse_parameters(self) -> List[nn.Parameter]:
+    def sparse_parameters(self) -> list[nn.Parameter]:
         return []
 
     def forward(self, inputs: Inputs) -> torch.Tensor:
@@ -186,7 +186,7 @@ class BiLstmMaxEncoder(nn.Module):
         return self.projection(pooled)  # (B, output_dim)
 
 
-def _without_pooler(hf_config) -> Dict[str, Any]:
+def _without_pooler(hf_config) -> dict[str, Any]:
     """AutoModel's keyword that leaves out the pooler ([CLS] dense + tanh, unused by our pooling),
     for the architectures that have one (BERT, RoBERTa, MPNet; not DistilBERT)."""
     import inspect
@@ -210,7 +210,7 @@ class PretrainedEncoder(nn.Module):
     tokenizer_kind = "pretrained"  # the model's own tokenizer.json
 
     @classmethod
-    def from_config(cls, config: ModelConfig, num_words: int, num_bigrams: int) -> "PretrainedEncoder":
+    def from_config(cls, config: ModelConfig, num_words: int, num_bigrams: int) -> PretrainedEncoder:
         return cls(config.pretrained)
 
     def __init__(self, config: PretrainedConfig):
@@ -263,7 +263,7 @@ class PretrainedEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.output_dim or self.model.config.hidden_size
 
-    def sparse_parameters(self) -> List[nn.Parameter]:
+    def sparse_parameters(self) -> list[nn.Parameter]:
         return []
 
     def forward(self, inputs: Inputs) -> torch.Tensor:
@@ -305,7 +305,7 @@ def _quietly(load, *args, **kwargs):
 
 # `model.encoder` name -> encoder class. A new family is one class with the interface above (its
 # `name` the config value), an entry here, and its architecture dataclass as a field of convsts.models.config.ModelConfig.
-ENCODERS: Dict[str, type] = {
+ENCODERS: dict[str, type] = {
     cls.name: cls for cls in (DanEncoder, TransformerSentenceEncoder, BiLstmMaxEncoder, PretrainedEncoder)
 }
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Sequence, Union
 
 import numpy as np
 import torch
@@ -77,7 +77,7 @@ class _GraphEncoder(nn.Module):
 class OnnxEncoder:
     """An exported folder run with onnxruntime: `OnnxEncoder(dir).encode(texts)` -> (n, dim) float32."""
 
-    def __init__(self, folder: Union[str, Path], threads: int = 0):
+    def __init__(self, folder: str | Path, threads: int = 0):
         import onnxruntime as ort
 
         folder = Path(folder)
@@ -87,9 +87,9 @@ class OnnxEncoder:
         self.session = ort.InferenceSession(str(folder / ONNX_FILE), options, providers=["CPUExecutionProvider"])
         self.names = [i.name for i in self.session.get_inputs()]
 
-    def encode(self, sentences: Union[str, Sequence[str]], batch_size: int = 256) -> np.ndarray:
+    def encode(self, sentences: str | Sequence[str], batch_size: int = 256) -> np.ndarray:
         single = isinstance(sentences, str)
-        texts: List[str] = [sentences] if single else list(sentences)
+        texts: list[str] = [sentences] if single else list(sentences)
         tokens = self.tokenizer.encode(texts)  # {name: (n, L)}
         first = tokens[self.names[0]]
         lengths = (first != self.tokenizer.pad_id).sum(1)  # (n,)

@@ -9,11 +9,10 @@ which each checkpoint's config.json keeps so that `convsts.models.load` rebuilds
 from __future__ import annotations
 
 import importlib
-from typing import Dict, List, Tuple
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from convsts.models.config import ModelConfig
 from convsts.models.encoders import build_encoder
@@ -53,7 +52,7 @@ class NliHead(nn.Module):
         return self.net(features)  # (B, classes)
 
 
-HEADS: Dict[str, type] = {"response": ResponseHead, "nli": NliHead}
+HEADS: dict[str, type] = {"response": ResponseHead, "nli": NliHead}
 
 
 def head_class(kind: str) -> type:
@@ -68,7 +67,7 @@ def head_class(kind: str) -> type:
 class MultitaskModel(nn.Module):
     """One shared encoder; a head per task. Both sides of a pair share (tie) the encoder."""
 
-    def __init__(self, config: ModelConfig, num_words: int, num_bigrams: int, heads: Dict[str, str] | None = None):
+    def __init__(self, config: ModelConfig, num_words: int, num_bigrams: int, heads: dict[str, str] | None = None):
         super().__init__()
         self.config = config
         self.head_kinds = dict(heads or LEGACY_HEADS)  # {task: head kind}
@@ -76,16 +75,16 @@ class MultitaskModel(nn.Module):
         dim = self.encoder.output_dim
         self.heads = nn.ModuleDict({task: head_class(kind)(dim, config) for task, kind in self.head_kinds.items()})
 
-    def sparse_parameters(self) -> List[nn.Parameter]:
+    def sparse_parameters(self) -> list[nn.Parameter]:
         """Parameters whose gradients are sparse (the DAN's embedding tables)."""
         return self.encoder.sparse_parameters()
 
-    def encode(self, inputs: Dict[str, torch.Tensor], normalize: bool = True) -> torch.Tensor:
+    def encode(self, inputs: dict[str, torch.Tensor], normalize: bool = True) -> torch.Tensor:
         """(B, D) sentence embeddings, of unit length unless `normalize=False` (the encoder's own output)."""
         emb = self.encoder(inputs)  # (B, D)
         return F.normalize(emb, dim=-1) if normalize else emb
 
-    def encode_all(self, parts: List[Dict[str, torch.Tensor]]) -> Tuple[torch.Tensor, ...]:
+    def encode_all(self, parts: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, ...]:
         """Several batches of sentences through the tied encoder in one call (pair sides, mined
         negatives): one pass over the embedding tables, so each table gets one sparse gradient per
         step rather than several to be summed. Sentences are encoded independently, so this equals
@@ -97,7 +96,7 @@ class MultitaskModel(nn.Module):
         joint = self.encode({k: torch.cat([p[k] for p in parts]) for k in first})  # (sum B_i, D)
         return tuple(joint.split(sizes))
 
-    def encode_both(self, first: Dict[str, torch.Tensor], second: Dict[str, torch.Tensor]):
+    def encode_both(self, first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]):
         """Both sides of a pair (see encode_all)."""
         return self.encode_all([first, second])
 

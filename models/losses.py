@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
@@ -13,7 +11,7 @@ def in_batch_softmax_loss(
     response: torch.Tensor,
     scale: float = 1.0,
     symmetric: bool = False,
-    negatives: Optional[torch.Tensor] = None,
+    negatives: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each response is the positive for its own context and a negative for the other K-1.
 

@@ -7,11 +7,11 @@ import contextlib
 import logging
 import os
 import warnings
-from typing import Dict, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 
 @contextlib.contextmanager
-def quiet_loggers(names: Sequence[str], env: Dict[str, str] | None = None) -> Iterator[None]:
+def quiet_loggers(names: Sequence[str], env: dict[str, str] | None = None) -> Iterator[None]:
     """The named loggers at ERROR, Python warnings ignored and `env` set, all restored afterwards."""
     loggers = [logging.getLogger(name) for name in names]
     levels = [lg.level for lg in loggers]

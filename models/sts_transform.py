@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -44,7 +44,7 @@ class StsTransformConfig:
     batch_size: int = 256
     seed: int = 0
 
-    def validate(self) -> "StsTransformConfig":
+    def validate(self) -> StsTransformConfig:
         if self.init not in ("identity", "random"):
             raise ValueError(f"eval.tuned.init: expected identity|random, got {self.init!r}")
         if self.loss not in ("mse", "pearson"):
@@ -60,7 +60,7 @@ class StsTransform:
     config: StsTransformConfig
     dev_pearson: float
     best_epoch: int
-    history: List[float] = field(default_factory=list)  # dev Pearson after each epoch
+    history: list[float] = field(default_factory=list)  # dev Pearson after each epoch
 
     def apply(self, emb: np.ndarray) -> np.ndarray:
         return emb @ self.matrix  # (n, dim) @ (dim, out_dim) -> (n, out_dim)
@@ -82,7 +82,7 @@ class StsTransform:
         return path
 
 
-def load_sts_transform(folder: str | Path, name: str = "") -> Optional[StsTransform]:
+def load_sts_transform(folder: str | Path, name: str = "") -> StsTransform | None:
     """The matrix `name` saved in a checkpoint folder, or None when there is none."""
     from safetensors import safe_open
 
@@ -110,14 +110,14 @@ def initial_matrix(dim: int, cfg: StsTransformConfig) -> torch.Tensor:
     return q[:, :out].contiguous()
 
 
-EpochCallback = Callable[[int, float, float, Optional[np.ndarray]], None]
+EpochCallback = Callable[[int, float, float, np.ndarray | None], None]
 
 
 def fit_sts_transform(
-    train: Dict[str, np.ndarray],
-    dev: Dict[str, np.ndarray],
+    train: dict[str, np.ndarray],
+    dev: dict[str, np.ndarray],
     cfg: StsTransformConfig,
-    on_epoch: Optional[EpochCallback] = None,
+    on_epoch: EpochCallback | None = None,
 ) -> StsTransform:
     """train/dev: {"u": (n, d), "v": (n, d), "score": (n,) gold on 0-5}. Keeps the epoch best on dev.
 

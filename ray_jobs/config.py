@@ -11,16 +11,17 @@ import argparse
 import dataclasses
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from convsts.datasets import storage
-from convsts.datasets.storage import SAMPLE_TOKEN
 from convsts.datasets.reddit import RedditFilterConfig
+from convsts.datasets.storage import SAMPLE_TOKEN
 from convsts.datasets.text import TokenizerConfig
 from convsts.models.config import ModelConfig
 from convsts.models.sts_transform import StsTransformConfig
@@ -33,7 +34,7 @@ class ConfigError(ValueError):
 @dataclass
 class DataConfig:
     # Raw inputs of `convsts prepare`. "{sample}" expands to the embedded sample folder.
-    reddit_inputs: List[str] = field(default_factory=lambda: ["{sample}/reddit_pairs.parquet"])
+    reddit_inputs: list[str] = field(default_factory=lambda: ["{sample}/reddit_pairs.parquet"])
     reddit_format: str = "auto"  # auto | pushshift | pairs
     snli_train: str = "{sample}/snli_train.parquet"
     snli_dev: str = "{sample}/snli_dev.parquet"
@@ -53,7 +54,7 @@ class DataConfig:
     # shards (each context's softmax runs over the batch's responses and its mined negatives).
     reddit_hard_negatives: bool = False
     # Raw inputs of tasks beyond the built-in ones: {task name: [files, folders or globs]}.
-    task_inputs: Dict[str, List[str]] = field(default_factory=dict)
+    task_inputs: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,10 +80,10 @@ class TrainerConfig:
     # computes on every core with torch_threads = the node's cores.
     torch_threads: int = 0
     use_gpu: bool = False
-    task_weights: Dict[str, float] = field(default_factory=lambda: {"reddit": 0.95, "snli": 0.05})
+    task_weights: dict[str, float] = field(default_factory=lambda: {"reddit": 0.95, "snli": 0.05})
     # Workers per task, e.g. {reddit: 19, snli: 1} (summing to num_workers); {} = by the weights
     # (largest remainder, at least one each).
-    task_workers: Dict[str, int] = field(default_factory=dict)
+    task_workers: dict[str, int] = field(default_factory=dict)
     # sync: one update per step from every worker's gradients (all-reduce, docs/design.md);
     # async: each task's workers push their own updates to a parameter holder as they are ready.
     task_split: str = "sync"  # sync | async
@@ -94,7 +95,7 @@ class TrainerConfig:
     # async: how many updates a task may run ahead of its weight's share of all updates before
     # its workers wait (the realised mix stays within this of the weights).
     async_slack: int = 8
-    stages: List[StageConfig] = field(
+    stages: list[StageConfig] = field(
         default_factory=lambda: [
             StageConfig(0, 128, 0.01),
             StageConfig(1_000_000, 256, 0.001),
@@ -113,7 +114,7 @@ class TrainerConfig:
     dense_lr_scale: float = 1.0
     # Per task, its head's lr = that x this (1 for a task not named): a new classifier on a
     # pretrained encoder learns faster than the encoder under it, e.g. {snli: 50}.
-    head_lr_scale: Dict[str, float] = field(default_factory=dict)
+    head_lr_scale: dict[str, float] = field(default_factory=dict)
     grad_clip: float = 0.0  # 0 = off
     # Length bucketing: each worker sorts windows of this many batches by length and trains on them
     # in a shuffled order, so a batch's rows have similar lengths and the Transformer / BiLSTM / the
@@ -163,7 +164,7 @@ class RunConfig:
     # so that models trained with different seeds are compared on the same queries and data.
     seed: int = 0
     # Modules defining tasks beyond ray_jobs/tasks/ (each binds a Task to the name TASK).
-    task_modules: List[str] = field(default_factory=list)
+    task_modules: list[str] = field(default_factory=list)
     data: DataConfig = field(default_factory=DataConfig)
     filters: RedditFilterConfig = field(default_factory=RedditFilterConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -172,7 +173,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
-    def validate(self) -> "RunConfig":
+    def validate(self) -> RunConfig:
         from convsts.models.encoders import ENCODERS
         from convsts.ray_jobs.tasks import get_task
 
@@ -334,7 +335,7 @@ class RunConfig:
         need(self.eval.reddit_negatives >= 1, "eval.reddit_negatives", ">= 1", self.eval.reddit_negatives)
         need(self.eval.batch_size >= 1, "eval.batch_size", ">= 1", self.eval.batch_size)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
@@ -363,7 +364,7 @@ def _describe(err: OmegaConfBaseException, source: str) -> str:
     return f"config key '{key}'{where}: {msg}" if key else f"config{where}: {msg}"
 
 
-def from_dict(values: Dict[str, Any], source: str = "") -> RunConfig:
+def from_dict(values: dict[str, Any], source: str = "") -> RunConfig:
     """Build a RunConfig from a (possibly partial) nested dict, rejecting unknown keys."""
     schema = OmegaConf.structured(RunConfig)
     try:
@@ -384,7 +385,7 @@ def is_override(item: str) -> bool:
 
 
 def parse_with_overrides(
-    parser: argparse.ArgumentParser, argv: Optional[Sequence[str]], list_options: Sequence[str] = ()
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, list_options: Sequence[str] = ()
 ) -> argparse.Namespace:
     """parser.parse_intermixed_args, then the dotted KEY=VALUE items that a list option (nargs: --sts
     A B, --input A B) took in are moved to args.overrides, where they were meant to go."""
@@ -398,7 +399,7 @@ def parse_with_overrides(
     return args
 
 
-def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> RunConfig:
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """defaults <- YAML file <- dotted overrides such as `trainer.steps=500`."""
     schema = OmegaConf.structured(RunConfig)
     layers = [schema]
@@ -421,7 +422,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
             raise ConfigError(f"override {item!r}: expected key=value, e.g. trainer.steps=500")
     try:
         merged = schema
-        for i, layer in enumerate(layers[1:], start=1):
+        for layer in layers[1:]:
             try:
                 merged = merge_layer(merged, layer)
             except OmegaConfBaseException as err:
@@ -457,7 +458,7 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def changed_values(before: Dict[str, Any], after: Dict[str, Any], label: str, new_keys: bool = True) -> List[str]:
+def changed_values(before: dict[str, Any], after: dict[str, Any], label: str, new_keys: bool = True) -> list[str]:
     """'KEY=BEFORE (LABEL: AFTER)' for each key of two flattened configs whose values differ, sorted;
     a key that `before` does not hold counts only with `new_keys` (without: a setting added since
     `before` was recorded is not a difference)."""
@@ -465,9 +466,9 @@ def changed_values(before: Dict[str, Any], after: Dict[str, Any], label: str, ne
     return [f"{k}={before.get(k)!r} ({label}: {after.get(k)!r})" for k in sorted(keys) if before.get(k) != after.get(k)]
 
 
-def flatten(values: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested dict -> {"trainer.steps": 1000, ...} (lists rendered as strings), for MLflow params."""
-    flat: Dict[str, Any] = {}
+    flat: dict[str, Any] = {}
     for key, value in values.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):

@@ -16,8 +16,8 @@ import dataclasses
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, Sequence
 
 from convsts.datasets.storage import BadInputError, redact, redact_tree
 from convsts.datasets.text import load_tokenizer
@@ -43,7 +43,7 @@ DEFAULT_ENCODER = PretrainedEncoder.name
 
 def run_demo(
     cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = LexicalScorer.KINDS, fresh: bool = False
-) -> Dict[str, object]:
+) -> dict[str, object]:
     """Prepare, train, evaluate and compare into out_dir. An out_dir that holds an earlier demo is
     refused before any work, unless `fresh`: its training run's outputs are then removed (its
     MLflow store and runs are kept, and its prepared sample is kept when it verifies)."""
@@ -117,7 +117,7 @@ def run_demo(
             else {}
         )  # none without a Reddit held-out split
         columns[trained_name].update(paired)
-        flat: Dict[str, object] = dict(columns[trained_name])
+        flat: dict[str, object] = dict(columns[trained_name])
         for name, metrics in others.items():
             columns[name] = {k: v for k, v in metrics.items() if isinstance(v, float)}
             prefix = f"{UNTRAINED}/" if name == UNTRAINED else f"baseline/{name}/"

@@ -12,7 +12,7 @@ convsts export --checkpoint C --format sentence-transformers --out DIR
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from collections.abc import Sequence
 
 from convsts.models.export import to_onnx, to_sentence_transformers
 from convsts.ray_jobs.runtime import log, setup_logging

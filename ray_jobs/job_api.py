@@ -8,7 +8,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from convsts.datasets.storage import redact
 
@@ -19,7 +18,7 @@ class SubmitError(RuntimeError):
     """The job API could not be reached or refused the request."""
 
 
-def job_address(address: Optional[str]) -> str:
+def job_address(address: str | None) -> str:
     address = address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS
     if address.startswith("ray://") or not address.startswith(("http://", "https://")):
         # The job API speaks HTTP to the dashboard; a bare host:port means that.
@@ -43,7 +42,7 @@ def configure_auth() -> str:
     return mode
 
 
-def job_client(address: Optional[str] = None):
+def job_client(address: str | None = None):
     from ray.job_submission import JobSubmissionClient
 
     configure_auth()
@@ -54,7 +53,7 @@ def job_client(address: Optional[str] = None):
         raise SubmitError(explain(err, url)) from None
 
 
-def _token_source() -> Optional[str]:
+def _token_source() -> str | None:
     """Where this client's token comes from, as Ray reads it; None when it has none."""
     if os.environ.get("RAY_AUTH_TOKEN"):
         return "RAY_AUTH_TOKEN"
@@ -86,7 +85,7 @@ async def _tail(client, job_id: str) -> None:
         print(lines, end="", flush=True)
 
 
-def wait_for_job(client, job_id: str, stream: bool = True, poll_s: float = 1.0, timeout_s: Optional[float] = None):
+def wait_for_job(client, job_id: str, stream: bool = True, poll_s: float = 1.0, timeout_s: float | None = None):
     from ray.job_submission import JobStatus
 
     if stream:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from convsts.ray_jobs.job_api import SubmitError, job_client, status_name, wait_for_job
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats
@@ -33,7 +33,7 @@ def spearman(pred: Sequence[float], gold: Sequence[float]) -> float:
     return float(stats.spearmanr(pred, gold)[0])
 
 
-def precision_at_n(scores: np.ndarray, ns: Sequence[int] = (1, 3, 10)) -> Dict[int, float]:
+def precision_at_n(scores: np.ndarray, ns: Sequence[int] = (1, 3, 10)) -> dict[int, float]:
     """scores: (q, c) with the true candidate in column 0. A hit at N when the true candidate ranks
     within the top N; ties count against it (rank = 1 + number of candidates scoring >= it, others).
     Any non-finite score makes every P@N NaN: a NaN compares false with everything, and would
@@ -44,7 +44,7 @@ def precision_at_n(scores: np.ndarray, ns: Sequence[int] = (1, 3, 10)) -> Dict[i
     return {n: float(np.mean(rank <= n)) for n in ns}
 
 
-def true_ranks(scores: np.ndarray) -> "np.ndarray | None":
+def true_ranks(scores: np.ndarray) -> np.ndarray | None:
     """scores: (q, c) with the true candidate in column 0 -> its rank in each row (1 = first), ties
     against it; None when any score is non-finite (precision_at_n says why)."""
     scores = np.asarray(scores, dtype=np.float64)
@@ -54,7 +54,7 @@ def true_ranks(scores: np.ndarray) -> "np.ndarray | None":
     return 1 + np.sum(scores[:, 1:] >= true, axis=1)  # (q,)
 
 
-def paired_difference(a: Sequence[float], b: Sequence[float]) -> Tuple[float, float]:
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     """Mean of a - b over the same items (e.g. two models' P@1 hits on the same queries and
     candidates) and its standard error: the paired test, much tighter than comparing two means
     with their own standard errors, since both systems meet the same easy and hard items."""

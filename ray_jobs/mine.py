@@ -34,17 +34,18 @@ import hashlib
 import io
 import json
 import time
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from convsts.datasets import storage
-from convsts.datasets.storage import BadInputError
 from convsts.datasets.negatives import MiningConfig, mine
+from convsts.datasets.storage import BadInputError
 from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.runtime import log, setup_logging
-from convsts.ray_jobs.tasks.reddit import NEGATIVE, TASK as REDDIT
+from convsts.ray_jobs.tasks.reddit import NEGATIVE
+from convsts.ray_jobs.tasks.reddit import TASK as REDDIT
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -93,7 +94,7 @@ EMBEDDING_CHUNK = 4096  # sentences per cached file: a killed run loses at most 
 CHECKPOINT_WEIGHTS = ("model.safetensors", "tokenizer.json")  # what a checkpoint's embeddings depend on
 
 
-def embeddings_key(checkpoint: str, frame, chunk: int) -> Dict[str, str]:
+def embeddings_key(checkpoint: str, frame, chunk: int) -> dict[str, str]:
     """What cached embeddings are of: the checkpoint's weights and tokenizer, the pairs' text, the chunking."""
     weights = hashlib.sha1()
     for file in CHECKPOINT_WEIGHTS:
@@ -102,7 +103,7 @@ def embeddings_key(checkpoint: str, frame, chunk: int) -> Dict[str, str]:
                 weights.update(block)
     texts = hashlib.sha1()
     for context, response in zip(frame["context"], frame["response"]):
-        texts.update(f"{context}\x00{response}\x00".encode("utf-8"))
+        texts.update(f"{context}\x00{response}\x00".encode())
     return {
         "checkpoint_weights": weights.hexdigest(),
         "pairs_text": texts.hexdigest(),
@@ -116,7 +117,7 @@ class EmbeddingCache:
     key (embeddings_key) they were made under. Each file is written whole (storage.write_bytes),
     so a killed run leaves only whole chunks."""
 
-    def __init__(self, folder: str, key: Dict[str, str], chunk: int):
+    def __init__(self, folder: str, key: dict[str, str], chunk: int):
         self.folder, self.chunk, self.reused, self.encoded = folder, chunk, 0, 0
         if storage.is_file(folder):
             raise BadInputError(
@@ -143,7 +144,7 @@ class EmbeddingCache:
     def _path(self, side: str, index: int) -> str:
         return storage.join(self.folder, f"{side}-{index:05d}.npy")
 
-    def held(self, side: str, index: int) -> Optional[torch.Tensor]:
+    def held(self, side: str, index: int) -> torch.Tensor | None:
         """(c, D) float32: chunk `index` of `side` where an earlier run wrote it, else None."""
         path = self._path(side, index)
         if not storage.is_file(path):
@@ -170,10 +171,10 @@ def encode_side(encoder, side: str, texts: Sequence[str], batch_size: int) -> to
     return method(list(texts), batch_size=batch_size, convert_to_tensor=True, device="auto").cpu().float()
 
 
-Chunk = Tuple[str, int, List[str]]  # (side, index, texts)
+Chunk = tuple[str, int, list[str]]  # (side, index, texts)
 
 
-def encoded_here(encoder, chunks: Sequence[Chunk], batch_size: int) -> Iterator[Tuple[str, int, torch.Tensor]]:
+def encoded_here(encoder, chunks: Sequence[Chunk], batch_size: int) -> Iterator[tuple[str, int, torch.Tensor]]:
     for side, index, texts in chunks:
         yield side, index, encode_side(encoder, side, texts, batch_size)
 
@@ -189,7 +190,7 @@ class ChunkEncoder:
         self.encoder = ray.get(encoder[0])  # [ObjectRef]: the model, put once by the driver
         self.batch_size = batch_size
 
-    def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = [
             npy_bytes(encode_side(self.encoder, str(side), list(texts), self.batch_size))
             for side, texts in zip(batch["side"], batch["texts"])
@@ -206,7 +207,7 @@ class EncodePool:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
 
-    def validate(self) -> "EncodePool":
+    def validate(self) -> EncodePool:
         if self.workers < 0 or self.cpus_per_worker <= 0 or self.gpus_per_worker < 0:
             raise ValueError(
                 f"need --workers >= 0, --cpus-per-worker > 0 and --gpus-per-worker >= 0, got "
@@ -219,7 +220,7 @@ class EncodePool:
             )
         return self
 
-    def encoded(self, encoder, chunks: Sequence[Chunk], batch_size: int) -> Iterator[Tuple[str, int, torch.Tensor]]:
+    def encoded(self, encoder, chunks: Sequence[Chunk], batch_size: int) -> Iterator[tuple[str, int, torch.Tensor]]:
         """(side, index, (c, D) embeddings) for each chunk, in the order they finish."""
         if not self.workers or not chunks:
             yield from encoded_here(encoder, chunks, batch_size)
@@ -246,13 +247,13 @@ class EncodePool:
 
 
 def embed_pairs(
-    encoder, frame, chunk: int, batch_size: int, cache: Optional[EmbeddingCache], pool: EncodePool
-) -> Dict[str, torch.Tensor]:
+    encoder, frame, chunk: int, batch_size: int, cache: EmbeddingCache | None, pool: EncodePool
+) -> dict[str, torch.Tensor]:
     """{"context": (n, D), "response": (n, D)}: the pairs' two sides, chunk by chunk, read from the
     cache where it holds a chunk, the rest encoded by `pool` (and written to the cache as each
     chunk finishes, so a killed run keeps whole chunks)."""
-    parts: Dict[str, Dict[int, torch.Tensor]] = {"context": {}, "response": {}}
-    todo: List[Chunk] = []
+    parts: dict[str, dict[int, torch.Tensor]] = {"context": {}, "response": {}}
+    todo: list[Chunk] = []
     for side, held in parts.items():
         texts = frame[side].tolist()
         for index, start in enumerate(range(0, len(texts), chunk)):
@@ -279,7 +280,7 @@ def mine_prepared(
     cfg,
     embeddings: str = "",
     chunk: int = EMBEDDING_CHUNK,
-    pool: Optional[EncodePool] = None,
+    pool: EncodePool | None = None,
 ):
     """The work of the command; returns OUT's Reddit manifest."""
     from convsts import models

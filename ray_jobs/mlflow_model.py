@@ -16,12 +16,11 @@ from __future__ import annotations
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import List, Optional
 
 import mlflow.pyfunc
-from mlflow.models import Model
 import numpy as np
 import pandas as pd
+from mlflow.models import Model
 
 from convsts.models.quiet import quiet_loggers
 from convsts.ray_jobs import tracking
@@ -41,7 +40,7 @@ class EncoderModel(mlflow.pyfunc.PythonModel):
 
         self.encoder = load(context.artifacts[ARTIFACT])
 
-    def predict(self, context, model_input: pd.DataFrame, params: Optional[dict] = None) -> np.ndarray:
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> np.ndarray:
         params = params or {}
         texts = _texts(model_input)
         return self.encoder.encode(
@@ -53,7 +52,7 @@ class EncoderModel(mlflow.pyfunc.PythonModel):
         )  # (n, dim)
 
 
-def _texts(model_input) -> List[str]:
+def _texts(model_input) -> list[str]:
     if isinstance(model_input, pd.DataFrame):
         column = INPUT_COLUMN if INPUT_COLUMN in model_input.columns else model_input.columns[0]
         return [str(t) for t in model_input[column]]
@@ -79,7 +78,7 @@ def signature(dim: int):
     )
 
 
-def requirements() -> List[str]:
+def requirements() -> list[str]:
     """The installed versions of what loading the model imports (this project itself aside)."""
     out = []
     for name in REQUIREMENTS:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any
 
 import yaml
 from safetensors import safe_open
@@ -40,10 +41,10 @@ def run_facts(
     run_config: Mapping[str, Any],
     manifests: Mapping[str, Mapping[str, Any]],
     digests: Mapping[str, str],
-    run_id: Optional[str],
-    tracking_uri: Optional[str],
-    seconds: Optional[float] = None,
-) -> Dict[str, Any]:
+    run_id: str | None,
+    tracking_uri: str | None,
+    seconds: float | None = None,
+) -> dict[str, Any]:
     """What a training run knows about the model it wrote: config, data, code, libraries, machine."""
     data = {}
     for task, manifest in manifests.items():
@@ -70,7 +71,7 @@ def run_facts(
     }
 
 
-def parameter_counts(folder: Path) -> Dict[str, int]:
+def parameter_counts(folder: Path) -> dict[str, int]:
     counts = {"encoder": 0, "heads": 0}
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         for key in f.keys():
@@ -81,14 +82,14 @@ def parameter_counts(folder: Path) -> Dict[str, int]:
     return counts
 
 
-def _architecture(meta: Dict[str, Any]) -> Dict[str, Any]:
+def _architecture(meta: dict[str, Any]) -> dict[str, Any]:
     model = meta["model"]
     arch = dict(model[model["encoder"]])
     arch.pop("hf_config", None)  # the full transformers config; config.json has it
     return arch
 
 
-def _base_model(meta: Dict[str, Any]) -> Optional[str]:
+def _base_model(meta: dict[str, Any]) -> str | None:
     """The pretrained weights a pretrained-encoder model started from (their folder or URI, or the
     packaged all-MiniLM-L6-v2)."""
     if meta["model"]["encoder"] != PretrainedEncoder.name:
@@ -96,11 +97,11 @@ def _base_model(meta: Dict[str, Any]) -> Optional[str]:
     return redact(meta["model"]["pretrained"].get("path") or PACKAGED_MODEL)
 
 
-def render(folder: Path, facts: Dict[str, Any]) -> str:
+def render(folder: Path, facts: dict[str, Any]) -> str:
     meta = read_meta(folder)
     encoder = meta["model"]["encoder"]
     results = {k: v for k, v in facts.get("results", {}).items() if isinstance(v, (int, float))}
-    header: Dict[str, Any] = {
+    header: dict[str, Any] = {
         "library_name": "convsts",
         "pipeline_tag": "sentence-similarity",
         "tags": ["sentence-similarity", "sentence-embeddings", "convsts", f"encoder-{encoder}"],
@@ -199,21 +200,21 @@ def render(folder: Path, facts: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _output_dim(meta: Dict[str, Any]) -> Any:
+def _output_dim(meta: dict[str, Any]) -> Any:
     arch = meta["model"][meta["model"]["encoder"]]
     if meta["model"]["encoder"] == PretrainedEncoder.name:
         return arch.get("output_dim") or (arch.get("hf_config") or {}).get("hidden_size")
     return arch.get("output_dim") or 2 * arch.get("hidden_size", 0)
 
 
-def write_card(folder: str | Path, facts: Dict[str, Any]) -> Path:
+def write_card(folder: str | Path, facts: dict[str, Any]) -> Path:
     folder = Path(folder)
     (folder / FACTS_FILE).write_text(json.dumps(facts, indent=2, default=str), encoding="utf-8")
     (folder / CARD_FILE).write_text(render(folder, facts), encoding="utf-8")
     return folder / CARD_FILE
 
 
-def add_results(folder: str | Path, results: Mapping[str, Any]) -> Optional[Path]:
+def add_results(folder: str | Path, results: Mapping[str, Any]) -> Path | None:
     """Record evaluation results in a model folder's card (None when the folder has no card.json)."""
     folder = Path(folder)
     if not (folder / FACTS_FILE).is_file():

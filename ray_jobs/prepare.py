@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from convsts.datasets.storage import redact
 from convsts.ray_jobs.config import load_config, parse_with_overrides

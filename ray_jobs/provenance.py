@@ -11,14 +11,13 @@ import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Dict, Optional
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 COMMIT_ENV = "CONVSTS_GIT_COMMIT"
 LIBRARIES = ("convsts", "torch", "ray", "mlflow", "transformers", "tokenizers", "onnxruntime")
 
 
-def git_commit(root: Path = PROJECT_ROOT) -> Optional[str]:
+def git_commit(root: Path = PROJECT_ROOT) -> str | None:
     """The HEAD commit of the checkout at `root` (with "-dirty" when tracked files changed), or None."""
     if os.environ.get(COMMIT_ENV):
         return os.environ[COMMIT_ENV]
@@ -39,7 +38,7 @@ def git_commit(root: Path = PROJECT_ROOT) -> Optional[str]:
     return head + ("-dirty" if dirty else "") if head else None
 
 
-def library_versions() -> Dict[str, str]:
+def library_versions() -> dict[str, str]:
     out = {}
     for name in LIBRARIES:
         try:
@@ -49,7 +48,7 @@ def library_versions() -> Dict[str, str]:
     return out
 
 
-def machine() -> Dict[str, str]:
+def machine() -> dict[str, str]:
     info = {"python": platform.python_version(), "platform": platform.platform(), "cpu_count": str(os.cpu_count())}
     try:
         import torch

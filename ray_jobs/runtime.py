@@ -6,7 +6,6 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
-from typing import Optional
 
 log = logging.getLogger("convsts")
 
@@ -95,7 +94,7 @@ LOCAL_STARTUP_CONCURRENCY = 4  # Python workers a local Ray instance starts at o
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # Ray Train's switch (ray.train.v2 constants)
 
 
-def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> None:
+def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Attach to the cluster at `address`/RAY_ADDRESS, or start a local instance on this machine."""
     import sys
 
@@ -147,7 +146,7 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
 TRACKING_PROBE_TIMEOUT_S = 10.0  # one request before any work; MLflow's own client retries for minutes
 
 
-def tracking_uri(configured: str, out_dir: Optional[str | Path]) -> str:
+def tracking_uri(configured: str, out_dir: str | Path | None) -> str:
     """MLFLOW_TRACKING_URI, else the configured URI, else a sqlite store in the output folder. A
     tracking server's URI is checked reachable first, so a run does not do its work and then spend
     MLflow's retries (minutes) on a server that is not there."""
@@ -206,7 +205,7 @@ def _user_error_types() -> tuple:
     )
 
 
-def find_user_error(exc: BaseException) -> Optional[BaseException]:
+def find_user_error(exc: BaseException) -> BaseException | None:
     """The expected user error (bad config, bad or missing input) behind `exc`, also when Ray
     wrapped it (a task's error travels as RayTaskError with `.cause`, Ray Data's as UserCodeException)."""
     types, seen, todo, first = _user_error_types(), set(), [exc], None

@@ -24,8 +24,9 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any
 
 from convsts.datasets.storage import has_credentials, redact, strip_credentials
 from convsts.ray_jobs.cli import COMMANDS
@@ -41,7 +42,7 @@ AGENT_WAIT_S = 120.0
 FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
 
 
-def load_runtime_env(path: Optional[str | Path]) -> Dict[str, Any]:
+def load_runtime_env(path: str | Path | None) -> dict[str, Any]:
     import yaml
 
     path = Path(path) if path else DEFAULT_RUNTIME_ENV
@@ -53,7 +54,7 @@ def load_runtime_env(path: Optional[str | Path]) -> Dict[str, Any]:
     return env
 
 
-def build_runtime_env(path: Optional[str | Path], working_dir: Path = PROJECT_ROOT) -> Dict[str, Any]:
+def build_runtime_env(path: str | Path | None, working_dir: Path = PROJECT_ROOT) -> dict[str, Any]:
     """The job's runtime_env; forwarded variables lose any credentials (the dashboard shows them)."""
     env = load_runtime_env(path)
     env.setdefault("working_dir", str(working_dir))
@@ -99,10 +100,10 @@ def entrypoint(job: str, args: Sequence[str], python: str = "python") -> str:
 def submit(
     job: str,
     args: Sequence[str],
-    address: Optional[str] = None,
-    runtime_env: Optional[str] = None,
+    address: str | None = None,
+    runtime_env: str | None = None,
     python: str = "python",
-    submission_id: Optional[str] = None,
+    submission_id: str | None = None,
 ) -> tuple[Any, str]:
     client = job_client(address)
     env = build_runtime_env(runtime_env)

@@ -14,8 +14,8 @@ Head gradients are averaged within the task's group only. Asynchronous (trainer.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -26,23 +26,23 @@ HEAD_COUNT_TOLERANCE = 0.01
 @dataclass(frozen=True)
 class TaskPlan:
     mode: str  # head_count | gradient_weighting | task_sampling | async
-    weights: Dict[str, float]  # normalized configured weights
-    rank_tasks: Tuple[str, ...]  # the task of each rank ("*" for every task in task_sampling)
+    weights: dict[str, float]  # normalized configured weights
+    rank_tasks: tuple[str, ...]  # the task of each rank ("*" for every task in task_sampling)
 
     @property
     def world_size(self) -> int:
         return len(self.rank_tasks)
 
     @property
-    def tasks(self) -> List[str]:
+    def tasks(self) -> list[str]:
         return list(self.weights)
 
-    def ranks_of(self, task: str) -> List[int]:
+    def ranks_of(self, task: str) -> list[int]:
         if self.mode == "task_sampling":
             return [0]
         return [r for r, t in enumerate(self.rank_tasks) if t == task]
 
-    def tasks_of(self, rank: int) -> List[str]:
+    def tasks_of(self, rank: int) -> list[str]:
         return self.tasks if self.rank_tasks[rank] == "*" else [self.rank_tasks[rank]]
 
     def leader(self, task: str) -> int:
@@ -67,7 +67,7 @@ class TaskPlan:
 
 
 def plan_tasks(
-    weights: Dict[str, float], num_workers: int, task_workers: Optional[Dict[str, int]] = None, split: str = "sync"
+    weights: dict[str, float], num_workers: int, task_workers: dict[str, int] | None = None, split: str = "sync"
 ) -> TaskPlan:
     """Ranks -> tasks: `task_workers` ({task: count}, summing to num_workers) when given, else by
     the weights (largest remainder, at least one rank per task)."""
@@ -170,7 +170,7 @@ class GradientCombiner:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
-    def sync_heads(self, heads: Dict[str, torch.nn.Module]) -> None:
+    def sync_heads(self, heads: dict[str, torch.nn.Module]) -> None:
         """Give every rank each head's weights from that task's leader (before a checkpoint)."""
         if not self.distributed:
             return
@@ -191,10 +191,10 @@ class GradientCombiner:
         if self.distributed:
             dist.barrier()
 
-    def gather_objects(self, obj) -> List:
+    def gather_objects(self, obj) -> list:
         if not self.distributed:
             return [obj]
-        out: List = [None] * self.plan.world_size
+        out: list = [None] * self.plan.world_size
         dist.all_gather_object(out, obj)
         return out
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any
 
 from convsts.datasets.storage import redact
 
@@ -25,7 +26,7 @@ def client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def artifact_root(tracking_uri: str) -> Optional[str]:
+def artifact_root(tracking_uri: str) -> str | None:
     """Where a new experiment's artifacts go: for a local sqlite store, the folder `mlartifacts`
     beside the database file (MLflow's default would be ./mlruns of whatever folder the command ran
     from); for a tracking server, None (the server's own artifact root)."""
@@ -53,9 +54,9 @@ def start_run(
     tracking_uri: str,
     experiment: str,
     run_name: str,
-    params: Optional[Mapping[str, Any]] = None,
-    tags: Optional[Mapping[str, str]] = None,
-    parent_run_id: Optional[str] = None,
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, str] | None = None,
+    parent_run_id: str | None = None,
 ) -> str:
     c = client(tracking_uri)
     source = provenance_tags()
@@ -71,7 +72,7 @@ def start_run(
     return run.info.run_id
 
 
-def provenance_tags() -> Dict[str, str]:
+def provenance_tags() -> dict[str, str]:
     """What made a run: the project's commit (MLflow's own source tags), the entry command, library
     versions, the machine."""
     import os
@@ -172,15 +173,15 @@ def _metric_name(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "_-./ " else "_" for ch in name)
 
 
-def log_artifacts(tracking_uri: str, run_id: str, local_dir: str, artifact_path: Optional[str] = None) -> None:
+def log_artifacts(tracking_uri: str, run_id: str, local_dir: str, artifact_path: str | None = None) -> None:
     client(tracking_uri).log_artifacts(run_id, local_dir, artifact_path)
 
 
-def log_artifact(tracking_uri: str, run_id: str, local_path: str, artifact_path: Optional[str] = None) -> None:
+def log_artifact(tracking_uri: str, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
     client(tracking_uri).log_artifact(run_id, local_path, artifact_path)
 
 
-def set_tags(tracking_uri: str, run_id: str, tags: Dict[str, str]) -> None:
+def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
     c = client(tracking_uri)
     for k, v in tags.items():
         c.set_tag(run_id, k, redact(str(v)))
@@ -194,7 +195,7 @@ def ui_command(tracking_uri: str) -> str:
     return f"mlflow ui --backend-store-uri {redact(tracking_uri)} --host 127.0.0.1 --port 5000"
 
 
-def find_run(tracking_uri: str, experiment: str, tags: Mapping[str, str]) -> Optional[str]:
+def find_run(tracking_uri: str, experiment: str, tags: Mapping[str, str]) -> str | None:
     """The newest run of `experiment` whose tags equal `tags`, or None."""
     c = client(tracking_uri)
     exp = c.get_experiment_by_name(experiment)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 from convsts.datasets.storage import redact
 from convsts.ray_jobs.config import load_config

@@ -19,8 +19,9 @@ import math
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -40,7 +41,7 @@ TRIAL_FUNCTION_CPU = 0.1  # the trial function only waits on its TorchTrainer
 # Trial configs
 
 
-def trial_config(base: Dict[str, Any], params: Dict[str, Any], fixed: Sequence[str] = ()) -> RunConfig:
+def trial_config(base: dict[str, Any], params: dict[str, Any], fixed: Sequence[str] = ()) -> RunConfig:
     """base config dict + the space's fixed overrides + a trial's dotted keys -> a validated RunConfig."""
     merged = OmegaConf.create(base)
     if fixed:
@@ -53,7 +54,7 @@ def trial_config(base: Dict[str, Any], params: Dict[str, Any], fixed: Sequence[s
     return from_dict(OmegaConf.to_container(merged), source="trial parameters")
 
 
-def check_space_keys(space: TuneSpace, base: RunConfig, extra: Dict[str, Any]) -> None:
+def check_space_keys(space: TuneSpace, base: RunConfig, extra: dict[str, Any]) -> None:
     """Every dotted key of the space names a config field: fail before any trial starts."""
     flat = flatten(base.to_dict())
     for key in list(space.params()) + list(extra):
@@ -61,11 +62,11 @@ def check_space_keys(space: TuneSpace, base: RunConfig, extra: Dict[str, Any]) -
             raise ConfigError(f"tune space {space.name}: config key '{key}' does not exist")
 
 
-def grid_overrides(items: Sequence[str]) -> Dict[str, Any]:
+def grid_overrides(items: Sequence[str]) -> dict[str, Any]:
     """--param key=[v1,v2] -> {key: tune.grid_search([v1, v2])}; key=v -> a fixed value."""
     from ray import tune
 
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep:
@@ -75,11 +76,11 @@ def grid_overrides(items: Sequence[str]) -> Dict[str, Any]:
     return out
 
 
-def _plain(params: Dict[str, Any]) -> Dict[str, Any]:
+def _plain(params: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.item() if hasattr(v, "item") else v) for k, v in params.items()}
 
 
-def _trial_run(uri: str, experiment: str, parent_run_id: str, params: Dict[str, Any]) -> str:
+def _trial_run(uri: str, experiment: str, parent_run_id: str, params: dict[str, Any]) -> str:
     """The trial's child run: reused when a restored sweep restarts the trial, else created."""
     from ray import tune
 
@@ -104,10 +105,10 @@ def _trial_run(uri: str, experiment: str, parent_run_id: str, params: Dict[str, 
 
 
 def sts_matrix_trial(
-    params: Dict[str, Any],
-    embeddings: Dict[str, Dict[str, np.ndarray]],
-    base: Dict[str, Any],
-    fixed: List[str],
+    params: dict[str, Any],
+    embeddings: dict[str, dict[str, np.ndarray]],
+    base: dict[str, Any],
+    fixed: list[str],
     uri: str,
     experiment: str,
     parent_run_id: str,
@@ -120,7 +121,7 @@ def sts_matrix_trial(
     cfg = trial_config(base, params, fixed)
     run_id = _trial_run(uri, experiment, parent_run_id, params)
 
-    def on_epoch(epoch: int, dev_r: float, best: float, new_best: Optional[np.ndarray]) -> None:
+    def on_epoch(epoch: int, dev_r: float, best: float, new_best: np.ndarray | None) -> None:
         metrics = {"stsb_tuned/dev/pearson": best, "stsb_tuned/dev/pearson_epoch": dev_r, "epoch": epoch}
         tracking.log_metrics(uri, run_id, metrics, step=epoch)
         if new_best is None:
@@ -141,9 +142,9 @@ def sts_matrix_trial(
 
 
 def train_trial(
-    params: Dict[str, Any],
-    base: Dict[str, Any],
-    fixed: List[str],
+    params: dict[str, Any],
+    base: dict[str, Any],
+    fixed: list[str],
     uri: str,
     experiment: str,
     parent_run_id: str,
@@ -187,7 +188,7 @@ def train_trial(
 # Driver
 
 
-def _concurrency(space: TuneSpace, cfg: RunConfig) -> tuple[Dict[str, float], int]:
+def _concurrency(space: TuneSpace, cfg: RunConfig) -> tuple[dict[str, float], int]:
     """(resources of the trial function, trials at once) from the cluster's CPUs."""
     import ray
 
@@ -207,7 +208,7 @@ def _concurrency(space: TuneSpace, cfg: RunConfig) -> tuple[Dict[str, float], in
     return {"cpu": TRIAL_FUNCTION_CPU}, max(1, int(cpus // per_trial))
 
 
-def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> tuple[Dict[str, Any], Dict[str, Dict[str, np.ndarray]]]:
+def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
     """(STS-B frames, their embeddings) for train, dev and test."""
     from convsts.datasets.evalsets import read_stsb, stsb_split_path
     from convsts.models import load
@@ -220,7 +221,7 @@ def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> tuple[Dict[str, Any],
     return frames, {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
 
 
-def expected_trials(param_space: Dict[str, Any], num_samples: int) -> int:
+def expected_trials(param_space: dict[str, Any], num_samples: int) -> int:
     """num_samples x the size of every grid dimension: what Tune generates for this space."""
     total = num_samples
     for value in param_space.values():
@@ -232,17 +233,17 @@ def expected_trials(param_space: Dict[str, Any], num_samples: int) -> int:
 def sweep_record(
     space: TuneSpace,
     cfg: RunConfig,
-    param_overrides: Dict[str, Any],
+    param_overrides: dict[str, Any],
     num_samples: int,
-    checkpoint: Optional[str],
-    prepared_dir: Optional[str],
-) -> Dict[str, Any]:
+    checkpoint: str | None,
+    prepared_dir: str | None,
+) -> dict[str, Any]:
     """What defines a sweep, as STATE_FILE records it (credentials redacted): the space, its --param
     dimensions, the number of samples, the checkpoint and prepared folder, the base run config
     (with the tracking store its trials log to). A resumed sweep's trials are built from this
     command's config but keep the recorded parameters, so a rerun that differs is refused."""
 
-    def where(path: Optional[str]) -> str:
+    def where(path: str | None) -> str:
         return "" if not path else path if is_uri(path) else str(Path(resolve_path(path)).resolve())
 
     return redact_tree(
@@ -257,7 +258,7 @@ def sweep_record(
     )
 
 
-def resume_differences(state: Dict[str, Any], record: Dict[str, Any]) -> List[str]:
+def resume_differences(state: dict[str, Any], record: dict[str, Any]) -> list[str]:
     """'KEY=RECORDED (this command: VALUE)' for each part of sweep_record that differs from the one
     in STATE_FILE; none for a state written before the record (not compared, logged)."""
     recorded = state.get("sweep")
@@ -292,14 +293,14 @@ def run_sweep(
     space: TuneSpace,
     cfg: RunConfig,
     out_dir: str | Path,
-    checkpoint: Optional[str] = None,
-    reddit_checkpoint: Optional[str] = None,
-    prepared_dir: Optional[str] = None,
-    param_overrides: Optional[Dict[str, Any]] = None,
-    num_samples: Optional[int] = None,
+    checkpoint: str | None = None,
+    reddit_checkpoint: str | None = None,
+    prepared_dir: str | None = None,
+    param_overrides: dict[str, Any] | None = None,
+    num_samples: int | None = None,
     fresh: bool = False,
-    max_concurrent: Optional[int] = None,
-) -> Dict[str, Any]:
+    max_concurrent: int | None = None,
+) -> dict[str, Any]:
     from ray import tune
 
     started = time.time()
@@ -482,7 +483,7 @@ def _close_stopped_runs(uri: str, experiment: str, parent_run_id: str) -> None:
             tracking.end_run(uri, run.info.run_id, "FINISHED")
 
 
-def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path) -> Dict[str, Any]:
+def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path) -> dict[str, Any]:
     """Test is scored for the chosen trial only, with the matrix that its best dev epoch produced."""
     from convsts.models.sts_transform import file_name as sts_file
     from convsts.models.sts_transform import load_sts_transform
@@ -490,7 +491,7 @@ def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path
 
     with best.checkpoint.as_directory() as folder:
         transform = load_sts_transform(folder)
-    results: Dict[str, Any] = dict(transformed_sts_metrics(transform, frames, embeddings))
+    results: dict[str, Any] = dict(transformed_sts_metrics(transform, frames, embeddings))
     transform.save(out_dir)
     # Beside the checkpoint under its own name (evaluate's matrix stays): encode(tuned=SWEEP_MATRIX).
     replaced = (Path(checkpoint) / sts_file(SWEEP_MATRIX)).is_file()

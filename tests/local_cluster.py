@@ -13,8 +13,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
 
 BIN = Path(sys.executable).parent
 
@@ -25,7 +25,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _procs() -> Dict[int, tuple[int, str]]:
+def _procs() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, command line), from /proc."""
     out = {}
     for entry in os.listdir("/proc"):
@@ -41,7 +41,7 @@ def _procs() -> Dict[int, tuple[int, str]]:
     return out
 
 
-def pids_matching(marker: str) -> List[int]:
+def pids_matching(marker: str) -> list[int]:
     """Processes whose command line contains `marker`, plus all their descendants."""
     procs = _procs()
     found = {pid for pid, (_, cmd) in procs.items() if marker in cmd and pid != os.getpid()}
@@ -53,7 +53,7 @@ def pids_matching(marker: str) -> List[int]:
     return sorted(found)
 
 
-def ray_processes(prefix: bytes) -> List[int]:
+def ray_processes(prefix: bytes) -> list[int]:
     """Processes of the test session's local Ray instance whose command line starts with `prefix`
     (b"ray::RayTrainWorker", b"ray::ParameterHolder")."""
     from ray._private.worker import _global_node
@@ -68,7 +68,7 @@ def ray_processes(prefix: bytes) -> List[int]:
     return out
 
 
-def start_train(ray_session, out: Path, args: List[str]) -> subprocess.Popen:
+def start_train(ray_session, out: Path, args: list[str]) -> subprocess.Popen:
     """`python -m convsts.ray_jobs.train --out OUT ARGS` against the test session's Ray instance, its
     output (stdout and stderr) in one text pipe."""
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
@@ -90,7 +90,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # zombies are gone for our purposes (PID 1 here may not reap them)
 
 
-def stop_pids(pids: List[int], grace_s: float = 10.0) -> None:
+def stop_pids(pids: list[int], grace_s: float = 10.0) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -102,7 +102,7 @@ def stop_pids(pids: List[int], grace_s: float = 10.0) -> None:
             return
 
 
-def _wait_http(url: str, timeout_s: float, headers: Optional[Dict[str, str]] = None) -> None:
+def _wait_http(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> None:
     deadline = time.time() + timeout_s
     last: Exception | None = None
     while time.time() < deadline:
@@ -121,7 +121,7 @@ def _wait_http(url: str, timeout_s: float, headers: Optional[Dict[str, str]] = N
 
 
 @contextlib.contextmanager
-def ray_head(env: Dict[str, str], num_cpus: int = 2) -> Iterator[Dict[str, str]]:
+def ray_head(env: dict[str, str], num_cpus: int = 2) -> Iterator[dict[str, str]]:
     """`ray start --head` with a private temp dir; yields {"address": dashboard URL, "temp_dir": ...}."""
     temp_dir = tempfile.mkdtemp(prefix="cvray", dir="/tmp")  # short: Ray's unix sockets live under it
     dashboard_port = free_port()

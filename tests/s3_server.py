@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from typing import Dict, Iterator
+from collections.abc import Iterator
 
 
 def _free_port() -> int:
@@ -20,7 +20,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def s3_endpoint(*buckets: str) -> Iterator[Dict[str, str]]:
+def s3_endpoint(*buckets: str) -> Iterator[dict[str, str]]:
     import logging
 
     from moto.server import ThreadedMotoServer

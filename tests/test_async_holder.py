@@ -6,9 +6,9 @@ Ray calls them, on one asyncio loop; tests/test_async_ray.py runs it as an actor
 import asyncio
 
 import pytest
+import test_training_core as core
 import torch
 
-import test_training_core as core
 from convsts.models.checkpoint import build_model
 from convsts.ray_jobs.config import ConfigError, load_config
 from convsts.ray_jobs.task_groups import GradientCombiner, plan_for, plan_tasks

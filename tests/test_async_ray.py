@@ -10,11 +10,11 @@ import signal
 import time
 
 import pytest
-
 from local_cluster import ray_processes, start_train
+from tiny import TINY_DAN
+
 from convsts.models.checkpoint import load_model, load_train_state
 from convsts.ray_jobs import tracking
-from tiny import TINY_DAN
 
 STEPS, EVERY, SLACK = 1200, 200, 2
 ARGS = [

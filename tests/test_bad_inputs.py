@@ -636,7 +636,7 @@ def _self_signed_certificate(folder: Path) -> tuple:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -713,7 +713,6 @@ def test_submit_keeps_credentials_out_of_the_job_spec(monkeypatch):
 @pytest.mark.slow
 def test_a_planted_secret_appears_in_no_log_param_or_artifact(sample_prepared, ray_session, tmp_path):
     from mlflow.tracking import MlflowClient
-
     from tiny import TINY_TRAIN
 
     scratch, out = tmp_path / "cwd", tmp_path / "run"
@@ -967,6 +966,7 @@ def test_nan_embeddings_make_the_retrieval_and_sts_metrics_nan():
 
 def test_a_nan_loss_stops_training_naming_the_step_and_task_and_saves_nothing():
     import test_training_core as core
+
     from convsts.ray_jobs.training.loop import LoopHooks, NonFiniteLossError
 
     cfg = load_config(

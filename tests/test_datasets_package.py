@@ -48,9 +48,10 @@ def test_only_convsts_is_a_top_level_name_of_the_distribution():
 
 
 def test_mlflow_dataset_logging_works_beside_our_package(mlflow_uri, tmp_path):
-    import convsts.datasets.text  # noqa: F401  (ours, already imported: the case that could confuse MLflow)
     import mlflow
     from mlflow.tracking import MlflowClient
+
+    import convsts.datasets.text  # noqa: F401  (ours, already imported: the case that could confuse MLflow)
 
     frame = pd.DataFrame({"sentence1": ["a"], "sentence2": ["b"], "score": [1.0]})
     source = tmp_path / "sts.parquet"

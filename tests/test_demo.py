@@ -9,15 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny import TINY_DAN
 
+from convsts.datasets.evalsets import read_stsb, stsb_split_path
+from convsts.datasets.storage import resolve_path
 from convsts.models import load
 from convsts.models.checkpoint import load_model
 from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.demo import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, build_parser, run_demo, save_untrained
 from convsts.ray_jobs.evaluation.sts import sts_metrics
-from convsts.datasets.storage import resolve_path
-from convsts.datasets.evalsets import read_stsb, stsb_split_path
-from tiny import TINY_DAN
 
 # The default demo (all-MiniLM-L6-v2, top layer training) at a tiny size.
 TINY = [

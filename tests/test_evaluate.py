@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
-from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
 from convsts.datasets.storage import resolve_path
+from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
 from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig

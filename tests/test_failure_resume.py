@@ -7,11 +7,11 @@ import signal
 import time
 
 import pytest
-
 from local_cluster import ray_processes, start_train
-from convsts.ray_jobs import tracking
-from convsts.models.checkpoint import load_train_state
 from tiny import TINY_DAN
+
+from convsts.models.checkpoint import load_train_state
+from convsts.ray_jobs import tracking
 
 STEPS, EVERY = 800, 200
 TINY = [

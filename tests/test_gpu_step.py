@@ -5,14 +5,14 @@ stopped a multi-GPU DAN run at its first step."""
 
 import pytest
 import torch
+from local_cluster import free_port
+from tiny import TINY_DAN
 
 from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
-from local_cluster import free_port
 from convsts.models.checkpoint import build_model
 from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.evaluation.sts import StsDevProbe, read_stsb_split
 from convsts.ray_jobs.task_groups import _all_reduce_sparse
-from tiny import TINY_DAN
 
 
 @pytest.mark.gpu

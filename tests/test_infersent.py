@@ -1,18 +1,18 @@
 """The InferSent baseline path: a BiLSTM-max encoder trained on SNLI alone (configs/infersent.yaml)
 through the same Ray Train job, then evaluated."""
 
+from pathlib import Path
+
 import pytest
 
+from convsts.datasets.snli import read_snli
+from convsts.datasets.storage import resolve_path
 from convsts.models import load
 from convsts.models.encoders import BiLstmMaxEncoder
 from convsts.ray_jobs import tracking
-from pathlib import Path
-
 from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.evaluation.nli import nli_metrics
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
-from convsts.datasets.snli import read_snli
-from convsts.datasets.storage import resolve_path
 
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

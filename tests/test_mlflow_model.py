@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from local_cluster import BIN, free_port, stop_pids
 
 from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
-from local_cluster import BIN, free_port, stop_pids
 from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model, save_model_folder
 from convsts.models.config import DanConfig, ModelConfig

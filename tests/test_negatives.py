@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny import TINY_DAN
 
 from convsts.datasets.negatives import MiningConfig, mine
 from convsts.datasets.storage import BadInputError
@@ -18,7 +19,6 @@ from convsts.ray_jobs.tasks import get_task, model_heads
 from convsts.ray_jobs.tasks.base import fields
 from convsts.ray_jobs.training.data import frame_batch
 from convsts.ray_jobs.training.step import seed_everything
-from tiny import TINY_DAN
 
 
 def _ranked(n: int) -> tuple:

@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from s3_server import keys, s3_endpoint, upload
+from tiny import TINY_TRAIN
 
 from convsts import models
 from convsts.datasets import evalsets, reddit, snli, storage
-from convsts.ray_jobs.config import load_config
 from convsts.datasets.storage import expand_inputs
+from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.tasks import get_task
-from s3_server import keys, s3_endpoint, upload
-from tiny import TINY_TRAIN
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "datasets" / "sample"

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from local_cluster import mlflow_server, pids_matching, ray_head
 from tiny import TINY_TRAIN
 

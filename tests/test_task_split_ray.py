@@ -37,7 +37,9 @@ def _setup():
 
 
 def _batch(tok, task):
-    enc = lambda texts, prefix: {f"{prefix}__{k}": torch.from_numpy(v) for k, v in tok.encode(texts, width=8).items()}
+    def enc(texts, prefix):
+        return {f"{prefix}__{k}": torch.from_numpy(v) for k, v in tok.encode(texts, width=8).items()}
+
     if task == "reddit":
         return {**enc(REDDIT[0], "context"), **enc(REDDIT[1], "response")}
     return {**enc(SNLI[0], "premise"), **enc(SNLI[1], "hypothesis"), "label": torch.tensor(SNLI[2])}
@@ -99,8 +101,8 @@ def test_two_workers_share_one_encoder_with_weighted_gradients(ray_session, tmp_
 def _nan_worker(config):
     """Both ranks run the real TrainLoop; the SNLI rank's loss turns NaN at step 3."""
     import ray.train
-
     import test_training_core as core
+
     from convsts.ray_jobs.training.loop import LoopHooks
 
     rank = ray.train.get_context().get_world_rank()
@@ -173,9 +175,9 @@ def test_a_run_repeated_with_the_same_config_trains_the_same_model(ray_session, 
     runs of one config on one prepared folder of many shards (2 workers, 95/5 by gradient
     weighting) train the same weights, bit for bit."""
     from safetensors.torch import load_file
+    from tiny import TINY_DAN
 
     from convsts.ray_jobs.training.run import prepare_all, run_training
-    from tiny import TINY_DAN
 
     overrides = [
         *TINY_DAN,

@@ -8,9 +8,9 @@ import pytest
 
 from convsts.datasets.text import (
     DanTokenizer,
-    _bigram_id,
     SubwordTokenizer,
     TokenizerConfig,
+    _bigram_id,
     count_words,
     fit_tokenizer,
     load_tokenizer,

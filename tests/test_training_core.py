@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 import toy_task
+
 from convsts.datasets.text import DanTokenizer, count_words
 from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model

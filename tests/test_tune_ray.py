@@ -12,11 +12,12 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from tiny import TINY_DAN
 
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.datasets.snli import fraction_rank
-from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
 from convsts.datasets.storage import resolve_path
+from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
 from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig
@@ -24,7 +25,6 @@ from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import ConfigError, load_config
 from convsts.ray_jobs.tune import SWEEP_MATRIX
-from tiny import TINY_DAN
 
 REPO = Path(__file__).resolve().parent.parent
 TRIALS = 10

@@ -9,8 +9,9 @@ adding a space needs no change to the runner.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 OBJECTIVES = ("sts_matrix", "train")
 
@@ -24,14 +25,14 @@ class TuneSpace:
     objective: str
     metric: str  # chosen on this (a dev-split metric)
     mode: str  # max | min
-    params: Callable[[], Dict[str, Any]]  # dotted config key -> ray.tune domain or value
-    fixed: List[str] = field(default_factory=list)  # dotted overrides applied to every trial
+    params: Callable[[], dict[str, Any]]  # dotted config key -> ray.tune domain or value
+    fixed: list[str] = field(default_factory=list)  # dotted overrides applied to every trial
     num_samples: int = 1  # samples of the random dimensions (grids are crossed with them)
-    scheduler: Optional[str] = None  # "asha" or None; ASHA needs per-iteration reports of `metric`
+    scheduler: str | None = None  # "asha" or None; ASHA needs per-iteration reports of `metric`
     max_t: int = 0  # ASHA: the most iterations a trial runs (epochs for sts_matrix)
-    report: List[str] = field(default_factory=list)  # metrics that go into curve.csv / the summary
+    report: list[str] = field(default_factory=list)  # metrics that go into curve.csv / the summary
 
-    def validate(self) -> "TuneSpace":
+    def validate(self) -> TuneSpace:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"space {self.name}: objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.mode not in ("max", "min"):
@@ -60,7 +61,7 @@ def get_space(name: str) -> TuneSpace:
     return space.validate()
 
 
-def builtin_spaces() -> List[str]:
+def builtin_spaces() -> list[str]:
     import pkgutil
 
     from convsts import tune_spaces

@@ -9,8 +9,8 @@ error is a fraction of either P@N's own (both systems meet the same easy and har
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,7 +30,7 @@ def write_items(items_dir: Path, task: str, items: pd.DataFrame) -> Path:
     return path
 
 
-def read_items(evaluation: Path) -> Dict[str, pd.DataFrame]:
+def read_items(evaluation: Path) -> dict[str, pd.DataFrame]:
     """{task: per-item frame} of an evaluation folder (`convsts evaluate --out`, or a demo's eval folders)."""
     folder = Path(evaluation) / ITEMS_DIR
     if not folder.is_dir():
@@ -53,7 +53,7 @@ def read_items(evaluation: Path) -> Dict[str, pd.DataFrame]:
 
 def paired_rank_metrics(
     a: pd.DataFrame, b: pd.DataFrame, task: str, suffix: str = "diff", labels: Sequence[str] = ("a", "b")
-) -> Dict[str, float]:
+) -> dict[str, float]:
     """<task>/p_at_N_<suffix> (a's P@N minus b's on the same queries) and its paired standard error
     <task>/p_at_N_<suffix>_stderr, and <task>/paired_queries. Refused when the two did not rank the
     same queries among the same candidates (another seed, query count or held-out folder)."""
@@ -71,7 +71,7 @@ def paired_rank_metrics(
         )
     ranks_a, ranks_b = left.to_numpy(), right.loc[left.index].to_numpy()  # (q,) each, the same queries in order
     finite = np.isfinite(ranks_a).all() and np.isfinite(ranks_b).all()  # a NaN rank: that evaluation's P@N is NaN too
-    out: Dict[str, float] = {}
+    out: dict[str, float] = {}
     for n in RANKS:
         diff, stderr = (
             paired_difference((ranks_a <= n).astype(float), (ranks_b <= n).astype(float))
@@ -84,7 +84,7 @@ def paired_rank_metrics(
     return out
 
 
-def compare_evaluations(a: Path, b: Path, suffix: str = "diff") -> Dict[str, float]:
+def compare_evaluations(a: Path, b: Path, suffix: str = "diff") -> dict[str, float]:
     """The paired metrics of every task whose per-item file both evaluation folders hold."""
     items_a, items_b = read_items(a), read_items(b)
     shared = sorted(set(items_a) & set(items_b))
@@ -93,7 +93,7 @@ def compare_evaluations(a: Path, b: Path, suffix: str = "diff") -> Dict[str, flo
             f"{a} ({', '.join(sorted(items_a)) or 'none'}) and {b} "
             f"({', '.join(sorted(items_b)) or 'none'}) hold no task's per-query outcomes in common"
         )
-    out: Dict[str, float] = {}
+    out: dict[str, float] = {}
     for task in shared:
         out.update(paired_rank_metrics(items_a[task], items_b[task], task, suffix, labels=(str(a), str(b))))
     return out

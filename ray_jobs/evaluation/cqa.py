@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Dict
-
 import numpy as np
 import pandas as pd
 
@@ -14,7 +12,7 @@ from convsts.ray_jobs.evaluation.scorers import pair_cosine
 from convsts.ray_jobs.metrics import mean_average_precision
 
 
-def cqa_metrics(scorer, frame: pd.DataFrame, prefix: str) -> Dict[str, float]:
+def cqa_metrics(scorer, frame: pd.DataFrame, prefix: str) -> dict[str, float]:
     org = frame.drop_duplicates("orgq_id")
     org_vec = scorer.embed([cqa_text(s, b) for s, b in zip(org["orgq_subject"], org["orgq_body"])])
     rel_vec = scorer.embed([cqa_text(s, b) for s, b in zip(frame["relq_subject"], frame["relq_body"])])
@@ -28,7 +26,7 @@ def cqa_metrics(scorer, frame: pd.DataFrame, prefix: str) -> Dict[str, float]:
     return {f"{prefix}/map": mean_average_precision(queries)}
 
 
-def configured_cqa_metrics(scorer, cfg: RunConfig) -> Dict[str, float]:
+def configured_cqa_metrics(scorer, cfg: RunConfig) -> dict[str, float]:
     if not cfg.data.cqa_test:
         return {}
     frame = read_cqa(resolve_path(cfg.data.cqa_test), resolve_path(cfg.data.cqa_relevancy) or None)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -15,7 +16,7 @@ from convsts.ray_jobs.evaluation.sts import read_stsb_split, sts_metrics
 CURVE_METRICS = ["stsb/dev/pearson", "stsb/dev/captions/pearson", "stsb/test/pearson", "stsb/test/captions/pearson"]
 
 
-def fraction_curve(checkpoints: Sequence[str], cfg: RunConfig, out_dir: Path) -> List[Dict[str, Any]]:
+def fraction_curve(checkpoints: Sequence[str], cfg: RunConfig, out_dir: Path) -> list[dict[str, Any]]:
     """Writes out_dir/curve.csv and out_dir/curve.png; returns the rows."""
     from convsts.models import load
 
@@ -30,7 +31,7 @@ def fraction_curve(checkpoints: Sequence[str], cfg: RunConfig, out_dir: Path) ->
                 f"{checkpoint}: its config.json has no data.snli_fraction (not a convsts training checkpoint)"
             )
         scorer = EmbeddingScorer(encoder, cfg.eval.batch_size)
-        row: Dict[str, Any] = {
+        row: dict[str, Any] = {
             "fraction": data["snli_fraction"],
             "seed": data.get("snli_fraction_seed", 0),
             "checkpoint": str(checkpoint),

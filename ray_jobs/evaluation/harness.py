@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from convsts.datasets import storage
 from convsts.datasets.evalsets import check_sts_entries, pair_keys
 from convsts.datasets.storage import BadInputError, redact
-from convsts.datasets import storage
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import RunConfig
@@ -22,7 +23,6 @@ from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, write_items
 from convsts.ray_jobs.evaluation.cqa import configured_cqa_metrics
 from convsts.ray_jobs.evaluation.plots import scatter_plot
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
-from convsts.ray_jobs.model_card import CARD_FILE, FACTS_FILE, add_results
 from convsts.ray_jobs.evaluation.sts import (
     predicted_scores,
     read_stsb_split,
@@ -31,6 +31,7 @@ from convsts.ray_jobs.evaluation.sts import (
     stsb_embeddings,
     tuned_sts_metrics,
 )
+from convsts.ray_jobs.model_card import CARD_FILE, FACTS_FILE, add_results
 from convsts.ray_jobs.runtime import log, tracking_uri
 from convsts.ray_jobs.tasks import get_task, model_heads
 from convsts.ray_jobs.tasks.base import MANIFEST, config_value
@@ -46,15 +47,15 @@ def evaluated_tasks(cfg: RunConfig):
 def evaluate(
     scorer,
     cfg: RunConfig,
-    prepared_dir: Optional[str],
-    sts_sets: Optional[Dict[str, str]] = None,
+    prepared_dir: str | None,
+    sts_sets: dict[str, str] | None = None,
     transform_dirs: Sequence[Path] = (),
-    items_dir: Optional[Path] = None,
-) -> Dict[str, float]:
+    items_dir: Path | None = None,
+) -> dict[str, float]:
     """All metrics of one scorer; `sts_sets`: other STS files, {path: name} (check_sts_entries). The
     tuned STS matrix (embedding scorers only) is saved in each of `transform_dirs`; each task's
     per-item outcomes (Task.evaluate_items) in `items_dir`/<task>.parquet (convsts.ray_jobs.evaluation.compare)."""
-    results: Dict[str, float] = {}
+    results: dict[str, float] = {}
     frames = {split: read_stsb_split(cfg, split) for split in ("dev", "test")}
     embedded = {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
     for split, frame in frames.items():
@@ -95,9 +96,9 @@ def evaluate(
     return results
 
 
-def baseline_scorer(kind: str, cfg: RunConfig, prepared_dir: Optional[str]) -> LexicalScorer:
+def baseline_scorer(kind: str, cfg: RunConfig, prepared_dir: str | None) -> LexicalScorer:
     """A lexical baseline whose document frequencies come from STS-B and the held-out task pairs."""
-    fit: List[str] = []
+    fit: list[str] = []
     for split in ("train", "dev", "test"):
         try:
             frame = read_stsb_split(cfg, split)
@@ -139,7 +140,7 @@ def _table_order(name: str) -> tuple:
     return (split, genre != "", genre, parts[-1] != "pearson", int(rank.group(1)) if rank else 10**6, name)
 
 
-def results_table(columns: Dict[str, Dict[str, float]]) -> str:
+def results_table(columns: dict[str, dict[str, float]]) -> str:
     """Markdown: the metrics grouped (STS-B raw and tuned by split and genre, other STS sets,
     retrieval, classification, CQA), one column per system (model first, then the others)."""
     names = {k for r in columns.values() for k, v in r.items() if isinstance(v, (int, float))}
@@ -165,7 +166,7 @@ COUNT_METRICS = (
 )  # the last part of a metric that counts: shown whole
 
 
-def _table_row(name: str, columns: Dict[str, Dict[str, float]]) -> str:
+def _table_row(name: str, columns: dict[str, dict[str, float]]) -> str:
     fmt = "{:.0f}" if name.rsplit("/", 1)[-1] in COUNT_METRICS else "{:.4f}"
     cells = [
         fmt.format(r[name]) if isinstance(r.get(name), (int, float)) and np.isfinite(r[name]) else "—"
@@ -177,14 +178,14 @@ def _table_row(name: str, columns: Dict[str, Dict[str, float]]) -> str:
 def run_evaluation(
     cfg: RunConfig,
     out_dir: str | Path,
-    checkpoint: Optional[str] = None,
-    baseline: Optional[str] = None,
-    prepared_dir: Optional[str | Path] = None,
+    checkpoint: str | None = None,
+    baseline: str | None = None,
+    prepared_dir: str | Path | None = None,
     sts_files: Sequence[str] = (),
-    run_id: Optional[str] = None,
+    run_id: str | None = None,
     log_to_mlflow: bool = True,
-    mlflow_uri: Optional[str] = None,
-) -> Dict[str, object]:
+    mlflow_uri: str | None = None,
+) -> dict[str, object]:
     out_dir = Path(out_dir)
     if not (checkpoint or baseline):
         raise ValueError("give --checkpoint or --baseline")
@@ -241,7 +242,7 @@ def run_evaluation(
         scatter_plot(
             transform.score(embedded["u"], embedded["v"]), test, plots[1], f"STS-B test, {label}, tuned STS matrix"
         )
-    flat: Dict[str, object] = dict(results)
+    flat: dict[str, object] = dict(results)
     if checkpoint:
         flat["checkpoint"] = str(checkpoint)
     if log_to_mlflow:
@@ -278,7 +279,7 @@ def run_evaluation(
     return flat
 
 
-def check_held_out(task, manifest: Dict[str, object], prepared: str, checkpoint: str, meta: Dict[str, Any]) -> None:
+def check_held_out(task, manifest: dict[str, object], prepared: str, checkpoint: str, meta: dict[str, Any]) -> None:
     """A checkpoint is scored on held-out rows split as in its own training run (Task.split_keys):
     a folder split otherwise may hold out rows the checkpoint trained on, so it is refused. `meta`:
     the checkpoint's config.json (convsts.models.checkpoint.read_meta)."""
@@ -297,7 +298,7 @@ def check_held_out(task, manifest: Dict[str, object], prepared: str, checkpoint:
         )
 
 
-def model_label(checkpoint: str, meta: Dict[str, Any], step: int) -> str:
+def model_label(checkpoint: str, meta: dict[str, Any], step: int) -> str:
     """A checkpoint's name for plots: its run name (from `meta`, its config.json), encoder and training steps."""
     return (
         f"{meta.get('run_config', {}).get('name') or Path(checkpoint).name} ({meta['model']['encoder']}, {step} steps)"
@@ -319,7 +320,7 @@ def trained_step(checkpoint: str) -> int:
     return int(meta.get("run_config", {}).get("trainer", {}).get("steps", 0))
 
 
-def training_info(checkpoint: str) -> Dict[str, str]:
+def training_info(checkpoint: str) -> dict[str, str]:
     """The train.json of the training job whose final weights `checkpoint` holds: its OUT/checkpoint,
     or OUT/model (the same weights without optimizer state); {} for any other folder (OUT/best_checkpoint
     holds other weights)."""
@@ -337,7 +338,7 @@ def training_info(checkpoint: str) -> Dict[str, str]:
     return data if Path(checkpoint).resolve() in final else {}
 
 
-def model_folders(checkpoint: str, trained: Dict[str, str]) -> List[Path]:
+def model_folders(checkpoint: str, trained: dict[str, str]) -> list[Path]:
     """Model folders whose card takes this evaluation: the evaluated folder itself when it is one,
     and the model folder its training run wrote beside it."""
     found = [Path(checkpoint)] if (Path(checkpoint) / FACTS_FILE).is_file() else []
@@ -346,7 +347,7 @@ def model_folders(checkpoint: str, trained: Dict[str, str]) -> List[Path]:
     return list({folder.resolve(): folder for folder in found}.values())  # OUT/model evaluated itself: once
 
 
-def training_run(checkpoint: str) -> tuple[Optional[str], Optional[str]]:
+def training_run(checkpoint: str) -> tuple[str | None, str | None]:
     """(run id, tracking URI) of the training job that wrote `checkpoint`, from its train.json."""
     data = training_info(checkpoint)
     return data.get("mlflow_run_id"), data.get("tracking_uri")

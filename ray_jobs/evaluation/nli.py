@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Dict
-
 import pandas as pd
 
 from convsts.datasets.snli import read_snli
@@ -12,12 +10,12 @@ from convsts.ray_jobs.metrics import accuracy
 from convsts.ray_jobs.runtime import log
 
 
-def nli_metrics(scorer, frame: pd.DataFrame, prefix: str) -> Dict[str, float]:
+def nli_metrics(scorer, frame: pd.DataFrame, prefix: str) -> dict[str, float]:
     logits = scorer.nli_logits(frame["premise"].tolist(), frame["hypothesis"].tolist())
     return {f"{prefix}/accuracy": accuracy(logits, frame["label"].to_numpy())}
 
 
-def nli_accuracy(scorer, path: str, prefix: str) -> Dict[str, float]:
+def nli_accuracy(scorer, path: str, prefix: str) -> dict[str, float]:
     frame = read_snli(resolve_path(path))
     if frame.attrs["without_gold"]:
         log.info(

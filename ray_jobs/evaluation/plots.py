@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -49,7 +50,7 @@ def scatter_plot(predicted: np.ndarray, frame: pd.DataFrame, path: Path, title: 
     plt.close(fig)
 
 
-def loss_curves_plot(histories: Dict[str, Sequence[tuple]], path: Path, title: str) -> None:
+def loss_curves_plot(histories: dict[str, Sequence[tuple]], path: Path, title: str) -> None:
     """Each task's training loss (and batch accuracy, right panel) against the step:
     `histories` maps a metric name ("reddit/loss") to its (step, value) points."""
     plt = _pyplot()
@@ -75,7 +76,7 @@ def loss_curves_plot(histories: Dict[str, Sequence[tuple]], path: Path, title: s
 PAIRS_KEY = "data/snli_train_pairs"  # what a sweep trial reports: the SNLI pairs it trained on
 
 
-def fraction_curve_plot(rows: Sequence[Dict[str, Any]], metrics: Sequence[str], path: Path) -> None:
+def fraction_curve_plot(rows: Sequence[dict[str, Any]], metrics: Sequence[str], path: Path) -> None:
     """A metric against the SNLI data in training (the paper's Figure 8): the number of SNLI pairs
     (log scale) when the rows have it (else the fraction), the mean over seeds as a line and their
     range as a band, each seed as a dot. `rows`: dicts with "fraction", the metric names and

@@ -4,7 +4,6 @@ the held-out threads, ranked by the model's context . response score."""
 from __future__ import annotations
 
 import hashlib
-from typing import Dict, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -14,7 +13,7 @@ from convsts.ray_jobs.evaluation.scorers import scores_matrix
 from convsts.ray_jobs.metrics import precision_at_n, true_ranks
 
 
-def heldout_pairs(test_dir: str) -> Optional[pd.DataFrame]:
+def heldout_pairs(test_dir: str) -> pd.DataFrame | None:
     """The held-out pairs of a prepared folder's test split (local or a URI), or None when absent."""
     if not storage.is_dir(test_dir):
         return None
@@ -25,7 +24,7 @@ def heldout_pairs(test_dir: str) -> Optional[pd.DataFrame]:
 
 def precision_at_n_metrics(
     scorer, pairs: pd.DataFrame, n_queries: int, negatives: int, seed: int, prefix: str
-) -> Tuple[Dict[str, float], pd.DataFrame]:
+) -> tuple[dict[str, float], pd.DataFrame]:
     """P@1/3/10 of `scorer` on `n_queries` held-out pairs, each against `negatives` random responses,
     and each query's outcome (query_rows): two evaluations with the same seed and held-out pairs
     rank the same queries among the same candidates, so `convsts evaluate --compare` pairs them."""
@@ -56,7 +55,7 @@ def precision_at_n_metrics(
     return out, rows
 
 
-def query_rows(pairs: pd.DataFrame, candidates: np.ndarray, ranks: Optional[np.ndarray]) -> pd.DataFrame:
+def query_rows(pairs: pd.DataFrame, candidates: np.ndarray, ranks: np.ndarray | None) -> pd.DataFrame:
     """One row per query: `query` (a 64-bit hash of the query pair's values), `candidates` (a hash of
     its candidate pairs, the true one first, in the order ranked) and `rank` (the true response's,
     1 = first; NaN for every query when a score was not finite)."""

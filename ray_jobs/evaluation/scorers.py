@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Dict, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -52,7 +52,7 @@ class LexicalScorer:
 
         rows, cols, vals = [], [], []
         for r, text in enumerate(texts):
-            counts: Dict[int, int] = {}
+            counts: dict[int, int] = {}
             for w in words(text):
                 if w in self.vocab:
                     counts[self.vocab[w]] = counts.get(self.vocab[w], 0) + 1

@@ -3,7 +3,7 @@ and the STS-B dev probe run inside training. Score: convsts.models.similarity's 
 
 from __future__ import annotations
 
-from typing import AbstractSet, Dict, Optional, Tuple
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 import pandas as pd
@@ -22,7 +22,7 @@ def read_stsb_split(cfg: RunConfig, split: str) -> pd.DataFrame:
     return read_stsb(stsb_split_path(resolve_path(cfg.data.stsb_dir), split))
 
 
-def stsb_embeddings(scorer, frame: pd.DataFrame) -> Dict[str, np.ndarray]:
+def stsb_embeddings(scorer, frame: pd.DataFrame) -> dict[str, np.ndarray]:
     return {
         "u": scorer.embed(frame["sentence1"]),
         "v": scorer.embed(frame["sentence2"]),
@@ -32,7 +32,7 @@ def stsb_embeddings(scorer, frame: pd.DataFrame) -> Dict[str, np.ndarray]:
 
 def sts_metrics_from_scores(
     scores: np.ndarray, frame: pd.DataFrame, prefix: str, by_genre: bool = True
-) -> Dict[str, float]:
+) -> dict[str, float]:
     gold = frame["score"].to_numpy()
     out = {f"{prefix}/pearson": pearson(scores, gold), f"{prefix}/spearman": spearman(scores, gold)}
     if by_genre and "genre" in frame.columns:
@@ -42,14 +42,14 @@ def sts_metrics_from_scores(
     return out
 
 
-def predicted_scores(embedded: Dict[str, np.ndarray]) -> np.ndarray:
+def predicted_scores(embedded: dict[str, np.ndarray]) -> np.ndarray:
     """The angular score (0-5) of each pair."""
     return angular_score_from_cosine(pair_cosine(embedded["u"], embedded["v"]))
 
 
 def sts_metrics(
-    scorer, frame: pd.DataFrame, prefix: str, by_genre: bool = True, embedded: Optional[Dict[str, np.ndarray]] = None
-) -> Dict[str, float]:
+    scorer, frame: pd.DataFrame, prefix: str, by_genre: bool = True, embedded: dict[str, np.ndarray] | None = None
+) -> dict[str, float]:
     """Pearson and Spearman of the angular score against the gold scores."""
     emb = embedded or stsb_embeddings(scorer, frame)
     return sts_metrics_from_scores(predicted_scores(emb), frame, prefix, by_genre)
@@ -59,9 +59,9 @@ def sts_file_metrics(
     scorer,
     path: str,
     name: str,
-    transform: Optional[StsTransform] = None,
-    fitted_pairs: AbstractSet[Tuple[str, str]] = frozenset(),
-) -> Dict[str, float]:
+    transform: StsTransform | None = None,
+    fitted_pairs: AbstractSet[tuple[str, str]] = frozenset(),
+) -> dict[str, float]:
     """sts/<name>/{pearson,spearman} of an STS-style file (convsts.datasets.evalsets.read_sts_file), and
     sts_tuned/<name>/... with `transform` (the matrix fitted on STS-B: does it carry over?). The STS
     Benchmark holds many STS 2012-2016 pairs: the tuned scores leave out `fitted_pairs` (the pair_keys
@@ -84,7 +84,7 @@ def sts_file_metrics(
     )
     embedded = stsb_embeddings(scorer, frame)
     scores = predicted_scores(embedded)  # (n,)
-    results: Dict[str, float] = {}
+    results: dict[str, float] = {}
     for key, rows in parts.items():
         results.update(
             sts_metrics_from_scores(
@@ -117,8 +117,8 @@ def sts_file_metrics(
 
 
 def tuned_sts_metrics(
-    scorer, cfg: RunConfig, frames: Dict[str, pd.DataFrame], embedded: Dict[str, Dict[str, np.ndarray]]
-) -> tuple[Dict[str, float], StsTransform]:
+    scorer, cfg: RunConfig, frames: dict[str, pd.DataFrame], embedded: dict[str, dict[str, np.ndarray]]
+) -> tuple[dict[str, float], StsTransform]:
     """Fit one matrix on STS-B train (selected on dev), then score dev and test with it."""
     if "train" not in embedded:
         embedded["train"] = stsb_embeddings(scorer, frames["train"])
@@ -127,10 +127,10 @@ def tuned_sts_metrics(
 
 
 def transformed_sts_metrics(
-    transform: StsTransform, frames: Dict[str, pd.DataFrame], embedded: Dict[str, Dict[str, np.ndarray]]
-) -> Dict[str, float]:
+    transform: StsTransform, frames: dict[str, pd.DataFrame], embedded: dict[str, dict[str, np.ndarray]]
+) -> dict[str, float]:
     """stsb_tuned/<dev|test>/... of a fitted matrix on embeddings already computed."""
-    results: Dict[str, float] = {"stsb_tuned/best_epoch": float(transform.best_epoch)}
+    results: dict[str, float] = {"stsb_tuned/best_epoch": float(transform.best_epoch)}
     for split in ("dev", "test"):
         emb = embedded[split]
         results.update(
@@ -148,7 +148,7 @@ class StsDevProbe:
         self.frame = read_stsb_split(cfg, "dev")
         self.tokenizer = tokenizer
 
-    def evaluate(self, model) -> Dict[str, float]:
+    def evaluate(self, model) -> dict[str, float]:
         from convsts.models.checkpoint import SentenceEncoder
 
         model.eval()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import TYPE_CHECKING, Dict, List, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from convsts.ray_jobs.tasks.base import Task
 
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     from convsts.ray_jobs.config import RunConfig
 
 
-def builtin_tasks() -> List[str]:
+def builtin_tasks() -> list[str]:
     import convsts.ray_jobs.tasks as package
 
     return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name != "base")
@@ -41,12 +42,12 @@ def get_task(name: str, modules: Sequence[str] = ()) -> Task:
     )
 
 
-def trained_tasks(cfg: "RunConfig") -> Dict[str, Task]:
+def trained_tasks(cfg: RunConfig) -> dict[str, Task]:
     """{name: task} of the tasks this run trains on (those with a weight), in config order."""
     return {name: get_task(name, cfg.task_modules) for name in cfg.trainer.task_weights}
 
 
-def prepared_tasks(cfg: "RunConfig") -> Dict[str, Task]:
+def prepared_tasks(cfg: RunConfig) -> dict[str, Task]:
     """Tasks whose prepared shards a run needs: those trained, plus those in every vocabulary."""
     tasks = trained_tasks(cfg)
     for name in builtin_tasks():
@@ -55,7 +56,7 @@ def prepared_tasks(cfg: "RunConfig") -> Dict[str, Task]:
     return tasks
 
 
-def model_heads(cfg: "RunConfig") -> Dict[str, str]:
+def model_heads(cfg: RunConfig) -> dict[str, str]:
     """{task: head kind} of a run's model: every built-in task (so that any checkpoint can be scored
     on every built-in benchmark and warm-start any run) plus the tasks trained."""
     heads = {name: get_task(name).head for name in builtin_tasks()}

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,10 +25,10 @@ if TYPE_CHECKING:
     from convsts.ray_jobs.config import RunConfig
 
 MANIFEST = "manifest.json"
-Batch = Dict[str, torch.Tensor]
+Batch = dict[str, torch.Tensor]
 
 
-def config_value(config: Dict[str, Any], dotted: str) -> Any:
+def config_value(config: dict[str, Any], dotted: str) -> Any:
     """config["a"]["b"] for "a.b"; None where a part is missing."""
     value: Any = config
     for part in dotted.split("."):
@@ -35,7 +36,7 @@ def config_value(config: Dict[str, Any], dotted: str) -> Any:
     return value
 
 
-def input_record(files: Sequence[str], digests: bool = False) -> List[Dict[str, Any]]:
+def input_record(files: Sequence[str], digests: bool = False) -> list[dict[str, Any]]:
     """[{file (credentials redacted), size, mtime_ns}] of raw input files, as a manifest records them.
     With `digests`, a local file's sha256 too (the file read once more, at the end of prepare), so
     that the same bytes copied anew to the same place (a new modification time) are recognised;
@@ -59,7 +60,7 @@ def _names(files: Sequence[str], shown: int = 3) -> str:
 def _when(mtime_ns: int) -> str:
     import datetime
 
-    return datetime.datetime.fromtimestamp(mtime_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.datetime.fromtimestamp(mtime_ns / 1e9, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 # The entries of a manifest's lists that the checks below read, and their types.
@@ -67,7 +68,7 @@ SHARD_ENTRY = {"file": str, "rows": int}
 INPUT_ENTRY = {"file": str, "size": int, "mtime_ns": int}
 
 
-def manifest_shape_problem(manifest: Any) -> Optional[str]:
+def manifest_shape_problem(manifest: Any) -> str | None:
     """What makes a manifest unreadable to verify_prepared (a hand-edited or foreign file), as
     'KEY: what is wrong', or None: a JSON object whose `shards` maps splits to lists of
     {file, rows} and whose `input_files`, where present, is a list of {file, size, mtime_ns}."""
@@ -103,21 +104,21 @@ def fields(batch: Batch, prefix: str) -> Batch:
 class Task:
     name: str = ""
     head: str = ""  # head kind in convsts.models.heads.HEADS, or "package.module:Class"
-    pair: Tuple[str, str] = ("", "")  # the two text columns of a row; both go through the shared encoder
-    label: Optional[str] = None  # an integer label column the loss needs
+    pair: tuple[str, str] = ("", "")  # the two text columns of a row; both go through the shared encoder
+    label: str | None = None  # an integer label column the loss needs
     keeps_head_on_warm_start: bool = False  # a warm start copies this task's head along with the encoder
     in_every_vocabulary: bool = False  # its training text is counted into every run's tokenizer
     materialize: bool = False  # small: tokenized once and kept in Ray's object store
-    splits: Tuple[str, ...] = ("train",)  # folders `prepare` writes under <prepared>/<name>/
+    splits: tuple[str, ...] = ("train",)  # folders `prepare` writes under <prepared>/<name>/
     # Dotted run-config keys whose values decide the rows of this task's prepared shards: `prepare`
     # records them in the manifest (under their last name) and a run refuses a folder prepared with
     # other values. split_keys: those that decide which rows are held out (a subset).
-    prepared_keys: Tuple[str, ...] = ()
-    split_keys: Tuple[str, ...] = ()
+    prepared_keys: tuple[str, ...] = ()
+    split_keys: tuple[str, ...] = ()
 
     # ---- data
 
-    def raw_inputs(self, cfg: "RunConfig") -> List[str]:
+    def raw_inputs(self, cfg: RunConfig) -> list[str]:
         """Raw input files of `convsts prepare` for this task."""
         inputs = cfg.data.task_inputs.get(self.name)
         if not inputs:
@@ -131,10 +132,10 @@ class Task:
         return storage.join(self.prepared_dir(prepared_root), "train")
 
     @staticmethod
-    def _shard_files(split_dir: str) -> List[str]:
+    def _shard_files(split_dir: str) -> list[str]:
         return [f for f in storage.list_files(split_dir) if f.endswith(".parquet")] if storage.is_dir(split_dir) else []
 
-    def write_train_frame(self, frame, out_dir: str, cfg: "RunConfig") -> None:
+    def write_train_frame(self, frame, out_dir: str, cfg: RunConfig) -> None:
         """A pandas frame of training rows -> out_dir/train parquet shards (Ray Data)."""
         import ray.data
 
@@ -144,7 +145,7 @@ class Task:
         target, fs = storage.path_and_filesystem(storage.join(out_dir, "train"))
         ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
 
-    def write_manifest(self, out_dir: str, manifest: Dict[str, Any], inputs: Sequence[str] = ()) -> Dict[str, Any]:
+    def write_manifest(self, out_dir: str, manifest: dict[str, Any], inputs: Sequence[str] = ()) -> dict[str, Any]:
         """The last step of `prepare`: the manifest, with every shard file and its row count, is
         written after the shards, so a folder without one is an interrupted prepare. `inputs`, the
         raw files read, are recorded with their sizes, times and, for local files, sha256
@@ -162,24 +163,24 @@ class Task:
         storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
         return manifest
 
-    def prepared_settings(self, config: Dict[str, Any]) -> Dict[str, Any]:
+    def prepared_settings(self, config: dict[str, Any]) -> dict[str, Any]:
         """The values of prepared_keys in a run config (`RunConfig.to_dict()`), under the names the
         manifest records them by."""
         return {key.rpartition(".")[2]: config_value(config, key) for key in self.prepared_keys}
 
     def settings_mismatches(
         self,
-        manifest: Dict[str, Any],
-        config: Dict[str, Any],
-        keys: Optional[Tuple[str, ...]] = None,
+        manifest: dict[str, Any],
+        config: dict[str, Any],
+        keys: tuple[str, ...] | None = None,
         label: str = "this run",
-    ) -> List[str]:
+    ) -> list[str]:
         """'KEY=RECORDED (LABEL: VALUE)' for each of `keys` (default prepared_keys; a section such
         as `filters` key by key) whose value in the manifest differs from the run config's."""
         from convsts.ray_jobs.config import changed_values, flatten
 
-        recorded: Dict[str, Any] = {}
-        current: Dict[str, Any] = {}
+        recorded: dict[str, Any] = {}
+        current: dict[str, Any] = {}
         out = []
         for key in self.prepared_keys if keys is None else keys:
             parent, _, name = key.rpartition(".")
@@ -191,7 +192,7 @@ class Task:
             current.update(flatten({name: config_value(config, key)}, prefix))
         return out + changed_values(recorded, current, label)
 
-    def input_changes(self, manifest: Dict[str, Any], cfg: "RunConfig") -> List[str]:
+    def input_changes(self, manifest: dict[str, Any], cfg: RunConfig) -> list[str]:
         """How this run's raw inputs (raw_inputs, expanded) differ from those the folder was prepared
         from: a file at the same place whose size or modification time changed since (unless its
         bytes are the ones prepared: a local file with the same size and the recorded sha256, as
@@ -251,7 +252,7 @@ class Task:
             ]
         # The same names and sizes elsewhere (a copy of the data, a submitted job's copy of the project):
         # where the manifest holds digests, a local copy must also hold the bytes prepared.
-        digests: Dict[tuple, set] = {}
+        digests: dict[tuple, set] = {}
         for r in recorded:
             if r.get("sha256"):
                 digests.setdefault((storage.name(r["file"]), r["size"]), set()).add(r["sha256"])
@@ -268,7 +269,7 @@ class Task:
                 )
         return changed
 
-    def verify_prepared(self, prepared_root: str, cfg: Optional["RunConfig"] = None) -> Dict[str, Any]:
+    def verify_prepared(self, prepared_root: str, cfg: RunConfig | None = None) -> dict[str, Any]:
         """The task's prepared folder is complete: its manifest exists and lists exactly the shard
         files present with their row counts; with `cfg`, it was also prepared with the run's values
         of prepared_keys. Returns the manifest; raises naming what is wrong."""
@@ -339,7 +340,7 @@ class Task:
                 return False
         return True
 
-    def prepare_into(self, inputs: List[str], out_dir: str, cfg: "RunConfig") -> Dict[str, Any]:
+    def prepare_into(self, inputs: list[str], out_dir: str, cfg: RunConfig) -> dict[str, Any]:
         """`prepare` into an empty (or new) out_dir. A folder that an interrupted prepare of this task
         left (interrupted_prepare) is removed and prepared again, so the same command, run again,
         resumes; any other content is refused, never added to (more shards would be more rows)."""
@@ -358,7 +359,7 @@ class Task:
             storage.delete_folder(out_dir)
         return self.prepare(inputs, out_dir, cfg)
 
-    def prepare(self, inputs: List[str], out_dir: str, cfg: "RunConfig") -> Dict[str, Any]:
+    def prepare(self, inputs: list[str], out_dir: str, cfg: RunConfig) -> dict[str, Any]:
         """Raw inputs -> out_dir/train parquet shards + out_dir/manifest.json. The default reads
         parquet or JSON-lines files holding the pair columns (and the label)."""
         import pandas as pd
@@ -381,35 +382,35 @@ class Task:
             inputs=files,
         )
 
-    def manifest_metrics(self, manifest: Dict[str, Any]) -> Dict[str, float]:
+    def manifest_metrics(self, manifest: dict[str, Any]) -> dict[str, float]:
         """Counts from the prepare manifest logged to MLflow as data/... metrics."""
         return {f"data/{self.name}_train_pairs": float(manifest.get("pairs", 0))}
 
-    def train_rows(self, cfg: "RunConfig", prepared_root: str):
+    def train_rows(self, cfg: RunConfig, prepared_root: str):
         """The Ray Dataset of training rows (text columns, before tokenization)."""
         from ray.data import FileShuffleConfig
 
         return storage.read_shards(self.train_path(prepared_root), shuffle=FileShuffleConfig(seed=cfg.seed))
 
-    def text_columns(self, cfg: Optional["RunConfig"] = None) -> Dict[str, str]:
+    def text_columns(self, cfg: RunConfig | None = None) -> dict[str, str]:
         """Text column -> the prefix of its token-id columns (those a run with `cfg` trains on)."""
         return {column: column for column in self.pair}
 
     # ---- model
 
-    def loss(self, model, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+    def loss(self, model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss, batch accuracy) of one batch; both 0-dim tensors on the model's device."""
         raise NotImplementedError
 
     # ---- evaluation
 
-    def evaluate(self, scorer, cfg: "RunConfig", prepared_root: Optional[str]) -> Dict[str, float]:
+    def evaluate(self, scorer, cfg: RunConfig, prepared_root: str | None) -> dict[str, float]:
         """This task's own metrics of a scorer (a model or a lexical baseline)."""
         return {}
 
     def evaluate_items(
-        self, scorer, cfg: "RunConfig", prepared_root: Optional[str]
-    ) -> Tuple[Dict[str, float], Optional["pd.DataFrame"]]:
+        self, scorer, cfg: RunConfig, prepared_root: str | None
+    ) -> tuple[dict[str, float], pd.DataFrame | None]:
         """evaluate's metrics and, for a task that scores items one by one, each item's outcome: a
         frame that two evaluations of the same items are compared on, item by item (`convsts
         evaluate --compare`; the Reddit task: each query's rank); None for a task without one."""

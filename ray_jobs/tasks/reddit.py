@@ -4,13 +4,12 @@ through its own feed-forward network (the paper's main task). Metrics: P@1/3/10 
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from convsts.datasets import storage
 from convsts.datasets.storage import BadInputError
 from convsts.models.losses import in_batch_accuracy, in_batch_softmax_loss
 from convsts.ray_jobs.tasks.base import Task, fields
-
 
 NEGATIVE = "negative"  # the column of mined hard negatives (`convsts mine-negatives`)
 
@@ -24,10 +23,10 @@ class RedditTask(Task):
     split_keys = ("data.test_share", "data.split_salt")
     prepared_keys = split_keys + ("filters",)
 
-    def raw_inputs(self, cfg) -> List[str]:
+    def raw_inputs(self, cfg) -> list[str]:
         return list(cfg.data.reddit_inputs)
 
-    def prepare(self, inputs: List[str], out_dir: str, cfg) -> Dict[str, Any]:
+    def prepare(self, inputs: list[str], out_dir: str, cfg) -> dict[str, Any]:
         """Reddit inputs -> out_dir/{train,test} shards + out_dir/manifest.json (local or a URI)."""
         from convsts.datasets import reddit
         from convsts.ray_jobs.runtime import ensure_ray, log
@@ -71,13 +70,13 @@ class RedditTask(Task):
         )
         return manifest
 
-    def manifest_metrics(self, manifest: Dict[str, Any]) -> Dict[str, float]:
+    def manifest_metrics(self, manifest: dict[str, Any]) -> dict[str, float]:
         return {
             "data/reddit_train_pairs": float(manifest["train_pairs"]),
             "data/reddit_test_pairs": float(manifest["test_pairs"]),
         }
 
-    def text_columns(self, cfg=None) -> Dict[str, str]:
+    def text_columns(self, cfg=None) -> dict[str, str]:
         columns = super().text_columns(cfg)
         if cfg is not None and cfg.data.reddit_hard_negatives:
             columns[NEGATIVE] = NEGATIVE
@@ -103,10 +102,10 @@ class RedditTask(Task):
         loss = in_batch_softmax_loss(context, response, model.config.score_scale, model.config.symmetric_loss, negative)
         return loss, in_batch_accuracy(context, response)
 
-    def evaluate(self, scorer, cfg, prepared_root: Optional[str]) -> Dict[str, float]:
+    def evaluate(self, scorer, cfg, prepared_root: str | None) -> dict[str, float]:
         return self.evaluate_items(scorer, cfg, prepared_root)[0]
 
-    def evaluate_items(self, scorer, cfg, prepared_root: Optional[str]):
+    def evaluate_items(self, scorer, cfg, prepared_root: str | None):
         from convsts.ray_jobs.evaluation.retrieval import heldout_pairs, precision_at_n_metrics
 
         heldout = heldout_pairs(storage.join(self.prepared_dir(prepared_root), "test")) if prepared_root else None

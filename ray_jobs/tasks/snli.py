@@ -3,7 +3,7 @@ Training uses a nested seeded subset (`data.snli_fraction`); metrics: accuracy o
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import numpy as np
 
@@ -12,7 +12,7 @@ from convsts.models.losses import nli_loss
 from convsts.ray_jobs.tasks.base import Task, fields
 
 
-def _fraction_filter(batch: Dict[str, np.ndarray], fraction: float, seed: int) -> Dict[str, np.ndarray]:
+def _fraction_filter(batch: dict[str, np.ndarray], fraction: float, seed: int) -> dict[str, np.ndarray]:
     from convsts.datasets.snli import fraction_rank
 
     keep = np.array(
@@ -32,10 +32,10 @@ class SnliTask(Task):
     in_every_vocabulary = True
     materialize = True
 
-    def raw_inputs(self, cfg) -> List[str]:
+    def raw_inputs(self, cfg) -> list[str]:
         return [cfg.data.snli_train]
 
-    def prepare(self, inputs: List[str], out_dir: str, cfg) -> Dict[str, Any]:
+    def prepare(self, inputs: list[str], out_dir: str, cfg) -> dict[str, Any]:
         from convsts.datasets import snli
         from convsts.ray_jobs.runtime import log
 
@@ -70,12 +70,12 @@ class SnliTask(Task):
         labels = batch[self.label].long()  # (B,)
         return nli_loss(logits, labels), (logits.argmax(1) == labels).float().mean()
 
-    def evaluate(self, scorer, cfg, prepared_root: Optional[str]) -> Dict[str, float]:
+    def evaluate(self, scorer, cfg, prepared_root: str | None) -> dict[str, float]:
         from convsts.ray_jobs.evaluation.nli import nli_accuracy
 
         if not hasattr(scorer, "nli_logits"):
             return {}
-        results: Dict[str, float] = {}
+        results: dict[str, float] = {}
         for split, path in (("dev", cfg.data.snli_dev), ("test", cfg.data.snli_test)):
             if path:
                 results.update(nli_accuracy(scorer, path, f"{self.name}/{split}"))

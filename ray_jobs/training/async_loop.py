@@ -9,7 +9,7 @@ synchronous run's checkpoint."""
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
 
@@ -31,8 +31,8 @@ class AsyncTrainLoop(TrainLoop):
         open_stream: StreamFactory,
         holder,
         tokenizer,
-        hooks: Optional[LoopHooks] = None,
-        state: Optional[TrainState] = None,
+        hooks: LoopHooks | None = None,
+        state: TrainState | None = None,
     ):
         (self.task,) = plan.tasks_of(rank)
         self.holder = holder
@@ -103,7 +103,7 @@ class AsyncTrainLoop(TrainLoop):
             self.update.send()
             in_flight = (loss, accuracy, stage.batch_size * len(self.plan.ranks_of(self.task)))
 
-    def _may_overlap(self, reply: Dict[str, Any]) -> bool:
+    def _may_overlap(self, reply: dict[str, Any]) -> bool:
         """Whether to compute the next update before the reply to the last (trainer.async_overlap,
         and room in the task's share for both)."""
         return self.cfg.trainer.async_overlap and reply["room"] >= 2
@@ -120,13 +120,13 @@ class AsyncTrainLoop(TrainLoop):
             self.ahead = self._may_overlap(self.update.turn())
         return False
 
-    def _applied(self, reply: Dict[str, Any], loss, accuracy, pairs: int, run_start: float) -> Dict[str, float]:
+    def _applied(self, reply: dict[str, Any], loss, accuracy, pairs: int, run_start: float) -> dict[str, float]:
         """Count a reply's update; log and evaluate when the holder's count crossed an interval."""
         trainer = self.cfg.trainer
         self.step = reply["step"]
         if reply["applied"]:
             self.window.add(self.task, loss, accuracy, pairs)
-        metrics: Dict[str, float] = {}
+        metrics: dict[str, float] = {}
         if self._crossed(trainer.log_every, self.logged) or reply["done"]:
             metrics = self._log_window(run_start)
             self.logged = self.step
@@ -140,7 +140,7 @@ class AsyncTrainLoop(TrainLoop):
             self._evaluate()
         return metrics
 
-    def _log_window(self, run_start: float) -> Dict[str, float]:
+    def _log_window(self, run_start: float) -> dict[str, float]:
         self.lr = self.schedule.lr_at(self.step)  # the holder's lr at this update (logged by rank 0)
         metrics = super()._log_window(run_start)
         if self.rank == 0:
@@ -151,7 +151,7 @@ class AsyncTrainLoop(TrainLoop):
             metrics.update(extra)
         return metrics
 
-    def save(self, metrics: Dict[str, float]) -> None:
+    def save(self, metrics: dict[str, float]) -> None:
         """Every rank stops pushing and meets here; rank 0 takes the holder's state (which moves its
         next checkpoint on) before any rank pushes again."""
         import ray
@@ -161,7 +161,7 @@ class AsyncTrainLoop(TrainLoop):
         )
         state = None
         if self.rank == 0:
-            snap: Dict[str, Any] = ray.get(self.holder.checkpoint_state.remote(self.update.generation))
+            snap: dict[str, Any] = ray.get(self.holder.checkpoint_state.remote(self.update.generation))
             self.model.load_state_dict(snap["model"])  # what the checkpoint holds: the holder's weights
             self.update.version = snap["step"]
             self.step = snap["step"]

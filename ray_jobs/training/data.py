@@ -6,7 +6,8 @@ Ray), for single-process loops."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Dict, Iterator, List, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ from convsts.ray_jobs.task_groups import TaskPlan
 from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
 
 
-def check_prepared(prepared_root: str, tasks: Dict[str, Task], cfg: RunConfig) -> Dict[str, Dict[str, Any]]:
+def check_prepared(prepared_root: str, tasks: dict[str, Task], cfg: RunConfig) -> dict[str, dict[str, Any]]:
     """Every task's prepared folder is complete (its manifest matches its shards) and was prepared
     with the run's settings (Task.prepared_keys); {task: manifest}."""
     return {name: task.verify_prepared(prepared_root, cfg) for name, task in tasks.items()}
@@ -28,7 +29,7 @@ def check_prepared(prepared_root: str, tasks: Dict[str, Task], cfg: RunConfig) -
 # Tokenizer
 
 
-def _count_batch(batch: Dict[str, np.ndarray], columns: Sequence[str], lowercase: bool) -> Dict[str, np.ndarray]:
+def _count_batch(batch: dict[str, np.ndarray], columns: Sequence[str], lowercase: bool) -> dict[str, np.ndarray]:
     counts: Counter = Counter()
     for column in columns:
         for text in batch[column]:
@@ -69,8 +70,8 @@ def build_tokenizer(cfg: RunConfig, prepared_root: str):
 
 
 def _tokenize_batch(
-    batch: Dict[str, np.ndarray], tokenizer, columns: Dict[str, str], width: int, passthrough: Sequence[str]
-) -> Dict[str, np.ndarray]:
+    batch: dict[str, np.ndarray], tokenizer, columns: dict[str, str], width: int, passthrough: Sequence[str]
+) -> dict[str, np.ndarray]:
     out = encode_columns(tokenizer, batch, columns, width)
     for name in passthrough:
         out[name] = np.asarray(batch[name])
@@ -88,7 +89,7 @@ def tokenized(task: Task, rows, tokenizer, width: int, cfg: RunConfig | None = N
     )
 
 
-def task_datasets(cfg: RunConfig, prepared_root: str, tokenizer) -> Dict[str, Any]:
+def task_datasets(cfg: RunConfig, prepared_root: str, tokenizer) -> dict[str, Any]:
     """{task: tokenized Ray Dataset} for the tasks with a weight; small tasks are materialized."""
     tasks = trained_tasks(cfg)
     out = {}
@@ -106,7 +107,7 @@ def task_split_data_config(plan: TaskPlan, preserve_order: bool):
 
     class TaskSplitDataConfig(DataConfig):
         def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
-            output: List[Dict[str, Any]] = [{} for _ in range(world_size)]
+            output: list[dict[str, Any]] = [{} for _ in range(world_size)]
             for name, ds in datasets.items():
                 if ds.name is None:
                     ds.set_name(name)
@@ -151,7 +152,7 @@ class TaskStream:
         self.epoch, self.batch_in_epoch = epoch, 0
         self._it = self._batches(skip)
 
-    def _epoch(self) -> Iterator[Dict[str, torch.Tensor]]:
+    def _epoch(self) -> Iterator[dict[str, torch.Tensor]]:
         batches = self.shard.iter_torch_batches(
             batch_size=self.batch_size,
             drop_last=True,
@@ -162,7 +163,7 @@ class TaskStream:
         if self.bucket_batches <= 1:
             yield from batches
             return
-        window: List[Dict[str, torch.Tensor]] = []
+        window: list[dict[str, torch.Tensor]] = []
         for number, batch in enumerate(batches):
             window.append(batch)
             if len(window) == self.bucket_batches:
@@ -171,7 +172,7 @@ class TaskStream:
         if window:
             yield from self._bucketed(window, -1)
 
-    def _bucketed(self, window: List[Dict[str, torch.Tensor]], salt: int) -> Iterator[Dict[str, torch.Tensor]]:
+    def _bucketed(self, window: list[dict[str, torch.Tensor]], salt: int) -> Iterator[dict[str, torch.Tensor]]:
         rows = {k: torch.cat([b[k] for b in window]) for k in window[0]}  # {name: (W*B, ...)}
         # The longest text column of each row: every column's batch is cut to its own longest row, and
         # rows whose longest side is alike share a batch.
@@ -182,7 +183,7 @@ class TaskStream:
             idx = order[j * self.batch_size : (j + 1) * self.batch_size]  # (B,)
             yield {k: v[idx] for k, v in rows.items()}
 
-    def _batches(self, skip: int) -> Iterator[Dict[str, torch.Tensor]]:
+    def _batches(self, skip: int) -> Iterator[dict[str, torch.Tensor]]:
         while True:
             produced = 0
             for batch in self._epoch():
@@ -202,10 +203,10 @@ class TaskStream:
     def __iter__(self):
         return self
 
-    def __next__(self) -> Dict[str, torch.Tensor]:
+    def __next__(self) -> dict[str, torch.Tensor]:
         return next(self._it)
 
-    def position(self) -> Dict[str, int]:
+    def position(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "batch_size": self.batch_size}
 
     def close(self) -> None:
@@ -215,7 +216,7 @@ class TaskStream:
 
 def frame_batch(
     tokenizer, task: Task, part, width: int, device=None, cfg: RunConfig | None = None
-) -> Dict[str, torch.Tensor]:
+) -> dict[str, torch.Tensor]:
     """One task's batch from rows of a pandas frame, tokenized as the Ray Data feed does (the text
     columns a run with `cfg` trains on: `task.text_columns(cfg)`)."""
     columns = task.text_columns(cfg)
@@ -257,7 +258,7 @@ class FrameStream:
     def __iter__(self):
         return self
 
-    def __next__(self) -> Dict[str, torch.Tensor]:
+    def __next__(self) -> dict[str, torch.Tensor]:
         if (self.batch_in_epoch + 1) * self.batch_size > len(self.frame):
             self.epoch += 1
             self.batch_in_epoch = 0
@@ -266,5 +267,5 @@ class FrameStream:
         self.batch_in_epoch += 1
         return frame_batch(self.tokenizer, self.task, self.frame.iloc[rows], self.width, self.device, self.cfg)
 
-    def position(self) -> Dict[str, int]:
+    def position(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "batch_size": self.batch_size}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any
 
 import torch
 
@@ -33,7 +33,7 @@ from convsts.ray_jobs.training.state import StageSchedule, TrainState, initial_m
 from convsts.ray_jobs.training.step import Optimizers
 
 # A pushed or pulled tensor: dense, or a sparse table's (row indices (nnz,), rows (nnz, D)).
-Wire = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
+Wire = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 class HolderReset(RuntimeError):
@@ -53,9 +53,9 @@ class ParameterHolder:
     def __init__(self):
         self.generation = self.step = 0  # generation 0 until rank 0 resets it
         self.model = None
-        self._cond: Optional[asyncio.Condition] = None
+        self._cond: asyncio.Condition | None = None
 
-    def _build(self, run: Dict[str, Any], tokenizer: Dict[str, Any]) -> None:
+    def _build(self, run: dict[str, Any], tokenizer: dict[str, Any]) -> None:
         from convsts.datasets.text import tokenizer_from_dict
 
         self.cfg = from_dict(run)
@@ -72,11 +72,11 @@ class ParameterHolder:
 
     def reset(
         self,
-        run: Dict[str, Any],
-        tokenizer: Dict[str, Any],
-        weights: Dict[str, torch.Tensor],
-        state: Optional[Dict[str, Any]] = None,
-    ) -> Dict[str, Any]:
+        run: dict[str, Any],
+        tokenizer: dict[str, Any],
+        weights: dict[str, torch.Tensor],
+        state: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Start a generation of the run `run` (the run config's dict; `tokenizer`: the tokenizer's)
         from `weights` (a model state dict) and a TrainState dict (optimizers, step, per-task
         counts; None for a fresh run)."""
@@ -98,10 +98,10 @@ class ParameterHolder:
         self.generation += 1
         return self.hello()
 
-    def hello(self) -> Dict[str, Any]:
+    def hello(self) -> dict[str, Any]:
         return {"generation": self.generation, "step": self.step}
 
-    def checkpoint_state(self, generation: int) -> Dict[str, Any]:
+    def checkpoint_state(self, generation: int) -> dict[str, Any]:
         """The whole model, the optimizers and the counts; called by rank 0 while every worker waits
         at the checkpoint (no push runs), which moves the next checkpoint on."""
         self._check(generation)
@@ -115,7 +115,7 @@ class ParameterHolder:
             "task_updates": dict(self.updates),
         }
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Per task since the last call: updates, staleness (sum, max), seconds waited for pacing;
         with the counts so far and the seconds the window covers."""
         window, self.window = self.window, self._empty_window()
@@ -127,7 +127,7 @@ class ParameterHolder:
             "window": window["tasks"],
         }
 
-    def _empty_window(self) -> Dict[str, Any]:
+    def _empty_window(self) -> dict[str, Any]:
         return {
             "started": time.time(),
             "tasks": {t: {"updates": 0, "staleness_sum": 0, "staleness_max": 0, "waited_s": 0.0} for t in self.tasks},
@@ -166,7 +166,7 @@ class ParameterHolder:
         counted = self.step - self.base
         return self.weights[task] * (counted + 1) + self.cfg.trainer.async_slack - self.updates[task]
 
-    async def turn(self, generation: int, task: str, version: int, pull: bool = True) -> Dict[str, Any]:
+    async def turn(self, generation: int, task: str, version: int, pull: bool = True) -> dict[str, Any]:
         """Wait until `task` may compute its next update (pacing, or a due checkpoint or the end,
         which release every waiting worker); the reply says the update count, the task's "room" (how
         many more updates it may start before waiting), whether a checkpoint is due or the run is
@@ -179,14 +179,14 @@ class ParameterHolder:
             await cond.wait_for(lambda: self.generation != generation or self._may_apply(task))
             self._check(generation)
             self.window["tasks"][task]["waited_s"] += time.time() - arrived
-        reply: Dict[str, Any] = {"step": self.step, "done": self._done(), "room": self._room(task), "due": self._due()}
+        reply: dict[str, Any] = {"step": self.step, "done": self._done(), "room": self._room(task), "due": self._due()}
         if pull:  # no await since the check: these weights are those of update `step`
             reply["weights"] = self._weights_since(task, version)
         return reply
 
     async def push(
-        self, generation: int, task: str, grads: Dict[str, Wire], version: int, pull: bool
-    ) -> Dict[str, Any]:
+        self, generation: int, task: str, grads: dict[str, Wire], version: int, pull: bool
+    ) -> dict[str, Any]:
         """Apply one update of `task` computed on the weights of update `version` (unless the run has
         reached trainer.steps: "applied" False), then wait for the task's next turn (see `turn`)."""
         self._check(generation)
@@ -203,7 +203,7 @@ class ParameterHolder:
             cond.notify_all()
         return {**await self.turn(generation, task, version, pull), "applied": applied}
 
-    def _apply(self, task: str, grads: Dict[str, Wire]) -> None:
+    def _apply(self, task: str, grads: dict[str, Wire]) -> None:
         lr = self.schedule.lr_at(self.step)
         if lr != self.lr:
             self.lr = lr
@@ -228,10 +228,10 @@ class ParameterHolder:
             if isinstance(grad, tuple):
                 self.row_version[name][grad[0]] = self.step
 
-    def _weights_since(self, task: str, version: int) -> Dict[str, Wire]:
+    def _weights_since(self, task: str, version: int) -> dict[str, Wire]:
         """The encoder's and `task`'s head's weights: the sparse tables' rows changed after update
         `version`, the dense tensors whole (copies: the reply is serialised after this returns)."""
-        out: Dict[str, Wire] = {}
+        out: dict[str, Wire] = {}
         for name, param in self.params.items():
             if not shared_or_head(name, task):
                 continue
@@ -270,13 +270,13 @@ class HolderUpdate(torch.optim.Optimizer):
         self.named = dict(named)
         sparse = {id(p) for p in model.sparse_parameters()}
         self.sparse = {n for n, p in self.named.items() if id(p) in sparse}
-        self.pending: Optional[Dict[str, Wire]] = None
+        self.pending: dict[str, Wire] | None = None
         self.in_flight = None  # the ObjectRef of the reply to the update being applied
         self.generation = self.version = self.pending_version = 0
         self.attempts = 0
         self.pushed = 0  # updates of this worker the holder applied
 
-    def connect(self, pushed: int = 0) -> Dict[str, Any]:
+    def connect(self, pushed: int = 0) -> dict[str, Any]:
         """Join the holder's current generation (after rank 0's reset); `pushed`: this rank's count
         from the checkpoint it resumes."""
         import ray
@@ -287,7 +287,7 @@ class HolderUpdate(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        grads: Dict[str, Wire] = {}
+        grads: dict[str, Wire] = {}
         for name, p in self.named.items():
             if p.grad is None:
                 continue
@@ -309,7 +309,7 @@ class HolderUpdate(torch.optim.Optimizer):
         self.in_flight = self.holder.push.remote(self.generation, self.task, self.pending, self.pending_version, pull)
         self.pending = None
 
-    def receive(self) -> Dict[str, Any]:
+    def receive(self) -> dict[str, Any]:
         """The reply to the update in flight, once the holder has applied it and this worker may
         push its next; loads the weights it carries."""
         import ray
@@ -319,19 +319,19 @@ class HolderUpdate(torch.optim.Optimizer):
         self.pushed += int(reply["applied"])
         return self._take(reply)
 
-    def turn(self) -> Dict[str, Any]:
+    def turn(self) -> dict[str, Any]:
         """Wait for this worker's first turn (after connecting or a checkpoint), with fresh weights."""
         import ray
 
         return self._take(ray.get(self.holder.turn.remote(self.generation, self.task, self.version)))
 
-    def _take(self, reply: Dict[str, Any]) -> Dict[str, Any]:
+    def _take(self, reply: dict[str, Any]) -> dict[str, Any]:
         if "weights" in reply:
             self.load(reply["weights"], reply["step"])
         return reply
 
     @torch.no_grad()
-    def load(self, weights: Dict[str, Wire], version: int) -> None:
+    def load(self, weights: dict[str, Wire], version: int) -> None:
         for name, value in weights.items():
             p = self.named[name]
             if isinstance(value, tuple):
@@ -342,13 +342,13 @@ class HolderUpdate(torch.optim.Optimizer):
         self.version = version
 
 
-def holder_stats_metrics(stats: Dict[str, Any], batch_size: int) -> Dict[str, float]:
+def holder_stats_metrics(stats: dict[str, Any], batch_size: int) -> dict[str, float]:
     """MLflow metrics from one `ParameterHolder.stats()` window: per task its update count and
     share so far, and over the window its updates/s, pairs/s (x the stage's batch), mean and max
     staleness and seconds waited for pacing."""
     counted = max(stats["step"] - stats["base"], 1)
     seconds = max(stats["seconds"], 1e-9)
-    out: Dict[str, float] = {}
+    out: dict[str, float] = {}
     for task, w in stats["window"].items():
         n = w["updates"]
         out.update(

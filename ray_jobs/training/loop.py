@@ -5,8 +5,9 @@ hooks that report to Ray and MLflow; tests and benchmarks give it in-memory stre
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any
 
 import torch
 
@@ -18,7 +19,7 @@ from convsts.ray_jobs.training.state import MetricWindow, StageSchedule, TrainSt
 from convsts.ray_jobs.training.step import Optimizers, train_step
 
 # open_stream(task, batch_size, epoch, skip) -> an iterator of batches with .position()
-StreamFactory = Callable[[str, int, int, int], Iterator[Dict[str, torch.Tensor]]]
+StreamFactory = Callable[[str, int, int, int], Iterator[dict[str, torch.Tensor]]]
 
 
 SCORE_METRIC = StsDevProbe.METRIC  # ranks checkpoints when in-training evaluation is on
@@ -32,21 +33,21 @@ class NonFiniteLossError(FloatingPointError):
 NON_FINITE_ADVICE = "lower the learning rate, set trainer.grad_clip, or resume from an earlier checkpoint"
 
 
-def _no_log(metrics: Dict[str, float], step: int) -> None:
+def _no_log(metrics: dict[str, float], step: int) -> None:
     return None
 
 
-def _no_checkpoint(step: int, metrics: Dict[str, float], state: Optional[TrainState]) -> None:
+def _no_checkpoint(step: int, metrics: dict[str, float], state: TrainState | None) -> None:
     return None
 
 
 @dataclass
 class LoopHooks:
-    log: Callable[[Dict[str, float], int], None] = _no_log  # metrics at a step (MLflow)
-    checkpoint: Callable[[int, Dict[str, float], Optional[TrainState]], None] = (
+    log: Callable[[dict[str, float], int], None] = _no_log  # metrics at a step (MLflow)
+    checkpoint: Callable[[int, dict[str, float], TrainState | None], None] = (
         _no_checkpoint  # every rank calls it; rank 0 gets the state
     )
-    evaluate: Optional[Callable[[Any], Dict[str, float]]] = None  # rank 0, every trainer.eval_every steps
+    evaluate: Callable[[Any], dict[str, float]] | None = None  # rank 0, every trainer.eval_every steps
     say: Callable[[str], None] = lambda line: print(line, flush=True)
 
 
@@ -58,9 +59,9 @@ class TrainLoop:
         plan: TaskPlan,
         rank: int,
         open_stream: StreamFactory,
-        hooks: Optional[LoopHooks] = None,
-        state: Optional[TrainState] = None,
-        optimizers: Optional[Optimizers] = None,
+        hooks: LoopHooks | None = None,
+        state: TrainState | None = None,
+        optimizers: Optimizers | None = None,
     ):
         """`optimizers`: given by a loop whose updates are applied elsewhere (async); else built
         here and loaded from `state`."""
@@ -78,7 +79,7 @@ class TrainLoop:
         self.stage = self.schedule.at(self.step)
         self.lr = self.schedule.lr_at(self.step)
         self.optimizers = optimizers or Optimizers.build(cfg.trainer, model, self.my_tasks, self.lr)
-        positions: Dict[str, Dict[str, int]] = {}
+        positions: dict[str, dict[str, int]] = {}
         if state:
             if optimizers is None:
                 state.load_optimizers(self.optimizers)
@@ -91,9 +92,9 @@ class TrainLoop:
         # line, evaluation and checkpoint: a diverged model is never saved or scored.
         self.window_steps: list = []  # (step, task) of the steps since the last check
         self.bad = torch.zeros((), dtype=torch.bool)
-        self.last_eval: Dict[str, float] = {}  # rank 0's latest in-training evaluation
+        self.last_eval: dict[str, float] = {}  # rank 0's latest in-training evaluation
 
-    def _open_streams(self, batch_size: int, positions: Dict[str, Dict[str, int]]):
+    def _open_streams(self, batch_size: int, positions: dict[str, dict[str, int]]):
         return {
             t: self.open_stream(t, batch_size, *resume_skip(positions.get(t, {}), batch_size)) for t in self.my_tasks
         }
@@ -118,7 +119,7 @@ class TrainLoop:
             )
         self.window_steps.clear()
 
-    def save(self, metrics: Dict[str, float]) -> None:
+    def save(self, metrics: dict[str, float]) -> None:
         """Collect the train state on rank 0 (collectives: every rank calls this) and hand it to the hook."""
         self.combiner.sync_heads(self.model.heads)
         gathered = self.combiner.gather_objects(
@@ -133,7 +134,7 @@ class TrainLoop:
         )
         state = None
         if self.rank == 0:
-            head_states: Dict[str, Any] = {}
+            head_states: dict[str, Any] = {}
             for g in gathered:
                 head_states.update(g["heads"])
             state = TrainState(
@@ -146,7 +147,7 @@ class TrainLoop:
             )
         self._checkpoint(metrics, state)
 
-    def _checkpoint(self, metrics: Dict[str, float], state: Optional[TrainState]) -> None:
+    def _checkpoint(self, metrics: dict[str, float], state: TrainState | None) -> None:
         """Hand the checkpoint to the hook (every rank; rank 0 with the state)."""
         if self.hooks.evaluate is not None:  # every checkpoint is ranked by the latest in-training evaluation
             metrics = {**metrics, SCORE_METRIC: self.last_eval.get(SCORE_METRIC, NOT_EVALUATED)}
@@ -160,7 +161,7 @@ class TrainLoop:
         )
         self.hooks.log(self.last_eval, self.step)
 
-    def _log_window(self, run_start: float) -> Dict[str, float]:
+    def _log_window(self, run_start: float) -> dict[str, float]:
         trainer = self.cfg.trainer
         metrics = self.window.summary([t for t in self.my_tasks if self.leaders[t] == self.rank])
         if self.rank == 0:
@@ -205,7 +206,7 @@ class TrainLoop:
             self.bad = self.bad.to(loss.device) | ~torch.isfinite(loss)
             self.window_steps.append(((self.step, name), loss))
             self.window.add(name, loss, accuracy, stage.batch_size * len(self.plan.ranks_of(name)))
-            metrics: Dict[str, float] = {}
+            metrics: dict[str, float] = {}
             # The same on every rank: the finiteness check is a collective.
             eval_step = bool(trainer.eval_every) and self.step % trainer.eval_every == 0
             saving = self.step % trainer.checkpoint_every == 0 or self.step == trainer.steps

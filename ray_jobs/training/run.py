@@ -7,23 +7,23 @@ import hashlib
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
-from convsts.datasets.storage import redact, redact_tree, resolve_path
 from convsts.datasets import storage
+from convsts.datasets.storage import redact, redact_tree, resolve_path
 from convsts.models.checkpoint import load_model, read_meta, save_model_folder
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import ConfigError, RunConfig, changed_values, flatten
-from convsts.ray_jobs.model_card import write_card, run_facts
+from convsts.ray_jobs.model_card import run_facts, write_card
 from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
 from convsts.ray_jobs.task_groups import plan_for
 from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
 from convsts.ray_jobs.tasks.base import MANIFEST
-from convsts.ray_jobs.training.loop import SCORE_METRIC
 from convsts.ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
-
+from convsts.ray_jobs.training.loop import SCORE_METRIC
 
 MODEL_FOLDER = "model"  # OUT/model
 BEST_FOLDER = "best_checkpoint"  # OUT/best_checkpoint: the best in-training STS-B dev (trainer.eval_every)
@@ -37,17 +37,17 @@ class TrainResult:
     tracking_uri: str
     seconds: float
     mode: str
-    train_rows: Dict[str, int]  # rows of each materialized task's training set (SNLI after data.snli_fraction)
+    train_rows: dict[str, int]  # rows of each materialized task's training set (SNLI after data.snli_fraction)
     model: Path  # OUT/model: the encoder without optimizer state, with its model card
 
 
-def prepared_location(cfg: RunConfig, out_dir: str | Path, given: Optional[str | Path] = None) -> str:
+def prepared_location(cfg: RunConfig, out_dir: str | Path, given: str | Path | None = None) -> str:
     """Prepared shards: `given` (--prepared), else data.prepared_dir, else <out>/prepared; local or a URI."""
     location = str(given or resolve_path(cfg.data.prepared_dir) or Path(out_dir) / "prepared")
     return location if storage.is_uri(location) else str(Path(location).resolve())
 
 
-def data_digests(manifests: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
+def data_digests(manifests: dict[str, dict[str, Any]]) -> dict[str, str]:
     """{task: sha1 of its verified manifest's shard names and row counts}: what a run trained on."""
     return {
         name: hashlib.sha1(json.dumps(m["shards"], sort_keys=True).encode()).hexdigest()
@@ -55,7 +55,7 @@ def data_digests(manifests: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
     }
 
 
-def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) -> List[str]:
+def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: dict[str, str]) -> list[str]:
     """What differs between a checkpoint and the run that would resume it: the model, the
     tokenizer settings, the tasks, the prepared data."""
     meta = read_meta(checkpoint)
@@ -78,7 +78,7 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: Dict[str, str]) 
     return out
 
 
-def run_outputs(out_dir: Path, cfg: RunConfig) -> List[Path]:
+def run_outputs(out_dir: Path, cfg: RunConfig) -> list[Path]:
     """What an earlier training run left in out_dir: train.json, its checkpoints and model folder,
     Ray Train's own run folder (when it is local)."""
     candidates = [out_dir / "train.json", out_dir / "checkpoint", out_dir / MODEL_FOLDER, out_dir / BEST_FOLDER]
@@ -108,7 +108,7 @@ def is_prepared(task, prepared: str) -> bool:
     return storage.is_file(storage.join(task.prepared_dir(prepared), MANIFEST))
 
 
-def prepare_all(cfg: RunConfig, out_dir: str) -> Dict[str, Dict[str, Any]]:
+def prepare_all(cfg: RunConfig, out_dir: str) -> dict[str, dict[str, Any]]:
     """Every task the run needs (prepared_tasks), each into out_dir/<task>; returns the manifests.
     Run again into the same folder, it resumes: a task prepared to the end from this run's inputs
     and settings is kept (one that differs is refused, naming the difference), one that was
@@ -123,7 +123,7 @@ def prepare_all(cfg: RunConfig, out_dir: str) -> Dict[str, Dict[str, Any]]:
     return manifests
 
 
-def ensure_prepared(cfg: RunConfig, prepared: str) -> Dict[str, Dict[str, Any]]:
+def ensure_prepared(cfg: RunConfig, prepared: str) -> dict[str, dict[str, Any]]:
     """Prepare the shards of this run's tasks (prepared_tasks) that are not in `prepared` yet (or
     whose prepare was interrupted); returns the manifests written. Folders already prepared are
     left to check_prepared."""
@@ -138,11 +138,11 @@ def ensure_prepared(cfg: RunConfig, prepared: str) -> Dict[str, Dict[str, Any]]:
 def run_training(
     cfg: RunConfig,
     out_dir: str | Path,
-    run_id: Optional[str] = None,
-    prepared_dir: Optional[str | Path] = None,
+    run_id: str | None = None,
+    prepared_dir: str | Path | None = None,
     extra_callbacks: Sequence[Any] = (),
     fresh: bool = False,
-    mlflow_uri: Optional[str] = None,
+    mlflow_uri: str | None = None,
 ) -> TrainResult:
     """Check the inputs, then build datasets and the TorchTrainer, fit, copy the final checkpoint to
     out_dir/checkpoint. The MLflow run is created after the checks and ends FAILED on any error.
@@ -237,15 +237,14 @@ def _train(
     prepared: str,
     uri: str,
     run_id: str,
-    manifests: Dict[str, Dict[str, Any]],
-    digests: Dict[str, str],
+    manifests: dict[str, dict[str, Any]],
+    digests: dict[str, str],
     extra_callbacks: Sequence[Any],
 ) -> TrainResult:
     import ray.train
     from ray.train.torch import TorchTrainer
 
     from convsts.ray_jobs.mlflow_model import log_model
-
     from convsts.ray_jobs.training.worker import train_loop_per_worker
 
     started = time.time()

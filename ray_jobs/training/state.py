@@ -6,14 +6,14 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 import torch
 
 from convsts.models.checkpoint import build_model, load_model, load_train_state
 from convsts.ray_jobs.config import RunConfig, StageConfig
-
 
 # ---------------------------------------------------------------------------------------------
 # Where a run starts
@@ -37,11 +37,11 @@ def initial_model(cfg: RunConfig, tokenizer, warm_start: bool = True):
 
 def restore(
     model,
-    checkpoint_dir: Optional[str] = None,
-    resume_from: Optional[str] = None,
-    warm_start: Optional[str] = None,
+    checkpoint_dir: str | None = None,
+    resume_from: str | None = None,
+    warm_start: str | None = None,
     warm_heads: Sequence[str] = (),
-) -> Optional["TrainState"]:
+) -> TrainState | None:
     """Load weights into `model` from the first source given and return the train state to
     continue from (None for a fresh or warm-started run):
       checkpoint_dir  Ray Train's latest checkpoint after a worker-group restart;
@@ -100,7 +100,7 @@ class StageSchedule:
 # Data positions
 
 
-def resume_skip(position: Dict[str, int], batch_size: int) -> tuple[int, int]:
+def resume_skip(position: dict[str, int], batch_size: int) -> tuple[int, int]:
     """(epoch, batches to skip) to continue a task stream from a saved position. A position saved
     at another batch size (a stage change since) restarts its epoch."""
     skip = position.get("batch_in_epoch", 0) if position.get("batch_size") == batch_size else 0
@@ -120,7 +120,7 @@ class MetricWindow:
         self.reset()
 
     def reset(self) -> None:
-        self.sums: Dict[str, Dict[str, Any]] = {t: {"loss": 0.0, "acc": 0.0, "n": 0, "pairs": 0} for t in self.tasks}
+        self.sums: dict[str, dict[str, Any]] = {t: {"loss": 0.0, "acc": 0.0, "n": 0, "pairs": 0} for t in self.tasks}
         self.started = time.time()
 
     def add(self, task: str, loss: torch.Tensor, accuracy: torch.Tensor, pairs: int) -> None:
@@ -130,10 +130,10 @@ class MetricWindow:
         w["n"] += 1
         w["pairs"] += pairs
 
-    def summary(self, tasks: Sequence[str]) -> Dict[str, float]:
+    def summary(self, tasks: Sequence[str]) -> dict[str, float]:
         """{task/loss, task/batch_accuracy, task/pairs_per_s} of `tasks` over the window."""
         elapsed = max(time.time() - self.started, 1e-9)
-        out: Dict[str, float] = {}
+        out: dict[str, float] = {}
         for t in tasks:
             w = self.sums[t]
             if w["n"]:
@@ -166,18 +166,18 @@ class TrainState:
     """What a checkpoint adds to the weights to continue a run exactly (train_state.pt)."""
 
     step: int
-    encoder_optimizers: List[Dict[str, Any]] = field(default_factory=list)
-    head_optimizers: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
-    positions: List[Dict[str, Dict[str, int]]] = field(default_factory=list)  # per rank: {task: position}
+    encoder_optimizers: list[dict[str, Any]] = field(default_factory=list)
+    head_optimizers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    positions: list[dict[str, dict[str, int]]] = field(default_factory=list)  # per rank: {task: position}
     world_size: int = 1
     mode: str = ""
     # async (trainer.task_split=async): the parameter holder's applied updates per task, and per
     # rank the updates it pushed that were applied; their sums are both `step`.
-    task_updates: Dict[str, int] = field(default_factory=dict)
-    pushed: List[int] = field(default_factory=list)
+    task_updates: dict[str, int] = field(default_factory=dict)
+    pushed: list[int] = field(default_factory=list)
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> "TrainState":
+    def from_dict(cls, data: dict[str, Any]) -> TrainState:
         return cls(
             step=data["step"],
             encoder_optimizers=data.get("encoder_optimizers", []),
@@ -189,7 +189,7 @@ class TrainState:
             pushed=data.get("pushed", []),
         )
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "encoder_optimizers": self.encoder_optimizers,
@@ -208,7 +208,7 @@ class TrainState:
             for opt, sd in zip(opts, self.head_optimizers.get(task, [])):
                 opt.load_state_dict(sd)
 
-    def positions_of(self, rank: int, world: int) -> Dict[str, Dict[str, int]]:
+    def positions_of(self, rank: int, world: int) -> dict[str, dict[str, int]]:
         """This rank's saved stream positions; none when the worker count changed."""
         return self.positions[rank] if len(self.positions) == world else {}
 

@@ -5,8 +5,8 @@ tests alike."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ def make_optimizer(
     sparse: Sequence[torch.nn.Parameter],
     lr: float,
     scale: float = 1.0,
-) -> List[torch.optim.Optimizer]:
+) -> list[torch.optim.Optimizer]:
     """Optimizers for `params`; those also in `sparse` (sparse gradients: the DAN's embedding
     tables) learn at the stage's lr, the dense ones at lr x trainer.dense_lr_scale; all of them
     also x `scale` (a task head's trainer.head_lr_scale). Each param group carries its
@@ -49,7 +49,7 @@ def make_optimizer(
         return [torch.optim.SGD(groups, lr=lr, momentum=trainer.momentum)]
     if trainer.optimizer == "adagrad":
         return [torch.optim.Adagrad(groups, lr=lr)]
-    opts: List[torch.optim.Optimizer] = []
+    opts: list[torch.optim.Optimizer] = []
     for group in groups:  # Adam cannot take sparse gradients: SparseAdam for the tables
         if group["params"] is tables:
             opts.append(torch.optim.SparseAdam([group], lr=group["lr"]))
@@ -70,14 +70,14 @@ def set_lr(optimizers: Sequence[torch.optim.Optimizer], lr: float) -> None:
 class Optimizers:
     """The encoder's optimizers and, per task this rank trains, its head's."""
 
-    encoder: List[torch.optim.Optimizer]
-    heads: Dict[str, List[torch.optim.Optimizer]] = field(default_factory=dict)
+    encoder: list[torch.optim.Optimizer]
+    heads: dict[str, list[torch.optim.Optimizer]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, trainer: TrainerConfig, model, tasks: Sequence[str], lr: float) -> "Optimizers":
+    def build(cls, trainer: TrainerConfig, model, tasks: Sequence[str], lr: float) -> Optimizers:
         sparse = model.sparse_parameters()
 
-        def trainable(module) -> List[torch.nn.Parameter]:  # frozen layers (requires_grad False) left out
+        def trainable(module) -> list[torch.nn.Parameter]:  # frozen layers (requires_grad False) left out
             return [p for p in module.parameters() if p.requires_grad]
 
         return cls(
@@ -88,10 +88,10 @@ class Optimizers:
             },
         )
 
-    def all(self) -> List[torch.optim.Optimizer]:
+    def all(self) -> list[torch.optim.Optimizer]:
         return self.encoder + [o for opts in self.heads.values() for o in opts]
 
-    def for_task(self, task: str) -> List[torch.optim.Optimizer]:
+    def for_task(self, task: str) -> list[torch.optim.Optimizer]:
         return self.encoder + self.heads[task]
 
     def set_lr(self, lr: float) -> None:
@@ -101,12 +101,12 @@ class Optimizers:
 def train_step(
     model,
     task,
-    batch: Dict[str, torch.Tensor],
+    batch: dict[str, torch.Tensor],
     optimizers: Optimizers,
     combiner: GradientCombiner,
     grad_clip: float = 0.0,
     precision: str = "fp32",
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One update on `task`'s batch; returns (loss, accuracy) as detached 0-dim tensors on the
     model's device (reading them is the caller's choice: it waits for the device). With precision
     "bf16" the forward pass and loss run under bfloat16 autocast; gradients and weights stay fp32."""

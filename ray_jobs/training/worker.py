@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
 
@@ -28,7 +28,7 @@ def say_once(line: str) -> None:
     sys.__stdout__.flush()
 
 
-def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
+def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """One worker; a function of `loop_config` (resolved run config, tokenizer, MLflow run, datasets)."""
     import ray.train
     import ray.train.torch
@@ -69,11 +69,11 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
 
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
 
-    def log(metrics: Dict[str, float], step: int) -> None:
+    def log(metrics: dict[str, float], step: int) -> None:
         if uri and run_id:
             tracking.log_metrics(uri, run_id, metrics, step)
 
-    def report(step: int, metrics: Dict[str, float], train_state: Optional[TrainState]) -> None:
+    def report(step: int, metrics: dict[str, float], train_state: TrainState | None) -> None:
         if train_state is None:
             ray.train.report({**metrics, "step": step}, checkpoint=None)
             return
