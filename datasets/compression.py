@@ -17,6 +17,8 @@ import lzma
 import zlib
 from pathlib import Path
 
+import zstandard
+
 from convsts.datasets import storage
 from convsts.datasets.storage import BadInputError
 
@@ -67,7 +69,6 @@ class _ZstdLines(io.RawIOBase):
     ending early as zstandard's stream reader does."""
 
     def __init__(self, raw, path: str):
-        import zstandard
 
         self._zstd = zstandard
         self._raw, self._path = raw, path

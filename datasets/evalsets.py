@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -326,7 +327,6 @@ def read_cqa(path: str | Path, relevancy: str | Path | None = None) -> pd.DataFr
 
 
 def _read_cqa_xml(path: str) -> pd.DataFrame:
-    import xml.etree.ElementTree as ET
 
     try:
         with storage.open_binary(path) as fh:

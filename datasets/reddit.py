@@ -225,7 +225,7 @@ def _read_pairs_batch(batch: dict[str, np.ndarray]) -> pd.DataFrame:
 
 def pairs_dataset(paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str):
     """(Ray Dataset of annotated pairs (PAIR_COLUMNS), rows read) from paired tables, one read task per file."""
-    import ray.data
+    import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     files = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=max(1, len(paths)))
     rows = files.map_batches(_read_pairs_batch, batch_size=1, batch_format="numpy").materialize()
@@ -268,7 +268,7 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
 
     `lines_read` is counted where the input was read (one row per line or table row); the buckets
     must add up to it exactly, or nothing is written."""
-    from ray.data.expressions import col
+    from ray.data.expressions import col  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     annotated = annotated.materialize()
     counts = annotated.groupby(["status", "split"]).count().take_all()
@@ -427,7 +427,7 @@ def pushshift_dataset(
     its parent comment (`parent_id` = "t1_" + parent id) with a distributed hash join; the split is
     by a hash of the thread (`link_id`). A comment id seen twice keeps its first line only
     (`duplicate_id`), so a repeated comment makes neither a second pair nor a second parent."""
-    import ray.data
+    import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     files = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=max(1, len(paths)))
     lines = files.map_batches(_read_dump_batch, batch_size=1, batch_format="numpy").materialize()

@@ -13,14 +13,24 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import glob as local_glob
+import hashlib
+import importlib.util
 import io
+import json
+import logging
 import os
 import re
+import shutil
 import stat
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import pandas as pd
+import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 
 class BadInputError(ValueError):
@@ -39,7 +49,6 @@ def reaching(path: str | Path, error: type = None, what: str = ""):
     a URI it cannot parse or a file it cannot decode) into one line naming the path, credentials
     redacted: a StorageError, or `error` with `what` before the detail (a file that was reached but
     is not what it claims to be). A missing file stays FileNotFoundError."""
-    import pyarrow as pa
 
     try:
         yield
@@ -214,7 +223,6 @@ def file_stat(path: str | Path) -> tuple[int, int] | None:
 
 def file_sha256(path: str | Path) -> str:
     """The sha256 of a local file's bytes (hex; what `sha256sum` prints), read in chunks."""
-    import hashlib
 
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -276,8 +284,6 @@ def copy_tree(source: str | Path, target: str | Path) -> None:
 def delete_folder(folder: str | Path) -> None:
     """A folder and everything in it removed (local or at a URI)."""
     if not is_uri(folder):
-        import shutil
-
         shutil.rmtree(folder)
         return
     fs, inner = resolve(folder)
@@ -356,7 +362,6 @@ def _reading_parquet(path: str | Path):
 
 def read_parquet_table(path: str | Path, columns: list[str] | None = None):
     """One parquet file or a folder of shards -> pyarrow.Table."""
-    import pyarrow.parquet as pq
 
     inner, fs = path_and_filesystem(path)
     with _reading_parquet(path):
@@ -364,7 +369,6 @@ def read_parquet_table(path: str | Path, columns: list[str] | None = None):
 
 
 def read_parquet_schema(path: str | Path):
-    import pyarrow.parquet as pq
 
     inner, fs = path_and_filesystem(path)
     with _reading_parquet(path):
@@ -437,8 +441,6 @@ def pretrained_folder(path: str) -> Path:
     """A local folder with a Hugging Face model's files: `path` itself, the packaged weights when
     `path` is "", or a URI's files copied once into a cache folder (keyed by the URI)."""
     if not path:
-        import importlib.util
-
         spec = importlib.util.find_spec(PRETRAINED_PACKAGE)
         if spec is None or not spec.origin:
             raise FileNotFoundError(
@@ -464,8 +466,6 @@ def local_copy(folder: str, kind: str, files: Sequence[tuple[str, int, int]] | N
     directory, keyed by the URI and each file's size and time, so that a file replaced at the same
     URI is fetched again and an unchanged one is not; past CACHE_ENTRIES copies of a kind, the least
     recently used go (prune_cache). A folder listed without files is FileNotFoundError."""
-    import hashlib
-    import tempfile
 
     if files is None:
         files = folder_stats(folder) if is_dir(folder) else []
@@ -497,8 +497,6 @@ def prune_cache(root: Path, keep: Path) -> list[str]:
     """Removes the copies in one cache folder (local_copy's, per kind) beyond the CACHE_ENTRIES most
     recently used, other than `keep` and any used within CACHE_IN_USE_S seconds; an unfinished copy
     (a process stopped while copying) goes once it is that old. Returns the names removed (logged)."""
-    import shutil
-    import time
 
     def last_use(entry: Path) -> float:
         mark = entry / ".complete"
@@ -515,8 +513,6 @@ def prune_cache(root: Path, keep: Path) -> list[str]:
     for entry in removed:
         shutil.rmtree(entry, ignore_errors=True)
     if removed:
-        import logging
-
         logging.getLogger("convsts").info(
             "%s: removed %d copies of URI folders used least recently (kept the %d most recent)",
             root,
@@ -534,7 +530,6 @@ def _pretrained_files_at(uri: str) -> list[tuple[str, int, int]]:
     """(name, size, modification time in ns) of the files of a model folder at a URI that loading
     needs: the first of each group present (with the shards an index names), and the tokenizer's
     settings where present."""
-    import json
 
     listed = {found[0]: found for found in (folder_stats(uri) if is_dir(uri) else [])}  # one listing request
     files = []
@@ -569,7 +564,7 @@ def expand_inputs(inputs) -> list[str]:
 
 def read_shards(path: str, **kwargs):
     """ray.data.read_parquet for a local folder or a URI (endpoint options in its query honoured)."""
-    import ray.data
+    import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     inner, fs = path_and_filesystem(path)
     with reaching(path):
@@ -578,7 +573,6 @@ def read_shards(path: str, **kwargs):
 
 def read_table_file(path: str):
     """A parquet or JSON-lines file as a pandas frame."""
-    import pandas as pd
 
     if path.endswith(".parquet"):
         return read_parquet_table(path).to_pandas()
@@ -588,7 +582,6 @@ def read_table_file(path: str):
 
 def parquet_rows(path: str) -> int:
     """Row count of one parquet file from its footer (local or a URI)."""
-    import pyarrow.parquet as pq
 
     fs, inner = resolve(path)
     with _reading_parquet(path), fs.open_input_file(inner) as fh:

@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+from convsts.datasets.storage import pretrained_folder
 
 PAD_ID = 0
 UNK_ID = 1
@@ -178,7 +181,6 @@ class SubwordTokenizer:
     pad_id = PAD_ID  # [PAD]
 
     def __init__(self, hf_json: str, config: TokenizerConfig):
-        from tokenizers import Tokenizer
 
         self.config = config
         self._hf_json = hf_json
@@ -186,7 +188,6 @@ class SubwordTokenizer:
 
     @classmethod
     def train(cls, texts: Iterable[str], config: TokenizerConfig) -> SubwordTokenizer:
-        from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tok.normalizer = normalizers.BertNormalizer(lowercase=config.lowercase)
@@ -222,7 +223,6 @@ class PretrainedTokenizer:
     fits_from_counts = False
 
     def __init__(self, hf_json: str, config: TokenizerConfig):
-        from tokenizers import Tokenizer
 
         self.config = config
         self._hf_json = hf_json
@@ -235,14 +235,15 @@ class PretrainedTokenizer:
     @classmethod
     def from_model(cls, model_config, config: TokenizerConfig) -> PretrainedTokenizer:
         """The tokenizer of the weights that `model.pretrained.path` names."""
-        from convsts.datasets.storage import pretrained_folder
 
         folder = pretrained_folder(model_config.pretrained.path)
         if (folder / "tokenizer.json").is_file():
             return cls((folder / "tokenizer.json").read_text(encoding="utf-8"), config)
         # A release with only a WordPiece vocab.txt (plain BERT, MiniLM): `transformers` builds the
         # fast tokenizer it describes (lower-casing as its tokenizer_config.json says).
-        from transformers import AutoTokenizer
+        from transformers import (
+            AutoTokenizer,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
+        )
 
         return cls(AutoTokenizer.from_pretrained(str(folder), use_fast=True).backend_tokenizer.to_str(), config)
 

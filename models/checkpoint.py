@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
 
 from convsts.datasets import storage
 from convsts.datasets.storage import BadInputError
@@ -222,7 +223,6 @@ class SentenceEncoder:
         return self
 
     def _progress(self, n: int, batch_size: int, show: bool | None, desc: str):
-        from tqdm.auto import tqdm
 
         batches = -(-n // batch_size)
         asked = bool(show)

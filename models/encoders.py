@@ -10,6 +10,7 @@ Every encoder has one interface: built from the model config and the tokenizer's
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from convsts.datasets.storage import pretrained_folder
 from convsts.models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
 
 Inputs = dict[str, torch.Tensor]
@@ -189,9 +191,10 @@ class BiLstmMaxEncoder(nn.Module):
 def _without_pooler(hf_config) -> dict[str, Any]:
     """AutoModel's keyword that leaves out the pooler ([CLS] dense + tanh, unused by our pooling),
     for the architectures that have one (BERT, RoBERTa, MPNet; not DistilBERT)."""
-    import inspect
 
-    from transformers import AutoModel
+    from transformers import (
+        AutoModel,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
+    )
 
     model_class = AutoModel._model_mapping[type(hf_config)]
     return (
@@ -215,7 +218,10 @@ class PretrainedEncoder(nn.Module):
 
     def __init__(self, config: PretrainedConfig):
         super().__init__()
-        from transformers import AutoConfig, AutoModel
+        from transformers import (  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
+            AutoConfig,
+            AutoModel,
+        )
 
         if config.pooling not in POOLINGS:
             raise ValueError(f"model.pretrained.pooling: expected {'|'.join(POOLINGS)}, got {config.pooling!r}")
@@ -224,8 +230,6 @@ class PretrainedEncoder(nn.Module):
             hf_config = AutoConfig.for_model(**config.hf_config)
             self.model = AutoModel.from_config(hf_config, **_without_pooler(hf_config))
         else:
-            from convsts.datasets.storage import pretrained_folder
-
             folder = str(pretrained_folder(config.path))
             hf_config = AutoConfig.from_pretrained(folder)
             self.model = _quietly(AutoModel.from_pretrained, folder, config=hf_config, **_without_pooler(hf_config))
@@ -290,7 +294,9 @@ POOLINGS = ("mean", "cls", "max")
 def _quietly(load, *args, **kwargs):
     """`transformers` loading without its progress bar and load report (the weights of the
     pooling layer that mean pooling leaves out are reported as unexpected)."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import (
+        logging as hf_logging,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
+    )
 
     level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()

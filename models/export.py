@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 from torch import nn
 
 from convsts.datasets.storage import BadInputError
@@ -78,7 +79,7 @@ class OnnxEncoder:
     """An exported folder run with onnxruntime: `OnnxEncoder(dir).encode(texts)` -> (n, dim) float32."""
 
     def __init__(self, folder: str | Path, threads: int = 0):
-        import onnxruntime as ort
+        import onnxruntime as ort  # deferred: the onnx extra; only ONNX encode needs it
 
         folder = Path(folder)
         self.tokenizer = tokenizer_from_dict(json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")))
@@ -145,10 +146,18 @@ def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
 
 
 def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Path:
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
+    from sentence_transformers import (
+        SentenceTransformer,  # deferred: the export extra, slow to import; only that export needs it
+    )
+    from sentence_transformers.sentence_transformer.modules import (  # deferred: the export extra, slow to import; only that export needs it
+        Dense,
+        Normalize,
+        Pooling,
+        Transformer,
+    )
+    from transformers import (
+        PreTrainedTokenizerFast,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
+    )
 
     loaded = load(checkpoint)
     encoder = loaded.model.encoder

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from convsts.models.similarity import angular_score, angular_score_np, pearson, pearson_t
 
@@ -69,7 +71,6 @@ class StsTransform:
         return angular_score_np(self.apply(u), self.apply(v))
 
     def save(self, folder: str | Path, name: str = "") -> Path:
-        from safetensors.numpy import save_file
 
         path = Path(folder) / file_name(name)
         meta = {
@@ -84,7 +85,6 @@ class StsTransform:
 
 def load_sts_transform(folder: str | Path, name: str = "") -> StsTransform | None:
     """The matrix `name` saved in a checkpoint folder, or None when there is none."""
-    from safetensors import safe_open
 
     path = Path(folder) / file_name(name)
     if not path.is_file():

@@ -24,11 +24,10 @@ from convsts.datasets.reddit import RedditFilterConfig
 from convsts.datasets.storage import SAMPLE_TOKEN
 from convsts.datasets.text import TokenizerConfig
 from convsts.models.config import ModelConfig
+from convsts.models.encoders import ENCODERS, POOLINGS
 from convsts.models.sts_transform import StsTransformConfig
-
-
-class ConfigError(ValueError):
-    """A config file or override that does not fit the schema."""
+from convsts.ray_jobs.errors import ConfigError
+from convsts.ray_jobs.tasks import get_task
 
 
 @dataclass
@@ -174,8 +173,6 @@ class RunConfig:
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
     def validate(self) -> RunConfig:
-        from convsts.models.encoders import ENCODERS
-        from convsts.ray_jobs.tasks import get_task
 
         if self.model.encoder not in ENCODERS:
             raise ConfigError(f"model.encoder: expected {'|'.join(ENCODERS)}, got {self.model.encoder!r}")
@@ -213,7 +210,6 @@ class RunConfig:
 
     def _validate_numbers(self) -> None:
         """Every number a run uses is in its range before Ray starts (one line naming the key)."""
-        from convsts.models.encoders import POOLINGS
 
         t, m = self.trainer, self.model
 
@@ -456,25 +452,3 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
     cfg.trainer.resume_from = _absolute(cfg.trainer.resume_from)
     cfg.trainer.storage_path = _absolute(cfg.trainer.storage_path)
     return cfg
-
-
-def changed_values(before: dict[str, Any], after: dict[str, Any], label: str, new_keys: bool = True) -> list[str]:
-    """'KEY=BEFORE (LABEL: AFTER)' for each key of two flattened configs whose values differ, sorted;
-    a key that `before` does not hold counts only with `new_keys` (without: a setting added since
-    `before` was recorded is not a difference)."""
-    keys = before.keys() | after.keys() if new_keys else before.keys() & after.keys()
-    return [f"{k}={before.get(k)!r} ({label}: {after.get(k)!r})" for k in sorted(keys) if before.get(k) != after.get(k)]
-
-
-def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dict -> {"trainer.steps": 1000, ...} (lists rendered as strings), for MLflow params."""
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "."))
-        elif isinstance(value, list):
-            flat[name] = repr(value)
-        else:
-            flat[name] = value
-    return flat

@@ -24,7 +24,7 @@ import pandas as pd
 
 from convsts.datasets.storage import BadInputError, resolve_path
 from convsts.ray_jobs.config import load_config, parse_with_overrides
-from convsts.ray_jobs.evaluation.compare import compare_evaluations
+from convsts.ray_jobs.evaluation.compare import write_comparison
 from convsts.ray_jobs.evaluation.curve import fraction_curve
 from convsts.ray_jobs.evaluation.harness import results_table, run_evaluation, training_run
 from convsts.ray_jobs.evaluation.scorers import LexicalScorer
@@ -108,53 +108,8 @@ def compare(args: argparse.Namespace) -> int:
     ]
     if unused:
         raise BadInputError(f"--compare reads two finished evaluations; {', '.join(unused)} would do nothing")
-    a, b = (Path(folder) for folder in args.compare)
-    paired = compare_evaluations(a, b)
-    results = {name: read_results(folder) for name, folder in zip("ab", (a, b))}
-    rows = []
-    for name in sorted(
-        (k for k in paired if k.endswith("_diff")), key=lambda k: (k.split("/")[0], int(k.rsplit("_", 2)[-2]))
-    ):  # reddit/p_at_N_diff: N = 1, 3, 10
-        metric = name[: -len("_diff")]
-        rows.append(
-            f"| {metric} | {_cell(results['a'].get(metric))} | {_cell(results['b'].get(metric))} | "
-            f"{paired[name]:+.4f} | {paired[name + '_stderr']:.4f} |"
-        )
-    queries = "; ".join(
-        f"{k.split('/')[0]}: {v:.0f} queries" for k, v in paired.items() if k.endswith("/paired_queries")
-    )
-    table = "\n".join(
-        [
-            f"A = {a}",
-            f"B = {b}",
-            "",
-            "| metric | A | B | A - B | paired stderr |",
-            "|---|---|---|---|---|",
-            *rows,
-            "",
-            f"paired on the same queries and candidates ({queries})",
-        ]
-    )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps({"a": str(a), "b": str(b), **paired}, indent=2), encoding="utf-8")
-    (out / "compare.md").write_text(table + "\n", encoding="utf-8")
-    print(table)
+    print(write_comparison(Path(args.compare[0]), Path(args.compare[1]), Path(args.out)))
     return 0
-
-
-def read_results(folder: Path) -> dict:
-    """An evaluation folder's results.json ({} when it has none: the table then shows only the differences)."""
-    path = folder / "results.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except ValueError as err:
-        raise BadInputError(f"{path}: not JSON ({err})") from None
-    return data if isinstance(data, dict) else {}
-
-
-def _cell(value) -> str:
-    return f"{value:.4f}" if isinstance(value, (int, float)) else "—"
 
 
 if __name__ == "__main__":

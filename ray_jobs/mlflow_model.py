@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 from mlflow.models import Model
 
+from convsts.models import load
 from convsts.models.quiet import quiet_loggers
 from convsts.ray_jobs import tracking
 
@@ -36,7 +37,6 @@ class EncoderModel(mlflow.pyfunc.PythonModel):
     """pyfunc wrapper of SentenceEncoder.encode."""
 
     def load_context(self, context) -> None:
-        from convsts.models import load
 
         self.encoder = load(context.artifacts[ARTIFACT])
 
@@ -62,8 +62,14 @@ def _texts(model_input) -> list[str]:
 
 
 def signature(dim: int):
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
+    from mlflow.models import ModelSignature  # deferred: MLflow takes seconds to import; only tracking code needs it
+    from mlflow.types import (  # deferred: MLflow takes seconds to import; only tracking code needs it
+        ColSpec,
+        ParamSchema,
+        ParamSpec,
+        Schema,
+        TensorSpec,
+    )
 
     return ModelSignature(
         inputs=Schema([ColSpec("string", INPUT_COLUMN)]),
@@ -99,9 +105,10 @@ def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: s
     with the run's params and its metrics at that step; with `register_as`, also a new version of
     that registered model. Returns the run-relative URI `runs:/<run id>/model` (MLflow resolves it
     to the run's model of that name)."""
-    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
-
-    from convsts.models import load
+    from mlflow.entities import (  # deferred: MLflow takes seconds to import; only tracking code needs it
+        LoggedModelOutput,
+        LoggedModelStatus,
+    )
 
     c = tracking.client(tracking_uri)
     run = c.get_run(run_id)
@@ -138,7 +145,7 @@ def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: s
 
 def _link_metrics(c, run_id: str, keys, model_id: str, step: int) -> None:
     """The run's metrics `keys` at `step` (its final evaluation) shown on the model's page too."""
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric  # deferred: MLflow takes seconds to import; only tracking code needs it
 
     linked = [
         Metric(m.key, m.value, m.timestamp, m.step, run_id=run_id, model_id=model_id)
@@ -153,7 +160,9 @@ def _link_metrics(c, run_id: str, keys, model_id: str, step: int) -> None:
 def register(tracking_uri: str, run_id: str, model_id: str, name: str) -> str:
     """A new version of registered model `name` (created when missing) from run `run_id`'s logged
     model `model_id`; returns the version."""
-    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+    from mlflow.tracking._tracking_service.utils import (
+        _use_tracking_uri,  # deferred: MLflow takes seconds to import; only tracking code needs it
+    )
 
     c = tracking.client(tracking_uri)
     try:

@@ -12,6 +12,8 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+import torch
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 COMMIT_ENV = "CONVSTS_GIT_COMMIT"
 LIBRARIES = ("convsts", "torch", "ray", "mlflow", "transformers", "tokenizers", "onnxruntime")
@@ -51,8 +53,6 @@ def library_versions() -> dict[str, str]:
 def machine() -> dict[str, str]:
     info = {"python": platform.python_version(), "platform": platform.platform(), "cpu_count": str(os.cpu_count())}
     try:
-        import torch
-
         if torch.cuda.is_available():
             info["gpu"] = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
     except ImportError:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import sys
+import traceback
+import warnings
 from pathlib import Path
+
+import requests
+
+from convsts.datasets.storage import BadInputError, StorageError, redact
+from convsts.ray_jobs.errors import ConfigError
 
 log = logging.getLogger("convsts")
 
@@ -14,7 +22,6 @@ class RedactingFilter(logging.Filter):
     """Credentials in URIs (user-info, secret-like query values) never reach a log line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from convsts.datasets.storage import redact
 
         message = record.getMessage()
         clean = redact(message)
@@ -60,8 +67,6 @@ def quiet_ray_logs() -> None:
     (a user cannot act on them). Ray Train's own lines are set by its LoggingConfig
     (train_log_level). Ray Data is not imported here: a worker that never uses it starts without
     it (importing it took about 1 s a worker, enough for the raylet to warn about slow starts)."""
-    import sys
-    import warnings
 
     if verbose():
         return
@@ -96,13 +101,12 @@ PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # Ray Train's sw
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Attach to the cluster at `address`/RAY_ADDRESS, or start a local instance on this machine."""
-    import sys
 
-    import ray
+    import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     quiet_ray_logs()
     if not verbose():  # the project's own progress lines only; Ray Data's bars redraw with escape codes
-        from ray.data import DataContext
+        from ray.data import DataContext  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
         context = DataContext.get_current()  # travels with each dataset to the workers that run it
         context.enable_progress_bars = False
@@ -168,10 +172,6 @@ def check_tracking_server(uri: str, where: str) -> None:
     credentials redacted."""
     if not uri.startswith(("http://", "https://")):
         return
-    import requests
-
-    from convsts.datasets.storage import redact
-    from convsts.ray_jobs.config import ConfigError
 
     try:
         requests.get(uri.rstrip("/") + "/health", timeout=TRACKING_PROBE_TIMEOUT_S)
@@ -191,8 +191,6 @@ def check_tracking_server(uri: str, where: str) -> None:
 
 
 def _user_error_types() -> tuple:
-    from convsts.datasets.storage import BadInputError, StorageError
-    from convsts.ray_jobs.config import ConfigError
 
     return (
         ConfigError,
@@ -233,7 +231,6 @@ class UserErrorLogFilter(logging.Filter):
     expected user error: run_main prints it as one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        import sys
 
         exc = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
         return exc is None or find_user_error(exc) is None
@@ -243,7 +240,6 @@ def run_main(command: str, main, argv=None) -> int:
     """Run a command's main: an expected user error prints one line naming the file, row or key
     and exits 2, without a traceback; `--debug` (or CONVSTS_DEBUG=1) shows the traceback instead.
     `--verbose` (or CONVSTS_VERBOSE=1) also shows Ray's progress bars and info logs."""
-    import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("CONVSTS_DEBUG") == "1"
@@ -256,12 +252,8 @@ def run_main(command: str, main, argv=None) -> int:
     try:
         return int(main(argv) or 0)
     except Exception as exc:
-        from convsts.datasets.storage import redact
-
         found = None if debug else find_user_error(exc)
         if found is None:  # the traceback, with any credential a message or URI carried redacted
-            import traceback
-
             print(redact("".join(traceback.format_exception(exc))), end="", file=sys.stderr)
             return 1
         message = str(found.args[0] if len(found.args) == 1 and isinstance(found.args[0], str) else found)

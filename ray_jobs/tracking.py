@@ -4,13 +4,17 @@ from Ray Train workers and from Tune trials alike."""
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from convsts.datasets.storage import redact
+from convsts.ray_jobs.provenance import git_commit, library_versions, machine
 
 MAX_PARAM_LENGTH = 6000
 DIGEST_LENGTH = 16  # of a dataset input's digest (the manifest's sha1, shortened as MLflow shows digests)
@@ -21,7 +25,7 @@ SOURCE_TAGS = ("mlflow.source.name", "mlflow.source.type", "mlflow.source.git.co
 
 
 def client(tracking_uri: str):
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # deferred: MLflow takes seconds to import; only tracking code needs it
 
     return MlflowClient(tracking_uri=tracking_uri)
 
@@ -75,10 +79,6 @@ def start_run(
 def provenance_tags() -> dict[str, str]:
     """What made a run: the project's commit (MLflow's own source tags), the entry command, library
     versions, the machine."""
-    import os
-    import sys
-
-    from convsts.ray_jobs.provenance import git_commit, library_versions, machine
 
     program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
     tags = {
@@ -99,7 +99,9 @@ def system_metrics(tracking_uri: str, run_id: str, interval_s: float = 10.0):
     """MLflow's own system metrics (system/cpu_utilization_percentage, memory, disk, network; GPU when
     present) logged to `run_id` while the block runs; nothing when psutil is not installed."""
     try:
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        from mlflow.system_metrics.system_metrics_monitor import (
+            SystemMetricsMonitor,  # deferred: MLflow takes seconds to import; only tracking code needs it
+        )
     except ImportError:
         yield
         return
@@ -121,9 +123,12 @@ def log_datasets(
     tracking_uri: str, run_id: str, datasets: Mapping[str, Mapping[str, Any]], context: str = "training"
 ) -> None:
     """MLflow dataset inputs: {name: {"digest", "source" (a URI or path), "profile" (row counts ...)}}."""
-    import json
 
-    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.entities import (  # deferred: MLflow takes seconds to import; only tracking code needs it
+        Dataset,
+        DatasetInput,
+        InputTag,
+    )
 
     items = []
     for name, d in datasets.items():
@@ -146,7 +151,7 @@ def log_datasets(
 
 
 def log_params(tracking_uri: str, run_id: str, params: Mapping[str, Any]) -> None:
-    from mlflow.entities import Param
+    from mlflow.entities import Param  # deferred: MLflow takes seconds to import; only tracking code needs it
 
     items = [Param(str(k), redact(str(v))[:MAX_PARAM_LENGTH]) for k, v in params.items()]
     c = client(tracking_uri)
@@ -156,7 +161,7 @@ def log_params(tracking_uri: str, run_id: str, params: Mapping[str, Any]) -> Non
 
 def log_metrics(tracking_uri: str, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
     """Finite numeric values only; MLflow metric names may not contain ':' or other odd characters."""
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric  # deferred: MLflow takes seconds to import; only tracking code needs it
 
     now = int(time.time() * 1000)
     items = [

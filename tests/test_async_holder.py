@@ -10,7 +10,8 @@ import test_training_core as core
 import torch
 
 from convsts.models.checkpoint import build_model
-from convsts.ray_jobs.config import ConfigError, load_config
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.errors import ConfigError
 from convsts.ray_jobs.task_groups import GradientCombiner, plan_for, plan_tasks
 from convsts.ray_jobs.tasks import model_heads, trained_tasks
 from convsts.ray_jobs.training.data import FrameStream

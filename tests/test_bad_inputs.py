@@ -16,7 +16,8 @@ import zstandard
 
 from convsts.datasets.compression import open_lines
 from convsts.datasets.storage import BadInputError
-from convsts.ray_jobs.config import ConfigError, load_config
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO / "tests")}
@@ -617,7 +618,7 @@ def test_an_unreachable_tracking_server_is_refused_before_any_work(tmp_path):
         )
         assert not _leaks(result.stderr + result.stdout)
         assert not (tmp_path / command[command.index("--out") + 1] / "prepared").exists()  # refused before prepare
-    from convsts.ray_jobs.config import ConfigError
+    from convsts.ray_jobs.errors import ConfigError
     from convsts.ray_jobs.runtime import check_tracking_server
 
     for broken in ("http://", "http://alice:PlAnTeDsEcReT@[bad", "https://host:notaport"):  # were requests' tracebacks
@@ -661,7 +662,7 @@ def test_a_tracking_server_behind_a_self_signed_certificate_is_not_refused(tmp_p
     import ssl
     import threading
 
-    from convsts.ray_jobs.config import ConfigError
+    from convsts.ray_jobs.errors import ConfigError
     from convsts.ray_jobs.runtime import check_tracking_server
 
     server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
@@ -698,8 +699,7 @@ def test_an_unexpected_error_prints_its_traceback_with_credentials_redacted():
 
 
 def test_submit_keeps_credentials_out_of_the_job_spec(monkeypatch):
-    from convsts.ray_jobs.job_api import SubmitError
-    from convsts.ray_jobs.submit import build_runtime_env, entrypoint
+    from convsts.ray_jobs.job_api import SubmitError, build_runtime_env, entrypoint
 
     with pytest.raises(SubmitError, match=r"carries credentials") as refused:
         entrypoint("prepare", ["reddit", "--input", PLANTED])

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.submit import build_runtime_env, entrypoint, job_address
+from convsts.ray_jobs.job_api import build_runtime_env, entrypoint
+from convsts.ray_jobs.submit import job_address
 from convsts.ray_jobs.task_groups import plan_tasks
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,7 +1,9 @@
 import pytest
 
 from convsts.datasets.storage import resolve_path, sample_dir
-from convsts.ray_jobs.config import ConfigError, flatten, from_dict, load_config
+from convsts.ray_jobs.config import from_dict, load_config
+from convsts.ray_jobs.errors import ConfigError
+from convsts.ray_jobs.flat import flatten
 
 
 def test_defaults_follow_the_paper():

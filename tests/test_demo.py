@@ -16,7 +16,8 @@ from convsts.datasets.storage import resolve_path
 from convsts.models import load
 from convsts.models.checkpoint import load_model
 from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.demo import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, build_parser, run_demo, save_untrained
+from convsts.ray_jobs.demo import build_parser
+from convsts.ray_jobs.demo_pipeline import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, run_demo, save_untrained
 from convsts.ray_jobs.evaluation.sts import sts_metrics
 
 # The default demo (all-MiniLM-L6-v2, top layer training) at a tiny size.

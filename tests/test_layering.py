@@ -5,8 +5,6 @@ torch, and an import inside a function only defers a heavy third-party module, s
 import ast
 from pathlib import Path
 
-from convsts.ray_jobs.cli import COMMANDS
-
 REPO = Path(__file__).resolve().parent.parent
 FOLDERS = ("datasets", "models", "ray_jobs", "tune_spaces")
 # Third-party modules slow to import (seconds each here) or optional: a function may import them
@@ -54,14 +52,29 @@ def _module_files():
 MODULES = _module_files()
 
 
+def _commands():
+    """commands.COMMANDS, read from the source (a broken import graph must not break this test)."""
+    for node in ast.parse(MODULES["convsts.ray_jobs.commands"].read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and "COMMANDS" in ast.unparse(node).split("=")[0]:
+            return ast.literal_eval(node.value)
+    raise AssertionError("commands.py has no COMMANDS")
+
+
+COMMANDS = _commands()
+
+
 def _imports(path: Path, module: str):
-    """(imported convsts module or third-party top name, line, at module level?) for each import."""
+    """(imported convsts module or third-party name, the import statement, at module level?) for each import."""
     source = path.read_text(encoding="utf-8")
     tree = ast.parse(source)
     top_level = {id(node) for node in tree.body}
-    for node in tree.body:  # imports under `if TYPE_CHECKING:` or a module-level try count as top level
-        if isinstance(node, (ast.If, ast.Try)):
-            top_level |= {id(n) for n in ast.walk(node)}
+    type_only = set()  # `if TYPE_CHECKING:` imports never run: no edge of the import graph
+    for node in tree.body:  # imports under a module-level if or try count as top level
+        if isinstance(node, ast.If | ast.Try):
+            inside = {id(n) for n in ast.walk(node)}
+            top_level |= inside
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+                type_only |= inside
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -73,8 +86,10 @@ def _imports(path: Path, module: str):
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         else:
             continue
+        if id(node) in type_only:
+            continue
         for name in names:
-            yield name, node.lineno, id(node) in top_level
+            yield name, node, id(node) in top_level
 
 
 def _graph():
@@ -132,12 +147,12 @@ def test_function_level_imports_only_defer_heavy_modules_with_a_reason():
         if path is None:
             continue
         lines = path.read_text(encoding="utf-8").splitlines()
-        for name, lineno, at_top in _imports(path, module):
+        for name, node, at_top in _imports(path, module):
             if at_top:
                 continue
-            reason = DEFERRED_MARK in lines[lineno - 1] or DEFERRED_MARK in lines[lineno - 2]
+            reason = any(DEFERRED_MARK in line for line in lines[node.lineno - 2 : node.end_lineno])
             if name.split(".")[0] not in HEAVY or not reason:
-                bad.append(f"{path.relative_to(REPO)}:{lineno} imports {name}")
+                bad.append(f"{path.relative_to(REPO)}:{node.lineno} imports {name}")
     assert not bad, "function-level imports that are not a heavy module with a '# deferred: why' reason:\n" + "\n".join(
         bad
     )

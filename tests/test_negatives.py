@@ -173,7 +173,7 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
     whole chunks to the same negatives, a re-run with other ranges encodes nothing, and a folder
     made by another checkpoint or for other pairs is refused."""
     from convsts.models import load, save_checkpoint
-    from convsts.ray_jobs.mine import EncodePool, mine_prepared
+    from convsts.ray_jobs.mining import EncodePool, mine_prepared
     from convsts.ray_jobs.training.data import build_tokenizer
 
     cfg = load_config(None, TINY_DAN)

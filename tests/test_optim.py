@@ -73,7 +73,7 @@ def test_head_lr_scale_applies_to_the_named_task_head_only_and_survives_stage_ch
 
 
 def test_head_lr_scale_names_a_trained_task():
-    from convsts.ray_jobs.config import ConfigError
+    from convsts.ray_jobs.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"trainer.head_lr_scale.snil"):
         load_config(None, ["trainer.head_lr_scale={snil: 50}"])

@@ -16,7 +16,8 @@ from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model
 from convsts.models.encoders import ENCODERS
 from convsts.models.losses import in_batch_softmax_loss
-from convsts.ray_jobs.config import ConfigError, load_config
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.errors import ConfigError
 from convsts.ray_jobs.task_groups import GradientCombiner, plan_tasks
 from convsts.ray_jobs.tasks import builtin_tasks, get_task, model_heads, trained_tasks
 from convsts.ray_jobs.tasks.base import fields

@@ -23,8 +23,9 @@ from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs import tracking
-from convsts.ray_jobs.config import ConfigError, load_config
-from convsts.ray_jobs.tune import SWEEP_MATRIX
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.errors import ConfigError
+from convsts.ray_jobs.sweep import SWEEP_MATRIX
 
 REPO = Path(__file__).resolve().parent.parent
 TRIALS = 10
@@ -158,9 +159,9 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
 
 @pytest.mark.slow
 def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path):
+    from convsts.ray_jobs.sweep import grid_overrides, run_sweep
     from convsts.ray_jobs.training.data import build_tokenizer
     from convsts.ray_jobs.training.state import initial_model
-    from convsts.ray_jobs.tune import grid_overrides, run_sweep
     from convsts.tune_spaces import get_space
 
     experiment = "tune-snli-fraction-test"

@@ -3,8 +3,9 @@
 import pytest
 from ray import tune
 
-from convsts.ray_jobs.config import ConfigError, load_config
-from convsts.ray_jobs.tune import check_space_keys, grid_overrides, trial_config
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.errors import ConfigError
+from convsts.ray_jobs.sweep import check_space_keys, grid_overrides, trial_config
 from convsts.tune_spaces import TuneSpace, builtin_spaces, get_space
 from convsts.tune_spaces.snli_fraction import FRACTIONS
 
@@ -81,7 +82,7 @@ def test_a_sweep_is_resumed_only_by_the_command_that_started_it(tmp_path):
     """Guards: a rerun into a sweep's --out resumed the recorded sweep whatever the command said;
     its unfinished trials then trained with this command's base config and the recorded
     parameters. sweep_record keeps what defines the sweep; every difference is named."""
-    from convsts.ray_jobs.tune import resume_differences, sweep_record
+    from convsts.ray_jobs.sweep import resume_differences, sweep_record
 
     space = get_space("snli_fraction")
     cfg = load_config(None, ["trainer.steps=10"])

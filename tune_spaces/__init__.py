@@ -9,9 +9,12 @@ adding a space needs no change to the runner.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from convsts import tune_spaces
 
 OBJECTIVES = ("sts_matrix", "train")
 
@@ -62,8 +65,5 @@ def get_space(name: str) -> TuneSpace:
 
 
 def builtin_spaces() -> list[str]:
-    import pkgutil
-
-    from convsts import tune_spaces
 
     return sorted(m.name for m in pkgutil.iter_modules(tune_spaces.__path__))

@@ -9,6 +9,7 @@ error is a fraction of either P@N's own (both systems meet the same easy and har
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -97,3 +98,52 @@ def compare_evaluations(a: Path, b: Path, suffix: str = "diff") -> dict[str, flo
     for task in shared:
         out.update(paired_rank_metrics(items_a[task], items_b[task], task, suffix, labels=(str(a), str(b))))
     return out
+
+
+def write_comparison(a: Path, b: Path, out: Path) -> str:
+    """`convsts evaluate --compare A B --out OUT`: the paired P@N differences of A and B (and each
+    side's own metrics) as OUT/compare.json and OUT/compare.md; returns the table."""
+    paired = compare_evaluations(a, b)
+    results = {name: read_results(folder) for name, folder in zip("ab", (a, b))}
+    rows = []
+    for name in sorted(
+        (k for k in paired if k.endswith("_diff")), key=lambda k: (k.split("/")[0], int(k.rsplit("_", 2)[-2]))
+    ):  # reddit/p_at_N_diff: N = 1, 3, 10
+        metric = name[: -len("_diff")]
+        rows.append(
+            f"| {metric} | {_cell(results['a'].get(metric))} | {_cell(results['b'].get(metric))} | "
+            f"{paired[name]:+.4f} | {paired[name + '_stderr']:.4f} |"
+        )
+    queries = "; ".join(
+        f"{k.split('/')[0]}: {v:.0f} queries" for k, v in paired.items() if k.endswith("/paired_queries")
+    )
+    table = "\n".join(
+        [
+            f"A = {a}",
+            f"B = {b}",
+            "",
+            "| metric | A | B | A - B | paired stderr |",
+            "|---|---|---|---|---|",
+            *rows,
+            "",
+            f"paired on the same queries and candidates ({queries})",
+        ]
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps({"a": str(a), "b": str(b), **paired}, indent=2), encoding="utf-8")
+    (out / "compare.md").write_text(table + "\n", encoding="utf-8")
+    return table
+
+
+def read_results(folder: Path) -> dict:
+    """An evaluation folder's results.json ({} when it has none: the table then shows only the differences)."""
+    path = folder / "results.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except ValueError as err:
+        raise BadInputError(f"{path}: not JSON ({err})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _cell(value) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) else "—"

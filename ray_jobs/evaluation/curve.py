@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from convsts.models import load
 from convsts.ray_jobs.config import RunConfig
 from convsts.ray_jobs.evaluation.plots import fraction_curve_plot
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
@@ -18,7 +19,6 @@ CURVE_METRICS = ["stsb/dev/pearson", "stsb/dev/captions/pearson", "stsb/test/pea
 
 def fraction_curve(checkpoints: Sequence[str], cfg: RunConfig, out_dir: Path) -> list[dict[str, Any]]:
     """Writes out_dir/curve.csv and out_dir/curve.png; returns the rows."""
-    from convsts.models import load
 
     out_dir.mkdir(parents=True, exist_ok=True)
     frames = {split: read_stsb_split(cfg, split) for split in ("dev", "test")}

@@ -16,6 +16,8 @@ import pandas as pd
 from convsts.datasets import storage
 from convsts.datasets.evalsets import check_sts_entries, pair_keys
 from convsts.datasets.storage import BadInputError, redact
+from convsts.models import load
+from convsts.models.checkpoint import checkpoint_folder, load_train_state, read_meta
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import RunConfig
@@ -31,6 +33,7 @@ from convsts.ray_jobs.evaluation.sts import (
     stsb_embeddings,
     tuned_sts_metrics,
 )
+from convsts.ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
 from convsts.ray_jobs.model_card import CARD_FILE, FACTS_FILE, add_results
 from convsts.ray_jobs.runtime import log, tracking_uri
 from convsts.ray_jobs.tasks import get_task, model_heads
@@ -193,8 +196,6 @@ def run_evaluation(
         sts_files
     )  # a missing --sts file or a clash of names is refused before anything is made
     if checkpoint:
-        from convsts.models.checkpoint import checkpoint_folder, read_meta
-
         local = checkpoint_folder(checkpoint)  # a URI's files, copied to this machine once and read from there
         meta = read_meta(local)
     prepared = str(prepared_dir) if prepared_dir else None
@@ -205,8 +206,6 @@ def run_evaluation(
                 if checkpoint:
                     check_held_out(task, manifest, prepared, checkpoint, meta)
     if checkpoint:
-        from convsts.models import load
-
         scorer = EmbeddingScorer(load(local), cfg.eval.batch_size)
     else:
         scorer = baseline_scorer(baseline, cfg, prepared)
@@ -266,8 +265,6 @@ def run_evaluation(
             and trained.get("model")
             and Path(trained["model"]).resolve() in {c.resolve() for c in cards}
         ):
-            from convsts.ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
-
             log_model(
                 uri, run_id, trained["model"], step=step
             )  # the training run's model, now with its results and STS matrix
@@ -309,7 +306,6 @@ def trained_step(checkpoint: str) -> int:
     """The training step of a checkpoint's weights: config.json's "step" (checkpoints and model
     folders since it was added), else the train state (older checkpoints), else the steps the run
     config asked for."""
-    from convsts.models.checkpoint import load_train_state, read_meta
 
     meta = read_meta(checkpoint)
     if "step" in meta:

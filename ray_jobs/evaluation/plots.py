@@ -13,10 +13,10 @@ from convsts.models.similarity import pearson
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # deferred: slow to import; only plots need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: slow to import; only plots need it
 
     return plt
 

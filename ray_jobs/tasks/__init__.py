@@ -15,9 +15,8 @@ if TYPE_CHECKING:
 
 
 def builtin_tasks() -> list[str]:
-    import convsts.ray_jobs.tasks as package
 
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name != "base")
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base")
 
 
 def _task_in(module_name: str) -> Task:

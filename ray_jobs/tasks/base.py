@@ -9,15 +9,20 @@ of a run; none of them names a task. Adding one (MNLI, a question-answer task) i
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import torch
 
 from convsts.datasets import storage
 from convsts.datasets.storage import BadInputError, redact_tree
+from convsts.ray_jobs.flat import changed_values, flatten
+from convsts.ray_jobs.runtime import ensure_ray, log
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -58,7 +63,6 @@ def _names(files: Sequence[str], shown: int = 3) -> str:
 
 
 def _when(mtime_ns: int) -> str:
-    import datetime
 
     return datetime.datetime.fromtimestamp(mtime_ns / 1e9, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -137,9 +141,7 @@ class Task:
 
     def write_train_frame(self, frame, out_dir: str, cfg: RunConfig) -> None:
         """A pandas frame of training rows -> out_dir/train parquet shards (Ray Data)."""
-        import ray.data
-
-        from convsts.ray_jobs.runtime import ensure_ray
+        import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
         ensure_ray()
         target, fs = storage.path_and_filesystem(storage.join(out_dir, "train"))
@@ -177,7 +179,6 @@ class Task:
     ) -> list[str]:
         """'KEY=RECORDED (LABEL: VALUE)' for each of `keys` (default prepared_keys; a section such
         as `filters` key by key) whose value in the manifest differs from the run config's."""
-        from convsts.ray_jobs.config import changed_values, flatten
 
         recorded: dict[str, Any] = {}
         current: dict[str, Any] = {}
@@ -201,9 +202,6 @@ class Task:
         must also hold the recorded sha256 where the manifest has one). Not compared when the
         manifest predates the record, or when this run's inputs are not on this machine (a folder
         prepared elsewhere, e.g. on a cluster)."""
-        from collections import Counter
-
-        from convsts.ray_jobs.runtime import log
 
         recorded = manifest.get("input_files")
         if recorded is None:
@@ -344,7 +342,6 @@ class Task:
         """`prepare` into an empty (or new) out_dir. A folder that an interrupted prepare of this task
         left (interrupted_prepare) is removed and prepared again, so the same command, run again,
         resumes; any other content is refused, never added to (more shards would be more rows)."""
-        from convsts.ray_jobs.runtime import log
 
         if storage.has_entries(out_dir):
             if storage.is_file(storage.join(out_dir, MANIFEST)):
@@ -362,7 +359,6 @@ class Task:
     def prepare(self, inputs: list[str], out_dir: str, cfg: RunConfig) -> dict[str, Any]:
         """Raw inputs -> out_dir/train parquet shards + out_dir/manifest.json. The default reads
         parquet or JSON-lines files holding the pair columns (and the label)."""
-        import pandas as pd
 
         started = time.time()
         columns = [*self.pair, *([self.label] if self.label else [])]
@@ -388,7 +384,9 @@ class Task:
 
     def train_rows(self, cfg: RunConfig, prepared_root: str):
         """The Ray Dataset of training rows (text columns, before tokenization)."""
-        from ray.data import FileShuffleConfig
+        from ray.data import (
+            FileShuffleConfig,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        )
 
         return storage.read_shards(self.train_path(prepared_root), shuffle=FileShuffleConfig(seed=cfg.seed))
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from convsts.datasets import storage
+from convsts.datasets import reddit, storage
 from convsts.datasets.storage import BadInputError
 from convsts.models.losses import in_batch_accuracy, in_batch_softmax_loss
+from convsts.ray_jobs.evaluation.retrieval import heldout_pairs, precision_at_n_metrics
+from convsts.ray_jobs.runtime import ensure_ray, log
 from convsts.ray_jobs.tasks.base import Task, fields
 
 NEGATIVE = "negative"  # the column of mined hard negatives (`convsts mine-negatives`)
@@ -28,8 +30,6 @@ class RedditTask(Task):
 
     def prepare(self, inputs: list[str], out_dir: str, cfg) -> dict[str, Any]:
         """Reddit inputs -> out_dir/{train,test} shards + out_dir/manifest.json (local or a URI)."""
-        from convsts.datasets import reddit
-        from convsts.ray_jobs.runtime import ensure_ray, log
 
         started = time.time()
         files = storage.expand_inputs(inputs)
@@ -106,7 +106,6 @@ class RedditTask(Task):
         return self.evaluate_items(scorer, cfg, prepared_root)[0]
 
     def evaluate_items(self, scorer, cfg, prepared_root: str | None):
-        from convsts.ray_jobs.evaluation.retrieval import heldout_pairs, precision_at_n_metrics
 
         heldout = heldout_pairs(storage.join(self.prepared_dir(prepared_root), "test")) if prepared_root else None
         if heldout is None:

@@ -7,13 +7,15 @@ from typing import Any
 
 import numpy as np
 
-from convsts.datasets import storage
+from convsts.datasets import snli, storage
+from convsts.datasets.snli import fraction_rank
 from convsts.models.losses import nli_loss
+from convsts.ray_jobs.evaluation.nli import nli_accuracy
+from convsts.ray_jobs.runtime import log
 from convsts.ray_jobs.tasks.base import Task, fields
 
 
 def _fraction_filter(batch: dict[str, np.ndarray], fraction: float, seed: int) -> dict[str, np.ndarray]:
-    from convsts.datasets.snli import fraction_rank
 
     keep = np.array(
         [fraction_rank(str(p), str(h), seed) < fraction for p, h in zip(batch["premise"], batch["hypothesis"])],
@@ -36,8 +38,6 @@ class SnliTask(Task):
         return [cfg.data.snli_train]
 
     def prepare(self, inputs: list[str], out_dir: str, cfg) -> dict[str, Any]:
-        from convsts.datasets import snli
-        from convsts.ray_jobs.runtime import log
 
         path = storage.resolve_path(inputs[0])
         read = snli.read_snli(path)
@@ -71,7 +71,6 @@ class SnliTask(Task):
         return nli_loss(logits, labels), (logits.argmax(1) == labels).float().mean()
 
     def evaluate(self, scorer, cfg, prepared_root: str | None) -> dict[str, float]:
-        from convsts.ray_jobs.evaluation.nli import nli_accuracy
 
         if not hasattr(scorer, "nli_logits"):
             return {}

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from convsts.datasets.text import tokenizer_from_dict
 from convsts.ray_jobs.config import from_dict
 from convsts.ray_jobs.task_groups import plan_for
 from convsts.ray_jobs.tasks import trained_tasks
@@ -56,7 +57,6 @@ class ParameterHolder:
         self._cond: asyncio.Condition | None = None
 
     def _build(self, run: dict[str, Any], tokenizer: dict[str, Any]) -> None:
-        from convsts.datasets.text import tokenizer_from_dict
 
         self.cfg = from_dict(run)
         trainer = self.cfg.trainer
@@ -246,7 +246,7 @@ class ParameterHolder:
 def start_holder(cfg) -> Any:
     """The holder as a Ray actor owned by the caller (the driver). Ray restarts it after its process
     dies (up to trainer.max_failures times), empty: see the module's docstring."""
-    import ray
+    import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     return (
         ray.remote(ParameterHolder)
@@ -279,7 +279,7 @@ class HolderUpdate(torch.optim.Optimizer):
     def connect(self, pushed: int = 0) -> dict[str, Any]:
         """Join the holder's current generation (after rank 0's reset); `pushed`: this rank's count
         from the checkpoint it resumes."""
-        import ray
+        import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
         info = ray.get(self.holder.hello.remote())
         self.generation, self.version, self.pushed = info["generation"], info["step"], pushed
@@ -312,7 +312,7 @@ class HolderUpdate(torch.optim.Optimizer):
     def receive(self) -> dict[str, Any]:
         """The reply to the update in flight, once the holder has applied it and this worker may
         push its next; loads the weights it carries."""
-        import ray
+        import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
         reply = ray.get(self.in_flight)
         self.in_flight = None
@@ -321,7 +321,7 @@ class HolderUpdate(torch.optim.Optimizer):
 
     def turn(self) -> dict[str, Any]:
         """Wait for this worker's first turn (after connecting or a checkpoint), with fresh weights."""
-        import ray
+        import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
         return self._take(ray.get(self.holder.turn.remote(self.generation, self.task, self.version)))
 

@@ -16,14 +16,21 @@ from convsts.datasets import storage
 from convsts.datasets.storage import redact, redact_tree, resolve_path
 from convsts.models.checkpoint import load_model, read_meta, save_model_folder
 from convsts.ray_jobs import tracking
-from convsts.ray_jobs.config import ConfigError, RunConfig, changed_values, flatten
+from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.errors import ConfigError
+from convsts.ray_jobs.evaluation.plots import loss_curves_plot
+from convsts.ray_jobs.evaluation.sts import read_stsb_split
+from convsts.ray_jobs.flat import changed_values, flatten
+from convsts.ray_jobs.mlflow_model import log_model
 from convsts.ray_jobs.model_card import run_facts, write_card
 from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
 from convsts.ray_jobs.task_groups import plan_for
 from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
 from convsts.ray_jobs.tasks.base import MANIFEST
 from convsts.ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
+from convsts.ray_jobs.training.holder import start_holder
 from convsts.ray_jobs.training.loop import SCORE_METRIC
+from convsts.ray_jobs.training.worker import train_loop_per_worker
 
 MODEL_FOLDER = "model"  # OUT/model
 BEST_FOLDER = "best_checkpoint"  # OUT/best_checkpoint: the best in-training STS-B dev (trainer.eval_every)
@@ -151,8 +158,6 @@ def run_training(
     out_dir.mkdir(parents=True, exist_ok=True)
     prepared = prepared_location(cfg, out_dir, prepared_dir)
     if cfg.trainer.eval_every:
-        from convsts.ray_jobs.evaluation.sts import read_stsb_split
-
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
     manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders, before any run exists
     uri = mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)  # a server that is not there, before any work
@@ -202,7 +207,6 @@ def run_training(
 
 def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, out_dir: Path) -> None:
     """OUT/loss_curves.png from the run's per-task metric history, logged under plots/."""
-    from convsts.ray_jobs.evaluation.plots import loss_curves_plot
 
     c = tracking.client(uri)
     names = [f"{task}/{m}" for task in cfg.trainer.task_weights for m in ("loss", "batch_accuracy")]
@@ -222,7 +226,7 @@ def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, out_dir: Path) -> No
 def checkpoint_config(cfg: RunConfig):
     """Ray keeps the last checkpoint, plus the best `keep_checkpoints` by in-training STS-B dev when
     evaluation is on (else the last `keep_checkpoints`)."""
-    import ray.train
+    import ray.train  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     if not cfg.trainer.eval_every:
         return ray.train.CheckpointConfig(num_to_keep=cfg.trainer.keep_checkpoints)
@@ -241,11 +245,10 @@ def _train(
     digests: dict[str, str],
     extra_callbacks: Sequence[Any],
 ) -> TrainResult:
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
-    from convsts.ray_jobs.mlflow_model import log_model
-    from convsts.ray_jobs.training.worker import train_loop_per_worker
+    import ray.train  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray.train.torch import (
+        TorchTrainer,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    )
 
     started = time.time()
     init = cfg.trainer.resume_from or cfg.trainer.warm_start
@@ -272,8 +275,6 @@ def _train(
     }
     holder = None
     if plan.mode == "async":  # the shared encoder's parameter holder, for this fit only
-        from convsts.ray_jobs.training.holder import start_holder
-
         holder = loop_config["holder"] = start_holder(cfg)
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -299,7 +300,7 @@ def _train(
             result = trainer.fit()
     finally:
         if holder is not None:
-            import ray
+            import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
             ray.kill(holder)
     if result.checkpoint is None:

@@ -14,6 +14,8 @@ import torch
 
 from convsts.models.checkpoint import build_model, load_model, load_train_state
 from convsts.ray_jobs.config import RunConfig, StageConfig
+from convsts.ray_jobs.tasks import model_heads, trained_tasks
+from convsts.ray_jobs.training.step import seed_everything
 
 # ---------------------------------------------------------------------------------------------
 # Where a run starts
@@ -24,8 +26,6 @@ def initial_model(cfg: RunConfig, tokenizer, warm_start: bool = True):
     (the pretrained weights for model.encoder=pretrained), then the warm start when there is one
     (`warm_start=False`: the caller restores a checkpoint over it). `trainer.steps=0` saves exactly
     this model; the demo scores it beside the trained one."""
-    from convsts.ray_jobs.tasks import model_heads, trained_tasks
-    from convsts.ray_jobs.training.step import seed_everything
 
     seed_everything(cfg.seed)  # identical initial weights on every rank
     model = build_model(copy.deepcopy(cfg.model), tokenizer, model_heads(cfg))  # building fills hf_config

@@ -14,7 +14,9 @@ from convsts.datasets.text import tokenizer_from_dict
 from convsts.models.checkpoint import save_checkpoint
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import from_dict
+from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.task_groups import plan_for
+from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
 from convsts.ray_jobs.training.data import TaskStream
 from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
 from convsts.ray_jobs.training.state import TrainState, initial_model, restore
@@ -30,8 +32,8 @@ def say_once(line: str) -> None:
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """One worker; a function of `loop_config` (resolved run config, tokenizer, MLflow run, datasets)."""
-    import ray.train
-    import ray.train.torch
+    import ray.train  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray.train.torch  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     cfg = from_dict(loop_config["run"])
     if cfg.trainer.torch_threads:
@@ -90,14 +92,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
     evaluate = None
     if rank == 0 and cfg.trainer.eval_every:
-        from convsts.ray_jobs.evaluation.sts import StsDevProbe
-
         probe = StsDevProbe(cfg, tokenizer)
         evaluate = probe.evaluate
     hooks = LoopHooks(log=log, checkpoint=report, evaluate=evaluate, say=say_once)
     if plan.mode == "async":
-        from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
-
         loop: TrainLoop = AsyncTrainLoop(
             cfg, model, plan, rank, open_stream, loop_config["holder"], tokenizer, hooks, state
         )

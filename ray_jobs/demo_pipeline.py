@@ -1,0 +1,186 @@
+"""The demo end to end (the library behind `convsts demo`): prepare the embedded sample, train,
+evaluate, then score the same encoder untrained and the lexical baselines on the same data, and
+write the comparison (results.json, results.md, the MLflow run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from convsts.datasets.storage import BadInputError, redact, redact_tree
+from convsts.datasets.text import load_tokenizer
+from convsts.models.checkpoint import save_checkpoint
+from convsts.models.encoders import DanEncoder, PretrainedEncoder
+from convsts.ray_jobs import tracking
+from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, compare_evaluations
+from convsts.ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evaluation
+from convsts.ray_jobs.evaluation.scorers import LexicalScorer
+from convsts.ray_jobs.flat import flatten
+from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri
+from convsts.ray_jobs.tasks import prepared_tasks
+from convsts.ray_jobs.training.run import claim_output, prepare_all, run_outputs, run_training
+from convsts.ray_jobs.training.state import initial_model
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+DEMO_CONFIGS = {
+    PretrainedEncoder.name: CONFIGS / "demo.yaml",
+    DanEncoder.name: CONFIGS / "demo_dan.yaml",
+}  # --encoder: its config
+
+
+DEFAULT_ENCODER = PretrainedEncoder.name
+
+
+def run_demo(
+    cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = LexicalScorer.KINDS, fresh: bool = False
+) -> dict[str, object]:
+    """Prepare, train, evaluate and compare into out_dir. An out_dir that holds an earlier demo is
+    refused before any work, unless `fresh`: its training run's outputs are then removed (its
+    MLflow store and runs are kept, and its prepared sample is kept when it verifies)."""
+    started = time.time()
+    out_dir = Path(out_dir).resolve()
+    earlier = run_outputs(out_dir, cfg)
+    if earlier and not fresh:
+        raise FileExistsError(
+            f"{out_dir} already holds a demo run ({', '.join(p.name for p in earlier)}): pass "
+            f"--fresh to replace it (its MLflow runs are kept), or another --out"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
+    claim_output(out_dir, cfg, fresh)  # with --fresh: the earlier run's checkpoints go before this run starts
+    ensure_ray()
+    prepared = out_dir / "prepared"
+    manifests = prepare_sample(cfg, prepared, fresh)
+    run_id = tracking.start_run(
+        uri,
+        cfg.mlflow.experiment,
+        cfg.mlflow.run_name or cfg.name,
+        flatten(cfg.to_dict()),
+        tags={"convsts.job": "demo"},
+    )
+    tasks = prepared_tasks(cfg)
+    for name, manifest in manifests.items():
+        tracking.log_metrics(uri, run_id, tasks[name].manifest_metrics(manifest))
+    log.info(
+        "[2/4] training %s for %d steps with Ray Train (%d workers)",
+        cfg.model.encoder,
+        cfg.trainer.steps,
+        cfg.trainer.num_workers,
+    )
+    try:
+        trained = run_training(cfg, out_dir, run_id=run_id, prepared_dir=prepared, mlflow_uri=uri)
+        log.info("[3/4] evaluating %s", trained.checkpoint)
+        results = run_evaluation(
+            cfg,
+            out_dir / "eval",
+            checkpoint=str(trained.checkpoint),
+            prepared_dir=prepared,
+            run_id=run_id,
+            mlflow_uri=uri,
+        )
+        columns = {f"{cfg.model.encoder}, {cfg.trainer.steps} steps": _floats(results)}
+        columns.update(evaluate_references(cfg, out_dir, trained.checkpoint, prepared, baselines))
+        flat = write_results(cfg, out_dir, columns, uri, run_id)
+        flat.update(checkpoint=str(trained.checkpoint), mlflow_run_id=run_id, seconds=round(time.time() - started, 1))
+        (out_dir / "results.json").write_text(redact(json.dumps(flat, indent=2)), encoding="utf-8")
+        tracking.log_artifact(uri, run_id, str(out_dir / "results.json"))
+        tracking.log_artifact(uri, run_id, str(out_dir / "results.md"))
+        tracking.log_metrics(uri, run_id, {"demo/seconds": flat["seconds"]})
+        tracking.end_run(uri, run_id)
+    except BaseException:
+        tracking.end_run(uri, run_id, "FAILED")
+        raise
+    print_summary(out_dir, flat, uri)
+    return flat
+
+
+def prepare_sample(cfg: RunConfig, prepared: Path, fresh: bool) -> dict[str, dict]:
+    """Step 1: the embedded sample prepared into `prepared` (with `fresh`, an earlier demo's sample
+    prepared with other data settings is prepared again)."""
+    log.info("[1/4] preparing the embedded sample with Ray Data -> %s", prepared)
+    try:
+        return prepare_all(cfg, str(prepared))
+    except BadInputError as err:  # the earlier demo's sample, prepared with other data settings
+        if not fresh:
+            raise
+        log.info("--fresh: %s; removed, prepared again", err)
+        shutil.rmtree(prepared)
+        return prepare_all(cfg, str(prepared))
+
+
+def _floats(results: dict) -> dict[str, float]:
+    return {k: v for k, v in results.items() if isinstance(v, float)}
+
+
+def evaluate_references(
+    cfg: RunConfig, out_dir: Path, checkpoint: Path, prepared: Path, baselines: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    """Step 4: {column: metrics} of the same encoder untrained and of each lexical baseline."""
+    log.info("[4/4] the same encoder untrained (trainer.steps=0) and the baselines: %s", ", ".join(baselines))
+    untrained = save_untrained(cfg, checkpoint, out_dir / "untrained")
+    columns = {
+        UNTRAINED: _floats(
+            run_evaluation(
+                cfg, out_dir / "eval_untrained", checkpoint=str(untrained), prepared_dir=prepared, log_to_mlflow=False
+            )
+        )
+    }
+    for name in baselines:
+        columns[name] = _floats(
+            run_evaluation(cfg, out_dir / f"baseline_{name}", baseline=name, prepared_dir=prepared, log_to_mlflow=False)
+        )
+    return columns
+
+
+def write_results(cfg: RunConfig, out_dir: Path, columns: dict, uri: str, run_id: str) -> dict[str, object]:
+    """The trained encoder's metrics with its paired gain over the untrained encoder, and the
+    references' under untrained/ and baseline/<name>/: results.md and the MLflow run; returns them flat."""
+    trained_name = next(iter(columns))
+    # The gain over the untrained encoder on the same queries, with its paired standard error.
+    evaluations = (out_dir / "eval", out_dir / "eval_untrained")
+    paired = (
+        compare_evaluations(*evaluations, suffix=f"minus_{UNTRAINED}")
+        if all((e / ITEMS_DIR).is_dir() for e in evaluations)
+        else {}
+    )  # none without a Reddit held-out split
+    columns[trained_name].update(paired)
+    flat: dict[str, object] = dict(columns[trained_name])
+    for name, metrics in columns.items():
+        if name != trained_name:
+            prefix = f"{UNTRAINED}/" if name == UNTRAINED else f"baseline/{name}/"
+            flat.update({prefix + k: v for k, v in metrics.items()})
+    compared = {k: v for k, v in flat.items() if k.startswith((f"{UNTRAINED}/", "baseline/"))}
+    tracking.log_metrics(uri, run_id, {**compared, **paired}, cfg.trainer.steps)  # beside the model's, at its last step
+    (out_dir / "results.md").write_text(results_table(columns) + "\n", encoding="utf-8")
+    return flat
+
+
+def print_summary(out_dir: Path, flat: dict, uri: str) -> None:
+    print()
+    print((out_dir / "results.md").read_text(encoding="utf-8").rstrip("\n"))
+    print()
+    print(f"primary metric {PRIMARY_METRIC}: {flat.get(PRIMARY_METRIC, float('nan')):.4f}")
+    print(f"results:        {out_dir / 'results.json'}")
+    print(f"checkpoint:     {flat['checkpoint']}")
+    print(f"MLflow run id:  {flat['mlflow_run_id']}")
+    print(f"MLflow UI:      {tracking.ui_command(uri)}")
+    print(f"took {flat['seconds']:.0f} s")
+
+
+UNTRAINED = "untrained"  # results.json key prefix and table column of the encoder before training
+
+
+def save_untrained(cfg: RunConfig, trained_checkpoint: str | Path, path: Path) -> Path:
+    """The checkpoint `trainer.steps=0` would save, without a second Ray Train job: the run's own
+    initial weights (seeded, or pretrained) with the trained checkpoint's tokenizer."""
+    tokenizer = load_tokenizer(Path(trained_checkpoint) / "tokenizer.json")
+    untrained = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, steps=0))
+    return save_checkpoint(path, initial_model(cfg, tokenizer), tokenizer, redact_tree(untrained.to_dict()))

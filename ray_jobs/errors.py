@@ -1,0 +1,5 @@
+"""The run config's error type (a leaf module: everything may import it)."""
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""

@@ -1,0 +1,574 @@
+"""Ray Tune sweeps (the library behind `convsts tune`): a trial is the run config plus a space's
+sampled dotted keys; one MLflow parent run per sweep and one child run per trial; a sweep's --out
+records what defines it (sweep.json), so a rerun resumes only the same sweep.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from convsts.datasets.evalsets import read_stsb, stsb_split_path
+from convsts.datasets.storage import is_uri, redact, redact_tree, resolve_path
+from convsts.models import load
+from convsts.models.sts_transform import StsTransform, fit_sts_transform, load_sts_transform
+from convsts.models.sts_transform import file_name as sts_file
+from convsts.ray_jobs import tracking
+from convsts.ray_jobs.config import RunConfig, from_dict, merge_layer
+from convsts.ray_jobs.errors import ConfigError
+from convsts.ray_jobs.evaluation.harness import evaluate
+from convsts.ray_jobs.evaluation.plots import fraction_curve_plot
+from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
+from convsts.ray_jobs.evaluation.sts import stsb_embeddings, transformed_sts_metrics
+from convsts.ray_jobs.flat import changed_values, flatten
+from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri
+from convsts.ray_jobs.training.run import ensure_prepared, prepared_location, run_training
+from convsts.tune_spaces import TuneSpace
+
+SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_transform_sweep.safetensors
+
+
+STATE_FILE = "sweep.json"  # OUT/sweep.json: the parent run id and what defines the sweep (sweep_record), for resumption
+
+
+TRIAL_FUNCTION_CPU = 0.1  # the trial function only waits on its TorchTrainer
+
+
+def trial_config(base: dict[str, Any], params: dict[str, Any], fixed: Sequence[str] = ()) -> RunConfig:
+    """base config dict + the space's fixed overrides + a trial's dotted keys -> a validated RunConfig."""
+    merged = OmegaConf.create(base)
+    if fixed:
+        merged = merge_layer(merged, OmegaConf.from_dotlist(list(fixed)))
+    if params:
+        layer = OmegaConf.create()
+        for key, value in params.items():
+            OmegaConf.update(layer, key, value)
+        merged = merge_layer(merged, layer)
+    return from_dict(OmegaConf.to_container(merged), source="trial parameters")
+
+
+def check_space_keys(space: TuneSpace, base: RunConfig, extra: dict[str, Any]) -> None:
+    """Every dotted key of the space names a config field: fail before any trial starts."""
+    flat = flatten(base.to_dict())
+    for key in list(space.params()) + list(extra):
+        if key not in flat:
+            raise ConfigError(f"tune space {space.name}: config key '{key}' does not exist")
+
+
+def grid_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """--param key=[v1,v2] -> {key: tune.grid_search([v1, v2])}; key=v -> a fixed value."""
+    from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--param {item!r}: expected key=value or key=[v1,v2]")
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))["v"]
+        out[key] = tune.grid_search(list(value)) if isinstance(value, list) else value
+    return out
+
+
+def _plain(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in params.items()}
+
+
+def _trial_run(uri: str, experiment: str, parent_run_id: str, params: dict[str, Any]) -> str:
+    """The trial's child run: reused when a restored sweep restarts the trial, else created."""
+    from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    trial_id = tune.get_context().get_trial_id()
+    run_id = tracking.find_run(uri, experiment, {"mlflow.parentRunId": parent_run_id, "convsts.trial_id": trial_id})
+    if run_id is None:
+        run_id = tracking.start_run(
+            uri,
+            experiment,
+            f"{tune.get_context().get_trial_name()}",
+            _plain(params),
+            tags={"convsts.job": "tune-trial", "convsts.trial_id": trial_id},
+            parent_run_id=parent_run_id,
+        )
+    # One point per start: a trial that a resumed sweep reruns shows two.
+    tracking.log_metrics(uri, run_id, {"trial/started": time.time()})
+    return run_id
+
+
+def sts_matrix_trial(
+    params: dict[str, Any],
+    embeddings: dict[str, dict[str, np.ndarray]],
+    base: dict[str, Any],
+    fixed: list[str],
+    uri: str,
+    experiment: str,
+    parent_run_id: str,
+) -> None:
+    import ray.tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray.tune import Checkpoint  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    cfg = trial_config(base, params, fixed)
+    run_id = _trial_run(uri, experiment, parent_run_id, params)
+
+    def on_epoch(epoch: int, dev_r: float, best: float, new_best: np.ndarray | None) -> None:
+        metrics = {"stsb_tuned/dev/pearson": best, "stsb_tuned/dev/pearson_epoch": dev_r, "epoch": epoch}
+        tracking.log_metrics(uri, run_id, metrics, step=epoch)
+        if new_best is None:
+            ray.tune.report(metrics)
+            return
+        with tempfile.TemporaryDirectory() as tmp:  # the best matrix so far travels with the report
+            StsTransform(new_best, cfg.eval.tuned, best, epoch).save(tmp)
+            ray.tune.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
+
+    fitted = fit_sts_transform(embeddings["train"], embeddings["dev"], cfg.eval.tuned, on_epoch=on_epoch)
+    tracking.log_metrics(
+        uri,
+        run_id,
+        {"stsb_tuned/dev/pearson": fitted.dev_pearson, "stsb_tuned/best_epoch": fitted.best_epoch},
+        step=cfg.eval.tuned.epochs,
+    )
+    tracking.end_run(uri, run_id)
+
+
+def train_trial(
+    params: dict[str, Any],
+    base: dict[str, Any],
+    fixed: list[str],
+    uri: str,
+    experiment: str,
+    parent_run_id: str,
+    prepared: str,
+    trials_dir: str,
+) -> None:
+    """One multitask training (a TorchTrainer inside the trial, Train V2 style), then evaluation."""
+    import ray.tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray.tune.integration.ray_train import (
+        TuneReportCallback,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    )
+
+    cfg = trial_config(base, params, fixed)
+    run_id = _trial_run(uri, experiment, parent_run_id, params)
+    # Under the sweep's output folder (Ray's own trial folder lives in its temporary session dir).
+    trial_dir = Path(trials_dir) / ray.tune.get_context().get_trial_id()
+    try:
+        # fresh: a trial that a resumed sweep restarts trains again from its start.
+        trained = run_training(
+            cfg,
+            trial_dir / "run",
+            run_id=run_id,
+            prepared_dir=prepared,
+            extra_callbacks=[TuneReportCallback()],
+            fresh=True,
+        )
+        results = evaluate(EmbeddingScorer(load(trained.checkpoint), cfg.eval.batch_size), cfg, prepared)
+    except BaseException:
+        tracking.end_run(uri, run_id, "FAILED")
+        raise
+    results.update({f"data/{name}_train_pairs": float(n) for name, n in trained.train_rows.items()})
+    tracking.log_metrics(uri, run_id, results, step=cfg.trainer.steps)
+    tracking.end_run(uri, run_id)
+    ray.tune.report({**results, "checkpoint_dir": str(trained.checkpoint)})
+
+
+def _concurrency(space: TuneSpace, cfg: RunConfig) -> tuple[dict[str, float], int]:
+    """(resources of the trial function, trials at once) from the cluster's CPUs."""
+    import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    cpus = float(ray.cluster_resources().get("CPU", 1.0))
+    if space.objective == "sts_matrix":
+        return {"cpu": 1.0}, max(1, int(cpus))
+    # The TorchTrainer inside asks for its own workers, and Ray Data's read tasks need a whole CPU
+    # beside them (ListFiles asks for 1 CPU: with less free it waits forever).
+    per_trial = TRIAL_FUNCTION_CPU + cfg.trainer.num_workers * cfg.trainer.cpus_per_worker + 1.0
+    if per_trial > cpus:
+        raise ConfigError(
+            f"a trial needs {per_trial:g} CPUs ({TRIAL_FUNCTION_CPU} for the trial function, "
+            f"trainer.num_workers x trainer.cpus_per_worker = {cfg.trainer.num_workers} x {cfg.trainer.cpus_per_worker} "
+            f"for the workers, 1 free for Ray Data) and the cluster has {cpus:g}: lower trainer.cpus_per_worker "
+            f"(e.g. trainer.cpus_per_worker={max(0.1, (cpus - 1.0 - TRIAL_FUNCTION_CPU) / cfg.trainer.num_workers):.2f})"
+        )
+    return {"cpu": TRIAL_FUNCTION_CPU}, max(1, int(cpus // per_trial))
+
+
+def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+    """(STS-B frames, their embeddings) for train, dev and test."""
+
+    scorer = EmbeddingScorer(load(checkpoint), cfg.eval.batch_size)
+    stsb_dir = resolve_path(cfg.data.stsb_dir)
+    frames = {split: read_stsb(stsb_split_path(stsb_dir, split)) for split in ("train", "dev", "test")}
+    return frames, {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
+
+
+def expected_trials(param_space: dict[str, Any], num_samples: int) -> int:
+    """num_samples x the size of every grid dimension: what Tune generates for this space."""
+    total = num_samples
+    for value in param_space.values():
+        if isinstance(value, dict) and "grid_search" in value:
+            total *= len(value["grid_search"])
+    return total
+
+
+def sweep_record(
+    space: TuneSpace,
+    cfg: RunConfig,
+    param_overrides: dict[str, Any],
+    num_samples: int,
+    checkpoint: str | None,
+    prepared_dir: str | None,
+) -> dict[str, Any]:
+    """What defines a sweep, as STATE_FILE records it (credentials redacted): the space, its --param
+    dimensions, the number of samples, the checkpoint and prepared folder, the base run config
+    (with the tracking store its trials log to). A resumed sweep's trials are built from this
+    command's config but keep the recorded parameters, so a rerun that differs is refused."""
+
+    def where(path: str | None) -> str:
+        return "" if not path else path if is_uri(path) else str(Path(resolve_path(path)).resolve())
+
+    return redact_tree(
+        {
+            "space": space.name,
+            "param": param_overrides,
+            "num_samples": num_samples,
+            "checkpoint": where(checkpoint),
+            "prepared": where(prepared_dir),
+            "config": cfg.to_dict(),
+        }
+    )
+
+
+def resume_differences(state: dict[str, Any], record: dict[str, Any]) -> list[str]:
+    """'KEY=RECORDED (this command: VALUE)' for each part of sweep_record that differs from the one
+    in STATE_FILE; none for a state written before the record (not compared, logged)."""
+    recorded = state.get("sweep")
+    if recorded is None:
+        log.info("%s predates the sweep record: this command's settings are not compared with the sweep's", STATE_FILE)
+        return []
+    sections = {
+        "--space": "space",
+        "--num-samples": "num_samples",
+        "--checkpoint": "checkpoint",
+        "--prepared": "prepared",
+    }
+    out = [
+        f"{flag} {recorded.get(key)!r} (this command: {record[key]!r})"
+        for flag, key in sections.items()
+        if recorded.get(key) != record[key]
+    ]
+    out += changed_values(
+        flatten(recorded.get("param", {}), "--param "), flatten(record["param"], "--param "), "this command"
+    )
+    return out + changed_values(flatten(recorded.get("config", {})), flatten(record["config"]), "this command")
+
+
+def _unfinished(result_grid, expected: int) -> int:
+    """Trials not ended: started but neither terminated nor errored, or never created (Tune
+    creates trials lazily, so an interrupted sweep's result grid lacks the ones not yet begun)."""
+    ended = result_grid.num_terminated + result_grid.num_errors
+    return max(expected, len(result_grid)) - ended
+
+
+def run_sweep(
+    space: TuneSpace,
+    cfg: RunConfig,
+    out_dir: str | Path,
+    checkpoint: str | None = None,
+    reddit_checkpoint: str | None = None,
+    prepared_dir: str | None = None,
+    param_overrides: dict[str, Any] | None = None,
+    num_samples: int | None = None,
+    fresh: bool = False,
+    max_concurrent: int | None = None,
+) -> dict[str, Any]:
+    """The sweep of `space` over `cfg` into out_dir (resumed when out_dir holds the same sweep,
+    unless `fresh`); returns the best trial's results (also out_dir/results.json)."""
+    from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    started, out_dir = time.time(), Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    param_overrides = dict(param_overrides or {})
+    num_samples = num_samples or space.num_samples
+    check_sweep_inputs(space, cfg, param_overrides, checkpoint, reddit_checkpoint)
+    uri = _sweep_store(cfg, out_dir)
+    resources, concurrency = _concurrency(space, cfg)
+    concurrency = min(concurrency, max_concurrent) if max_concurrent else concurrency
+
+    resume = _resuming(out_dir / "ray_tune" / space.name, out_dir / STATE_FILE, fresh)
+    param_space = {**space.params(), **param_overrides}
+    record = sweep_record(space, cfg, param_overrides, num_samples, checkpoint, prepared_dir)
+    parent_run_id, expected = open_sweep(
+        space,
+        cfg,
+        out_dir,
+        uri,
+        record,
+        resume,
+        expected_trials(param_space, num_samples),
+        checkpoint or reddit_checkpoint,
+    )
+    base = cfg.to_dict()
+    trainable, frames, embeddings = sweep_trainable(space, cfg, out_dir, uri, parent_run_id, checkpoint, prepared_dir)
+    tuner = _tuner(
+        space, tune.with_resources(trainable, resources), param_space, num_samples, concurrency, out_dir, resume
+    )
+    log.info("sweep %s: %s trials at once, %s per trial function", space.name, concurrency, resources)
+    grid = tuner.fit()
+    _check_finished(grid, expected, out_dir / "ray_tune" / space.name)
+    _close_stopped_runs(uri, cfg.mlflow.experiment, parent_run_id)
+    best = grid.get_best_result(metric=space.metric, mode=space.mode, scope="last")
+    results = sweep_results(grid, best, space, base, out_dir, (frames, embeddings, checkpoint))
+    results.update(mlflow_run_id=parent_run_id, seconds=round(time.time() - started, 1))
+    (out_dir / "results.json").write_text(redact(json.dumps(results, indent=2)), encoding="utf-8")
+    log_sweep(uri, cfg, parent_run_id, best, space, results, out_dir)
+    return results
+
+
+def _resuming(experiment_path: Path, state_file: Path, fresh: bool) -> bool:
+    """Whether this sweep resumes the one in experiment_path; with `fresh` that one is removed."""
+    from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    if fresh:
+        if experiment_path.exists():
+            shutil.rmtree(experiment_path)
+        return False
+    return state_file.is_file() and tune.Tuner.can_restore(str(experiment_path))
+
+
+def _sweep_store(cfg: RunConfig, out_dir: Path) -> str:
+    """The sweep's tracking store, with its experiment created before trials race to create it; Ray started."""
+    uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
+    ensure_ray()
+    cfg.mlflow.tracking_uri = uri  # trials log child runs (and their training) into this same store
+    tracking.experiment_id(uri, cfg.mlflow.experiment)
+    return uri
+
+
+def _check_finished(grid, expected: int, experiment_path: Path) -> None:
+    pending = _unfinished(grid, expected)
+    if pending:
+        raise SweepInterrupted(
+            f"{pending} trial(s) did not finish; rerun the same command to resume (state in {experiment_path})"
+        )
+
+
+def _tuner(
+    space: TuneSpace, trainable, param_space: dict, num_samples: int, concurrency: int, out_dir: Path, resume: bool
+):
+    from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    if resume:
+        return tune.Tuner.restore(
+            str(out_dir / "ray_tune" / space.name), trainable=trainable, resume_unfinished=True, resume_errored=True
+        )
+    return tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            num_samples=num_samples, scheduler=_scheduler(space), max_concurrent_trials=concurrency
+        ),
+        run_config=tune.RunConfig(name=space.name, storage_path=str(out_dir / "ray_tune"), verbose=1),
+    )
+
+
+def sweep_results(grid, best, space: TuneSpace, base: dict, out_dir: Path, sts_inputs) -> dict[str, Any]:
+    """The best trial's results (and out_dir/best_config.yaml; the fitted matrix or the curve)."""
+    best_params = dict(best.config.items())
+    (out_dir / "best_config.yaml").write_text(
+        redact(trial_config(base, best_params, space.fixed).to_yaml()), encoding="utf-8"
+    )
+    if space.objective == "sts_matrix":
+        results = _sts_matrix_results(best, *sts_inputs, out_dir)
+    else:
+        results = {k: v for k, v in best.metrics.items() if isinstance(v, (int, float)) and "/" in k}
+        results["checkpoint"] = best.metrics.get("checkpoint_dir", "")
+        _fraction_curve(grid, space, out_dir)
+    results.update(
+        best_trial=Path(best.path).name, trials=len(grid), trials_failed=sum(r.error is not None for r in grid)
+    )
+    return results
+
+
+def check_sweep_inputs(
+    space: TuneSpace,
+    cfg: RunConfig,
+    param_overrides: dict[str, Any],
+    checkpoint: str | None,
+    reddit_checkpoint: str | None,
+) -> None:
+    """Refuse a sweep that cannot run, before any work; a train sweep warm-starts every trial."""
+    check_space_keys(space, cfg, param_overrides)
+    if space.objective == "sts_matrix" and not checkpoint:
+        raise ConfigError(f"space {space.name} needs --checkpoint (the encoder whose embeddings are tuned)")
+    if space.objective == "train":
+        if not reddit_checkpoint:
+            raise ConfigError(f"space {space.name} needs --reddit-checkpoint (every trial warm-starts from it)")
+        cfg.trainer.warm_start = str(Path(reddit_checkpoint).resolve())
+
+
+def open_sweep(
+    space: TuneSpace,
+    cfg: RunConfig,
+    out_dir: Path,
+    uri: str,
+    record: dict[str, Any],
+    resume: bool,
+    expected: int,
+    checkpoint: str | None,
+) -> tuple[str, int]:
+    """(the MLflow parent run, the number of trials): the recorded ones of the sweep resumed (refused
+    when this command's sweep differs from it), else a new parent run and OUT/sweep.json."""
+    state_file = out_dir / STATE_FILE
+    if resume:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+        differs = resume_differences(state, record)
+        if differs:
+            raise ConfigError(
+                f"{out_dir} holds an interrupted or finished sweep that this command would resume, "
+                f"but it differs: {'; '.join(differs)}; rerun it as it was, pass --fresh to start "
+                f"over, or choose another --out"
+            )
+        log.info("resuming sweep %s (MLflow parent run %s) from %s", space.name, state["parent_run_id"], out_dir)
+        return state["parent_run_id"], state["expected_trials"]
+    parent_run_id = tracking.start_run(
+        uri,
+        cfg.mlflow.experiment,
+        cfg.mlflow.run_name or f"tune-{space.name}",
+        {
+            **flatten(cfg.to_dict()),
+            "tune.space": space.name,
+            "tune.objective": space.objective,
+            "tune.metric": space.metric,
+            "tune.checkpoint": checkpoint or "",
+            "tune.param_overrides": repr(record["param"]),
+        },
+        tags={"convsts.job": "tune", "convsts.space": space.name},
+    )
+    state = {"parent_run_id": parent_run_id, "space": space.name, "expected_trials": expected, "sweep": record}
+    state_file.write_text(json.dumps(state, indent=2), encoding="utf-8")
+    return parent_run_id, expected
+
+
+def sweep_trainable(
+    space: TuneSpace,
+    cfg: RunConfig,
+    out_dir: Path,
+    uri: str,
+    parent_run_id: str,
+    checkpoint: str | None,
+    prepared_dir: str | None,
+):
+    """(the trial function with its shared inputs bound, STS-B frames, embeddings): an sts_matrix
+    sweep encodes STS-B once here; a train sweep prepares its data once here."""
+    from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    shared = dict(
+        base=cfg.to_dict(), fixed=space.fixed, uri=uri, experiment=cfg.mlflow.experiment, parent_run_id=parent_run_id
+    )
+    if space.objective == "sts_matrix":
+        log.info("encoding STS-B train/dev/test once with %s", checkpoint)
+        frames, embeddings = stsb_embeddings_of(checkpoint, cfg)
+        return tune.with_parameters(sts_matrix_trial, embeddings=embeddings, **shared), frames, embeddings
+    prepared = prepared_location(cfg, out_dir, prepared_dir)
+    ensure_prepared(cfg, prepared)
+    trainable = tune.with_parameters(train_trial, prepared=str(prepared), trials_dir=str(out_dir / "trials"), **shared)
+    return trainable, None, None
+
+
+def _scheduler(space: TuneSpace):
+    if space.scheduler != "asha":
+        return None
+    from ray.tune.schedulers import (
+        ASHAScheduler,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    )
+
+    return ASHAScheduler(
+        time_attr="training_iteration",
+        metric=space.metric,
+        mode=space.mode,
+        max_t=space.max_t,
+        grace_period=max(1, min(5, space.max_t // 4)),
+        reduction_factor=3,
+    )
+
+
+def log_sweep(
+    uri: str, cfg: RunConfig, parent_run_id: str, best, space: TuneSpace, results: dict, out_dir: Path
+) -> None:
+    """The parent run: the best trial's params, the results, a tag naming the best child run, the
+    files of out_dir; then FINISHED."""
+    best_child = tracking.find_run(
+        uri,
+        cfg.mlflow.experiment,
+        {"mlflow.parentRunId": parent_run_id, "convsts.trial_id": best.metrics.get("trial_id", "")},
+    )
+    tracking.log_params(uri, parent_run_id, {f"best.{k}": v for k, v in _plain(dict(best.config.items())).items()})
+    tracking.log_metrics(uri, parent_run_id, {k: v for k, v in results.items() if "/" in k})
+    tracking.set_tags(uri, parent_run_id, {"convsts.best_trial_run": best_child or ""})
+    for name in ("best_config.yaml", "results.json", "curve.png", "curve.csv", "sts_transform.safetensors"):
+        if (out_dir / name).is_file():
+            tracking.log_artifact(uri, parent_run_id, str(out_dir / name))
+    tracking.end_run(uri, parent_run_id, "FINISHED")
+    value = float(best.metrics.get(space.metric, math.nan))
+    log.info(
+        "sweep %s: %d trials in %.0f s; best %s = %.4f",
+        space.name,
+        results["trials"],
+        results["seconds"],
+        space.metric,
+        value,
+    )
+
+
+class SweepInterrupted(RuntimeError):
+    pass
+
+
+def _close_stopped_runs(uri: str, experiment: str, parent_run_id: str) -> None:
+    """Trials stopped early by the scheduler end without closing their run: close them here."""
+    for run in tracking.child_runs(uri, experiment, parent_run_id):
+        if run.info.status == "RUNNING":
+            tracking.set_tags(uri, run.info.run_id, {"convsts.stopped_early": "true"})
+            tracking.end_run(uri, run.info.run_id, "FINISHED")
+
+
+def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path) -> dict[str, Any]:
+    """Test is scored for the chosen trial only, with the matrix that its best dev epoch produced."""
+
+    with best.checkpoint.as_directory() as folder:
+        transform = load_sts_transform(folder)
+    results: dict[str, Any] = dict(transformed_sts_metrics(transform, frames, embeddings))
+    transform.save(out_dir)
+    # Beside the checkpoint under its own name (evaluate's matrix stays): encode(tuned=SWEEP_MATRIX).
+    replaced = (Path(checkpoint) / sts_file(SWEEP_MATRIX)).is_file()
+    saved = transform.save(checkpoint, SWEEP_MATRIX)
+    log.info("%s %s (encode(tuned=%r) applies it)", "replaced" if replaced else "saved", saved, SWEEP_MATRIX)
+    results["checkpoint"] = str(checkpoint)
+    return results
+
+
+def _fraction_curve(grid, space: TuneSpace, out_dir: Path) -> None:
+
+    rows = []
+    for result in grid:
+        if result.error is not None or not result.metrics:
+            continue
+        row = {
+            "fraction": result.config["data.snli_fraction"],
+            "seed": result.config.get("data.snli_fraction_seed", 0),
+            "trial": Path(result.path).name,
+        }
+        row.update({name: result.metrics.get(name, math.nan) for name in space.report})
+        rows.append(row)
+    rows.sort(key=lambda r: (r["fraction"], r["seed"]))
+    with open(out_dir / "curve.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    fraction_curve_plot(rows, [m for m in space.report if m.startswith("stsb/")], out_dir / "curve.png")
