@@ -210,126 +210,17 @@ class RunConfig:
 
     def _validate_numbers(self) -> None:
         """Every number a run uses is in its range before Ray starts (one line naming the key)."""
-
-        t, m = self.trainer, self.model
-
-        def need(ok: bool, key: str, rule: str, value) -> None:
-            if not ok:
-                raise ConfigError(f"config key '{key}': must be {rule}, got {value!r}")
-
-        def finite_positive(key: str, value) -> None:
-            need(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, key, "finite and > 0", value)
-
-        need(t.steps >= 0, "trainer.steps", ">= 0 (0 = save the untrained model)", t.steps)
-        need(t.cpus_per_worker > 0, "trainer.cpus_per_worker", "> 0", t.cpus_per_worker)
-        need(t.torch_threads >= 0, "trainer.torch_threads", ">= 0 (0 = Ray's choice)", t.torch_threads)
-        for key in ("checkpoint_every", "log_every", "keep_checkpoints"):
-            need(getattr(t, key) >= 1, f"trainer.{key}", ">= 1", getattr(t, key))
-        need(t.eval_every >= 0, "trainer.eval_every", ">= 0 (0 = off)", t.eval_every)
-        need(t.bucket_batches >= 0, "trainer.bucket_batches", ">= 0 (0 = off)", t.bucket_batches)
-        need(t.max_failures >= 0, "trainer.max_failures", ">= 0", t.max_failures)
-        need(
-            math.isfinite(t.grad_clip) and t.grad_clip >= 0,
-            "trainer.grad_clip",
-            "finite and >= 0 (0 = off)",
-            t.grad_clip,
-        )
-        need(math.isfinite(t.momentum) and 0 <= t.momentum < 1, "trainer.momentum", "in [0, 1)", t.momentum)
-        need(
-            math.isfinite(t.weight_decay) and t.weight_decay >= 0,
-            "trainer.weight_decay",
-            "finite and >= 0",
-            t.weight_decay,
-        )
-        need(t.warmup_steps >= 0, "trainer.warmup_steps", ">= 0 (0 = off)", t.warmup_steps)
-        need(t.precision in PRECISIONS, "trainer.precision", "|".join(PRECISIONS), t.precision)
-        need(t.lr_decay in LR_DECAYS, "trainer.lr_decay", "|".join(LR_DECAYS), t.lr_decay)
-        need(t.task_split in TASK_SPLITS, "trainer.task_split", "|".join(TASK_SPLITS), t.task_split)
-        need(t.async_refresh_every >= 1, "trainer.async_refresh_every", ">= 1", t.async_refresh_every)
-        need(t.async_slack >= 0, "trainer.async_slack", ">= 0", t.async_slack)
-        for task, count in t.task_workers.items():
-            need(
-                task in t.task_weights,
-                f"trainer.task_workers.{task}",
-                f"a trained task ({', '.join(t.task_weights)})",
-                task,
-            )
-            need(count >= 1, f"trainer.task_workers.{task}", ">= 1", count)
-        if t.task_workers:
-            need(
-                sorted(t.task_workers) == sorted(t.task_weights),
-                "trainer.task_workers",
-                f"a count for every trained task ({', '.join(t.task_weights)})",
-                dict(t.task_workers),
-            )
-            need(
-                sum(t.task_workers.values()) == t.num_workers,
-                "trainer.task_workers",
-                f"counts summing to trainer.num_workers ({t.num_workers})",
-                dict(t.task_workers),
-            )
-        if t.task_split == "async":
-            need(
-                t.num_workers >= len(t.task_weights),
-                "trainer.num_workers",
-                f">= the number of tasks ({len(t.task_weights)}) with trainer.task_split=async",
-                t.num_workers,
-            )
-        need(m.pretrained.pooling in POOLINGS, "model.pretrained.pooling", "|".join(POOLINGS), m.pretrained.pooling)
-        need(
-            m.pretrained.output_dim >= 0,
-            "model.pretrained.output_dim",
-            ">= 0 (0 = no projection)",
-            m.pretrained.output_dim,
-        )
-        need(
-            m.pretrained.train_layers >= -1,
-            "model.pretrained.train_layers",
-            ">= -1 (-1 = all)",
-            m.pretrained.train_layers,
-        )
-        finite_positive("model.score_scale", m.score_scale)
-        finite_positive("trainer.dense_lr_scale", t.dense_lr_scale)
-        for task, scale in t.head_lr_scale.items():
-            need(
-                task in t.task_weights,
-                f"trainer.head_lr_scale.{task}",
-                f"a trained task ({', '.join(t.task_weights)})",
-                task,
-            )
-            finite_positive(f"trainer.head_lr_scale.{task}", scale)
-        for i, stage in enumerate(t.stages):
-            need(stage.batch_size >= 1, f"trainer.stages[{i}].batch_size", ">= 1", stage.batch_size)
-            finite_positive(f"trainer.stages[{i}].lr", stage.lr)
-            need(stage.start_step >= 0, f"trainer.stages[{i}].start_step", ">= 0", stage.start_step)
-        for task, weight in t.task_weights.items():
-            finite_positive(f"trainer.task_weights.{task}", weight)
-        for key in ("embedding_dim", "output_dim"):
-            need(getattr(m.dan, key) >= 1, f"model.dan.{key}", ">= 1", getattr(m.dan, key))
-        for i, size in enumerate(m.dan.hidden_sizes):
-            need(size >= 1, f"model.dan.hidden_sizes[{i}]", ">= 1", size)
-        for key in ("num_layers", "num_heads", "hidden_size", "filter_size", "max_positions", "output_dim"):
-            need(getattr(m.transformer, key) >= 1, f"model.transformer.{key}", ">= 1", getattr(m.transformer, key))
-        need(
-            m.transformer.hidden_size % m.transformer.num_heads == 0,
-            "model.transformer.hidden_size",
-            f"a multiple of model.transformer.num_heads ({m.transformer.num_heads})",
-            m.transformer.hidden_size,
-        )
-        need(0 <= m.transformer.dropout < 1, "model.transformer.dropout", "in [0, 1)", m.transformer.dropout)
-        for key in ("hidden_size", "embedding_dim"):
-            need(getattr(m.bilstm, key) >= 1, f"model.bilstm.{key}", ">= 1", getattr(m.bilstm, key))
-        need(m.bilstm.output_dim >= 0, "model.bilstm.output_dim", ">= 0 (0 = no projection)", m.bilstm.output_dim)
-        for key in ("response_hidden", "nli_hidden"):
-            need(getattr(m, key) >= 1, f"model.{key}", ">= 1", getattr(m, key))
-        need(m.nli_classes >= 2, "model.nli_classes", ">= 2", m.nli_classes)
+        _validate_trainer_numbers(self.trainer)
+        _validate_task_layout(self.trainer)
+        _validate_model_numbers(self.model, self.trainer)
+        _validate_encoder_sizes(self.model)
         tok = self.tokenizer
         for key in ("word_vocab_size", "max_words", "subword_vocab_size", "min_count"):
-            need(getattr(tok, key) >= 1, f"tokenizer.{key}", ">= 1", getattr(tok, key))
-        need(self.data.rows_per_shard >= 1, "data.rows_per_shard", ">= 1", self.data.rows_per_shard)
-        need(self.eval.reddit_pairs >= 1, "eval.reddit_pairs", ">= 1", self.eval.reddit_pairs)
-        need(self.eval.reddit_negatives >= 1, "eval.reddit_negatives", ">= 1", self.eval.reddit_negatives)
-        need(self.eval.batch_size >= 1, "eval.batch_size", ">= 1", self.eval.batch_size)
+            _need(getattr(tok, key) >= 1, f"tokenizer.{key}", ">= 1", getattr(tok, key))
+        _need(self.data.rows_per_shard >= 1, "data.rows_per_shard", ">= 1", self.data.rows_per_shard)
+        _need(self.eval.reddit_pairs >= 1, "eval.reddit_pairs", ">= 1", self.eval.reddit_pairs)
+        _need(self.eval.reddit_negatives >= 1, "eval.reddit_negatives", ">= 1", self.eval.reddit_negatives)
+        _need(self.eval.batch_size >= 1, "eval.batch_size", ">= 1", self.eval.batch_size)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -341,6 +232,131 @@ class RunConfig:
 # Maps whose value is a whole: a layer that sets one replaces it rather than adding keys to the
 # default (`trainer.task_weights={reddit: 1.0}` trains on Reddit alone).
 REPLACED_MAPS = ("trainer.task_weights", "trainer.task_workers")
+
+
+def _need(ok: bool, key: str, rule: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"config key '{key}': must be {rule}, got {value!r}")
+
+
+def _finite_positive(key: str, value) -> None:
+    _need(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, key, "finite and > 0", value)
+
+
+def _validate_trainer_numbers(t: TrainerConfig) -> None:
+    _need(t.steps >= 0, "trainer.steps", ">= 0 (0 = save the untrained model)", t.steps)
+    _need(t.cpus_per_worker > 0, "trainer.cpus_per_worker", "> 0", t.cpus_per_worker)
+    _need(t.torch_threads >= 0, "trainer.torch_threads", ">= 0 (0 = Ray's choice)", t.torch_threads)
+    for key in ("checkpoint_every", "log_every", "keep_checkpoints"):
+        _need(getattr(t, key) >= 1, f"trainer.{key}", ">= 1", getattr(t, key))
+    _need(t.eval_every >= 0, "trainer.eval_every", ">= 0 (0 = off)", t.eval_every)
+    _need(t.bucket_batches >= 0, "trainer.bucket_batches", ">= 0 (0 = off)", t.bucket_batches)
+    _need(t.max_failures >= 0, "trainer.max_failures", ">= 0", t.max_failures)
+    _need(
+        math.isfinite(t.grad_clip) and t.grad_clip >= 0,
+        "trainer.grad_clip",
+        "finite and >= 0 (0 = off)",
+        t.grad_clip,
+    )
+    _need(math.isfinite(t.momentum) and 0 <= t.momentum < 1, "trainer.momentum", "in [0, 1)", t.momentum)
+    _need(
+        math.isfinite(t.weight_decay) and t.weight_decay >= 0,
+        "trainer.weight_decay",
+        "finite and >= 0",
+        t.weight_decay,
+    )
+    _need(t.warmup_steps >= 0, "trainer.warmup_steps", ">= 0 (0 = off)", t.warmup_steps)
+    _need(t.precision in PRECISIONS, "trainer.precision", "|".join(PRECISIONS), t.precision)
+    _need(t.lr_decay in LR_DECAYS, "trainer.lr_decay", "|".join(LR_DECAYS), t.lr_decay)
+    _need(t.task_split in TASK_SPLITS, "trainer.task_split", "|".join(TASK_SPLITS), t.task_split)
+    _need(t.async_refresh_every >= 1, "trainer.async_refresh_every", ">= 1", t.async_refresh_every)
+    _need(t.async_slack >= 0, "trainer.async_slack", ">= 0", t.async_slack)
+
+
+def _validate_task_layout(t: TrainerConfig) -> None:
+    """trainer.task_workers and trainer.task_split=async against the trained tasks."""
+    for task, count in t.task_workers.items():
+        _need(
+            task in t.task_weights,
+            f"trainer.task_workers.{task}",
+            f"a trained task ({', '.join(t.task_weights)})",
+            task,
+        )
+        _need(count >= 1, f"trainer.task_workers.{task}", ">= 1", count)
+    if t.task_workers:
+        _need(
+            sorted(t.task_workers) == sorted(t.task_weights),
+            "trainer.task_workers",
+            f"a count for every trained task ({', '.join(t.task_weights)})",
+            dict(t.task_workers),
+        )
+        _need(
+            sum(t.task_workers.values()) == t.num_workers,
+            "trainer.task_workers",
+            f"counts summing to trainer.num_workers ({t.num_workers})",
+            dict(t.task_workers),
+        )
+    if t.task_split == "async":
+        _need(
+            t.num_workers >= len(t.task_weights),
+            "trainer.num_workers",
+            f">= the number of tasks ({len(t.task_weights)}) with trainer.task_split=async",
+            t.num_workers,
+        )
+
+
+def _validate_model_numbers(m: ModelConfig, t: TrainerConfig) -> None:
+    _need(m.pretrained.pooling in POOLINGS, "model.pretrained.pooling", "|".join(POOLINGS), m.pretrained.pooling)
+    _need(
+        m.pretrained.output_dim >= 0,
+        "model.pretrained.output_dim",
+        ">= 0 (0 = no projection)",
+        m.pretrained.output_dim,
+    )
+    _need(
+        m.pretrained.train_layers >= -1,
+        "model.pretrained.train_layers",
+        ">= -1 (-1 = all)",
+        m.pretrained.train_layers,
+    )
+    _finite_positive("model.score_scale", m.score_scale)
+    _finite_positive("trainer.dense_lr_scale", t.dense_lr_scale)
+    for task, scale in t.head_lr_scale.items():
+        _need(
+            task in t.task_weights,
+            f"trainer.head_lr_scale.{task}",
+            f"a trained task ({', '.join(t.task_weights)})",
+            task,
+        )
+        _finite_positive(f"trainer.head_lr_scale.{task}", scale)
+    for i, stage in enumerate(t.stages):
+        _need(stage.batch_size >= 1, f"trainer.stages[{i}].batch_size", ">= 1", stage.batch_size)
+        _finite_positive(f"trainer.stages[{i}].lr", stage.lr)
+        _need(stage.start_step >= 0, f"trainer.stages[{i}].start_step", ">= 0", stage.start_step)
+    for task, weight in t.task_weights.items():
+        _finite_positive(f"trainer.task_weights.{task}", weight)
+
+
+def _validate_encoder_sizes(m: ModelConfig) -> None:
+    for key in ("embedding_dim", "output_dim"):
+        _need(getattr(m.dan, key) >= 1, f"model.dan.{key}", ">= 1", getattr(m.dan, key))
+    for i, size in enumerate(m.dan.hidden_sizes):
+        _need(size >= 1, f"model.dan.hidden_sizes[{i}]", ">= 1", size)
+    for key in ("num_layers", "num_heads", "hidden_size", "filter_size", "max_positions", "output_dim"):
+        _need(getattr(m.transformer, key) >= 1, f"model.transformer.{key}", ">= 1", getattr(m.transformer, key))
+    _need(
+        m.transformer.hidden_size % m.transformer.num_heads == 0,
+        "model.transformer.hidden_size",
+        f"a multiple of model.transformer.num_heads ({m.transformer.num_heads})",
+        m.transformer.hidden_size,
+    )
+    _need(0 <= m.transformer.dropout < 1, "model.transformer.dropout", "in [0, 1)", m.transformer.dropout)
+    for key in ("hidden_size", "embedding_dim"):
+        _need(getattr(m.bilstm, key) >= 1, f"model.bilstm.{key}", ">= 1", getattr(m.bilstm, key))
+    _need(m.bilstm.output_dim >= 0, "model.bilstm.output_dim", ">= 0 (0 = no projection)", m.bilstm.output_dim)
+    for key in ("response_hidden", "nli_hidden"):
+        _need(getattr(m, key) >= 1, f"model.{key}", ">= 1", getattr(m, key))
+    _need(m.nli_classes >= 2, "model.nli_classes", ">= 2", m.nli_classes)
 
 
 def merge_layer(base, layer):

@@ -24,6 +24,7 @@ from convsts import models
 from convsts.datasets import storage
 from convsts.datasets.negatives import MiningConfig, mine
 from convsts.datasets.storage import BadInputError
+from convsts.ray_jobs.prepared import verify_prepared, write_manifest, write_train_frame
 from convsts.ray_jobs.runtime import ensure_ray, log
 from convsts.ray_jobs.tasks.reddit import NEGATIVE
 from convsts.ray_jobs.tasks.reddit import TASK as REDDIT
@@ -228,7 +229,7 @@ def mine_prepared(
         raise FileExistsError(f"{out} is not empty; choose a new --out folder")
     started = time.time()
     encoder = models.load(checkpoint)  # a wrong checkpoint fails before the data is read
-    manifest = REDDIT.verify_prepared(prepared)
+    manifest = verify_prepared(REDDIT, prepared)
     frame, total = sampled_training_pairs(prepared, pairs, mining)
     log.info("mine-negatives: encoding %d contexts and %d responses with %s", len(frame), len(frame), checkpoint)
     cache = EmbeddingCache(embeddings, embeddings_key(checkpoint, frame, chunk), chunk) if embeddings else None
@@ -297,7 +298,7 @@ def write_mined_folder(prepared: str, out: str, mined, manifest: dict, negatives
             storage.copy_tree(storage.join(prepared, entry), storage.join(out, entry))
     reddit_out = REDDIT.prepared_dir(out)
     storage.copy_tree(storage.join(REDDIT.prepared_dir(prepared), "test"), storage.join(reddit_out, "test"))
-    REDDIT.write_train_frame(mined, reddit_out, cfg)
+    write_train_frame(REDDIT, mined, reddit_out, cfg)
     manifest = {k: v for k, v in manifest.items() if k != "shards"}
     manifest.update(train_pairs=len(mined), pairs=len(mined) + manifest.get("test_pairs", 0), negatives=negatives)
-    return REDDIT.write_manifest(reddit_out, manifest)
+    return write_manifest(REDDIT, reddit_out, manifest)

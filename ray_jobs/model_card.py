@@ -99,8 +99,19 @@ def _base_model(meta: dict[str, Any]) -> str | None:
 
 def render(folder: Path, facts: dict[str, Any]) -> str:
     meta = read_meta(folder)
-    encoder = meta["model"]["encoder"]
     results = {k: v for k, v in facts.get("results", {}).items() if isinstance(v, (int, float))}
+    lines = _model_section(folder, facts, meta, _card_header(folder, facts, meta, results))
+    lines += _data_and_training_section(facts)
+    lines += _evaluation_section(results)
+    lines += _loading_section(folder, facts)
+    return "\n".join(lines)
+
+
+def _card_header(
+    folder: Path, facts: dict[str, Any], meta: dict[str, Any], results: dict[str, float]
+) -> dict[str, Any]:
+    """The Hugging Face model card's YAML header (model-index with the headline metrics)."""
+    encoder = meta["model"]["encoder"]
     header: dict[str, Any] = {
         "library_name": "convsts",
         "pipeline_tag": "sentence-similarity",
@@ -126,6 +137,11 @@ def render(folder: Path, facts: dict[str, Any]) -> str:
                 ],
             }
         ]
+    return header
+
+
+def _model_section(folder: Path, facts: dict[str, Any], meta: dict[str, Any], header: dict[str, Any]) -> list[str]:
+    encoder, base = meta["model"]["encoder"], header.get("base_model")
     counts = parameter_counts(folder)
     lines = [
         "---",
@@ -149,6 +165,11 @@ def render(folder: Path, facts: dict[str, Any]) -> str:
         "## Training data",
         "",
     ]
+    return lines
+
+
+def _data_and_training_section(facts: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     for task, d in sorted(facts.get("data", {}).items()):
         inputs = ", ".join(f"`{i}`" for i in d["inputs"][:4]) + (" ..." if len(d["inputs"]) > 4 else "")
         lines.append(
@@ -172,6 +193,11 @@ def render(folder: Path, facts: dict[str, Any]) -> str:
         "## Evaluation",
         "",
     ]
+    return lines
+
+
+def _evaluation_section(results: dict[str, float]) -> list[str]:
+    lines: list[str] = []
     if results:
         lines += ["| metric | value |", "|---|---|"]
         lines += [f"| {label} | {results[name]:.4f} |" for name, label in CARD_METRICS if name in results]
@@ -180,6 +206,11 @@ def render(folder: Path, facts: dict[str, Any]) -> str:
         lines.append(
             "Not evaluated yet: `convsts evaluate --checkpoint <this folder> --out DIR` adds the results here."
         )
+    return lines
+
+
+def _loading_section(folder: Path, facts: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     lines += [
         "",
         "## How to load",
@@ -197,7 +228,7 @@ def render(folder: Path, facts: dict[str, Any]) -> str:
         f"`mlflow models serve -m runs:/{facts.get('mlflow_run_id')}/model --env-manager local`.",
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def _output_dim(meta: dict[str, Any]) -> Any:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from convsts.datasets.storage import redact
 from convsts.ray_jobs.config import load_config, parse_with_overrides
+from convsts.ray_jobs.prepared import prepare_into
 from convsts.ray_jobs.runtime import setup_logging
 from convsts.ray_jobs.tasks import builtin_tasks, get_task
 from convsts.ray_jobs.training.run import prepare_all
@@ -48,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as err:
             print(f"convsts prepare: {err}", file=sys.stderr)
             return 2
-        result = task.prepare_into(args.input or task.raw_inputs(cfg), args.out, cfg)
+        result = prepare_into(task, args.input or task.raw_inputs(cfg), args.out, cfg)
     print(redact(json.dumps(result, indent=2)))
     return 0
 

@@ -18,6 +18,7 @@ from convsts.datasets.compression import open_lines
 from convsts.datasets.storage import BadInputError
 from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.errors import ConfigError
+from convsts.ray_jobs.prepared import verify_prepared
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO / "tests")}
@@ -106,7 +107,7 @@ def test_a_damaged_prepared_folder_is_refused(sample_prepared, tmp_path, damage,
     root = tmp_path / "p"
     shutil.copytree(sample_prepared / "snli", root / "snli")  # the session's sample stays intact
     snli = get_task("snli")
-    snli.verify_prepared(str(root))  # intact: accepted
+    verify_prepared(snli, str(root))  # intact: accepted
     shard = sorted((root / "snli" / "train").glob("*.parquet"))[0]
     if damage == "no_manifest":
         (root / "snli" / "manifest.json").unlink()
@@ -127,7 +128,7 @@ def test_a_damaged_prepared_folder_is_refused(sample_prepared, tmp_path, damage,
     else:
         shard.write_bytes(shard.read_bytes()[:-100])
     with pytest.raises(BadInputError, match=message):
-        snli.verify_prepared(str(root))
+        verify_prepared(snli, str(root))
 
 
 @pytest.mark.slow
@@ -135,7 +136,7 @@ def test_a_folder_prepared_with_other_filters_or_split_is_refused_before_any_run
     from convsts.ray_jobs.tasks import get_task
 
     reddit = get_task("reddit")
-    assert reddit.verify_prepared(str(sample_prepared), load_config(None))["split_salt"] == "convsts"  # same settings
+    assert verify_prepared(reddit, str(sample_prepared), load_config(None))["split_salt"] == "convsts"  # same settings
     out = tmp_path / "run"
     result = _run(
         "-m",
@@ -187,18 +188,18 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     prepared = tmp_path / "p"
     manifest = snli.prepare([str(raw / "a.parquet")], str(prepared / "snli"), config(raw / "a.parquet"))
     assert [r["file"] for r in manifest["input_files"]] == [str(raw / "a.parquet")]
-    snli.verify_prepared(str(prepared), config(raw / "a.parquet"))  # the same file: accepted
-    snli.verify_prepared(str(prepared), config(tmp_path / "elsewhere.parquet"))  # not on this machine: not compared
+    verify_prepared(snli, str(prepared), config(raw / "a.parquet"))  # the same file: accepted
+    verify_prepared(snli, str(prepared), config(tmp_path / "elsewhere.parquet"))  # not on this machine: not compared
     size = (raw / "a.parquet").stat().st_size
     with pytest.raises(
         BadInputError,
         match=rf"prepared from other raw inputs than this run's: other files: 1 of the "
         rf"folder's not among this run's \(a.parquet \({size} bytes\)\), 1 of this run's",
     ):
-        snli.verify_prepared(str(prepared), config(raw / "b.parquet"))
+        verify_prepared(snli, str(prepared), config(raw / "b.parquet"))
     (tmp_path / "copy").mkdir()  # the same file elsewhere (a submitted job's copy of the project): the same input
     shutil.copy(raw / "a.parquet", tmp_path / "copy" / "a.parquet")
-    snli.verify_prepared(str(prepared), config(tmp_path / "copy" / "a.parquet"))
+    verify_prepared(snli, str(prepared), config(tmp_path / "copy" / "a.parquet"))
     copied = bytearray((tmp_path / "copy" / "a.parquet").read_bytes())
     copied[len(copied) // 3] ^= 0xFF  # a copy with the same name and size but other bytes is another input
     (tmp_path / "copy" / "a.parquet").write_bytes(bytes(copied))
@@ -208,13 +209,13 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
         r"a file the folder was prepared from, other bytes \(sha256 [0-9a-f]{12}, "
         r"prepared [0-9a-f]{12}\)",
     ):
-        snli.verify_prepared(str(prepared), config(tmp_path / "copy" / "a.parquet"))
+        verify_prepared(snli, str(prepared), config(tmp_path / "copy" / "a.parquet"))
     # The same bytes copied anew (a fresh copy of the data: same size, a new time) are the same input:
     # the manifest holds each local file's sha256.
     assert manifest["input_files"][0]["sha256"] == hashlib.sha256((raw / "a.parquet").read_bytes()).hexdigest()
     stat = (raw / "a.parquet").stat()
     os.utime(raw / "a.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    snli.verify_prepared(str(prepared), config(raw / "a.parquet"))
+    verify_prepared(snli, str(prepared), config(raw / "a.parquet"))
     data = bytearray((raw / "a.parquet").read_bytes())
     data[len(data) // 2] ^= 0xFF  # rewritten since: the same size, other bytes
     (raw / "a.parquet").write_bytes(bytes(data))
@@ -229,14 +230,14 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     del manifest["input_files"][0]["sha256"]  # a folder prepared before digests were recorded: the time decides
     (prepared / "snli" / "manifest.json").write_text(json.dumps(manifest))
     os.utime(raw / "a.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    snli.verify_prepared(str(prepared), config(raw / "a.parquet"))
+    verify_prepared(snli, str(prepared), config(raw / "a.parquet"))
     os.utime(raw / "a.parquet", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     with pytest.raises(
         BadInputError,
         match=r"a.parquet changed since it was prepared \(size (\d+) -> \1, modified "
         r"[^,]*\)",
     ):
-        snli.verify_prepared(str(prepared), config(raw / "a.parquet"))
+        verify_prepared(snli, str(prepared), config(raw / "a.parquet"))
 
 
 @pytest.mark.slow
@@ -248,7 +249,7 @@ def test_a_checkpoint_is_not_scored_on_a_folder_split_otherwise_than_its_trainin
     from convsts.ray_jobs.tasks import get_task
 
     reddit = get_task("reddit")
-    manifest = reddit.verify_prepared(str(sample_prepared))
+    manifest = verify_prepared(reddit, str(sample_prepared))
     tiny = [
         "model.dan.output_dim=6",
         "model.dan.embedding_dim=4",

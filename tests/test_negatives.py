@@ -15,6 +15,7 @@ from convsts.datasets.text import DanTokenizer, count_words, encode_columns
 from convsts.models.checkpoint import build_model
 from convsts.models.losses import in_batch_softmax_loss
 from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.prepared import verify_prepared
 from convsts.ray_jobs.tasks import get_task, model_heads
 from convsts.ray_jobs.tasks.base import fields
 from convsts.ray_jobs.training.data import frame_batch
@@ -151,7 +152,7 @@ def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(r
     assert sorted(p.name for p in (mined / "reddit" / "test").iterdir()) == sorted(
         p.name for p in (prepared / "reddit" / "test").iterdir()
     )
-    get_task("reddit").verify_prepared(str(mined))
+    verify_prepared(get_task("reddit"), str(mined))
     with pytest.raises(FileExistsError, match="not empty"):
         mine_main(["--checkpoint", str(untrained), "--prepared", str(prepared), "--out", str(mined)])
 

@@ -7,13 +7,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.prepared import prepare_into
 from convsts.ray_jobs.tasks import get_task
 
 
 def prepare_reddit(inputs, out, cfg, fmt="auto"):
     """The Reddit task's prepare step as `convsts prepare reddit --format FMT` runs it."""
     cfg.data.reddit_format = fmt
-    return get_task("reddit").prepare_into([str(i) for i in inputs], str(out), cfg)
+    return prepare_into(get_task("reddit"), [str(i) for i in inputs], str(out), cfg)
 
 
 def _pairs_table(path):
@@ -292,7 +293,7 @@ def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_pre
     # A finished folder is never added to.
     snli = get_task("snli")
     with pytest.raises(FileExistsError, match="already holds a prepared snli folder"):
-        snli.prepare_into(snli.raw_inputs(load_config(None)), str(prepared / "snli"), load_config(None))
+        prepare_into(snli, snli.raw_inputs(load_config(None)), str(prepared / "snli"), load_config(None))
     assert len(_shards(prepared / "snli" / "train")) == len(_shards(sample_prepared / "snli" / "train"))
     # A kept folder is still checked against the run: other settings are refused, naming the key.
     with pytest.raises(BadInputError, match=r"data\.test_share=0\.1 \(this run: 0\.3\)"):

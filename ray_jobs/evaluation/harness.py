@@ -35,9 +35,9 @@ from convsts.ray_jobs.evaluation.sts import (
 )
 from convsts.ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
 from convsts.ray_jobs.model_card import CARD_FILE, FACTS_FILE, add_results
+from convsts.ray_jobs.prepared import MANIFEST, config_value, settings_mismatches, verify_prepared
 from convsts.ray_jobs.runtime import log, tracking_uri
 from convsts.ray_jobs.tasks import get_task, model_heads
-from convsts.ray_jobs.tasks.base import MANIFEST, config_value
 
 PRIMARY_METRIC = "stsb/dev/pearson"
 
@@ -202,7 +202,7 @@ def run_evaluation(
     if prepared:
         for task in evaluated_tasks(cfg):
             if storage.is_dir(task.prepared_dir(prepared)):
-                manifest = task.verify_prepared(prepared)  # a half-written folder is refused, not scored
+                manifest = verify_prepared(task, prepared)  # a half-written folder is refused, not scored
                 if checkpoint:
                     check_held_out(task, manifest, prepared, checkpoint, meta)
     if checkpoint:
@@ -286,7 +286,7 @@ def check_held_out(task, manifest: dict[str, object], prepared: str, checkpoint:
     recorded = tuple(
         k for k in task.split_keys if config_value(trained, k) is not None
     )  # older checkpoints: what they hold
-    differs = task.settings_mismatches(manifest, trained, recorded, label=f"{checkpoint} trained with")
+    differs = settings_mismatches(task, manifest, trained, recorded, label=f"{checkpoint} trained with")
     if differs:
         raise BadInputError(
             f"{storage.join(task.prepared_dir(prepared), MANIFEST)}: held out with {'; '.join(differs)}; "

@@ -10,6 +10,7 @@ from convsts.datasets import reddit, storage
 from convsts.datasets.storage import BadInputError
 from convsts.models.losses import in_batch_accuracy, in_batch_softmax_loss
 from convsts.ray_jobs.evaluation.retrieval import heldout_pairs, precision_at_n_metrics
+from convsts.ray_jobs.prepared import shard_files, write_manifest
 from convsts.ray_jobs.runtime import ensure_ray, log
 from convsts.ray_jobs.tasks.base import Task, fields
 
@@ -55,7 +56,7 @@ class RedditTask(Task):
             **self.prepared_settings(cfg.to_dict()),
             "seconds": round(time.time() - started, 1),
         }
-        manifest = self.write_manifest(out_dir, manifest, inputs=files)
+        manifest = write_manifest(self, out_dir, manifest, inputs=files)
         log.info(
             "reddit: %d lines read, %d pairs (%d train / %d test), %d filtered, %d unpaired, "
             "%d duplicate ids, %d malformed",
@@ -84,7 +85,7 @@ class RedditTask(Task):
 
     def train_rows(self, cfg, prepared_root: str):
         if cfg.data.reddit_hard_negatives:
-            shards = self._shard_files(self.train_path(prepared_root))
+            shards = shard_files(self.train_path(prepared_root))
             if shards and NEGATIVE not in storage.read_parquet_schema(shards[0]).names:
                 raise BadInputError(
                     f"{self.train_path(prepared_root)}: no '{NEGATIVE}' column, which "

@@ -11,6 +11,7 @@ from convsts.datasets import snli, storage
 from convsts.datasets.snli import fraction_rank
 from convsts.models.losses import nli_loss
 from convsts.ray_jobs.evaluation.nli import nli_accuracy
+from convsts.ray_jobs.prepared import write_manifest, write_train_frame
 from convsts.ray_jobs.runtime import log
 from convsts.ray_jobs.tasks.base import Task, fields
 
@@ -42,7 +43,7 @@ class SnliTask(Task):
         path = storage.resolve_path(inputs[0])
         read = snli.read_snli(path)
         frame = snli.with_fraction_rank(read, cfg.data.snli_fraction_seed)
-        self.write_train_frame(frame, out_dir, cfg)
+        write_train_frame(self, frame, out_dir, cfg)
         manifest = {
             "input": path,
             "pairs": len(frame),
@@ -53,7 +54,7 @@ class SnliTask(Task):
         log.info(
             "snli: %d pairs -> %s (%d without a gold label left out)", len(frame), out_dir, read.attrs["without_gold"]
         )
-        return self.write_manifest(out_dir, manifest, inputs=[path])
+        return write_manifest(self, out_dir, manifest, inputs=[path])
 
     def train_rows(self, cfg, prepared_root: str):
         """SNLI train shards, cut to the nested subset `data.snli_fraction` drawn with `data.snli_fraction_seed`."""

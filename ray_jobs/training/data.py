@@ -15,6 +15,7 @@ import torch
 from convsts.datasets.text import TOKENIZERS, encode_columns, fit_tokenizer, words
 from convsts.models.encoders import encoder_class
 from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.prepared import verify_prepared
 from convsts.ray_jobs.task_groups import TaskPlan
 from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
 
@@ -22,7 +23,7 @@ from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
 def check_prepared(prepared_root: str, tasks: dict[str, Task], cfg: RunConfig) -> dict[str, dict[str, Any]]:
     """Every task's prepared folder is complete (its manifest matches its shards) and was prepared
     with the run's settings (Task.prepared_keys); {task: manifest}."""
-    return {name: task.verify_prepared(prepared_root, cfg) for name, task in tasks.items()}
+    return {name: verify_prepared(task, prepared_root, cfg) for name, task in tasks.items()}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,10 +23,10 @@ from convsts.ray_jobs.evaluation.sts import read_stsb_split
 from convsts.ray_jobs.flat import changed_values, flatten
 from convsts.ray_jobs.mlflow_model import log_model
 from convsts.ray_jobs.model_card import run_facts, write_card
+from convsts.ray_jobs.prepared import MANIFEST, prepare_into, verify_prepared
 from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
 from convsts.ray_jobs.task_groups import plan_for
 from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
-from convsts.ray_jobs.tasks.base import MANIFEST
 from convsts.ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
 from convsts.ray_jobs.training.holder import start_holder
 from convsts.ray_jobs.training.loop import SCORE_METRIC
@@ -123,10 +123,10 @@ def prepare_all(cfg: RunConfig, out_dir: str) -> dict[str, dict[str, Any]]:
     manifests = {}
     for name, task in prepared_tasks(cfg).items():
         if is_prepared(task, str(out_dir)):
-            manifests[name] = task.verify_prepared(str(out_dir), cfg)
+            manifests[name] = verify_prepared(task, str(out_dir), cfg)
             log.info("%s: already prepared from this run's inputs and settings; kept", task.prepared_dir(str(out_dir)))
         else:
-            manifests[name] = task.prepare_into(task.raw_inputs(cfg), task.prepared_dir(str(out_dir)), cfg)
+            manifests[name] = prepare_into(task, task.raw_inputs(cfg), task.prepared_dir(str(out_dir)), cfg)
     return manifests
 
 
@@ -138,7 +138,7 @@ def ensure_prepared(cfg: RunConfig, prepared: str) -> dict[str, dict[str, Any]]:
     for name, task in prepared_tasks(cfg).items():
         if not is_prepared(task, prepared):
             ensure_ray()
-            written[name] = task.prepare_into(task.raw_inputs(cfg), task.prepared_dir(prepared), cfg)
+            written[name] = prepare_into(task, task.raw_inputs(cfg), task.prepared_dir(prepared), cfg)
     return written
 
 
