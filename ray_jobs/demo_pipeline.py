@@ -45,18 +45,8 @@ def run_demo(
     """Prepare, train, evaluate and compare into out_dir. An out_dir that holds an earlier demo is
     refused before any work, unless `fresh`: its training run's outputs are then removed (its
     MLflow store and runs are kept, and its prepared sample is kept when it verifies)."""
-    started = time.time()
-    out_dir = Path(out_dir).resolve()
-    earlier = run_outputs(out_dir, cfg)
-    if earlier and not fresh:
-        raise FileExistsError(
-            f"{out_dir} already holds a demo run ({', '.join(p.name for p in earlier)}): pass "
-            f"--fresh to replace it (its MLflow runs are kept), or another --out"
-        )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
-    claim_output(out_dir, cfg, fresh)  # with --fresh: the earlier run's checkpoints go before this run starts
-    ensure_ray()
+    started, out_dir = time.time(), Path(out_dir).resolve()
+    uri = claim_demo_output(cfg, out_dir, fresh)
     prepared = out_dir / "prepared"
     manifests = prepare_sample(cfg, prepared, fresh)
     run_id = tracking.start_run(
@@ -100,6 +90,22 @@ def run_demo(
         raise
     print_summary(out_dir, flat, uri)
     return flat
+
+
+def claim_demo_output(cfg: RunConfig, out_dir: Path, fresh: bool) -> str:
+    """out_dir for this demo (an earlier demo there is refused unless `fresh`, which removes its
+    training outputs); Ray started; returns the tracking store's URI."""
+    earlier = run_outputs(out_dir, cfg)
+    if earlier and not fresh:
+        raise FileExistsError(
+            f"{out_dir} already holds a demo run ({', '.join(p.name for p in earlier)}): pass "
+            f"--fresh to replace it (its MLflow runs are kept), or another --out"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
+    claim_output(out_dir, cfg, fresh)  # with --fresh: the earlier run's checkpoints go before this run starts
+    ensure_ray()
+    return uri
 
 
 def prepare_sample(cfg: RunConfig, prepared: Path, fresh: bool) -> dict[str, dict]:

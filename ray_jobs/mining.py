@@ -234,7 +234,6 @@ def mine_prepared(
     log.info("mine-negatives: encoding %d contexts and %d responses with %s", len(frame), len(frame), checkpoint)
     cache = EmbeddingCache(embeddings, embeddings_key(checkpoint, frame, chunk), chunk) if embeddings else None
     embedded = embed_pairs(encoder, frame, chunk, batch_size, cache, pool)
-    context, response = embedded["context"], embedded["response"]  # (n, D) each
     if cache and cache.reused:
         log.info(
             "mine-negatives: %d of %d chunks read from %s, %d encoded",
@@ -243,19 +242,8 @@ def mine_prepared(
             storage.redact(embeddings),
             cache.encoded,
         )
-    chosen = mine(context, response, mining)  # (n,)
-    found = chosen >= 0
-    frame[NEGATIVE] = frame["response"].to_numpy()[np.where(found, chosen, 0)]
-    mined = frame[found].reset_index(drop=True)
-    log.info(
-        "mine-negatives: %d of %d pairs got a negative; %d had no candidate in ranks [%d, %d)%s (left out)",
-        len(mined),
-        len(frame),
-        int((~found).sum()),
-        mining.range_min,
-        mining.range_max,
-        "" if mining.margin is None else f" scoring {mining.margin:g} below their response",
-    )
+    context, response = embedded["context"], embedded["response"]  # (n, D) each
+    mined, without = with_negatives(frame, mine(context, response, mining), mining)
 
     negatives = {
         "checkpoint": checkpoint,
@@ -263,7 +251,7 @@ def mine_prepared(
         "of_train_pairs": total,
         "sampled_pairs": len(frame),
         "mined_pairs": len(mined),
-        "without_negative": int((~found).sum()),
+        "without_negative": without,
         **{k: v for k, v in dataclasses.asdict(mining).items() if k != "chunk"},
         "embeddings": storage.redact(embeddings),
         "embedding_chunks_reused": cache.reused if cache else 0,
@@ -271,6 +259,25 @@ def mine_prepared(
         "seconds": round(time.time() - started, 1),
     }
     return write_mined_folder(prepared, out, mined, manifest, negatives, cfg)
+
+
+def with_negatives(frame, chosen, mining: MiningConfig):
+    """(the pairs that got a negative, with the `negative` column; how many got none) for the
+    mined candidates `chosen` (n,) (-1: none)."""
+    found = chosen >= 0
+    frame[NEGATIVE] = frame["response"].to_numpy()[np.where(found, chosen, 0)]
+    mined = frame[found].reset_index(drop=True)
+    without = int((~found).sum())
+    log.info(
+        "mine-negatives: %d of %d pairs got a negative; %d had no candidate in ranks [%d, %d)%s (left out)",
+        len(mined),
+        len(frame),
+        without,
+        mining.range_min,
+        mining.range_max,
+        "" if mining.margin is None else f" scoring {mining.margin:g} below their response",
+    )
+    return mined, without
 
 
 def sampled_training_pairs(prepared: str, pairs: int, mining: MiningConfig):

@@ -170,6 +170,16 @@ def input_changes(task: Task, manifest: dict[str, Any], cfg: RunConfig) -> list[
             storage.redact(str(err)),
         )
         return []
+    return (
+        _changed_in_place(recorded, current)
+        or _other_files(recorded, current)
+        or _other_bytes_elsewhere(recorded, current)
+    )
+
+
+def _changed_in_place(recorded: list[dict], current: list[dict]) -> list[str]:
+    """Recorded files whose size or modification time changed at the same place (and, where a
+    sha256 is recorded, whose bytes changed too)."""
     here = {r["file"]: r for r in current}
     changed = []
     for old in recorded:
@@ -191,8 +201,11 @@ def input_changes(task: Task, manifest: dict[str, Any], cfg: RunConfig) -> list[
             f"{old['file']} changed since it was prepared (size {old['size']} -> {now['size']}, "
             f"modified {_when(old['mtime_ns'])} -> {_when(now['mtime_ns'])}{other_bytes})"
         )
-    if changed:
-        return changed
+    return changed
+
+
+def _other_files(recorded: list[dict], current: list[dict]) -> list[str]:
+    """Files by name and size: those of the folder not among this run's, and the reverse."""
     before, after = (
         Counter(f"{storage.name(r['file'])} ({r['size']} bytes)" for r in records) for records in (recorded, current)
     )
@@ -202,6 +215,11 @@ def input_changes(task: Task, manifest: dict[str, Any], cfg: RunConfig) -> list[
             f"other files: {len(gone)} of the folder's not among this run's ({_names(gone)}), "
             f"{len(added)} of this run's not among the folder's ({_names(added)})"
         ]
+    return []
+
+
+def _other_bytes_elsewhere(recorded: list[dict], current: list[dict]) -> list[str]:
+    changed = []
     # The same names and sizes elsewhere (a copy of the data, a submitted job's copy of the project):
     # where the manifest holds digests, a local copy must also hold the bytes prepared.
     digests: dict[tuple, set] = {}

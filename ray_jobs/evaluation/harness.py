@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -195,20 +196,8 @@ def run_evaluation(
     sts_sets = check_sts_entries(
         sts_files
     )  # a missing --sts file or a clash of names is refused before anything is made
-    if checkpoint:
-        local = checkpoint_folder(checkpoint)  # a URI's files, copied to this machine once and read from there
-        meta = read_meta(local)
     prepared = str(prepared_dir) if prepared_dir else None
-    if prepared:
-        for task in evaluated_tasks(cfg):
-            if storage.is_dir(task.prepared_dir(prepared)):
-                manifest = verify_prepared(task, prepared)  # a half-written folder is refused, not scored
-                if checkpoint:
-                    check_held_out(task, manifest, prepared, checkpoint, meta)
-    if checkpoint:
-        scorer = EmbeddingScorer(load(local), cfg.eval.batch_size)
-    else:
-        scorer = baseline_scorer(baseline, cfg, prepared)
+    scorer, local, meta = evaluation_scorer(cfg, checkpoint, baseline, prepared)
     uri = (
         (mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)) if log_to_mlflow else None
     )  # before the scoring
@@ -217,63 +206,104 @@ def run_evaluation(
     cards = model_folders(checkpoint, trained) if checkpoint else []
     # The tuned matrix goes beside a local checkpoint; for one read from a URI, to out_dir only.
     beside = [local] if checkpoint and not storage.is_uri(checkpoint) else []
-    transform_dirs = [out_dir] + beside + cards
     shutil.rmtree(
         out_dir / ITEMS_DIR, ignore_errors=True
     )  # an earlier evaluation's into this --out: never compared as this one's
-    results = evaluate(scorer, cfg, prepared, sts_sets, transform_dirs, items_dir=out_dir / ITEMS_DIR)
+    results = evaluate(scorer, cfg, prepared, sts_sets, [out_dir, *beside, *cards], items_dir=out_dir / ITEMS_DIR)
     for folder in cards:
         add_results(folder, results)
         log.info("model card %s: results added", folder / CARD_FILE)
-    test = read_stsb_split(cfg, "test")
-    embedded = stsb_embeddings(scorer, test)
-    plots = [out_dir / "stsb_test_scatter.png"]
     step = trained_step(local) if checkpoint else 0  # the training step of the weights scored
     label = model_label(checkpoint, meta, step) if checkpoint else scorer.name
-    scatter_plot(predicted_scores(embedded), test, plots[0], f"STS-B test, {label}, raw cosine")
-    transform = (
-        load_sts_transform(out_dir)
-        if isinstance(scorer, EmbeddingScorer) and "stsb_tuned/test/pearson" in results
-        else None
-    )
-    if transform is not None:
-        plots.append(out_dir / "stsb_test_scatter_tuned.png")
-        scatter_plot(
-            transform.score(embedded["u"], embedded["v"]), test, plots[1], f"STS-B test, {label}, tuned STS matrix"
-        )
+    plots = stsb_test_plots(scorer, cfg, out_dir, results, label)
     flat: dict[str, object] = dict(results)
     if checkpoint:
         flat["checkpoint"] = str(checkpoint)
     if log_to_mlflow:
-        own_run = run_id is None
-        if own_run:
-            run_id = tracking.start_run(
-                uri,
-                cfg.mlflow.experiment,
-                f"evaluate-{scorer.name}",
-                {"checkpoint": checkpoint or "", "baseline": baseline or ""},
-                tags={"convsts.job": "evaluate"},
-            )
-        # Against the training step of the weights scored: the last step for a training run's model.
-        tracking.log_metrics(uri, run_id, results, step)
-        for plot in plots:
-            tracking.log_artifact(uri, run_id, str(plot), "plots")
-        if (out_dir / ITEMS_DIR).is_dir():
-            tracking.log_artifacts(uri, run_id, str(out_dir / ITEMS_DIR), ITEMS_DIR)
-        if (
-            trained.get("mlflow_run_id") == run_id
-            and trained.get("model")
-            and Path(trained["model"]).resolve() in {c.resolve() for c in cards}
-        ):
-            log_model(
-                uri, run_id, trained["model"], step=step
-            )  # the training run's model, now with its results and STS matrix
-        flat["mlflow_run_id"] = run_id
-        if own_run:
-            tracking.end_run(uri, run_id)
+        run = EvaluationRun(uri, run_id, step, trained, cards)
+        flat["mlflow_run_id"] = log_evaluation(run, cfg, scorer.name, checkpoint, baseline, results, plots, out_dir)
     (out_dir / "results.json").write_text(redact(json.dumps(flat, indent=2)), encoding="utf-8")
     (out_dir / "results.md").write_text(results_table({scorer.name: results}) + "\n", encoding="utf-8")
     return flat
+
+
+def evaluation_scorer(cfg: RunConfig, checkpoint: str | None, baseline: str | None, prepared: str | None):
+    """(the scorer, the checkpoint's local folder, its meta) once the prepared folders the evaluation
+    reads are verified (a half-written folder is refused, not scored; a checkpoint trained on the
+    held-out rows too is refused)."""
+    local = meta = None
+    if checkpoint:
+        local = checkpoint_folder(checkpoint)  # a URI's files, copied to this machine once and read from there
+        meta = read_meta(local)
+    if prepared:
+        for task in evaluated_tasks(cfg):
+            if storage.is_dir(task.prepared_dir(prepared)):
+                manifest = verify_prepared(task, prepared)
+                if checkpoint:
+                    check_held_out(task, manifest, prepared, checkpoint, meta)
+    scorer = (
+        EmbeddingScorer(load(local), cfg.eval.batch_size) if checkpoint else baseline_scorer(baseline, cfg, prepared)
+    )
+    return scorer, local, meta
+
+
+def stsb_test_plots(scorer, cfg: RunConfig, out_dir: Path, results: dict, label: str) -> list[Path]:
+    """STS-B test scatter plots: raw cosine, and with the tuned matrix when one was fitted."""
+    test = read_stsb_split(cfg, "test")
+    embedded = stsb_embeddings(scorer, test)
+    plots = [out_dir / "stsb_test_scatter.png"]
+    scatter_plot(predicted_scores(embedded), test, plots[0], f"STS-B test, {label}, raw cosine")
+    tuned = isinstance(scorer, EmbeddingScorer) and "stsb_tuned/test/pearson" in results
+    transform = load_sts_transform(out_dir) if tuned else None
+    if transform is not None:
+        plots.append(out_dir / "stsb_test_scatter_tuned.png")
+        scores = transform.score(embedded["u"], embedded["v"])
+        scatter_plot(scores, test, plots[1], f"STS-B test, {label}, tuned STS matrix")
+    return plots
+
+
+@dataclass
+class EvaluationRun:
+    """Where an evaluation logs: the store, the run (None: a run of its own), the training step of
+    the weights scored, the training run's facts and the model folders given results."""
+
+    uri: str
+    run_id: str | None
+    step: int
+    trained: dict[str, Any]
+    cards: list[Path]
+
+
+def log_evaluation(
+    run: EvaluationRun, cfg: RunConfig, name: str, checkpoint, baseline, results: dict, plots: list[Path], out_dir: Path
+) -> str:
+    """The metrics (against the training step of the weights scored), plots and items in the MLflow
+    run; the training run's model logged again with its results; returns the run id."""
+    uri, run_id = run.uri, run.run_id
+    own_run = run_id is None
+    if own_run:
+        run_id = tracking.start_run(
+            uri,
+            cfg.mlflow.experiment,
+            f"evaluate-{name}",
+            {"checkpoint": checkpoint or "", "baseline": baseline or ""},
+            tags={"convsts.job": "evaluate"},
+        )
+    tracking.log_metrics(uri, run_id, results, run.step)
+    for plot in plots:
+        tracking.log_artifact(uri, run_id, str(plot), "plots")
+    if (out_dir / ITEMS_DIR).is_dir():
+        tracking.log_artifacts(uri, run_id, str(out_dir / ITEMS_DIR), ITEMS_DIR)
+    model = run.trained.get("model")
+    if (
+        run.trained.get("mlflow_run_id") == run_id
+        and model
+        and Path(model).resolve() in {c.resolve() for c in run.cards}
+    ):
+        log_model(uri, run_id, model, step=run.step)  # the training run's model, now with its results and STS matrix
+    if own_run:
+        tracking.end_run(uri, run_id)
+    return run_id
 
 
 def check_held_out(task, manifest: dict[str, object], prepared: str, checkpoint: str, meta: dict[str, Any]) -> None:

@@ -179,23 +179,7 @@ def run_training(
         tracking.log_params(uri, run_id, params)
 
     try:
-        tracking.log_datasets(
-            uri,
-            run_id,
-            {
-                name: {
-                    "digest": digests[name],
-                    "source": storage.join(task.prepared_dir(prepared), "train"),
-                    "profile": {
-                        k: manifests[name].get(k)
-                        for k in ("pairs", "train_pairs", "test_pairs", "inputs", "input")
-                        if manifests[name].get(k) is not None
-                    },
-                }
-                for name, task in prepared_tasks(cfg).items()
-                if name in manifests
-            },
-        )
+        _log_prepared_datasets(cfg, prepared, manifests, digests, uri, run_id)
         result = _train(cfg, out_dir, prepared, uri, run_id, manifests, digests, extra_callbacks)
     except BaseException:
         tracking.end_run(uri, run_id, "FAILED")  # never left RUNNING (a caller's run fails with it)
@@ -203,6 +187,26 @@ def run_training(
     if own_run:
         tracking.end_run(uri, run_id)
     return result
+
+
+def _log_prepared_datasets(
+    cfg: RunConfig, prepared: str, manifests: dict, digests: dict, uri: str, run_id: str
+) -> None:
+    """The training data as MLflow dataset inputs: digest, source folder and the manifest's counts."""
+    profile_keys = ("pairs", "train_pairs", "test_pairs", "inputs", "input")
+    tracking.log_datasets(
+        uri,
+        run_id,
+        {
+            name: {
+                "digest": digests[name],
+                "source": storage.join(task.prepared_dir(prepared), "train"),
+                "profile": {k: manifests[name].get(k) for k in profile_keys if manifests[name].get(k) is not None},
+            }
+            for name, task in prepared_tasks(cfg).items()
+            if name in manifests
+        },
+    )
 
 
 def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, out_dir: Path) -> None:
@@ -245,19 +249,10 @@ def _train(
     digests: dict[str, str],
     extra_callbacks: Sequence[Any],
 ) -> TrainResult:
-    import ray.train  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
-    from ray.train.torch import (
-        TorchTrainer,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
-    )
+    import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     started = time.time()
-    init = cfg.trainer.resume_from or cfg.trainer.warm_start
-    if init:
-        _, tokenizer, _ = load_model(init)
-        log.info("tokenizer and initial weights from %s", init)
-    else:
-        tokenizer = build_tokenizer(cfg, prepared)
-    log.info("tokenizer: %s, %d ids", type(tokenizer).__name__, tokenizer.num_words)
+    tokenizer = _tokenizer(cfg, prepared)
     datasets = task_datasets(cfg, prepared, tokenizer)
     tasks = trained_tasks(cfg)
     train_rows = {name: ds.count() for name, ds in datasets.items() if tasks[name].materialize}  # materialized: free
@@ -265,18 +260,68 @@ def _train(
         tracking.log_metrics(uri, run_id, {f"data/{name}_train_pairs": n for name, n in train_rows.items()})
     plan = plan_for(cfg.trainer, cfg.trainer.num_workers)
     log.info("%s", plan.describe())
-    loop_config = {
-        "run": cfg.to_dict(),
-        "tokenizer": tokenizer.to_dict(),
-        "datasets": sorted(datasets),
-        "tracking_uri": uri,
-        "run_id": run_id,
-        "provenance": {"data": digests},
-    }
+    loop_config = {"run": cfg.to_dict(), "tokenizer": tokenizer.to_dict(), "datasets": sorted(datasets)}
+    loop_config.update(tracking_uri=uri, run_id=run_id, provenance={"data": digests})
     holder = None
     if plan.mode == "async":  # the shared encoder's parameter holder, for this fit only
         holder = loop_config["holder"] = start_holder(cfg)
-    trainer = TorchTrainer(
+    trainer = _torch_trainer(cfg, out_dir, loop_config, datasets, plan, extra_callbacks)
+    try:
+        with tracking.system_metrics(uri, run_id):
+            result = trainer.fit()
+    finally:
+        if holder is not None:
+            ray.kill(holder)
+    final, best = _keep_checkpoints(cfg, result, out_dir)
+    seconds = time.time() - started
+    tracking.log_metrics(uri, run_id, {"train/seconds": seconds}, cfg.trainer.steps)
+    _log_loss_curves(cfg, uri, run_id, out_dir)
+    # What users take away: the encoder without optimizer state, with its model card, as the run's
+    # MLflow model (the full checkpoint stays in OUT/checkpoint for --resume).
+    model_dir = save_model_folder(final, out_dir / MODEL_FOLDER)
+    write_card(model_dir, run_facts(cfg.to_dict(), manifests, digests, run_id, uri, seconds))
+    model_uri = log_model(uri, run_id, model_dir, cfg.mlflow.register_as, step=cfg.trainer.steps)
+    log.info(
+        "model: %s (MLflow %s%s)",
+        model_dir,
+        model_uri,
+        f", registered as {cfg.mlflow.register_as}" * bool(cfg.mlflow.register_as),
+    )
+    train_json = {
+        "checkpoint": str(final),
+        "best_checkpoint": str(best) if best else None,
+        "model": str(model_dir),
+        "mlflow_model": model_uri,
+        "mlflow_run_id": run_id,
+        "tracking_uri": redact(uri),
+        "seconds": round(seconds, 1),
+        "task_split_mode": plan.mode,
+    }
+    (out_dir / "train.json").write_text(json.dumps(train_json, indent=2), encoding="utf-8")
+    return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows, model_dir)
+
+
+def _tokenizer(cfg: RunConfig, prepared: str):
+    """The checkpoint's tokenizer when the run resumes or warm-starts, else one built from the data."""
+    init = cfg.trainer.resume_from or cfg.trainer.warm_start
+    if init:
+        _, tokenizer, _ = load_model(init)
+        log.info("tokenizer and initial weights from %s", init)
+    else:
+        tokenizer = build_tokenizer(cfg, prepared)
+    log.info("tokenizer: %s, %d ids", type(tokenizer).__name__, tokenizer.num_words)
+    return tokenizer
+
+
+def _torch_trainer(
+    cfg: RunConfig, out_dir: Path, loop_config: dict, datasets: dict, plan, extra_callbacks: Sequence[Any]
+):
+    import ray.train  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray.train.torch import (
+        TorchTrainer,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    )
+
+    return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
         scaling_config=ray.train.ScalingConfig(
@@ -295,14 +340,11 @@ def _train(
             logging_config=ray.train.LoggingConfig(log_level=train_log_level()),
         ),
     )
-    try:
-        with tracking.system_metrics(uri, run_id):
-            result = trainer.fit()
-    finally:
-        if holder is not None:
-            import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
-            ray.kill(holder)
+
+def _keep_checkpoints(cfg: RunConfig, result, out_dir: Path) -> tuple[Path, Path | None]:
+    """The fit's last checkpoint as OUT/checkpoint and, with in-training evaluation, the best one by
+    STS-B dev beside it."""
     if result.checkpoint is None:
         raise RuntimeError(f"training finished without a checkpoint; see {out_dir / 'ray_results'}")
     final = out_dir / "checkpoint"
@@ -317,34 +359,4 @@ def _train(
             shutil.rmtree(best, ignore_errors=True)
             chosen.to_directory(str(best))
             log.info("best checkpoint by %s: %s", SCORE_METRIC, best)
-    seconds = time.time() - started
-    tracking.log_metrics(uri, run_id, {"train/seconds": seconds}, cfg.trainer.steps)
-    _log_loss_curves(cfg, uri, run_id, out_dir)
-    # What users take away: the encoder without optimizer state, with its model card, as the run's
-    # MLflow model (the full checkpoint stays in OUT/checkpoint for --resume).
-    model_dir = save_model_folder(final, out_dir / MODEL_FOLDER)
-    write_card(model_dir, run_facts(cfg.to_dict(), manifests, digests, run_id, uri, seconds))
-    model_uri = log_model(uri, run_id, model_dir, cfg.mlflow.register_as, step=cfg.trainer.steps)
-    log.info(
-        "model: %s (MLflow %s%s)",
-        model_dir,
-        model_uri,
-        f", registered as {cfg.mlflow.register_as}" if cfg.mlflow.register_as else "",
-    )
-    (out_dir / "train.json").write_text(
-        json.dumps(
-            {
-                "checkpoint": str(final),
-                "best_checkpoint": str(best) if best else None,
-                "model": str(model_dir),
-                "mlflow_model": model_uri,
-                "mlflow_run_id": run_id,
-                "tracking_uri": redact(uri),
-                "seconds": round(seconds, 1),
-                "task_split_mode": plan.mode,
-            },
-            indent=2,
-        ),
-        encoding="utf-8",
-    )
-    return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows, model_dir)
+    return final, best

@@ -44,30 +44,52 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     device = ray.train.torch.get_device()
     tokenizer = tokenizer_from_dict(loop_config["tokenizer"])
     checkpoint = ray.train.get_checkpoint()
-    fresh = checkpoint is None and not cfg.trainer.resume_from  # else a checkpoint's weights replace these
-    model = initial_model(cfg, tokenizer, warm_start=fresh)  # seeded: identical on every rank
-    if checkpoint is not None:
-        with checkpoint.as_directory() as ckpt_dir:
-            state = restore(model, checkpoint_dir=ckpt_dir)
-    else:
-        state = restore(model, resume_from=cfg.trainer.resume_from or None)
+    model, state = restored_model(cfg, tokenizer, checkpoint)
     model.to(device).train()
 
     # Every rank asks for every dataset: the splits are built when rank 0 asks (Train V2).
     shards = {name: ray.train.get_dataset_shard(name) for name in loop_config["datasets"]}
 
     def open_stream(task: str, batch_size: int, epoch: int, skip: int) -> TaskStream:
+        seed = cfg.seed * 1000 + rank
         return TaskStream(
             task,
             shards[task],
             batch_size,
             device,
-            cfg.seed * 1000 + rank,
+            seed,
             epoch=epoch,
             skip=skip,
             bucket_batches=cfg.trainer.bucket_batches,
             pad_id=tokenizer.pad_id,
         )
+
+    hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank)
+    if plan.mode == "async":
+        holder = loop_config["holder"]
+        loop: TrainLoop = AsyncTrainLoop(cfg, model, plan, rank, open_stream, holder, tokenizer, hooks, state)
+    else:
+        loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
+    if rank == 0:
+        _announce(loop_config, hooks, plan, world, device, loop.step, restarted=checkpoint is not None)
+    loop.run()
+
+
+def restored_model(cfg, tokenizer, checkpoint):
+    """(the model, its train state): from Ray Train's checkpoint after a restart, else from
+    --resume, else fresh (seeded: identical on every rank) or warm-started."""
+    fresh = checkpoint is None and not cfg.trainer.resume_from  # else a checkpoint's weights replace these
+    model = initial_model(cfg, tokenizer, warm_start=fresh)
+    if checkpoint is not None:
+        with checkpoint.as_directory() as ckpt_dir:
+            return model, restore(model, checkpoint_dir=ckpt_dir)
+    return model, restore(model, resume_from=cfg.trainer.resume_from or None)
+
+
+def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int) -> LoopHooks:
+    """The loop's ties to Ray and MLflow: metrics to the run, checkpoints reported to Ray Train
+    (with the model, tokenizer, run config and provenance), the STS-B dev probe on rank 0."""
+    import ray.train  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
 
@@ -79,36 +101,24 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if train_state is None:
             ray.train.report({**metrics, "step": step}, checkpoint=None)
             return
+        run, provenance = redact_tree(loop_config["run"]), redact_tree(loop_config["provenance"])
         with tempfile.TemporaryDirectory() as tmp:
-            save_checkpoint(
-                tmp,
-                model,
-                tokenizer,
-                redact_tree(loop_config["run"]),
-                train_state.to_dict(),
-                redact_tree(loop_config["provenance"]),
-            )
+            save_checkpoint(tmp, model, tokenizer, run, train_state.to_dict(), provenance)
             ray.train.report({**metrics, "step": step}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
-    evaluate = None
-    if rank == 0 and cfg.trainer.eval_every:
-        probe = StsDevProbe(cfg, tokenizer)
-        evaluate = probe.evaluate
-    hooks = LoopHooks(log=log, checkpoint=report, evaluate=evaluate, say=say_once)
-    if plan.mode == "async":
-        loop: TrainLoop = AsyncTrainLoop(
-            cfg, model, plan, rank, open_stream, loop_config["holder"], tokenizer, hooks, state
-        )
-    else:
-        loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
-    if rank == 0:
-        threads = torch.get_num_threads()
-        # The task split itself is the driver's line just before (run.py); this is what only a worker knows.
-        say_once(
-            f"[convsts rank 0] world size {world}; device {device}; torch threads {threads}; start step {loop.step}"
-        )
-        if loop.step == 0 and uri and run_id:
-            tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode, "torch_threads": str(threads)})
-        if checkpoint is not None:  # a restarted worker group (FailureConfig)
-            log({"train/restarted_at_step": loop.step}, loop.step)
-    loop.run()
+    evaluate = StsDevProbe(cfg, tokenizer).evaluate if rank == 0 and cfg.trainer.eval_every else None
+    return LoopHooks(log=log, checkpoint=report, evaluate=evaluate, say=say_once)
+
+
+def _announce(
+    loop_config: dict[str, Any], hooks: LoopHooks, plan, world: int, device, step: int, restarted: bool
+) -> None:
+    """Rank 0's line of what only a worker knows (the task split itself is the driver's line, run.py),
+    the run's tags at a first start, the restart step after a restart (FailureConfig)."""
+    uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
+    threads = torch.get_num_threads()
+    say_once(f"[convsts rank 0] world size {world}; device {device}; torch threads {threads}; start step {step}")
+    if step == 0 and uri and run_id:
+        tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode, "torch_threads": str(threads)})
+    if restarted:
+        hooks.log({"train/restarted_at_step": step}, step)
