@@ -20,7 +20,7 @@ from pathlib import Path
 import zstandard
 
 from convsts.datasets import storage
-from convsts.datasets.storage import BadInputError
+from convsts.datasets.errors import BadInputError
 
 ZSTD = ".zst"
 STDLIB = {

@@ -14,7 +14,7 @@ import pandas as pd
 
 from convsts.datasets import storage
 from convsts.datasets.compression import plain_name, read_text
-from convsts.datasets.storage import BadInputError
+from convsts.datasets.errors import BadInputError
 
 STSB_GENRES = {"main-captions": "captions", "main-forum": "forums", "main-forums": "forums", "main-news": "news"}
 

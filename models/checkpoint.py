@@ -27,8 +27,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from convsts.datasets import storage
-from convsts.datasets.storage import BadInputError
+from convsts.datasets import cache, storage
+from convsts.datasets.errors import BadInputError
 from convsts.datasets.text import save_tokenizer, tokenizer_from_dict
 from convsts.models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
 from convsts.models.heads import LEGACY_HEADS, MultitaskModel
@@ -119,7 +119,7 @@ def save_model_folder(checkpoint: str | Path, out_dir: str | Path) -> Path:
 def checkpoint_folder(path: str | Path) -> Path:
     """A checkpoint folder on this machine: `path`, or the files of a folder at a URI (s3://, gs://,
     ... as Ray Train keeps its checkpoints on a cluster) copied once into a local cache."""
-    return storage.local_copy(str(path), "checkpoints") if storage.is_uri(path) else Path(path)
+    return cache.local_copy(str(path), "checkpoints") if storage.is_uri(path) else Path(path)
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from convsts.datasets.storage import pretrained_folder
+from convsts.datasets.pretrained import pretrained_folder
 from convsts.models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
 
 Inputs = dict[str, torch.Tensor]

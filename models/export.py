@@ -31,7 +31,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from convsts.datasets.storage import BadInputError
+from convsts.datasets.errors import BadInputError
 from convsts.datasets.text import save_tokenizer, tokenizer_from_dict
 from convsts.models.checkpoint import load
 from convsts.models.encoders import PretrainedEncoder

@@ -12,7 +12,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from convsts.datasets.storage import BadInputError, redact, redact_tree
+from convsts.datasets.errors import BadInputError
+from convsts.datasets.redaction import redact, redact_tree
 from convsts.datasets.text import load_tokenizer
 from convsts.models.checkpoint import save_checkpoint
 from convsts.models.encoders import DanEncoder, PretrainedEncoder

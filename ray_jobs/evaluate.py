@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from convsts.datasets.storage import BadInputError, resolve_path
+from convsts.datasets.errors import BadInputError
+from convsts.datasets.storage import resolve_path
 from convsts.ray_jobs.config import load_config, parse_with_overrides
 from convsts.ray_jobs.evaluation.compare import write_comparison
 from convsts.ray_jobs.evaluation.curve import fraction_curve

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from convsts.datasets.storage import has_credentials, redact, strip_credentials
+from convsts.datasets.redaction import has_credentials, redact, strip_credentials
 from convsts.ray_jobs.commands import COMMANDS
 from convsts.ray_jobs.provenance import COMMIT_ENV, git_commit
 from convsts.ray_jobs.runtime import log

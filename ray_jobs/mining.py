@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from convsts import models
-from convsts.datasets import storage
+from convsts.datasets import redaction, storage
+from convsts.datasets.errors import BadInputError
 from convsts.datasets.negatives import MiningConfig, mine
-from convsts.datasets.storage import BadInputError
 from convsts.ray_jobs.prepared import verify_prepared, write_manifest, write_train_frame
 from convsts.ray_jobs.runtime import ensure_ray, log
 from convsts.ray_jobs.tasks.reddit import NEGATIVE
@@ -62,7 +62,7 @@ class EmbeddingCache:
         self.folder, self.chunk, self.reused, self.encoded = folder, chunk, 0, 0
         if storage.is_file(folder):
             raise BadInputError(
-                f"{storage.redact(folder)}: a file, not a folder; give --embeddings a folder (new or "
+                f"{redaction.redact(folder)}: a file, not a folder; give --embeddings a folder (new or "
                 f"made by an earlier run)"
             )
         key_path = storage.join(folder, "key.json")
@@ -71,7 +71,7 @@ class EmbeddingCache:
             differ = sorted(k for k in set(held) | set(key) if held.get(k) != key.get(k))
             if differ:
                 raise BadInputError(
-                    f"{storage.redact(key_path)}: these embeddings are of another {' and '.join(differ)} than this run's "
+                    f"{redaction.redact(key_path)}: these embeddings are of another {' and '.join(differ)} than this run's "
                     f"(held {[held.get(k) for k in differ]}, this run {[key.get(k) for k in differ]}); "
                     f"give --embeddings a new folder"
                 )
@@ -239,7 +239,7 @@ def mine_prepared(
             "mine-negatives: %d of %d chunks read from %s, %d encoded",
             cache.reused,
             cache.reused + cache.encoded,
-            storage.redact(embeddings),
+            redaction.redact(embeddings),
             cache.encoded,
         )
     context, response = embedded["context"], embedded["response"]  # (n, D) each
@@ -253,7 +253,7 @@ def mine_prepared(
         "mined_pairs": len(mined),
         "without_negative": without,
         **{k: v for k, v in dataclasses.asdict(mining).items() if k != "chunk"},
-        "embeddings": storage.redact(embeddings),
+        "embeddings": redaction.redact(embeddings),
         "embedding_chunks_reused": cache.reused if cache else 0,
         "encode_workers": pool.workers,
         "seconds": round(time.time() - started, 1),

@@ -16,12 +16,14 @@ from typing import Any
 import yaml
 from safetensors import safe_open
 
-from convsts.datasets.storage import redact, redact_tree
+from convsts.datasets.redaction import redact, redact_tree
 from convsts.models.checkpoint import read_meta
 from convsts.models.encoders import PretrainedEncoder
 from convsts.ray_jobs.provenance import git_commit, library_versions, machine
 
-PACKAGED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # the weights of convsts.datasets.storage.PRETRAINED_PACKAGE
+PACKAGED_MODEL = (
+    "sentence-transformers/all-MiniLM-L6-v2"  # the weights of convsts.datasets.pretrained.PRETRAINED_PACKAGE
+)
 CARD_FILE = "README.md"
 FACTS_FILE = "card.json"
 # The metrics the card lists, in reading order (all of them are in the run's results.json).

@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from convsts.datasets.storage import redact
+from convsts.datasets.redaction import redact
 from convsts.ray_jobs.config import load_config, parse_with_overrides
 from convsts.ray_jobs.prepared import prepare_into
 from convsts.ray_jobs.runtime import setup_logging

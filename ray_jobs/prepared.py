@@ -11,8 +11,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from convsts.datasets import storage
-from convsts.datasets.storage import BadInputError, redact_tree
+from convsts.datasets import redaction, storage
+from convsts.datasets.errors import BadInputError
+from convsts.datasets.redaction import redact_tree
 from convsts.ray_jobs.flat import changed_values, flatten
 from convsts.ray_jobs.runtime import ensure_ray, log
 
@@ -41,8 +42,8 @@ def input_record(files: Sequence[str], digests: bool = False) -> list[dict[str, 
     for file in files:
         found = storage.file_stat(file)
         if found is None:
-            raise FileNotFoundError(f"input not found: {storage.redact(file)}")
-        entry = {"file": storage.redact(file), "size": found[0], "mtime_ns": found[1]}
+            raise FileNotFoundError(f"input not found: {redaction.redact(file)}")
+        entry = {"file": redaction.redact(file), "size": found[0], "mtime_ns": found[1]}
         if digests and not storage.is_uri(file):
             entry["sha256"] = storage.file_sha256(file)
         record.append(entry)
@@ -167,7 +168,7 @@ def input_changes(task: Task, manifest: dict[str, Any], cfg: RunConfig) -> list[
         log.info(
             "%s: this run's raw inputs are not here (%s); the prepared folder's inputs are not compared",
             task.name,
-            storage.redact(str(err)),
+            redaction.redact(str(err)),
         )
         return []
     return (

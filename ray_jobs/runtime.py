@@ -12,7 +12,8 @@ from pathlib import Path
 
 import requests
 
-from convsts.datasets.storage import BadInputError, StorageError, redact
+from convsts.datasets.errors import BadInputError, StorageError
+from convsts.datasets.redaction import redact
 from convsts.ray_jobs.errors import ConfigError
 
 log = logging.getLogger("convsts")

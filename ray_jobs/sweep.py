@@ -19,7 +19,8 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
-from convsts.datasets.storage import is_uri, redact, redact_tree, resolve_path
+from convsts.datasets.redaction import redact, redact_tree
+from convsts.datasets.storage import is_uri, resolve_path
 from convsts.models import load
 from convsts.models.sts_transform import StsTransform, fit_sts_transform, load_sts_transform
 from convsts.models.sts_transform import file_name as sts_file

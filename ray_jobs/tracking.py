@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from convsts.datasets.storage import redact
+from convsts.datasets.redaction import redact
 from convsts.ray_jobs.provenance import git_commit, library_versions, machine
 
 MAX_PARAM_LENGTH = 6000

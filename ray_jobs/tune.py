@@ -16,7 +16,7 @@ import argparse
 import json
 from collections.abc import Sequence
 
-from convsts.datasets.storage import redact
+from convsts.datasets.redaction import redact
 from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.errors import ConfigError
 from convsts.ray_jobs.runtime import setup_logging

@@ -14,8 +14,9 @@ import pytest
 import torch
 import zstandard
 
+from convsts.datasets import errors
 from convsts.datasets.compression import open_lines
-from convsts.datasets.storage import BadInputError
+from convsts.datasets.errors import BadInputError
 from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.errors import ConfigError
 from convsts.ray_jobs.prepared import verify_prepared
@@ -470,7 +471,7 @@ def _leaks(text: str) -> list:
     ],
 )
 def test_redact_removes_userinfo_and_secret_query_values(text, expected):
-    from convsts.datasets.storage import redact, redact_tree
+    from convsts.datasets.redaction import redact, redact_tree
 
     assert redact(text) == expected
     assert redact_tree({"a": [text], text: 1}) == {"a": [expected], expected: 1}
@@ -521,10 +522,10 @@ def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_pa
 
     port = _closed_port()  # nothing listens: the connection is refused at once
     base = f"s3://AKIAPLANTED:PlAnTeDsEcReT@bucket/p?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
-    with pytest.raises(storage.StorageError, match=r"^s3://\*\*\*@bucket/p/reddit\?endpoint_override") as caught:
+    with pytest.raises(errors.StorageError, match=r"^s3://\*\*\*@bucket/p/reddit\?endpoint_override") as caught:
         storage.is_dir(storage.join(base, "reddit"))
     assert not _leaks(str(caught.value)) and isinstance(caught.value, OSError)
-    with pytest.raises(storage.StorageError, match="Unexpected query parameter"):
+    with pytest.raises(errors.StorageError, match="Unexpected query parameter"):
         storage.is_dir("s3://bucket/p?no_such_option=1")
     for command in (
         ["prepare", "reddit", "--input", storage.join(base, "RC_*.zst"), "--out", str(tmp_path / "p")],

@@ -12,7 +12,7 @@ import pytest
 import zstandard
 
 from convsts.datasets import compression, evalsets, reddit, snli
-from convsts.datasets.storage import BadInputError
+from convsts.datasets.errors import BadInputError
 
 COMPRESS = {
     ".zst": lambda data: zstandard.ZstdCompressor().compress(data),

@@ -183,8 +183,8 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     """The same 40 STS-B pairs written the ways STS releases ship: parquet and JSON lines (MTEB),
     SICK's tab-separated table, a comma-separated table with quoting, the STS Benchmark's own
     headerless file, and an STS 2012-2016 input file with its gold file (3 pairs without gold)."""
+    from convsts.datasets.errors import BadInputError
     from convsts.datasets.evalsets import read_sts_file, sts_set_names
-    from convsts.datasets.storage import BadInputError
 
     pairs = read_stsb(stsb_split_path(resolve_path("{sample}"), "test")).iloc[:40].reset_index(drop=True)
     plain = pairs[["sentence1", "sentence2", "score"]]
@@ -428,7 +428,7 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
 
     from mlflow.tracking import MlflowClient
 
-    from convsts.datasets.storage import BadInputError
+    from convsts.datasets.errors import BadInputError
     from convsts.models.checkpoint import save_model_folder
     from convsts.ray_jobs import tracking
     from convsts.ray_jobs.evaluate import main
@@ -489,7 +489,7 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
 def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path):
     """`convsts evaluate --compare A B`: the P@N difference of two evaluations on the same queries and
     candidates, with the paired standard error; evaluations of other queries are refused in one line."""
-    from convsts.datasets.storage import BadInputError
+    from convsts.datasets.errors import BadInputError
     from convsts.ray_jobs.evaluate import main
     from convsts.ray_jobs.evaluation.compare import write_items
     from convsts.ray_jobs.evaluation.retrieval import precision_at_n_metrics

@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("onnxruntime")
 
-from convsts.datasets.storage import BadInputError  # noqa: E402
+from convsts.datasets.errors import BadInputError
 from convsts.datasets.text import DanTokenizer, SubwordTokenizer, TokenizerConfig, count_words  # noqa: E402
 from convsts.models import load, save_checkpoint  # noqa: E402
 from convsts.models.checkpoint import build_model  # noqa: E402

@@ -9,8 +9,8 @@ import pytest
 import torch
 from tiny import TINY_DAN
 
+from convsts.datasets.errors import BadInputError
 from convsts.datasets.negatives import MiningConfig, mine
-from convsts.datasets.storage import BadInputError
 from convsts.datasets.text import DanTokenizer, count_words, encode_columns
 from convsts.models.checkpoint import build_model
 from convsts.models.losses import in_batch_softmax_loss

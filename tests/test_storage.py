@@ -15,7 +15,7 @@ from s3_server import keys, s3_endpoint, upload
 from tiny import TINY_TRAIN
 
 from convsts import models
-from convsts.datasets import evalsets, reddit, snli, storage
+from convsts.datasets import cache, evalsets, reddit, snli, storage
 from convsts.datasets.storage import expand_inputs
 from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.tasks import get_task
@@ -151,16 +151,16 @@ def test_readers_on_s3(tmp_path):
         listed = storage.folder_stats(f"{base}/out")  # names, sizes and times from the one listing
         assert [(n, size) for n, size, _ in listed] == [("note.txt", 7), ("second.txt", 3)]
         assert all(mtime > 0 for _, _, mtime in listed)
-        local = storage.local_copy(f"{base}/out", "test")
+        local = cache.local_copy(f"{base}/out", "test")
         assert sorted(p.name for p in local.iterdir() if not p.name.startswith(".")) == ["note.txt", "second.txt"]
         assert (local / "note.txt").read_text() == "written"
         (local / "note.txt").write_text("a local edit")  # the cache is not read again while the URI is unchanged
-        assert storage.local_copy(f"{base}/out", "test") == local and (local / "note.txt").read_text() == "a local edit"
+        assert cache.local_copy(f"{base}/out", "test") == local and (local / "note.txt").read_text() == "a local edit"
         storage.write_text(f"{base}/out/note.txt", "written again")
-        again = storage.local_copy(f"{base}/out", "test")
+        again = cache.local_copy(f"{base}/out", "test")
         assert again != local and (again / "note.txt").read_text() == "written again"
         with pytest.raises(FileNotFoundError, match="s3://convsts-data/raw/empty: no files there"):
-            storage.local_copy(f"{base}/empty", "test")
+            cache.local_copy(f"{base}/empty", "test")
         storage.delete_folder(f"{base}/out")  # what `prepare` does with an interrupted prepare's shards
         assert not storage.has_entries(f"{base}/out") and storage.has_entries(base)
 
@@ -316,23 +316,23 @@ def test_the_cache_of_uri_folders_keeps_the_most_recently_used_copies(tmp_path, 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     folders = []
-    for i in range(storage.CACHE_ENTRIES + 3):
+    for i in range(cache.CACHE_ENTRIES + 3):
         (tmp_path / "bucket" / f"ckpt{i}").mkdir(parents=True)
         (tmp_path / "bucket" / f"ckpt{i}" / "weights").write_text(f"weights {i}")
         folders.append(f"file://{tmp_path}/bucket/ckpt{i}")
-    hours_ago = time.time() - 2 * storage.CACHE_IN_USE_S
-    copies = [storage.local_copy(folder, "checkpoints") for folder in folders[:-1]]  # all in use: none removed
+    hours_ago = time.time() - 2 * cache.CACHE_IN_USE_S
+    copies = [cache.local_copy(folder, "checkpoints") for folder in folders[:-1]]  # all in use: none removed
     assert len({c.parent for c in copies}) == 1 and all((c / "weights").is_file() for c in copies)
     for i, copy in enumerate(copies):
         os.utime(copy / ".complete", (hours_ago + i, hours_ago + i))  # used in that order, hours ago
-    storage.local_copy(folders[0], "checkpoints")  # the oldest copy is used again now
+    cache.local_copy(folders[0], "checkpoints")  # the oldest copy is used again now
     unfinished = copies[0].parent / "0123456789abcdef"  # a copy a stopped process left half-written
     unfinished.mkdir()
     os.utime(unfinished, (hours_ago, hours_ago))
-    newest = storage.local_copy(folders[-1], "checkpoints")
+    newest = cache.local_copy(folders[-1], "checkpoints")
     kept = {p.name for p in newest.parent.iterdir()}
     # The 8 most recently used stay: the new copy, copy 0 (used again just now) and copies 4 .. 9; copies
     # 1 .. 3, unused for hours, and the unfinished one are gone.
     assert kept == {newest.name, copies[0].name} | {c.name for c in copies[4:]}
     assert (newest / "weights").read_text() == f"weights {len(folders) - 1}"
-    assert storage.local_copy(folders[1], "checkpoints").joinpath("weights").read_text() == "weights 1"  # fetched again
+    assert cache.local_copy(folders[1], "checkpoints").joinpath("weights").read_text() == "weights 1"  # fetched again

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from convsts.datasets.storage import BadInputError
+from convsts.datasets.errors import BadInputError
 from convsts.ray_jobs.metrics import paired_difference
 
 ITEMS_DIR = "items"  # OUT/items/<task>.parquet beside results.json

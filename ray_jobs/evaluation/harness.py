@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from convsts.datasets import storage
+from convsts.datasets.errors import BadInputError
 from convsts.datasets.evalsets import check_sts_entries, pair_keys
-from convsts.datasets.storage import BadInputError, redact
+from convsts.datasets.redaction import redact
 from convsts.models import load
 from convsts.models.checkpoint import checkpoint_folder, load_train_state, read_meta
 from convsts.models.sts_transform import load_sts_transform

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from convsts.datasets import reddit, storage
-from convsts.datasets.storage import BadInputError
+from convsts.datasets.errors import BadInputError
 from convsts.models.losses import in_batch_accuracy, in_batch_softmax_loss
 from convsts.ray_jobs.evaluation.retrieval import heldout_pairs, precision_at_n_metrics
 from convsts.ray_jobs.prepared import shard_files, write_manifest

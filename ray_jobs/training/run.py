@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from convsts.datasets import storage
-from convsts.datasets.storage import redact, redact_tree, resolve_path
+from convsts.datasets.redaction import redact, redact_tree
+from convsts.datasets.storage import resolve_path
 from convsts.models.checkpoint import load_model, read_meta, save_model_folder
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import RunConfig

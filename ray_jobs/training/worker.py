@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from convsts.datasets.storage import redact_tree
+from convsts.datasets.redaction import redact_tree
 from convsts.datasets.text import tokenizer_from_dict
 from convsts.models.checkpoint import save_checkpoint
 from convsts.ray_jobs import tracking
