@@ -66,7 +66,7 @@ def prune_cache(root: Path, keep: Path) -> list[str]:
             return float("inf")
 
     used = {e: last_use(e) for e in root.iterdir() if e.is_dir()}  # each entry stat'ed once
-    finished = sorted((e for e in used if (e / ".complete").is_file()), key=used.get, reverse=True)
+    finished = sorted((e for e in used if (e / ".complete").is_file()), key=lambda e: used[e], reverse=True)
     kept = set(finished[:CACHE_ENTRIES])  # the most recently used finished copies
     old = time.time() - CACHE_IN_USE_S
     removed = [e for e, when in used.items() if e != keep and e not in kept and when < old]

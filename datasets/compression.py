@@ -54,7 +54,7 @@ def open_lines(path: str | Path) -> io.BufferedReader:
         return io.BufferedReader(_ZstdLines(raw, path), buffer_size=BUFFER)
     if suffix:
         return io.BufferedReader(_StdlibLines(raw, path, *STDLIB[suffix]), buffer_size=BUFFER)
-    return raw  # type: ignore[return-value]
+    return raw
 
 
 def read_text(path: str | Path) -> str:
@@ -166,7 +166,7 @@ class _StdlibLines(io.RawIOBase):
         try:
             return self._stream.readinto(buffer)
         except _SourceFailed as failed:
-            raise failed.__cause__ from None  # the store's own error, as for an uncompressed file
+            raise (failed.__cause__ or failed) from None  # the store's own error, as for an uncompressed file
         except EOFError:
             raise BadInputError(
                 f"{self._path}: truncated {self._kind} file: the data ends before its end-of-stream "

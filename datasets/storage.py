@@ -34,7 +34,7 @@ from convsts.datasets.redaction import (
 
 
 @contextlib.contextmanager
-def reaching(path: str | Path, error: type = None, what: str = ""):
+def reaching(path: str | Path, error: type | None = None, what: str = ""):
     """Turns a filesystem's own error while reaching `path` (pyarrow's OSError, or its ArrowInvalid for
     a URI it cannot parse or a file it cannot decode) into one line naming the path, credentials
     redacted: a StorageError, or `error` with `what` before the detail (a file that was reached but
@@ -185,7 +185,7 @@ def folder_stats(folder: str | Path) -> list[tuple[str, int, int]]:
     """(name, size in bytes, modification time in ns) of each file directly in a folder (not
     hidden), sorted by name; at a URI from the one listing request."""
     if not is_uri(folder):
-        return [(name(f), *file_stat(f)) for f in list_files(folder)]
+        return [(name(f), *stat) for f in list_files(folder) if (stat := file_stat(f)) is not None]
     fs, inner = resolve(folder)
     with reaching(folder):
         infos = fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False))

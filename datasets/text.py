@@ -273,7 +273,7 @@ def fit_tokenizer(kind: str, texts: Iterable[str], config: TokenizerConfig, mode
     `pretrained.path`; `texts` not read). The trainer passes its prepared training text
     (convsts.ray_jobs.training.data.build_tokenizer, which counts the DAN's words in Ray Data instead);
     benches pass sample sentences."""
-    cls = TOKENIZERS[kind]
+    cls: Any = TOKENIZERS[kind]  # the kinds fit differently: from counts, by training, from the model
     if hasattr(cls, "from_model"):
         return cls.from_model(model_config, config)
     if cls.fits_from_counts:

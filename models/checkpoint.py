@@ -236,7 +236,7 @@ class SentenceEncoder:
         if device is not None:
             self.to(device)
         single = isinstance(sentences, str)
-        return ([sentences] if single else list(sentences)), single
+        return ([sentences] if isinstance(sentences, str) else list(sentences)), single
 
     def _embed_sorted(self, texts: list[str], batch_size: int, normalize: bool, bar) -> torch.Tensor:
         """(n, dim) on the model's device: the texts tokenized once, encoded longest first in batches cut

@@ -57,7 +57,7 @@ class DanEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.output_dim
 
-    def sparse_parameters(self) -> list[nn.Parameter]:
+    def sparse_parameters(self) -> list[torch.Tensor]:
         if not self.config.sparse_embeddings:
             return []
         return [self.word_embedding.weight, self.bigram_embedding.weight]
@@ -124,7 +124,7 @@ class TransformerSentenceEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.output_dim
 
-    def sparse_parameters(self) -> list[nn.Parameter]:
+    def sparse_parameters(self) -> list[torch.Tensor]:
         return []
 
     def forward(self, inputs: Inputs) -> torch.Tensor:
@@ -141,7 +141,8 @@ class TransformerSentenceEncoder(nn.Module):
         first[:, 0] = True
         attend = mask | (first & ~mask.any(1, keepdim=True))  # (B, L)
         x = self.embedding(ids) * math.sqrt(self.config.hidden_size)  # (B, L, H)
-        x = x + self.timing[: ids.shape[1]].unsqueeze(0)  # (B, L, H)
+        timing: torch.Tensor = self.timing  # type: ignore[assignment]  # a buffer: (max_positions, H)
+        x = x + timing[: ids.shape[1]].unsqueeze(0)  # (B, L, H)
         x = self.final_norm(self.layers(x, src_key_padding_mask=~attend))  # (B, L, H)
         weights = mask.unsqueeze(-1).to(x.dtype)  # (B, L, 1)
         pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, H)
@@ -170,7 +171,7 @@ class BiLstmMaxEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.output_dim or 2 * self.config.hidden_size
 
-    def sparse_parameters(self) -> list[nn.Parameter]:
+    def sparse_parameters(self) -> list[torch.Tensor]:
         return []
 
     def forward(self, inputs: Inputs) -> torch.Tensor:
@@ -196,12 +197,8 @@ def _without_pooler(hf_config) -> dict[str, Any]:
         AutoModel,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
     )
 
-    model_class = AutoModel._model_mapping[type(hf_config)]
-    return (
-        {"add_pooling_layer": False}
-        if "add_pooling_layer" in inspect.signature(model_class.__init__).parameters
-        else {}
-    )
+    model_class: Any = AutoModel._model_mapping[type(hf_config)]  # a model class (typed loosely by transformers)
+    return {"add_pooling_layer": False} if "add_pooling_layer" in inspect.signature(model_class).parameters else {}
 
 
 class PretrainedEncoder(nn.Module):
@@ -267,7 +264,7 @@ class PretrainedEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.output_dim or self.model.config.hidden_size
 
-    def sparse_parameters(self) -> list[nn.Parameter]:
+    def sparse_parameters(self) -> list[torch.Tensor]:
         return []
 
     def forward(self, inputs: Inputs) -> torch.Tensor:
@@ -316,11 +313,11 @@ ENCODERS: dict[str, type] = {
 }
 
 
-def encoder_class(name: str) -> type:
+def encoder_class(name: str) -> type[Any]:
     if name not in ENCODERS:
         raise ValueError(f"model.encoder: expected one of {'|'.join(ENCODERS)}, got {name!r}")
     return ENCODERS[name]
 
 
-def build_encoder(config: ModelConfig, num_words: int, num_bigrams: int) -> nn.Module:
+def build_encoder(config: ModelConfig, num_words: int, num_bigrams: int) -> Any:
     return encoder_class(config.encoder).from_config(config, num_words, num_bigrams)

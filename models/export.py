@@ -25,6 +25,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -90,7 +91,7 @@ class OnnxEncoder:
 
     def encode(self, sentences: str | Sequence[str], batch_size: int = 256) -> np.ndarray:
         single = isinstance(sentences, str)
-        texts: list[str] = [sentences] if single else list(sentences)
+        texts: list[str] = [sentences] if isinstance(sentences, str) else list(sentences)
         tokens = self.tokenizer.encode(texts)  # {name: (n, L)}
         first = tokens[self.names[0]]
         lengths = (first != self.tokenizer.pad_id).sum(1)  # (n,)
@@ -184,7 +185,7 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
         hidden = encoder.model.config.hidden_size
         modules = [Transformer(tmp, max_seq_length=max_len), Pooling(hidden, pooling_mode=encoder.config.pooling)]
         if encoder.config.output_dim:
-            linear = encoder.projection
+            linear = cast(torch.nn.Linear, encoder.projection)
             modules.append(
                 Dense(
                     hidden,

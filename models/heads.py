@@ -9,6 +9,7 @@ which each checkpoint's config.json keeps so that `convsts.models.load` rebuilds
 from __future__ import annotations
 
 import importlib
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +32,9 @@ class ResponseHead(nn.Module):
         self.net = nn.Sequential(
             nn.Linear(dim, config.response_hidden), nn.Tanh(), nn.Linear(config.response_hidden, dim)
         )
-        nn.init.zeros_(self.net[-1].weight)
-        nn.init.zeros_(self.net[-1].bias)
+        last = cast(nn.Linear, self.net[-1])
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
 
     def forward(self, response: torch.Tensor) -> torch.Tensor:
         return response + self.net(response)  # (B, D)
@@ -75,7 +77,7 @@ class MultitaskModel(nn.Module):
         dim = self.encoder.output_dim
         self.heads = nn.ModuleDict({task: head_class(kind)(dim, config) for task, kind in self.head_kinds.items()})
 
-    def sparse_parameters(self) -> list[nn.Parameter]:
+    def sparse_parameters(self) -> list[torch.Tensor]:
         """Parameters whose gradients are sparse (the DAN's embedding tables)."""
         return self.encoder.sparse_parameters()
 

@@ -1,14 +1,28 @@
 #!/usr/bin/env bash
-# README command 2: install, then run the whole test suite (slow end-to-end tests included).
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast subset.
+# README command 2 (and CI's): install, then lint, type-check, the unit tier, the slow tier.
+#   lint:       ruff check and ruff format --check (pyproject's [tool.ruff])
+#   types:      mypy on convsts.models and convsts.datasets (scripts/typecheck.sh)
+#   unit tier:  `pytest`, no Ray (a test that starts Ray fails there)
+#   slow tier:  `pytest --slow -m slow`, Ray, Ray Train / Tune jobs, servers, end to end
+# Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k prepare`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh || exit 1
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
-.venv/bin/python -m pytest --slow --timeout=900 --durations=15 "$@"  # the 15 slowest tests last: the suite should stay near 20 min
-rc=$?
-if [ "$rc" -eq 5 ]; then
-  echo "pytest collected no tests: treating as a failure"
-  exit 1
-fi
-exit "$rc"
+
+stage() { echo; echo "[test] $1 ($(date -u +%H:%M:%S))"; }
+tests() {  # pytest's exit code 5 (no test collected) is a failure too
+  .venv/bin/python -m pytest "$@"
+  local rc=$?
+  if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: treating as a failure"; return 1; fi
+  return "$rc"
+}
+
+stage "lint: ruff check, ruff format --check"
+.venv/bin/ruff check . && .venv/bin/ruff format --check . || exit 1
+stage "types: mypy on convsts.models and convsts.datasets"
+bash scripts/typecheck.sh || exit 1
+stage "unit tier: no Ray"
+tests --timeout=300 --durations=10 "$@" || exit 1
+stage "slow tier: Ray, training, sweeps, servers"
+tests --slow -m slow --timeout=900 --durations=15 "$@"  # the 15 slowest tests last

@@ -1,8 +1,15 @@
-"""Shared fixtures: one local Ray instance and one sqlite MLflow store per test session."""
+"""Test tiers and shared fixtures.
+
+Two tiers: `pytest` runs the unit tier, which starts no Ray (every test that does, by the
+`ray_session` fixture or in a subprocess, is marked slow; the unit tier points Ray's temp folder
+at a folder of its own and fails a test that starts a Ray instance there); `pytest --slow -m slow`
+runs the Ray / end-to-end tier (`pytest --slow` runs both). Session fixtures: one local Ray
+instance, the sample prepared once, one sqlite MLflow store."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -53,8 +60,31 @@ def mlflow_uri(tmp_path_factory) -> str:
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--slow", action="store_true", default=False, help="also run the slow end-to-end tests (Ray Train / Tune jobs)"
+        "--slow", action="store_true", default=False, help="also run the slow tier (Ray, Ray Train / Tune jobs)"
     )
+
+
+def _slow_tier(config) -> bool:
+    return config.getoption("--slow") or os.environ.get("CONVSTS_SLOW") == "1"
+
+
+def pytest_configure(config):
+    if not _slow_tier(config):  # the unit tier: a Ray instance started anywhere below shows up here
+        os.environ["RAY_TMPDIR"] = config.convsts_ray_tmp = tempfile.mkdtemp(prefix="convsts-unit-")
+
+
+def _ray_sessions(config) -> set[str]:
+    root = Path(getattr(config, "convsts_ray_tmp", "")) / "ray"
+    return {p.name for p in root.glob("session_*")} if root.is_dir() else set()
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_starts_no_ray(request):
+    """In the unit tier, a test that starts Ray (in this process or a subprocess) fails: mark it slow."""
+    before = _ray_sessions(request.config)
+    yield
+    if hasattr(request.config, "convsts_ray_tmp") and _ray_sessions(request.config) - before:
+        pytest.fail(f"{request.node.nodeid} started a Ray instance: the unit tier runs without Ray; mark it slow")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -65,7 +95,10 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(no_gpu)
-    if config.getoption("--slow") or os.environ.get("CONVSTS_SLOW") == "1":
+    for item in items:
+        if "ray_session" in item.fixturenames:  # it starts Ray: the slow tier
+            item.add_marker(pytest.mark.slow)
+    if _slow_tier(config):
         return
     skip = pytest.mark.skip(reason="slow: run with --slow (scripts/test.sh does)")
     for item in items:

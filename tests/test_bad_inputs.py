@@ -514,6 +514,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # one subprocess per command
 def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_path):
     """Guards: a URI whose store cannot be reached (no server, a wrong endpoint) ended every command in
     pyarrow's OSError traceback. Each command now prints one line naming the URI (credentials
@@ -538,6 +539,7 @@ def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_pa
         assert len(lines) == 1 and "s3://***@bucket/p" in lines[0] and "NETWORK_CONNECTION" in lines[0], lines
 
 
+@pytest.mark.slow  # prepares through Ray Data
 def test_a_store_that_fails_in_the_middle_of_a_read_is_one_line_and_the_same_command_then_prepares(tmp_path):
     """Guards: a store that stopped answering while a dump was being read (the connection dropped,
     after pyarrow's own retries) ended `convsts prepare` in pyarrow's traceback, which named no

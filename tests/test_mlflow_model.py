@@ -92,7 +92,8 @@ def test_model_folder_has_no_optimizer_state_and_a_card(model_folder):
         "90 training pairs" in card
         and "snli: 40 training pairs" in card
         and "`snli/train.parquet`" in card
-        and "convsts.models.load(" in card
+        and "from convsts import models" in card
+        and "models.load(" in card
         and "runs:/RUNID/model" in card
     )
     assert "secret" not in card and "secret" not in (model_folder / "card.json").read_text()
