@@ -67,6 +67,8 @@ OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw")
 PRECISIONS = ("fp32", "bf16")
 LR_DECAYS = ("none", "linear", "cosine")
 TASK_SPLITS = ("sync", "async")
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+PLACEMENT_STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
 
 
 @dataclass
@@ -79,6 +81,12 @@ class TrainerConfig:
     # computes on every core with torch_threads = the node's cores.
     torch_threads: int = 0
     use_gpu: bool = False
+    # How Ray places the task workers on a cluster's nodes (Ray's placement-group strategies).
+    # SPREAD (default): over distinct nodes where it can, so losing a node loses few workers and the
+    # workers do not compete for one node's cores, network and disk; PACK: as few nodes as possible
+    # (less traffic between nodes for the gradient exchange); STRICT_*: refuse rather than bend.
+    # On one machine both give the same run.
+    placement_strategy: str = "SPREAD"
     task_weights: dict[str, float] = field(default_factory=lambda: {"reddit": 0.95, "snli": 0.05})
     # Workers per task, e.g. {reddit: 19, snli: 1} (summing to num_workers); {} = by the weights
     # (largest remainder, at least one each).
@@ -173,7 +181,10 @@ class RunConfig:
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
     def validate(self) -> RunConfig:
-
+        if not RUN_NAME.fullmatch(self.name):  # it names folders: OUT/ray_results/<name>, <storage_path>/<name>
+            raise ConfigError(
+                f"name: a plain name (letters, digits, '.', '_', '-'; not starting with '.' or '-'), got {self.name!r}"
+            )
         if self.model.encoder not in ENCODERS:
             raise ConfigError(f"model.encoder: expected {'|'.join(ENCODERS)}, got {self.model.encoder!r}")
         if self.data.reddit_format not in ("auto", "pushshift", "pairs"):
@@ -269,6 +280,12 @@ def _validate_trainer_numbers(t: TrainerConfig) -> None:
     _need(t.precision in PRECISIONS, "trainer.precision", "|".join(PRECISIONS), t.precision)
     _need(t.lr_decay in LR_DECAYS, "trainer.lr_decay", "|".join(LR_DECAYS), t.lr_decay)
     _need(t.task_split in TASK_SPLITS, "trainer.task_split", "|".join(TASK_SPLITS), t.task_split)
+    _need(
+        t.placement_strategy in PLACEMENT_STRATEGIES,
+        "trainer.placement_strategy",
+        "|".join(PLACEMENT_STRATEGIES),
+        t.placement_strategy,
+    )
     _need(t.async_refresh_every >= 1, "trainer.async_refresh_every", ">= 1", t.async_refresh_every)
     _need(t.async_slack >= 0, "trainer.async_slack", ">= 0", t.async_slack)
 

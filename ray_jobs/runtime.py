@@ -59,6 +59,18 @@ class DropProgressBarHint(logging.Filter):
 RAY_DATA_LOGGING = Path(__file__).with_name("ray_data_logging.yaml")
 
 
+def worker_setup() -> None:
+    """Ray's `worker_process_setup_hook` in every worker of an instance that convsts starts or joins:
+    RAY_ADDRESS set to the worker's own cluster, so that Ray's helpers which look a cluster up by
+    address (Train's placement-group cleaner polls the state API) find this one even when other Ray
+    instances run on the machine (without it they print a "Found multiple active Ray instances"
+    traceback); then quiet_ray_logs."""
+    import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    quiet_ray_logs()
+
+
 def quiet_ray_logs() -> None:
     """Ray's info logs off the console of this process; with `--verbose`, nothing changes. Run in
     the driver (ensure_ray) and, as Ray's `worker_process_setup_hook`, in every worker process:
@@ -119,8 +131,8 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     address = address or os.environ.get("RAY_ADDRESS")
     kwargs = {"logging_level": logging.INFO if verbose() else logging.WARNING, "log_to_driver": True}
     # A submitted job whose own runtime env names a setup hook keeps it (Ray refuses two).
-    if not verbose() and "worker_process_setup_hook" not in os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", ""):
-        kwargs["runtime_env"] = {"worker_process_setup_hook": f"{__name__}.quiet_ray_logs"}
+    if "worker_process_setup_hook" not in os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", ""):
+        kwargs["runtime_env"] = {"worker_process_setup_hook": f"{__name__}.worker_setup"}
     if address:
         ray.init(address=address, **kwargs)
     else:

@@ -32,6 +32,8 @@ from convsts.ray_jobs.evaluation.plots import fraction_curve_plot
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 from convsts.ray_jobs.evaluation.sts import stsb_embeddings, transformed_sts_metrics
 from convsts.ray_jobs.flat import changed_values, flatten
+from convsts.ray_jobs.outlock import output_lock
+from convsts.ray_jobs.resources import TRIAL_FUNCTION_CPU, alive_nodes, trials_at_once
 from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri
 from convsts.ray_jobs.training.run import ensure_prepared, prepared_location, run_training
 from convsts.tune_spaces import TuneSpace
@@ -40,9 +42,6 @@ SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_t
 
 
 STATE_FILE = "sweep.json"  # OUT/sweep.json: the parent run id and what defines the sweep (sweep_record), for resumption
-
-
-TRIAL_FUNCTION_CPU = 0.1  # the trial function only waits on its TorchTrainer
 
 
 def trial_config(base: dict[str, Any], params: dict[str, Any], fixed: Sequence[str] = ()) -> RunConfig:
@@ -157,10 +156,15 @@ def train_trial(
 
     cfg = trial_config(base, params, fixed)
     run_id = _trial_run(uri, experiment, parent_run_id, params)
+    trial_id = ray.tune.get_context().get_trial_id()
     # Under the sweep's output folder (Ray's own trial folder lives in its temporary session dir).
-    trial_dir = Path(trials_dir) / ray.tune.get_context().get_trial_id()
+    trial_dir = Path(trials_dir) / trial_id
+    # The trial's checkpoints: its own folder, keyed by its id, under trainer.storage_path (shared by
+    # the sweep's nodes) or else the sweep's trials/ray_results. A retry (FailureConfig) or a
+    # resumed sweep restarts the trial from its own last checkpoint there, never from another's.
+    cfg.trainer.storage_path = cfg.trainer.storage_path or str(Path(trials_dir) / "ray_results")
     try:
-        # fresh: a trial that a resumed sweep restarts trains again from its start.
+        # fresh: the trial's earlier outputs in trial_dir/run (a restart's) are replaced.
         trained = run_training(
             cfg,
             trial_dir / "run",
@@ -168,6 +172,7 @@ def train_trial(
             prepared_dir=prepared,
             extra_callbacks=[TuneReportCallback()],
             fresh=True,
+            storage_key=trial_id,
         )
         results = evaluate(EmbeddingScorer(load(trained.checkpoint), cfg.eval.batch_size), cfg, prepared)
     except BaseException:
@@ -180,23 +185,11 @@ def train_trial(
 
 
 def _concurrency(space: TuneSpace, cfg: RunConfig) -> tuple[dict[str, float], int]:
-    """(resources of the trial function, trials at once) from the cluster's CPUs."""
-    import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
-
-    cpus = float(ray.cluster_resources().get("CPU", 1.0))
+    """(resources of the trial function, trials at once), placed node by node (resources.py)."""
+    nodes = alive_nodes()
     if space.objective == "sts_matrix":
-        return {"cpu": 1.0}, max(1, int(cpus))
-    # The TorchTrainer inside asks for its own workers, and Ray Data's read tasks need a whole CPU
-    # beside them (ListFiles asks for 1 CPU: with less free it waits forever).
-    per_trial = TRIAL_FUNCTION_CPU + cfg.trainer.num_workers * cfg.trainer.cpus_per_worker + 1.0
-    if per_trial > cpus:
-        raise ConfigError(
-            f"a trial needs {per_trial:g} CPUs ({TRIAL_FUNCTION_CPU} for the trial function, "
-            f"trainer.num_workers x trainer.cpus_per_worker = {cfg.trainer.num_workers} x {cfg.trainer.cpus_per_worker} "
-            f"for the workers, 1 free for Ray Data) and the cluster has {cpus:g}: lower trainer.cpus_per_worker "
-            f"(e.g. trainer.cpus_per_worker={max(0.1, (cpus - 1.0 - TRIAL_FUNCTION_CPU) / cfg.trainer.num_workers):.2f})"
-        )
-    return {"cpu": TRIAL_FUNCTION_CPU}, max(1, int(cpus // per_trial))
+        return {"cpu": 1.0}, max(1, int(sum(n.get("CPU", 0.0) for n in nodes)))
+    return {"cpu": TRIAL_FUNCTION_CPU}, trials_at_once(cfg, nodes)
 
 
 def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
@@ -287,15 +280,47 @@ def run_sweep(
     num_samples: int | None = None,
     fresh: bool = False,
     max_concurrent: int | None = None,
+    max_failures: int = 2,
 ) -> dict[str, Any]:
     """The sweep of `space` over `cfg` into out_dir (resumed when out_dir holds the same sweep,
-    unless `fresh`); returns the best trial's results (also out_dir/results.json)."""
+    unless `fresh`); returns the best trial's results (also out_dir/results.json). A trial that
+    fails (a lost node, an error) is retried up to `max_failures` times from its own last
+    checkpoint; one that still fails ends its MLflow run FAILED and, once the others' results are
+    written, the sweep raises SweepTrialsFailed naming it."""
+    with output_lock(Path(out_dir).resolve(), "tune"):  # one run at a time in out_dir, for the whole run
+        return _run_sweep(
+            space=space,
+            cfg=cfg,
+            out_dir=out_dir,
+            checkpoint=checkpoint,
+            reddit_checkpoint=reddit_checkpoint,
+            prepared_dir=prepared_dir,
+            param_overrides=param_overrides,
+            num_samples=num_samples,
+            fresh=fresh,
+            max_concurrent=max_concurrent,
+            max_failures=max_failures,
+        )
+
+
+def _run_sweep(
+    space: TuneSpace,
+    cfg: RunConfig,
+    out_dir: str | Path,
+    checkpoint: str | None = None,
+    reddit_checkpoint: str | None = None,
+    prepared_dir: str | None = None,
+    param_overrides: dict[str, Any] | None = None,
+    num_samples: int | None = None,
+    fresh: bool = False,
+    max_concurrent: int | None = None,
+    max_failures: int = 2,
+) -> dict[str, Any]:
     from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     started, out_dir = time.time(), Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    param_overrides = dict(param_overrides or {})
-    num_samples = num_samples or space.num_samples
+    param_overrides, num_samples = dict(param_overrides or {}), num_samples or space.num_samples
     check_sweep_inputs(space, cfg, param_overrides, checkpoint, reddit_checkpoint)
     uri = _sweep_store(cfg, out_dir)
     resources, concurrency = _concurrency(space, cfg)
@@ -304,30 +329,28 @@ def run_sweep(
     resume = _resuming(out_dir / "ray_tune" / space.name, out_dir / STATE_FILE, fresh)
     param_space = {**space.params(), **param_overrides}
     record = sweep_record(space, cfg, param_overrides, num_samples, checkpoint, prepared_dir)
-    parent_run_id, expected = open_sweep(
-        space,
-        cfg,
-        out_dir,
-        uri,
-        record,
-        resume,
-        expected_trials(param_space, num_samples),
-        checkpoint or reddit_checkpoint,
-    )
+    expected, initial = expected_trials(param_space, num_samples), checkpoint or reddit_checkpoint
+    parent_run_id, expected = open_sweep(space, cfg, out_dir, uri, record, resume, expected, initial)
     base = cfg.to_dict()
     trainable, frames, embeddings = sweep_trainable(space, cfg, out_dir, uri, parent_run_id, checkpoint, prepared_dir)
-    tuner = _tuner(
-        space, tune.with_resources(trainable, resources), param_space, num_samples, concurrency, out_dir, resume
-    )
+    trainable, counts = tune.with_resources(trainable, resources), (num_samples, concurrency, max_failures)
+    tuner = _tuner(space, trainable, param_space, counts, out_dir, resume)
     log.info("sweep %s: %s trials at once, %s per trial function", space.name, concurrency, resources)
     grid = tuner.fit()
     _check_finished(grid, expected, out_dir / "ray_tune" / space.name)
-    _close_stopped_runs(uri, cfg.mlflow.experiment, parent_run_id)
+    failed = _close_trial_runs(grid, uri, cfg.mlflow.experiment, parent_run_id)
+    if len(failed) == len(grid):
+        raise SweepTrialsFailed(f"every trial failed ({', '.join(failed)}); see {out_dir / 'ray_tune' / space.name}")
     best = grid.get_best_result(metric=space.metric, mode=space.mode, scope="last")
     results = sweep_results(grid, best, space, base, out_dir, (frames, embeddings, checkpoint))
-    results.update(mlflow_run_id=parent_run_id, seconds=round(time.time() - started, 1))
+    results.update(mlflow_run_id=parent_run_id, failed_trials=failed, seconds=round(time.time() - started, 1))
     (out_dir / "results.json").write_text(redact(json.dumps(results, indent=2)), encoding="utf-8")
-    log_sweep(uri, cfg, parent_run_id, best, space, results, out_dir)
+    log_sweep(uri, cfg, parent_run_id, best, space, results, out_dir, failed)
+    if failed:
+        raise SweepTrialsFailed(
+            f"{len(failed)} of {len(grid)} trials failed after {max_failures} retries ({', '.join(failed)}); their "
+            f"MLflow runs are FAILED; {out_dir / 'results.json'} and the curve hold the other trials"
+        )
     return results
 
 
@@ -359,22 +382,26 @@ def _check_finished(grid, expected: int, experiment_path: Path) -> None:
         )
 
 
-def _tuner(
-    space: TuneSpace, trainable, param_space: dict, num_samples: int, concurrency: int, out_dir: Path, resume: bool
-):
+def _tuner(space: TuneSpace, trainable, param_space: dict, counts: tuple[int, int, int], out_dir: Path, resume: bool):
     from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     if resume:
         return tune.Tuner.restore(
             str(out_dir / "ray_tune" / space.name), trainable=trainable, resume_unfinished=True, resume_errored=True
         )
+    num_samples, concurrency, max_failures = counts
     return tune.Tuner(
         trainable,
         param_space=param_space,
         tune_config=tune.TuneConfig(
             num_samples=num_samples, scheduler=_scheduler(space), max_concurrent_trials=concurrency
         ),
-        run_config=tune.RunConfig(name=space.name, storage_path=str(out_dir / "ray_tune"), verbose=1),
+        run_config=tune.RunConfig(
+            name=space.name,
+            storage_path=str(out_dir / "ray_tune"),
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            verbose=1,
+        ),
     )
 
 
@@ -500,10 +527,10 @@ def _scheduler(space: TuneSpace):
 
 
 def log_sweep(
-    uri: str, cfg: RunConfig, parent_run_id: str, best, space: TuneSpace, results: dict, out_dir: Path
+    uri: str, cfg: RunConfig, parent_run_id: str, best, space: TuneSpace, results: dict, out_dir: Path, failed=()
 ) -> None:
     """The parent run: the best trial's params, the results, a tag naming the best child run, the
-    files of out_dir; then FINISHED."""
+    files of out_dir; then FINISHED, or FAILED (naming them) when trials failed."""
     best_child = tracking.find_run(
         uri,
         cfg.mlflow.experiment,
@@ -515,7 +542,9 @@ def log_sweep(
     for name in ("best_config.yaml", "results.json", "curve.png", "curve.csv", "sts_transform.safetensors"):
         if (out_dir / name).is_file():
             tracking.log_artifact(uri, parent_run_id, str(out_dir / name))
-    tracking.end_run(uri, parent_run_id, "FINISHED")
+    if failed:
+        tracking.set_tags(uri, parent_run_id, {"convsts.failed_trials": ",".join(failed)})
+    tracking.end_run(uri, parent_run_id, "FAILED" if failed else "FINISHED")
     value = float(best.metrics.get(space.metric, math.nan))
     log.info(
         "sweep %s: %d trials in %.0f s; best %s = %.4f",
@@ -528,15 +557,28 @@ def log_sweep(
 
 
 class SweepInterrupted(RuntimeError):
-    pass
+    """Trials left unfinished (the sweep was stopped): the same command resumes it."""
 
 
-def _close_stopped_runs(uri: str, experiment: str, parent_run_id: str) -> None:
-    """Trials stopped early by the scheduler end without closing their run: close them here."""
+class SweepTrialsFailed(RuntimeError):
+    """Trials that failed after every retry; the others' results are written."""
+
+
+def _close_trial_runs(grid, uri: str, experiment: str, parent_run_id: str) -> list[str]:
+    """Ends the trials' MLflow runs that are still RUNNING after the fit: FAILED for a trial that
+    failed (its process lost with its node, or an error after every retry), FINISHED with
+    `convsts.stopped_early` for one the scheduler stopped early. Returns the failed trials' ids."""
+    failed = sorted(str(r.metrics.get("trial_id") or Path(r.path).name) for r in grid if r.error is not None)
     for run in tracking.child_runs(uri, experiment, parent_run_id):
-        if run.info.status == "RUNNING":
+        trial = run.data.tags.get("convsts.trial_id", "")
+        if trial in failed:
+            tracking.set_tags(uri, run.info.run_id, {"convsts.failed": "true"})
+            if run.info.status != "FAILED":
+                tracking.end_run(uri, run.info.run_id, "FAILED")
+        elif run.info.status == "RUNNING":
             tracking.set_tags(uri, run.info.run_id, {"convsts.stopped_early": "true"})
             tracking.end_run(uri, run.info.run_id, "FINISHED")
+    return failed
 
 
 def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from convsts.datasets.redaction import redact
+from convsts.datasets.redaction import has_credentials, redact
 from convsts.ray_jobs.provenance import git_commit, library_versions, machine
 
 MAX_PARAM_LENGTH = 6000
@@ -25,9 +25,18 @@ SOURCE_TAGS = ("mlflow.source.name", "mlflow.source.type", "mlflow.source.git.co
 
 
 def client(tracking_uri: str):
+    """An MLflow client of the store. For a server URL with credentials in it (user:password@),
+    MLflow's own "View run ... at: URL" line, printed on stdout when a run ends (from the driver,
+    Ray workers and Tune trials alike, each of which makes its client here), is turned off: it
+    would print the password. The project's own lines name the run, redacted."""
     from mlflow.tracking import MlflowClient  # deferred: MLflow takes seconds to import; only tracking code needs it
 
+    if has_credentials(tracking_uri):
+        os.environ[SUPPRESS_RUN_LINKS] = "true"
     return MlflowClient(tracking_uri=tracking_uri)
+
+
+SUPPRESS_RUN_LINKS = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"  # MLflow's switch for that line
 
 
 def artifact_root(tracking_uri: str) -> str | None:
@@ -165,7 +174,7 @@ def log_metrics(tracking_uri: str, run_id: str, metrics: Mapping[str, float], st
 
     now = int(time.time() * 1000)
     items = [
-        Metric(_metric_name(k), float(v), now, step)
+        Metric(metric_name(k), float(v), now, step)
         for k, v in metrics.items()
         if isinstance(v, (int, float)) and math.isfinite(float(v))
     ]
@@ -174,7 +183,16 @@ def log_metrics(tracking_uri: str, run_id: str, metrics: Mapping[str, float], st
         c.log_batch(run_id, metrics=items[start : start + 500])
 
 
-def _metric_name(name: str) -> str:
+def last_logged_steps(tracking_uri: str, run_id: str) -> dict[str, int]:
+    """{metric: the highest step logged} of a run: what a restarted training has already logged."""
+    c = client(tracking_uri)
+    return {
+        key: max((m.step for m in c.get_metric_history(run_id, key)), default=-1)
+        for key in c.get_run(run_id).data.metrics
+    }
+
+
+def metric_name(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "_-./ " else "_" for ch in name)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from convsts.datasets.redaction import redact
 from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.outlock import output_lock
 from convsts.ray_jobs.runtime import setup_logging, tracking_uri
 from convsts.ray_jobs.training.run import ensure_prepared, prepared_location, run_training
 
@@ -62,10 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.out:
         build_parser().error("the following arguments are required: --out")
-    uri = tracking_uri(cfg.mlflow.tracking_uri, args.out)  # a tracking server that is not there fails before prepare
-    prepared = prepared_location(cfg, args.out, args.prepared)
-    ensure_prepared(cfg, prepared)
-    result = run_training(cfg, args.out, prepared_dir=prepared, fresh=args.fresh, mlflow_uri=uri)
+    with output_lock(args.out, "train"):  # before anything is written there: the store, the prepared data
+        uri = tracking_uri(
+            cfg.mlflow.tracking_uri, args.out
+        )  # a tracking server that is not there fails before prepare
+        prepared = prepared_location(cfg, args.out, args.prepared)
+        ensure_prepared(cfg, prepared)
+        result = run_training(cfg, args.out, prepared_dir=prepared, fresh=args.fresh, mlflow_uri=uri)
     print(
         json.dumps(
             {

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 
 from convsts.datasets.redaction import redact
@@ -22,6 +23,7 @@ from convsts.ray_jobs.errors import ConfigError
 from convsts.ray_jobs.runtime import setup_logging
 from convsts.ray_jobs.sweep import (
     SweepInterrupted,
+    SweepTrialsFailed,
     grid_overrides,
     run_sweep,
 )
@@ -47,12 +49,21 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--num-samples", type=int, default=None)
     parser.add_argument("--max-concurrent", type=int, default=None, help="at most this many trials at once")
     parser.add_argument("--fresh", action="store_true", help="start over instead of resuming DIR's sweep")
+    parser.add_argument(
+        "--max-failures",
+        type=int,
+        default=2,
+        help="retries of a failed trial (a lost node, an error) from its own last checkpoint (default 2)",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the base config")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.max_failures < 0:
+        parser.error(f"--max-failures: must be >= 0, got {args.max_failures}")
     setup_logging()
     try:
         space = get_space(args.space)
@@ -71,10 +82,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             num_samples=args.num_samples,
             fresh=args.fresh,
             max_concurrent=args.max_concurrent,
+            max_failures=args.max_failures,
         )
     except SweepInterrupted as err:
         print(f"convsts tune: {err}")
         return 130
+    except SweepTrialsFailed as err:
+        print(f"convsts tune: {err}", file=sys.stderr)
+        return 1
     print(redact(json.dumps(results, indent=2)))
     return 0
 

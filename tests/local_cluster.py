@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -120,9 +121,59 @@ def _wait_http(url: str, timeout_s: float, headers: dict[str, str] | None = None
     raise TimeoutError(f"{url} did not answer within {timeout_s} s: {last}")
 
 
+def _ray_env(env: dict[str, str]) -> dict[str, str]:
+    full_env = {
+        **os.environ,
+        **env,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    full_env.pop("RAY_ADDRESS", None)
+    return full_env
+
+
+def _own_ports() -> list[str]:
+    """Ports each raylet of a cluster on one host needs for itself (Ray's fixed defaults collide)."""
+    low = free_port()
+    return [
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        f"--node-manager-port={free_port()}",
+        f"--object-manager-port={free_port()}",
+        f"--min-worker-port={low % 20000 + 20000}",
+        f"--max-worker-port={low % 20000 + 20400}",
+    ]
+
+
+@contextlib.contextmanager
+def ray_worker_node(gcs_address: str, env: dict[str, str], num_cpus: int = 1) -> Iterator[dict[str, str]]:
+    """One more node of a cluster on this host: `ray start --address=GCS` with its own temp dir and
+    ports; yields {"temp_dir": ...}. kill_node(node) SIGKILLs its raylet, as a lost machine."""
+    temp_dir = tempfile.mkdtemp(prefix="cvnode", dir="/tmp")
+    cmd = [str(BIN / "ray"), "start", f"--address={gcs_address}", f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}"]
+    try:
+        done = subprocess.run(cmd + _own_ports(), env=_ray_env(env), capture_output=True, text=True, timeout=180)
+        if done.returncode != 0:
+            raise RuntimeError(f"ray start (worker node) failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        yield {"temp_dir": temp_dir}
+    finally:
+        stop_pids(pids_matching(temp_dir))
+
+
+def kill_node(node: dict[str, str]) -> None:
+    """SIGKILL a node's raylet and everything under it: the node is lost."""
+    pids = pids_matching(node["temp_dir"])
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 @contextlib.contextmanager
 def ray_head(env: dict[str, str], num_cpus: int = 2) -> Iterator[dict[str, str]]:
-    """`ray start --head` with a private temp dir; yields {"address": dashboard URL, "temp_dir": ...}."""
+    """`ray start --head` with a private temp dir; yields {"address": dashboard URL, "gcs": the
+    address worker nodes and drivers join, "temp_dir": ...}."""
     temp_dir = tempfile.mkdtemp(prefix="cvray", dir="/tmp")  # short: Ray's unix sockets live under it
     dashboard_port = free_port()
     full_env = {
@@ -156,7 +207,8 @@ def ray_head(env: dict[str, str], num_cpus: int = 2) -> Iterator[dict[str, str]]
             raise RuntimeError(f"ray start failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         address = f"http://127.0.0.1:{dashboard_port}"
         _wait_http(f"{address}/api/version", 120)
-        yield {"address": address, "temp_dir": temp_dir}
+        gcs = re.search(r"--address='([^']+)'", done.stdout + done.stderr)
+        yield {"address": address, "gcs": gcs.group(1) if gcs else "", "temp_dir": temp_dir}
     finally:
         stop_pids(pids_matching(temp_dir))
 

@@ -69,3 +69,7 @@ def test_killed_worker_is_replaced_and_training_resumes(ray_session, sample_prep
     assert restart_step >= max(checkpoint_steps) and restart_step % EVERY == 0
     assert 0 <= before_kill - restart_step <= EVERY, (before_kill, restart_step)
     assert "start step 0" in log and f"start step {restart_step}" in log
+    # The steps replayed after the restart are not logged again: one point per step and metric.
+    for name in ("reddit/loss", "snli/loss", "lr"):
+        steps = [m.step for m in client.get_metric_history(train["mlflow_run_id"], name)]
+        assert steps and len(steps) == len(set(steps)), (name, sorted(steps))

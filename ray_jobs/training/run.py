@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import shutil
 import time
 from collections.abc import Sequence
@@ -24,7 +25,9 @@ from convsts.ray_jobs.evaluation.sts import read_stsb_split
 from convsts.ray_jobs.flat import changed_values, flatten
 from convsts.ray_jobs.mlflow_model import log_model
 from convsts.ray_jobs.model_card import run_facts, write_card
+from convsts.ray_jobs.outlock import output_lock
 from convsts.ray_jobs.prepared import MANIFEST, prepare_into, verify_prepared
+from convsts.ray_jobs.resources import alive_nodes, check_training_fits
 from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
 from convsts.ray_jobs.task_groups import plan_for
 from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
@@ -86,12 +89,32 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: dict[str, str]) 
     return out
 
 
+def run_storage(cfg: RunConfig, out_dir: Path, key: str | None = None) -> tuple[str, str]:
+    """(Ray Train's storage_path, the run's folder name there): where this run's checkpoints go.
+
+    Every run owns its location. By default that is OUT/ray_results/<name>, and OUT holds one run
+    (claim_output). An explicit trainer.storage_path (a bucket every node reaches) is shared by
+    runs and sweeps, so the run's folder is <storage_path>/<name>/<key>: `key` a trial's own id
+    (a sweep's rerun or retry finds that trial's checkpoints, and only those), else new for each run
+    (a second run with the same name never restores the first's checkpoints). Ray Train's restarts
+    within the run (node loss, trainer.max_failures) stay in it; train.json and the MLflow tag
+    `convsts.storage` record it."""
+    if not cfg.trainer.storage_path:
+        return str(out_dir / "ray_results"), cfg.name
+    return storage.join(cfg.trainer.storage_path, cfg.name), key or new_run_key()
+
+
+def new_run_key() -> str:
+    """A run's own folder name under a shared storage path: UTC start time and 6 random hex digits."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
 def run_outputs(out_dir: Path, cfg: RunConfig) -> list[Path]:
     """What an earlier training run left in out_dir: train.json, its checkpoints and model folder,
     Ray Train's own run folder (when it is local)."""
     candidates = [out_dir / "train.json", out_dir / "checkpoint", out_dir / MODEL_FOLDER, out_dir / BEST_FOLDER]
-    if not storage.is_uri(cfg.trainer.storage_path):  # Ray Train's own run folder, when it is local
-        candidates.append(Path(cfg.trainer.storage_path or out_dir / "ray_results") / cfg.name)
+    if not cfg.trainer.storage_path:  # Ray Train's run folder in out_dir (one elsewhere is keyed per run)
+        candidates.append(out_dir / "ray_results" / cfg.name)
     return [p for p in candidates if p.exists()]
 
 
@@ -151,12 +174,28 @@ def run_training(
     extra_callbacks: Sequence[Any] = (),
     fresh: bool = False,
     mlflow_uri: str | None = None,
+    storage_key: str | None = None,
 ) -> TrainResult:
     """Check the inputs, then build datasets and the TorchTrainer, fit, copy the final checkpoint to
     out_dir/checkpoint. The MLflow run is created after the checks and ends FAILED on any error.
-    `mlflow_uri`: the tracking URI as the caller resolved (and checked) it; None resolves it here."""
+    `mlflow_uri`: the tracking URI as the caller resolved (and checked) it; None resolves it here.
+    `storage_key`: this run's own folder under an explicit trainer.storage_path (run_storage)."""
     out_dir = Path(out_dir).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with output_lock(out_dir, "train"):  # one run at a time in out_dir, for the whole run
+        args = (run_id, prepared_dir, extra_callbacks, fresh, mlflow_uri, storage_key)
+        return _run_training(cfg, out_dir, *args)
+
+
+def _run_training(
+    cfg: RunConfig,
+    out_dir: Path,
+    run_id: str | None,
+    prepared_dir: str | Path | None,
+    extra_callbacks: Sequence[Any],
+    fresh: bool,
+    mlflow_uri: str | None,
+    storage_key: str | None,
+) -> TrainResult:
     prepared = prepared_location(cfg, out_dir, prepared_dir)
     if cfg.trainer.eval_every:
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
@@ -170,6 +209,9 @@ def run_training(
         if differs:
             raise ConfigError(f"cannot resume {cfg.trainer.resume_from}: " + "; ".join(differs))
     ensure_ray()
+    check_training_fits(cfg, alive_nodes())  # a layout that fits no node is refused, not left waiting
+    storage_root, storage_name = run_storage(cfg, out_dir, storage_key)
+    log.info("checkpoints: %s", redact(storage.join(storage_root, storage_name)))
     params = flatten(cfg.to_dict())
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
     if own_run:
@@ -181,7 +223,10 @@ def run_training(
 
     try:
         _log_prepared_datasets(cfg, prepared, manifests, digests, uri, run_id)
-        result = _train(cfg, out_dir, prepared, uri, run_id, manifests, digests, extra_callbacks)
+        tracking.set_tags(uri, run_id, {"convsts.storage": redact(storage.join(storage_root, storage_name))})
+        result = _train(
+            cfg, out_dir, prepared, uri, run_id, manifests, digests, extra_callbacks, (storage_root, storage_name)
+        )
     except BaseException:
         tracking.end_run(uri, run_id, "FAILED")  # never left RUNNING (a caller's run fails with it)
         raise
@@ -249,14 +294,15 @@ def _train(
     manifests: dict[str, dict[str, Any]],
     digests: dict[str, str],
     extra_callbacks: Sequence[Any],
+    location: tuple[str, str],
 ) -> TrainResult:
     import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     started = time.time()
     tokenizer = _tokenizer(cfg, prepared)
     datasets = task_datasets(cfg, prepared, tokenizer)
-    tasks = trained_tasks(cfg)
-    train_rows = {name: ds.count() for name, ds in datasets.items() if tasks[name].materialize}  # materialized: free
+    materialized = [n for n in datasets if trained_tasks(cfg)[n].materialize]
+    train_rows = {n: datasets[n].count() for n in materialized}  # materialized: counting is free
     if train_rows:  # the SNLI-fraction sweep plots against data/snli_train_pairs
         tracking.log_metrics(uri, run_id, {f"data/{name}_train_pairs": n for name, n in train_rows.items()})
     plan = plan_for(cfg.trainer, cfg.trainer.num_workers)
@@ -266,7 +312,7 @@ def _train(
     holder = None
     if plan.mode == "async":  # the shared encoder's parameter holder, for this fit only
         holder = loop_config["holder"] = start_holder(cfg)
-    trainer = _torch_trainer(cfg, out_dir, loop_config, datasets, plan, extra_callbacks)
+    trainer = _torch_trainer(cfg, location, loop_config, datasets, plan, extra_callbacks)
     try:
         with tracking.system_metrics(uri, run_id):
             result = trainer.fit()
@@ -282,12 +328,8 @@ def _train(
     model_dir = save_model_folder(final, out_dir / MODEL_FOLDER)
     write_card(model_dir, run_facts(cfg.to_dict(), manifests, digests, run_id, uri, seconds))
     model_uri = log_model(uri, run_id, model_dir, cfg.mlflow.register_as, step=cfg.trainer.steps)
-    log.info(
-        "model: %s (MLflow %s%s)",
-        model_dir,
-        model_uri,
-        f", registered as {cfg.mlflow.register_as}" * bool(cfg.mlflow.register_as),
-    )
+    registered = f", registered as {cfg.mlflow.register_as}" if cfg.mlflow.register_as else ""
+    log.info("model: %s (MLflow %s%s)", model_dir, model_uri, registered)
     train_json = {
         "checkpoint": str(final),
         "best_checkpoint": str(best) if best else None,
@@ -297,6 +339,7 @@ def _train(
         "tracking_uri": redact(uri),
         "seconds": round(seconds, 1),
         "task_split_mode": plan.mode,
+        "storage": redact(storage.join(*location)),
     }
     (out_dir / "train.json").write_text(json.dumps(train_json, indent=2), encoding="utf-8")
     return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows, model_dir)
@@ -315,7 +358,7 @@ def _tokenizer(cfg: RunConfig, prepared: str):
 
 
 def _torch_trainer(
-    cfg: RunConfig, out_dir: Path, loop_config: dict, datasets: dict, plan, extra_callbacks: Sequence[Any]
+    cfg: RunConfig, location: tuple[str, str], loop_config: dict, datasets: dict, plan, extra_callbacks: Sequence[Any]
 ):
     import ray.train  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
     from ray.train.torch import (
@@ -329,12 +372,13 @@ def _torch_trainer(
             num_workers=cfg.trainer.num_workers,
             use_gpu=cfg.trainer.use_gpu,
             resources_per_worker={"CPU": cfg.trainer.cpus_per_worker},
+            placement_strategy=cfg.trainer.placement_strategy,
         ),
         datasets=datasets,
         dataset_config=task_split_data_config(plan, cfg.trainer.preserve_order),
         run_config=ray.train.RunConfig(
-            name=cfg.name,
-            storage_path=cfg.trainer.storage_path or str(out_dir / "ray_results"),
+            storage_path=location[0],
+            name=location[1],
             checkpoint_config=checkpoint_config(cfg),
             failure_config=ray.train.FailureConfig(max_failures=cfg.trainer.max_failures),
             callbacks=list(extra_callbacks) or None,

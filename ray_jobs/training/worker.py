@@ -64,7 +64,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             pad_id=tokenizer.pad_id,
         )
 
-    hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank)
+    hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank, restarted=checkpoint is not None)
     if plan.mode == "async":
         holder = loop_config["holder"]
         loop: TrainLoop = AsyncTrainLoop(cfg, model, plan, rank, open_stream, holder, tokenizer, hooks, state)
@@ -86,16 +86,20 @@ def restored_model(cfg, tokenizer, checkpoint):
     return model, restore(model, resume_from=cfg.trainer.resume_from or None)
 
 
-def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int) -> LoopHooks:
+def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int, restarted: bool) -> LoopHooks:
     """The loop's ties to Ray and MLflow: metrics to the run, checkpoints reported to Ray Train
     (with the model, tokenizer, run config and provenance), the STS-B dev probe on rank 0."""
     import ray.train  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
+    # After a restart (a lost node, FailureConfig) the loop replays the steps since its checkpoint:
+    # each metric is logged once per step, so the points the run already holds are not logged again.
+    logged = tracking.last_logged_steps(uri, run_id) if restarted and uri and run_id else {}
 
     def log(metrics: dict[str, float], step: int) -> None:
         if uri and run_id:
-            tracking.log_metrics(uri, run_id, metrics, step)
+            new = {k: v for k, v in metrics.items() if step > logged.get(tracking.metric_name(k), -1)}
+            tracking.log_metrics(uri, run_id, new, step)
 
     def report(step: int, metrics: dict[str, float], train_state: TrainState | None) -> None:
         if train_state is None:

@@ -1,0 +1,67 @@
+"""One run at a time in an --out folder (ray_jobs/outlock.py): a second run is refused in one line
+naming the holder, before it writes anything; the lock goes with the process that holds it."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from convsts.ray_jobs.outlock import LOCK_FILE, OutputInUse, output_lock
+
+REPO = Path(__file__).resolve().parent.parent
+HOLD = (
+    "import sys, time; from convsts.ray_jobs.outlock import output_lock\n"
+    "with output_lock(sys.argv[1], 'train'):\n    print('held', flush=True); time.sleep(120)\n"
+)
+
+
+def _holder(out: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_run_into_a_held_output_folder_is_refused_naming_the_holder(tmp_path):
+    out = tmp_path / "out"
+    holder = _holder(out)
+    try:
+        with pytest.raises(OutputInUse, match=rf"in use by another run \(`convsts train`, pid {holder.pid} on "):
+            with output_lock(out, "demo"):
+                pass
+        # Through the command: one line, exit 2, nothing of its own written (no store, no prepared data).
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        done = subprocess.run(
+            [sys.executable, "-m", "convsts.ray_jobs.cli", "train", "--out", str(out)],
+            capture_output=True, text=True, cwd=REPO, env=env, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"pid {holder.pid}" in lines[0] and "choose another --out" in lines[0]
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # The lock went with the killed process: the folder is free again, with no stale lock to remove.
+    with output_lock(out, "train"):
+        with output_lock(out, "train"):  # re-entrant within one process (a demo's training)
+            assert out.is_dir()
+
+
+def test_the_lock_is_free_once_the_holder_ends(tmp_path):
+    out = tmp_path / "out"
+    holder = _holder(out)
+    holder.terminate()
+    holder.wait()
+    deadline = time.time() + 10
+    while True:
+        try:
+            with output_lock(out, "train"):
+                break
+        except OutputInUse:
+            assert time.time() < deadline
+            time.sleep(0.1)

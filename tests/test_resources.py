@@ -1,0 +1,86 @@
+"""Node-by-node resource checks (ray_jobs/resources.py) and where each run keeps its checkpoints
+(training/run.py: run_storage): the Ray-free rules behind the cluster tests."""
+
+from pathlib import Path
+
+import pytest
+
+from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.errors import ConfigError
+from convsts.ray_jobs.resources import Ask, check_training_fits, trials_at_once, unplaced
+from convsts.ray_jobs.training.run import run_storage
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_requests_are_placed_whole_on_one_node():
+    # 2.3 free CPUs over three nodes hold no 1-CPU task: the case that left Ray Data waiting forever.
+    left, _ = unplaced([{"CPU": 0.9}, {"CPU": 0.4}, {"CPU": 0.4}], [Ask("Ray Data read task", 1.0)])
+    assert left == [Ask("Ray Data read task", 1.0)]
+    # Largest first, each on the node with the least room that holds it: 3 + 1 + 1 on nodes of 4 and 1.
+    left, room = unplaced([{"CPU": 4.0}, {"CPU": 1.0}], [Ask("a", 1.0), Ask("b", 3.0), Ask("c", 1.0)])
+    assert left == [] and sorted(r["CPU"] for r in room) == [0.0, 0.0]
+    # A GPU worker needs its GPU and its CPUs on the same node.
+    left, _ = unplaced([{"CPU": 8.0}, {"CPU": 8.0, "GPU": 1.0}], [Ask("w", 4.0, 1.0), Ask("w", 4.0, 1.0)])
+    assert len(left) == 1
+
+
+def test_a_training_layout_that_fits_no_node_is_refused_in_one_line():
+    gpu = load_config(REPO / "configs" / "transformer_gpu.yaml", ["trainer.use_gpu=false"])
+    with pytest.raises(ConfigError) as refused:  # 2 CPUs for the worker and 1 for Ray Data on a 2-CPU machine
+        check_training_fits(gpu, [{"CPU": 2.0}])
+    message = str(refused.value)
+    assert "\n" not in message and "1 node(s): 2 CPU" in message and "trainer.cpus_per_worker" in message
+    check_training_fits(gpu, [{"CPU": 16.0}])
+    with pytest.raises(ConfigError, match="trainer.use_gpu=false"):
+        check_training_fits(load_config(REPO / "configs" / "transformer_gpu.yaml"), [{"CPU": 16.0}])
+    check_training_fits(load_config(REPO / "configs" / "transformer_gpu.yaml"), [{"CPU": 16.0, "GPU": 1.0}])
+    # The default layout (2 x 0.5 CPU + 1 for Ray Data) fits one 2-CPU machine, but not three 0.9/0.4/0.4 nodes.
+    default = load_config(None)
+    check_training_fits(default, [{"CPU": 2.0}])
+    with pytest.raises(ConfigError, match="3 node"):
+        check_training_fits(default, [{"CPU": 0.9}, {"CPU": 0.4}, {"CPU": 0.4}])
+    # The paper-scale cluster (cluster/aws-gpu.yaml: 20 nodes of 8 CPUs and one GPU) holds its config.
+    paper = load_config(REPO / "configs" / "paper_scale.yaml")
+    check_training_fits(paper, [{"CPU": 0.0}] + [{"CPU": 8.0, "GPU": 1.0}] * 20)
+    with pytest.raises(ConfigError):
+        check_training_fits(paper, [{"CPU": 8.0, "GPU": 1.0}] * 19)
+
+
+def test_trials_at_once_counts_whole_trials_per_node():
+    cfg = load_config(None, ["trainer.cpus_per_worker=0.4"])  # a trial: 0.1 + 2 x 0.4 + 1 = 1.9 CPUs
+    assert trials_at_once(cfg, [{"CPU": 2.0}]) == 1
+    assert trials_at_once(cfg, [{"CPU": 2.0}, {"CPU": 2.0}, {"CPU": 1.0}]) == 2
+    assert trials_at_once(cfg, [{"CPU": 8.0}]) == 4
+    # Each request is placed on its own: Ray Data's task on one node, the workers on another.
+    assert trials_at_once(cfg, [{"CPU": 1.0}, {"CPU": 1.0}]) == 1
+    with pytest.raises(ConfigError, match="does not fit"):  # the second 0.4-CPU worker has no room
+        trials_at_once(cfg, [{"CPU": 1.0}, {"CPU": 0.5}])
+
+
+def test_every_run_owns_its_checkpoint_location(tmp_path):
+    cfg = load_config(None)
+    assert run_storage(cfg, tmp_path) == (str(tmp_path / "ray_results"), cfg.name)  # OUT holds one run
+    shared = load_config(None, ["trainer.storage_path=s3://bucket/convsts", "name=paper"])
+    first, second = run_storage(shared, tmp_path), run_storage(shared, tmp_path)
+    assert first[0] == second[0] == "s3://bucket/convsts/paper"
+    assert first[1] != second[1]  # a second run with the same name never restores the first's checkpoints
+    # A trial's key is its own id: its retries and a resumed sweep find its checkpoints, and only those.
+    assert run_storage(shared, tmp_path, "a1b2c_00001") == ("s3://bucket/convsts/paper", "a1b2c_00001")
+    assert run_storage(shared, tmp_path, "a1b2c_00001") != run_storage(shared, tmp_path, "a1b2c_00002")
+
+
+def test_placement_strategy_is_checked():
+    assert load_config(None).trainer.placement_strategy == "SPREAD"
+    assert load_config(None, ["trainer.placement_strategy=PACK"]).trainer.placement_strategy == "PACK"
+    with pytest.raises(ConfigError, match="trainer.placement_strategy"):
+        load_config(None, ["trainer.placement_strategy=ANYWHERE"])
+
+
+@pytest.mark.parametrize("name", ["../elsewhere", "/some/folder", "a/b", "..", ".hidden", "-x"])
+def test_a_run_name_is_a_plain_name_not_a_path(name):
+    # The name is joined under OUT/ray_results and the storage path, which --fresh empties: before,
+    # `--fresh name=/some/folder` removed /some/folder.
+    with pytest.raises(ConfigError, match="name: a plain name"):
+        load_config(None, [f"name={name}"])
+    assert load_config(None, ["name=paper-scale_v2.1"]).name == "paper-scale_v2.1"
