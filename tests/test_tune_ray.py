@@ -190,6 +190,8 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
             prepared_dir=str(prepared),
         )
     cfg.trainer.cpus_per_worker = 0.4
+    # A storage path shared by the trials (as a bucket on a cluster): each trial keeps its own checkpoints.
+    cfg.trainer.storage_path = str(tmp_path / "store")
     results = run_sweep(
         get_space("snli_fraction"),
         cfg,
@@ -222,6 +224,13 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
     assert {"curve.png", "curve.csv", "best_config.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
     children = _runs(mlflow_uri, experiment, parent.info.run_id)
     assert len(children) == 2
+    # Each trial trained from step 0 in a checkpoint folder of its own (before: the second trial
+    # restored the first's last checkpoint and trained no step).
+    assert sorted(p.name for p in (tmp_path / "store" / cfg.name).iterdir()) == sorted(children)
+    for trial_id, run in children.items():
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "reddit/loss")]
+        assert steps and min(steps) <= 2 and max(steps) == 4, (trial_id, steps)
+        assert run.data.tags["convsts.storage"] == str(tmp_path / "store" / cfg.name / trial_id)
     for run in children.values():
         assert run.info.status == "FINISHED"
         assert {"reddit/loss", "snli/loss", "stsb/dev/pearson", "data/snli_train_pairs"} <= set(run.data.metrics)
