@@ -382,7 +382,13 @@ def test_zero_steps_is_allowed_and_means_untrained():
 # ---- 7. one line, no traceback, through both entry points
 
 
-@pytest.mark.parametrize("entry", [["-m", "convsts.ray_jobs.cli", "train"], ["-m", "convsts.ray_jobs.train"]])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        ["-m", "convsts.ray_jobs.cli", "train"],
+        pytest.param(["-m", "convsts.ray_jobs.train"], marks=pytest.mark.slow),  # the same, as a job's entrypoint
+    ],
+)
 @pytest.mark.parametrize(
     "case, expected",
     [

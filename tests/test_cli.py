@@ -15,6 +15,7 @@ def test_unknown_config_key_exits_2_naming_the_key(tmp_path):
     assert "trainer.stepz" in proc.stderr
 
 
+@pytest.mark.slow  # a subprocess per command
 def test_help_lists_commands():
     proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli"], capture_output=True, text=True)
     assert proc.returncode == 0

@@ -217,6 +217,12 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
         # Its own local Ray instance (no RAY_ADDRESS) runs Ray Train without the preemption watcher,
         # whose start printed a core_worker.cc error line on every run (ray-project/ray#53727).
         assert "PreemptionWatcher" not in train.stdout + train.stderr
+        # The test session's own Ray instance runs beside this one: Ray's helpers in this run's workers
+        # find their own cluster (RAY_ADDRESS set by convsts' worker setup), not "multiple instances".
+        assert "multiple active Ray instances" not in train.stdout + train.stderr
+        # Its checkpoints are in a folder of its own under the shared storage path, as train.json says.
+        storage_folder = json.loads((out / "train.json").read_text())["storage"]
+        assert storage_folder.startswith(f"{bucket}/ray_results/") and keys(storage_folder)
 
         prepared = keys(f"{bucket}/prepared")
         assert "convsts-data/prepared/reddit/manifest.json" in prepared
