@@ -18,6 +18,7 @@ import dataclasses
 import json
 import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -99,17 +100,26 @@ def save_checkpoint(
 MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")  # + the STS matrices; not train_state.pt
 
 
+def staging_folder(out_dir: Path) -> Path:
+    """A new, empty folder beside out_dir, made by this call (a unique name: never a folder of the
+    user's, which is never removed), to write into and rename into place when complete."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+
+
 def save_model_folder(checkpoint: str | Path, out_dir: str | Path) -> Path:
     """The encoder without optimizer state: MODEL_FILES (the STS matrix when present) copied from
     `checkpoint`; written beside `out_dir` and renamed into place, replacing an older copy."""
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     read_meta(checkpoint)  # a convsts checkpoint of this format
-    partial = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    for path in [*(checkpoint / n for n in MODEL_FILES), *sorted(checkpoint.glob(STS_PATTERN))]:
-        if path.is_file():
-            shutil.copy2(path, partial / path.name)
+    partial = staging_folder(out_dir)
+    try:
+        for path in [*(checkpoint / n for n in MODEL_FILES), *sorted(checkpoint.glob(STS_PATTERN))]:
+            if path.is_file():
+                shutil.copy2(path, partial / path.name)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # this call's own folder only
+        raise
     if out_dir.exists():
         shutil.rmtree(out_dir)
     partial.rename(out_dir)

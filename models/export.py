@@ -34,7 +34,7 @@ from torch import nn
 
 from convsts.datasets.errors import BadInputError
 from convsts.datasets.text import save_tokenizer, tokenizer_from_dict
-from convsts.models.checkpoint import load
+from convsts.models.checkpoint import load, staging_folder
 from convsts.models.encoders import PretrainedEncoder
 from convsts.models.heads import MultitaskModel
 from convsts.models.quiet import quiet_loggers
@@ -118,9 +118,7 @@ def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
     names = list(sample)
     args = tuple(torch.from_numpy(np.ascontiguousarray(sample[n], dtype=np.int64)) for n in names)
     axes = {0: "batch", 1: "length"}
-    partial = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    partial = staging_folder(out_dir)  # this export's own folder: never one of the user's
     try:
         with torch.no_grad(), quiet_loggers(EXPORT_LOGGERS):
             torch.onnx.export(
@@ -197,7 +195,10 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
             )
         modules.append(Normalize())
         # Written beside the target and renamed when complete: a cut export leaves no folder to load.
-        partial = out_dir.with_name(out_dir.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        SentenceTransformer(modules=modules, device="cpu").save(str(partial))
+        partial = staging_folder(out_dir)  # this export's own folder: never one of the user's
+        try:
+            SentenceTransformer(modules=modules, device="cpu").save(str(partial))
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
         return _publish(partial, out_dir)

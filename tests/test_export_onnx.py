@@ -74,7 +74,13 @@ def test_onnx_graph_gives_the_torch_embeddings(kind, sentences, tmp_path):
     np.testing.assert_allclose(raw, expected[:5], atol=1e-4)
     with pytest.raises(BadInputError, match="already exists and is not empty"):
         to_onnx(ckpt, tmp_path / "onnx")
-    assert not (tmp_path / "onnx.partial").exists()
+    assert not list(tmp_path.glob(".onnx.*.partial"))  # the export's own staging folder is gone
+    # A folder of the user's named like a staging folder is never removed (before: <out>.partial was).
+    mine = tmp_path / "again.partial"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    to_onnx(ckpt, tmp_path / "again")
+    assert (mine / "notes.txt").read_text() == "mine" and (tmp_path / "again" / ONNX_FILE).is_file()
 
 
 def test_onnx_export_of_the_pretrained_encoder(sentences, tmp_path):
