@@ -17,8 +17,6 @@ import lzma
 import zlib
 from pathlib import Path
 
-import zstandard
-
 from convsts.datasets import storage
 from convsts.datasets.errors import BadInputError
 
@@ -69,6 +67,7 @@ class _ZstdLines(io.RawIOBase):
     ending early as zstandard's stream reader does."""
 
     def __init__(self, raw, path: str):
+        import zstandard  # deferred: only .zst inputs need it (a compiled package some machines lack)
 
         self._zstd = zstandard
         self._raw, self._path = raw, path
