@@ -3,4 +3,4 @@
 from convsts.ray_jobs.cli import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

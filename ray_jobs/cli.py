@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -32,7 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"convsts {version('convsts')}")
         return 0
     if argv[0] not in COMMANDS:
-        print(f"convsts: unknown command {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f"; did you mean `convsts {close[0]}`?" if close else f"; commands: {', '.join(COMMANDS)}"
+        print(f"convsts: unknown command {argv[0]!r}{hint} (convsts --help lists them)", file=sys.stderr)
         return 2
 
     module = importlib.import_module(COMMANDS[argv[0]][0])

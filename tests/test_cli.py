@@ -179,3 +179,18 @@ def test_ray_data_logs_to_the_console_at_warning_unless_verbose(verbose, tmp_pat
     else:
         assert "[('console', 'WARNING'), ('file', 'NOTSET')]" in done.stdout
         assert "an info line" not in done.stderr and "Progress bars disabled" not in done.stderr
+
+
+def test_a_misspelt_command_is_one_line_with_did_you_mean():
+    from convsts.ray_jobs.cli import main
+
+    for typed, expected in (
+        ("trian", "did you mean `convsts train`?"),
+        ("evalute", "did you mean `convsts evaluate`?"),
+    ):
+        proc = subprocess.run([sys.executable, "-m", "convsts", typed], capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr.strip().splitlines() == [
+            f"convsts: unknown command {typed!r}; {expected} (convsts --help lists them)"
+        ]
+    assert main(["zzz"]) == 2  # nothing close: the list of commands instead
