@@ -31,10 +31,13 @@ def test_hugging_face_datasets_imports_beside_convsts(where, tmp_path):
 
 
 def test_only_convsts_is_a_top_level_name_of_the_distribution():
-    from importlib.metadata import distribution
+    import sysconfig
+    from importlib.metadata import distributions
 
-    dist = distribution("convsts")
-    top = {Path(f).parts[0] for f in dist.files or [] if f.suffix == ".py" and "dist-info" not in str(f)}
+    # The installed distribution (a build's convsts.egg-info in the project folder is not it).
+    (dist,) = [d for d in distributions(path=[sysconfig.get_paths()["purelib"]]) if d.metadata["Name"] == "convsts"]
+    assert (dist.read_text("top_level.txt") or "convsts").split() == ["convsts"]
+    top = {Path(f).parts[0] for f in dist.files or [] if f.suffix == ".py" and not str(f).startswith("..")}
     # An editable install lists its finder module; a wheel lists convsts/ only.
     assert top <= {"convsts", "__editable___convsts_0_1_0_finder.py"}, top
     for name in ("models", "ray_jobs", "tune_spaces"):
