@@ -15,7 +15,6 @@ import fcntl
 import json
 import os
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,30 +35,48 @@ def _holder(path: Path) -> dict:
 
 @contextlib.contextmanager
 def output_lock(out_dir: str | Path, command: str) -> Iterator[None]:
-    """Hold out_dir for this run (created when missing); refuse when another process holds it."""
+    """Hold out_dir for this run (created when missing); refuse when another process holds it. The
+    lock file is removed when the run ends: a refused or finished run leaves nothing of its own."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        holder = _holder(path)
-        if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
-            yield  # this process holds it already (a demo's training in the demo's folder)
-            return
-        raise OutputInUse(
-            f"{out_dir} is in use by another run (`convsts {holder.get('command', '?')}`, pid "
-            f"{holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('since', '?')}): wait for it "
-            f"to end, or choose another --out"
-        ) from None
+    fd = _acquire(path, out_dir)
+    if fd is None:
+        yield  # this process holds it already (a demo's training in the demo's folder)
+        return
     try:
         since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         record = {"command": command, "pid": os.getpid(), "host": socket.gethostname(), "since": since}
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({**record, "argv": sys.argv[1:][:20]}).encode())
+        os.write(fd, json.dumps(record).encode())  # no arguments: they may carry credentials
         yield
     finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # removed while still held: a process that opened it before sees a removed file
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _acquire(path: Path, out_dir: Path) -> int | None:
+    """The locked descriptor of `path`; None when this process holds it already."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = _holder(path)
+            if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+                return None
+            raise OutputInUse(
+                f"{out_dir} is in use by another run (`convsts {holder.get('command', '?')}`, pid "
+                f"{holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('since', '?')}): wait "
+                f"for it to end, or choose another --out"
+            ) from None
+        try:  # the holder before may have removed the file between our open and our lock: lock the new one
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)

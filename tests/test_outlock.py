@@ -42,14 +42,16 @@ def test_a_second_run_into_a_held_output_folder_is_refused_naming_the_holder(tmp
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and f"pid {holder.pid}" in lines[0] and "choose another --out" in lines[0]
-        assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]  # the holder's, still held
+        assert "argv" not in (out / LOCK_FILE).read_text()  # no arguments recorded: they may carry credentials
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     # The lock went with the killed process: the folder is free again, with no stale lock to remove.
     with output_lock(out, "train"):
         with output_lock(out, "train"):  # re-entrant within one process (a demo's training)
-            assert out.is_dir()
+            assert (out / LOCK_FILE).is_file()
+    assert list(out.iterdir()) == []  # a finished run leaves no lock file behind
 
 
 def test_the_lock_is_free_once_the_holder_ends(tmp_path):
