@@ -328,7 +328,6 @@ def read_cqa(path: str | Path, relevancy: str | Path | None = None) -> pd.DataFr
 
 
 def _read_cqa_xml(path: str) -> pd.DataFrame:
-
     try:
         with storage.open_binary(path) as fh:
             root = ET.parse(fh).getroot()

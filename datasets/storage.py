@@ -315,7 +315,6 @@ def read_parquet_table(path: str | Path, columns: list[str] | None = None):
 
 
 def read_parquet_schema(path: str | Path):
-
     inner, fs = path_and_filesystem(path)
     with _reading_parquet(path):
         return pq.read_schema(inner, filesystem=fs)

@@ -181,14 +181,12 @@ class SubwordTokenizer:
     pad_id = PAD_ID  # [PAD]
 
     def __init__(self, hf_json: str, config: TokenizerConfig):
-
         self.config = config
         self._hf_json = hf_json
         self._tok = Tokenizer.from_str(hf_json)
 
     @classmethod
     def train(cls, texts: Iterable[str], config: TokenizerConfig) -> SubwordTokenizer:
-
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tok.normalizer = normalizers.BertNormalizer(lowercase=config.lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -223,7 +221,6 @@ class PretrainedTokenizer:
     fits_from_counts = False
 
     def __init__(self, hf_json: str, config: TokenizerConfig):
-
         self.config = config
         self._hf_json = hf_json
         self._tok = Tokenizer.from_str(hf_json)

@@ -233,7 +233,6 @@ class SentenceEncoder:
         return self
 
     def _progress(self, n: int, batch_size: int, show: bool | None, desc: str):
-
         batches = -(-n // batch_size)
         asked = bool(show)
         if show is None:

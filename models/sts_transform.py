@@ -71,7 +71,6 @@ class StsTransform:
         return angular_score_np(self.apply(u), self.apply(v))
 
     def save(self, folder: str | Path, name: str = "") -> Path:
-
         path = Path(folder) / file_name(name)
         meta = {
             "config": json.dumps(dataclasses.asdict(self.config)),

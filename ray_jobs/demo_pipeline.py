@@ -23,7 +23,7 @@ from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, compare_evaluations
 from convsts.ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evaluation
 from convsts.ray_jobs.evaluation.scorers import LexicalScorer
 from convsts.ray_jobs.flat import flatten
-from convsts.ray_jobs.outlock import output_lock
+from convsts.ray_jobs.outlock import holds_output
 from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri
 from convsts.ray_jobs.tasks import prepared_tasks
 from convsts.ray_jobs.training.run import claim_output, prepare_all, run_outputs, run_training
@@ -41,19 +41,13 @@ DEMO_CONFIGS = {
 DEFAULT_ENCODER = PretrainedEncoder.name
 
 
+@holds_output("demo")  # one run at a time in out_dir, for the whole run
 def run_demo(
     cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = LexicalScorer.KINDS, fresh: bool = False
 ) -> dict[str, object]:
     """Prepare, train, evaluate and compare into out_dir. An out_dir that holds an earlier demo is
     refused before any work, unless `fresh`: its training run's outputs are then removed (its
     MLflow store and runs are kept, and its prepared sample is kept when it verifies)."""
-    with output_lock(Path(out_dir).resolve(), "demo"):  # one run at a time in out_dir, for the whole run
-        return _run_demo(cfg, out_dir, baselines, fresh)
-
-
-def _run_demo(
-    cfg: RunConfig, out_dir: str | Path, baselines: Sequence[str] = LexicalScorer.KINDS, fresh: bool = False
-) -> dict[str, object]:
     started, out_dir = time.time(), Path(out_dir).resolve()
     uri = claim_demo_output(cfg, out_dir, fresh)
     prepared = out_dir / "prepared"

@@ -135,7 +135,6 @@ FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
 
 
 def load_runtime_env(path: str | Path | None) -> dict[str, Any]:
-
     path = Path(path) if path else DEFAULT_RUNTIME_ENV
     if not path.is_file():
         raise FileNotFoundError(f"runtime_env file not found: {path}")

@@ -37,7 +37,6 @@ class EncoderModel(mlflow.pyfunc.PythonModel):
     """pyfunc wrapper of SentenceEncoder.encode."""
 
     def load_context(self, context) -> None:
-
         self.encoder = load(context.artifacts[ARTIFACT])
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> np.ndarray:

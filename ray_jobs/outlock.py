@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import inspect
 import json
 import os
 import socket
@@ -55,6 +57,23 @@ def output_lock(out_dir: str | Path, command: str) -> Iterator[None]:
             path.unlink()  # removed while still held: a process that opened it before sees a removed file
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def holds_output(command: str):
+    """Decorator: the function runs holding its `out_dir` argument (output_lock) from start to end."""
+
+    def decorate(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def held(*args, **kwargs):
+            out_dir = signature.bind(*args, **kwargs).arguments["out_dir"]
+            with output_lock(Path(out_dir).resolve(), command):
+                return fn(*args, **kwargs)
+
+        return held
+
+    return decorate
 
 
 def _acquire(path: Path, out_dir: Path) -> int | None:

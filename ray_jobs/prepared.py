@@ -55,7 +55,6 @@ def _names(files: Sequence[str], shown: int = 3) -> str:
 
 
 def _when(mtime_ns: int) -> str:
-
     return datetime.datetime.fromtimestamp(mtime_ns / 1e9, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 

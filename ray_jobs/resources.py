@@ -86,8 +86,10 @@ def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> None:
 
 def trials_at_once(cfg: RunConfig, nodes: list[Node]) -> int:
     """How many training trials fit on `nodes` side by side; refuses a sweep where none fits."""
-    left, room = unplaced(nodes, trial_asks(cfg))
-    if left:
+    count, room = 0, nodes
+    while not (placed := unplaced(room, trial_asks(cfg)))[0]:
+        count, room = count + 1, placed[1]
+    if not count:
         t = cfg.trainer
         raise ConfigError(
             f"a trial ({TRIAL_FUNCTION_CPU:g} CPU for the trial function, {t.num_workers} task worker(s) x "
@@ -95,12 +97,7 @@ def trials_at_once(cfg: RunConfig, nodes: list[Node]) -> int:
             f"does not fit on the cluster's {_describe(nodes)}: lower trainer.cpus_per_worker or "
             f"trainer.num_workers, or add nodes"
         )
-    count = 1
-    while True:
-        left, room = unplaced(room, trial_asks(cfg))
-        if left:
-            return count
-        count += 1
+    return count
 
 
 def alive_nodes() -> list[Node]:

@@ -23,7 +23,6 @@ class RedactingFilter(logging.Filter):
     """Credentials in URIs (user-info, secret-like query values) never reach a log line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-
         message = record.getMessage()
         clean = redact(message)
         if clean != message:
@@ -203,23 +202,22 @@ def check_tracking_server(uri: str, where: str) -> None:
         ) from None
 
 
-def _user_error_types() -> tuple:
-
-    return (
-        ConfigError,
-        BadInputError,
-        StorageError,
-        FileNotFoundError,
-        FileExistsError,
-        NotADirectoryError,
-        PermissionError,
-    )
+# Expected user errors: one line and exit 2 (run_main), never a traceback.
+USER_ERRORS = (
+    ConfigError,
+    BadInputError,
+    StorageError,
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    PermissionError,
+)
 
 
 def find_user_error(exc: BaseException) -> BaseException | None:
     """The expected user error (bad config, bad or missing input) behind `exc`, also when Ray
     wrapped it (a task's error travels as RayTaskError with `.cause`, Ray Data's as UserCodeException)."""
-    types, seen, todo, first = _user_error_types(), set(), [exc], None
+    types, seen, todo, first = USER_ERRORS, set(), [exc], None
     while todo:
         e = todo.pop(0)
         if e is None or id(e) in seen:
@@ -244,7 +242,6 @@ class UserErrorLogFilter(logging.Filter):
     expected user error: run_main prints it as one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-
         exc = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
         return exc is None or find_user_error(exc) is None
 

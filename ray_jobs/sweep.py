@@ -32,7 +32,7 @@ from convsts.ray_jobs.evaluation.plots import fraction_curve_plot
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 from convsts.ray_jobs.evaluation.sts import stsb_embeddings, transformed_sts_metrics
 from convsts.ray_jobs.flat import changed_values, flatten
-from convsts.ray_jobs.outlock import output_lock
+from convsts.ray_jobs.outlock import holds_output
 from convsts.ray_jobs.resources import TRIAL_FUNCTION_CPU, alive_nodes, trials_at_once
 from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri
 from convsts.ray_jobs.training.run import ensure_prepared, prepared_location, run_training
@@ -269,6 +269,7 @@ def _unfinished(result_grid, expected: int) -> int:
     return max(expected, len(result_grid)) - ended
 
 
+@holds_output("tune")  # one run at a time in out_dir, for the whole run
 def run_sweep(
     space: TuneSpace,
     cfg: RunConfig,
@@ -287,35 +288,6 @@ def run_sweep(
     fails (a lost node, an error) is retried up to `max_failures` times from its own last
     checkpoint; one that still fails ends its MLflow run FAILED and, once the others' results are
     written, the sweep raises SweepTrialsFailed naming it."""
-    with output_lock(Path(out_dir).resolve(), "tune"):  # one run at a time in out_dir, for the whole run
-        return _run_sweep(
-            space=space,
-            cfg=cfg,
-            out_dir=out_dir,
-            checkpoint=checkpoint,
-            reddit_checkpoint=reddit_checkpoint,
-            prepared_dir=prepared_dir,
-            param_overrides=param_overrides,
-            num_samples=num_samples,
-            fresh=fresh,
-            max_concurrent=max_concurrent,
-            max_failures=max_failures,
-        )
-
-
-def _run_sweep(
-    space: TuneSpace,
-    cfg: RunConfig,
-    out_dir: str | Path,
-    checkpoint: str | None = None,
-    reddit_checkpoint: str | None = None,
-    prepared_dir: str | None = None,
-    param_overrides: dict[str, Any] | None = None,
-    num_samples: int | None = None,
-    fresh: bool = False,
-    max_concurrent: int | None = None,
-    max_failures: int = 2,
-) -> dict[str, Any]:
     from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     started, out_dir = time.time(), Path(out_dir).resolve()
@@ -597,7 +569,6 @@ def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path
 
 
 def _fraction_curve(grid, space: TuneSpace, out_dir: Path) -> None:
-
     rows = []
     for result in grid:
         if result.error is not None or not result.metrics:

@@ -67,3 +67,17 @@ def test_the_lock_is_free_once_the_holder_ends(tmp_path):
         except OutputInUse:
             assert time.time() < deadline
             time.sleep(0.1)
+
+
+def test_a_decorated_run_holds_its_out_dir_from_start_to_end(tmp_path):
+    import json
+
+    from convsts.ray_jobs.outlock import holds_output
+
+    @holds_output("demo")
+    def run(cfg, out_dir, fresh=False):
+        return json.loads((Path(out_dir) / LOCK_FILE).read_text())["command"]
+
+    assert run(None, fresh=True, out_dir=tmp_path / "o") == "demo"  # out_dir found by name, as a keyword too
+    assert run(None, tmp_path / "o") == "demo"
+    assert list((tmp_path / "o").iterdir()) == []

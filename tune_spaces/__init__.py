@@ -65,5 +65,4 @@ def get_space(name: str) -> TuneSpace:
 
 
 def builtin_spaces() -> list[str]:
-
     return sorted(m.name for m in pkgutil.iter_modules(tune_spaces.__path__))

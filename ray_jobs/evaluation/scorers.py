@@ -49,7 +49,6 @@ class LexicalScorer:
         self.idf = np.array([np.log((1 + n) / (1 + df[w])) + 1.0 for w in sorted(df)], dtype=np.float32)
 
     def _vectors(self, texts: Sequence[str]):
-
         rows, cols, vals = [], [], []
         for r, text in enumerate(texts):
             counts: dict[int, int] = {}

@@ -150,7 +150,6 @@ class StsDevProbe:
         self.tokenizer = tokenizer
 
     def evaluate(self, model) -> dict[str, float]:
-
         model.eval()
         try:
             encoder = SentenceEncoder(model, self.tokenizer, {})

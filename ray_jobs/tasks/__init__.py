@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 
 def builtin_tasks() -> list[str]:
-
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base")
 
 

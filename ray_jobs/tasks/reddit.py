@@ -107,7 +107,6 @@ class RedditTask(Task):
         return self.evaluate_items(scorer, cfg, prepared_root)[0]
 
     def evaluate_items(self, scorer, cfg, prepared_root: str | None):
-
         heldout = heldout_pairs(storage.join(self.prepared_dir(prepared_root), "test")) if prepared_root else None
         if heldout is None:
             return {}, None

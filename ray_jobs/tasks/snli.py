@@ -17,7 +17,6 @@ from convsts.ray_jobs.tasks.base import Task, fields
 
 
 def _fraction_filter(batch: dict[str, np.ndarray], fraction: float, seed: int) -> dict[str, np.ndarray]:
-
     keep = np.array(
         [fraction_rank(str(p), str(h), seed) < fraction for p, h in zip(batch["premise"], batch["hypothesis"])],
         dtype=bool,
@@ -39,7 +38,6 @@ class SnliTask(Task):
         return [cfg.data.snli_train]
 
     def prepare(self, inputs: list[str], out_dir: str, cfg) -> dict[str, Any]:
-
         path = storage.resolve_path(inputs[0])
         read = snli.read_snli(path)
         frame = snli.with_fraction_rank(read, cfg.data.snli_fraction_seed)
@@ -72,7 +70,6 @@ class SnliTask(Task):
         return nli_loss(logits, labels), (logits.argmax(1) == labels).float().mean()
 
     def evaluate(self, scorer, cfg, prepared_root: str | None) -> dict[str, float]:
-
         if not hasattr(scorer, "nli_logits"):
             return {}
         results: dict[str, float] = {}

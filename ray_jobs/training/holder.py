@@ -57,7 +57,6 @@ class ParameterHolder:
         self._cond: asyncio.Condition | None = None
 
     def _build(self, run: dict[str, Any], tokenizer: dict[str, Any]) -> None:
-
         self.cfg = from_dict(run)
         trainer = self.cfg.trainer
         self.model = initial_model(self.cfg, tokenizer_from_dict(tokenizer), warm_start=False)  # reset() loads it

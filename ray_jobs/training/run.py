@@ -25,7 +25,7 @@ from convsts.ray_jobs.evaluation.sts import read_stsb_split
 from convsts.ray_jobs.flat import changed_values, flatten
 from convsts.ray_jobs.mlflow_model import log_model
 from convsts.ray_jobs.model_card import run_facts, write_card
-from convsts.ray_jobs.outlock import output_lock
+from convsts.ray_jobs.outlock import holds_output
 from convsts.ray_jobs.prepared import MANIFEST, prepare_into, verify_prepared
 from convsts.ray_jobs.resources import alive_nodes, check_training_fits
 from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
@@ -166,6 +166,7 @@ def ensure_prepared(cfg: RunConfig, prepared: str) -> dict[str, dict[str, Any]]:
     return written
 
 
+@holds_output("train")  # one run at a time in out_dir, for the whole run
 def run_training(
     cfg: RunConfig,
     out_dir: str | Path,
@@ -181,21 +182,6 @@ def run_training(
     `mlflow_uri`: the tracking URI as the caller resolved (and checked) it; None resolves it here.
     `storage_key`: this run's own folder under an explicit trainer.storage_path (run_storage)."""
     out_dir = Path(out_dir).resolve()
-    with output_lock(out_dir, "train"):  # one run at a time in out_dir, for the whole run
-        args = (run_id, prepared_dir, extra_callbacks, fresh, mlflow_uri, storage_key)
-        return _run_training(cfg, out_dir, *args)
-
-
-def _run_training(
-    cfg: RunConfig,
-    out_dir: Path,
-    run_id: str | None,
-    prepared_dir: str | Path | None,
-    extra_callbacks: Sequence[Any],
-    fresh: bool,
-    mlflow_uri: str | None,
-    storage_key: str | None,
-) -> TrainResult:
     prepared = prepared_location(cfg, out_dir, prepared_dir)
     if cfg.trainer.eval_every:
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
