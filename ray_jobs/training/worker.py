@@ -71,7 +71,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     else:
         loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
     if rank == 0:
-        _announce(loop_config, hooks, plan, world, device, loop.step, restarted=checkpoint is not None)
+        _announce(loop_config, plan, world, device, loop.step, restarted=checkpoint is not None)
     loop.run()
 
 
@@ -114,9 +114,7 @@ def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int, 
     return LoopHooks(log=log, checkpoint=report, evaluate=evaluate, say=say_once)
 
 
-def _announce(
-    loop_config: dict[str, Any], hooks: LoopHooks, plan, world: int, device, step: int, restarted: bool
-) -> None:
+def _announce(loop_config: dict[str, Any], plan, world: int, device, step: int, restarted: bool) -> None:
     """Rank 0's line of what only a worker knows (the task split itself is the driver's line, run.py),
     the run's tags at a first start, the restart step after a restart (FailureConfig)."""
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
@@ -124,5 +122,7 @@ def _announce(
     say_once(f"[convsts rank 0] world size {world}; device {device}; torch threads {threads}; start step {step}")
     if step == 0 and uri and run_id:
         tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode, "torch_threads": str(threads)})
-    if restarted:
-        hooks.log({"train/restarted_at_step": step}, step)
+    # The restart is an event, logged directly: hooks.log drops points at steps the run already holds, so a
+    # second resume from the same checkpoint would vanish.
+    if restarted and uri and run_id:
+        tracking.log_metrics(uri, run_id, {"train/restarted_at_step": step}, step)
