@@ -168,9 +168,8 @@ def file_stat(path: str | Path) -> tuple[int, int] | None:
 
 
 def file_sha256(path: str | Path) -> str:
-    """The sha256 of a local file's bytes (hex; what `sha256sum` prints), read in chunks."""
-
-    with open(path, "rb") as f:
+    """The sha256 of a file's bytes (hex; what `sha256sum` prints), local or at a URI, read in chunks."""
+    with open_binary(path) as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 

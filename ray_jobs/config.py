@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -428,6 +430,23 @@ def parse_with_overrides(
     return args
 
 
+def _check_override_yaml(item: str) -> None:
+    """An override whose value YAML cannot read (braces or a colon inside a list, an unclosed
+    quote) as one line naming the key and how to quote it, not PyYAML's traceback."""
+    key, value = item.split("=", 1)
+    try:
+        yaml.safe_load(value)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        inner = value.strip()
+        items = inner[1:-1].split(",") if inner.startswith("[") and inner.endswith("]") else None
+        quoted = f"[{', '.join(json.dumps(i.strip()) for i in items)}]" if items else json.dumps(inner)
+        raise ConfigError(
+            f"config key {key!r}: the value {value!r} is not valid YAML ({problem}); quote it: "
+            f"'{key}={quoted}' (the outer single quotes for the shell)"
+        ) from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """defaults <- YAML file <- dotted overrides such as `trainer.steps=500`."""
     schema = OmegaConf.structured(RunConfig)
@@ -449,6 +468,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value, e.g. trainer.steps=500")
+        _check_override_yaml(item)
     try:
         merged = schema
         for layer in layers[1:]:

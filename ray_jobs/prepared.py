@@ -59,7 +59,7 @@ def _when(mtime_ns: int) -> str:
 
 
 # The entries of a manifest's lists that the checks below read, and their types.
-SHARD_ENTRY = {"file": str, "rows": int}
+SHARD_ENTRY = {"file": str, "rows": int, "bytes": int, "sha256": str}
 
 
 INPUT_ENTRY = {"file": str, "size": int, "mtime_ns": int}
@@ -68,7 +68,7 @@ INPUT_ENTRY = {"file": str, "size": int, "mtime_ns": int}
 def manifest_shape_problem(manifest: Any) -> str | None:
     """What makes a manifest unreadable to verify_prepared (a hand-edited or foreign file), as
     'KEY: what is wrong', or None: a JSON object whose `shards` maps splits to lists of
-    {file, rows} and whose `input_files`, where present, is a list of {file, size, mtime_ns}."""
+    {file, rows, bytes, sha256} and whose `input_files`, where present, is a list of {file, size, mtime_ns}."""
     if not isinstance(manifest, dict):
         return f"not a JSON object but {type(manifest).__name__}"
     if "shards" not in manifest:
@@ -105,18 +105,51 @@ def write_train_frame(task: Task, frame, out_dir: str, cfg: RunConfig) -> None:
     ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
 
 
+def shard_record(path: str) -> dict[str, Any]:
+    """A shard as its manifest lists it: name, rows, bytes and the sha256 of its bytes (read back once,
+    just written; a run's data digest is made of these, so a shard swapped for other rows changes it)."""
+    stat = storage.file_stat(path)
+    return {
+        "file": storage.name(path),
+        "rows": storage.parquet_rows(path),
+        "bytes": stat[0] if stat else -1,
+        "sha256": storage.file_sha256(path),
+    }
+
+
+def shard_problem(task: Task, path: str, listed: dict[str, Any]) -> str | None:
+    """What differs between a shard and its manifest entry, or between its rows and what the task
+    reads (its columns; labels of the task's classes), or None. The content is checked by its sha256:
+    a shard replaced by other rows of the same count is refused before Ray starts."""
+    rows = storage.parquet_rows(path)  # BadInputError for a corrupt footer, a truncated file
+    if rows != listed["rows"]:
+        return f"{rows} rows, the manifest says {listed['rows']}"
+    stat = storage.file_stat(path)
+    if stat is None or stat[0] != listed["bytes"]:
+        return f"{stat[0] if stat else 0} bytes, the manifest says {listed['bytes']}: not the shard `prepare` wrote"
+    if storage.file_sha256(path) != listed["sha256"]:
+        return "its bytes differ from the shard `prepare` wrote (sha256)"
+    names = storage.read_parquet_schema(path).names
+    missing = [c for c in (*task.pair, *([task.label] if task.label else [])) if c not in names]
+    if missing:
+        return f"no column(s) {missing}, which task {task.name} reads"
+    if task.label and task.label_classes:
+        labels = storage.read_parquet_table(path, columns=[task.label]).column(0).to_numpy()
+        bad = (labels < 0) | (labels >= task.label_classes)
+        if bad.any():
+            row = int(bad.argmax())
+            return (
+                f"row {row}: {task.label} {labels[row]} is not a class of task {task.name} (0-{task.label_classes - 1})"
+            )
+    return None
+
+
 def write_manifest(task: Task, out_dir: str, manifest: dict[str, Any], inputs: Sequence[str] = ()) -> dict[str, Any]:
     """The last step of `prepare`: the manifest, with every shard file and its row count, is
     written after the shards, so a folder without one is an interrupted prepare. `inputs`, the
     raw files read, are recorded with their sizes, times and, for local files, sha256
     (`input_files`; input_changes)."""
-    shards = {
-        split: [
-            {"file": storage.name(f), "rows": storage.parquet_rows(f)}
-            for f in shard_files(storage.join(out_dir, split))
-        ]
-        for split in task.splits
-    }
+    shards = {split: [shard_record(f) for f in shard_files(storage.join(out_dir, split))] for split in task.splits}
     if inputs:
         manifest = {**manifest, "input_files": input_record(inputs, digests=True)}
     manifest = redact_tree({**manifest, "shards": shards})  # input URIs lose their credentials
@@ -241,8 +274,8 @@ def _other_bytes_elsewhere(recorded: list[dict], current: list[dict]) -> list[st
 
 
 def verify_prepared(task: Task, prepared_root: str, cfg: RunConfig | None = None) -> dict[str, Any]:
-    """The task's prepared folder is complete: its manifest exists and lists exactly the shard
-    files present with their row counts; with `cfg`, it was also prepared with the run's values
+    """The task's prepared folder is complete and unchanged: its manifest exists and lists exactly
+    the shard files present with their row counts, sizes and sha256 (shard_problem); with `cfg`, it was also prepared with the run's values
     of prepared_keys. Returns the manifest; raises naming what is wrong."""
     folder = task.prepared_dir(prepared_root)
     manifest_path = storage.join(folder, MANIFEST)
@@ -273,14 +306,13 @@ def verify_prepared(task: Task, prepared_root: str, cfg: RunConfig | None = None
                 f"not listed {extra[:3]}); {again}"
             )
         for shard in listed:
+            path = storage.join(split_dir, shard["file"])
             try:
-                rows = storage.parquet_rows(storage.join(split_dir, shard["file"]))
+                problem = shard_problem(task, path, shard)
             except BadInputError as err:  # a corrupt footer, a truncated file
                 raise BadInputError(f"{err}; {again}") from None
-            if rows != shard["rows"]:
-                raise BadInputError(
-                    f"{storage.join(split_dir, shard['file'])}: {rows} rows, the manifest says {shard['rows']}; {again}"
-                )
+            if problem:
+                raise BadInputError(f"{path}: {problem}; {again}")
     differs = settings_mismatches(task, manifest, redact_tree(cfg.to_dict())) if cfg is not None else []
     new_folder = (
         "prepare this run's data into a new folder (`convsts prepare all --config ... --out NEW`, then --prepared NEW)"

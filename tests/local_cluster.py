@@ -59,14 +59,7 @@ def ray_processes(prefix: bytes) -> list[int]:
     (b"ray::RayTrainWorker", b"ray::ParameterHolder")."""
     from ray._private.worker import _global_node
 
-    out = []
-    for pid in pids_matching(_global_node.get_session_dir_path()):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(prefix):
-                out.append(pid)
-        except OSError:
-            continue
-    return out
+    return node_processes({"temp_dir": _global_node.get_session_dir_path()}, prefix)
 
 
 def start_train(ray_session, out: Path, args: list[str]) -> subprocess.Popen:
@@ -148,11 +141,16 @@ def _own_ports() -> list[str]:
 
 
 @contextlib.contextmanager
-def ray_worker_node(gcs_address: str, env: dict[str, str], num_cpus: int = 1) -> Iterator[dict[str, str]]:
-    """One more node of a cluster on this host: `ray start --address=GCS` with its own temp dir and
-    ports; yields {"temp_dir": ...}. kill_node(node) SIGKILLs its raylet, as a lost machine."""
+def ray_worker_node(
+    gcs_address: str, env: dict[str, str], num_cpus: int = 1, ip: str = "127.0.0.2"
+) -> Iterator[dict[str, str]]:
+    """One more node of a cluster on this host: `ray start --address=GCS` with its own temp dir,
+    ports and loopback address `ip` (a driver on this host then joins the head's raylet, never a
+    worker node's, as on a real cluster); yields {"temp_dir": ...}. kill_node(node) SIGKILLs its
+    raylet, as a lost machine."""
     temp_dir = tempfile.mkdtemp(prefix="cvnode", dir="/tmp")
     cmd = [str(BIN / "ray"), "start", f"--address={gcs_address}", f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}"]
+    cmd.append(f"--node-ip-address={ip}")
     try:
         done = subprocess.run(cmd + _own_ports(), env=_ray_env(env), capture_output=True, text=True, timeout=180)
         if done.returncode != 0:
@@ -160,6 +158,16 @@ def ray_worker_node(gcs_address: str, env: dict[str, str], num_cpus: int = 1) ->
         yield {"temp_dir": temp_dir}
     finally:
         stop_pids(pids_matching(temp_dir))
+
+
+def node_processes(node: dict[str, str], prefix: bytes) -> list[int]:
+    """A cluster node's processes whose command line starts with `prefix` (b"ray::RayTrainWorker")."""
+    out = []
+    for pid in pids_matching(node["temp_dir"]):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(prefix):
+                out.append(pid)
+    return out
 
 
 def kill_node(node: dict[str, str]) -> None:
@@ -175,6 +183,7 @@ def ray_head(env: dict[str, str], num_cpus: int = 2) -> Iterator[dict[str, str]]
     """`ray start --head` with a private temp dir; yields {"address": dashboard URL, "gcs": the
     address worker nodes and drivers join, "temp_dir": ...}."""
     temp_dir = tempfile.mkdtemp(prefix="cvray", dir="/tmp")  # short: Ray's unix sockets live under it
+    gcs = ""
     dashboard_port = free_port()
     full_env = {
         **os.environ,
@@ -207,10 +216,12 @@ def ray_head(env: dict[str, str], num_cpus: int = 2) -> Iterator[dict[str, str]]
             raise RuntimeError(f"ray start failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         address = f"http://127.0.0.1:{dashboard_port}"
         _wait_http(f"{address}/api/version", 120)
-        gcs = re.search(r"--address='([^']+)'", done.stdout + done.stderr)
-        yield {"address": address, "gcs": gcs.group(1) if gcs else "", "temp_dir": temp_dir}
+        found = re.search(r"--address='([^']+)'", done.stdout + done.stderr)
+        gcs = found.group(1) if found else ""
+        yield {"address": address, "gcs": gcs, "temp_dir": temp_dir}
     finally:
-        stop_pids(pids_matching(temp_dir))
+        # The head's Ray Client server names the GCS address, not the temp dir, on its command line.
+        stop_pids(pids_matching(temp_dir) + (pids_matching(f"ray.util.client.server --address={gcs}") if gcs else []))
 
 
 @contextlib.contextmanager

@@ -94,6 +94,13 @@ def test_prepare_on_a_truncated_zst_fails_in_one_line_and_writes_no_shards(tmp_p
         ("missing_shard", "shards do not match"),
         ("extra_shard", "shards do not match"),
         ("corrupt_shard", "not a readable parquet file"),
+        # Other rows of the same count: a byte of the data changed (size, rows and footer as written), or
+        # the shard rewritten with its labels all 0 and premises reversed.
+        ("other_bytes", r"snli/train/.*\.parquet: its bytes differ from the shard `prepare` wrote \(sha256\); delete "),
+        ("other_rows", r"snli/train/.*\.parquet: (its bytes differ|\d+ bytes, the manifest says)"),
+        # A folder whose manifest was made to match rows the task cannot read: one line naming the shard.
+        ("label_out_of_range", r"\.parquet: row 0: label 7 is not a class of task snli \(0-2\); delete "),
+        ("column_missing", r"\.parquet: no column\(s\) \['hypothesis'\], which task snli reads; delete "),
         # A hand-edited manifest: one line naming the entry, not a KeyError or TypeError.
         ("shard_without_rows", r"manifest.json: shards.train\[0\]: no int 'rows'; delete "),
         ("input_without_size", r"manifest.json: input_files\[0\]: no int 'size'; delete "),
@@ -125,6 +132,27 @@ def test_a_damaged_prepared_folder_is_refused(sample_prepared, tmp_path, damage,
             del manifest["input_files"][0]["size"]
         else:
             manifest = [manifest]
+        path.write_text(json.dumps(manifest))
+    elif damage == "other_bytes":
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 3] ^= 0xFF  # inside the column data; the footer (rows) stays readable
+        shard.write_bytes(bytes(data))
+    elif damage == "other_rows":
+        frame = pd.read_parquet(shard)
+        frame["label"], frame["premise"] = 0, frame["premise"].str[::-1]
+        frame.to_parquet(shard)
+    elif damage in ("label_out_of_range", "column_missing"):
+        from convsts.ray_jobs.prepared import shard_record
+
+        frame = pd.read_parquet(shard)
+        if damage == "label_out_of_range":
+            frame.loc[0, "label"] = 7
+        else:
+            frame = frame.drop(columns=["hypothesis"])
+        frame.to_parquet(shard)
+        path = root / "snli" / "manifest.json"
+        manifest = json.loads(path.read_text())
+        manifest["shards"]["train"] = [shard_record(str(f)) for f in sorted(shard.parent.glob("*.parquet"))]
         path.write_text(json.dumps(manifest))
     else:
         shard.write_bytes(shard.read_bytes()[:-100])

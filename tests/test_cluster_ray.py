@@ -1,20 +1,27 @@
 """Runs on a real multi-node Ray cluster on this host: a head and two worker nodes, each its own
-`ray start` raylet with its own temp dir and ports; checkpoints in an S3 bucket (the local S3
-server), metrics in an MLflow server on 127.0.0.1. The drivers are `convsts` commands joined to the
-cluster through RAY_ADDRESS, as on a real cluster."""
+`ray start` raylet with its own temp dir, ports and loopback address; checkpoints in an S3 bucket
+(the local S3 server), metrics in an MLflow server on 127.0.0.1. The drivers are `convsts` commands
+joined to the cluster through RAY_ADDRESS (or submitted to the head's dashboard), as on a real
+cluster. A lost machine is a worker node's raylet killed with SIGKILL, everything under it too;
+a replacement node then joins. Covered: workers spread over nodes, each run and each trial owns its
+checkpoints in the bucket, training and a submitted job survive a lost node with the losses of an
+undisturbed run, a sweep retries the trial whose node was lost, an impossible layout is refused."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from local_cluster import mlflow_server, ray_head, ray_worker_node
+import torch
+from local_cluster import kill_node, mlflow_server, node_processes, ray_head, ray_worker_node
 from s3_server import keys, s3_endpoint
-from tiny import TINY_TRAIN
+from tiny import TINY_DAN, TINY_TRAIN
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "s3://convsts-cluster"
@@ -24,33 +31,150 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """{"env": a driver's environment joined to the cluster, "dashboard": ..., "mlflow": ...}."""
+    """{"env": a driver's environment joined to the cluster, "dashboard": ..., "mlflow": ..., "nodes":
+    the worker nodes, "add_node": a function that starts one more}."""
     root = tmp_path_factory.mktemp("cluster")
-    with s3_endpoint(BUCKET[len("s3://") :]) as s3_env, mlflow_server(root / "mlflow") as mlflow_url:
+    with contextlib.ExitStack() as stack:
+        s3_env = stack.enter_context(s3_endpoint(BUCKET[len("s3://") :]))
+        mlflow_url = stack.enter_context(mlflow_server(root / "mlflow"))
         env = {**s3_env, "RAY_AUTH_MODE": "disabled"}
-        with ray_head(env, num_cpus=1) as head:
-            with ray_worker_node(head["gcs"], env), ray_worker_node(head["gcs"], env):
-                driver = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_TRACKING"))}
-                driver.update(env, RAY_ADDRESS=head["gcs"], MLFLOW_TRACKING_URI=mlflow_url, RAY_USAGE_STATS_ENABLED="0")
-                yield {"env": driver, "dashboard": head["address"], "mlflow": mlflow_url}
+        head = stack.enter_context(ray_head(env, num_cpus=1))
+        nodes: list[dict[str, str]] = []
+
+        def add_node() -> dict[str, str]:
+            nodes.append(stack.enter_context(ray_worker_node(head["gcs"], env, ip=f"127.0.0.{len(nodes) + 2}")))
+            return nodes[-1]
+
+        add_node(), add_node()
+        driver = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_TRACKING"))}
+        driver.update(env, RAY_ADDRESS=head["gcs"], MLFLOW_TRACKING_URI=mlflow_url, RAY_USAGE_STATS_ENABLED="0")
+        yield {"env": driver, "dashboard": head["address"], "mlflow": mlflow_url, "nodes": nodes, "add_node": add_node}
+
+
+STEPS, EVERY = 300, 100
+# Long enough to lose a node between the first checkpoint and the end (a tiny step on this cluster
+# takes about 0.1 s); the runs have an MLflow experiment of their own.
+KILLABLE = [
+    f"trainer.steps={STEPS}",
+    f"trainer.checkpoint_every={EVERY}",
+    "trainer.log_every=5",
+    "trainer.eval_every=0",
+    "trainer.max_failures=2",
+    *TINY_DAN,
+    "mlflow.experiment=cluster",
+]
+
+
+CLI = [sys.executable, "-m", "convsts.ray_jobs.cli"]
+
+
+def _train_args(out: Path, prepared: Path, *overrides: str) -> list[str]:
+    """`convsts train`'s arguments for a run named "shared" in the bucket."""
+    return ["train", "--out", str(out), "--prepared", str(prepared), "name=shared",
+            f"trainer.storage_path={BUCKET}/ray_results", *overrides]  # fmt: skip
 
 
 def _train(cluster, out: Path, prepared: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "convsts.ray_jobs.cli", "train", "--out", str(out), "--prepared", str(prepared),
-         *TINY_TRAIN, "name=shared", f"trainer.storage_path={BUCKET}/ray_results", *overrides],
-        cwd=REPO, env=cluster["env"], capture_output=True, text=True, timeout=900,
+        CLI + _train_args(out, prepared, *overrides), cwd=REPO, env=cluster["env"], capture_output=True, text=True,
+        timeout=900,
     )  # fmt: skip
 
 
-def test_runs_on_a_cluster_spread_their_workers_and_own_their_checkpoints(cluster, sample_prepared, tmp_path):
-    from ray.util.state import list_actors
+def _history(client, run_id: str, name: str) -> dict[int, float]:
+    points = client.get_metric_history(run_id, name)
+    steps = [m.step for m in points]
+    assert steps and len(steps) == len(set(steps)), (name, sorted(steps))  # each step once
+    return {m.step: m.value for m in points}
 
-    first = _train(cluster, tmp_path / "a", sample_prepared)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    info = json.loads((tmp_path / "a" / "train.json").read_text())
+
+def _registered_checkpoint(storage_uri: str) -> bool:
+    """Whether Ray Train's controller has registered a checkpoint of the run (its checkpoint manager's
+    snapshot names a latest one): the files of a reported checkpoint land in the bucket a moment
+    before, and a node lost in between restarts the run from the checkpoint before that."""
+    from convsts.datasets import storage
+
+    for key in keys(storage_uri):
+        if key.endswith("/checkpoint_manager_snapshot.json"):
+            with storage.open_text(f"s3://{key}") as f:
+                return json.load(f).get("latest_checkpoint_result") is not None
+    return False
+
+
+def _past_a_checkpoint(client, experiment: str) -> bool:
+    """Whether a running training (a run, or a trial's child run) of `experiment` has a registered
+    checkpoint and has logged steps past it."""
+    exp = client.get_experiment_by_name(experiment)
+    for run in client.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'") if exp else []:
+        if "convsts.storage" in run.data.tags and _registered_checkpoint(run.data.tags["convsts.storage"]):
+            points = client.get_metric_history(run.info.run_id, "reddit/loss")
+            if max((m.step for m in points), default=0) >= EVERY + 10:
+                return True
+    return False
+
+
+def _kill_a_training_node(cluster, client, proc: subprocess.Popen, experiment: str) -> dict[str, str]:
+    """Once the running training has checkpointed and gone on past it, SIGKILL the raylet (and all
+    under it) of a worker node that hosts a task worker, as a lost machine; returns that node."""
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if _past_a_checkpoint(client, experiment):
+            hosts = [n for n in cluster["nodes"] if node_processes(n, b"ray::RayTrainWorker")]
+            assert hosts, "no worker node hosts a task worker"
+            kill_node(hosts[0])
+            return hosts[0]
+        time.sleep(0.2)
+    raise AssertionError("the run ended or never checkpointed before the node could be killed")
+
+
+def _run_losing_a_node(cluster, command: list[str], experiment: str = "cluster") -> str:
+    """Run `command` (a training driver); once it has checkpointed, lose a worker node that hosts a
+    task worker and let a replacement node join. Returns its output (it must exit 0)."""
+    from mlflow.tracking import MlflowClient
+
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        lost = _kill_a_training_node(cluster, MlflowClient(cluster["mlflow"]), proc, experiment)
+        cluster["nodes"].remove(lost)
+        cluster["add_node"]()
+        log = proc.communicate(timeout=600)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, log[-4000:]
+    return log
+
+
+def _restarted_once_at_a_checkpoint(client, run_id: str, log: str) -> None:
+    restarts = [int(m.value) for m in client.get_metric_history(run_id, "train/restarted_at_step")]
+    starts = "\n".join(line for line in log.splitlines() if "start step" in line)
+    assert len(restarts) == 1 and restarts[0] >= EVERY and restarts[0] % EVERY == 0, (restarts, starts)
+    assert f"start step {restarts[0]}" in log
+
+
+@pytest.fixture(scope="module")
+def undisturbed(cluster, sample_prepared, tmp_path_factory) -> dict:
+    """One undisturbed run of KILLABLE on the cluster: the reference the runs that lose a node are
+    compared with, and the warm start of the sweep. Its train.json, with "out" and "log" added."""
+    out = tmp_path_factory.mktemp("undisturbed") / "a"
+    done = _train(cluster, out, sample_prepared, *KILLABLE)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {**json.loads((out / "train.json").read_text()), "out": out, "log": done.stdout + done.stderr}
+
+
+def test_runs_on_a_cluster_spread_own_their_checkpoints_and_survive_a_lost_node(
+    cluster, undisturbed, sample_prepared, tmp_path
+):
+    from mlflow.tracking import MlflowClient
+    from ray.util.state import list_actors
+    from safetensors.torch import load_file
+
+    client = MlflowClient(cluster["mlflow"])
+    info = undisturbed
     assert info["storage"].startswith(f"{BUCKET}/ray_results/shared/")
-    assert json.loads((tmp_path / "a" / "checkpoint" / "config.json").read_text())["step"] == 4
+    assert json.loads((info["out"] / "checkpoint" / "config.json").read_text())["step"] == STEPS
     # SPREAD (the default placement): the two task workers ran on two distinct nodes.
     workers = list_actors(address=cluster["dashboard"], filters=[("class_name", "=", "RayTrainWorker")], limit=1000)
     assert len({w.node_id for w in workers}) == 2, workers
@@ -58,25 +182,37 @@ def test_runs_on_a_cluster_spread_their_workers_and_own_their_checkpoints(cluste
     first_keys = set(keys(info["storage"]))
     assert any("/checkpoint_" in k and k.endswith("model.safetensors") for k in first_keys), sorted(first_keys)[:5]
 
-    # A second run with the same name and storage path trains from step 0 in a folder of its own and
-    # leaves the first run's files as they were (before: it restored them and trained 0 steps).
-    second = _train(cluster, tmp_path / "b", sample_prepared)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "start step 0" in second.stdout + second.stderr
+    # A second run with the same name and storage path, submitted as a job to the head's dashboard
+    # (its driver runs on the head), trains from step 0 in a folder of its own and leaves the first
+    # run's files as they were (before: it restored them and trained 0 steps). Past a checkpoint it
+    # loses a worker node; a replacement node joins, the run goes on from there and the job SUCCEEDS.
+    submit = ["submit", "--address", cluster["dashboard"], "--submission-id", "convsts-cluster-train"]
+    log = _run_losing_a_node(
+        cluster,
+        CLI
+        + submit
+        + _train_args(tmp_path / "b", sample_prepared, *KILLABLE, f"mlflow.tracking_uri={cluster['mlflow']}"),
+    )
+    assert "job convsts-cluster-train: SUCCEEDED" in log and "start step 0" in log, log[-3000:]
     again = json.loads((tmp_path / "b" / "train.json").read_text())
     assert again["storage"] != info["storage"] and again["storage"].startswith(f"{BUCKET}/ray_results/shared/")
     assert set(keys(info["storage"])) == first_keys
-    assert json.loads((tmp_path / "b" / "checkpoint" / "config.json").read_text())["step"] == 4
-    # The run's storage is on its MLflow run.
-    from mlflow.tracking import MlflowClient
-
-    run = MlflowClient(cluster["mlflow"]).get_run(again["mlflow_run_id"])
+    assert json.loads((tmp_path / "b" / "checkpoint" / "config.json").read_text())["step"] == STEPS
+    run = client.get_run(again["mlflow_run_id"])
     assert run.data.tags["convsts.storage"] == again["storage"] and run.info.status == "FINISHED"
+    # Restarted once, at a checkpoint, and said so.
+    _restarted_once_at_a_checkpoint(client, again["mlflow_run_id"], log)
+    # Each step's metrics once, and the same losses and weights as the undisturbed run.
+    for name in ("reddit/loss", "snli/loss", "lr"):
+        assert _history(client, again["mlflow_run_id"], name) == _history(client, info["mlflow_run_id"], name), name
+    weights = [load_file(str(run / "checkpoint" / "model.safetensors")) for run in (info["out"], tmp_path / "b")]
+    assert weights[0].keys() == weights[1].keys()
+    assert [k for k in weights[0] if not torch.equal(weights[0][k], weights[1][k])] == []
 
 
 def test_a_layout_that_fits_no_node_is_refused_before_any_work(cluster, sample_prepared, tmp_path):
     # 1.5 CPUs per worker: the cluster has 3 CPUs in all but no node with more than 1.
-    refused = _train(cluster, tmp_path / "c", sample_prepared, "trainer.cpus_per_worker=1.5")
+    refused = _train(cluster, tmp_path / "c", sample_prepared, *TINY_TRAIN, "trainer.cpus_per_worker=1.5")
     assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
     line = refused.stderr.strip().splitlines()[-1]
     assert "do not fit on the cluster's 3 node(s): 1 CPU, 1 CPU, 1 CPU" in line and "trainer.cpus_per_worker" in line

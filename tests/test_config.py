@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from convsts.datasets.storage import resolve_path, sample_dir
@@ -79,3 +81,15 @@ def test_task_weights_are_replaced_not_merged(tmp_path):
     # ... and the dict round trip that Ray workers and Tune trials use keeps them as they are.
     cfg = load_config(path)
     assert from_dict(cfg.to_dict()).trainer.task_weights == {"snli": 1.0}
+
+
+def test_an_override_that_is_not_valid_yaml_is_one_line_naming_the_key_and_the_quoted_value():
+    # Unquoted braces inside a list: PyYAML reads `{sample}` as a mapping and fails (before: its traceback).
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["data.reddit_inputs=[{sample}/reddit_pairs.parquet, b:c]"])
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("config key 'data.reddit_inputs': the value ")
+    assert """'data.reddit_inputs=["{sample}/reddit_pairs.parquet", "b:c"]'""" in message
+    # The quoted form it suggests is read as meant.
+    quoted = load_config(None, ['data.reddit_inputs=["{sample}/reddit_pairs.parquet", "b:c"]'])
+    assert quoted.data.reddit_inputs == ["{sample}/reddit_pairs.parquet", str(Path("b:c").resolve())]

@@ -37,6 +37,7 @@ class Task:
     head: str = ""  # head kind in convsts.models.heads.HEADS, or "package.module:Class"
     pair: tuple[str, str] = ("", "")  # the two text columns of a row; both go through the shared encoder
     label: str | None = None  # an integer label column the loss needs
+    label_classes: int = 0  # its labels are 0 .. label_classes - 1 (checked before a run; 0: not checked)
     keeps_head_on_warm_start: bool = False  # a warm start copies this task's head along with the encoder
     in_every_vocabulary: bool = False  # its training text is counted into every run's tokenizer
     materialize: bool = False  # small: tokenized once and kept in Ray's object store

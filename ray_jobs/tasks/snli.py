@@ -29,6 +29,7 @@ class SnliTask(Task):
     head = "nli"
     pair = ("premise", "hypothesis")
     label = "label"
+    label_classes = len(snli.LABELS)
     # A Reddit-only run's tokenizer is reused by the multitask runs warm-started from it, so SNLI
     # text is in every vocabulary.
     in_every_vocabulary = True

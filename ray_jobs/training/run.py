@@ -59,7 +59,8 @@ def prepared_location(cfg: RunConfig, out_dir: str | Path, given: str | Path | N
 
 
 def data_digests(manifests: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """{task: sha1 of its verified manifest's shard names and row counts}: what a run trained on."""
+    """{task: sha1 of its verified manifest's shard list (names, rows, sizes, sha256)}: what a run
+    trained on; a shard replaced by other rows changes it."""
     return {
         name: hashlib.sha1(json.dumps(m["shards"], sort_keys=True).encode()).hexdigest()
         for name, m in manifests.items()
