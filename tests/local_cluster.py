@@ -125,9 +125,11 @@ def _ray_env(env: dict[str, str]) -> dict[str, str]:
     return full_env
 
 
-def _own_ports() -> list[str]:
-    """Ports each raylet of a cluster on one host needs for itself (Ray's fixed defaults collide)."""
-    low = free_port()
+def _own_ports(ip: str) -> list[str]:
+    """Ports each raylet of a cluster on one host needs for itself (Ray's fixed defaults collide).
+    The single ports are free ones the kernel hands out (32768 and up); the workers' range lies
+    below them, 400 ports per loopback address, so it never holds one of them."""
+    low = 20000 + int(ip.rsplit(".", 1)[1]) % 25 * 400
     return [
         f"--dashboard-agent-listen-port={free_port()}",
         f"--dashboard-agent-grpc-port={free_port()}",
@@ -135,8 +137,8 @@ def _own_ports() -> list[str]:
         f"--runtime-env-agent-port={free_port()}",
         f"--node-manager-port={free_port()}",
         f"--object-manager-port={free_port()}",
-        f"--min-worker-port={low % 20000 + 20000}",
-        f"--max-worker-port={low % 20000 + 20400}",
+        f"--min-worker-port={low}",
+        f"--max-worker-port={low + 399}",
     ]
 
 
@@ -152,7 +154,7 @@ def ray_worker_node(
     cmd = [str(BIN / "ray"), "start", f"--address={gcs_address}", f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}"]
     cmd.append(f"--node-ip-address={ip}")
     try:
-        done = subprocess.run(cmd + _own_ports(), env=_ray_env(env), capture_output=True, text=True, timeout=180)
+        done = subprocess.run(cmd + _own_ports(ip), env=_ray_env(env), capture_output=True, text=True, timeout=180)
         if done.returncode != 0:
             raise RuntimeError(f"ray start (worker node) failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         yield {"temp_dir": temp_dir}
