@@ -210,6 +210,16 @@ def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
         c.set_tag(run_id, k, redact(str(v)))
 
 
+def run_status(tracking_uri: str, run_id: str) -> str | None:
+    """A run's status (RUNNING, FINISHED, FAILED, KILLED), or None where the store has no such run."""
+    from mlflow.exceptions import MlflowException  # deferred: mlflow's import tree; tracking imports it lazily
+
+    try:
+        return client(tracking_uri).get_run(run_id).info.status
+    except MlflowException:
+        return None
+
+
 def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(tracking_uri).set_terminated(run_id, status=status)
 

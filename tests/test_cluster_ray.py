@@ -113,6 +113,18 @@ def _past_a_checkpoint(client, experiment: str) -> bool:
     return False
 
 
+def _running(client, experiment: str) -> list[tuple]:
+    """What _past_a_checkpoint saw: (run name, status, storage, registered, last step) of each run."""
+    exp = client.get_experiment_by_name(experiment)
+    seen = []
+    for run in client.search_runs([exp.experiment_id]) if exp else []:
+        where = run.data.tags.get("convsts.storage", "")
+        points = client.get_metric_history(run.info.run_id, "reddit/loss")
+        last = max((m.step for m in points), default=None)
+        seen.append((run.info.run_name, run.info.status, where, where and _registered_checkpoint(where), last))
+    return seen
+
+
 def _kill_a_training_node(cluster, client, proc: subprocess.Popen, experiment: str) -> dict[str, str]:
     """Once the running training has checkpointed and gone on past it, SIGKILL the raylet (and all
     under it) of a worker node that hosts a task worker, as a lost machine; returns that node."""
@@ -124,7 +136,7 @@ def _kill_a_training_node(cluster, client, proc: subprocess.Popen, experiment: s
             kill_node(hosts[0])
             return hosts[0]
         time.sleep(0.2)
-    raise AssertionError("the run ended or never checkpointed before the node could be killed")
+    raise AssertionError(f"the run ended or never checkpointed before a node was lost: {_running(client, experiment)}")
 
 
 def _run_losing_a_node(cluster, command: list[str], experiment: str = "cluster") -> str:

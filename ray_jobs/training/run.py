@@ -34,6 +34,7 @@ from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
 from convsts.ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
 from convsts.ray_jobs.training.holder import start_holder
 from convsts.ray_jobs.training.loop import SCORE_METRIC
+from convsts.ray_jobs.training.previous import CONTINUES_TAG, close_abandoned_run, record_run, resume_advice
 from convsts.ray_jobs.training.worker import train_loop_per_worker
 
 MODEL_FOLDER = "model"  # OUT/model
@@ -127,8 +128,8 @@ def claim_output(out_dir: Path, cfg: RunConfig, fresh: bool) -> None:
         return
     if not fresh:
         raise FileExistsError(
-            f"{out_dir} already holds a training run ({', '.join(p.name for p in used)}): pass "
-            f"--resume {out_dir / 'checkpoint'} to continue it, --fresh to start over, or another --out"
+            f"{out_dir} already holds a training run ({', '.join(p.name for p in used)}): "
+            f"{resume_advice(out_dir, cfg.name)} --fresh to start over, or another --out"
         )
     for path in used:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -188,6 +189,7 @@ def run_training(
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
     manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders, before any run exists
     uri = mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)  # a server that is not there, before any work
+    previous = close_abandoned_run(out_dir, uri)  # a killed run's MLflow run, left RUNNING, ends KILLED
     claim_output(out_dir, cfg, fresh)
     (out_dir / CONFIG_FILE).write_text(redact(cfg.to_yaml()), encoding="utf-8")  # the resolved config, as run
     digests = data_digests(manifests)
@@ -202,9 +204,11 @@ def run_training(
     params = flatten(cfg.to_dict())
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
     if own_run:
-        run_id = tracking.start_run(
-            uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name, params, tags={"convsts.job": "train"}
-        )
+        tags = {"convsts.job": "train"}
+        if previous and cfg.trainer.resume_from:
+            tags[CONTINUES_TAG] = previous  # the run this one resumes, as MLflow shows it
+        run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name, params, tags=tags)
+        record_run(out_dir, run_id)
     else:
         tracking.log_params(uri, run_id, params)
 
