@@ -5,9 +5,14 @@ waits forever for a request that fits on no node ("Cluster resources are not eno
 task"): 2.3 free CPUs spread 0.9/0.4/0.4 over three nodes hold no 1-CPU read task. So a run is
 checked against the nodes that exist, before any work: the workers (trainer.num_workers x
 trainer.cpus_per_worker CPUs, one GPU each with trainer.use_gpu), one whole CPU for Ray Data's
-read tasks beside them, and for a sweep each trial's function too. Placement is first fit
-decreasing onto the node with the least room that still fits (best fit); a request it cannot
-place is refused in one line naming the keys to change.
+tasks beside them (its file-listing task asks for a whole CPU, whatever the read asks), and for a
+sweep each trial's function too. The requests are placed in the order Ray reserves them, each as
+Ray may place it, taking the worst case where Ray chooses: a trial function may land on any node
+(the one with the most room: it breaks the largest whole CPU), SPREAD workers go to distinct nodes
+(those with the most room), PACK workers and Ray Data's task to the node with the least room that
+holds them. A request that cannot be placed is refused in one line naming the keys to change (a
+sweep's trial function on a third node left a 3-node cluster of 1 CPU each with no whole CPU, and
+its trial waited forever).
 """
 
 from __future__ import annotations
@@ -27,41 +32,57 @@ EPSILON = 1e-9
 
 @dataclass(frozen=True)
 class Ask:
-    """One request Ray places whole on one node."""
+    """One request Ray places whole on one node; `place`: how Ray chooses the node, as the check
+    assumes it (LEAST, MOST or SPREAD)."""
 
     what: str
     cpu: float
     gpu: float = 0.0
+    place: str = "least"
+
+
+LEAST, MOST, SPREAD = "least", "most", "spread"
+SPREADING = ("SPREAD", "STRICT_SPREAD")  # trainer.placement_strategy values that put workers on distinct nodes
 
 
 Node = dict[str, float]  # a node's resources: {"CPU": 16.0, "GPU": 1.0, ...}
 
 
 def training_asks(cfg: RunConfig) -> list[Ask]:
-    """A training run's requests: its task workers and one Ray Data read task beside them."""
+    """A training run's requests in the order Ray reserves them: its task workers (as its placement
+    strategy places them), then a Ray Data task beside them."""
     t = cfg.trainer
-    worker = Ask("task worker", t.cpus_per_worker, 1.0 if t.use_gpu else 0.0)
+    place = SPREAD if t.placement_strategy in SPREADING else LEAST
+    worker = Ask("task worker", t.cpus_per_worker, 1.0 if t.use_gpu else 0.0, place)
     return [worker] * t.num_workers + [Ask("Ray Data read task", DATA_TASK_CPU)]
 
 
 def trial_asks(cfg: RunConfig) -> list[Ask]:
-    """One training trial of a sweep: its function plus a training run's requests."""
-    return [Ask("trial function", TRIAL_FUNCTION_CPU), *training_asks(cfg)]
+    """One training trial of a sweep: its function (anywhere) first, then a training run's requests."""
+    return [Ask("trial function", TRIAL_FUNCTION_CPU, place=MOST), *training_asks(cfg)]
 
 
 def unplaced(nodes: list[Node], asks: list[Ask]) -> tuple[list[Ask], list[Node]]:
-    """(the requests that fit on no node, the nodes' room left) after placing the largest first,
-    each on the node with the least room that still holds it."""
+    """(the requests that fit on no node, the nodes' room left) after placing `asks` in order: LEAST
+    on the node with the least room that still holds it, MOST on the one with the most, SPREAD on the
+    one with the most among the nodes this call's SPREAD asks have not used yet (any, once all have)."""
     room = [{"CPU": n.get("CPU", 0.0), "GPU": n.get("GPU", 0.0)} for n in nodes]
-    left = []
-    for ask in sorted(asks, key=lambda a: (a.gpu, a.cpu), reverse=True):
-        fits = [r for r in room if r["CPU"] + EPSILON >= ask.cpu and r["GPU"] + EPSILON >= ask.gpu]
+    left: list[Ask] = []
+    spread_used: set[int] = set()
+    for ask in asks:
+        fits = [i for i, r in enumerate(room) if r["CPU"] + EPSILON >= ask.cpu and r["GPU"] + EPSILON >= ask.gpu]
         if not fits:
             left.append(ask)
             continue
-        node = min(fits, key=lambda r: (r["GPU"] - ask.gpu, r["CPU"] - ask.cpu))
-        node["CPU"] -= ask.cpu
-        node["GPU"] -= ask.gpu
+        if ask.place == LEAST:
+            node = min(fits, key=lambda i: (room[i]["GPU"] - ask.gpu, room[i]["CPU"] - ask.cpu))
+        else:
+            choices = [i for i in fits if i not in spread_used] or fits if ask.place == SPREAD else fits
+            node = max(choices, key=lambda i: (room[i]["CPU"], room[i]["GPU"]))
+            if ask.place == SPREAD:
+                spread_used.add(node)
+        room[node]["CPU"] -= ask.cpu
+        room[node]["GPU"] -= ask.gpu
     return left, room
 
 

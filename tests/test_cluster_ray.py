@@ -1,4 +1,4 @@
-"""Runs on a real multi-node Ray cluster on this host: a head and two worker nodes, each its own
+"""Runs on a real multi-node Ray cluster on this host: a head and three worker nodes, each its own
 `ray start` raylet with its own temp dir, ports and loopback address; checkpoints in an S3 bucket
 (the local S3 server), metrics in an MLflow server on 127.0.0.1. The drivers are `convsts` commands
 joined to the cluster through RAY_ADDRESS (or submitted to the head's dashboard), as on a real
@@ -45,7 +45,7 @@ def cluster(tmp_path_factory):
             nodes.append(stack.enter_context(ray_worker_node(head["gcs"], env, ip=f"127.0.0.{len(nodes) + 2}")))
             return nodes[-1]
 
-        add_node(), add_node()
+        add_node(), add_node(), add_node()  # 4 nodes of 1 CPU: a sweep's trial needs a node each (resources.py)
         driver = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_TRACKING"))}
         driver.update(env, RAY_ADDRESS=head["gcs"], MLFLOW_TRACKING_URI=mlflow_url, RAY_USAGE_STATS_ENABLED="0")
         yield {"env": driver, "dashboard": head["address"], "mlflow": mlflow_url, "nodes": nodes, "add_node": add_node}
@@ -261,9 +261,12 @@ def test_a_sweep_retries_the_trial_whose_node_is_lost_from_its_own_checkpoint(
 
 
 def test_a_layout_that_fits_no_node_is_refused_before_any_work(cluster, sample_prepared, tmp_path):
-    # 1.5 CPUs per worker: the cluster has 3 CPUs in all but no node with more than 1.
+    # 1.5 CPUs per worker: the cluster has 4 CPUs in all but no node with more than 1.
     refused = _train(cluster, tmp_path / "c", sample_prepared, *TINY_TRAIN, "trainer.cpus_per_worker=1.5")
     assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
     line = refused.stderr.strip().splitlines()[-1]
-    assert "do not fit on the cluster's 3 node(s): 1 CPU, 1 CPU, 1 CPU" in line and "trainer.cpus_per_worker" in line
+    assert (
+        "do not fit on the cluster's 4 node(s): 1 CPU, 1 CPU, 1 CPU, 1 CPU" in line
+        and "trainer.cpus_per_worker" in line
+    )
     assert not (tmp_path / "c" / "train.json").exists()

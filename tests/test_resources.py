@@ -52,8 +52,18 @@ def test_trials_at_once_counts_whole_trials_per_node():
     assert trials_at_once(cfg, [{"CPU": 2.0}]) == 1
     assert trials_at_once(cfg, [{"CPU": 2.0}, {"CPU": 2.0}, {"CPU": 1.0}]) == 2
     assert trials_at_once(cfg, [{"CPU": 8.0}]) == 4
-    # Each request is placed on its own: Ray Data's task on one node, the workers on another.
-    assert trials_at_once(cfg, [{"CPU": 1.0}, {"CPU": 1.0}]) == 1
+    # Each request is placed as Ray may place it: the trial function anywhere, SPREAD workers on distinct
+    # nodes. On two nodes of 1 CPU that leaves no whole CPU for Ray Data's task (a trial that waits
+    # forever), so the sweep is refused; PACK puts both workers on one node and the trial fits.
+    with pytest.raises(ConfigError, match="does not fit"):
+        trials_at_once(cfg, [{"CPU": 1.0}, {"CPU": 1.0}])
+    packed = load_config(None, ["trainer.cpus_per_worker=0.4", "trainer.placement_strategy=PACK"])
+    assert trials_at_once(packed, [{"CPU": 1.0}, {"CPU": 1.0}]) == 1
+    # The cluster of tests/test_cluster_ray.py: 1 CPU on each of 4 nodes holds one default trial at a time
+    # (on 3 nodes, the trial function, the two workers and Ray Data's whole CPU need a node each).
+    assert trials_at_once(load_config(None), [{"CPU": 1.0}] * 4) == 1
+    with pytest.raises(ConfigError, match="does not fit"):
+        trials_at_once(load_config(None), [{"CPU": 1.0}] * 3)
     with pytest.raises(ConfigError, match="does not fit"):  # the second 0.4-CPU worker has no room
         trials_at_once(cfg, [{"CPU": 1.0}, {"CPU": 0.5}])
 
