@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -1054,3 +1055,66 @@ def test_a_credentialled_tracking_uri_is_never_printed(sample_prepared, ray_sess
         assert "Pl4ntedPassw0rd" not in output and "alice" not in output
         run_id = json.loads((tmp_path / "run" / "train.json").read_text())["mlflow_run_id"]
         assert MlflowClient(url).get_run(run_id).info.status == "FINISHED"
+
+
+def _tiny_checkpoint(path):
+    from convsts.datasets.text import DanTokenizer, count_words
+    from convsts.models import save_checkpoint
+    from convsts.models.checkpoint import build_model
+
+    cfg = load_config(None, ["model.dan.output_dim=6", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]"])
+    tok = DanTokenizer.build(count_words(["a b c"]), cfg.tokenizer)
+    save_checkpoint(path, build_model(cfg.model, tok), tok, cfg.to_dict(), train_state={"step": 3})
+    return path
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.pop("model"), r"config.json: model: expected an object, got NoneType"),
+        (lambda m: m["model"].pop("nli_hidden"), r"config.json: model.nli_hidden: missing"),
+        (lambda m: m["model"].update(colour=1), r"config.json: model.colour: not a key of ModelConfig"),
+        (
+            lambda m: m["model"]["dan"].update(output_dim="6"),
+            r"config.json: model.dan.output_dim: expected int, got '6'",
+        ),
+        # A size that would allocate gigabytes is refused before anything is built.
+        (
+            lambda m: m["model"]["dan"].update(hidden_sizes=[4, 1e7]),
+            r"model.dan.hidden_sizes\[1\]: expected int, got 1",
+        ),
+        (
+            lambda m: m["model"]["dan"].update(hidden_sizes=[4, 10**7]),
+            r"model.dan.hidden_sizes\[1\]: 10000000 is not a",
+        ),
+    ],
+)
+def test_damaged_checkpoint_metadata_is_one_line_naming_the_key_before_anything_is_built(tmp_path, edit, message):
+    from convsts.models.checkpoint import load_model
+
+    checkpoint = _tiny_checkpoint(tmp_path / "c")
+    load_model(checkpoint)  # intact: loads
+    meta = json.loads((checkpoint / "config.json").read_text())
+    edit(meta)
+    (checkpoint / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(BadInputError, match=message) as refused:
+        load_model(checkpoint)
+    assert "\n" not in str(refused.value) and "the checkpoint is damaged" in str(refused.value)
+
+
+def test_a_damaged_train_state_is_one_line_in_the_driver(tmp_path):
+    from convsts.models.checkpoint import load_train_state
+
+    checkpoint = _tiny_checkpoint(tmp_path / "c")
+    assert load_train_state(checkpoint)["step"] == 3
+    state = checkpoint / "train_state.pt"
+    state.write_bytes(state.read_bytes()[:40])  # cut short
+    with pytest.raises(BadInputError, match=r"train_state.pt: not a train state this version reads \(\w+\)"):
+        load_train_state(checkpoint)
+    torch.save({"step": 3, "run": Fraction(1, 3)}, state)  # an object weights_only will not build
+    with pytest.raises(BadInputError, match="not a train state this version reads") as refused:
+        load_train_state(checkpoint)
+    assert "weights_only" not in str(refused.value)  # not torch's advice to load it unsafely
+    torch.save({"position": 3}, state)
+    with pytest.raises(BadInputError, match="no int 'step'"):
+        load_train_state(checkpoint)
