@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 import sys
 import tempfile
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ from tqdm.auto import tqdm
 from convsts.datasets import cache, storage
 from convsts.datasets.errors import BadInputError
 from convsts.datasets.text import save_tokenizer, tokenizer_from_dict
-from convsts.models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
+from convsts.models.config import ModelConfig
 from convsts.models.heads import LEGACY_HEADS, MultitaskModel
 from convsts.models.similarity import angular_score_from_cosine, cosine_matrix
 from convsts.models.sts_transform import file_name as sts_file
@@ -42,19 +44,61 @@ STS_PATTERN = "sts_transform*.safetensors"  # the tuned STS matrices (evaluate's
 FORMAT_VERSION = 2  # 2: the response head is residual (identity at init)
 
 
-def model_config_from_dict(data: dict[str, Any]) -> ModelConfig:
-    return ModelConfig(
-        encoder=data["encoder"],
-        dan=DanConfig(**data["dan"]),
-        transformer=TransformerConfig(**data["transformer"]),
-        bilstm=BiLstmConfig(**data.get("bilstm", {})),
-        pretrained=PretrainedConfig(**data.get("pretrained", {})),
-        score_scale=data.get("score_scale", ModelConfig.score_scale),
-        symmetric_loss=data.get("symmetric_loss", ModelConfig.symmetric_loss),
-        response_hidden=data["response_hidden"],
-        nli_hidden=data["nli_hidden"],
-        nli_classes=data.get("nli_classes", ModelConfig.nli_classes),
-    )
+# No size of a model this program builds comes near it: a larger one in a config.json is damage, and
+# is refused before a tensor of that size is allocated.
+MAX_SIZE = 1 << 20
+# The keys every checkpoint of this format has written (the others were added since, with defaults).
+REQUIRED_MODEL_KEYS = ("encoder", "dan", "transformer", "response_hidden", "nli_hidden")
+
+
+def model_config_from_dict(data: Any) -> ModelConfig:
+    """A checkpoint's `model` section -> ModelConfig, every key and type checked and every size
+    bounded before anything is built; ValueError naming the key (`model.dan.hidden_sizes[1]`)."""
+    return _dataclass_from(ModelConfig, data, "model", REQUIRED_MODEL_KEYS)
+
+
+def _dataclass_from(cls: type, data: Any, key: str, required: tuple[str, ...] = ()) -> Any:
+    if not isinstance(data, dict):
+        raise ValueError(f"{key}: expected an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{key}.{unknown[0]}: not a key of {cls.__name__}")
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ValueError(f"{key}.{missing[0]}: missing")
+    values = {}
+    for name, value in data.items():
+        hint = hints[name]
+        values[name] = _dataclass_from(hint, value, f"{key}.{name}") if dataclasses.is_dataclass(hint) else value
+        if not dataclasses.is_dataclass(hint):
+            _check_value(value, hint, f"{key}.{name}")
+    return cls(**values)
+
+
+def _check_value(value: Any, hint: Any, key: str) -> None:
+    """`value` is of the annotated type (an int not a bool, a finite float, a list of ints, ...)
+    and within MAX_SIZE; ValueError naming the key."""
+    origin = typing.get_origin(hint)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ValueError(f"{key}: expected a list, got {value!r}")
+        for i, item in enumerate(value):
+            _check_value(item, typing.get_args(hint)[0], f"{key}[{i}]")
+        return
+    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
+    if origin is dict:
+        ok = isinstance(value, dict)
+    elif hint in kinds:
+        ok = isinstance(value, kinds[hint]) and (hint is bool or not isinstance(value, bool))
+    else:
+        ok = True  # Any
+    if not ok:
+        raise ValueError(f"{key}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value) or abs(value) > MAX_SIZE:
+            raise ValueError(f"{key}: {value!r} is not a size a convsts model has (at most {MAX_SIZE})")
 
 
 def vocab_sizes(tokenizer) -> tuple[int, int]:
@@ -176,7 +220,13 @@ def load_model(path: str | Path) -> tuple[MultitaskModel, Any, dict[str, Any]]:
             f"{path / 'tokenizer.json'}: not a tokenizer this version reads ({err}); "
             "the checkpoint is damaged or from another program"
         ) from None
-    model = build_model(model_config_from_dict(meta["model"]), tokenizer, meta.get("heads", LEGACY_HEADS))
+    try:
+        config = model_config_from_dict(meta.get("model"))
+    except ValueError as err:  # before any tensor of a size it names is allocated
+        raise BadInputError(
+            f"{path / 'config.json'}: {err}; the checkpoint is damaged or from another program"
+        ) from None
+    model = build_model(config, tokenizer, meta.get("heads", LEGACY_HEADS))
     try:
         model.load_state_dict(_load_weights(path / "model.safetensors"))
     except RuntimeError as err:  # shapes or names that do not match config.json
@@ -188,10 +238,23 @@ def load_model(path: str | Path) -> tuple[MultitaskModel, Any, dict[str, Any]]:
 
 
 def load_train_state(path: str | Path) -> dict[str, Any] | None:
+    """A checkpoint's optimizer state, step and data position (tensors and plain values only: a
+    pickle never runs), None where it has none; BadInputError for a damaged or foreign file."""
     file = checkpoint_folder(path) / "train_state.pt"
     if not file.is_file():
         return None
-    return torch.load(file, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # cut, corrupt, or holding objects weights_only refuses to build
+        raise BadInputError(
+            f"{file}: not a train state this version reads ({type(err).__name__}); the checkpoint is damaged "
+            "or from another program"
+        ) from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise BadInputError(
+            f"{file}: not a train state (no int 'step'); the checkpoint is damaged or from another program"
+        )
+    return state
 
 
 def resolve_device(device: str | None) -> torch.device:

@@ -16,7 +16,7 @@ from typing import Any
 from convsts.datasets import storage
 from convsts.datasets.redaction import redact, redact_tree
 from convsts.datasets.storage import resolve_path
-from convsts.models.checkpoint import load_model, read_meta, save_model_folder
+from convsts.models.checkpoint import load_model, load_train_state, read_meta, save_model_folder
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import RunConfig
 from convsts.ray_jobs.errors import ConfigError
@@ -197,6 +197,7 @@ def run_training(
         differs = resume_mismatches(cfg.trainer.resume_from, cfg, digests)
         if differs:
             raise ConfigError(f"cannot resume {cfg.trainer.resume_from}: " + "; ".join(differs))
+        load_train_state(cfg.trainer.resume_from)  # opened here, one line if damaged, not in every worker
     ensure_ray()
     check_training_fits(cfg, alive_nodes())  # a layout that fits no node is refused, not left waiting
     storage_root, storage_name = run_storage(cfg, out_dir, storage_key)
