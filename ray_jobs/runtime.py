@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import logging
 import os
@@ -203,6 +204,7 @@ def check_tracking_server(uri: str, where: str) -> None:
 
 
 # Expected user errors: one line and exit 2 (run_main), never a traceback.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk or quota: one line naming the file, not a traceback
 USER_ERRORS = (
     ConfigError,
     BadInputError,
@@ -224,6 +226,8 @@ def find_user_error(exc: BaseException) -> BaseException | None:
             continue
         seen.add(id(e))
         inner = getattr(e, "cause", None)  # Ray's wrapper is an instance of the cause's class too
+        if isinstance(e, OSError) and e.errno in DISK_FULL:  # under whatever failed after it (a store's write)
+            return e
         if isinstance(e, types):
             if not isinstance(inner, BaseException):
                 return e
@@ -267,11 +271,7 @@ def run_main(command: str, main, argv=None) -> int:
             print(redact("".join(traceback.format_exception(exc))), end="", file=sys.stderr)
             return 1
         message = str(found.args[0] if len(found.args) == 1 and isinstance(found.args[0], str) else found)
-        if (
-            isinstance(found, (FileNotFoundError, PermissionError))
-            and found.filename
-            and str(found.filename) not in message
-        ):
+        if isinstance(found, OSError) and found.filename and str(found.filename) not in message:
             message = f"{found.filename}: {message}"
         line = redact(message.strip().splitlines()[0])
         print(f"convsts {command}: {line} (--debug shows the traceback)", file=sys.stderr)

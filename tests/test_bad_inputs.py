@@ -1118,3 +1118,53 @@ def test_a_damaged_train_state_is_one_line_in_the_driver(tmp_path):
     torch.save({"position": 3}, state)
     with pytest.raises(BadInputError, match="no int 'step'"):
         load_train_state(checkpoint)
+
+
+def test_a_full_disk_is_one_line_naming_the_file_even_under_the_error_it_caused(tmp_path):
+    """ENOSPC (here: /dev/full, a device that is always full) prints one line and exits 2, also when a
+    store's write failed while handling it (before: sqlite's 'database or disk is full' traceback hid it)."""
+    code = (
+        "import shutil, sqlite3, sys\n"
+        "from convsts.ray_jobs.runtime import run_main\n"
+        "def main(argv):\n"
+        "    try:\n"
+        "        shutil.copyfile(sys.executable, '/dev/full')\n"
+        "    except OSError:\n"
+        "        raise sqlite3.OperationalError('database or disk is full')\n"
+        "raise SystemExit(run_main('x', main, []))\n"
+    )
+    result = _run("-c", code)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    # A plain write's error carries no file name; the final checkpoint's copy names its folder (_place).
+    assert lines[0].startswith("convsts x: [Errno 28] No space left on device")
+
+
+def test_the_final_checkpoint_is_placed_whole_or_not_at_all(tmp_path):
+    """A copy that fails half-way (here: the process may write no file over 4 kB, RLIMIT_FSIZE, so
+    the 64 kB weights fail as on a full disk) leaves the earlier checkpoint whole and nothing beside
+    it; a copy that succeeds replaces it whole."""
+    source, target = tmp_path / "ray" / "checkpoint_1", tmp_path / "out" / "checkpoint"
+    source.mkdir(parents=True)
+    (source / "config.json").write_text("{}")
+    (source / "model.safetensors").write_bytes(b"n" * 65536)
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_bytes(b"old weights")
+    (target / "old_only.txt").write_text("from the earlier run")
+    place = (
+        "import resource, signal, sys\n"
+        "from ray.train import Checkpoint\n"
+        "from convsts.ray_jobs.training.run import _place\n"
+        "if sys.argv[3] == 'limited':\n"
+        "    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "_place(Checkpoint.from_directory(sys.argv[1]), __import__('pathlib').Path(sys.argv[2]))\n"
+    )
+    failed = _run("-c", place, str(source), str(target), "limited")
+    assert failed.returncode != 0 and "File too large" in failed.stderr, failed.stderr[-2000:]
+    assert (target / "model.safetensors").read_bytes() == b"old weights"  # the earlier one, whole
+    assert sorted(p.name for p in target.parent.iterdir()) == ["checkpoint"]  # no half copy beside it
+    done = _run("-c", place, str(source), str(target), "free")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["checkpoint"]

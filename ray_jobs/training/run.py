@@ -16,7 +16,7 @@ from typing import Any
 from convsts.datasets import storage
 from convsts.datasets.redaction import redact, redact_tree
 from convsts.datasets.storage import resolve_path
-from convsts.models.checkpoint import load_model, load_train_state, read_meta, save_model_folder
+from convsts.models.checkpoint import load_model, load_train_state, read_meta, save_model_folder, staging_folder
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import RunConfig
 from convsts.ray_jobs.errors import ConfigError
@@ -219,8 +219,11 @@ def run_training(
         result = _train(
             cfg, out_dir, prepared, uri, run_id, manifests, digests, extra_callbacks, (storage_root, storage_name)
         )
-    except BaseException:
-        tracking.end_run(uri, run_id, "FAILED")  # never left RUNNING (a caller's run fails with it)
+    except BaseException as err:
+        try:
+            tracking.end_run(uri, run_id, "FAILED")  # never left RUNNING (a caller's run fails with it)
+        except Exception as closing:  # a full disk fails the store's write too: the run's own error comes first
+            log.warning("could not mark MLflow run %s FAILED (%s) after: %s", run_id, closing, err)
         raise
     if own_run:
         tracking.end_run(uri, run_id)
@@ -384,16 +387,28 @@ def _keep_checkpoints(cfg: RunConfig, result, out_dir: Path) -> tuple[Path, Path
     STS-B dev beside it."""
     if result.checkpoint is None:
         raise RuntimeError(f"training finished without a checkpoint; see {out_dir / 'ray_results'}")
-    final = out_dir / "checkpoint"
-    if final.exists():
-        shutil.rmtree(final)
-    result.checkpoint.to_directory(str(final))
+    final = _place(result.checkpoint, out_dir / "checkpoint")
     best = None
     if cfg.trainer.eval_every:  # the checkpoint with the best in-training STS-B dev, beside the last
         chosen = result.get_best_checkpoint(SCORE_METRIC, "max")
         if chosen is not None:
-            best = out_dir / BEST_FOLDER
-            shutil.rmtree(best, ignore_errors=True)
-            chosen.to_directory(str(best))
+            best = _place(chosen, out_dir / BEST_FOLDER)
             log.info("best checkpoint by %s: %s", SCORE_METRIC, best)
     return final, best
+
+
+def _place(checkpoint, target: Path) -> Path:
+    """A Ray checkpoint copied whole to `target`: into a new staging folder beside it (this call's
+    own), then renamed into place; a copy that fails (a full disk) leaves no half checkpoint there."""
+    partial = staging_folder(target)
+    try:
+        checkpoint.to_directory(str(partial))
+    except BaseException as err:
+        shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(err, OSError) and not err.filename:  # name what was being written (a full disk)
+            raise OSError(err.errno, err.strerror or str(err), str(target)) from err
+        raise
+    if target.exists():
+        shutil.rmtree(target)
+    partial.rename(target)
+    return target
