@@ -53,7 +53,11 @@ def read_snli(path: str | Path) -> pd.DataFrame:
             df = pd.DataFrame([json.loads(line) for line in fh if line.strip()])
     elif name.endswith((".txt", ".tsv")):
         with io.TextIOWrapper(open_lines(path), encoding="utf-8") as fh:
-            df = pd.read_csv(fh, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
+            try:
+                df = pd.read_csv(fh, sep="\t", quoting=csv.QUOTE_NONE, dtype=str, keep_default_na=False)
+            except pd.errors.ParserError as err:  # "Expected 14 fields in line 3, saw 15": a row with a tab too many
+                detail = str(err).strip().removeprefix("Error tokenizing data. C error: ")
+                raise errors.BadInputError(f"{path}: not a tab-separated SNLI table: {detail}") from None
     else:
         raise errors.BadInputError(
             f"{path}: SNLI must be .parquet, .jsonl or .txt (the text ones optionally compressed: "

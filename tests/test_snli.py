@@ -3,6 +3,7 @@ import json
 import pandas as pd
 import pytest
 
+from convsts.datasets.errors import BadInputError
 from convsts.datasets.snli import LABEL_IDS, read_snli, take_fraction, with_fraction_rank
 
 
@@ -75,3 +76,12 @@ def test_official_txt_and_bad_label(tmp_path):
     bad.write_text(json.dumps({"premise": "a", "hypothesis": "b", "label": "maybe"}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl: row 1: unknown label 'maybe'"):
         read_snli(bad)
+
+
+def test_a_txt_row_with_a_field_too_many_is_one_line_naming_the_file_and_line(tmp_path):
+    path = tmp_path / "snli_1.0_train.txt"
+    path.write_text("gold_label\tsentence1\tsentence2\nneutral\tA man.\tSomeone.\nneutral\tA man.\tSomeone.\textra\n")
+    with pytest.raises(
+        BadInputError, match=r"snli_1.0_train.txt: not a tab-separated SNLI table: Expected 3 fields in line 3, saw 4$"
+    ):
+        read_snli(path)
