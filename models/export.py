@@ -51,9 +51,15 @@ CHECK_TEXTS = [
 ]
 
 
-def _empty_out(out_dir: Path) -> None:
+def _empty_out(out_dir: str | Path) -> Path:
+    """--out as an absolute folder that is new or empty, and not the working folder or one above it
+    (it is written beside and renamed into place); BadInputError otherwise."""
+    out_dir = Path(out_dir).resolve()
     if out_dir.exists() and any(out_dir.iterdir()):
         raise BadInputError(f"{out_dir}: already exists and is not empty; give a new --out")
+    if Path.cwd().resolve().is_relative_to(out_dir):
+        raise BadInputError(f"{out_dir}: the working folder (or one above it); give a new folder as --out")
+    return out_dir
 
 
 def _publish(partial: Path, out_dir: Path) -> Path:
@@ -112,8 +118,7 @@ EXPORT_LOGGERS = ("torch.onnx", "torch.export", "onnxscript", "onnx_ir")
 
 def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
     loaded = load(checkpoint)
-    out_dir = Path(out_dir)
-    _empty_out(out_dir)
+    out_dir = _empty_out(out_dir)
     sample = loaded.tokenizer.encode(CHECK_TEXTS)  # {name: (n, L)}
     names = list(sample)
     args = tuple(torch.from_numpy(np.ascontiguousarray(sample[n], dtype=np.int64)) for n in names)
@@ -165,8 +170,7 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
             f"{checkpoint}: a {loaded.model.config.encoder} encoder; the sentence-transformers "
             f"format holds the pretrained-transformer encoder (model.encoder=pretrained) only"
         )
-    out_dir = Path(out_dir)
-    _empty_out(out_dir)
+    out_dir = _empty_out(out_dir)
     max_len = loaded.tokenizer.config.max_words  # special tokens included, as max_seq_length counts them
     with tempfile.TemporaryDirectory() as tmp:
         encoder.model.save_pretrained(tmp)  # config.json + model.safetensors of the fine-tuned transformer

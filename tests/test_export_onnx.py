@@ -94,3 +94,17 @@ def test_onnx_export_of_the_pretrained_encoder(sentences, tmp_path):
     to_onnx(ckpt, tmp_path / "onnx")
     got = OnnxEncoder(tmp_path / "onnx").encode(sentences[:64], batch_size=16)
     assert np.abs(got - load(ckpt).encode(sentences[:64])).max() <= 1e-4
+
+
+def test_export_into_the_working_folder_is_refused_in_one_line(sentences, tmp_path, monkeypatch):
+    """`convsts export --out .` (an empty working folder): refused, nothing written (before: it staged a
+    folder inside the working folder and ended in an OSError traceback from rmdir('.'))."""
+    checkpoint = _checkpoint("dan", sentences, tmp_path / "ckpt")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    with pytest.raises(BadInputError, match="the working folder .*give a new folder as --out"):
+        to_onnx(checkpoint, ".")
+    with pytest.raises(BadInputError, match="give a new"):  # above the working folder (and not empty)
+        to_onnx(checkpoint, "..")
+    assert list(here.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "here"]
