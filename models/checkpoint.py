@@ -71,9 +71,11 @@ def _dataclass_from(cls: type, data: Any, key: str, required: tuple[str, ...] = 
     values = {}
     for name, value in data.items():
         hint = hints[name]
-        values[name] = _dataclass_from(hint, value, f"{key}.{name}") if dataclasses.is_dataclass(hint) else value
-        if not dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a nested section (model.dan)
+            values[name] = _dataclass_from(hint, value, f"{key}.{name}")
+        else:
             _check_value(value, hint, f"{key}.{name}")
+            values[name] = value
     return cls(**values)
 
 
