@@ -388,11 +388,36 @@ def merge_layer(base, layer):
     return merged
 
 
-def _describe(err: OmegaConfBaseException, source: str) -> str:
+def _describe(err: OmegaConfBaseException, source: str, layer: Any = None) -> str:
     key = getattr(err, "full_key", None)
     msg = str(err).splitlines()[0]
+    found = _list_item_error(layer) if layer is not None else None
+    if found:  # OmegaConf names only the item's own key ('lr'): name the whole path (trainer.stages[1].lr)
+        key, msg = found
     where = f" in {source}" if source else ""
     return f"config key '{key}'{where}: {msg}" if key else f"config{where}: {msg}"
+
+
+def _list_item_error(layer: Any) -> tuple[str, str] | None:
+    """(the full key, the message) of the first item of a list of structured values (trainer.stages)
+    in `layer` that does not fit its schema, or None."""
+    schema = OmegaConf.structured(RunConfig)
+    todo: list[tuple[str, Any]] = [("", OmegaConf.to_container(layer))]
+    while todo:
+        path, value = todo.pop(0)
+        if isinstance(value, dict):
+            todo += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+            continue
+        node = OmegaConf.select(schema, path, default=None) if isinstance(value, list) else None
+        element = getattr(getattr(node, "_metadata", None), "element_type", None)
+        if not (isinstance(element, type) and dataclasses.is_dataclass(element)):
+            continue
+        for i, item in enumerate(value):
+            try:
+                OmegaConf.merge(OmegaConf.structured(element), item)
+            except OmegaConfBaseException as err:
+                return f"{path}[{i}].{getattr(err, 'full_key', '')}", str(err).splitlines()[0]
+    return None
 
 
 def from_dict(values: dict[str, Any], source: str = "") -> RunConfig:
@@ -475,12 +500,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             try:
                 merged = merge_layer(merged, layer)
             except OmegaConfBaseException as err:
-                raise ConfigError(_describe(err, str(path))) from None
+                raise ConfigError(_describe(err, str(path), layer)) from None
         if overrides:
+            dotlist = OmegaConf.from_dotlist(list(overrides))
             try:
-                merged = merge_layer(merged, OmegaConf.from_dotlist(list(overrides)))
+                merged = merge_layer(merged, dotlist)
             except OmegaConfBaseException as err:
-                raise ConfigError(_describe(err, "command-line overrides")) from None
+                raise ConfigError(_describe(err, "command-line overrides", dotlist)) from None
         return absolute_paths(OmegaConf.to_object(merged).validate())  # type: ignore[union-attr]
     except OmegaConfBaseException as err:
         raise ConfigError(_describe(err, str(path or ""))) from None

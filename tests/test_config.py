@@ -93,3 +93,16 @@ def test_an_override_that_is_not_valid_yaml_is_one_line_naming_the_key_and_the_q
     # The quoted form it suggests is read as meant.
     quoted = load_config(None, ['data.reddit_inputs=["{sample}/reddit_pairs.parquet", "b:c"]'])
     assert quoted.data.reddit_inputs == ["{sample}/reddit_pairs.parquet", str(Path("b:c").resolve())]
+
+
+def test_an_error_inside_a_list_item_names_the_full_key(tmp_path):
+    """Before: OmegaConf named the item's own key ('lr'); the full path is what the user edits."""
+    stages = "[{start_step: 0, batch_size: 8, lr: 0.1}, {start_step: 10, batch_size: 8, lr: abc}]"
+    with pytest.raises(ConfigError, match=r"^config key 'trainer.stages\[1\].lr' in command-line overrides: "):
+        load_config(None, [f"trainer.stages={stages}"])
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "trainer:\n  stages:\n    - {start_step: 0, batch_size: 8, lr: 0.1}\n    - {start_step: 5, lrr: 1}\n"
+    )
+    with pytest.raises(ConfigError, match=rf"^config key 'trainer.stages\[1\].lrr' in {path}: Key 'lrr' not in"):
+        load_config(path)
