@@ -220,7 +220,8 @@ def _sts_columns(df: pd.DataFrame, path: str) -> pd.DataFrame:
     """sentence1, sentence2, score from a table whose columns use one of STS_COLUMN_NAMES' spellings."""
     picked = {ours: storage.pick_column(df.columns, aliases, path, ours) for ours, aliases in STS_COLUMN_NAMES.items()}
     scores = pd.to_numeric(df[picked["score"]], errors="coerce")
-    bad = scores.isna() & (df[picked["score"]].astype(str).str.strip() != "")
+    given = df[picked["score"]]  # empty, null or NaN: no gold (left out and counted); anything else must be a number
+    bad = scores.isna() & given.notna() & (given.astype(str).str.strip() != "")
     if bad.any():
         row = int(bad.to_numpy().argmax())
         raise BadInputError(

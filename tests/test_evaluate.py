@@ -550,3 +550,25 @@ def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path)
                 str(tmp_path),
             ]
         )
+
+
+def test_an_sts_row_whose_gold_is_null_is_left_out_and_counted(tmp_path):
+    """JSON null (and a NaN in parquet) is a missing gold score, as an empty one is: left out and
+    counted (before: refused as "None is not a number"); a score that is text is still refused."""
+    from convsts.datasets.errors import BadInputError
+    from convsts.datasets.evalsets import read_sts_file
+
+    rows = [
+        {"sentence1": "a man plays", "sentence2": "a man is playing", "score": 4.5},
+        {"sentence1": "a cat", "sentence2": "the sky", "score": None},
+        {"sentence1": "two dogs", "sentence2": "dogs", "score": 3.0},
+    ]
+    (tmp_path / "nulls.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    frame = read_sts_file(tmp_path / "nulls.jsonl")
+    assert list(frame["score"]) == [4.5, 3.0] and frame.attrs["without_gold"] == 1
+    pd.DataFrame(rows).to_parquet(tmp_path / "nulls.parquet")
+    assert read_sts_file(tmp_path / "nulls.parquet").attrs["without_gold"] == 1
+    rows[1]["score"] = "high"
+    (tmp_path / "text.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(BadInputError, match=r"text.jsonl: row 2: score 'high' is not a number"):
+        read_sts_file(tmp_path / "text.jsonl")
