@@ -472,6 +472,12 @@ def _check_override_yaml(item: str) -> None:
         ) from None
 
 
+# OmegaConf refuses a YAML file of over 10,000 nodes (a long stage list: 10,050 items) with a message
+# about aliases; a config file is allowed 1,000,000, and OmegaConf's own 100x alias-expansion check
+# still refuses an alias bomb.
+MAX_CONFIG_NODES = 1_000_000
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """defaults <- YAML file <- dotted overrides such as `trainer.steps=500`."""
     schema = OmegaConf.structured(RunConfig)
@@ -481,7 +487,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            layer = OmegaConf.load(path)
+            layer = OmegaConf.load(path, max_yaml_expanded_nodes=MAX_CONFIG_NODES)
         except Exception as err:  # yaml errors name the line
             raise ConfigError(f"cannot parse config file {path}: {err}") from None
         if not isinstance(layer, DictConfig):

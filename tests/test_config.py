@@ -106,3 +106,17 @@ def test_an_error_inside_a_list_item_names_the_full_key(tmp_path):
     )
     with pytest.raises(ConfigError, match=rf"^config key 'trainer.stages\[1\].lrr' in {path}: Key 'lrr' not in"):
         load_config(path)
+
+
+def test_a_long_yaml_list_loads_and_an_alias_bomb_is_still_refused(tmp_path):
+    long = tmp_path / "long.yaml"
+    # 1,500 stages are 10,500 YAML nodes: before, refused as "YAML node expansion exceeds ... 10000"
+    stages = "".join(f"    - {{start_step: {i * 10}, batch_size: 8, lr: 0.1}}\n" for i in range(1500))
+    long.write_text("trainer:\n  stages:\n" + stages)
+    assert len(load_config(long).trainer.stages) == 1500
+    bomb = tmp_path / "bomb.yaml"
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 7)]  # 10^7 nodes
+    bomb.write_text("\n".join(levels) + "\n")
+    with pytest.raises(ConfigError, match=f"cannot parse config file {bomb}"):
+        load_config(bomb)
