@@ -310,7 +310,7 @@ def run_sweep(
     log.info("sweep %s: %s trials at once, %s per trial function", space.name, concurrency, resources)
     grid = tuner.fit()
     _check_finished(grid, expected, out_dir / "ray_tune" / space.name)
-    failed = _close_trial_runs(grid, uri, cfg.mlflow.experiment, parent_run_id)
+    failed = _close_trial_runs(grid, uri, cfg.mlflow.experiment, parent_run_id, space.max_t)
     if len(failed) == len(grid):
         raise SweepTrialsFailed(f"every trial failed ({', '.join(failed)}); see {out_dir / 'ray_tune' / space.name}")
     best = grid.get_best_result(metric=space.metric, mode=space.mode, scope="last")
@@ -536,11 +536,14 @@ class SweepTrialsFailed(RuntimeError):
     """Trials that failed after every retry; the others' results are written."""
 
 
-def _close_trial_runs(grid, uri: str, experiment: str, parent_run_id: str) -> list[str]:
+def _close_trial_runs(grid, uri: str, experiment: str, parent_run_id: str, max_t: int = 0) -> list[str]:
     """Ends the trials' MLflow runs that are still RUNNING after the fit: FAILED for a trial that
-    failed (its process lost with its node, or an error after every retry), FINISHED with
-    `convsts.stopped_early` for one the scheduler stopped early. Returns the failed trials' ids."""
-    failed = sorted(str(r.metrics.get("trial_id") or Path(r.path).name) for r in grid if r.error is not None)
+    failed (its process lost with its node, or an error after every retry), FINISHED for one the
+    scheduler stopped, tagged `convsts.stopped_early` unless it had reached `max_t` iterations (ASHA
+    stops that one too, as its end: it ran whole). Returns the failed trials' ids."""
+    trials = [(str(r.metrics.get("trial_id") or Path(r.path).name), r) for r in grid]
+    failed = sorted(trial for trial, r in trials if r.error is not None)
+    iterations = {trial: int(r.metrics.get("training_iteration") or 0) for trial, r in trials}
     for run in tracking.child_runs(uri, experiment, parent_run_id):
         trial = run.data.tags.get("convsts.trial_id", "")
         if trial in failed:
@@ -548,7 +551,8 @@ def _close_trial_runs(grid, uri: str, experiment: str, parent_run_id: str) -> li
             if run.info.status != "FAILED":
                 tracking.end_run(uri, run.info.run_id, "FAILED")
         elif run.info.status == "RUNNING":
-            tracking.set_tags(uri, run.info.run_id, {"convsts.stopped_early": "true"})
+            early = not max_t or iterations.get(trial, 0) < max_t
+            tracking.set_tags(uri, run.info.run_id, {"convsts.stopped_early": str(early).lower()})
             tracking.end_run(uri, run.info.run_id, "FINISHED")
     return failed
 

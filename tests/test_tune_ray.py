@@ -236,3 +236,35 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
         assert {"reddit/loss", "snli/loss", "stsb/dev/pearson", "data/snli_train_pairs"} <= set(run.data.metrics)
         assert run.data.params["trainer.warm_start"] == str(reddit_checkpoint.resolve())
         assert run.data.params["trainer.task_split"] == "async" and "async/snli/updates" in run.data.metrics
+
+
+@pytest.mark.slow
+def test_a_trial_that_ran_to_max_t_is_not_tagged_as_stopped_early(ray_session, mlflow_uri, tmp_path):
+    """ASHA stops a trial at a rung (stopped early) and also at max_t (its end: it ran whole); only the
+    first is tagged `convsts.stopped_early=true` (before: every trial ASHA stopped was)."""
+    from convsts.ray_jobs.sweep import grid_overrides, run_sweep
+    from convsts.tune_spaces import get_space
+
+    experiment = "tune-max-t-test"
+    cfg = load_config(None, [*TINY_MODEL, f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"])
+    space = get_space("small_spaces:STS_MATRIX_MAX_T_6")  # max_t = the trials' 6 epochs; ASHA rungs at 1 and 3
+    results = run_sweep(
+        space,
+        cfg,
+        tmp_path / "sweep",
+        checkpoint=str(_tiny_checkpoint(tmp_path / "ckpt")),
+        num_samples=6,
+        max_concurrent=1,
+        param_overrides=grid_overrides(["eval.tuned.epochs=[6]"]),
+    )
+    children = _runs(mlflow_uri, experiment, results["mlflow_run_id"])
+    client = tracking.client(mlflow_uri)
+    ran = {
+        t: max(m.step for m in client.get_metric_history(r.info.run_id, "stsb_tuned/dev/pearson_epoch"))
+        for t, r in children.items()
+    }
+    assert len(children) == 6 and all(r.info.status == "FINISHED" for r in children.values())
+    for trial_id, child in children.items():
+        tag = child.data.tags.get("convsts.stopped_early", "false")
+        assert tag == str(ran[trial_id] < 6).lower(), (trial_id, ran[trial_id], tag)
+    assert max(ran.values()) == 6, ran  # at least the first trial runs whole
