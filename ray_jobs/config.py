@@ -460,7 +460,7 @@ def _check_override_yaml(item: str) -> None:
     quote) as one line naming the key and how to quote it, not PyYAML's traceback."""
     key, value = item.split("=", 1)
     try:
-        yaml.safe_load(value)
+        OmegaConf.from_dotlist([item])  # OmegaConf's own YAML reading (it takes `?` and `&` in a URI)
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         inner = value.strip()

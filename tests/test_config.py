@@ -90,6 +90,9 @@ def test_an_override_that_is_not_valid_yaml_is_one_line_naming_the_key_and_the_q
     message = str(err.value)
     assert "\n" not in message and message.startswith("config key 'data.reddit_inputs': the value ")
     assert """'data.reddit_inputs=["{sample}/reddit_pairs.parquet", "b:c"]'""" in message
+    # What OmegaConf itself reads stays accepted: a URI with a query inside an unquoted list.
+    uri = "s3://bucket/dumps/RC_x.zst?region=eu&scheme=http"
+    assert load_config(None, [f"data.reddit_inputs=[{uri}]"]).data.reddit_inputs == [uri]
     # The quoted form it suggests is read as meant.
     quoted = load_config(None, ['data.reddit_inputs=["{sample}/reddit_pairs.parquet", "b:c"]'])
     assert quoted.data.reddit_inputs == ["{sample}/reddit_pairs.parquet", str(Path("b:c").resolve())]
