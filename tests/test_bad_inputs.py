@@ -1141,9 +1141,16 @@ def test_a_full_disk_is_one_line_naming_the_file_even_under_the_error_it_caused(
 
 
 def test_the_final_checkpoint_is_placed_whole_or_not_at_all(tmp_path):
-    """A copy that fails half-way (here: the process may write no file over 4 kB, RLIMIT_FSIZE, so
-    the 64 kB weights fail as on a full disk) leaves the earlier checkpoint whole and nothing beside
+    """A copy that fails half-way (here: no file over 4 kB may be written, RLIMIT_FSIZE's soft limit,
+    so the 64 kB weights fail as on a full disk) leaves the earlier checkpoint whole and nothing beside
     it; a copy that succeeds replaces it whole."""
+    import resource
+    import signal
+
+    from ray.train import Checkpoint
+
+    from convsts.ray_jobs.training.run import _place
+
     source, target = tmp_path / "ray" / "checkpoint_1", tmp_path / "out" / "checkpoint"
     source.mkdir(parents=True)
     (source / "config.json").write_text("{}")
@@ -1151,20 +1158,17 @@ def test_the_final_checkpoint_is_placed_whole_or_not_at_all(tmp_path):
     target.mkdir(parents=True)
     (target / "model.safetensors").write_bytes(b"old weights")
     (target / "old_only.txt").write_text("from the earlier run")
-    place = (
-        "import resource, signal, sys\n"
-        "from ray.train import Checkpoint\n"
-        "from convsts.ray_jobs.training.run import _place\n"
-        "if sys.argv[3] == 'limited':\n"
-        "    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-        "    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
-        "_place(Checkpoint.from_directory(sys.argv[1]), __import__('pathlib').Path(sys.argv[2]))\n"
-    )
-    failed = _run("-c", place, str(source), str(target), "limited")
-    assert failed.returncode != 0 and "File too large" in failed.stderr, failed.stderr[-2000:]
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        with pytest.raises(OSError, match="File too large"):
+            _place(Checkpoint.from_directory(str(source)), target)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
     assert (target / "model.safetensors").read_bytes() == b"old weights"  # the earlier one, whole
     assert sorted(p.name for p in target.parent.iterdir()) == ["checkpoint"]  # no half copy beside it
-    done = _run("-c", place, str(source), str(target), "free")
-    assert done.returncode == 0, done.stderr[-2000:]
+    _place(Checkpoint.from_directory(str(source)), target)
     assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in target.parent.iterdir()) == ["checkpoint"]
