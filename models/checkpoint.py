@@ -14,6 +14,7 @@ either.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -21,7 +22,7 @@ import shutil
 import sys
 import tempfile
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from convsts.models.sts_transform import load_sts_transform
 STS_PATTERN = "sts_transform*.safetensors"  # the tuned STS matrices (evaluate's and named ones)
 
 FORMAT_VERSION = 2  # 2: the response head is residual (identity at init)
+TRAIN_STATE_FILE = "train_state.pt"  # what a checkpoint adds to resume a run; a model folder has none
 
 
 # No size of a model this program builds comes near it: a larger one in a config.json is damage, and
@@ -139,7 +141,7 @@ def save_checkpoint(
         meta["step"] = int(train_state["step"])  # the training step of these weights, readable without torch.load
     (path / "config.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     if train_state is not None:
-        torch.save(train_state, path / "train_state.pt")
+        torch.save(train_state, path / TRAIN_STATE_FILE)
     return path
 
 
@@ -153,22 +155,34 @@ def staging_folder(out_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
 
 
+@contextlib.contextmanager
+def staged(out_dir: Path) -> Iterator[Path]:
+    """A folder written whole or not at all: the caller writes into a new staging folder beside
+    `out_dir` (staging_folder), which then replaces `out_dir`; on any error it is removed (this call's
+    own folder only) and `out_dir` stays as it was. An OSError without a file name (a full disk) names
+    `out_dir`."""
+    partial = staging_folder(out_dir)
+    try:
+        yield partial
+    except BaseException as err:
+        shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(err, OSError) and not err.filename:
+            raise OSError(err.errno, err.strerror or str(err), str(out_dir)) from err
+        raise
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    partial.rename(out_dir)
+
+
 def save_model_folder(checkpoint: str | Path, out_dir: str | Path) -> Path:
     """The encoder without optimizer state: MODEL_FILES (the STS matrix when present) copied from
     `checkpoint`; written beside `out_dir` and renamed into place, replacing an older copy."""
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     read_meta(checkpoint)  # a convsts checkpoint of this format
-    partial = staging_folder(out_dir)
-    try:
+    with staged(out_dir) as partial:
         for path in [*(checkpoint / n for n in MODEL_FILES), *sorted(checkpoint.glob(STS_PATTERN))]:
             if path.is_file():
                 shutil.copy2(path, partial / path.name)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)  # this call's own folder only
-        raise
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    partial.rename(out_dir)
     return out_dir
 
 
@@ -242,7 +256,7 @@ def load_model(path: str | Path) -> tuple[MultitaskModel, Any, dict[str, Any]]:
 def load_train_state(path: str | Path) -> dict[str, Any] | None:
     """A checkpoint's optimizer state, step and data position (tensors and plain values only: a
     pickle never runs), None where it has none; BadInputError for a damaged or foreign file."""
-    file = checkpoint_folder(path) / "train_state.pt"
+    file = checkpoint_folder(path) / TRAIN_STATE_FILE
     if not file.is_file():
         return None
     try:

@@ -130,7 +130,7 @@ def shard_problem(task: Task, path: str, listed: dict[str, Any]) -> str | None:
     if storage.file_sha256(path) != listed["sha256"]:
         return "its bytes differ from the shard `prepare` wrote (sha256)"
     names = storage.read_parquet_schema(path).names
-    missing = [c for c in (*task.pair, *([task.label] if task.label else [])) if c not in names]
+    missing = [c for c in task.columns if c not in names]
     if missing:
         return f"no column(s) {missing}, which task {task.name} reads"
     if task.label and task.label_classes:

@@ -77,7 +77,8 @@ def unplaced(nodes: list[Node], asks: list[Ask]) -> tuple[list[Ask], list[Node]]
         if ask.place == LEAST:
             node = min(fits, key=lambda i: (room[i]["GPU"] - ask.gpu, room[i]["CPU"] - ask.cpu))
         else:
-            choices = [i for i in fits if i not in spread_used] or fits if ask.place == SPREAD else fits
+            unused = [i for i in fits if i not in spread_used] if ask.place == SPREAD else []
+            choices = unused or fits
             node = max(choices, key=lambda i: (room[i]["CPU"], room[i]["GPU"]))
             if ask.place == SPREAD:
                 spread_used.add(node)

@@ -57,6 +57,11 @@ class Task:
             raise FileNotFoundError(f"task {self.name}: no raw inputs; set data.task_inputs.{self.name}=[FILE, ...]")
         return list(inputs)
 
+    @property
+    def columns(self) -> list[str]:
+        """The columns a row of this task holds: the text pair, then the label where it has one."""
+        return [*self.pair, *([self.label] if self.label else [])]
+
     def prepared_dir(self, prepared_root: str) -> str:
         return storage.join(prepared_root, self.name)
 
@@ -73,7 +78,7 @@ class Task:
         parquet or JSON-lines files holding the pair columns (and the label)."""
 
         started = time.time()
-        columns = [*self.pair, *([self.label] if self.label else [])]
+        columns = self.columns
         frames = []
         files = storage.expand_inputs(inputs)
         for path in files:

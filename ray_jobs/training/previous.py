@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from convsts.models.checkpoint import TRAIN_STATE_FILE
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.runtime import log
 
 RUN_RECORD = "mlflow_run.json"
-TRAIN_STATE = "train_state.pt"  # what makes a checkpoint folder resumable (convsts.models.checkpoint)
 CONTINUES_TAG = "convsts.continues"
 ENDED_BY_TAG = "convsts.ended_by"
 
@@ -66,9 +66,9 @@ def close_abandoned_run(out_dir: Path, tracking_uri: str) -> str | None:
 def resumable_checkpoint(out_dir: Path, name: str) -> Path | None:
     """The checkpoint of OUT's earlier run that --resume can take: OUT/checkpoint (a finished run's
     final one), else the newest one Ray Train kept under OUT/ray_results/<name> (a killed run's), or None."""
-    if (out_dir / "checkpoint" / TRAIN_STATE).is_file():
+    if (out_dir / "checkpoint" / TRAIN_STATE_FILE).is_file():
         return out_dir / "checkpoint"
-    kept = sorted((out_dir / "ray_results" / name).glob(f"checkpoint_*/{TRAIN_STATE}"))  # names sort by time
+    kept = sorted((out_dir / "ray_results" / name).glob(f"checkpoint_*/{TRAIN_STATE_FILE}"))  # names sort by time
     return kept[-1].parent if kept else None
 
 

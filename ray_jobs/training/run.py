@@ -16,7 +16,7 @@ from typing import Any
 from convsts.datasets import storage
 from convsts.datasets.redaction import redact, redact_tree
 from convsts.datasets.storage import resolve_path
-from convsts.models.checkpoint import load_model, load_train_state, read_meta, save_model_folder, staging_folder
+from convsts.models.checkpoint import load_model, load_train_state, read_meta, save_model_folder, staged
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import RunConfig
 from convsts.ray_jobs.errors import ConfigError
@@ -398,17 +398,8 @@ def _keep_checkpoints(cfg: RunConfig, result, out_dir: Path) -> tuple[Path, Path
 
 
 def _place(checkpoint, target: Path) -> Path:
-    """A Ray checkpoint copied whole to `target`: into a new staging folder beside it (this call's
-    own), then renamed into place; a copy that fails (a full disk) leaves no half checkpoint there."""
-    partial = staging_folder(target)
-    try:
+    """A Ray checkpoint copied whole to `target` (staged: a copy that fails, as on a full disk, leaves
+    no half checkpoint there)."""
+    with staged(target) as partial:
         checkpoint.to_directory(str(partial))
-    except BaseException as err:
-        shutil.rmtree(partial, ignore_errors=True)
-        if isinstance(err, OSError) and not err.filename:  # name what was being written (a full disk)
-            raise OSError(err.errno, err.strerror or str(err), str(target)) from err
-        raise
-    if target.exists():
-        shutil.rmtree(target)
-    partial.rename(target)
     return target
