@@ -26,6 +26,7 @@ import pandas as pd
 from convsts.datasets import storage
 from convsts.datasets.compression import open_lines, plain_name
 from convsts.datasets.errors import BadInputError
+from convsts.datasets.shards import write_shards
 
 CONTEXT_COLUMNS = ("context", "question", "input", "parent_body")
 RESPONSE_COLUMNS = ("response", "answer", "reply", "body")
@@ -264,7 +265,8 @@ def in_fixed_order(part, rows: int, rows_per_shard: int):
 
 
 def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard: int) -> dict[str, Any]:
-    """Write kept pairs as train/test parquet shards (out_dir local or a URI); return the manifest's counts.
+    """Write kept pairs as train/test parquet shards (out_dir local or a URI); return the manifest's counts
+    and each split's shard records (`shards`).
 
     `lines_read` is counted where the input was read (one row per line or table row); the buckets
     must add up to it exactly, or nothing is written."""
@@ -297,13 +299,13 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
             f"{lines_read} lines were read but the manifest's buckets hold {buckets} "
             f"(an input line made more or fewer than one row); nothing was written"
         )
+    shards = {}
     for split in ("train", "test"):
         part = annotated.filter(expr=(col("status") == "") & (col("split") == split)).select_columns(WRITTEN_COLUMNS)
-        target, fs = storage.path_and_filesystem(storage.join(out_dir, split))
-        in_fixed_order(part, by_split[split], rows_per_shard).write_parquet(
-            target, filesystem=fs, min_rows_per_file=rows_per_shard
-        )
+        ordered = in_fixed_order(part, by_split[split], rows_per_shard)
+        shards[split] = write_shards(ordered, storage.join(out_dir, split), rows_per_shard)
     return {
+        "shards": shards,
         "lines_read": lines_read,
         "malformed": malformed,
         "malformed_examples": examples,

@@ -319,7 +319,7 @@ def read_parquet_schema(path: str | Path):
         return pq.read_schema(inner, filesystem=fs)
 
 
-def write_bytes(path: str | Path, data: bytes) -> None:
+def write_bytes(path: str | Path, data: bytes | memoryview) -> None:
     """A file written whole or not at all: a local file is written beside its name and renamed into
     place; an object store's upload completes or leaves nothing."""
     if not is_uri(path):

@@ -305,7 +305,7 @@ def write_mined_folder(prepared: str, out: str, mined, manifest: dict, negatives
             storage.copy_tree(storage.join(prepared, entry), storage.join(out, entry))
     reddit_out = REDDIT.prepared_dir(out)
     storage.copy_tree(storage.join(REDDIT.prepared_dir(prepared), "test"), storage.join(reddit_out, "test"))
-    write_train_frame(REDDIT, mined, reddit_out, cfg)
-    manifest = {k: v for k, v in manifest.items() if k != "shards"}
+    shards = {"train": write_train_frame(REDDIT, mined, reddit_out, cfg), "test": manifest["shards"]["test"]}
+    manifest = {**manifest, "shards": shards}  # the test split's shards copied as they were, byte for byte
     manifest.update(train_pairs=len(mined), pairs=len(mined) + manifest.get("test_pairs", 0), negatives=negatives)
     return write_manifest(REDDIT, reddit_out, manifest)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from convsts.datasets import redaction, storage
 from convsts.datasets.errors import BadInputError
 from convsts.datasets.redaction import redact_tree
+from convsts.datasets.shards import ShardRecord, write_shards
 from convsts.ray_jobs.flat import changed_values, flatten
 from convsts.ray_jobs.runtime import ensure_ray, log
 
@@ -96,23 +97,22 @@ def shard_files(split_dir: str) -> list[str]:
     return [f for f in storage.list_files(split_dir) if f.endswith(".parquet")] if storage.is_dir(split_dir) else []
 
 
-def write_train_frame(task: Task, frame, out_dir: str, cfg: RunConfig) -> None:
-    """A pandas frame of training rows -> out_dir/train parquet shards (Ray Data)."""
+def write_train_frame(task: Task, frame, out_dir: str, cfg: RunConfig) -> list[ShardRecord]:
+    """A pandas frame of training rows -> out_dir/train parquet shards (Ray Data); their records."""
     import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
     ensure_ray()
-    target, fs = storage.path_and_filesystem(storage.join(out_dir, "train"))
-    ray.data.from_pandas(frame).write_parquet(target, filesystem=fs, min_rows_per_file=cfg.data.rows_per_shard)
+    return write_shards(ray.data.from_pandas(frame), storage.join(out_dir, "train"), cfg.data.rows_per_shard)
 
 
-def shard_record(path: str) -> dict[str, Any]:
-    """A shard as its manifest lists it: name, rows, bytes and the sha256 of its bytes (read back once,
-    just written; a run's data digest is made of these, so a shard swapped for other rows changes it)."""
+def shard_record(path: str) -> ShardRecord:
+    """A shard file's record as it is now (rows from its footer, its bytes read for the sha256), to
+    compare with the one its manifest lists (written as the shard was)."""
     stat = storage.file_stat(path)
     return {
         "file": storage.name(path),
         "rows": storage.parquet_rows(path),
-        "bytes": stat[0] if stat else -1,
+        "bytes": stat[0] if stat else 0,
         "sha256": storage.file_sha256(path),
     }
 
@@ -121,13 +121,12 @@ def shard_problem(task: Task, path: str, listed: dict[str, Any]) -> str | None:
     """What differs between a shard and its manifest entry, or between its rows and what the task
     reads (its columns; labels of the task's classes), or None. The content is checked by its sha256:
     a shard replaced by other rows of the same count is refused before Ray starts."""
-    rows = storage.parquet_rows(path)  # BadInputError for a corrupt footer, a truncated file
-    if rows != listed["rows"]:
-        return f"{rows} rows, the manifest says {listed['rows']}"
-    stat = storage.file_stat(path)
-    if stat is None or stat[0] != listed["bytes"]:
-        return f"{stat[0] if stat else 0} bytes, the manifest says {listed['bytes']}: not the shard `prepare` wrote"
-    if storage.file_sha256(path) != listed["sha256"]:
+    now = shard_record(path)  # BadInputError for a corrupt footer, a truncated file
+    if now["rows"] != listed["rows"]:
+        return f"{now['rows']} rows, the manifest says {listed['rows']}"
+    if now["bytes"] != listed["bytes"]:
+        return f"{now['bytes']} bytes, the manifest says {listed['bytes']}: not the shard `prepare` wrote"
+    if now["sha256"] != listed["sha256"]:
         return "its bytes differ from the shard `prepare` wrote (sha256)"
     names = storage.read_parquet_schema(path).names
     missing = [c for c in task.columns if c not in names]
@@ -145,14 +144,17 @@ def shard_problem(task: Task, path: str, listed: dict[str, Any]) -> str | None:
 
 
 def write_manifest(task: Task, out_dir: str, manifest: dict[str, Any], inputs: Sequence[str] = ()) -> dict[str, Any]:
-    """The last step of `prepare`: the manifest, with every shard file and its row count, is
-    written after the shards, so a folder without one is an interrupted prepare. `inputs`, the
-    raw files read, are recorded with their sizes, times and, for local files, sha256
-    (`input_files`; input_changes)."""
-    shards = {split: [shard_record(f) for f in shard_files(storage.join(out_dir, split))] for split in task.splits}
+    """The last step of `prepare`: the manifest, whose `shards` lists each split's shards as they
+    were written (write_shards' records), is written after them, so a folder without one is an
+    interrupted prepare. `inputs`, the raw files read, are recorded with their sizes, times and,
+    for local files, sha256 (`input_files`; input_changes)."""
+    if set(manifest.get("shards", ())) != set(task.splits):
+        raise RuntimeError(
+            f"{task.name}: the manifest lists shards of {sorted(manifest.get('shards', ()))}, not of {list(task.splits)}"
+        )
     if inputs:
         manifest = {**manifest, "input_files": input_record(inputs, digests=True)}
-    manifest = redact_tree({**manifest, "shards": shards})  # input URIs lose their credentials
+    manifest = redact_tree(manifest)  # input URIs lose their credentials
     storage.write_text(storage.join(out_dir, MANIFEST), json.dumps(manifest, indent=2))
     return manifest
 

@@ -37,14 +37,16 @@ def ray_session(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sample_prepared(ray_session, tmp_path_factory) -> Path:
-    """The embedded sample prepared once (Reddit and SNLI, the default filters) for the tests that
-    train on it without changing its data settings: each `prepare` of it takes 25-35 s here.
-    Training only reads a prepared folder."""
+    """The embedded sample prepared once (Reddit and SNLI, the default filters; SAMPLE_PREPARE) for
+    the tests that train on it without changing its data settings: each `prepare` of it takes 25-35 s
+    here. Training only reads a prepared folder."""
+    from tiny import SAMPLE_PREPARE
+
     from convsts.ray_jobs.config import load_config
     from convsts.ray_jobs.training.run import prepare_all
 
     out = tmp_path_factory.mktemp("sample_prepared")
-    prepare_all(load_config(None), str(out))
+    prepare_all(load_config(None, SAMPLE_PREPARE), str(out))
     return out
 
 

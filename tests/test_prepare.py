@@ -190,7 +190,7 @@ def test_a_file_that_is_not_ndjson_fails_at_once_naming_it(ray_session, tmp_path
 
 
 def test_the_vocabulary_counted_in_ray_data_counts_every_word_of_the_training_text(sample_prepared):
-    """build_tokenizer counts words in Ray Data blocks; a block can hold several map batches' counts,
+    """build_tokenizer counts words in Ray Data blocks (a folder over DRIVER_READ_BYTES); a block can hold several map batches' counts,
     so the same word arrives more than once in a batch. Every occurrence must add: the vocabulary
     (ranks by count) is the one counted directly from the prepared shards, and the same every time."""
     from collections import Counter
@@ -209,9 +209,12 @@ def test_the_vocabulary_counted_in_ray_data_counts_every_word_of_the_training_te
             for text in frame[column]:
                 total.update(words(str(text), cfg.tokenizer.lowercase))
     direct = DanTokenizer.build(total, cfg.tokenizer).vocab
-    counted = build_tokenizer(cfg, str(sample_prepared)).vocab
+    counted = build_tokenizer(cfg, str(sample_prepared), driver_read_bytes=0).vocab  # in Ray Data
     assert len(counted) == len(direct) > 1000
     assert counted == direct
+    # A folder this small is read in the driver by default (Ray Data's tasks take longer to start):
+    # the same vocabulary.
+    assert build_tokenizer(cfg, str(sample_prepared)).vocab == direct
 
 
 def test_the_transformers_wordpiece_is_trained_on_the_training_text_read_through_ray_data(sample_prepared):
@@ -223,7 +226,7 @@ def test_the_transformers_wordpiece_is_trained_on_the_training_text_read_through
     from convsts.ray_jobs.training.data import build_tokenizer
 
     cfg = load_config(None, ["model.encoder=transformer", "tokenizer.subword_vocab_size=2000"])
-    tokenizer = build_tokenizer(cfg, str(sample_prepared))
+    tokenizer = build_tokenizer(cfg, str(sample_prepared), driver_read_bytes=0)  # in Ray Data, as at scale
     assert isinstance(tokenizer, SubwordTokenizer) and tokenizer.num_words == 2000
     texts = [
         str(pd.read_parquet(sample_prepared / name / "train")[get_task(name).pair[0]].iloc[0])
@@ -244,9 +247,12 @@ def test_preparing_the_same_inputs_again_writes_the_same_shards_in_the_same_orde
     """Ray Data's groupby and join hand rows over as their tasks finish; prepare writes them in one
     order fixed by the rows themselves, cut into the same shards, so that a repeated run trains the
     same model on a folder prepared again. The order spreads a thread's pairs over the split."""
+    import pandas as pd
+    from tiny import SAMPLE_PREPARE
+
     from convsts.ray_jobs.training.run import prepare_all
 
-    names = prepare_all(load_config(None), str(tmp_path))
+    names = prepare_all(load_config(None, SAMPLE_PREPARE), str(tmp_path))
     assert set(names) == {"reddit", "snli"}
     for name in names:
         for split in get_task(name).splits:
@@ -254,8 +260,9 @@ def test_preparing_the_same_inputs_again_writes_the_same_shards_in_the_same_orde
             assert len(first) == len(again) >= 1, (name, split)
             for a, b in zip(first, again):
                 assert a.equals(b), (name, split)
-    train = _shards(sample_prepared / "reddit" / "train")[0]
-    assert len(train) > 1000
+    assert len(_shards(sample_prepared / "reddit" / "train")) >= 8  # many shards, each in the same order
+    train = pd.concat(_shards(sample_prepared / "reddit" / "train"))
+    assert len(train) > 5000
     neighbours = (train["thread_key"].to_numpy()[1:] == train["thread_key"].to_numpy()[:-1]).mean()
     assert neighbours < 0.05, f"{neighbours:.2f} of consecutive pairs share a thread"
 
@@ -271,6 +278,8 @@ def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_pre
     import logging
     import shutil
 
+    from tiny import SAMPLE_PREPARE
+
     from convsts.datasets.errors import BadInputError
     from convsts.ray_jobs.training.run import prepare_all
 
@@ -281,7 +290,7 @@ def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_pre
         extra.unlink()
     snli_before = (prepared / "snli" / "manifest.json").read_text()
     with caplog.at_level(logging.INFO, logger="convsts"):
-        manifests = prepare_all(load_config(None), str(prepared))
+        manifests = prepare_all(load_config(None, SAMPLE_PREPARE), str(prepared))
     assert "shards of an interrupted `convsts prepare`" in caplog.text and "removed, prepared again" in caplog.text
     assert f"{prepared / 'snli'}: already prepared from this run's inputs and settings; kept" in caplog.text
     assert (prepared / "snli" / "manifest.json").read_text() == snli_before  # kept as it was

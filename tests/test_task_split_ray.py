@@ -166,36 +166,3 @@ def test_a_nan_loss_on_one_rank_stops_every_rank(ray_session, tmp_path):
     # either its own loss is NaN by then or it reports the SNLI rank's.
     assert re.search(r"non-finite (reddit loss \(nan\) at step 4|loss on another rank \(snli\) by step 4)", reports[0])
     assert all(r.endswith("saved []") for r in reports.values())
-
-
-@pytest.mark.slow
-def test_a_run_repeated_with_the_same_config_trains_the_same_model(ray_session, tmp_path):
-    """trainer.preserve_order (the default): Ray Data hands each task's rows over in the seeded file
-    order, not as its read and tokenize tasks finish, and the vocabulary is counted whole; so two
-    runs of one config on one prepared folder of many shards (2 workers, 95/5 by gradient
-    weighting) train the same weights, bit for bit."""
-    from safetensors.torch import load_file
-    from tiny import TINY_DAN
-
-    from convsts.ray_jobs.training.run import prepare_all, run_training
-
-    overrides = [
-        *TINY_DAN,
-        "data.rows_per_shard=300",
-        "trainer.steps=16",
-        "trainer.log_every=8",
-        "trainer.checkpoint_every=16",
-        "trainer.eval_every=0",
-        f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
-    ]
-    prepared = tmp_path / "prepared"
-    prepare_all(load_config(None, overrides), str(prepared))
-    assert len(list((prepared / "reddit" / "train").glob("*.parquet"))) >= 8  # many blocks to read in parallel
-    runs = [
-        run_training(load_config(None, overrides), tmp_path / name, prepared_dir=prepared).checkpoint
-        for name in ("first", "again")
-    ]
-    assert (runs[0] / "tokenizer.json").read_text() == (runs[1] / "tokenizer.json").read_text()
-    first, again = (load_file(str(run / "model.safetensors")) for run in runs)
-    assert first.keys() == again.keys()
-    assert [k for k in first if not torch.equal(first[k], again[k])] == []

@@ -88,13 +88,9 @@ class Task:
                 raise ValueError(f"{path}: task {self.name} needs columns {columns}; missing {missing}")
             frames.append(frame[columns])
         frame = pd.concat(frames, ignore_index=True)
-        write_train_frame(self, frame, out_dir, cfg)
-        return write_manifest(
-            self,
-            out_dir,
-            {"inputs": list(inputs), "pairs": len(frame), "seconds": round(time.time() - started, 1)},
-            inputs=files,
-        )
+        shards = {"train": write_train_frame(self, frame, out_dir, cfg)}
+        manifest = {"inputs": list(inputs), "pairs": len(frame), "seconds": round(time.time() - started, 1)}
+        return write_manifest(self, out_dir, {**manifest, "shards": shards}, inputs=files)
 
     def manifest_metrics(self, manifest: dict[str, Any]) -> dict[str, float]:
         """Counts from the prepare manifest logged to MLflow as data/... metrics."""

@@ -42,8 +42,9 @@ class SnliTask(Task):
         path = storage.resolve_path(inputs[0])
         read = snli.read_snli(path)
         frame = snli.with_fraction_rank(read, cfg.data.snli_fraction_seed)
-        write_train_frame(self, frame, out_dir, cfg)
+        shards = {"train": write_train_frame(self, frame, out_dir, cfg)}
         manifest = {
+            "shards": shards,
             "input": path,
             "pairs": len(frame),
             "labels": snli.label_counts(frame),

@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from convsts.datasets import storage
 from convsts.datasets.text import TOKENIZERS, encode_columns, fit_tokenizer, words
 from convsts.models.encoders import encoder_class
 from convsts.ray_jobs.config import RunConfig
-from convsts.ray_jobs.prepared import verify_prepared
+from convsts.ray_jobs.prepared import shard_files, verify_prepared
 from convsts.ray_jobs.task_groups import TaskPlan
 from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
 
@@ -30,34 +31,67 @@ def check_prepared(prepared_root: str, tasks: dict[str, Task], cfg: RunConfig) -
 # Tokenizer
 
 
-def _count_batch(batch: dict[str, np.ndarray], columns: Sequence[str], lowercase: bool) -> dict[str, np.ndarray]:
+# Training text up to this many parquet bytes (all shards of every task in the vocabulary) is read
+# in the driver: Ray Data's tasks take seconds to start, more than a folder this small takes to read.
+DRIVER_READ_BYTES = 64 * 2**20
+
+
+def _word_counts(batch: dict[str, np.ndarray], columns: Sequence[str], lowercase: bool) -> Counter:
     counts: Counter = Counter()
     for column in columns:
         for text in batch[column]:
             counts.update(words(str(text), lowercase))
+    return counts
+
+
+def _count_batch(batch: dict[str, np.ndarray], columns: Sequence[str], lowercase: bool) -> dict[str, np.ndarray]:
+    counts = _word_counts(batch, columns, lowercase)
     return {"word": np.array(list(counts.keys()), dtype=object), "count": np.array(list(counts.values()))}
 
 
-def build_tokenizer(cfg: RunConfig, prepared_root: str):
-    """The tokenizer the encoder needs, fitted on the training text of every task in the vocabulary
-    (prepared_tasks: those trained plus those in every vocabulary), counted or trained in Ray Data."""
-    kind = encoder_class(cfg.model.encoder).tokenizer_kind
+def _train_bytes(tasks: Sequence[Task], prepared_root: str) -> int:
+    """The parquet bytes of the tasks' training shards (one listing per task)."""
+    return sum(size for task in tasks for _, size, _ in storage.folder_stats(task.train_path(prepared_root)))
 
-    def sources():
-        return [(task.train_rows(cfg, prepared_root), list(task.pair)) for task in prepared_tasks(cfg).values()]
+
+def _driver_batches(task: Task, prepared_root: str) -> Iterator[dict[str, np.ndarray]]:
+    """The task's text columns, shard by shard, read in this process."""
+    for path in shard_files(task.train_path(prepared_root)):
+        table = storage.read_parquet_table(path, columns=list(task.pair))
+        yield {column: table.column(column).to_numpy(zero_copy_only=False) for column in task.pair}
+
+
+def build_tokenizer(cfg: RunConfig, prepared_root: str, driver_read_bytes: int = DRIVER_READ_BYTES):
+    """The tokenizer the encoder needs, fitted on the training text of every task in the vocabulary
+    (prepared_tasks: those trained plus those in every vocabulary), counted or trained in Ray Data,
+    or read in the driver when the text is at most `driver_read_bytes` of parquet (the same tokenizer:
+    the DAN's vocabulary ranks counts, ties by the word)."""
+    kind = encoder_class(cfg.model.encoder).tokenizer_kind
+    tasks = list(prepared_tasks(cfg).values())
+    in_driver = _train_bytes(tasks, prepared_root) <= driver_read_bytes
+
+    def batches(task: Task) -> Iterator[dict[str, np.ndarray]]:
+        if in_driver:
+            return _driver_batches(task, prepared_root)
+        return task.train_rows(cfg, prepared_root).iter_batches(batch_size=4096, batch_format="numpy")
 
     if not TOKENIZERS[kind].fits_from_counts:  # WordPiece trained on the texts, or the pretrained model's own
 
         def texts():  # read only when the tokenizer is trained
-            for ds, cols in sources():
-                for batch in ds.iter_batches(batch_size=4096, batch_format="numpy"):
-                    for col in cols:
+            for task in tasks:
+                for batch in batches(task):
+                    for col in task.pair:
                         yield from (str(t) for t in batch[col])
 
         return fit_tokenizer(kind, texts(), cfg.tokenizer, cfg.model)
     total: Counter = Counter()
-    for ds, cols in sources():
-        partial = ds.map_batches(_count_batch, fn_args=(cols, cfg.tokenizer.lowercase), batch_size=4096)
+    for task in tasks:
+        if in_driver:
+            for batch in batches(task):
+                total.update(_word_counts(batch, task.pair, cfg.tokenizer.lowercase))
+            continue
+        ds = task.train_rows(cfg, prepared_root)
+        partial = ds.map_batches(_count_batch, fn_args=(list(task.pair), cfg.tokenizer.lowercase), batch_size=4096)
         for batch in partial.iter_batches(batch_size=None, batch_format="numpy"):
             # A block may hold the outputs of several map batches, so a word can occur more than
             # once in it: every occurrence adds (a dict of the pairs would keep only the last).

@@ -1,0 +1,70 @@
+"""A Ray Dataset written as a folder of parquet shards, each shard's manifest record computed from
+the bytes as they are written: {file, rows, bytes, sha256}. Nothing is read back to list them (a
+run's data digest is made of these records, and `verify_prepared` checks a shard's bytes against
+its sha256 before training)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from convsts.datasets import storage
+
+ShardRecord = dict[str, Any]
+
+
+def record(name: str, rows: int, data: memoryview | bytes) -> ShardRecord:
+    """A shard's manifest record from its bytes."""
+    return {"file": name, "rows": rows, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def shard_name(index: int) -> str:
+    """The name of the `index`-th shard of a write (names sort in the dataset's block order)."""
+    return f"part-{index:06d}.parquet"
+
+
+def write_shards(ds, folder: str | Path, rows_per_shard: int) -> list[ShardRecord]:
+    """`ds` as parquet shards in `folder` (local or a URI), one per write task, each of at least
+    `rows_per_shard` rows but the last (Ray Data bundles blocks up to it); their records, in name
+    order. With the dataset's preserve_order on, shard i holds the i-th rows."""
+    fs, inner = storage.resolve(folder)
+    fs.create_dir(inner, recursive=True)  # there even when `ds` has no rows
+    sink = _shard_sink(str(folder), rows_per_shard)
+    ds.write_datasink(sink)
+    return sink.records
+
+
+def _shard_sink(folder: str, rows_per_shard: int):
+    """A ray.data Datasink that writes each task's blocks as one shard (made here so that importing
+    this module does not import Ray)."""
+    import pyarrow as pa  # deferred: pyarrow and Ray load only where shards are written
+    import pyarrow.parquet as pq  # deferred: pyarrow and Ray load only where shards are written
+    from ray.data import Datasink  # deferred: pyarrow and Ray load only where shards are written
+    from ray.data.block import BlockAccessor  # deferred: pyarrow and Ray load only where shards are written
+
+    class ShardSink(Datasink):
+        def __init__(self) -> None:
+            self.records: list[ShardRecord] = []
+
+        @property
+        def min_rows_per_write(self) -> int:
+            return rows_per_shard
+
+        def write(self, blocks, ctx) -> ShardRecord | None:
+            tables = [BlockAccessor.for_block(b).to_arrow() for b in blocks]
+            tables = [t for t in tables if t.num_rows]
+            if not tables:
+                return None
+            table = pa.concat_tables(tables, promote_options="default")
+            buffer = pa.BufferOutputStream()
+            pq.write_table(table, buffer)
+            data = memoryview(buffer.getvalue())
+            name = shard_name(ctx.task_idx)
+            storage.write_bytes(storage.join(folder, name), data)
+            return record(name, table.num_rows, data)
+
+        def on_write_complete(self, write_result) -> None:
+            self.records = sorted((r for r in write_result.write_returns if r), key=lambda r: r["file"])
+
+    return ShardSink()
