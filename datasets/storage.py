@@ -319,16 +319,33 @@ def read_parquet_schema(path: str | Path):
         return pq.read_schema(inner, filesystem=fs)
 
 
+@contextlib.contextmanager
+def writing(path: str | Path):
+    """Names `path` in an OSError raised inside that names no file: a write() or close() that fails
+    on a full disk (ENOSPC) or quota says only "No space left on device"."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename or err.errno is None:
+            raise
+        raise OSError(err.errno, err.strerror or str(err), redact(str(path))) from err
+
+
 def write_bytes(path: str | Path, data: bytes | memoryview) -> None:
     """A file written whole or not at all: a local file is written beside its name and renamed into
-    place; an object store's upload completes or leaves nothing."""
+    place; an object store's upload completes or leaves nothing. A failed write names `path`."""
     if not is_uri(path):
         partial = Path(path).with_name(Path(path).name + ".partial")
-        partial.write_bytes(data)
+        try:
+            with writing(path):
+                partial.write_bytes(data)
+        except BaseException:
+            partial.unlink(missing_ok=True)  # this call's own file: nothing half-written is left
+            raise
         partial.replace(path)
         return
     fs, inner = resolve(path)
-    with reaching(path), fs.open_output_stream(inner, compression=None) as out:
+    with reaching(path), writing(path), fs.open_output_stream(inner, compression=None) as out:
         out.write(data)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+from convsts.datasets import storage
 from convsts.datasets.pretrained import pretrained_folder
 
 PAD_ID = 0
@@ -285,7 +286,7 @@ def tokenizer_from_dict(data: dict[str, Any]):
 
 
 def save_tokenizer(tokenizer, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(tokenizer.to_dict()), encoding="utf-8")
+    storage.write_text(path, json.dumps(tokenizer.to_dict()))
 
 
 def load_tokenizer(path: str | Path):

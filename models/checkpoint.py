@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import math
 import shutil
@@ -28,7 +29,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 from tqdm.auto import tqdm
 
 from convsts.datasets import cache, storage
@@ -128,7 +130,9 @@ def save_checkpoint(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(path / "model.safetensors"))
+    # Serialized here and written by storage.write_bytes: a full disk is an OSError naming the file
+    # (safetensors' and torch's own writers raise errors that do not say which file, or that it is space).
+    storage.write_bytes(path / "model.safetensors", safetensors_bytes(state))
     save_tokenizer(tokenizer, path / "tokenizer.json")
     meta = {
         "format": FORMAT_VERSION,
@@ -139,9 +143,11 @@ def save_checkpoint(
     }
     if train_state is not None and "step" in train_state:
         meta["step"] = int(train_state["step"])  # the training step of these weights, readable without torch.load
-    (path / "config.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    storage.write_text(path / "config.json", json.dumps(meta, indent=2))
     if train_state is not None:
-        torch.save(train_state, path / TRAIN_STATE_FILE)
+        buffer = io.BytesIO()
+        torch.save(train_state, buffer)
+        storage.write_bytes(path / TRAIN_STATE_FILE, buffer.getbuffer())
     return path
 
 

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import save as safetensors_bytes
 
+from convsts.datasets import storage
 from convsts.models.similarity import angular_score, angular_score_np, pearson, pearson_t
 
 FILE_NAME = "sts_transform.safetensors"
@@ -78,7 +79,8 @@ class StsTransform:
             "best_epoch": str(self.best_epoch),
             "history": json.dumps(self.history),
         }
-        save_file({"matrix": np.ascontiguousarray(self.matrix, dtype=np.float32)}, str(path), metadata=meta)
+        matrix = {"matrix": np.ascontiguousarray(self.matrix, dtype=np.float32)}
+        storage.write_bytes(path, safetensors_bytes(matrix, metadata=meta))  # a full disk names the file
         return path
 
 

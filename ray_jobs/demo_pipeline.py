@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from convsts.datasets import storage
 from convsts.datasets.errors import BadInputError
 from convsts.datasets.redaction import redact, redact_tree
 from convsts.datasets.text import load_tokenizer
@@ -83,7 +84,7 @@ def run_demo(
         columns.update(evaluate_references(cfg, out_dir, trained.checkpoint, prepared, baselines))
         flat = write_results(cfg, out_dir, columns, uri, run_id)
         flat.update(checkpoint=str(trained.checkpoint), mlflow_run_id=run_id, seconds=round(time.time() - started, 1))
-        (out_dir / "results.json").write_text(redact(json.dumps(flat, indent=2)), encoding="utf-8")
+        storage.write_text(out_dir / "results.json", redact(json.dumps(flat, indent=2)))
         tracking.log_artifact(uri, run_id, str(out_dir / "results.json"))
         tracking.log_artifact(uri, run_id, str(out_dir / "results.md"))
         tracking.log_metrics(uri, run_id, {"demo/seconds": flat["seconds"]})
@@ -168,7 +169,7 @@ def write_results(cfg: RunConfig, out_dir: Path, columns: dict, uri: str, run_id
             flat.update({prefix + k: v for k, v in metrics.items()})
     compared = {k: v for k, v in flat.items() if k.startswith((f"{UNTRAINED}/", "baseline/"))}
     tracking.log_metrics(uri, run_id, {**compared, **paired}, cfg.trainer.steps)  # beside the model's, at its last step
-    (out_dir / "results.md").write_text(results_table(columns) + "\n", encoding="utf-8")
+    storage.write_text(out_dir / "results.md", results_table(columns) + "\n")
     return flat
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from safetensors import safe_open
 
+from convsts.datasets import storage
 from convsts.datasets.redaction import redact, redact_tree
 from convsts.models.checkpoint import read_meta
 from convsts.models.encoders import PretrainedEncoder
@@ -242,8 +243,8 @@ def _output_dim(meta: dict[str, Any]) -> Any:
 
 def write_card(folder: str | Path, facts: dict[str, Any]) -> Path:
     folder = Path(folder)
-    (folder / FACTS_FILE).write_text(json.dumps(facts, indent=2, default=str), encoding="utf-8")
-    (folder / CARD_FILE).write_text(render(folder, facts), encoding="utf-8")
+    storage.write_text(folder / FACTS_FILE, json.dumps(facts, indent=2, default=str))
+    storage.write_text(folder / CARD_FILE, render(folder, facts))
     return folder / CARD_FILE
 
 

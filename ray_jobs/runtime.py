@@ -204,7 +204,8 @@ def check_tracking_server(uri: str, where: str) -> None:
 
 
 # Expected user errors: one line and exit 2 (run_main), never a traceback.
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk or quota: one line naming the file, not a traceback
+# A full disk, a quota or the file-size limit: one line naming the file, not a traceback.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 USER_ERRORS = (
     ConfigError,
     BadInputError,

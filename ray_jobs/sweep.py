@@ -6,6 +6,7 @@ records what defines it (sweep.json), so a rerun resumes only the same sweep.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import shutil
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
+from convsts.datasets import storage
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.datasets.redaction import redact, redact_tree
 from convsts.datasets.storage import is_uri, resolve_path
@@ -316,7 +318,7 @@ def run_sweep(
     best = grid.get_best_result(metric=space.metric, mode=space.mode, scope="last")
     results = sweep_results(grid, best, space, base, out_dir, (frames, embeddings, checkpoint))
     results.update(mlflow_run_id=parent_run_id, failed_trials=failed, seconds=round(time.time() - started, 1))
-    (out_dir / "results.json").write_text(redact(json.dumps(results, indent=2)), encoding="utf-8")
+    storage.write_text(out_dir / "results.json", redact(json.dumps(results, indent=2)))
     log_sweep(uri, cfg, parent_run_id, best, space, results, out_dir, failed)
     if failed:
         raise SweepTrialsFailed(
@@ -380,9 +382,7 @@ def _tuner(space: TuneSpace, trainable, param_space: dict, counts: tuple[int, in
 def sweep_results(grid, best, space: TuneSpace, base: dict, out_dir: Path, sts_inputs) -> dict[str, Any]:
     """The best trial's results (and out_dir/best_config.yaml; the fitted matrix or the curve)."""
     best_params = dict(best.config.items())
-    (out_dir / "best_config.yaml").write_text(
-        redact(trial_config(base, best_params, space.fixed).to_yaml()), encoding="utf-8"
-    )
+    storage.write_text(out_dir / "best_config.yaml", redact(trial_config(base, best_params, space.fixed).to_yaml()))
     if space.objective == "sts_matrix":
         results = _sts_matrix_results(best, *sts_inputs, out_dir)
     else:
@@ -451,7 +451,7 @@ def open_sweep(
         tags={"convsts.job": "tune", "convsts.space": space.name},
     )
     state = {"parent_run_id": parent_run_id, "space": space.name, "expected_trials": expected, "sweep": record}
-    state_file.write_text(json.dumps(state, indent=2), encoding="utf-8")
+    storage.write_text(state_file, json.dumps(state, indent=2))
     return parent_run_id, expected
 
 
@@ -585,8 +585,9 @@ def _fraction_curve(grid, space: TuneSpace, out_dir: Path) -> None:
         row.update({name: result.metrics.get(name, math.nan) for name in space.report})
         rows.append(row)
     rows.sort(key=lambda r: (r["fraction"], r["seed"]))
-    with open(out_dir / "curve.csv", "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    storage.write_text(out_dir / "curve.csv", table.getvalue())
     fraction_curve_plot(rows, [m for m in space.report if m.startswith("stsb/")], out_dir / "curve.png")

@@ -846,19 +846,17 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(sample_prepared, r
 # ---- 7. one line naming the file for inputs that cannot be read; 9. literal names are not globs
 
 
-def _tiny_checkpoint(path: Path) -> Path:
-    from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+def _tiny_checkpoint(path: Path, embedding_dim: int = 4) -> Path:
+    """A tiny DAN checkpoint with a run config and a train state (step 3)."""
+    from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models import save_checkpoint
     from convsts.models.checkpoint import build_model
-    from convsts.models.config import DanConfig, ModelConfig
 
-    tokenizer = DanTokenizer.build(
-        count_words(["a man plays a guitar", "a woman sings"]), TokenizerConfig(word_vocab_size=50, bigram_buckets=20)
+    cfg = load_config(
+        None, ["model.dan.output_dim=6", f"model.dan.embedding_dim={embedding_dim}", "model.dan.hidden_sizes=[4]"]
     )
-    config = ModelConfig(
-        dan=DanConfig(embedding_dim=8, hidden_sizes=[8], output_dim=8), response_hidden=8, nli_hidden=8
-    )
-    return save_checkpoint(path, build_model(config, tokenizer).eval(), tokenizer, {})
+    tok = DanTokenizer.build(count_words(["a man plays a guitar", "a woman sings"]), cfg.tokenizer)
+    return save_checkpoint(path, build_model(cfg.model, tok).eval(), tok, cfg.to_dict(), train_state={"step": 3})
 
 
 def _damage(case: str, root: Path) -> tuple:
@@ -1032,17 +1030,6 @@ def test_a_nan_loss_stops_training_naming_the_step_and_task_and_saves_nothing():
     assert saved == []  # the step-4 checkpoint of a diverged model was never written
 
 
-def _tiny_checkpoint(path):
-    from convsts.datasets.text import DanTokenizer, count_words
-    from convsts.models import save_checkpoint
-    from convsts.models.checkpoint import build_model
-
-    cfg = load_config(None, ["model.dan.output_dim=6", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]"])
-    tok = DanTokenizer.build(count_words(["a b c"]), cfg.tokenizer)
-    save_checkpoint(path, build_model(cfg.model, tok), tok, cfg.to_dict(), train_state={"step": 3})
-    return path
-
-
 @pytest.mark.parametrize(
     "edit, message",
     [
@@ -1111,8 +1098,45 @@ def test_a_full_disk_is_one_line_naming_the_file_even_under_the_error_it_caused(
     result = _run("-c", code)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
-    # A plain write's error carries no file name; the final checkpoint's copy names its folder (_place).
+    # shutil's write names no file; the library's own writes do (storage.writing, below).
     assert lines[0].startswith("convsts x: [Errno 28] No space left on device")
+
+
+def test_a_write_that_fails_on_a_full_disk_names_its_file(tmp_path, capsys):
+    """A write() or close() that fails for space says only "No space left on device": storage.writing
+    names the file (here a real ENOSPC from /dev/full), and run_main prints it in one line."""
+    from convsts.datasets import storage
+    from convsts.ray_jobs.runtime import run_main
+
+    def main(argv):
+        with storage.writing(tmp_path / "out" / "results.json"), open("/dev/full", "wb") as full:
+            full.write(b"x" * 65536)
+
+    assert run_main("x", main, []) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and line.startswith("convsts x: [Errno 28] No space left on device")
+    assert str(tmp_path / "out" / "results.json") in line
+
+
+def test_a_checkpoint_that_does_not_fit_names_the_file_and_leaves_no_part_of_it(tmp_path):
+    """Checkpoint files are serialized in memory and written by storage.write_bytes (safetensors' and
+    torch's own writers raise errors that name no file, torch's without saying it is space). Here no
+    file over 4 kB may be written (RLIMIT_FSIZE: EFBIG, a limit like a full disk): the error names
+    the weights file, and no partial file is left."""
+    import resource
+    import signal
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        with pytest.raises(OSError, match="File too large") as caught:
+            _tiny_checkpoint(tmp_path / "ckpt", embedding_dim=256)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert caught.value.filename == str(tmp_path / "ckpt" / "model.safetensors")
+    assert list((tmp_path / "ckpt").iterdir()) == []
 
 
 def test_the_final_checkpoint_is_placed_whole_or_not_at_all(tmp_path):

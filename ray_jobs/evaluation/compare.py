@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from convsts.datasets import storage
 from convsts.datasets.errors import BadInputError
 from convsts.ray_jobs.metrics import paired_difference
 
@@ -27,7 +28,8 @@ RANKS = (1, 3, 10)
 def write_items(items_dir: Path, task: str, items: pd.DataFrame) -> Path:
     items_dir.mkdir(parents=True, exist_ok=True)
     path = items_dir / f"{task}.parquet"
-    items.to_parquet(path, index=False)
+    with storage.writing(path):  # a full disk names the file
+        items.to_parquet(path, index=False)
     return path
 
 
@@ -130,8 +132,8 @@ def write_comparison(a: Path, b: Path, out: Path) -> str:
         ]
     )
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps({"a": str(a), "b": str(b), **paired}, indent=2), encoding="utf-8")
-    (out / "compare.md").write_text(table + "\n", encoding="utf-8")
+    storage.write_text(out / "compare.json", json.dumps({"a": str(a), "b": str(b), **paired}, indent=2))
+    storage.write_text(out / "compare.md", table + "\n")
     return table
 
 

@@ -223,8 +223,8 @@ def run_evaluation(
     if log_to_mlflow:
         run = EvaluationRun(uri, run_id, step, trained, cards)
         flat["mlflow_run_id"] = log_evaluation(run, cfg, scorer.name, checkpoint, baseline, results, plots, out_dir)
-    (out_dir / "results.json").write_text(redact(json.dumps(flat, indent=2)), encoding="utf-8")
-    (out_dir / "results.md").write_text(results_table({scorer.name: results}) + "\n", encoding="utf-8")
+    storage.write_text(out_dir / "results.json", redact(json.dumps(flat, indent=2)))
+    storage.write_text(out_dir / "results.md", results_table({scorer.name: results}) + "\n")
     return flat
 
 

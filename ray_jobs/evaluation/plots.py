@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from convsts.datasets import storage
 from convsts.models.similarity import pearson
 
 
@@ -46,7 +47,8 @@ def scatter_plot(predicted: np.ndarray, frame: pd.DataFrame, path: Path, title: 
     ax.set_title(f"{title}\nPearson r = {pearson(predicted, gold):.3f}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with storage.writing(path):  # a full disk names the file
+        fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -69,7 +71,8 @@ def loss_curves_plot(histories: dict[str, Sequence[tuple]], path: Path, title: s
             ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with storage.writing(path):  # a full disk names the file
+        fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -108,5 +111,6 @@ def fraction_curve_plot(rows: Sequence[dict[str, Any]], metrics: Sequence[str], 
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with storage.writing(path):  # a full disk names the file
+        fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from convsts.datasets import storage
 from convsts.models.checkpoint import TRAIN_STATE_FILE
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.runtime import log
@@ -25,7 +26,7 @@ ENDED_BY_TAG = "convsts.ended_by"
 def record_run(out_dir: Path, run_id: str) -> None:
     """OUT/mlflow_run.json: the MLflow run this OUT's training logs to (its id only: no URI, which may
     carry credentials)."""
-    (out_dir / RUN_RECORD).write_text(json.dumps({"run_id": run_id}) + "\n", encoding="utf-8")
+    storage.write_text(out_dir / RUN_RECORD, json.dumps({"run_id": run_id}) + "\n")
 
 
 def recorded_run(out_dir: Path) -> str | None:

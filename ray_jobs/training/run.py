@@ -191,7 +191,7 @@ def run_training(
     uri = mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)  # a server that is not there, before any work
     previous = close_abandoned_run(out_dir, uri)  # a killed run's MLflow run, left RUNNING, ends KILLED
     claim_output(out_dir, cfg, fresh)
-    (out_dir / CONFIG_FILE).write_text(redact(cfg.to_yaml()), encoding="utf-8")  # the resolved config, as run
+    storage.write_text(out_dir / CONFIG_FILE, redact(cfg.to_yaml()))  # the resolved config, as run
     digests = data_digests(manifests)
     if cfg.trainer.resume_from:
         differs = resume_mismatches(cfg.trainer.resume_from, cfg, digests)
@@ -336,7 +336,7 @@ def _train(
         "task_split_mode": plan.mode,
         "storage": redact(storage.join(*location)),
     }
-    (out_dir / "train.json").write_text(json.dumps(train_json, indent=2), encoding="utf-8")
+    storage.write_text(out_dir / "train.json", json.dumps(train_json, indent=2))
     return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows, model_dir)
 
 
