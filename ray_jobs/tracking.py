@@ -49,13 +49,19 @@ def artifact_root(tracking_uri: str) -> str | None:
     return (Path(tracking_uri[len(prefix) :]).resolve().parent / ARTIFACT_FOLDER).as_uri()
 
 
+# The MLflow UI opens an experiment of this kind on its training runs (MLflow 3's default for an
+# untagged experiment is the GenAI overview: traces and a chat assistant).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def experiment_id(tracking_uri: str, name: str) -> str:
+    """The experiment `name`, created (of EXPERIMENT_KIND) when it does not exist."""
     c = client(tracking_uri)
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
     try:
-        return c.create_experiment(name, artifact_location=artifact_root(tracking_uri))
+        return c.create_experiment(name, artifact_location=artifact_root(tracking_uri), tags=EXPERIMENT_KIND)
     except Exception:  # another process created it first
         exp = c.get_experiment_by_name(name)
         if exp is None:
@@ -225,7 +231,9 @@ def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
 
 
 def ui_command(tracking_uri: str) -> str:
-    return f"mlflow ui --backend-store-uri {redact(tracking_uri)} --host 127.0.0.1 --port 5000"
+    """The command that opens the MLflow UI on a store; one worker process (MLflow's default of 4
+    did not come up on a busy 2-core machine)."""
+    return f"mlflow ui --backend-store-uri {redact(tracking_uri)} --host 127.0.0.1 --port 5000 --workers 1"
 
 
 def find_run(tracking_uri: str, experiment: str, tags: Mapping[str, str]) -> str | None:
