@@ -64,7 +64,7 @@ def failing_rule(text: str, author: str | None, cfg: RedditFilterConfig) -> str:
         return "banned_prefix"
     if len(text) >= cfg.max_chars:
         return "too_long"
-    alpha = sum(ch.isalpha() for ch in text)
+    alpha = sum(map(str.isalpha, text))
     if not text or alpha / len(text) <= cfg.min_alpha_share:
         return "low_alpha"
     return ""
@@ -324,7 +324,11 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
 
 DUPLICATE = "duplicate_id"  # a comment id seen before (dumps repeat comments): only its first line is used
 DUMP_FIELDS = {"id": str, "parent_id": str, "link_id": str, "author": str, "body": str}
-COMMENT_COLUMNS = ["id", "parent_id", "link_id", "author", "body", "subreddit", "source", "status"]
+COMMENT_COLUMNS = ["id", "parent_id", "link_id", "author", "body", "subreddit", "line", "order", "status"]
+# A line's place in the whole input: (the rank of its file among the inputs by path) << LINE_BITS | its
+# line number. The first line of a repeated comment id is the one with the smallest order.
+LINE_BITS = 40
+BOM = b"\xef\xbb\xbf"
 
 
 def parse_comment(raw: bytes, first_line: bool = False) -> dict[str, str] | None:
@@ -340,28 +344,103 @@ def parse_comment(raw: bytes, first_line: bool = False) -> dict[str, str] | None
     return {name: obj[name] for name in DUMP_FIELDS} | {"subreddit": sub if isinstance(sub, str) else ""}
 
 
-def read_dump_file(path: str, batch_rows: int = 100_000) -> Iterator[pd.DataFrame]:
-    """Comments of one dump file (plain or compressed), in batches; malformed lines kept as status "malformed"."""
-    rows: list[dict[str, str]] = []
+def _arrow_comments(lines: list[bytes], first_line: bool) -> pd.DataFrame | None:
+    """`lines` parsed at C speed by Arrow's JSON reader (the fields we use, as strings), or None when a
+    line is blank, not a JSON object, or has a field of another type or not UTF-8: the caller then
+    parses those lines one by one, as parse_comment does. Arrow would take two objects on one line
+    as two rows: with no blank line, as many rows as lines means one object a line."""
+    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+    import pyarrow.json as pajson  # deferred: pyarrow loads only where dumps are read
+
+    if any(not line.strip() for line in lines):
+        return None
+    data = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
+    if first_line and data.startswith(BOM):
+        data = data[len(BOM) :]
+    schema = pa.schema([(name, pa.string()) for name in [*DUMP_FIELDS, "subreddit"]])
+    options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    try:
+        table = pajson.read_json(pa.py_buffer(data), parse_options=options)
+        table.validate(full=True)  # the reader does not check that strings are UTF-8
+    except (pa.ArrowException, UnicodeDecodeError):
+        return None
+    if table.num_rows != len(lines):
+        return None
+    frame = table.to_pandas()
+    complete = frame[list(DUMP_FIELDS)].notna().all(axis=1).to_numpy()
+    frame = frame.fillna("")
+    frame.loc[~complete, list(DUMP_FIELDS)] = ""
+    frame["status"] = np.where(complete, "", "malformed")
+    return frame
+
+
+def _line_by_line(lines: list[bytes], first_line: bool) -> pd.DataFrame:
+    rows = []
+    for i, raw in enumerate(lines):
+        comment = parse_comment(raw, first_line and i == 0)
+        if comment is None:
+            comment = {name: "" for name in DUMP_FIELDS} | {"subreddit": "", "status": "malformed"}
+        else:
+            comment["status"] = ""
+        rows.append(comment)
+    return pd.DataFrame(rows, columns=[*DUMP_FIELDS, "subreddit", "status"])
+
+
+ARROW_MIN_LINES = 2048  # a run of lines Arrow refuses is halved down to this size, then parsed line by line
+
+
+def _parse_lines(lines: list[bytes], first_line: bool) -> pd.DataFrame:
+    """`lines` as comments, one row each, in order: Arrow's JSON reader on runs of lines, a run it
+    refuses (a malformed line inside) halved until the bad lines are parsed one by one; a line that
+    cannot be a JSON object (not from "{" to "}") goes line by line at once."""
+    if len(lines) <= ARROW_MIN_LINES:
+        frame = _arrow_comments(lines, first_line) if lines else None
+        return frame if frame is not None else _line_by_line(lines, first_line)
+    shaped = [line.lstrip(BOM + b" \t").startswith(b"{") and line.rstrip().endswith(b"}") for line in lines]
+    if all(shaped):
+        frame = _arrow_comments(lines, first_line)
+        if frame is not None:
+            return frame
+        half = len(lines) // 2
+        return pd.concat([_parse_lines(lines[:half], first_line), _parse_lines(lines[half:], False)], ignore_index=True)
+    parts, start = [], 0  # runs of well-shaped lines, and each other line alone
+    for i, ok in enumerate([*shaped, False]):
+        if not ok:
+            if start < i:
+                parts.append(_parse_lines(lines[start:i], first_line and start == 0))
+            if i < len(lines):
+                parts.append(_line_by_line(lines[i : i + 1], first_line and i == 0))
+            start = i + 1
+    return pd.concat(parts, ignore_index=True)
+
+
+def read_dump_file(path: str, batch_rows: int = 100_000, rank: int = 0) -> Iterator[pd.DataFrame]:
+    """Comments of one dump file (plain or compressed), in batches of COMMENT_COLUMNS: each line's
+    number (`line`) and place in the input (`order`, with the file's `rank`); malformed lines kept as
+    status "malformed". Lines are parsed by Arrow's JSON reader (_parse_lines)."""
+
+    def batch(lines: list[bytes], first: int) -> pd.DataFrame:
+        frame = _parse_lines(lines, first == 1)
+        frame["line"] = np.arange(first, first + len(lines), dtype=np.int64)
+        frame["order"] = (np.int64(rank) << LINE_BITS) + frame["line"].to_numpy()
+        return frame[COMMENT_COLUMNS]
+
+    lines: list[bytes] = []
+    first = 1
     with open_lines(path) as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            comment = parse_comment(raw, lineno == 1)
-            if comment is None:
-                comment = {name: "" for name in DUMP_FIELDS} | {"subreddit": "", "status": "malformed"}
-            else:
-                comment["status"] = ""
-            comment["source"] = f"{path}:{lineno}"
-            rows.append(comment)
-            if len(rows) >= batch_rows:
-                yield pd.DataFrame(rows, columns=COMMENT_COLUMNS)
-                rows = []
-    if rows:
-        yield pd.DataFrame(rows, columns=COMMENT_COLUMNS)
+        for raw in fh:
+            lines.append(raw)
+            if len(lines) >= batch_rows:
+                yield batch(lines, first)
+                first += len(lines)
+                lines = []
+    if lines:
+        yield batch(lines, first)
 
 
 def _read_dump_batch(batch: dict[str, np.ndarray]) -> Iterator[pd.DataFrame]:
-    for path in batch["path"]:
-        yield from read_dump_file(str(path))
+    for path, rank in zip(batch["path"], batch["rank"]):
+        yield from read_dump_file(str(path), rank=int(rank))
 
 
 def _comment_rules(batch: pd.DataFrame, cfg: RedditFilterConfig) -> pd.DataFrame:
@@ -370,19 +449,37 @@ def _comment_rules(batch: pd.DataFrame, cfg: RedditFilterConfig) -> pd.DataFrame
     return batch
 
 
-def _line_order(source: str) -> tuple[str, int]:
-    path, _, lineno = source.rpartition(":")
-    return path, int(lineno)
+def _repeated_ids(comments) -> pd.Series:
+    """{comment id: order of its first line} for the ids on more than one well-formed line (dumps
+    repeat comments): a hash aggregate over (id, order) only, so memory grows with the repeated ids,
+    not with the input."""
+    from ray.data.aggregate import (  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        Count,
+        Min,
+    )
+    from ray.data.expressions import col  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    firsts = (
+        comments.filter(expr=col("status") != "malformed")
+        .select_columns(["id", "order"])
+        .groupby("id")
+        .aggregate(Count(alias_name="lines"), Min("order", alias_name="first"))
+        .filter(expr=col("lines") > 1)
+        .to_pandas()
+    )
+    if firsts.empty:  # no id repeated (an empty result may come without its columns)
+        return pd.Series([], dtype=np.int64)
+    return pd.Series(firsts["first"].to_numpy(), index=firsts["id"].to_numpy(), dtype=np.int64)
 
 
-def _mark_duplicates(group: pd.DataFrame) -> pd.DataFrame:
-    """All lines of one comment id: the first (by file, then line) keeps its status, the others
-    become duplicate_id. Malformed lines have no id and are left alone."""
-    if group.empty or (group["status"] == "malformed").all() or len(group) == 1:
-        return group
-    group = group.iloc[sorted(range(len(group)), key=lambda i: _line_order(group["source"].iat[i]))].copy()
-    group.loc[group.index[1:], "status"] = DUPLICATE
-    return group
+def _mark_duplicates(batch: pd.DataFrame, repeated: pd.Series) -> pd.DataFrame:
+    """A repeated id's lines after its first become duplicate_id (malformed lines have no id)."""
+    first = batch["id"].map(repeated)
+    later = first.notna().to_numpy() & (batch["order"].to_numpy() != first.fillna(-1).to_numpy())
+    later &= batch["status"].to_numpy() != "malformed"
+    batch = batch.copy()
+    batch.loc[later, "status"] = DUPLICATE
+    return batch
 
 
 def _as_parent(batch: pd.DataFrame) -> pd.DataFrame:
@@ -393,29 +490,36 @@ def _as_parent(batch: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _classify_child(batch: pd.DataFrame, test_share: float, salt: str) -> pd.DataFrame:
-    """After the join: each comment line becomes a pair (as the response) or gets a named status."""
-    statuses, splits = [], []
+def _classify_child(batch: pd.DataFrame, test_share: float, salt: str, paths: Sequence[str]) -> pd.DataFrame:
+    """After the join: each comment line becomes a pair (as the response) or gets a named status;
+    a malformed line's `source` is FILE:LINE (`paths` by rank)."""
+    status = batch["status"].fillna("").astype(str).to_numpy()
     parent_status = batch["parent_status"] if "parent_status" in batch else pd.Series([None] * len(batch))
-    for status, parent_id, link_id, pstat in zip(batch["status"], batch["parent_id"], batch["link_id"], parent_status):
-        if status:
-            statuses.append(status)
-        elif not parent_id.startswith("t1_"):
-            statuses.append("unpaired_parent_is_submission")
-        elif pstat is None or pd.isna(pstat):
-            statuses.append("unpaired_parent_missing")
-        elif pstat:
-            statuses.append("unpaired_parent_filtered")
-        else:
-            statuses.append("")
-        splits.append(split_of(link_id, test_share, salt) if not statuses[-1] else "")
+    missing = parent_status.isna().to_numpy()
+    statuses = np.select(
+        [
+            status != "",
+            ~batch["parent_id"].astype(str).str.startswith("t1_").to_numpy(),
+            missing,
+            parent_status.fillna("").astype(str).to_numpy() != "",
+        ],
+        [status, "unpaired_parent_is_submission", "unpaired_parent_missing", "unpaired_parent_filtered"],
+        "",
+    )
+    links = batch["link_id"].astype(str).to_numpy()
+    splits = [split_of(link, test_share, salt) if not s else "" for link, s in zip(links, statuses)]
+    malformed = statuses == "malformed"
+    source = np.full(len(batch), "", dtype=object)
+    if malformed.any():
+        orders = batch["order"].to_numpy()[malformed]
+        source[malformed] = [f"{paths[o >> LINE_BITS]}:{o & ((1 << LINE_BITS) - 1)}" for o in orders]
     return pd.DataFrame(
         {
             "context": batch["parent_body"].fillna("").astype(str) if "parent_body" in batch else "",
             "response": batch["body"].astype(str),
-            "thread_key": batch["link_id"].astype(str),
+            "thread_key": links,
             "subreddit": batch["subreddit"].astype(str),
-            "source": batch["source"].astype(str),
+            "source": source,
             "status": statuses,
             "split": splits,
         }
@@ -428,20 +532,22 @@ def pushshift_dataset(
     """(Ray Dataset of annotated pairs, lines read) from comment dumps: each comment is joined to
     its parent comment (`parent_id` = "t1_" + parent id) with a distributed hash join; the split is
     by a hash of the thread (`link_id`). A comment id seen twice keeps its first line only
-    (`duplicate_id`), so a repeated comment makes neither a second pair nor a second parent."""
+    (`duplicate_id`; first by file path, then line), so a repeated comment makes neither a second
+    pair nor a second parent. Lines are parsed by Arrow's JSON reader and every step works on
+    columns: no Python call per comment id."""
     import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
-    files = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=max(1, len(paths)))
+    ranked = sorted(paths)
+    files = ray.data.from_items(
+        [{"path": p, "rank": ranked.index(p)} for p in paths], override_num_blocks=max(1, len(paths))
+    )
     lines = files.map_batches(_read_dump_batch, batch_size=1, batch_format="numpy").materialize()
     read = lines.count()  # one row per line read, malformed ones included
-    comments = (
-        lines.map_batches(_comment_rules, fn_args=(cfg,), batch_format="pandas")
-        .groupby("id", num_partitions=num_partitions)
-        .map_groups(_mark_duplicates, batch_format="pandas")
-        .materialize()
-    )
+    ruled = lines.map_batches(_comment_rules, fn_args=(cfg,), batch_format="pandas").materialize()
+    comments = ruled.map_batches(_mark_duplicates, fn_args=(_repeated_ids(ruled),), batch_format="pandas")
+    comments = comments.materialize()
     parents = comments.map_batches(_as_parent, batch_format="pandas")
     joined = comments.join(
         parents, join_type="left_outer", num_partitions=num_partitions, on=("parent_id",), right_on=("parent_key",)
     )
-    return joined.map_batches(_classify_child, fn_args=(test_share, salt), batch_format="pandas"), read
+    return joined.map_batches(_classify_child, fn_args=(test_share, salt, ranked), batch_format="pandas"), read

@@ -157,6 +157,27 @@ def test_prepare_pushshift_dumps_joins_parents_across_files(ray_session, tmp_pat
     }
 
 
+def test_prepare_on_a_pushshift_dump_finds_the_rows_a_plain_script_finds(ray_session, tmp_path):
+    """bench/prepare_pushshift.py's synthetic dump (threads of 5-35 comments, repeated and malformed
+    lines) and its plain single-process reference: `prepare` finds the same pairs, the same rows on
+    the same side of the split (order-insensitive)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "prepare_pushshift", Path(__file__).resolve().parent.parent / "bench" / "prepare_pushshift.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    dump = tmp_path / "RC_synthetic.zst"
+    bench.write_dump(dump, 6000)
+    pairs, _, rows = bench.reference(dump, tmp_path / "reference.parquet")
+    m = prepare_reddit([str(dump)], tmp_path / "out", load_config(None))
+    assert m["duplicate_ids"] > 0 and m["malformed"] > 0 and m["lines_read"] == 6000
+    assert m["pairs"] == pairs > 1000
+    assert bench.prepared_rows(tmp_path / "out") == rows
+
+
 def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(ray_session, tmp_path):
     """pushshift's months before 2017-12 ship as .bz2 and .xz: a thread across four months, each
     compressed its own way, pairs across files as plain dumps do."""

@@ -1,0 +1,231 @@
+"""`convsts prepare reddit` on pushshift comment dumps against a plain single-process script.
+
+  .venv/bin/python bench/prepare_pushshift.py [--sizes 100000 400000 1600000] [--keep DIR]
+
+For each size N: writes a synthetic monthly dump of N comments in the pushshift schema (25 fields,
+real texts from the embedded sample, threads of 5-35 comments, 80% of comments replying to a
+comment, 0.5% of lines repeated, 0.1% malformed; zstd), then on that same file runs
+
+- the reference: one Python process, the zstd stream, `json.loads` per line, convsts' own filters
+  (`failing_rule`), the first line of each id, a dict from id to comment for the parent join, the
+  hash split (`split_of`), one parquet file;
+- `convsts prepare reddit --input DUMP --out DIR` as a user runs it (a fresh process that starts its
+  own local Ray instance: Ray's start-up is included).
+
+Prints, per size: both rates (lines/s), their ratio (prepare / reference; >= 1 means prepare is the
+faster), both pair counts and whether the pairs are the same rows (order-insensitive), and the peak
+memory of all processes of the prepare (the driver and every Ray process under it, sampled every
+0.2 s) and of the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+FIELDS_EXTRA = (
+    "archived", "author_flair_css_class", "author_flair_text", "controversiality", "created_utc",
+    "distinguished", "downs", "edited", "gilded", "name", "retrieved_on", "score", "score_hidden",
+    "stickied", "subreddit_id", "ups", "author_created_utc", "can_gild", "collapsed",
+)  # fmt: skip
+
+
+def _b36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if not n:
+            return out
+
+
+def write_dump(path: Path, comments: int, seed: int = 0) -> None:
+    """A zstd NDJSON dump of `comments` lines in the pushshift comment schema."""
+    import pandas as pd
+    import zstandard
+
+    from convsts.datasets.storage import sample_dir
+
+    texts = pd.read_parquet(sample_dir() / "reddit_pairs.parquet")
+    pool = [str(t) for t in texts["question"]] + [str(t) for t in texts["answer"]]
+    subs = sorted({str(s) for s in texts["subreddit"]}) or ["AskReddit"]
+    rng = random.Random(seed)
+    written, next_id, link = 0, 10**8, 10**6
+    with open(path, "wb") as raw, zstandard.ZstdCompressor(level=3).stream_writer(raw) as out:
+        while written < comments:
+            link += 1
+            sub = rng.choice(subs)
+            thread: list[str] = []
+            for _ in range(rng.randint(5, 35)):
+                if written >= comments:
+                    break
+                next_id += 1
+                cid = _b36(next_id)
+                parent = f"t1_{rng.choice(thread)}" if thread and rng.random() < 0.8 else f"t3_{_b36(link)}"
+                record = {
+                    "id": cid,
+                    "parent_id": parent,
+                    "link_id": f"t3_{_b36(link)}",
+                    "author": rng.choice(["alice", "bob", "carol", "dave", "AutoModerator", "erin"]),
+                    "body": rng.choice(pool),
+                    "subreddit": sub,
+                    **{name: rng.randint(0, 10**9) for name in FIELDS_EXTRA},
+                }
+                line = json.dumps(record).encode() + b"\n"
+                roll = rng.random()
+                if roll < 0.001:
+                    line = b'{"id": "broken' + b"\n"  # a malformed line
+                out.write(line)
+                written += 1
+                if roll > 0.995 and written < comments:  # a repeated comment (dumps repeat some)
+                    out.write(line)
+                    written += 1
+                thread.append(cid)
+
+
+def reference(dump: Path, out: Path) -> tuple[int, float, set]:
+    """The plain single-process script: (pairs, seconds, the set of (context, response, split))."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from convsts.datasets.compression import open_lines
+    from convsts.datasets.reddit import RedditFilterConfig, failing_rule, parse_comment, split_of
+
+    cfg, started = RedditFilterConfig(), time.perf_counter()
+    comments: dict[str, dict] = {}
+    order: list[dict] = []
+    with open_lines(str(dump)) as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            c = parse_comment(raw, lineno == 1)
+            if c is None or c["id"] in comments:
+                continue
+            c["rule"] = failing_rule(c["body"], c["author"], cfg)
+            comments[c["id"]] = c
+            order.append(c)
+    rows = []
+    for c in order:
+        parent = comments.get(c["parent_id"][3:]) if c["parent_id"].startswith("t1_") else None
+        if c["rule"] or parent is None or parent["rule"]:
+            continue
+        rows.append((parent["body"], c["body"], split_of(c["link_id"], 0.1, "convsts")))
+    table = pa.table({"context": [r[0] for r in rows], "response": [r[1] for r in rows], "split": [r[2] for r in rows]})
+    pq.write_table(table, out)
+    return len(rows), time.perf_counter() - started, set(rows)
+
+
+def _tree_rss(root: int) -> int:
+    """Resident bytes of `root` and every process under it (from /proc)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            rss[int(entry.name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo += children.get(pid, [])
+    return total
+
+
+def run_prepare(dump: Path, out: Path) -> tuple[float, int]:
+    """`convsts prepare reddit` in a fresh process with its own Ray: (seconds, peak bytes of its tree)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    command = [
+        sys.executable,
+        "-m",
+        "convsts.ray_jobs.cli",
+        "prepare",
+        "reddit",
+        "--input",
+        str(dump),
+        "--out",
+        str(out),
+    ]
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak = [0]
+
+    def sample() -> None:
+        while proc.poll() is None:
+            peak[0] = max(peak[0], _tree_rss(proc.pid))
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    log = proc.communicate()[0]
+    seconds = time.perf_counter() - started
+    sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"prepare failed:\n{log[-3000:]}")
+    return seconds, peak[0]
+
+
+def prepared_rows(out: Path) -> set:
+    import pandas as pd
+
+    rows = set()
+    for split in ("train", "test"):
+        frame = pd.read_parquet(out / split)
+        rows |= set(zip(frame["context"], frame["response"], [split] * len(frame)))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", type=int, default=[100_000, 400_000, 1_600_000])
+    parser.add_argument("--keep", help="write the dumps and outputs here (default: a temporary folder)")
+    args = parser.parse_args()
+    root = Path(args.keep or tempfile.mkdtemp(prefix="bench-pushshift-"))
+    root.mkdir(parents=True, exist_ok=True)
+    print(
+        "| comments | reference lines/s | prepare lines/s (Ray start-up included) | prepare / reference | pairs (ref, prepare) | same rows | peak memory, prepare's processes | peak memory, reference |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for n in args.sizes:
+        dump = root / f"RC_synthetic_{n}.zst"
+        if not dump.exists():
+            write_dump(dump, n)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        ref_pairs, ref_s, ref_rows = reference(dump, root / f"reference_{n}.parquet")
+        ref_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        out = root / f"prepared_{n}"
+        if out.exists():
+            import shutil
+
+            shutil.rmtree(out)
+        prep_s, prep_peak = run_prepare(dump, out)
+        manifest = json.loads((out / "manifest.json").read_text())
+        rows = prepared_rows(out)
+        print(
+            f"| {n:,} | {n / ref_s:,.0f} ({ref_s:.1f} s) | {n / prep_s:,.0f} ({prep_s:.1f} s) | {ref_s / prep_s:.2f} "
+            f"| {ref_pairs:,}, {manifest['pairs']:,} | {'yes' if rows == ref_rows else 'NO'} "
+            f"| {prep_peak / 2**20:,.0f} MiB | {max(ref_peak, before) / 2**20:,.0f} MiB (this process) |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
