@@ -17,15 +17,24 @@ def test_unknown_config_key_exits_2_naming_the_key(tmp_path):
 
 @pytest.mark.slow  # a subprocess per command
 def test_help_lists_commands():
+    names = ("prepare", "train", "evaluate", "tune", "submit", "jobs", "demo")
+    # Each command is also `python -m convsts.ray_jobs.<name>`, what a Ray job's entrypoint runs
+    # (the subprocesses run side by side: each spends its time importing).
+    subs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", f"convsts.ray_jobs.{name}", "--help"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in names
+    }
     proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli"], capture_output=True, text=True)
     assert proc.returncode == 0
-    for name in ("prepare", "train", "evaluate", "tune", "submit", "jobs", "demo"):
+    for name, sub in subs.items():
         assert f"  {name} " in proc.stdout
-        # Each command is also `python -m convsts.ray_jobs.<name>`, what a Ray job's entrypoint runs.
-        sub = subprocess.run(
-            [sys.executable, "-m", f"convsts.ray_jobs.{name}", "--help"], capture_output=True, text=True
-        )
-        assert sub.returncode == 0 and f"convsts {name}" in sub.stdout, (name, sub.stderr)
+        out, err = sub.communicate(timeout=300)
+        assert sub.returncode == 0 and f"convsts {name}" in out, (name, err)
 
 
 def test_imports_have_no_side_effects(tmp_path):
