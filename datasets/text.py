@@ -33,9 +33,9 @@ _URL_RE = re.compile(r"https?://\S+|www\.\S+")
 
 @dataclass
 class TokenizerConfig:
-    lowercase: bool = True
+    lowercase: bool = True  # texts are lowercased before the word split
     word_vocab_size: int = 50_000  # most frequent training words; the rest map to <unk>
-    min_count: int = 1
+    min_count: int = 1  # a word seen fewer times stays out of the vocabulary
     bigram_buckets: int = 100_000  # bigrams are hashed into this many ids
     max_words: int = 64  # longer texts are truncated after normalization
     subword_vocab_size: int = 16_000  # Transformer only

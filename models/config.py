@@ -8,29 +8,29 @@ from typing import Any
 
 @dataclass
 class DanConfig:
-    embedding_dim: int = 300
-    hidden_sizes: list[int] = field(default_factory=lambda: [300, 300])
-    output_dim: int = 500
+    embedding_dim: int = 300  # word and bigram embedding width
+    hidden_sizes: list[int] = field(default_factory=lambda: [300, 300])  # the feed-forward layers after the average
+    output_dim: int = 500  # the sentence embedding's width
     sparse_embeddings: bool = True  # sparse gradients: an SGD step touches only the rows in the batch
 
 
 @dataclass
 class TransformerConfig:
-    num_layers: int = 6
-    num_heads: int = 8
-    hidden_size: int = 512
-    filter_size: int = 2048
-    dropout: float = 0.1
-    max_positions: int = 512
-    output_dim: int = 500
+    num_layers: int = 6  # encoder blocks
+    num_heads: int = 8  # attention heads per block
+    hidden_size: int = 512  # the model width
+    filter_size: int = 2048  # the feed-forward width inside each block
+    dropout: float = 0.1  # dropout in training
+    max_positions: int = 512  # longest input in subword tokens (learned positions)
+    output_dim: int = 500  # the sentence embedding's width
 
 
 @dataclass
 class BiLstmConfig:
     """InferSent (Conneau et al., 2017): BiLSTM with max pooling; paper size 2048 per direction."""
 
-    hidden_size: int = 2048
-    embedding_dim: int = 300
+    hidden_size: int = 2048  # units per direction (the paper's InferSent: 2048)
+    embedding_dim: int = 300  # word embedding width
     output_dim: int = 0  # 0 = no projection: the embedding is 2 * hidden_size wide
 
 
@@ -67,5 +67,5 @@ class ModelConfig:
     # (the paper's loss) and each response its context; the loss is the mean of the two.
     symmetric_loss: bool = False
     response_hidden: int = 500  # the feed-forward network on the response side only
-    nli_hidden: int = 512
-    nli_classes: int = 3
+    nli_hidden: int = 512  # the hidden layer of the SNLI classifier head
+    nli_classes: int = 3  # entailment, neutral, contradiction

@@ -36,16 +36,16 @@ def file_name(name: str = "") -> str:
 @dataclass
 class StsTransformConfig:
     enabled: bool = True  # fit and report stsb_tuned/* in `convsts evaluate`
-    lr: float = 0.001
+    lr: float = 0.001  # Adam's learning rate for the matrix
     weight_decay: float = 0.0  # L2 penalty on (W - W_init): pulls the matrix towards its start
     init: str = "identity"  # identity | random (orthogonal)
     rank: int = 0  # 0 = full dim x dim matrix; r > 0 = a dim x r projection
-    epochs: int = 30
+    epochs: int = 30  # passes over STS-B train; the epoch best on dev is kept
     # pearson (minus the batch correlation) | mse (on the 0-5 scale). Measured on a DAN trained on
-    # ../shared/data: mse never beat the identity on dev, pearson did (docs/results.md).
+    # ../shared/data: mse never beat the identity on dev, pearson did (docs/experiments/journal.md).
     loss: str = "pearson"
-    batch_size: int = 256
-    seed: int = 0
+    batch_size: int = 256  # STS-B train pairs per step
+    seed: int = 0  # seed of the shuffle (and of a random init)
 
     def validate(self) -> StsTransformConfig:
         if self.init not in ("identity", "random"):

@@ -37,9 +37,9 @@ class DataConfig:
     # Raw inputs of `convsts prepare`. "{sample}" expands to the embedded sample folder.
     reddit_inputs: list[str] = field(default_factory=lambda: ["{sample}/reddit_pairs.parquet"])
     reddit_format: str = "auto"  # auto | pushshift | pairs
-    snli_train: str = "{sample}/snli_train.parquet"
-    snli_dev: str = "{sample}/snli_dev.parquet"
-    snli_test: str = ""
+    snli_train: str = "{sample}/snli_train.parquet"  # SNLI training pairs: jsonl, txt or parquet, plain or compressed
+    snli_dev: str = "{sample}/snli_dev.parquet"  # scored as snli/dev/accuracy
+    snli_test: str = ""  # scored as snli/test/accuracy; "" = not scored
     stsb_dir: str = "{sample}"  # holds stsb_{train,dev,test}.parquet or the official sts-*.csv
     cqa_test: str = "{sample}/cqa2016_test.parquet"  # parquet, or the official SemEval 2016/2017 XML
     cqa_relevancy: str = ""  # gold .relevancy file for an XML without gold labels (2017 test)
@@ -47,10 +47,10 @@ class DataConfig:
     # Where `prepare` writes shards and `train`/`evaluate` read them; "" = <out>/prepared.
     prepared_dir: str = ""
     test_share: float = 0.1  # share of Reddit threads held out (paper: 10%)
-    split_salt: str = "convsts"
+    split_salt: str = "convsts"  # salt of the thread hash that splits Reddit (another salt, another held-out set)
     snli_fraction: float = 1.0  # nested subset of SNLI train used for training
-    snli_fraction_seed: int = 0
-    rows_per_shard: int = 50_000
+    snli_fraction_seed: int = 0  # seed of the SNLI subset draw (each seed a different nested family)
+    rows_per_shard: int = 50_000  # rows per parquet shard `prepare` writes (at least; the last may hold fewer)
     # Reddit: train with the `negative` column that `convsts mine-negatives` adds to the training
     # shards (each context's softmax runs over the batch's responses and its mined negatives).
     reddit_hard_negatives: bool = False
@@ -60,9 +60,9 @@ class DataConfig:
 
 @dataclass
 class StageConfig:
-    start_step: int = 0
-    batch_size: int = 128
-    lr: float = 0.01
+    start_step: int = 0  # the step this stage starts at
+    batch_size: int = 128  # pairs per worker and step
+    lr: float = 0.01  # the learning rate of embedding tables (dense parameters: x trainer.dense_lr_scale)
 
 
 OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw")
@@ -75,20 +75,21 @@ PLACEMENT_STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
 
 @dataclass
 class TrainerConfig:
-    steps: int = 1000
-    num_workers: int = 2
+    steps: int = 1000  # training steps; 0 saves the encoder untrained
+    num_workers: int = 2  # Ray Train workers, split over the tasks (task_workers)
     cpus_per_worker: float = 0.5  # below 1 so that Ray Data read tasks have room on small nodes
     # torch's intra-op threads in each worker; 0 = Ray's choice (the floor of cpus_per_worker, at
     # least 1). One CPU worker on a small node reserves 1 CPU (Ray Data needs one free) and
     # computes on every core with torch_threads = the node's cores.
     torch_threads: int = 0
-    use_gpu: bool = False
+    use_gpu: bool = False  # one GPU per worker (NCCL between workers)
     # How Ray places the task workers on a cluster's nodes (Ray's placement-group strategies).
     # SPREAD (default): over distinct nodes where it can, so losing a node loses few workers and the
     # workers do not compete for one node's cores, network and disk; PACK: as few nodes as possible
     # (less traffic between nodes for the gradient exchange); STRICT_*: refuse rather than bend.
     # On one machine both give the same run.
     placement_strategy: str = "SPREAD"
+    # Each task's share of the updates (the paper: 95/5), by gradient weighting or by workers per task.
     task_weights: dict[str, float] = field(default_factory=lambda: {"reddit": 0.95, "snli": 0.05})
     # Workers per task, e.g. {reddit: 19, snli: 1} (summing to num_workers); {} = by the weights
     # (largest remainder, at least one each).
@@ -104,6 +105,7 @@ class TrainerConfig:
     # async: how many updates a task may run ahead of its weight's share of all updates before
     # its workers wait (the realised mix stays within this of the weights).
     async_slack: int = 8
+    # The schedule: from each stage's start_step on, its batch size and lr (the paper: 128 then 256).
     stages: list[StageConfig] = field(
         default_factory=lambda: [
             StageConfig(0, 128, 0.01),
@@ -111,7 +113,7 @@ class TrainerConfig:
         ]
     )
     optimizer: str = "sgd"  # sgd | adagrad | adam | adamw (adam/adamw use SparseAdam for sparse tables)
-    momentum: float = 0.0
+    momentum: float = 0.0  # sgd's momentum
     weight_decay: float = 0.0  # adamw's decoupled weight decay (dense parameters)
     # The lr rises linearly from 0 to the first stage's lr over this many steps; 0 = no warm-up.
     warmup_steps: int = 0
@@ -134,13 +136,13 @@ class TrainerConfig:
     # config, seed and prepared folder trains the same model (measured with one rank per task).
     # false lets a fast GPU step take whichever block is ready first.
     preserve_order: bool = True
-    checkpoint_every: int = 500
-    keep_checkpoints: int = 2
-    log_every: int = 20
+    checkpoint_every: int = 500  # steps between checkpoints (Ray Train's, in storage_path)
+    keep_checkpoints: int = 2  # checkpoints Ray keeps: the last ones, or the best by STS-B dev with eval_every
+    log_every: int = 20  # steps between progress lines and logged metrics
     eval_every: int = 0  # STS-B dev Pearson every N steps inside training; 0 = off
     warm_start: str = ""  # a checkpoint whose shared encoder (and tokenizer) initialise this run
     resume_from: str = ""  # a checkpoint to continue from (model, optimizers, step, data position)
-    max_failures: int = 2
+    max_failures: int = 2  # times Ray Train restarts the workers from the last checkpoint after a failure
     # Ray Train's storage (checkpoints, results); "" = <out>/ray_results. A multi-node cluster
     # needs one that every node reaches: a URI (s3://, gs://) or a shared mount.
     storage_path: str = ""
@@ -149,9 +151,9 @@ class TrainerConfig:
 @dataclass
 class EvalConfig:
     reddit_pairs: int = 1000  # held-out pairs scored for P@N
-    reddit_negatives: int = 99
-    seed: int = 0
-    batch_size: int = 512
+    reddit_negatives: int = 99  # wrong responses beside the true one for each P@N query
+    seed: int = 0  # seed of the evaluation samples (the same queries for every model)
+    batch_size: int = 512  # texts encoded at once
     # The "tuned" STS variant: one matrix fit on STS-B train, selected on dev (models/sts_transform.py).
     tuned: StsTransformConfig = field(default_factory=StsTransformConfig)
 
@@ -159,14 +161,14 @@ class EvalConfig:
 @dataclass
 class MlflowConfig:
     tracking_uri: str = ""  # "" = sqlite:///<out>/mlflow.db; MLFLOW_TRACKING_URI wins when set
-    experiment: str = "convsts"
-    run_name: str = ""
+    experiment: str = "convsts"  # MLflow experiment (created as a model-training experiment)
+    run_name: str = ""  # "" = the run config's name
     register_as: str = ""  # also register each training run's model under this name (MLflow model registry)
 
 
 @dataclass
 class RunConfig:
-    name: str = "convsts"
+    name: str = "convsts"  # the run's name: its MLflow run name and its folder under trainer.storage_path
     # Seeds everything random in training: initial weights (torch), numpy and Python's random, the
     # shard order of streamed tasks, the local shuffle of batches and the task draws of one worker.
     # Evaluation samples (eval.seed) and the SNLI subset (data.snli_fraction_seed) have their own,
