@@ -42,7 +42,11 @@ def reaching(path: str | Path, error: type | None = None, what: str = ""):
 
     try:
         yield
-    except (FileNotFoundError, StorageError):
+    except FileNotFoundError as err:
+        if " " in str(err).strip():  # a message of its own
+            raise
+        raise FileNotFoundError(f"{redact(str(path))}: no such file or folder") from err  # pyarrow's: the path alone
+    except StorageError:
         raise
     except (OSError, pa.ArrowInvalid) as err:
         detail = redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)

@@ -201,6 +201,8 @@ def checkpoint_folder(path: str | Path) -> Path:
 def read_meta(path: str | Path) -> dict[str, Any]:
     path = checkpoint_folder(path)
     config_file = path / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such checkpoint folder")
     if not config_file.is_file():
         raise FileNotFoundError(f"{path} is not a convsts checkpoint: {config_file} is missing")
     meta = _read_json(config_file)

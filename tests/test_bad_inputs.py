@@ -1171,3 +1171,18 @@ def test_the_final_checkpoint_is_placed_whole_or_not_at_all(tmp_path):
     _place(Checkpoint.from_directory(str(source)), target)
     assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in target.parent.iterdir()) == ["checkpoint"]
+
+
+def test_a_missing_file_or_checkpoint_folder_says_it_is_not_there(tmp_path):
+    """Not only the path (pyarrow's FileNotFoundError is the path alone), and not a missing
+    config.json for a folder that is not there at all."""
+    from convsts.datasets import snli
+    from convsts.models.checkpoint import read_meta
+
+    with pytest.raises(FileNotFoundError, match=r"none\.parquet: no such file or folder$"):
+        snli.read_snli(tmp_path / "none.parquet")
+    with pytest.raises(FileNotFoundError, match=r"nothing: no such checkpoint folder$"):
+        read_meta(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"is not a convsts checkpoint: .*config\.json is missing"):
+        read_meta(tmp_path / "empty")
