@@ -21,6 +21,7 @@ texts with URLs or HTML entities can embed differently there.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -114,6 +115,7 @@ class OnnxEncoder:
 # torch.onnx and onnxscript report each graph pass at INFO and warn about optional packages
 # (torchvision); the export's result is what the caller reports.
 EXPORT_LOGGERS = ("torch.onnx", "torch.export", "onnxscript", "onnx_ir")
+ST_EXPORT_LOGGERS = ("transformers", "sentence_transformers")
 
 
 def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
@@ -150,6 +152,32 @@ def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
 
 
 def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    from transformers.utils import (
+        logging as hf_logging,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
+    )
+
+    loaded = load(checkpoint)
+    encoder = loaded.model.encoder
+    if not isinstance(encoder, PretrainedEncoder):
+        raise BadInputError(
+            f"{checkpoint}: a {loaded.model.config.encoder} encoder; the sentence-transformers "
+            f"format holds the pretrained-transformer encoder (model.encoder=pretrained) only"
+        )
+    out_dir = _empty_out(out_dir)
+    # Saving reports progress bars and info lines, and reloading the saved transformer reports its
+    # pooler as "newly initialized" (sentence-transformers pools the token embeddings and never runs
+    # it): all of it would only look like a failure. The command reports the result in one line.
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with quiet_loggers(ST_EXPORT_LOGGERS):
+            return _sentence_transformers_folder(loaded, encoder, out_dir)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _sentence_transformers_folder(loaded, encoder: PretrainedEncoder, out_dir: Path) -> Path:
     from sentence_transformers import (
         SentenceTransformer,  # deferred: the export extra, slow to import; only that export needs it
     )
@@ -163,14 +191,6 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
         PreTrainedTokenizerFast,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
     )
 
-    loaded = load(checkpoint)
-    encoder = loaded.model.encoder
-    if not isinstance(encoder, PretrainedEncoder):
-        raise BadInputError(
-            f"{checkpoint}: a {loaded.model.config.encoder} encoder; the sentence-transformers "
-            f"format holds the pretrained-transformer encoder (model.encoder=pretrained) only"
-        )
-    out_dir = _empty_out(out_dir)
     max_len = loaded.tokenizer.config.max_words  # special tokens included, as max_seq_length counts them
     with tempfile.TemporaryDirectory() as tmp:
         encoder.model.save_pretrained(tmp)  # config.json + model.safetensors of the fine-tuned transformer
@@ -202,7 +222,17 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
         partial = staging_folder(out_dir)  # this export's own folder: never one of the user's
         try:
             SentenceTransformer(modules=modules, device="cpu").save(str(partial))
+            _readable_as_created(partial)  # the weights file comes out 0600 (written through a temporary file)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
         return _publish(partial, out_dir)
+
+
+def _readable_as_created(folder: Path) -> None:
+    """Every file under `folder` with the mode a new file gets here (0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~umask)

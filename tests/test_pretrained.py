@@ -3,6 +3,7 @@ weights: the same embedding as `transformers` run directly, a checkpoint that lo
 original folder, and a few multitask steps through Ray Train."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -280,7 +281,7 @@ def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, sa
 
 
 @pytest.mark.parametrize("pooling,output_dim", [("mean", 0), ("max", 32)])
-def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, output_dim, tmp_path):
+def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, output_dim, tmp_path, capfd):
     from sentence_transformers import SentenceTransformer
 
     from convsts.datasets.errors import BadInputError
@@ -307,6 +308,15 @@ def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, o
         )
         == 0
     )
+    # Quiet: no load report of the unused pooler, no progress bar, no third-party info lines.
+    printed = capfd.readouterr()
+    for noise in ("LOAD REPORT", "MISSING", "Writing model shards", "Saving model to", "not sharded"):
+        assert noise not in printed.out + printed.err, noise
+    # Every file with the mode a new file gets (the weights were 0600).
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "st").rglob("*") if p.is_file()}
+    assert set(modes.values()) == {0o666 & ~umask}, modes
     exported = SentenceTransformer(str(tmp_path / "st"), device="cpu")
     assert exported.max_seq_length == 16
     np.testing.assert_allclose(exported.encode(texts), load(tmp_path / "ckpt").encode(texts), atol=1e-5)
