@@ -1,6 +1,7 @@
 """`convsts evaluate` on a tiny real checkpoint (no Ray needed): result names, tuned matrix, MLflow."""
 
 import json
+import logging
 
 import numpy as np
 import pandas as pd
@@ -28,7 +29,7 @@ def tiny_checkpoint(tmp_path):
     return save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer).eval(), tokenizer, {})
 
 
-def test_evaluate_checkpoint(tiny_checkpoint, tmp_path, mlflow_uri):
+def test_evaluate_checkpoint(tiny_checkpoint, tmp_path, mlflow_uri, caplog):
     sts_file = tmp_path / "my_sts.tsv"
     pd.DataFrame(
         {
@@ -39,9 +40,16 @@ def test_evaluate_checkpoint(tiny_checkpoint, tmp_path, mlflow_uri):
     ).to_csv(sts_file, sep="\t", index=False)
     cfg = load_config(None, ["eval.tuned.epochs=3"])
     out = tmp_path / "eval"
-    results = run_evaluation(
-        cfg, out, checkpoint=str(tiny_checkpoint), sts_files=[str(sts_file)], mlflow_uri=mlflow_uri
-    )
+    with caplog.at_level(logging.INFO, logger="convsts"):
+        results = run_evaluation(
+            cfg, out, checkpoint=str(tiny_checkpoint), sts_files=[str(sts_file)], mlflow_uri=mlflow_uri
+        )
+    # Never silent: a line as each benchmark starts (STS-B, the tuned matrix, the --sts file, the
+    # two tasks, CQA), numbered, then the total.
+    stages = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[eval] ")]
+    assert [line.split(":")[0] for line in stages[:-1]] == [f"[eval] model {i}/6" for i in range(1, 7)], stages
+    assert "STS set my_sts" in stages[2] and "s left)" in stages[5]
+    assert stages[-1].startswith("[eval] model: 6 benchmark(s) in ")
 
     saved = json.loads((out / "results.json").read_text())
     assert saved == json.loads(json.dumps(results))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,25 @@ def evaluated_tasks(cfg: RunConfig):
     return [get_task(name, cfg.task_modules) for name in model_heads(cfg)]
 
 
+class EvalProgress:
+    """`[eval] NAME i/N: what` as each benchmark starts, with the time so far and an estimate of the
+    rest (the benchmarks done so far as the pace), so that a long evaluation is never silent."""
+
+    def __init__(self, name: str, total: int):
+        self.name, self.total, self.done_count, self.started = name, total, 0, time.time()
+
+    def __call__(self, what: str) -> None:
+        spent = time.time() - self.started
+        left = (
+            f", about {spent / self.done_count * (self.total - self.done_count):.0f} s left" if self.done_count else ""
+        )
+        self.done_count += 1
+        log.info("[eval] %s %d/%d: %s (%.0f s so far%s)", self.name, self.done_count, self.total, what, spent, left)
+
+    def done(self) -> None:
+        log.info("[eval] %s: %d benchmark(s) in %.0f s", self.name, self.done_count, time.time() - self.started)
+
+
 def evaluate(
     scorer,
     cfg: RunConfig,
@@ -61,12 +81,20 @@ def evaluate(
     tuned STS matrix (embedding scorers only) is saved in each of `transform_dirs`; each task's
     per-item outcomes (Task.evaluate_items) in `items_dir`/<task>.parquet (convsts.ray_jobs.evaluation.compare)."""
     results: dict[str, float] = {}
+    names = sts_sets or {}
+    tasks = evaluated_tasks(cfg)
+    tuned_on = cfg.eval.tuned.enabled and isinstance(scorer, EmbeddingScorer)
+    stage = EvalProgress(
+        getattr(scorer, "name", "model"), 1 + tuned_on + len(names) + len(tasks) + bool(cfg.data.cqa_test)
+    )
+    stage("STS Benchmark dev and test")
     frames = {split: read_stsb_split(cfg, split) for split in ("dev", "test")}
     embedded = {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
     for split, frame in frames.items():
         results.update(sts_metrics(scorer, frame, f"stsb/{split}", embedded=embedded[split]))
     transform = None
-    if cfg.eval.tuned.enabled and isinstance(scorer, EmbeddingScorer):
+    if tuned_on:
+        stage(f"the tuned STS matrix ({cfg.eval.tuned.epochs} epochs on STS-B train)")
         try:
             frames["train"] = read_stsb_split(cfg, "train")
         except FileNotFoundError as err:
@@ -79,17 +107,21 @@ def evaluate(
                 path = transform.save(folder)
                 if replaced:
                     log.info("replaced the tuned STS matrix in %s (dev r %.4f)", path, transform.dev_pearson)
-    names = sts_sets or {}
     # The pairs the matrix was fitted and selected on, once for every --sts file.
     fitted = set(pair_keys(pd.concat([frames["train"], frames["dev"]]))) if transform is not None and names else set()
     for path, name in names.items():
+        stage(f"STS set {name}")
         results.update(sts_file_metrics(scorer, path, name, transform, fitted))
-    for task in evaluated_tasks(cfg):
+    for task in tasks:
+        stage(f"task {task.name}")
         metrics, items = task.evaluate_items(scorer, cfg, prepared_dir)
         results.update(metrics)
         if items is not None and items_dir is not None:
             write_items(items_dir, task.name, items)
+    if cfg.data.cqa_test:
+        stage(f"{cfg.data.cqa_name} (community question answering)")
     results.update(configured_cqa_metrics(scorer, cfg))
+    stage.done()
     bad = sorted(k for k, v in results.items() if not np.isfinite(v))
     results["eval/nonfinite_metrics"] = float(len(bad))  # flagged in MLflow too (non-finite values are not logged)
     if bad:
