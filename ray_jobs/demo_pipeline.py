@@ -169,7 +169,9 @@ def write_results(cfg: RunConfig, out_dir: Path, columns: dict, uri: str, run_id
             flat.update({prefix + k: v for k, v in metrics.items()})
     compared = {k: v for k, v in flat.items() if k.startswith((f"{UNTRAINED}/", "baseline/"))}
     tracking.log_metrics(uri, run_id, {**compared, **paired}, cfg.trainer.steps)  # beside the model's, at its last step
-    storage.write_text(out_dir / "results.md", results_table(columns) + "\n")
+    table = results_table(columns)
+    storage.write_text(out_dir / "results.md", table + "\n")
+    tracking.describe_run(uri, run_id, table)  # the run page opens on its results
     return flat
 
 

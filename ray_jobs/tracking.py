@@ -216,6 +216,19 @@ def set_tags(tracking_uri: str, run_id: str, tags: dict[str, str]) -> None:
         c.set_tag(run_id, k, redact(str(v)))
 
 
+NOTE_TAG = "mlflow.note.content"  # the run's description, shown (as markdown) at the top of its page
+NOTE_LIMIT = 8000  # MLflow's longest tag value
+
+
+def describe_run(tracking_uri: str, run_id: str, markdown: str, full: str = "results.md") -> None:
+    """The run's description: `markdown` (a results table), cut at MLflow's tag limit with a pointer
+    to `full` (an artifact of the run)."""
+    if len(markdown) > NOTE_LIMIT:
+        tail = f"\n\n(cut here: the whole table is the artifact {full})"
+        markdown = markdown[: NOTE_LIMIT - len(tail)].rsplit("\n", 1)[0] + tail
+    set_tags(tracking_uri, run_id, {NOTE_TAG: markdown})
+
+
 def run_status(tracking_uri: str, run_id: str) -> str | None:
     """A run's status (RUNNING, FINISHED, FAILED, KILLED), or None where the store has no such run."""
     from mlflow.exceptions import MlflowException  # deferred: mlflow's import tree; tracking imports it lazily

@@ -132,7 +132,9 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     client = MlflowClient(mlflow_uri)
     run = client.get_run(results["mlflow_run_id"])
     assert run.info.status == "FINISHED"
-    # The UI opens the experiment on its training runs, not on MLflow 3's GenAI overview.
+    # The run's page opens on the results table (its description), the UI on training runs (not on
+    # MLflow 3's GenAI overview).
+    assert run.data.tags["mlflow.note.content"] == table.rstrip("\n")
     tags = client.get_experiment(run.info.experiment_id).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
     assert run.data.params["trainer.steps"] == "6" and run.data.params["model.encoder"] == "pretrained"

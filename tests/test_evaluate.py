@@ -473,6 +473,9 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
     client = MlflowClient(mlflow_uri)
     logged = client.get_run(run_id).data.metrics
     assert logged["stsb/test/pearson"] == pytest.approx(saved["stsb/test/pearson"])
+    # The run's description (what its MLflow page opens on) is the results table.
+    note = client.get_run(run_id).data.tags["mlflow.note.content"]
+    assert note.startswith("Evaluation of ") and f"| stsb/test/pearson | {saved['stsb/test/pearson']:.4f} |" in note
     card = (model / CARD_FILE).read_text()
     assert card.count(f"| STS Benchmark test, Pearson r (raw cosine) | {saved['stsb/test/pearson']:.4f} |") == 1
     experiment = client.get_run(run_id).info.experiment_id

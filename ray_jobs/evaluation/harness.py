@@ -256,7 +256,10 @@ def run_evaluation(
         run = EvaluationRun(uri, run_id, step, trained, cards)
         flat["mlflow_run_id"] = log_evaluation(run, cfg, scorer.name, checkpoint, baseline, results, plots, out_dir)
     storage.write_text(out_dir / "results.json", redact(json.dumps(flat, indent=2)))
-    storage.write_text(out_dir / "results.md", results_table({scorer.name: results}) + "\n")
+    table = results_table({scorer.name: results})
+    storage.write_text(out_dir / "results.md", table + "\n")
+    if log_to_mlflow:  # the run page opens on its results
+        tracking.describe_run(uri, str(flat["mlflow_run_id"]), f"Evaluation of {label}\n\n{table}")
     return flat
 
 
