@@ -92,7 +92,7 @@ def run_demo(
     except BaseException:
         tracking.end_run(uri, run_id, "FAILED")
         raise
-    print_summary(out_dir, flat, uri)
+    print_summary(out_dir, flat, uri, columns)
     return flat
 
 
@@ -175,10 +175,12 @@ def write_results(cfg: RunConfig, out_dir: Path, columns: dict, uri: str, run_id
     return flat
 
 
-def print_summary(out_dir: Path, flat: dict, uri: str) -> None:
+def print_summary(out_dir: Path, flat: dict, uri: str, columns: dict) -> None:
+    """The headline rows and where everything is (results.md has every metric)."""
     print()
-    print((out_dir / "results.md").read_text(encoding="utf-8").rstrip("\n"))
+    print(results_table(columns, short=True))
     print()
+    print(f"every metric:   {out_dir / 'results.md'}")
     print(f"primary metric {PRIMARY_METRIC}: {flat.get(PRIMARY_METRIC, float('nan')):.4f}")
     print(f"results:        {out_dir / 'results.json'}")
     print(f"checkpoint:     {flat['checkpoint']}")

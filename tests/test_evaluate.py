@@ -166,6 +166,17 @@ def test_results_table_groups_metrics_in_reading_order_with_systems_in_columns()
     ]
     assert "| reddit/p_at_1 | 0.5000 | 0.3300 |" in table and "| stsb_tuned/test/pearson | 0.8500 | — |" in table
     assert "| reddit/queries | 1000 | — |" in table  # counts are shown whole
+    # The console's short table: the headline rows in their order, no group titles.
+    short = results_table({"model": model, "tfidf": {"stsb/dev/pearson": 0.74}}, short=True)
+    assert [line.split("|")[1].strip() for line in short.splitlines()][2:] == [
+        "stsb/dev/pearson",
+        "stsb/test/pearson",
+        "stsb_tuned/test/pearson",
+        "reddit/p_at_1",
+        "reddit/p_at_10",
+        "snli/dev/accuracy",
+        "cqa2016/map",
+    ]
 
 
 def test_stsb_sample_written_by_pandas_scores_by_genre(tiny_checkpoint, tmp_path):

@@ -177,11 +177,33 @@ def _table_order(name: str) -> tuple:
     return (split, genre != "", genre, parts[-1] != "pearson", int(rank.group(1)) if rank else 10**6, name)
 
 
-def results_table(columns: dict[str, dict[str, float]]) -> str:
+# The rows of the console's short table (results.md keeps every metric): STS-B, Reddit P@N with the
+# paired gain over the untrained encoder, SNLI, and any CQA MAP.
+HEADLINE_METRICS = (
+    "stsb/dev/pearson",
+    "stsb/test/pearson",
+    "stsb_tuned/test/pearson",
+    "reddit/p_at_1",
+    "reddit/p_at_1_minus_untrained",
+    "reddit/p_at_10",
+    "snli/dev/accuracy",
+)
+
+
+def headline(name: str) -> bool:
+    return name in HEADLINE_METRICS or (name.endswith("/map") and name.count("/") == 1)
+
+
+def results_table(columns: dict[str, dict[str, float]], short: bool = False) -> str:
     """Markdown: the metrics grouped (STS-B raw and tuned by split and genre, other STS sets,
-    retrieval, classification, CQA), one column per system (model first, then the others)."""
+    retrieval, classification, CQA), one column per system (model first, then the others);
+    `short`: the headline rows only (HEADLINE_METRICS), without group titles."""
     names = {k for r in columns.values() for k, v in r.items() if isinstance(v, (int, float))}
     lines = ["| metric | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    if short:
+        order = {name: i for i, name in enumerate(HEADLINE_METRICS)}
+        rows = sorted((n for n in names if headline(n)), key=lambda n: (order.get(n, len(order)), n))
+        return "\n".join(lines + [_table_row(name, columns) for name in rows])
     shown = set()
     for title, prefixes in TABLE_GROUPS:
         group = sorted((n for n in names if n.startswith(prefixes)), key=_table_order)
