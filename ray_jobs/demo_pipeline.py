@@ -167,12 +167,30 @@ def write_results(cfg: RunConfig, out_dir: Path, columns: dict, uri: str, run_id
         if name != trained_name:
             prefix = f"{UNTRAINED}/" if name == UNTRAINED else f"baseline/{name}/"
             flat.update({prefix + k: v for k, v in metrics.items()})
-    compared = {k: v for k, v in flat.items() if k.startswith((f"{UNTRAINED}/", "baseline/"))}
-    tracking.log_metrics(uri, run_id, {**compared, **paired}, cfg.trainer.steps)  # beside the model's, at its last step
+            log_reference_run(cfg, uri, run_id, name, metrics)
+    tracking.log_metrics(uri, run_id, paired, cfg.trainer.steps)  # the model's gain, at its last step
     table = results_table(columns)
     storage.write_text(out_dir / "results.md", table + "\n")
     tracking.describe_run(uri, run_id, table)  # the run page opens on its results
     return flat
+
+
+def log_reference_run(cfg: RunConfig, uri: str, parent_run_id: str, name: str, metrics: dict) -> str:
+    """A system the model is compared with (the untrained encoder, a baseline) as a child run of the
+    demo's run, its metrics under their own names at the model's last step: the model's run holds the
+    model's metrics only, and MLflow's compare view shows the systems side by side."""
+    kind = "untrained encoder" if name == UNTRAINED else f"baseline {name}"
+    child = tracking.start_run(
+        uri,
+        cfg.mlflow.experiment,
+        f"{cfg.mlflow.run_name or cfg.name} / {kind}",
+        tags={"convsts.job": "reference", "convsts.reference": name},
+        parent_run_id=parent_run_id,
+    )
+    tracking.log_metrics(uri, child, metrics, cfg.trainer.steps)
+    tracking.describe_run(uri, child, f"{kind}, scored beside the demo's model\n\n{results_table({name: metrics})}")
+    tracking.end_run(uri, child)
+    return child
 
 
 def print_summary(out_dir: Path, flat: dict, uri: str, columns: dict) -> None:

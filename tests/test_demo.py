@@ -126,7 +126,8 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     again = sts_metrics(EmbeddingScorer(encoder), dev, "stsb/dev")["stsb/dev/pearson"]
     assert again == pytest.approx(results["stsb/dev/pearson"], abs=1e-6)
 
-    # One MLflow run holds the params, both tasks' training metrics and the evaluation metrics.
+    # The demo's MLflow run holds the params, both tasks' training metrics and the model's evaluation
+    # metrics; the untrained encoder and each baseline are child runs of it, with their own metrics.
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(mlflow_uri)
@@ -144,15 +145,24 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
         "reddit/pairs_per_s",
         "snli/pairs_per_s",
         *RANGES,
-        *(f"{UNTRAINED}/{m}" for m in RANGES),
     ):
         assert name in run.data.metrics, name
+    assert [m for m in run.data.metrics if m.startswith((f"{UNTRAINED}/", "baseline/"))] == []
+    children = {
+        r.data.tags["convsts.reference"]: r
+        for r in client.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
+    }
+    assert sorted(children) == ["bow", UNTRAINED] and all(r.info.status == "FINISHED" for r in children.values())
+    for name in RANGES:
+        assert children[UNTRAINED].data.metrics[name] == pytest.approx(results[f"{UNTRAINED}/{name}"]), name
+    assert children["bow"].data.metrics["stsb/dev/pearson"] == pytest.approx(results["baseline/bow/stsb/dev/pearson"])
+    assert "| metric | untrained |" in children[UNTRAINED].data.tags["mlflow.note.content"]
     assert run.data.tags["task_split_mode"] == "gradient_weighting"
     history = client.get_metric_history(run.info.run_id, "reddit/loss")
     assert [m.step for m in history] == [3, 6]
     # Evaluation metrics, the untrained encoder's and the baselines' stand at the last training step.
-    for name in ("stsb/dev/pearson", f"{UNTRAINED}/stsb/dev/pearson", "baseline/bow/stsb/dev/pearson"):
-        assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == [6], name
+    for run_id in (run.info.run_id, children[UNTRAINED].info.run_id, children["bow"].info.run_id):
+        assert [m.step for m in client.get_metric_history(run_id, "stsb/dev/pearson")] == [6], run_id
     assert f"reddit/p_at_1_minus_{UNTRAINED}" in run.data.metrics
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "results.json" in artifacts and "checkpoint" not in artifacts  # no optimizer state
