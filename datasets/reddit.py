@@ -42,9 +42,8 @@ class RedditFilterConfig:
 
     max_chars: int = 350  # a comment of this many characters or more is removed
     min_alpha_share: float = 0.7  # removed when alphabetic characters / all characters <= this
-    banned_prefixes: list[str] = field(
-        default_factory=lambda: ["https", "/r/", "@"]
-    )  # removed when the raw body starts so
+    # Removed when the raw body starts with one of these.
+    banned_prefixes: list[str] = field(default_factory=lambda: ["https", "/r/", "@"])
     banned_bodies: list[str] = field(default_factory=lambda: ["[deleted]", "[removed]"])  # removed: deleted comments
     author_substring: str = "bot"  # removed when the author name contains this (case-insensitive)
 
