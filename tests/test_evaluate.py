@@ -594,3 +594,15 @@ def test_an_sts_row_whose_gold_is_null_is_left_out_and_counted(tmp_path):
     (tmp_path / "text.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     with pytest.raises(BadInputError, match=r"text.jsonl: row 2: score 'high' is not a number"):
         read_sts_file(tmp_path / "text.jsonl")
+
+
+def test_a_long_results_table_is_cut_at_mlflows_tag_limit_with_a_pointer(mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    from convsts.ray_jobs import tracking
+
+    run_id = tracking.start_run(mlflow_uri, "notes", "long-table")
+    tracking.describe_run(mlflow_uri, run_id, "\n".join(f"| metric{i} | 0.5000 |" for i in range(2000)))
+    note = MlflowClient(mlflow_uri).get_run(run_id).data.tags["mlflow.note.content"]
+    assert len(note) <= tracking.NOTE_LIMIT and note.startswith("| metric0 | 0.5000 |\n")
+    assert note.endswith("| 0.5000 |\n\n(cut here: the whole table is the artifact results.md)")
