@@ -81,12 +81,9 @@ def evaluate(
     tuned STS matrix (embedding scorers only) is saved in each of `transform_dirs`; each task's
     per-item outcomes (Task.evaluate_items) in `items_dir`/<task>.parquet (convsts.ray_jobs.evaluation.compare)."""
     results: dict[str, float] = {}
-    names = sts_sets or {}
-    tasks = evaluated_tasks(cfg)
+    names, tasks = sts_sets or {}, evaluated_tasks(cfg)
     tuned_on = cfg.eval.tuned.enabled and isinstance(scorer, EmbeddingScorer)
-    stage = EvalProgress(
-        getattr(scorer, "name", "model"), 1 + tuned_on + len(names) + len(tasks) + bool(cfg.data.cqa_test)
-    )
+    stage = EvalProgress(scorer.name, 1 + tuned_on + len(names) + len(tasks) + bool(cfg.data.cqa_test))
     stage("STS Benchmark dev and test")
     frames = {split: read_stsb_split(cfg, split) for split in ("dev", "test")}
     embedded = {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
