@@ -100,46 +100,71 @@ MLFLOW_LOGGERS = ("mlflow.pyfunc", "mlflow.utils.environment", "mlflow.models")
 
 
 def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: str = "", step: int = 0) -> str:
-    """Log the model folder as an MLflow 3 LoggedModel named `model`: output of `run_id` at `step`,
-    with the run's params and its metrics at that step; with `register_as`, also a new version of
-    that registered model. Returns the run-relative URI `runs:/<run id>/model` (MLflow resolves it
-    to the run's model of that name)."""
-    from mlflow.entities import (  # deferred: MLflow takes seconds to import; only tracking code needs it
-        LoggedModelOutput,
-        LoggedModelStatus,
-    )
+    """Log the model folder as the MLflow 3 LoggedModel `model` of `run_id`, output at `step`, with the
+    run's params and its metrics at that step; with `register_as`, also a new version of that registered
+    model. A run holds one such model: logged again (after its evaluation), the run's model gets the
+    new folder (its card now with the results) and the new metrics, keeping its id and any registered
+    version. Returns the run-relative URI `runs:/<run id>/model`."""
+    from mlflow.entities import LoggedModelOutput  # deferred: MLflow takes seconds to import
 
     c = tracking.client(tracking_uri)
     run = c.get_run(run_id)
+    model_id = _run_model(c, run)
+    if model_id is None:
+        model_id = _new_model(c, run, folder)
+        c.log_outputs(run_id, [LoggedModelOutput(model_id, step=step)])
+        if register_as:
+            register(tracking_uri, run_id, model_id, register_as)
+    else:
+        _save_artifacts(c, run_id, model_id, folder)
+    _link_metrics(c, run_id, run.data.metrics, model_id, step)
+    return f"runs:/{run_id}/{ARTIFACT}"
+
+
+def _run_model(c, run) -> str | None:
+    """The id of the run's own logged model named `model`, if it has one."""
+    for output in run.outputs.model_outputs if run.outputs else []:
+        model = c.get_logged_model(output.model_id)
+        if model.name == ARTIFACT and model.source_run_id == run.info.run_id:
+            return model.model_id
+    return None
+
+
+def _new_model(c, run, folder: str | Path) -> str:
+    """A new LoggedModel of `run` holding `folder`, finalized READY (FAILED if saving it fails)."""
+    from mlflow.entities import LoggedModelStatus  # deferred: MLflow takes seconds to import
+
     logged = c.create_logged_model(
         run.info.experiment_id,
         name=ARTIFACT,
-        source_run_id=run_id,
+        source_run_id=run.info.run_id,
         params=dict(run.data.params),
         model_type="sentence-encoder",
     )
     try:
-        with tempfile.TemporaryDirectory() as tmp, quiet_loggers(MLFLOW_LOGGERS, {PROGRESS_ENV: "false"}):
-            local = Path(tmp) / ARTIFACT
-            mlflow.pyfunc.save_model(
-                str(local),
-                python_model=EncoderModel(),
-                artifacts={ARTIFACT: str(folder)},
-                signature=signature(load(folder).dim),
-                pip_requirements=requirements(),
-                input_example=pd.DataFrame({INPUT_COLUMN: EXAMPLE}),
-                mlflow_model=Model(run_id=run_id, model_id=logged.model_id, artifact_path=logged.artifact_location),
-            )
-            c.log_model_artifacts(logged.model_id, str(local))
-        c.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
-        _link_metrics(c, run_id, run.data.metrics, logged.model_id, step)
+        _save_artifacts(c, run.info.run_id, logged.model_id, folder)
     except BaseException:
         c.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
         raise
     c.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
-    if register_as:
-        register(tracking_uri, run_id, logged.model_id, register_as)
-    return f"runs:/{run_id}/{ARTIFACT}"
+    return logged.model_id
+
+
+def _save_artifacts(c, run_id: str, model_id: str, folder: str | Path) -> None:
+    """The pyfunc model of `folder` written as the artifacts of logged model `model_id`."""
+    logged = c.get_logged_model(model_id)
+    with tempfile.TemporaryDirectory() as tmp, quiet_loggers(MLFLOW_LOGGERS, {PROGRESS_ENV: "false"}):
+        local = Path(tmp) / ARTIFACT
+        mlflow.pyfunc.save_model(
+            str(local),
+            python_model=EncoderModel(),
+            artifacts={ARTIFACT: str(folder)},
+            signature=signature(load(folder).dim),
+            pip_requirements=requirements(),
+            input_example=pd.DataFrame({INPUT_COLUMN: EXAMPLE}),
+            mlflow_model=Model(run_id=run_id, model_id=model_id, artifact_path=logged.artifact_location),
+        )
+        c.log_model_artifacts(model_id, str(local))
 
 
 def _link_metrics(c, run_id: str, keys, model_id: str, step: int) -> None:

@@ -167,12 +167,14 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "results.json" in artifacts and "checkpoint" not in artifacts  # no optimizer state
     assert "items/reddit.parquet" in {a.path for a in client.list_artifacts(run.info.run_id, "items")}
-    # The model is an MLflow 3 logged model of the run: logged after training and again after evaluation.
+    # The model is the run's one MLflow 3 logged model: logged after training, its card and metrics
+    # brought up to date after evaluation.
     logged_models = [
         m for m in client.search_logged_models([run.info.experiment_id]) if m.source_run_id == run.info.run_id
     ]
-    assert [m.name for m in logged_models] == ["model", "model"]
-    assert [o.step for o in client.get_run(run.info.run_id).outputs.model_outputs] == [6, 6]
+    assert [m.name for m in logged_models] == ["model"]
+    assert [o.step for o in client.get_run(run.info.run_id).outputs.model_outputs] == [6]
+    assert {"reddit/loss", "stsb/test/pearson"} <= {m.key for m in logged_models[0].metrics}
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/loss_curves.png", "plots/stsb_test_scatter.png"} <= plots
     # The MLflow model and OUT/model: the encoder and a card with the evaluation (logged again after it).

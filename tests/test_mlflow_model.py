@@ -7,6 +7,7 @@ import os
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -126,6 +127,15 @@ def test_mlflow_model_loads_registers_and_serves_over_http(model_folder, tmp_pat
     assert {(m.key, m.value, m.step) for m in logged.metrics} == {("stsb/dev/pearson", 0.25, 3)}
     assert [o.model_id for o in client.get_run(run_id).outputs.model_outputs] == [logged.model_id]
     assert client.get_model_version("convsts-tiny", "1").source == f"models:/{logged.model_id}"
+    # Logged again after an evaluation: still the run's one model (same id, same registered version),
+    # now with the evaluated card and the new metrics (before: a second model also named `model`).
+    add_results(model_folder, {"stsb/test/pearson": 0.5})
+    tracking.log_metrics(uri, run_id, {"stsb/test/pearson": 0.5}, step=3)
+    assert log_model(uri, run_id, model_folder, register_as="convsts-tiny", step=3) == model_uri
+    (again,) = client.search_logged_models([client.get_run(run_id).info.experiment_id])
+    assert again.model_id == logged.model_id and again.status == logged.status
+    assert {(m.key, m.value) for m in again.metrics} == {("stsb/dev/pearson", 0.25), ("stsb/test/pearson", 0.5)}
+    assert [str(v.version) for v in client.search_model_versions("name='convsts-tiny'")] == ["1"]
     # Artifacts live beside the store, not in the working directory.
     assert (tmp_path / "store" / "mlartifacts").is_dir() and not any((tmp_path / "cwd").iterdir())
     expected = load(model_folder).encode(TEXTS)  # (4, 12)
@@ -138,6 +148,8 @@ def test_mlflow_model_loads_registers_and_serves_over_http(model_folder, tmp_pat
         assert not np.allclose(np.linalg.norm(raw[:2], axis=1), 1.0)
         tuned = loaded.predict(pd.DataFrame({"text": TEXTS}), params={"tuned": True})
         np.testing.assert_allclose(tuned, load(model_folder).encode(TEXTS, tuned=True), atol=1e-5)
+        card = mlflow.artifacts.download_artifacts(f"{model_uri}/artifacts/model/README.md", dst_path=str(tmp_path))
+        assert "| STS Benchmark test, Pearson r (raw cosine) | 0.5000 |" in Path(card).read_text()
         registered = mlflow.pyfunc.load_model("models:/convsts-tiny/1")
         np.testing.assert_allclose(registered.predict(pd.DataFrame({"text": TEXTS})), expected, atol=1e-5)
     finally:

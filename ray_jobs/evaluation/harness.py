@@ -333,7 +333,7 @@ def log_evaluation(
     run: EvaluationRun, cfg: RunConfig, name: str, checkpoint, baseline, results: dict, plots: list[Path], out_dir: Path
 ) -> str:
     """The metrics (against the training step of the weights scored), plots and items in the MLflow
-    run; the training run's model logged again with its results; returns the run id."""
+    run; the training run's model brought up to date with its results; returns the run id."""
     uri, run_id = run.uri, run.run_id
     own_run = run_id is None
     if own_run:
