@@ -147,6 +147,7 @@ def prepare_all(cfg: RunConfig, out_dir: str) -> dict[str, dict[str, Any]]:
     and settings is kept (one that differs is refused, naming the difference), one that was
     interrupted is prepared again."""
     manifests = {}
+    _check_raw_inputs(cfg, [t for t in prepared_tasks(cfg).values() if not is_prepared(t, str(out_dir))])
     for name, task in prepared_tasks(cfg).items():
         if is_prepared(task, str(out_dir)):
             manifests[name] = verify_prepared(task, str(out_dir), cfg)
@@ -156,11 +157,19 @@ def prepare_all(cfg: RunConfig, out_dir: str) -> dict[str, dict[str, Any]]:
     return manifests
 
 
+def _check_raw_inputs(cfg: RunConfig, tasks) -> None:
+    """Every raw input of the tasks about to be prepared is there (a missing one raises, naming it)
+    before any task's prepare starts."""
+    for task in tasks:
+        storage.expand_inputs(task.raw_inputs(cfg))
+
+
 def ensure_prepared(cfg: RunConfig, prepared: str) -> dict[str, dict[str, Any]]:
     """Prepare the shards of this run's tasks (prepared_tasks) that are not in `prepared` yet (or
     whose prepare was interrupted); returns the manifests written. Folders already prepared are
     left to check_prepared."""
     written = {}
+    _check_raw_inputs(cfg, [t for t in prepared_tasks(cfg).values() if not is_prepared(t, prepared)])
     for name, task in prepared_tasks(cfg).items():
         if not is_prepared(task, prepared):
             ensure_ray()
