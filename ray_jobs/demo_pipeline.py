@@ -21,7 +21,7 @@ from convsts.models.encoders import DanEncoder, PretrainedEncoder
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import RunConfig
 from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, compare_evaluations
-from convsts.ray_jobs.evaluation.harness import PRIMARY_METRIC, results_table, run_evaluation
+from convsts.ray_jobs.evaluation.harness import PRIMARY_METRIC, results_document, results_table, run_evaluation
 from convsts.ray_jobs.evaluation.scorers import LexicalScorer
 from convsts.ray_jobs.flat import flatten
 from convsts.ray_jobs.outlock import holds_output
@@ -169,7 +169,7 @@ def write_results(cfg: RunConfig, out_dir: Path, columns: dict, uri: str, run_id
             flat.update({prefix + k: v for k, v in metrics.items()})
             log_reference_run(cfg, uri, run_id, name, metrics)
     tracking.log_metrics(uri, run_id, paired, cfg.trainer.steps)  # the model's gain, at its last step
-    table = results_table(columns)
+    table = results_document(columns)
     storage.write_text(out_dir / "results.md", table + "\n")
     tracking.describe_run(uri, run_id, table)  # the run page opens on its results
     return flat
@@ -188,7 +188,7 @@ def log_reference_run(cfg: RunConfig, uri: str, parent_run_id: str, name: str, m
         parent_run_id=parent_run_id,
     )
     tracking.log_metrics(uri, child, metrics, cfg.trainer.steps)
-    tracking.describe_run(uri, child, f"{kind}, scored beside the demo's model\n\n{results_table({name: metrics})}")
+    tracking.describe_run(uri, child, f"{kind}, scored beside the demo's model\n\n{results_document({name: metrics})}")
     tracking.end_run(uri, child)
     return child
 

@@ -89,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.checkpoint and run_id is None:
         run_id, uri = training_run(args.checkpoint)
     results = run_evaluation(cfg, args.out, args.checkpoint, args.baseline, prepared, args.sts, run_id, mlflow_uri=uri)
-    print(results_table({args.baseline or "model": {k: v for k, v in results.items() if isinstance(v, float)}}))
+    scores = {k: v for k, v in results.items() if isinstance(v, float)}
+    print(results_table({args.baseline or "model": scores}, short=True))
+    print(f"every metric: {Path(args.out) / 'results.md'}")
     print(json.dumps({"results": str(Path(args.out) / "results.json"), "mlflow_run_id": results.get("mlflow_run_id")}))
     return 0
 

@@ -177,6 +177,12 @@ def test_results_table_groups_metrics_in_reading_order_with_systems_in_columns()
         "snli/dev/accuracy",
         "cqa2016/map",
     ]
+    # results.md and the MLflow run's description: the headline rows at the top, then every metric.
+    from convsts.ray_jobs.evaluation.harness import results_document
+
+    document = results_document({"model": model, "tfidf": {"stsb/dev/pearson": 0.74}})
+    assert document.startswith(f"**Headline**\n\n{short}\n\n**All metrics**\n\n| metric | model | tfidf |")
+    assert document.endswith(results_table({"model": model, "tfidf": {"stsb/dev/pearson": 0.74}}))
 
 
 def test_stsb_sample_written_by_pandas_scores_by_genre(tiny_checkpoint, tmp_path):

@@ -222,6 +222,12 @@ COUNT_METRICS = (
 )  # the last part of a metric that counts: shown whole
 
 
+def results_document(columns: dict[str, dict[str, float]]) -> str:
+    """results.md and the MLflow run's description: the headline rows first (what the run page
+    shows at the top), then every metric grouped."""
+    return f"**Headline**\n\n{results_table(columns, short=True)}\n\n**All metrics**\n\n{results_table(columns)}"
+
+
 def _table_row(name: str, columns: dict[str, dict[str, float]]) -> str:
     fmt = "{:.0f}" if name.rsplit("/", 1)[-1] in COUNT_METRICS else "{:.4f}"
     cells = [
@@ -275,7 +281,7 @@ def run_evaluation(
         run = EvaluationRun(uri, run_id, step, trained, cards)
         flat["mlflow_run_id"] = log_evaluation(run, cfg, scorer.name, checkpoint, baseline, results, plots, out_dir)
     storage.write_text(out_dir / "results.json", redact(json.dumps(flat, indent=2)))
-    table = results_table({scorer.name: results})
+    table = results_document({scorer.name: results})
     storage.write_text(out_dir / "results.md", table + "\n")
     if log_to_mlflow:  # the run page opens on its results
         tracking.describe_run(uri, str(flat["mlflow_run_id"]), f"Evaluation of {label}\n\n{table}")
