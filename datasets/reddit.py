@@ -26,7 +26,7 @@ import pandas as pd
 from convsts.datasets import storage
 from convsts.datasets.compression import open_lines, plain_name
 from convsts.datasets.errors import BadInputError
-from convsts.datasets.shards import write_shards
+from convsts.datasets.shards import write_frame, write_shards
 
 CONTEXT_COLUMNS = ("context", "question", "input", "parent_body")
 RESPONSE_COLUMNS = ("response", "answer", "reply", "body")
@@ -265,29 +265,15 @@ def in_fixed_order(part, rows: int, rows_per_shard: int):
     return ordered
 
 
-def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard: int) -> dict[str, Any]:
-    """Write kept pairs as train/test parquet shards (out_dir local or a URI); return the manifest's counts
-    and each split's shard records (`shards`).
-
-    `lines_read` is counted where the input was read (one row per line or table row); the buckets
-    must add up to it exactly, or nothing is written."""
-    from ray.data.expressions import col  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
-
-    annotated = annotated.materialize()
-    counts = annotated.groupby(["status", "split"]).count().take_all()
+def _manifest_counts(counts, lines_read: int, examples: list[str]) -> dict[str, Any]:
+    """The manifest's buckets from (status, split, rows) triples; they must add up to `lines_read`."""
     by_status: dict[str, int] = {}
     by_split = {"train": 0, "test": 0}
-    for row in counts:
-        n = int(row["count()"])
-        if row["status"]:
-            by_status[row["status"]] = by_status.get(row["status"], 0) + n
+    for status, split, n in counts:
+        if status:
+            by_status[status] = by_status.get(status, 0) + int(n)
         else:
-            by_split[row["split"]] += n
-    examples = (
-        [r["source"] for r in annotated.filter(expr=col("status") == "malformed").take(MAX_EXAMPLES)]
-        if by_status.get("malformed")
-        else []
-    )
+            by_split[split] += int(n)
     malformed = by_status.pop("malformed", 0)
     duplicates = by_status.pop(DUPLICATE, 0)
     filtered = {rule: by_status.pop(rule, 0) for rule in RULES}
@@ -300,16 +286,10 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
             f"{lines_read} lines were read but the manifest's buckets hold {buckets} "
             f"(an input line made more or fewer than one row); nothing was written"
         )
-    shards = {}
-    for split in ("train", "test"):
-        part = annotated.filter(expr=(col("status") == "") & (col("split") == split)).select_columns(WRITTEN_COLUMNS)
-        ordered = in_fixed_order(part, by_split[split], rows_per_shard)
-        shards[split] = write_shards(ordered, storage.join(out_dir, split), rows_per_shard)
     return {
-        "shards": shards,
         "lines_read": lines_read,
         "malformed": malformed,
-        "malformed_examples": examples,
+        "malformed_examples": examples if malformed else [],
         "duplicate_ids": duplicates,
         "filtered_by_rule": filtered,
         "unpaired": sum(unpaired.values()),
@@ -318,6 +298,43 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
         "train_pairs": by_split["train"],
         "test_pairs": by_split["test"],
     }
+
+
+def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard: int) -> dict[str, Any]:
+    """Write kept pairs (a Ray Dataset) as train/test parquet shards (out_dir local or a URI); return
+    the manifest's counts and each split's shard records (`shards`).
+
+    `lines_read` is counted where the input was read (one row per line or table row); the buckets
+    must add up to it exactly, or nothing is written."""
+    from ray.data.expressions import col  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    annotated = annotated.materialize()
+    counts = [
+        (r["status"], r["split"], r["count()"]) for r in annotated.groupby(["status", "split"]).count().take_all()
+    ]
+    malformed = annotated.filter(expr=col("status") == "malformed")
+    examples = [r["source"] for r in malformed.take(MAX_EXAMPLES)] if any(c[0] == "malformed" for c in counts) else []
+    manifest = _manifest_counts(counts, lines_read, examples)
+    shards = {}
+    for split in ("train", "test"):
+        part = annotated.filter(expr=(col("status") == "") & (col("split") == split)).select_columns(WRITTEN_COLUMNS)
+        ordered = in_fixed_order(part, manifest[f"{split}_pairs"], rows_per_shard)
+        shards[split] = write_shards(ordered, storage.join(out_dir, split), rows_per_shard)
+    return {"shards": shards, **manifest}
+
+
+def write_pairs_frame(annotated: pd.DataFrame, lines_read: int, out_dir: str | Path, rows_per_shard: int):
+    """write_pairs for annotated pairs held in the driver (a pandas frame): the same counts, and the
+    same shards (rows in the order of in_fixed_order, cut as it cuts them), without Ray."""
+    counts = [(status, split, n) for (status, split), n in annotated.groupby(["status", "split"]).size().items()]
+    examples = list(annotated.loc[annotated["status"] == "malformed", "source"][:MAX_EXAMPLES])
+    manifest = _manifest_counts(counts, lines_read, examples)
+    shards = {}
+    for split in ("train", "test"):
+        part = annotated.loc[(annotated["status"] == "") & (annotated["split"] == split), WRITTEN_COLUMNS]
+        ordered = _with_order_key(part.reset_index(drop=True)).sort_values(ORDER_KEY, kind="stable")
+        shards[split] = write_frame(ordered.drop(columns=[ORDER_KEY]), storage.join(out_dir, split), rows_per_shard)
+    return {"shards": shards, **manifest}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,3 +569,29 @@ def pushshift_dataset(
         parents, join_type="left_outer", num_partitions=num_partitions, on=("parent_id",), right_on=("parent_key",)
     )
     return joined.map_batches(_classify_child, fn_args=(test_share, salt, ranked), batch_format="pandas"), read
+
+
+# ---------------------------------------------------------------------------------------------
+# In the driver: the same steps on pandas frames, for inputs small enough for one process
+
+
+def pairs_frame(paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str):
+    """(annotated pairs as a pandas frame, rows read): pairs_dataset's steps in this process."""
+    rows = pd.concat([read_pairs_file(p) for p in paths], ignore_index=True)
+    groups = [annotate_pairs(g, cfg, test_share, salt) for _, g in rows.groupby("group", sort=True)]
+    annotated = pd.concat(groups, ignore_index=True) if groups else pd.DataFrame(columns=PAIR_COLUMNS)
+    return annotated, len(rows)
+
+
+def pushshift_frame(paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str):
+    """(annotated pairs as a pandas frame, lines read): pushshift_dataset's steps in this process, the
+    duplicate ids and the parent join as pandas aggregates and merges over the same columns."""
+    ranked = sorted(paths)
+    rank = {p: i for i, p in enumerate(ranked)}
+    batches = [_comment_rules(b, cfg) for p in paths for b in read_dump_file(p, rank=rank[p])]
+    comments = pd.concat(batches, ignore_index=True) if batches else pd.DataFrame(columns=COMMENT_COLUMNS)
+    ids = comments.loc[comments["status"] != "malformed"].groupby("id")["order"].agg(["count", "min"])
+    repeated = ids.loc[ids["count"] > 1, "min"].astype(np.int64)
+    comments = _mark_duplicates(comments, repeated)
+    joined = comments.merge(_as_parent(comments), how="left", left_on="parent_id", right_on="parent_key")
+    return _classify_child(joined, test_share, salt, ranked), len(comments)

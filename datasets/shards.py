@@ -1,4 +1,5 @@
-"""A Ray Dataset written as a folder of parquet shards, each shard's manifest record computed from
+"""A Ray Dataset (write_shards) or a pandas frame in the driver (write_frame) written as a folder of
+parquet shards, each shard's manifest record computed from
 the bytes as they are written: {file, rows, bytes, sha256}. Nothing is read back to list them (a
 run's data digest is made of these records, and `verify_prepared` checks a shard's bytes against
 its sha256 before training)."""
@@ -24,6 +25,38 @@ def shard_name(index: int) -> str:
     return f"part-{index:06d}.parquet"
 
 
+def write_shard(folder: str | Path, index: int, table) -> ShardRecord:
+    """A pyarrow table as the `index`-th shard of `folder`; its record."""
+    import pyarrow as pa  # deferred: pyarrow loads only where shards are written
+    import pyarrow.parquet as pq  # deferred: pyarrow loads only where shards are written
+
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer)
+    data = memoryview(buffer.getvalue())
+    name = shard_name(index)
+    storage.write_bytes(storage.join(folder, name), data)
+    return record(name, table.num_rows, data)
+
+
+def write_frame(frame, folder: str | Path, rows_per_shard: int) -> list[ShardRecord]:
+    """A pandas frame as parquet shards in `folder`, written from this process (no Ray): its rows in
+    order, cut into len // rows_per_shard shards of equal size (within a row), as write_shards cuts
+    a dataset of as many equal blocks; their records, in name order. No rows, no shard."""
+    import pyarrow as pa  # deferred: pyarrow loads only where shards are written
+
+    fs, inner = storage.resolve(folder)
+    fs.create_dir(inner, recursive=True)  # there even when `frame` has no rows
+    # Without pandas' schema metadata, as Ray Data's blocks are written: one schema either way.
+    table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
+    count = max(1, table.num_rows // rows_per_shard)
+    edges = [table.num_rows * i // count for i in range(count + 1)]
+    return [
+        write_shard(folder, i, table.slice(start, end - start))
+        for i, (start, end) in enumerate(zip(edges, edges[1:]))
+        if end > start
+    ]
+
+
 def write_shards(ds, folder: str | Path, rows_per_shard: int) -> list[ShardRecord]:
     """`ds` as parquet shards in `folder` (local or a URI), one per write task, each of at least
     `rows_per_shard` rows but the last (Ray Data bundles blocks up to it); their records, in name
@@ -39,7 +72,6 @@ def _shard_sink(folder: str, rows_per_shard: int):
     """A ray.data Datasink that writes each task's blocks as one shard (made here so that importing
     this module does not import Ray)."""
     import pyarrow as pa  # deferred: pyarrow and Ray load only where shards are written
-    import pyarrow.parquet as pq  # deferred: pyarrow and Ray load only where shards are written
     from ray.data import Datasink  # deferred: pyarrow and Ray load only where shards are written
     from ray.data.block import BlockAccessor  # deferred: pyarrow and Ray load only where shards are written
 
@@ -56,13 +88,7 @@ def _shard_sink(folder: str, rows_per_shard: int):
             tables = [t for t in tables if t.num_rows]
             if not tables:
                 return None
-            table = pa.concat_tables(tables, promote_options="default")
-            buffer = pa.BufferOutputStream()
-            pq.write_table(table, buffer)
-            data = memoryview(buffer.getvalue())
-            name = shard_name(ctx.task_idx)
-            storage.write_bytes(storage.join(folder, name), data)
-            return record(name, table.num_rows, data)
+            return write_shard(folder, ctx.task_idx, pa.concat_tables(tables, promote_options="default"))
 
         def on_write_complete(self, write_result) -> None:
             self.records = sorted((r for r in write_result.write_returns if r), key=lambda r: r["file"])

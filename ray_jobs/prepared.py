@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from convsts.datasets import redaction, storage
 from convsts.datasets.errors import BadInputError
 from convsts.datasets.redaction import redact_tree
-from convsts.datasets.shards import ShardRecord, write_shards
+from convsts.datasets.shards import ShardRecord, write_frame
 from convsts.ray_jobs.flat import changed_values, flatten
-from convsts.ray_jobs.runtime import ensure_ray, log
+from convsts.ray_jobs.runtime import log
 
 if TYPE_CHECKING:
     from convsts.ray_jobs.config import RunConfig
@@ -98,11 +98,9 @@ def shard_files(split_dir: str) -> list[str]:
 
 
 def write_train_frame(task: Task, frame, out_dir: str, cfg: RunConfig) -> list[ShardRecord]:
-    """A pandas frame of training rows -> out_dir/train parquet shards (Ray Data); their records."""
-    import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
-
-    ensure_ray()
-    return write_shards(ray.data.from_pandas(frame), storage.join(out_dir, "train"), cfg.data.rows_per_shard)
+    """A pandas frame of training rows (already in the driver) -> out_dir/train parquet shards,
+    written from this process; their records."""
+    return write_frame(frame, storage.join(out_dir, "train"), cfg.data.rows_per_shard)
 
 
 def shard_record(path: str) -> ShardRecord:

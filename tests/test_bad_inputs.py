@@ -76,7 +76,10 @@ def test_truncated_zst_raises_naming_the_file_and_offset(tmp_path):
 def test_prepare_on_a_truncated_zst_fails_in_one_line_and_writes_no_shards(tmp_path):
     cut = _cut_zst(tmp_path / "RC_2015-01.zst")
     out = tmp_path / "prepared"
-    result = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(cut), "--out", str(out))
+    # Through Ray Data (data.driver_bytes=0): the failed read task's error reaches the driver as one line.
+    result = _run(
+        "-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(cut), "--out", str(out), "data.driver_bytes=0"
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     # The command's own report is one line, and Ray Data's log of the failed task is not printed.
@@ -447,7 +450,7 @@ def test_config_errors_print_one_line_without_traceback(tmp_path, entry, case, e
 # ---- 4. lines counted as read; duplicate comment ids dropped with their own counter
 
 
-def test_duplicate_comment_ids_make_no_second_pair_and_the_manifest_adds_up(ray_session, tmp_path):
+def test_duplicate_comment_ids_make_no_second_pair_and_the_manifest_adds_up(tmp_path):
     from convsts.ray_jobs.tasks import get_task
 
     def comment(cid, parent, body):
@@ -577,7 +580,7 @@ def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_pa
         assert len(lines) == 1 and "s3://***@bucket/p" in lines[0] and "NETWORK_CONNECTION" in lines[0], lines
 
 
-@pytest.mark.slow  # prepares through Ray Data
+@pytest.mark.slow  # subprocesses beside an S3 server
 def test_a_store_that_fails_in_the_middle_of_a_read_is_one_line_and_the_same_command_then_prepares(tmp_path):
     """Guards: a store that stopped answering while a dump was being read (the connection dropped,
     after pyarrow's own retries) ended `convsts prepare` in pyarrow's traceback, which named no
@@ -603,7 +606,7 @@ def test_a_store_that_fails_in_the_middle_of_a_read_is_one_line_and_the_same_com
     dump = tmp_path / "RC_2015-01.zst"
     dump.write_bytes(zstandard.ZstdCompressor().compress(b"".join(json.dumps(r).encode() + b"\n" for r in rows)))
     size = dump.stat().st_size
-    assert 300_000 < size < 1 << 20  # one GET reads it: the driver's format check, then the Ray Data read task's
+    assert 300_000 < size < 1 << 20  # one GET reads it: the format check, then the read of its lines
     with s3_endpoint("convsts-data") as s3_env:
         uri = "s3://convsts-data/raw/RC_2015-01.zst"
         upload(dump, uri)
@@ -953,7 +956,7 @@ def test_unreadable_inputs_give_one_line_naming_the_file(tmp_path, case):
         assert not (tmp_path / "o").exists()
 
 
-def test_a_utf8_byte_order_mark_is_accepted(ray_session, tmp_path):
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
     from convsts.ray_jobs.tasks import get_task
 
     dump = tmp_path / "RC_bom"

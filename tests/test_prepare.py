@@ -1,4 +1,5 @@
-"""`convsts prepare` on small files written in the real formats, through a real local Ray."""
+"""`convsts prepare` on small files written in the real formats: in the driver (small inputs, no Ray)
+and through Ray Data on a real local Ray instance, the two compared shard for shard."""
 
 import json
 
@@ -15,6 +16,20 @@ def prepare_reddit(inputs, out, cfg, fmt="auto"):
     """The Reddit task's prepare step as `convsts prepare reddit --format FMT` runs it."""
     cfg.data.reddit_format = fmt
     return prepare_into(get_task("reddit"), [str(i) for i in inputs], str(out), cfg)
+
+
+def prepare_both_ways(inputs, out, cfg):
+    """prepare_reddit in the driver (a small input) and through Ray Data (data.driver_bytes=0): the
+    same manifest (but its timing) and the same shards, row for row. Returns the manifest."""
+    manifests = []
+    for way, driver_bytes in (("driver", cfg.data.driver_bytes), ("ray", 0)):
+        cfg.data.driver_bytes = driver_bytes
+        manifests.append(prepare_reddit(inputs, out / way, cfg))
+    driver, ray = ({**m, "seconds": 0, "malformed_examples": sorted(m["malformed_examples"])} for m in manifests)
+    assert driver == ray
+    for split in ("train", "test"):
+        assert _shards(out / "driver" / split) == _shards(out / "ray" / split), split
+    return manifests[0]
 
 
 def _pairs_table(path):
@@ -41,7 +56,7 @@ def _pairs_table(path):
     pq.write_table(pa.table(rows), path)
 
 
-def test_prepare_paired_table_manifest_adds_up(ray_session, tmp_path):
+def test_prepare_paired_table_manifest_adds_up(tmp_path):
     src = tmp_path / "pairs.parquet"
     _pairs_table(src)
     bad = tmp_path / "more.jsonl"
@@ -70,7 +85,7 @@ def test_prepare_paired_table_manifest_adds_up(ray_session, tmp_path):
         prepare_reddit([str(src)], tmp_path / "out", cfg, "pairs")
 
 
-def test_prepare_snli_writes_ranked_shards(ray_session, tmp_path):
+def test_prepare_snli_writes_ranked_shards(tmp_path):
     src = tmp_path / "snli.parquet"
     pq.write_table(
         pa.table({"sentence1": ["a", "b", "c"], "sentence2": ["d", "e", "f"], "label": ["entailment", "-", "neutral"]}),
@@ -133,7 +148,7 @@ def test_prepare_pushshift_dumps_joins_parents_across_files(ray_session, tmp_pat
     with open(second, "ab") as fh:
         fh.write(b'{"id": "bad", "body": "\xff\xfe"}\n')
     cfg = load_config(None, ["data.test_share=0.5"])
-    m = prepare_reddit([str(first), str(second)], tmp_path / "out", cfg)
+    m = prepare_both_ways([str(first), str(second)], tmp_path / "out", cfg)
     assert m["format"] == "pushshift"
     assert m["lines_read"] == 11
     assert m["malformed"] == 3
@@ -148,8 +163,8 @@ def test_prepare_pushshift_dumps_joins_parents_across_files(ray_session, tmp_pat
     assert m["lines_read"] == m["pairs"] + m["malformed"] + m["unpaired"] + sum(m["filtered_by_rule"].values())
     pairs = []
     for split in ("train", "test"):
-        if (tmp_path / "out" / split).is_dir():
-            pairs += pq.read_table(tmp_path / "out" / split).to_pylist()
+        if (tmp_path / "out" / "driver" / split).is_dir():
+            pairs += pq.read_table(tmp_path / "out" / "driver" / split).to_pylist()
     got = {(p["context"], p["response"], p["thread_key"]) for p in pairs}
     assert got == {
         ("I think this is a great idea", "I completely agree with you", "t3_s1"),
@@ -172,13 +187,13 @@ def test_prepare_on_a_pushshift_dump_finds_the_rows_a_plain_script_finds(ray_ses
     dump = tmp_path / "RC_synthetic.zst"
     bench.write_dump(dump, 6000)
     pairs, _, rows = bench.reference(dump, tmp_path / "reference.parquet")
-    m = prepare_reddit([str(dump)], tmp_path / "out", load_config(None))
+    m = prepare_both_ways([str(dump)], tmp_path / "out", load_config(None, ["data.rows_per_shard=300"]))
     assert m["duplicate_ids"] > 0 and m["malformed"] > 0 and m["lines_read"] == 6000
     assert m["pairs"] == pairs > 1000
-    assert bench.prepared_rows(tmp_path / "out") == rows
+    assert bench.prepared_rows(tmp_path / "out" / "driver") == rows
 
 
-def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(ray_session, tmp_path):
+def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(tmp_path):
     """pushshift's months before 2017-12 ship as .bz2 and .xz: a thread across four months, each
     compressed its own way, pairs across files as plain dumps do."""
     import bz2
@@ -203,7 +218,7 @@ def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(ray_session, tmp_path)
     }
 
 
-def test_a_file_that_is_not_ndjson_fails_at_once_naming_it(ray_session, tmp_path):
+def test_a_file_that_is_not_ndjson_fails_at_once_naming_it(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("hello\nworld\n")
     with pytest.raises(ValueError, match="notes.txt"):
@@ -258,22 +273,21 @@ def test_the_transformers_wordpiece_is_trained_on_the_training_text_read_through
 
 
 def _shards(folder):
-    """Each parquet shard of a split folder as a frame, in file-name order (the order training lists them)."""
-    import pandas as pd
+    """Each parquet shard of a split folder as a table (compared without schema metadata), in file-name
+    order (the order training lists them)."""
+    return [pq.read_table(f) for f in sorted(folder.glob("*.parquet"))] if folder.is_dir() else []
 
-    return [pd.read_parquet(f) for f in sorted(folder.glob("*.parquet"))] if folder.is_dir() else []
 
-
-def test_preparing_the_same_inputs_again_writes_the_same_shards_in_the_same_order(sample_prepared, tmp_path):
-    """Ray Data's groupby and join hand rows over as their tasks finish; prepare writes them in one
-    order fixed by the rows themselves, cut into the same shards, so that a repeated run trains the
-    same model on a folder prepared again. The order spreads a thread's pairs over the split."""
-    import pandas as pd
+def test_prepared_through_ray_data_or_in_the_driver_the_shards_are_the_same(sample_prepared, tmp_path):
+    """A small input is prepared in the driver (data.driver_bytes), a large one through Ray Data,
+    whose groupbys and joins hand rows over as their tasks finish: both write the rows in one order
+    fixed by the rows themselves, cut into the same shards, so a run trains the same model on either
+    folder (and on a folder prepared again). The order spreads a thread's pairs over the split."""
     from tiny import SAMPLE_PREPARE
 
     from convsts.ray_jobs.training.run import prepare_all
 
-    names = prepare_all(load_config(None, SAMPLE_PREPARE), str(tmp_path))
+    names = prepare_all(load_config(None, [*SAMPLE_PREPARE, "data.driver_bytes=0"]), str(tmp_path))
     assert set(names) == {"reddit", "snli"}
     for name in names:
         for split in get_task(name).splits:
@@ -282,7 +296,7 @@ def test_preparing_the_same_inputs_again_writes_the_same_shards_in_the_same_orde
             for a, b in zip(first, again):
                 assert a.equals(b), (name, split)
     assert len(_shards(sample_prepared / "reddit" / "train")) >= 8  # many shards, each in the same order
-    train = pd.concat(_shards(sample_prepared / "reddit" / "train"))
+    train = pa.concat_tables(_shards(sample_prepared / "reddit" / "train")).to_pandas()
     assert len(train) > 5000
     neighbours = (train["thread_key"].to_numpy()[1:] == train["thread_key"].to_numpy()[:-1]).mean()
     assert neighbours < 0.05, f"{neighbours:.2f} of consecutive pairs share a thread"

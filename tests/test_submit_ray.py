@@ -1,5 +1,7 @@
 """`convsts submit` / `convsts jobs` against a real Ray head started with `ray start --head` on
-127.0.0.1 (own temp dir), with Ray's token authentication on and off, logging to a real MLflow server."""
+127.0.0.1 (own temp dir) with Ray's token authentication, logging to a real MLflow server. A head
+without authentication is the multi-node cluster's (test_cluster_ray.py), where a submitted
+training job survives a lost node."""
 
 import json
 import os
@@ -34,7 +36,7 @@ def client_env(tmp_path, address, **extra):
 
 
 @pytest.mark.slow
-def test_submit_training_job_with_token_auth(sample_prepared, tmp_path):
+def test_submitted_jobs_with_token_auth_train_stream_list_and_stop(sample_prepared, tmp_path):
     token = secrets.token_hex(16)  # made up for this test cluster only
     with (
         ray_head({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}) as head,
@@ -96,34 +98,13 @@ def test_submit_training_job_with_token_auth(sample_prepared, tmp_path):
         assert listed.returncode == 0 and "convsts-test-train" in listed.stdout and "SUCCEEDED" in listed.stdout
         logs = convsts(["jobs", "logs", "convsts-test-train"], env)
         assert logs.returncode == 0 and "mlflow_run_id" in logs.stdout
-        temp_dir = head["temp_dir"]
-    assert pids_matching(temp_dir) == []  # the head's processes are gone, stopped by pid
-
-
-@pytest.mark.slow
-def test_submit_and_stop_without_auth(tmp_path):
-    with ray_head({"RAY_AUTH_MODE": "disabled"}) as head:
-        env = client_env(tmp_path, head["address"], RAY_AUTH_MODE="disabled")
-        out = tmp_path / "bow"
-        done = convsts(["submit", "evaluate", "--baseline", "bow", "--out", str(out), "data.cqa_test=''"], env)
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-        assert 0 < json.loads((out / "results.json").read_text())["stsb/dev/pearson"] < 1
 
         # A long training job is stopped through `convsts jobs stop`; following it then reports failure.
         started = convsts(
-            [
-                "submit",
-                "--no-wait",
-                "--submission-id",
-                "convsts-test-long",
-                "train",
-                "--out",
-                str(tmp_path / "long"),
-                *TINY_TRAIN,
-                "trainer.steps=100000",
-            ],
+            ["submit", "--no-wait", "--submission-id", "convsts-test-long", "train", "--out", str(tmp_path / "long"),
+             "--prepared", str(sample_prepared), *TINY_TRAIN, "trainer.steps=100000", "mlflow.experiment=long"],
             env,
-        )
+        )  # fmt: skip
         assert started.returncode == 0, started.stderr
         deadline = time.time() + 120
         while "RUNNING" not in convsts(["jobs", "list"], env).stdout and time.time() < deadline:
@@ -135,4 +116,4 @@ def test_submit_and_stop_without_auth(tmp_path):
         listed = convsts(["jobs", "list"], env).stdout
         assert any("convsts-test-long" in line and "STOPPED" in line for line in listed.splitlines()), listed
         temp_dir = head["temp_dir"]
-    assert pids_matching(temp_dir) == []
+    assert pids_matching(temp_dir) == []  # the head's processes are gone, stopped by pid

@@ -44,11 +44,18 @@ class RedditTask(Task):
         if len(kinds) != 1:
             raise BadInputError(f"mixed input formats {sorted(kinds)}; prepare them separately: {formats}")
         kind = kinds.pop()
-        ensure_ray()
-        log.info("reddit: %d %s file(s) -> %s", len(files), kind, out_dir)
-        build = reddit.pairs_dataset if kind == "pairs" else reddit.pushshift_dataset
-        annotated, lines_read = build(files, cfg.filters, cfg.data.test_share, cfg.data.split_salt)
-        counts = reddit.write_pairs(annotated, lines_read, out_dir, cfg.data.rows_per_shard)
+        in_driver = sum(storage.file_stat(f)[0] for f in files) <= cfg.data.driver_bytes
+        log.info(
+            "reddit: %d %s file(s) -> %s (%s)", len(files), kind, out_dir, "in the driver" if in_driver else "Ray Data"
+        )
+        args = (files, cfg.filters, cfg.data.test_share, cfg.data.split_salt)
+        if in_driver:
+            annotated, lines_read = (reddit.pairs_frame if kind == "pairs" else reddit.pushshift_frame)(*args)
+            counts = reddit.write_pairs_frame(annotated, lines_read, out_dir, cfg.data.rows_per_shard)
+        else:
+            ensure_ray()
+            annotated, lines_read = (reddit.pairs_dataset if kind == "pairs" else reddit.pushshift_dataset)(*args)
+            counts = reddit.write_pairs(annotated, lines_read, out_dir, cfg.data.rows_per_shard)
         manifest = {
             "format": kind,
             "inputs": files,
