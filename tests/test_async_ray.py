@@ -16,7 +16,7 @@ from tiny import TINY_DAN
 from convsts.models.checkpoint import load_model, load_train_state
 from convsts.ray_jobs import tracking
 
-STEPS, EVERY, SLACK = 1200, 200, 2
+STEPS, EVERY, SLACK = 800, 150, 2
 ARGS = [
     f"trainer.steps={STEPS}",
     f"trainer.checkpoint_every={EVERY}",
@@ -92,8 +92,8 @@ def test_async_groups_train_both_tasks_and_resume_after_killing_the_holder_and_a
     updates, pushed = state["task_updates"], state["pushed"]
     # Exactly trainer.steps updates, each one a worker pushed (the restarts rolled both back together).
     assert state["step"] == STEPS == sum(updates.values()) == sum(pushed), (state["step"], updates, pushed)
+    # The weights' 19:1: SNLI's 5% of the updates, within the holder's tolerance.
     assert updates["snli"] >= 1 and abs(updates["snli"] - 0.05 * STEPS) <= TOLERANCE, updates
-    assert 17 <= updates["reddit"] / updates["snli"] <= 21  # 19:1 within the tolerance
     # Both restarts resumed from a checkpoint: its update count is at a checkpoint_every multiple, plus at
     # most one update per other worker that was already on its way.
     restarts = [int(m.value) for m in client.get_metric_history(train["mlflow_run_id"], "train/restarted_at_step")]

@@ -417,19 +417,20 @@ def test_zero_steps_is_allowed_and_means_untrained():
 # ---- 7. one line, no traceback, through both entry points
 
 
+CONFIG_ERRORS = {
+    "yaml_list": "the top level must be a mapping",
+    "unknown_key": "config key 'trainer.stepz'",
+    "bad_number": "config key 'trainer.steps': must be >= 0",
+}
+
+
 @pytest.mark.parametrize(
-    "entry",
-    [
-        ["-m", "convsts.ray_jobs.cli", "train"],
-        pytest.param(["-m", "convsts.ray_jobs.train"], marks=pytest.mark.slow),  # the same, as a job's entrypoint
-    ],
-)
-@pytest.mark.parametrize(
-    "case, expected",
-    [
-        ("yaml_list", "the top level must be a mapping"),
-        ("unknown_key", "config key 'trainer.stepz'"),
-        ("bad_number", "config key 'trainer.steps': must be >= 0"),
+    "entry, case, expected",
+    [(["-m", "convsts.ray_jobs.cli", "train"], case, expected) for case, expected in CONFIG_ERRORS.items()]
+    + [  # the same, as a job's entrypoint (it imports Ray: one case is enough)
+        pytest.param(
+            ["-m", "convsts.ray_jobs.train"], "unknown_key", CONFIG_ERRORS["unknown_key"], marks=pytest.mark.slow
+        )
     ],
 )
 def test_config_errors_print_one_line_without_traceback(tmp_path, entry, case, expected):

@@ -56,7 +56,7 @@ def cluster(tmp_path_factory):
         yield {"env": driver, "dashboard": head["address"], "mlflow": mlflow_url, "nodes": nodes, "add_node": add_node}
 
 
-STEPS, EVERY = 300, 100
+STEPS, EVERY = 200, 50
 # Long enough to lose a node between the first checkpoint and the end (a tiny step on this cluster
 # takes about 0.1 s); the runs have an MLflow experiment of their own.
 KILLABLE = [
