@@ -31,7 +31,9 @@ def write_shard(folder: str | Path, index: int, table) -> ShardRecord:
     import pyarrow.parquet as pq  # deferred: pyarrow loads only where shards are written
 
     buffer = pa.BufferOutputStream()
-    pq.write_table(table, buffer)
+    # Without pandas' schema metadata (Ray Data's blocks carry theirs, a frame its own): a shard's
+    # bytes are its rows, whether written in the driver or by a Ray Data task.
+    pq.write_table(table.replace_schema_metadata(None), buffer)
     data = memoryview(buffer.getvalue())
     name = shard_name(index)
     storage.write_bytes(storage.join(folder, name), data)
@@ -46,8 +48,7 @@ def write_frame(frame, folder: str | Path, rows_per_shard: int) -> list[ShardRec
 
     fs, inner = storage.resolve(folder)
     fs.create_dir(inner, recursive=True)  # there even when `frame` has no rows
-    # Without pandas' schema metadata, as Ray Data's blocks are written: one schema either way.
-    table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
     count = max(1, table.num_rows // rows_per_shard)
     edges = [table.num_rows * i // count for i in range(count + 1)]
     return [

@@ -20,7 +20,7 @@ def prepare_reddit(inputs, out, cfg, fmt="auto"):
 
 def prepare_both_ways(inputs, out, cfg):
     """prepare_reddit in the driver (a small input) and through Ray Data (data.driver_bytes=0): the
-    same manifest (but its timing) and the same shards, row for row. Returns the manifest."""
+    same manifest (but its timing), so the same shards byte for byte (their sha256). Returns it."""
     manifests = []
     for way, driver_bytes in (("driver", cfg.data.driver_bytes), ("ray", 0)):
         cfg.data.driver_bytes = driver_bytes
@@ -295,6 +295,10 @@ def test_prepared_through_ray_data_or_in_the_driver_the_shards_are_the_same(samp
             assert len(first) == len(again) >= 1, (name, split)
             for a, b in zip(first, again):
                 assert a.equals(b), (name, split)
+        records = [
+            json.loads((root / name / "manifest.json").read_text())["shards"] for root in (sample_prepared, tmp_path)
+        ]
+        assert records[0] == records[1], name  # byte for byte (each shard's sha256)
     assert len(_shards(sample_prepared / "reddit" / "train")) >= 8  # many shards, each in the same order
     train = pa.concat_tables(_shards(sample_prepared / "reddit" / "train")).to_pandas()
     assert len(train) > 5000
