@@ -204,6 +204,8 @@ def print_summary(out_dir: Path, flat: dict, uri: str, columns: dict) -> None:
     print(f"checkpoint:     {flat['checkpoint']}")
     print(f"MLflow run id:  {flat['mlflow_run_id']}")
     print(f"MLflow UI:      {tracking.ui_command(uri)}")
+    experiment = tracking.client(uri).get_run(str(flat["mlflow_run_id"])).info.experiment_id
+    print(f"then open:      http://127.0.0.1:5000/{tracking.run_page(experiment, str(flat['mlflow_run_id']))}")
     print(f"took {flat['seconds']:.0f} s")
 
 

@@ -249,6 +249,13 @@ def ui_command(tracking_uri: str) -> str:
     return f"mlflow ui --backend-store-uri {redact(tracking_uri)} --host 127.0.0.1 --port 5000 --workers 1"
 
 
+def run_page(experiment_id: str, run_id: str | None = None) -> str:
+    """The UI's path (after host:port/) of a run's page (or its experiment's), opened on training
+    runs: MLflow 3's UI takes the GenAI or machine-learning view from its own toggle (default
+    GenAI) or this URL parameter, before the experiment's kind tag."""
+    return f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "") + "?workflowType=machine_learning"
+
+
 def find_run(tracking_uri: str, experiment: str, tags: Mapping[str, str]) -> str | None:
     """The newest run of `experiment` whose tags equal `tags`, or None."""
     c = client(tracking_uri)

@@ -64,8 +64,12 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def screenshot(store: str, run_id: str, png: Path, size: str = "1400,1800", wait_ms: int = 25000) -> None:
+def screenshot(
+    store: str, run_id: str, png: Path, size: str = "1400,1800", wait_ms: int = 25000, experiment_page: bool = False
+) -> None:
     from mlflow.tracking import MlflowClient
+
+    from convsts.ray_jobs.tracking import run_page
 
     experiment = MlflowClient(store).get_run(run_id).info.experiment_id
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -81,7 +85,7 @@ def screenshot(store: str, run_id: str, png: Path, size: str = "1400,1800", wait
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 180)
-        url = f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs/{run_id}"
+        url = f"http://127.0.0.1:{port}/{run_page(experiment, None if experiment_page else run_id)}"
         png.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as profile:
             subprocess.run(
@@ -104,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--png", type=Path, required=True)
     parser.add_argument("--size", default="1400,1800", help="window WIDTH,HEIGHT in pixels")
+    parser.add_argument("--experiment-page", action="store_true", help="the run's experiment page instead")
     args = parser.parse_args(argv)
-    screenshot(args.store, args.run_id, args.png, args.size)
+    screenshot(args.store, args.run_id, args.png, args.size, experiment_page=args.experiment_page)
     return 0
 
 

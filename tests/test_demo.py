@@ -19,6 +19,7 @@ from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.demo import build_parser
 from convsts.ray_jobs.demo_pipeline import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, run_demo, save_untrained
 from convsts.ray_jobs.evaluation.sts import sts_metrics
+from convsts.ray_jobs.tracking import run_page as tracking_run_page
 
 # The default demo (all-MiniLM-L6-v2, top layer training) at a tiny size.
 TINY = [
@@ -137,6 +138,11 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     # MLflow 3's GenAI overview).
     assert run.data.tags["mlflow.note.content"] == table.rstrip("\n")
     tags = client.get_experiment(run.info.experiment_id).tags
+    # MLflow 3.17's UI takes its GenAI / training view from a toggle or the URL before this tag: the
+    # printed link asks for the training view.
+    assert tracking_run_page(run.info.experiment_id, run.info.run_id).endswith(
+        f"/runs/{run.info.run_id}?workflowType=machine_learning"
+    )
     assert tags["mlflow.experimentKind"] == "custom_model_development"
     assert run.data.params["trainer.steps"] == "6" and run.data.params["model.encoder"] == "pretrained"
     for name in (
