@@ -109,28 +109,28 @@ def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: s
 
     c = tracking.client(tracking_uri)
     run = c.get_run(run_id)
-    model_id = _run_model(c, run)
-    if model_id is None:
-        model_id = _new_model(c, run, folder)
-        c.log_outputs(run_id, [LoggedModelOutput(model_id, step=step)])
+    logged = _run_model(c, run)
+    if logged is None:
+        logged = _new_model(c, run, folder)
+        c.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
         if register_as:
-            register(tracking_uri, run_id, model_id, register_as)
+            register(tracking_uri, run_id, logged.model_id, register_as)
     else:
-        _save_artifacts(c, run_id, model_id, folder)
-    _link_metrics(c, run_id, run.data.metrics, model_id, step)
+        _save_artifacts(c, run_id, logged, folder)
+    _link_metrics(c, run_id, run.data.metrics, logged.model_id, step)
     return f"runs:/{run_id}/{ARTIFACT}"
 
 
-def _run_model(c, run) -> str | None:
-    """The id of the run's own logged model named `model`, if it has one."""
+def _run_model(c, run):
+    """The run's own LoggedModel named `model`, if it has one (else None)."""
     for output in run.outputs.model_outputs if run.outputs else []:
         model = c.get_logged_model(output.model_id)
         if model.name == ARTIFACT and model.source_run_id == run.info.run_id:
-            return model.model_id
+            return model
     return None
 
 
-def _new_model(c, run, folder: str | Path) -> str:
+def _new_model(c, run, folder: str | Path):
     """A new LoggedModel of `run` holding `folder`, finalized READY (FAILED if saving it fails)."""
     from mlflow.entities import LoggedModelStatus  # deferred: MLflow takes seconds to import
 
@@ -142,17 +142,16 @@ def _new_model(c, run, folder: str | Path) -> str:
         model_type="sentence-encoder",
     )
     try:
-        _save_artifacts(c, run.info.run_id, logged.model_id, folder)
+        _save_artifacts(c, run.info.run_id, logged, folder)
     except BaseException:
         c.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
         raise
     c.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
-    return logged.model_id
+    return logged
 
 
-def _save_artifacts(c, run_id: str, model_id: str, folder: str | Path) -> None:
-    """The pyfunc model of `folder` written as the artifacts of logged model `model_id`."""
-    logged = c.get_logged_model(model_id)
+def _save_artifacts(c, run_id: str, logged, folder: str | Path) -> None:
+    """The pyfunc model of `folder` written as the artifacts of the LoggedModel `logged`."""
     with tempfile.TemporaryDirectory() as tmp, quiet_loggers(MLFLOW_LOGGERS, {PROGRESS_ENV: "false"}):
         local = Path(tmp) / ARTIFACT
         mlflow.pyfunc.save_model(
@@ -162,9 +161,9 @@ def _save_artifacts(c, run_id: str, model_id: str, folder: str | Path) -> None:
             signature=signature(load(folder).dim),
             pip_requirements=requirements(),
             input_example=pd.DataFrame({INPUT_COLUMN: EXAMPLE}),
-            mlflow_model=Model(run_id=run_id, model_id=model_id, artifact_path=logged.artifact_location),
+            mlflow_model=Model(run_id=run_id, model_id=logged.model_id, artifact_path=logged.artifact_location),
         )
-        c.log_model_artifacts(model_id, str(local))
+        c.log_model_artifacts(logged.model_id, str(local))
 
 
 def _link_metrics(c, run_id: str, keys, model_id: str, step: int) -> None:

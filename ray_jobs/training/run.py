@@ -147,9 +147,11 @@ def prepare_all(cfg: RunConfig, out_dir: str) -> dict[str, dict[str, Any]]:
     and settings is kept (one that differs is refused, naming the difference), one that was
     interrupted is prepared again."""
     manifests = {}
-    _check_raw_inputs(cfg, [t for t in prepared_tasks(cfg).values() if not is_prepared(t, str(out_dir))])
-    for name, task in prepared_tasks(cfg).items():
-        if is_prepared(task, str(out_dir)):
+    tasks = prepared_tasks(cfg)
+    done = {name: is_prepared(task, str(out_dir)) for name, task in tasks.items()}
+    _check_raw_inputs(cfg, [task for name, task in tasks.items() if not done[name]])
+    for name, task in tasks.items():
+        if done[name]:
             manifests[name] = verify_prepared(task, str(out_dir), cfg)
             log.info("%s: already prepared from this run's inputs and settings; kept", task.prepared_dir(str(out_dir)))
         else:
@@ -168,12 +170,12 @@ def ensure_prepared(cfg: RunConfig, prepared: str) -> dict[str, dict[str, Any]]:
     """Prepare the shards of this run's tasks (prepared_tasks) that are not in `prepared` yet (or
     whose prepare was interrupted); returns the manifests written. Folders already prepared are
     left to check_prepared."""
+    todo = {name: task for name, task in prepared_tasks(cfg).items() if not is_prepared(task, prepared)}
+    _check_raw_inputs(cfg, list(todo.values()))
     written = {}
-    _check_raw_inputs(cfg, [t for t in prepared_tasks(cfg).values() if not is_prepared(t, prepared)])
-    for name, task in prepared_tasks(cfg).items():
-        if not is_prepared(task, prepared):
-            ensure_ray()
-            written[name] = prepare_into(task, task.raw_inputs(cfg), task.prepared_dir(prepared), cfg)
+    for name, task in todo.items():
+        ensure_ray()
+        written[name] = prepare_into(task, task.raw_inputs(cfg), task.prepared_dir(prepared), cfg)
     return written
 
 
