@@ -102,7 +102,8 @@ def reference(dump: Path, out: Path) -> tuple[int, float, set]:
     import pyarrow.parquet as pq
 
     from convsts.datasets.compression import open_lines
-    from convsts.datasets.reddit import RedditFilterConfig, failing_rule, parse_comment, split_of
+    from convsts.datasets.pushshift import parse_comment
+    from convsts.datasets.reddit import RedditFilterConfig, failing_rule, split_of
 
     cfg, started = RedditFilterConfig(), time.perf_counter()
     comments: dict[str, dict] = {}

@@ -2,7 +2,7 @@
 
 Two input formats:
   * pushshift comment dumps (NDJSON, plain or compressed: .zst, .bz2, .xz, .gz): comments are paired with their parent
-    comment by a distributed join in Ray Data (see `pushshift_pairs`);
+    comment (datasets/pushshift.py);
   * paired tables (parquet or jsonl) with a context and a response column, such as the
     question/answer tables in ../shared/data/reddit.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ import pandas as pd
 from convsts.datasets import storage
 from convsts.datasets.compression import open_lines, plain_name
 from convsts.datasets.errors import BadInputError
-from convsts.datasets.shards import write_frame, write_shards
+from convsts.datasets.shards import write_shards, write_table
 
 CONTEXT_COLUMNS = ("context", "question", "input", "parent_body")
 RESPONSE_COLUMNS = ("response", "answer", "reply", "body")
@@ -49,6 +49,7 @@ class RedditFilterConfig:
 
 
 RULES = ("deleted", "bot_author", "banned_prefix", "too_long", "low_alpha")
+DUPLICATE = "duplicate_id"  # a comment id seen before (dumps repeat comments): only its first line is used
 
 
 def failing_rule(text: str, author: str | None, cfg: RedditFilterConfig) -> str:
@@ -237,8 +238,13 @@ def pairs_dataset(paths: Sequence[str], cfg: RedditFilterConfig, test_share: flo
     ), rows.count()
 
 
+def order_key(frame: pd.DataFrame) -> np.ndarray:
+    """in_fixed_order's sort key of each row: pandas' fixed-key hash of its WRITTEN_COLUMNS values."""
+    return pd.util.hash_pandas_object(frame[WRITTEN_COLUMNS], index=False).to_numpy()
+
+
 def _with_order_key(batch: pd.DataFrame) -> pd.DataFrame:
-    return batch.assign(**{ORDER_KEY: pd.util.hash_pandas_object(batch[WRITTEN_COLUMNS], index=False).to_numpy()})
+    return batch.assign(**{ORDER_KEY: order_key(batch)})
 
 
 def in_fixed_order(part, rows: int, rows_per_shard: int):
@@ -265,7 +271,7 @@ def in_fixed_order(part, rows: int, rows_per_shard: int):
     return ordered
 
 
-def _manifest_counts(counts, lines_read: int, examples: list[str]) -> dict[str, Any]:
+def manifest_counts(counts, lines_read: int, examples: list[str]) -> dict[str, Any]:
     """The manifest's buckets from (status, split, rows) triples; they must add up to `lines_read`."""
     by_status: dict[str, int] = {}
     by_split = {"train": 0, "test": 0}
@@ -314,7 +320,7 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
     ]
     malformed = annotated.filter(expr=col("status") == "malformed")
     examples = [r["source"] for r in malformed.take(MAX_EXAMPLES)] if any(c[0] == "malformed" for c in counts) else []
-    manifest = _manifest_counts(counts, lines_read, examples)
+    manifest = manifest_counts(counts, lines_read, examples)
     shards = {}
     for split in ("train", "test"):
         part = annotated.filter(expr=(col("status") == "") & (col("split") == split)).select_columns(WRITTEN_COLUMNS)
@@ -323,252 +329,35 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
     return {"shards": shards, **manifest}
 
 
+def keyed_table(kept: pd.DataFrame):
+    """Kept pairs (WRITTEN_COLUMNS) as an Arrow table with their ORDER_KEY, as write_ordered takes them."""
+    import pyarrow as pa  # deferred: pyarrow loads only where shards are written
+
+    return pa.Table.from_pandas(_with_order_key(kept[WRITTEN_COLUMNS].reset_index(drop=True)), preserve_index=False)
+
+
+def write_ordered(keyed: dict[str, list], out_dir: str | Path, rows_per_shard: int) -> dict[str, Any]:
+    """Each split's kept pairs (keyed_table pieces, in any order) in the order of in_fixed_order, cut as it
+    cuts them, written from this process: {split: shard records}."""
+    import pyarrow as pa  # deferred: pyarrow loads only where shards are written
+
+    shards = {}
+    for split in ("train", "test"):
+        pieces = keyed.get(split) or [keyed_table(pd.DataFrame({c: pd.Series([], dtype=str) for c in WRITTEN_COLUMNS}))]
+        table = pa.concat_tables(pieces).sort_by([(ORDER_KEY, "ascending")])  # a stable sort
+        shards[split] = write_table(table.drop_columns([ORDER_KEY]), storage.join(out_dir, split), rows_per_shard)
+    return shards
+
+
 def write_pairs_frame(annotated: pd.DataFrame, lines_read: int, out_dir: str | Path, rows_per_shard: int):
     """write_pairs for annotated pairs held in the driver (a pandas frame): the same counts, and the
     same shards (rows in the order of in_fixed_order, cut as it cuts them), without Ray."""
     counts = [(status, split, n) for (status, split), n in annotated.groupby(["status", "split"]).size().items()]
     examples = list(annotated.loc[annotated["status"] == "malformed", "source"][:MAX_EXAMPLES])
-    manifest = _manifest_counts(counts, lines_read, examples)
-    shards = {}
-    for split in ("train", "test"):
-        part = annotated.loc[(annotated["status"] == "") & (annotated["split"] == split), WRITTEN_COLUMNS]
-        ordered = _with_order_key(part.reset_index(drop=True)).sort_values(ORDER_KEY, kind="stable")
-        shards[split] = write_frame(ordered.drop(columns=[ORDER_KEY]), storage.join(out_dir, split), rows_per_shard)
-    return {"shards": shards, **manifest}
-
-
-# ---------------------------------------------------------------------------------------------
-# Pushshift comment dumps
-
-DUPLICATE = "duplicate_id"  # a comment id seen before (dumps repeat comments): only its first line is used
-DUMP_FIELDS = {"id": str, "parent_id": str, "link_id": str, "author": str, "body": str}
-COMMENT_COLUMNS = ["id", "parent_id", "link_id", "author", "body", "subreddit", "line", "order", "status"]
-# A line's place in the whole input: (the rank of its file among the inputs by path) << LINE_BITS | its
-# line number. The first line of a repeated comment id is the one with the smallest order.
-LINE_BITS = 40
-BOM = b"\xef\xbb\xbf"
-
-
-def parse_comment(raw: bytes, first_line: bool = False) -> dict[str, str] | None:
-    """One NDJSON line -> the fields we use, or None when the line is malformed (not UTF-8, not a
-    JSON object, a required field missing or of the wrong type)."""
-    obj = json_record(raw, first_line)
-    if obj is None:
-        return None
-    for name, kind in DUMP_FIELDS.items():
-        if not isinstance(obj.get(name), kind):
-            return None
-    sub = obj.get("subreddit")
-    return {name: obj[name] for name in DUMP_FIELDS} | {"subreddit": sub if isinstance(sub, str) else ""}
-
-
-def _arrow_comments(lines: list[bytes], first_line: bool) -> pd.DataFrame | None:
-    """`lines` parsed at C speed by Arrow's JSON reader (the fields we use, as strings), or None when a
-    line is blank, not a JSON object, or has a field of another type or not UTF-8: the caller then
-    parses those lines one by one, as parse_comment does. Arrow would take two objects on one line
-    as two rows: with no blank line, as many rows as lines means one object a line."""
-    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
-    import pyarrow.json as pajson  # deferred: pyarrow loads only where dumps are read
-
-    if any(not line.strip() for line in lines):
-        return None
-    data = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
-    if first_line and data.startswith(BOM):
-        data = data[len(BOM) :]
-    schema = pa.schema([(name, pa.string()) for name in [*DUMP_FIELDS, "subreddit"]])
-    options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-    try:
-        table = pajson.read_json(pa.py_buffer(data), parse_options=options)
-        table.validate(full=True)  # the reader does not check that strings are UTF-8
-    except (pa.ArrowException, UnicodeDecodeError):
-        return None
-    if table.num_rows != len(lines):
-        return None
-    frame = table.to_pandas()
-    complete = frame[list(DUMP_FIELDS)].notna().all(axis=1).to_numpy()
-    frame = frame.fillna("")
-    frame.loc[~complete, list(DUMP_FIELDS)] = ""
-    frame["status"] = np.where(complete, "", "malformed")
-    return frame
-
-
-def _line_by_line(lines: list[bytes], first_line: bool) -> pd.DataFrame:
-    rows = []
-    for i, raw in enumerate(lines):
-        comment = parse_comment(raw, first_line and i == 0)
-        if comment is None:
-            comment = {name: "" for name in DUMP_FIELDS} | {"subreddit": "", "status": "malformed"}
-        else:
-            comment["status"] = ""
-        rows.append(comment)
-    return pd.DataFrame(rows, columns=[*DUMP_FIELDS, "subreddit", "status"])
-
-
-ARROW_MIN_LINES = 2048  # a run of lines Arrow refuses is halved down to this size, then parsed line by line
-
-
-def _parse_lines(lines: list[bytes], first_line: bool) -> pd.DataFrame:
-    """`lines` as comments, one row each, in order: Arrow's JSON reader on runs of lines, a run it
-    refuses (a malformed line inside) halved until the bad lines are parsed one by one; a line that
-    cannot be a JSON object (not from "{" to "}") goes line by line at once."""
-    if len(lines) <= ARROW_MIN_LINES:
-        frame = _arrow_comments(lines, first_line) if lines else None
-        return frame if frame is not None else _line_by_line(lines, first_line)
-    shaped = [line.lstrip(BOM + b" \t").startswith(b"{") and line.rstrip().endswith(b"}") for line in lines]
-    if all(shaped):
-        frame = _arrow_comments(lines, first_line)
-        if frame is not None:
-            return frame
-        half = len(lines) // 2
-        return pd.concat([_parse_lines(lines[:half], first_line), _parse_lines(lines[half:], False)], ignore_index=True)
-    parts, start = [], 0  # runs of well-shaped lines, and each other line alone
-    for i, ok in enumerate([*shaped, False]):
-        if not ok:
-            if start < i:
-                parts.append(_parse_lines(lines[start:i], first_line and start == 0))
-            if i < len(lines):
-                parts.append(_line_by_line(lines[i : i + 1], first_line and i == 0))
-            start = i + 1
-    return pd.concat(parts, ignore_index=True)
-
-
-def read_dump_file(path: str, batch_rows: int = 100_000, rank: int = 0) -> Iterator[pd.DataFrame]:
-    """Comments of one dump file (plain or compressed), in batches of COMMENT_COLUMNS: each line's
-    number (`line`) and place in the input (`order`, with the file's `rank`); malformed lines kept as
-    status "malformed". Lines are parsed by Arrow's JSON reader (_parse_lines)."""
-
-    def batch(lines: list[bytes], first: int) -> pd.DataFrame:
-        frame = _parse_lines(lines, first == 1)
-        frame["line"] = np.arange(first, first + len(lines), dtype=np.int64)
-        frame["order"] = (np.int64(rank) << LINE_BITS) + frame["line"].to_numpy()
-        return frame[COMMENT_COLUMNS]
-
-    lines: list[bytes] = []
-    first = 1
-    with open_lines(path) as fh:
-        for raw in fh:
-            lines.append(raw)
-            if len(lines) >= batch_rows:
-                yield batch(lines, first)
-                first += len(lines)
-                lines = []
-    if lines:
-        yield batch(lines, first)
-
-
-def _read_dump_batch(batch: dict[str, np.ndarray]) -> Iterator[pd.DataFrame]:
-    for path, rank in zip(batch["path"], batch["rank"]):
-        yield from read_dump_file(str(path), rank=int(rank))
-
-
-def _comment_rules(batch: pd.DataFrame, cfg: RedditFilterConfig) -> pd.DataFrame:
-    batch = batch.copy()
-    batch["status"] = [s or failing_rule(b, a, cfg) for s, b, a in zip(batch["status"], batch["body"], batch["author"])]
-    return batch
-
-
-def _repeated_ids(comments) -> pd.Series:
-    """{comment id: order of its first line} for the ids on more than one well-formed line (dumps
-    repeat comments): a hash aggregate over (id, order) only, so memory grows with the repeated ids,
-    not with the input."""
-    from ray.data.aggregate import (  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
-        Count,
-        Min,
-    )
-    from ray.data.expressions import col  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
-
-    firsts = (
-        comments.filter(expr=col("status") != "malformed")
-        .select_columns(["id", "order"])
-        .groupby("id")
-        .aggregate(Count(alias_name="lines"), Min("order", alias_name="first"))
-        .filter(expr=col("lines") > 1)
-        .to_pandas()
-    )
-    if firsts.empty:  # no id repeated (an empty result may come without its columns)
-        return pd.Series([], dtype=np.int64)
-    return pd.Series(firsts["first"].to_numpy(), index=firsts["id"].to_numpy(), dtype=np.int64)
-
-
-def _mark_duplicates(batch: pd.DataFrame, repeated: pd.Series) -> pd.DataFrame:
-    """A repeated id's lines after its first become duplicate_id (malformed lines have no id)."""
-    first = batch["id"].map(repeated)
-    later = first.notna().to_numpy() & (batch["order"].to_numpy() != first.fillna(-1).to_numpy())
-    later &= batch["status"].to_numpy() != "malformed"
-    batch = batch.copy()
-    batch.loc[later, "status"] = DUPLICATE
-    return batch
-
-
-def _as_parent(batch: pd.DataFrame) -> pd.DataFrame:
-    """Comments that can be a parent: neither malformed nor a repeated id."""
-    batch = batch[~batch["status"].isin(["malformed", DUPLICATE])]
-    return pd.DataFrame(
-        {"parent_key": "t1_" + batch["id"], "parent_body": batch["body"], "parent_status": batch["status"]}
-    )
-
-
-def _classify_child(batch: pd.DataFrame, test_share: float, salt: str, paths: Sequence[str]) -> pd.DataFrame:
-    """After the join: each comment line becomes a pair (as the response) or gets a named status;
-    a malformed line's `source` is FILE:LINE (`paths` by rank)."""
-    status = batch["status"].fillna("").astype(str).to_numpy()
-    parent_status = batch["parent_status"] if "parent_status" in batch else pd.Series([None] * len(batch))
-    missing = parent_status.isna().to_numpy()
-    statuses = np.select(
-        [
-            status != "",
-            ~batch["parent_id"].astype(str).str.startswith("t1_").to_numpy(),
-            missing,
-            parent_status.fillna("").astype(str).to_numpy() != "",
-        ],
-        [status, "unpaired_parent_is_submission", "unpaired_parent_missing", "unpaired_parent_filtered"],
-        "",
-    )
-    links = batch["link_id"].astype(str).to_numpy()
-    splits = [split_of(link, test_share, salt) if not s else "" for link, s in zip(links, statuses)]
-    malformed = statuses == "malformed"
-    source = np.full(len(batch), "", dtype=object)
-    if malformed.any():
-        orders = batch["order"].to_numpy()[malformed]
-        source[malformed] = [f"{paths[o >> LINE_BITS]}:{o & ((1 << LINE_BITS) - 1)}" for o in orders]
-    return pd.DataFrame(
-        {
-            "context": batch["parent_body"].fillna("").astype(str) if "parent_body" in batch else "",
-            "response": batch["body"].astype(str),
-            "thread_key": links,
-            "subreddit": batch["subreddit"].astype(str),
-            "source": source,
-            "status": statuses,
-            "split": splits,
-        }
-    )[PAIR_COLUMNS]
-
-
-def pushshift_dataset(
-    paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, num_partitions: int = 8
-):
-    """(Ray Dataset of annotated pairs, lines read) from comment dumps: each comment is joined to
-    its parent comment (`parent_id` = "t1_" + parent id) with a distributed hash join; the split is
-    by a hash of the thread (`link_id`). A comment id seen twice keeps its first line only
-    (`duplicate_id`; first by file path, then line), so a repeated comment makes neither a second
-    pair nor a second parent. Lines are parsed by Arrow's JSON reader and every step works on
-    columns: no Python call per comment id."""
-    import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
-
-    ranked = sorted(paths)
-    files = ray.data.from_items(
-        [{"path": p, "rank": ranked.index(p)} for p in paths], override_num_blocks=max(1, len(paths))
-    )
-    lines = files.map_batches(_read_dump_batch, batch_size=1, batch_format="numpy").materialize()
-    read = lines.count()  # one row per line read, malformed ones included
-    ruled = lines.map_batches(_comment_rules, fn_args=(cfg,), batch_format="pandas").materialize()
-    comments = ruled.map_batches(_mark_duplicates, fn_args=(_repeated_ids(ruled),), batch_format="pandas")
-    comments = comments.materialize()
-    parents = comments.map_batches(_as_parent, batch_format="pandas")
-    joined = comments.join(
-        parents, join_type="left_outer", num_partitions=num_partitions, on=("parent_id",), right_on=("parent_key",)
-    )
-    return joined.map_batches(_classify_child, fn_args=(test_share, salt, ranked), batch_format="pandas"), read
+    manifest = manifest_counts(counts, lines_read, examples)
+    kept = annotated.loc[annotated["status"] == ""]
+    keyed = {split: [keyed_table(kept.loc[kept["split"] == split])] for split in ("train", "test")}
+    return {"shards": write_ordered(keyed, out_dir, rows_per_shard), **manifest}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -581,17 +370,3 @@ def pairs_frame(paths: Sequence[str], cfg: RedditFilterConfig, test_share: float
     groups = [annotate_pairs(g, cfg, test_share, salt) for _, g in rows.groupby("group", sort=True)]
     annotated = pd.concat(groups, ignore_index=True) if groups else pd.DataFrame(columns=PAIR_COLUMNS)
     return annotated, len(rows)
-
-
-def pushshift_frame(paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str):
-    """(annotated pairs as a pandas frame, lines read): pushshift_dataset's steps in this process, the
-    duplicate ids and the parent join as pandas aggregates and merges over the same columns."""
-    ranked = sorted(paths)
-    rank = {p: i for i, p in enumerate(ranked)}
-    batches = [_comment_rules(b, cfg) for p in paths for b in read_dump_file(p, rank=rank[p])]
-    comments = pd.concat(batches, ignore_index=True) if batches else pd.DataFrame(columns=COMMENT_COLUMNS)
-    ids = comments.loc[comments["status"] != "malformed"].groupby("id")["order"].agg(["count", "min"])
-    repeated = ids.loc[ids["count"] > 1, "min"].astype(np.int64)
-    comments = _mark_duplicates(comments, repeated)
-    joined = comments.merge(_as_parent(comments), how="left", left_on="parent_id", right_on="parent_key")
-    return _classify_child(joined, test_share, salt, ranked), len(comments)

@@ -1,4 +1,4 @@
-"""A Ray Dataset (write_shards) or a pandas frame in the driver (write_frame) written as a folder of
+"""A Ray Dataset (write_shards) or rows in the driver (write_frame, write_table, ShardWriter) written as a folder of
 parquet shards, each shard's manifest record computed from
 the bytes as they are written: {file, rows, bytes, sha256}. Nothing is read back to list them (a
 run's data digest is made of these records, and `verify_prepared` checks a shard's bytes against
@@ -41,21 +41,53 @@ def write_shard(folder: str | Path, index: int, table) -> ShardRecord:
 
 
 def write_frame(frame, folder: str | Path, rows_per_shard: int) -> list[ShardRecord]:
-    """A pandas frame as parquet shards in `folder`, written from this process (no Ray): its rows in
-    order, cut into len // rows_per_shard shards of equal size (within a row), as write_shards cuts
-    a dataset of as many equal blocks; their records, in name order. No rows, no shard."""
+    """A pandas frame as parquet shards in `folder`, written from this process (no Ray): write_table."""
     import pyarrow as pa  # deferred: pyarrow loads only where shards are written
 
-    fs, inner = storage.resolve(folder)
-    fs.create_dir(inner, recursive=True)  # there even when `frame` has no rows
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    count = max(1, table.num_rows // rows_per_shard)
-    edges = [table.num_rows * i // count for i in range(count + 1)]
-    return [
-        write_shard(folder, i, table.slice(start, end - start))
-        for i, (start, end) in enumerate(zip(edges, edges[1:]))
-        if end > start
-    ]
+    return write_table(pa.Table.from_pandas(frame, preserve_index=False), folder, rows_per_shard)
+
+
+def write_table(table, folder: str | Path, rows_per_shard: int) -> list[ShardRecord]:
+    """A pyarrow table as parquet shards in `folder`, written from this process (no Ray): ShardWriter."""
+    writer = ShardWriter(folder, table.num_rows, rows_per_shard)
+    writer.add(table)
+    return writer.close()
+
+
+class ShardWriter:
+    """`rows` rows, handed over in order in tables of any size, as parquet shards in `folder` written from
+    this process (no Ray): cut into rows // rows_per_shard shards of equal size (within a row), as
+    write_shards cuts a dataset of as many equal blocks. Memory: a shard. `close` returns their records, in
+    name order (no rows, no shard)."""
+
+    def __init__(self, folder: str | Path, rows: int, rows_per_shard: int):
+        fs, inner = storage.resolve(folder)
+        fs.create_dir(inner, recursive=True)  # there even when there are no rows
+        count = max(1, rows // rows_per_shard)
+        self.folder, self.rows = folder, rows
+        self._edges = [rows * i // count for i in range(count + 1)]
+        self._held: list = []  # tables not yet written, in order
+        self._written = 0  # rows in shards so far
+        self.records: list[ShardRecord] = []
+
+    def add(self, table) -> None:
+        import pyarrow as pa  # deferred: pyarrow loads only where shards are written
+
+        self._held.append(table)
+        held = sum(t.num_rows for t in self._held)
+        while len(self.records) < len(self._edges) - 1:
+            size = self._edges[len(self.records) + 1] - self._edges[len(self.records)]
+            if held < size or size == 0:
+                break
+            rows = pa.concat_tables(self._held)
+            self.records.append(write_shard(self.folder, len(self.records), rows.slice(0, size).combine_chunks()))
+            self._held, held, self._written = [rows.slice(size)], held - size, self._written + size
+
+    def close(self) -> list[ShardRecord]:
+        held = sum(t.num_rows for t in self._held)
+        if self._written + held != self.rows:
+            raise RuntimeError(f"{self.folder}: {self._written + held} rows were handed over, not {self.rows}")
+        return self.records
 
 
 def write_shards(ds, folder: str | Path, rows_per_shard: int) -> list[ShardRecord]:

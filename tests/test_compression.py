@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import zstandard
 
-from convsts.datasets import compression, evalsets, reddit, snli
+from convsts.datasets import compression, evalsets, pushshift, reddit, snli
 from convsts.datasets.errors import BadInputError
 
 COMPRESS = {
@@ -51,7 +51,7 @@ def test_a_compressed_file_reads_whole_and_across_concatenated_streams(tmp_path,
     with compression.open_lines(path) as fh:
         lines = list(fh)
     assert b"".join(lines) == _lines(3005)
-    bodies = [body for frame in reddit.read_dump_file(str(path), batch_rows=1000) for body in frame["body"]]
+    bodies = [body for frame in pushshift.read_dump_file(str(path), chunk_bytes=1000) for body in frame["body"]]
     assert len(bodies) == 3005 and bodies[-1] == "comment number 3004 with a few words"
     assert reddit.detect_format(str(path)) == "pushshift"
 

@@ -15,7 +15,7 @@ from s3_server import keys, s3_endpoint, upload
 from tiny import TINY_TRAIN
 
 from convsts import models
-from convsts.datasets import cache, evalsets, reddit, snli, storage
+from convsts.datasets import cache, evalsets, pushshift, reddit, snli, storage
 from convsts.datasets.storage import expand_inputs
 from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.tasks import get_task
@@ -80,7 +80,7 @@ def test_file_uris_list_glob_and_read(tmp_path):
     assert expand_inputs([f"{folder}/RC_*.zst"]) == [f"{folder}/RC_2015-01.zst"]
     with pytest.raises(FileNotFoundError, match="missing.zst"):
         expand_inputs([f"{folder}/missing.zst"])
-    bodies = [c for frame in reddit.read_dump_file(f"{folder}/RC_2015-01.zst") for c in frame["body"]]
+    bodies = [c for frame in pushshift.read_dump_file(f"{folder}/RC_2015-01.zst") for c in frame["body"]]
     assert bodies == [r["body"] for r in DUMP_ROWS[:3]]
     assert reddit.detect_format(f"{folder}/RC_2015-02") == "pushshift"
 
@@ -126,14 +126,14 @@ def test_readers_on_s3(tmp_path):
             expand_inputs([f"{base}/nothing"])
         assert reddit.detect_format(f"{base}/RC_2015-01.zst") == "pushshift"
         assert reddit.detect_format(f"{base}/pairs/reddit_pairs.parquet") == "pairs"
-        comments = next(reddit.read_dump_file(f"{base}/RC_2015-01.zst"))
+        comments = next(pushshift.read_dump_file(f"{base}/RC_2015-01.zst"))
         assert list(comments["id"]) == [r["id"] for r in DUMP_ROWS]
         assert list(comments["line"]) == list(range(1, len(DUMP_ROWS) + 1))  # malformed lines are named by it
         pairs = reddit.read_pairs_file(f"{base}/pairs/reddit_pairs.parquet")
         assert len(pairs) == pq.read_metadata(SAMPLE / "reddit_pairs.parquet").num_rows
         frame = snli.read_snli(f"{base}/snli.jsonl")
         assert frame.to_dict("records") == [{"premise": "A man sleeps.", "hypothesis": "A person rests.", "label": 0}]
-        older = next(reddit.read_dump_file(f"{base}/RC_2015-02.bz2"))  # an older month's compression, streamed
+        older = next(pushshift.read_dump_file(f"{base}/RC_2015-02.bz2"))  # an older month's compression, streamed
         assert list(older["id"]) == [r["id"] for r in DUMP_ROWS]
         split = evalsets.stsb_split_path(base, "dev")
         assert split == f"{base}/sts-dev.csv"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from convsts.datasets import reddit, storage
+from convsts.datasets import pushshift, reddit, storage
 from convsts.datasets.errors import BadInputError
 from convsts.models.losses import in_batch_accuracy, in_batch_softmax_loss
 from convsts.ray_jobs.evaluation.retrieval import heldout_pairs, precision_at_n_metrics
@@ -49,12 +49,14 @@ class RedditTask(Task):
             "reddit: %d %s file(s) -> %s (%s)", len(files), kind, out_dir, "in the driver" if in_driver else "Ray Data"
         )
         args = (files, cfg.filters, cfg.data.test_share, cfg.data.split_salt)
-        if in_driver:
-            annotated, lines_read = (reddit.pairs_frame if kind == "pairs" else reddit.pushshift_frame)(*args)
+        if in_driver and kind == "pushshift":
+            counts = pushshift.prepare_local(*args, out_dir, cfg.data.rows_per_shard)
+        elif in_driver:
+            annotated, lines_read = reddit.pairs_frame(*args)
             counts = reddit.write_pairs_frame(annotated, lines_read, out_dir, cfg.data.rows_per_shard)
         else:
             ensure_ray()
-            annotated, lines_read = (reddit.pairs_dataset if kind == "pairs" else reddit.pushshift_dataset)(*args)
+            annotated, lines_read = (reddit.pairs_dataset if kind == "pairs" else pushshift.pushshift_dataset)(*args)
             counts = reddit.write_pairs(annotated, lines_read, out_dir, cfg.data.rows_per_shard)
         manifest = {
             "format": kind,

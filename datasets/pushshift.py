@@ -1,0 +1,627 @@
+"""pushshift comment dumps -> annotated Reddit pairs, in columns.
+
+A dump is NDJSON, one comment a line (plain or compressed, see compression.py). Each line is read as
+one row: its fields, its line number and its place in the whole input (`order`: the rank of its file
+among the inputs by path << LINE_BITS | its line). Then every line ends in one manifest bucket:
+
+  malformed -> a filter rule (RULES, on the raw body and the author) -> duplicate_id (a comment id
+  seen on an earlier line: only the first is used) -> unpaired (the parent is a submission, is not
+  in the input, or was filtered) -> a pair (parent body, body), its split a hash of `link_id`.
+
+Two engines run those steps on the same columns:
+  * `prepare_local`, in this process: the dumps streamed in chunks of decompressed bytes, parsed by
+    Arrow's JSON reader, the filters vectorized; comments are spilled to local disk in hash partitions
+    (a comment by its id as a parent, by its parent's id as a reply), so that the duplicate ids and the
+    parent join need one partition in memory at a time, not the input (a grace hash join);
+  * `pushshift_dataset`, on Ray Data across a cluster: the same per-chunk reader and filters, the
+    duplicate ids as a hash aggregate and the parent join as a hash join over Arrow blocks.
+Both give the same counts and the same pairs (tests/test_prepare.py compares their shards byte for byte).
+"""
+
+from __future__ import annotations
+
+import queue
+import tempfile
+import threading
+from collections.abc import Generator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from convsts.datasets import storage
+from convsts.datasets.compression import open_lines
+from convsts.datasets.reddit import (
+    DUPLICATE,
+    MAX_EXAMPLES,
+    ORDER_KEY,
+    PAIR_COLUMNS,
+    RULES,
+    WRITTEN_COLUMNS,
+    RedditFilterConfig,
+    json_record,
+    keyed_table,
+    manifest_counts,
+    split_of,
+)
+from convsts.datasets.shards import ShardWriter
+
+DUMP_FIELDS = {"id": str, "parent_id": str, "link_id": str, "author": str, "body": str}
+TEXT_FIELDS = [*DUMP_FIELDS, "subreddit"]  # the fields read from a line, all strings
+COMMENT_COLUMNS = [*TEXT_FIELDS, "line", "order", "status"]
+# A line's place in the whole input: (the rank of its file among the inputs by path) << LINE_BITS | its
+# line number. The first line of a repeated comment id is the one with the smallest order.
+LINE_BITS = 40
+BOM = b"\xef\xbb\xbf"
+NEWLINE, OPEN, CLOSE, CR = (ord(c) for c in "\n{}\r")
+CHUNK_BYTES = 8 << 20  # decompressed bytes parsed at once: the reader's memory, whatever the input's size
+PARTITION_INPUT_BYTES = 64 << 20  # input bytes (as stored) per spill partition of prepare_local
+ARROW_MIN_LINES = 2048  # a run of lines Arrow refuses is halved down to this size, then parsed line by line
+PARENT = "t1_"  # a parent_id that names a comment (t3_ names a submission)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: lines -> rows
+
+
+def parse_comment(raw: bytes, first_line: bool = False) -> dict[str, str] | None:
+    """One NDJSON line -> the fields we use, or None when the line is malformed (not UTF-8, not a
+    JSON object, a required field missing or of the wrong type)."""
+    obj = json_record(raw, first_line)
+    if obj is None:
+        return None
+    for name, kind in DUMP_FIELDS.items():
+        if not isinstance(obj.get(name), kind):
+            return None
+    sub = obj.get("subreddit")
+    return {name: obj[name] for name in DUMP_FIELDS} | {"subreddit": sub if isinstance(sub, str) else ""}
+
+
+def _comment_table(table):
+    """Arrow's rows (TEXT_FIELDS, nulls where absent) -> the same with `status`: "malformed" for a row
+    missing a required field, whose fields become ""."""
+    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+    import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+
+    complete = pa.array(np.ones(table.num_rows, bool))
+    for name in DUMP_FIELDS:
+        complete = pc.and_(complete, pc.is_valid(table[name]))
+    columns = {name: pc.fill_null(table[name], "") for name in TEXT_FIELDS}
+    columns |= {name: pc.if_else(complete, columns[name], "") for name in DUMP_FIELDS}
+    columns["status"] = pc.if_else(complete, "", "malformed")
+    return pa.table(columns)
+
+
+def _arrow_comments(data: bytes, count: int):
+    """`count` lines (their bytes, each ending in a newline) parsed at C speed by Arrow's JSON reader, or None
+    when a line is not a JSON object, has a field of another type or is not UTF-8: the caller then
+    parses those lines one by one, as parse_comment does. Arrow would take two objects on one line as
+    two rows and skip a blank line: as many rows as lines means one object a line."""
+    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+    import pyarrow.json as pajson  # deferred: pyarrow loads only where dumps are read
+
+    schema = pa.schema([(name, pa.string()) for name in TEXT_FIELDS])
+    options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    try:
+        table = pajson.read_json(pa.py_buffer(data), parse_options=options)
+        table.validate(full=True)  # the reader does not check that strings are UTF-8
+    except (pa.ArrowException, UnicodeDecodeError):
+        return None
+    return _comment_table(table) if table.num_rows == count else None
+
+
+def _line_by_line(lines: list[bytes]):
+    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+
+    rows = []
+    for raw in lines:
+        comment = parse_comment(raw)
+        rows.append(
+            {**comment, "status": ""} if comment else {name: "" for name in TEXT_FIELDS} | {"status": "malformed"}
+        )
+    return pa.table({name: pa.array([r[name] for r in rows], pa.string()) for name in [*TEXT_FIELDS, "status"]})
+
+
+def _parse_lines(lines: list[bytes]):
+    """Well-shaped lines ({ to }) as rows, in order: Arrow's JSON reader on the run, a run it refuses (a
+    malformed line inside) halved until the bad lines are parsed one by one."""
+    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+
+    table = _arrow_comments(b"\n".join(lines) + b"\n", len(lines)) if lines else None
+    if table is not None:
+        return table
+    if len(lines) <= ARROW_MIN_LINES:
+        return _line_by_line(lines)
+    half = len(lines) // 2
+    return pa.concat_tables([_parse_lines(lines[:half]), _parse_lines(lines[half:])])
+
+
+def _line_bounds(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, well shaped) of each line of a chunk: end excludes the newline (a last line may have
+    none); a well-shaped line starts with "{" and ends with "}" (before a "\\r")."""
+    ends = np.flatnonzero(data == NEWLINE)  # (L,)
+    if len(data) and data[-1] != NEWLINE:
+        ends = np.append(ends, len(data))
+    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)  # (L,)
+    nonempty = starts < ends
+    first = np.where(nonempty, data[np.minimum(starts, len(data) - 1)], 0)
+    last_at = np.maximum(ends - 1, 0)
+    last_at = np.where((data[last_at] == CR) & (ends - 2 >= starts), ends - 2, last_at)
+    shaped = nonempty & (first == OPEN) & (data[last_at] == CLOSE) & (ends - starts >= 2)
+    return starts, ends, shaped
+
+
+def parse_chunk(chunk: bytes) -> tuple[Any, np.ndarray]:
+    """Whole lines of a dump (a file's byte-order mark already removed) -> (one row per line
+    (COMMENT_COLUMNS but line and order), each row's line index in the chunk). The well-shaped lines go
+    to Arrow's JSON reader in one call, as the runs of bytes between the others; the others are parsed one
+    by one (they are malformed, or valid JSON with spaces around)."""
+    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+
+    starts, ends, shaped = _line_bounds(np.frombuffer(chunk, np.uint8))
+    if shaped.all():
+        table = _arrow_comments(chunk if chunk.endswith(b"\n") else chunk + b"\n", len(starts))
+        if table is not None:
+            return table, np.arange(len(starts))
+    view = memoryview(chunk)
+    good_at, bad_at = np.flatnonzero(shaped), np.flatnonzero(~shaped)
+    runs = np.split(good_at, np.flatnonzero(np.diff(good_at) != 1) + 1) if len(good_at) else []
+    good = b"\n".join(view[starts[run[0]] : ends[run[-1]]] for run in runs) + b"\n"
+    good_rows = _arrow_comments(good, len(good_at)) if len(good_at) else None
+    if good_rows is None:
+        good_rows = _parse_lines([bytes(view[starts[i] : ends[i]]) for i in good_at.tolist()])
+    bad_rows = _line_by_line([bytes(view[starts[i] : ends[i]]) for i in bad_at.tolist()])
+    return pa.concat_tables([good_rows, bad_rows]), np.concatenate([good_at, bad_at])
+
+
+def _whole_lines(path: str, chunk_bytes: int) -> Generator[bytes, None, None]:
+    """A file's bytes (decompressed), about chunk_bytes at a time, each piece ending at a line's end (the
+    last may have no newline); a byte-order mark at the start removed. Read ahead in a thread: the
+    decompressor and Arrow's parser release the GIL, so reading overlaps parsing."""
+    with open_lines(path) as fh:
+        first = True
+        while block := fh.read(chunk_bytes):
+            if not block.endswith(b"\n"):
+                block += fh.readline()
+            if first and block.startswith(BOM):
+                block = block[len(BOM) :]
+            first = False
+            yield block
+
+
+def _read_ahead(items: Generator[Any, None, None]) -> Iterator[Any]:
+    """`items` produced in a thread, one item ahead of the consumer; its error raised here."""
+    done = object()
+    ahead: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                ahead.put(item)
+            ahead.put(done)
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer, raised there
+            ahead.put(err)
+        finally:
+            items.close()  # closes the file it reads
+
+    thread = threading.Thread(target=produce, daemon=True, name="convsts-read-ahead")
+    thread.start()
+    try:
+        while (item := ahead.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                ahead.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        thread.join()
+
+
+def read_dump_chunks(path: str, rank: int = 0, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Any]:
+    """Comments of one dump file (plain or compressed) as Arrow tables of COMMENT_COLUMNS, one per chunk of
+    about `chunk_bytes` decompressed bytes cut at a line's end: each line's number and place in the input
+    (`order`, with the file's `rank`); malformed lines kept with status "malformed". Within a chunk the
+    malformed lines come last (rows are in no fixed order: `line` says where each was)."""
+    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+
+    first = 1
+    for chunk in _read_ahead(_whole_lines(path, chunk_bytes)):
+        table, at = parse_chunk(chunk)
+        line = first + at.astype(np.int64)
+        table = table.append_column("line", pa.array(line))
+        yield table.append_column("order", pa.array((np.int64(rank) << LINE_BITS) + line)).select(COMMENT_COLUMNS)
+        first += len(at)
+
+
+def read_dump_file(path: str, chunk_bytes: int = CHUNK_BYTES, rank: int = 0) -> Iterator[pd.DataFrame]:
+    """read_dump_chunks as pandas frames, their rows in line order."""
+    for table in read_dump_chunks(path, rank, chunk_bytes):
+        yield table.to_pandas().sort_values("line", ignore_index=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The filters, vectorized
+
+ASCII_SPACE = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # what str.strip() removes from an ASCII string
+
+
+def _ascii_alpha_counts(strings) -> np.ndarray:
+    """How many bytes of each string (an Arrow string array) are ASCII letters."""
+    offsets = np.frombuffer(strings.buffers()[1], np.int32)[strings.offset : strings.offset + len(strings) + 1]
+    values = strings.buffers()[2]
+    if values is None or offsets[-1] == offsets[0]:
+        return np.zeros(len(strings), np.int64)
+    data = np.frombuffer(values, np.uint8)[offsets[0] : offsets[-1]]  # (bytes,)
+    letters = ((data | 0x20) - ord("a")) < 26  # (bytes,) A-Z and a-z: lower-cased, then a range
+    starts = np.minimum(offsets[:-1] - offsets[0], len(data) - 1)
+    counts = np.add.reduceat(letters.view(np.uint8), starts, dtype=np.int32)
+    return np.where(offsets[1:] > offsets[:-1], counts, 0)  # reduceat gives an empty string the next byte
+
+
+def rule_status(body, author, cfg: RedditFilterConfig) -> np.ndarray:
+    """failing_rule of each (body, author) pair (Arrow string arrays without nulls), in columns: the
+    same answer, string for string. ASCII texts are decided in columns; a non-ASCII body (its letter
+    share and its stripped form) or author goes through the same Python string methods failing_rule uses."""
+    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+    import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+
+    banned = pa.array(list(cfg.banned_bodies), pa.string())
+    deleted = pc.is_in(pc.ascii_trim(body, characters=ASCII_SPACE), value_set=banned).to_numpy(zero_copy_only=False)
+    length = pc.utf8_length(body).to_numpy(zero_copy_only=False)
+    alpha = _ascii_alpha_counts(body)
+    wide = np.flatnonzero(~pc.string_is_ascii(body).to_numpy(zero_copy_only=False))
+    texts = body.take(pa.array(wide)).to_pylist()
+    deleted[wide] = [t.strip() in cfg.banned_bodies for t in texts]
+    alpha[wide] = [sum(map(str.isalpha, t)) for t in texts]
+    bot = np.zeros(len(body), bool)
+    if cfg.author_substring:
+        needle = cfg.author_substring.lower()
+        ascii_author = pc.string_is_ascii(author).to_numpy(zero_copy_only=False)
+        bot = pc.match_substring(pc.ascii_lower(author), needle).to_numpy(zero_copy_only=False) & ascii_author
+        others = np.flatnonzero(~ascii_author)
+        bot[others] = [bool(a) and needle in a.lower() for a in author.take(pa.array(others)).to_pylist()]
+    prefix = np.zeros(len(body), bool)
+    for start in cfg.banned_prefixes:
+        prefix |= pc.starts_with(body, start).to_numpy(zero_copy_only=False)
+    low = (length == 0) | (alpha / np.maximum(length, 1) <= cfg.min_alpha_share)
+    return np.select([deleted, bot, prefix, length >= cfg.max_chars, low], list(RULES), "")
+
+
+def with_rules(table, cfg: RedditFilterConfig):
+    """A chunk of comments with each well-formed line's filter rule in `status`."""
+    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+
+    status = table["status"].to_numpy(zero_copy_only=False).astype(object)
+    ok = pa.array(np.flatnonzero(status == ""))
+    if len(ok):
+        body, author = (table[name].combine_chunks() for name in ("body", "author"))
+        if len(ok) < len(table):
+            body, author = body.take(ok), author.take(ok)
+        status[ok.to_numpy()] = rule_status(body, author, cfg)
+    return table.set_column(table.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
+
+
+def _source(order: int, paths: Sequence[str]) -> str:
+    """FILE:LINE of a line's order (`paths` by rank)."""
+    return f"{paths[order >> LINE_BITS]}:{order & ((1 << LINE_BITS) - 1)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# In this process: spill partitions on local disk, one in memory at a time
+
+
+class _Spill:
+    """Rows spilled to local disk as Arrow IPC streams, in `parts` partitions per kind:
+    * "node": each comment as a possible parent, in the partition of a hash of its id;
+    * "edge": each comment as a reply, in the partition of a hash of its parent's id (a reply to a
+      submission in that of its own id); a body is kept only where its comment passed the filters;
+    * "pairs-SPLIT": the pairs found, in ranges of their ORDER_KEY (the top bits), so that writing the
+      ranges one after the other, each sorted, writes in_fixed_order's order."""
+
+    NODE = ("id", "order", "status", "body")
+    EDGE = ("parent_key", "order", "status", "body", "link_id", "subreddit")
+
+    def __init__(self, folder: Path, parts: int):
+        self.folder, self.parts = folder, parts
+        self._writers: dict[tuple[str, int], Any] = {}
+
+    def add_comments(self, comments) -> None:
+        """A chunk of well-formed comments (COMMENT_COLUMNS, filter rules in `status`)."""
+        import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+        import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+
+        body = pc.if_else(pc.equal(comments["status"], ""), comments["body"], None)
+        is_comment = pc.starts_with(comments["parent_id"], PARENT)
+        parent_key = pc.if_else(is_comment, pc.utf8_slice_codeunits(comments["parent_id"], len(PARENT)), None)
+        columns = {"id": comments["id"], "parent_key": parent_key, "body": body}
+        columns |= {name: comments[name] for name in ("order", "status", "link_id", "subreddit")}
+        node = pa.table({name: columns[name] for name in self.NODE})
+        self._write("node", node, self._hashed(comments["id"]))
+        edge = pa.table({name: columns[name] for name in self.EDGE})
+        self._write("edge", edge, self._hashed(pc.coalesce(parent_key, comments["id"])))
+
+    def add_pairs(self, split: str, pairs) -> None:
+        """Pairs of one split (WRITTEN_COLUMNS and ORDER_KEY), by ranges of their key."""
+        keys = pairs[ORDER_KEY].to_numpy()
+        ranges = np.minimum((keys / 2.0**64 * self.parts).astype(np.int64), self.parts - 1)  # monotone in the key
+        self._write(f"pairs-{split}", pairs, ranges)
+
+    def _hashed(self, keys) -> np.ndarray:
+        if self.parts == 1:
+            return np.zeros(len(keys), np.int64)
+        import polars as pl  # deferred: a second partition is the first that needs a string hash
+
+        return (pl.Series(keys).hash(seed=0).to_numpy() % self.parts).astype(np.int64)
+
+    def _write(self, kind: str, table, part: np.ndarray) -> None:
+        import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+
+        if self.parts > 1:
+            ranked = np.argsort(part, kind="stable")
+            part, table = part[ranked], table.take(pa.array(ranked))
+        edges = np.searchsorted(part, np.arange(self.parts + 1))
+        for p in np.flatnonzero(edges[1:] > edges[:-1]).tolist():
+            if (kind, p) not in self._writers:
+                self._writers[kind, p] = pa.ipc.new_stream(str(self.folder / f"{kind}-{p}.arrow"), table.schema)
+            self._writers[kind, p].write_table(table.slice(edges[p], edges[p + 1] - edges[p]))
+
+    def close(self, kind: str) -> None:
+        """The end of `kind`'s rows: its partitions can be read."""
+        for key in [key for key in self._writers if key[0] == kind]:
+            self._writers.pop(key).close()
+
+    def read(self, kind: str, part: int):
+        """One partition's rows (memory-mapped), or None when it has none."""
+        import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+
+        path = self.folder / f"{kind}-{part}.arrow"
+        return pa.ipc.open_stream(pa.memory_map(str(path))).read_all() if path.exists() else None
+
+    def later_lines(self):
+        """The orders of the lines whose comment id was on an earlier line too (an Arrow array): the
+        duplicates. Memory: one partition's (id, order), and the repeated lines."""
+        import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+        import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+
+        later = [pa.array([], pa.int64())]
+        for part in range(self.parts):
+            nodes = self.read("node", part)
+            if nodes is None:
+                continue
+            nodes = nodes.select(["id", "order"])
+            firsts = nodes.group_by("id").aggregate([("order", "min"), ("order", "count")])
+            firsts = firsts.filter(pc.greater(firsts["order_count"], 1))
+            if firsts.num_rows:
+                repeated = nodes.join(firsts, "id", join_type="inner")
+                later += repeated.filter(pc.not_equal(repeated["order"], repeated["order_min"]))["order"].chunks
+        return pa.concat_arrays(later)
+
+    def write_split(self, split: str, out_dir: str | Path, rows: int, rows_per_shard: int) -> list:
+        """The pairs of `split` as its shards, range after range, each range sorted by its key."""
+        writer = ShardWriter(storage.join(out_dir, split), rows, rows_per_shard)
+        for part in range(self.parts):
+            pairs = self.read(f"pairs-{split}", part)
+            if pairs is not None:
+                writer.add(pairs.sort_by([(ORDER_KEY, "ascending")]).drop_columns([ORDER_KEY]))
+        return writer.close()
+
+
+def _statuses(joined, parent_status):
+    """Each reply's bucket after the parent join (own status first, then its parent's), "" for a pair."""
+    import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+
+    pair_or_filtered = pc.if_else(pc.equal(parent_status, ""), "", "unpaired_parent_filtered")
+    with_parent = pc.if_else(pc.is_null(parent_status), "unpaired_parent_missing", pair_or_filtered)
+    parent = pc.if_else(pc.is_null(joined["parent_key"]), "unpaired_parent_is_submission", with_parent)
+    return pc.if_else(pc.equal(joined["status"], ""), parent, joined["status"])
+
+
+def _pairs_of(spill: _Spill, part: int, later, test_share: float, salt: str):
+    """One partition's replies joined to their parents: ({(status, split): lines}, {split: pairs as
+    WRITTEN_COLUMNS and ORDER_KEY})."""
+    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+    import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+
+    edges, nodes = spill.read("edge", part), spill.read("node", part)
+    if edges is None:
+        return {}, {}
+    parents = nodes.filter(pc.invert(pc.is_in(nodes["order"], later)))
+    parents = pa.table({"parent_key": parents["id"], "parent_status": parents["status"], "context": parents["body"]})
+    status = pc.if_else(pc.is_in(edges["order"], later), DUPLICATE, edges["status"])
+    joined = edges.set_column(edges.schema.get_field_index("status"), "status", status)
+    joined = joined.join(parents, "parent_key", join_type="left outer")
+    statuses = _statuses(joined, joined["parent_status"])
+    counts = {
+        (str(row["values"]), ""): int(row["counts"])
+        for row in pc.value_counts(statuses).to_pylist()
+        if row["values"] != ""
+    }
+    kept = joined.filter(pc.equal(statuses, "")).select(["context", "body", "link_id", "subreddit"])
+    links = pc.unique(kept["link_id"])
+    test = pa.array([split_of(link, test_share, salt) == "test" for link in links.to_pylist()], pa.bool_())
+    is_test = pc.take(test, pc.index_in(kept["link_id"], value_set=links)).to_numpy(zero_copy_only=False)
+    frame = kept.rename_columns(WRITTEN_COLUMNS).to_pandas()
+    pairs = {"train": keyed_table(frame.loc[~is_test]), "test": keyed_table(frame.loc[is_test])}
+    counts |= {("", split): table.num_rows for split, table in pairs.items()}
+    return counts, pairs
+
+
+def spill_partitions(paths: Sequence[str]) -> int:
+    """How many spill partitions prepare_local cuts `paths` into: one per PARTITION_INPUT_BYTES stored."""
+    stored = sum((storage.file_stat(p) or (0, 0))[0] for p in paths)
+    return max(1, -(-stored // PARTITION_INPUT_BYTES))
+
+
+def _ruled_chunks(path: str, rank: int, cfg: RedditFilterConfig) -> Generator[Any, None, None]:
+    """read_dump_chunks with each well-formed line's filter rule in `status` (with_rules)."""
+    for chunk in read_dump_chunks(path, rank):
+        yield with_rules(chunk, cfg)
+
+
+def _spill_comments(spill: _Spill, paths: Sequence[str], cfg: RedditFilterConfig) -> tuple[int, dict, list[str]]:
+    """Every line of `paths` read, filtered and spilled: (lines read, {(malformed, ""): lines}, examples)."""
+    import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+
+    ranked = sorted(paths)
+    lines_read, malformed_lines, examples = 0, 0, list[str]()
+    for path in paths:
+        for chunk in _ruled_chunks(path, ranked.index(path), cfg):
+            lines_read += chunk.num_rows
+            malformed = pc.equal(chunk["status"], "malformed").to_numpy(zero_copy_only=False)
+            if malformed.any():
+                malformed_lines += int(malformed.sum())
+                orders = np.sort(chunk["order"].to_numpy()[malformed])[: MAX_EXAMPLES - len(examples)]
+                examples += [_source(int(o), ranked) for o in orders]
+                chunk = chunk.filter(~malformed)
+            spill.add_comments(chunk)
+    spill.close("node")
+    spill.close("edge")
+    return lines_read, {("malformed", ""): malformed_lines}, examples
+
+
+def prepare_local(
+    paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, out_dir: str | Path,
+    rows_per_shard: int, parts: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Comment dumps -> out_dir's train/test shards, in this process, without Ray: the manifest's counts and
+    each split's shard records, as write_pairs gives them. The dumps are streamed (CHUNK_BYTES at a time) and
+    spilled to a temporary folder on local disk (TMPDIR) in `parts` partitions (spill_partitions by
+    default): memory holds a chunk or a partition, not the input."""
+    with tempfile.TemporaryDirectory(prefix="convsts-pushshift-") as folder:
+        spill = _Spill(Path(folder), parts or spill_partitions(paths))
+        lines_read, counts, examples = _spill_comments(spill, paths, cfg)
+        later = spill.later_lines()
+        for part in range(spill.parts):
+            part_counts, pairs = _pairs_of(spill, part, later, test_share, salt)
+            for key, n in part_counts.items():
+                counts[key] = counts.get(key, 0) + n
+            for split, table in pairs.items():
+                spill.add_pairs(split, table)
+        spill.close("pairs-train")
+        spill.close("pairs-test")
+        manifest = manifest_counts([(s, split, n) for (s, split), n in counts.items()], lines_read, examples)
+        shards = {
+            split: spill.write_split(split, out_dir, manifest[f"{split}_pairs"], rows_per_shard)
+            for split in ("train", "test")
+        }
+    return {"shards": shards, **manifest}
+
+
+# ---------------------------------------------------------------------------------------------
+# On Ray Data, across a cluster
+
+
+def _read_dump_batch(batch: dict[str, np.ndarray]) -> Iterator[Any]:
+    for path, rank in zip(batch["path"], batch["rank"]):
+        yield from read_dump_chunks(str(path), int(rank))
+
+
+def _repeated_ids(comments) -> pd.Series:
+    """{comment id: order of its first line} for the ids on more than one well-formed line (dumps
+    repeat comments): a hash aggregate over (id, order) only, so memory grows with the repeated ids,
+    not with the input."""
+    from ray.data.aggregate import (  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        Count,
+        Min,
+    )
+    from ray.data.expressions import col  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    firsts = (
+        comments.filter(expr=col("status") != "malformed")
+        .select_columns(["id", "order"])
+        .groupby("id")
+        .aggregate(Count(alias_name="lines"), Min("order", alias_name="first"))
+        .filter(expr=col("lines") > 1)
+        .to_pandas()
+    )
+    if firsts.empty:  # no id repeated (an empty result may come without its columns)
+        return pd.Series([], dtype=np.int64)
+    return pd.Series(firsts["first"].to_numpy(), index=firsts["id"].to_numpy(), dtype=np.int64)
+
+
+def _mark_duplicates(batch: pd.DataFrame, repeated: pd.Series) -> pd.DataFrame:
+    """A repeated id's lines after its first become duplicate_id (malformed lines have no id)."""
+    first = batch["id"].map(repeated)
+    later = first.notna().to_numpy() & (batch["order"].to_numpy() != first.fillna(-1).to_numpy())
+    later &= batch["status"].to_numpy() != "malformed"
+    batch = batch.copy()
+    batch.loc[later, "status"] = DUPLICATE
+    return batch
+
+
+def _as_parent(batch: pd.DataFrame) -> pd.DataFrame:
+    """Comments that can be a parent: neither malformed nor a repeated id."""
+    batch = batch[~batch["status"].isin(["malformed", DUPLICATE])]
+    return pd.DataFrame(
+        {"parent_key": PARENT + batch["id"], "parent_body": batch["body"], "parent_status": batch["status"]}
+    )
+
+
+def _classify_child(batch: pd.DataFrame, test_share: float, salt: str, paths: Sequence[str]) -> pd.DataFrame:
+    """After the join: each comment line becomes a pair (as the response) or gets a named status;
+    a malformed line's `source` is FILE:LINE (`paths` by rank)."""
+    status = batch["status"].fillna("").astype(str).to_numpy()
+    parent_status = batch["parent_status"] if "parent_status" in batch else pd.Series([None] * len(batch))
+    missing = parent_status.isna().to_numpy()
+    statuses = np.select(
+        [
+            status != "",
+            ~batch["parent_id"].astype(str).str.startswith(PARENT).to_numpy(),
+            missing,
+            parent_status.fillna("").astype(str).to_numpy() != "",
+        ],
+        [status, "unpaired_parent_is_submission", "unpaired_parent_missing", "unpaired_parent_filtered"],
+        "",
+    )
+    links = batch["link_id"].astype(str).to_numpy()
+    splits = [split_of(link, test_share, salt) if not s else "" for link, s in zip(links, statuses)]
+    malformed = statuses == "malformed"
+    source = np.full(len(batch), "", dtype=object)
+    if malformed.any():
+        source[malformed] = [_source(int(o), paths) for o in batch["order"].to_numpy()[malformed]]
+    return pd.DataFrame(
+        {
+            "context": batch["parent_body"].fillna("").astype(str) if "parent_body" in batch else "",
+            "response": batch["body"].astype(str),
+            "thread_key": links,
+            "subreddit": batch["subreddit"].astype(str),
+            "source": source,
+            "status": statuses,
+            "split": splits,
+        }
+    )[PAIR_COLUMNS]
+
+
+def pushshift_dataset(
+    paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, num_partitions: int = 8
+):
+    """(Ray Dataset of annotated pairs, lines read) from comment dumps: each comment is joined to
+    its parent comment (`parent_id` = "t1_" + parent id) with a distributed hash join; the split is
+    by a hash of the thread (`link_id`). A comment id seen twice keeps its first line only
+    (`duplicate_id`; first by file path, then line), so a repeated comment makes neither a second
+    pair nor a second parent. Lines are parsed by Arrow's JSON reader and every step works on
+    columns: no Python call per comment id."""
+    import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    ranked = sorted(paths)
+    files = ray.data.from_items(
+        [{"path": p, "rank": ranked.index(p)} for p in paths], override_num_blocks=max(1, len(paths))
+    )
+    lines = files.map_batches(_read_dump_batch, batch_size=1, batch_format="numpy").materialize()
+    read = lines.count()  # one row per line read, malformed ones included
+    ruled = lines.map_batches(with_rules, fn_args=(cfg,), batch_format="pyarrow").materialize()
+    comments = ruled.map_batches(_mark_duplicates, fn_args=(_repeated_ids(ruled),), batch_format="pandas")
+    comments = comments.materialize()
+    parents = comments.map_batches(_as_parent, batch_format="pandas")
+    joined = comments.join(
+        parents, join_type="left_outer", num_partitions=num_partitions, on=("parent_id",), right_on=("parent_key",)
+    )
+    return joined.map_batches(_classify_child, fn_args=(test_share, salt, ranked), batch_format="pandas"), read

@@ -1,0 +1,131 @@
+"""The columnar pushshift reader and filters against their line-by-line definitions (parse_comment,
+failing_rule), and the local engine's spill partitions (no Ray)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from convsts.datasets import pushshift
+from convsts.datasets.reddit import RedditFilterConfig, failing_rule
+
+CFG = RedditFilterConfig()
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "prepare_pushshift.py"
+
+
+def _line(cid="a1", **fields):
+    return json.dumps({"id": cid, "parent_id": "t3_x", "link_id": "t3_x", "author": "alice", "body": "hello"} | fields)
+
+
+TRICKY_LINES = [
+    _line(),
+    "",  # blank
+    "   " + _line("a2"),  # valid JSON with spaces before it: not well shaped, still a comment
+    _line("a3") + "\r",  # a CRLF line end
+    _line("a4") + " " + _line("a5"),  # two objects on one line: malformed
+    '{"id": "broken',  # cut off
+    json.dumps({"id": "a6", "parent_id": "t3_x", "link_id": "t3_x", "author": "bob", "body": 5}),  # wrong type
+    json.dumps({"id": "a7", "parent_id": "t3_x", "link_id": "t3_x", "body": "no author"}),  # field missing
+    '{"id": "a8", "parent_id": "t3_x", "link_id": "t3_x", "author": "c", "body": "\xff\xfe"}',  # not UTF-8 (below)
+    "[1, 2, 3]",  # JSON, not an object
+    _line("a9", body="caf\u00e9 \u00fcber na\u00efve", subreddit=None),  # non-ASCII; a null subreddit
+    _line("b1"),  # the last line has no newline
+]
+
+
+def _dump_bytes(lines):
+    data = "\n".join(lines).encode("utf-8")
+    return data.replace("\xff\xfe".encode(), b"\xff\xfe")  # the raw bytes, invalid UTF-8
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 64, 7])
+def test_the_chunked_reader_reads_each_line_as_parse_comment_does(tmp_path, chunk_bytes):
+    """Every line is one row, in any chunk size (a chunk smaller than a line included): Arrow's rows for
+    well-shaped lines, the others line by line, each with its line number; malformed exactly where
+    parse_comment says so; a byte-order mark at the start of the file is accepted."""
+    path = tmp_path / "RC_tricky"
+    path.write_bytes(pushshift.BOM + _dump_bytes(TRICKY_LINES))
+    rows = sorted(
+        (
+            r
+            for table in pushshift.read_dump_chunks(str(path), rank=2, chunk_bytes=chunk_bytes)
+            for r in table.to_pylist()
+        ),
+        key=lambda r: r["line"],
+    )
+    raw_lines = _dump_bytes(TRICKY_LINES).split(b"\n")
+    assert [r["line"] for r in rows] == list(range(1, len(raw_lines) + 1))
+    assert all(r["order"] == (2 << pushshift.LINE_BITS) + r["line"] for r in rows)
+    for row, raw in zip(rows, raw_lines):
+        expected = pushshift.parse_comment(raw)
+        if expected is None:
+            assert row["status"] == "malformed" and row["id"] == "", raw
+        else:
+            assert row["status"] == "" and {k: row[k] for k in expected} == expected, raw
+    assert [r["line"] for r in rows if r["status"] == "malformed"] == [2, 5, 6, 7, 8, 9, 10]
+
+
+RULE_CASES = [
+    ("a" * 349, "alice"),
+    ("a" * 350, "alice"),
+    ("\u00e9" * 349, "alice"),  # 349 code points in 698 bytes: not too long
+    ("\u00e9" * 350, "alice"),
+    ("abcdefg 12", "alice"),  # 7/10 letters: low
+    ("abcdefgh12", "alice"),
+    ("\u00e9\u00e8\u00ea\u00eb\u00e0\u00e2\u00ee 12", "alice"),  # 7/10 non-ASCII letters: low, as str.isalpha counts
+    ("\u4e2d\u6587\u5b57\u7b26\u4e32\u6d4b\u8bd5\u7528\u4f8b\u554a", "alice"),  # CJK letters are alphabetic
+    ("", "alice"),
+    ("[deleted]", "alice"),
+    ("  [removed]\n", "alice"),
+    ("\x1c[deleted]\x1f", "alice"),  # str.strip() removes the ASCII separators too
+    ("\u3000[deleted]\u00a0", "alice"),  # and Unicode spaces
+    ("[deleted] for real, a sentence", "alice"),
+    ("a fine comment about things", "helper_bot"),
+    ("a fine comment about things", "RoBoTnik"),
+    ("a fine comment about things", "\u00dfbot\u00e9"),  # a non-ASCII author
+    ("a fine comment about things", ""),
+    ("https://example.com look", "alice"),
+    ("/r/pics is good", "alice"),
+    ("@you hello there friend", "alice"),
+    (" https://not-a-prefix.example with a space first", "alice"),
+]
+
+
+def test_the_vectorized_filters_give_failing_rule_s_answer_string_for_string():
+    bodies = pa.array([b for b, _ in RULE_CASES], pa.string())
+    authors = pa.array([a for _, a in RULE_CASES], pa.string())
+    got = pushshift.rule_status(bodies, authors, CFG)
+    assert list(got) == [failing_rule(b, a, CFG) for b, a in RULE_CASES]
+    assert set(got) >= {"", "deleted", "bot_author", "banned_prefix", "too_long", "low_alpha"}
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("prepare_pushshift", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_local_engine_finds_the_reference_rows_with_any_number_of_spill_partitions(tmp_path):
+    """bench/prepare_pushshift.py's synthetic dump (threads, repeated ids, malformed lines) in one spill
+    partition and in five: the same manifest and the same shards byte for byte, and the pairs are the
+    rows the plain single-process reference finds."""
+    bench = _bench()
+    dump = tmp_path / "RC_synthetic.zst"
+    bench.write_dump(dump, 6000)
+    pairs, _, rows = bench.reference(dump, tmp_path / "reference.parquet")
+    manifests = [
+        pushshift.prepare_local([str(dump)], CFG, 0.1, "convsts", tmp_path / f"out{parts}", 300, parts=parts)
+        for parts in (1, 5)
+    ]
+    assert manifests[0] == manifests[1]
+    m = manifests[0]
+    assert m["lines_read"] == 6000 and m["duplicate_ids"] > 0 and m["malformed"] > 0 and m["pairs"] == pairs
+    assert len(m["shards"]["train"]) == m["train_pairs"] // 300
+    got = set()
+    for split in ("train", "test"):
+        got |= {(r["context"], r["response"], split) for r in pq.read_table(tmp_path / "out5" / split).to_pylist()}
+    assert got == rows
