@@ -24,10 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from convsts.models.checkpoint import build_model  # noqa: E402
 from convsts.ray_jobs.config import load_config  # noqa: E402
+from convsts.ray_jobs.run_inputs import prepare_all  # noqa: E402
 from convsts.ray_jobs.task_groups import GradientCombiner, draw_task, plan_tasks  # noqa: E402
 from convsts.ray_jobs.tasks import model_heads, trained_tasks  # noqa: E402
 from convsts.ray_jobs.training.data import FrameStream, build_tokenizer  # noqa: E402
-from convsts.ray_jobs.training.run import prepare_all, run_training  # noqa: E402
+from convsts.ray_jobs.training.run import run_training  # noqa: E402
 from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step  # noqa: E402
 
 

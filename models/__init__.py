@@ -1,5 +1,21 @@
-"""Pure-torch models: encoders, task heads, losses and checkpoints (no Ray, no MLflow)."""
+"""Pure-torch models: encoders, task heads, losses and checkpoints (no Ray, no MLflow).
 
-from convsts.models.checkpoint import SentenceEncoder, load, save_checkpoint
+`from convsts.models import load` loads torch; `convsts.models.config` (the dataclasses a run config
+holds) does not, so a command that only reads a config, such as `convsts prepare`, starts without it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from convsts.models.checkpoint import SentenceEncoder, load, save_checkpoint
 
 __all__ = ["SentenceEncoder", "load", "save_checkpoint"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from convsts.models import checkpoint  # deferred: loads torch, which the config dataclasses do not need
+
+    return getattr(checkpoint, name)

@@ -69,3 +69,33 @@ class ModelConfig:
     response_hidden: int = 500  # the feed-forward network on the response side only
     nli_hidden: int = 512  # the hidden layer of the SNLI classifier head
     nli_classes: int = 3  # entailment, neutral, contradiction
+
+
+# `model.encoder` values and `model.pretrained.pooling` values (models/encoders.py checks its
+# ENCODERS registry against ENCODER_NAMES), here so that a config is checked without loading torch.
+ENCODER_NAMES = ("dan", "transformer", "bilstm", "pretrained")
+POOLINGS = ("mean", "cls", "max")
+
+
+@dataclass
+class StsTransformConfig:
+    enabled: bool = True  # fit and report stsb_tuned/* in `convsts evaluate`
+    lr: float = 0.001  # Adam's learning rate for the matrix
+    weight_decay: float = 0.0  # L2 penalty on (W - W_init): pulls the matrix towards its start
+    init: str = "identity"  # identity | random (orthogonal)
+    rank: int = 0  # 0 = full dim x dim matrix; r > 0 = a dim x r projection
+    epochs: int = 30  # passes over STS-B train; the epoch best on dev is kept
+    # pearson (minus the batch correlation) | mse (on the 0-5 scale). Measured on a DAN trained on
+    # ../shared/data: mse never beat the identity on dev, pearson did (docs/experiments/journal.md).
+    loss: str = "pearson"
+    batch_size: int = 256  # STS-B train pairs per step
+    seed: int = 0  # seed of the shuffle (and of a random init)
+
+    def validate(self) -> StsTransformConfig:
+        if self.init not in ("identity", "random"):
+            raise ValueError(f"eval.tuned.init: expected identity|random, got {self.init!r}")
+        if self.loss not in ("mse", "pearson"):
+            raise ValueError(f"eval.tuned.loss: expected mse|pearson, got {self.loss!r}")
+        if self.rank < 0 or self.epochs < 1 or self.batch_size < 2 or self.lr <= 0:
+            raise ValueError("eval.tuned: rank >= 0, epochs >= 1, batch_size >= 2 and lr > 0 are required")
+        return self

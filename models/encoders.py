@@ -19,7 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from convsts.datasets.pretrained import pretrained_folder
-from convsts.models.config import BiLstmConfig, DanConfig, ModelConfig, PretrainedConfig, TransformerConfig
+from convsts.models.config import (
+    ENCODER_NAMES,
+    POOLINGS,  # noqa: F401 - part of this module's API
+    BiLstmConfig,
+    DanConfig,
+    ModelConfig,
+    PretrainedConfig,
+    TransformerConfig,
+)
 
 Inputs = dict[str, torch.Tensor]
 
@@ -285,9 +293,6 @@ class PretrainedEncoder(nn.Module):
         return self.projection(pooled)  # (B, output_dim)
 
 
-POOLINGS = ("mean", "cls", "max")
-
-
 def _quietly(load, *args, **kwargs):
     """`transformers` loading without its progress bar and load report (the weights of the
     pooling layer that mean pooling leaves out are reported as unexpected)."""
@@ -311,6 +316,7 @@ def _quietly(load, *args, **kwargs):
 ENCODERS: dict[str, type] = {
     cls.name: cls for cls in (DanEncoder, TransformerSentenceEncoder, BiLstmMaxEncoder, PretrainedEncoder)
 }
+assert tuple(ENCODERS) == ENCODER_NAMES, "models/config.py's ENCODER_NAMES lists the ENCODERS registry"
 
 
 def encoder_class(name: str) -> type[Any]:

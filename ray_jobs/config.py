@@ -25,9 +25,7 @@ from convsts.datasets import storage
 from convsts.datasets.reddit import RedditFilterConfig
 from convsts.datasets.storage import SAMPLE_TOKEN
 from convsts.datasets.text import TokenizerConfig
-from convsts.models.config import ModelConfig
-from convsts.models.encoders import ENCODERS, POOLINGS
-from convsts.models.sts_transform import StsTransformConfig
+from convsts.models.config import ENCODER_NAMES, POOLINGS, ModelConfig, StsTransformConfig
 from convsts.ray_jobs.errors import ConfigError
 from convsts.ray_jobs.tasks import get_task
 
@@ -193,8 +191,8 @@ class RunConfig:
             raise ConfigError(
                 f"name: a plain name (letters, digits, '.', '_', '-'; not starting with '.' or '-'), got {self.name!r}"
             )
-        if self.model.encoder not in ENCODERS:
-            raise ConfigError(f"model.encoder: expected {'|'.join(ENCODERS)}, got {self.model.encoder!r}")
+        if self.model.encoder not in ENCODER_NAMES:
+            raise ConfigError(f"model.encoder: expected {'|'.join(ENCODER_NAMES)}, got {self.model.encoder!r}")
         if self.data.reddit_format not in ("auto", "pushshift", "pairs"):
             raise ConfigError(f"data.reddit_format: expected auto|pushshift|pairs, got {self.data.reddit_format!r}")
         if not 0.0 < self.data.snli_fraction <= 1.0:

@@ -25,9 +25,10 @@ from convsts.ray_jobs.evaluation.harness import PRIMARY_METRIC, results_document
 from convsts.ray_jobs.evaluation.scorers import LexicalScorer
 from convsts.ray_jobs.flat import flatten
 from convsts.ray_jobs.outlock import holds_output
+from convsts.ray_jobs.run_inputs import prepare_all
 from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri
 from convsts.ray_jobs.tasks import prepared_tasks
-from convsts.ray_jobs.training.run import claim_output, prepare_all, run_outputs, run_training
+from convsts.ray_jobs.training.run import claim_output, run_outputs, run_training
 from convsts.ray_jobs.training.state import initial_model
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from convsts.datasets.redaction import redact
 from convsts.ray_jobs.config import load_config, parse_with_overrides
 from convsts.ray_jobs.prepared import prepare_into
+from convsts.ray_jobs.run_inputs import prepare_all
 from convsts.ray_jobs.runtime import setup_logging
 from convsts.ray_jobs.tasks import builtin_tasks, get_task
-from convsts.ray_jobs.training.run import prepare_all
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

@@ -36,8 +36,9 @@ from convsts.ray_jobs.evaluation.sts import stsb_embeddings, transformed_sts_met
 from convsts.ray_jobs.flat import changed_values, flatten
 from convsts.ray_jobs.outlock import holds_output
 from convsts.ray_jobs.resources import TRIAL_FUNCTION_CPU, alive_nodes, trials_at_once
+from convsts.ray_jobs.run_inputs import ensure_prepared
 from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri
-from convsts.ray_jobs.training.run import ensure_prepared, prepared_location, run_training
+from convsts.ray_jobs.training.run import prepared_location, run_training
 from convsts.tune_spaces import TuneSpace
 
 SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_transform_sweep.safetensors

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from convsts.datasets.redaction import redact
 from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.outlock import output_lock
+from convsts.ray_jobs.run_inputs import ensure_prepared
 from convsts.ray_jobs.runtime import setup_logging, tracking_uri
-from convsts.ray_jobs.training.run import ensure_prepared, prepared_location, run_training
+from convsts.ray_jobs.training.run import prepared_location, run_training
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

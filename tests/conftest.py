@@ -43,7 +43,7 @@ def sample_prepared(ray_session, tmp_path_factory) -> Path:
     from tiny import SAMPLE_PREPARE
 
     from convsts.ray_jobs.config import load_config
-    from convsts.ray_jobs.training.run import prepare_all
+    from convsts.ray_jobs.run_inputs import prepare_all
 
     out = tmp_path_factory.mktemp("sample_prepared")
     prepare_all(load_config(None, SAMPLE_PREPARE), str(out))

@@ -1197,7 +1197,7 @@ def test_a_missing_raw_input_is_named_before_any_task_is_prepared(tmp_path):
     """Before: SNLI's missing file was found after Reddit had been prepared (40 s). Now every task's raw
     inputs are checked first, so nothing is prepared (and no Ray started) for a run that cannot go on."""
     from convsts.ray_jobs.config import load_config
-    from convsts.ray_jobs.training.run import ensure_prepared, prepare_all
+    from convsts.ray_jobs.run_inputs import ensure_prepared, prepare_all
 
     cfg = load_config(None, [f"data.snli_train={tmp_path / 'none.parquet'}"])
     for prepare in (prepare_all, ensure_prepared):

@@ -13,17 +13,16 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-import torch
 
 from convsts.datasets import storage
 from convsts.ray_jobs.prepared import config_value, write_manifest, write_train_frame
 
 if TYPE_CHECKING:
-    import pandas as pd
+    import torch
 
     from convsts.ray_jobs.config import RunConfig
 
-Batch = dict[str, torch.Tensor]
+    Batch = dict[str, torch.Tensor]
 
 
 def fields(batch: Batch, prefix: str) -> Batch:

@@ -8,8 +8,6 @@ from typing import Any
 
 from convsts.datasets import pushshift, reddit, storage
 from convsts.datasets.errors import BadInputError
-from convsts.models.losses import in_batch_accuracy, in_batch_softmax_loss
-from convsts.ray_jobs.evaluation.retrieval import heldout_pairs, precision_at_n_metrics
 from convsts.ray_jobs.prepared import shard_files, write_manifest
 from convsts.ray_jobs.runtime import ensure_ray, log
 from convsts.ray_jobs.tasks.base import Task, fields
@@ -104,6 +102,11 @@ class RedditTask(Task):
         return super().train_rows(cfg, prepared_root)
 
     def loss(self, model, batch):
+        from convsts.models.losses import (  # deferred: torch; `convsts prepare` reads tasks without it
+            in_batch_accuracy,
+            in_batch_softmax_loss,
+        )
+
         sides = [fields(batch, "context"), fields(batch, "response")]
         negatives = fields(batch, NEGATIVE)  # mined hard negatives, when the run trains on them
         context, response, *negative = model.encode_all(sides + ([negatives] if negatives else []))  # (B, D) each
@@ -116,6 +119,11 @@ class RedditTask(Task):
         return self.evaluate_items(scorer, cfg, prepared_root)[0]
 
     def evaluate_items(self, scorer, cfg, prepared_root: str | None):
+        from convsts.ray_jobs.evaluation.retrieval import (  # deferred: scipy; `convsts prepare` reads tasks without it
+            heldout_pairs,
+            precision_at_n_metrics,
+        )
+
         heldout = heldout_pairs(storage.join(self.prepared_dir(prepared_root), "test")) if prepared_root else None
         if heldout is None:
             return {}, None

@@ -9,8 +9,6 @@ import numpy as np
 
 from convsts.datasets import snli, storage
 from convsts.datasets.snli import fraction_rank
-from convsts.models.losses import nli_loss
-from convsts.ray_jobs.evaluation.nli import nli_accuracy
 from convsts.ray_jobs.prepared import write_manifest, write_train_frame
 from convsts.ray_jobs.runtime import log
 from convsts.ray_jobs.tasks.base import Task, fields
@@ -66,12 +64,18 @@ class SnliTask(Task):
         )
 
     def loss(self, model, batch):
+        from convsts.models.losses import nli_loss  # deferred: torch; `convsts prepare` reads tasks without it
+
         u, v = model.encode_both(fields(batch, "premise"), fields(batch, "hypothesis"))  # (B, D) each
         logits = model.heads[self.name](u, v)  # (B, 3)
         labels = batch[self.label].long()  # (B,)
         return nli_loss(logits, labels), (logits.argmax(1) == labels).float().mean()
 
     def evaluate(self, scorer, cfg, prepared_root: str | None) -> dict[str, float]:
+        from convsts.ray_jobs.evaluation.nli import (
+            nli_accuracy,  # deferred: torch; `convsts prepare` reads tasks without it
+        )
+
         if not hasattr(scorer, "nli_logits"):
             return {}
         results: dict[str, float] = {}

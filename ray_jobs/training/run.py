@@ -26,7 +26,6 @@ from convsts.ray_jobs.flat import changed_values, flatten
 from convsts.ray_jobs.mlflow_model import log_model
 from convsts.ray_jobs.model_card import run_facts, write_card
 from convsts.ray_jobs.outlock import holds_output
-from convsts.ray_jobs.prepared import MANIFEST, prepare_into, verify_prepared
 from convsts.ray_jobs.resources import alive_nodes, check_training_fits
 from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
 from convsts.ray_jobs.task_groups import plan_for
@@ -134,49 +133,6 @@ def claim_output(out_dir: Path, cfg: RunConfig, fresh: bool) -> None:
     for path in used:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     log.info("--fresh: removed %s", ", ".join(str(p) for p in used))
-
-
-def is_prepared(task, prepared: str) -> bool:
-    """The task's folder under `prepared` was prepared to the end (its manifest, written last, is there)."""
-    return storage.is_file(storage.join(task.prepared_dir(prepared), MANIFEST))
-
-
-def prepare_all(cfg: RunConfig, out_dir: str) -> dict[str, dict[str, Any]]:
-    """Every task the run needs (prepared_tasks), each into out_dir/<task>; returns the manifests.
-    Run again into the same folder, it resumes: a task prepared to the end from this run's inputs
-    and settings is kept (one that differs is refused, naming the difference), one that was
-    interrupted is prepared again."""
-    manifests = {}
-    tasks = prepared_tasks(cfg)
-    done = {name: is_prepared(task, str(out_dir)) for name, task in tasks.items()}
-    _check_raw_inputs(cfg, [task for name, task in tasks.items() if not done[name]])
-    for name, task in tasks.items():
-        if done[name]:
-            manifests[name] = verify_prepared(task, str(out_dir), cfg)
-            log.info("%s: already prepared from this run's inputs and settings; kept", task.prepared_dir(str(out_dir)))
-        else:
-            manifests[name] = prepare_into(task, task.raw_inputs(cfg), task.prepared_dir(str(out_dir)), cfg)
-    return manifests
-
-
-def _check_raw_inputs(cfg: RunConfig, tasks) -> None:
-    """Every raw input of the tasks about to be prepared is there (a missing one raises, naming it)
-    before any task's prepare starts."""
-    for task in tasks:
-        storage.expand_inputs(task.raw_inputs(cfg))
-
-
-def ensure_prepared(cfg: RunConfig, prepared: str) -> dict[str, dict[str, Any]]:
-    """Prepare the shards of this run's tasks (prepared_tasks) that are not in `prepared` yet (or
-    whose prepare was interrupted); returns the manifests written. Folders already prepared are
-    left to check_prepared."""
-    todo = {name: task for name, task in prepared_tasks(cfg).items() if not is_prepared(task, prepared)}
-    _check_raw_inputs(cfg, list(todo.values()))
-    written = {}
-    for name, task in todo.items():
-        ensure_ray()
-        written[name] = prepare_into(task, task.raw_inputs(cfg), task.prepared_dir(prepared), cfg)
-    return written
 
 
 @holds_output("train")  # one run at a time in out_dir, for the whole run
