@@ -9,13 +9,15 @@ comment, 0.5% of lines repeated, 0.1% malformed; zstd), then on that same file r
 - the reference: one Python process, the zstd stream, `json.loads` per line, convsts' own filters
   (`failing_rule`), the first line of each id, a dict from id to comment for the parent join, the
   hash split (`split_of`), one parquet file;
-- `convsts prepare reddit --input DUMP --out DIR` as a user runs it (a fresh process that starts its
-  own local Ray instance: Ray's start-up is included).
+- `convsts prepare reddit --input DUMP --out DIR` as a user runs it, in a fresh process: a dump up to
+  `data.dump_local_bytes` (4 GiB) goes through the streaming engine in that process, without Ray;
+- with --ray-data, also the same command with `data.dump_local_bytes=0`: through Ray Data on a local Ray
+  instance the command starts (Ray's start-up included), the path a larger input takes on a cluster.
 
 Prints, per size: both rates (lines/s), their ratio (prepare / reference; >= 1 means prepare is the
 faster), both pair counts and whether the pairs are the same rows (order-insensitive), and the peak
-memory of all processes of the prepare (the driver and every Ray process under it, sampled every
-0.2 s) and of the reference.
+memory of all processes of the prepare (the command and every process under it, Ray's included,
+sampled every 0.2 s; memory-mapped spill files count as they are touched) and of the reference.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -148,8 +151,8 @@ def _tree_rss(root: int) -> int:
     return total
 
 
-def run_prepare(dump: Path, out: Path) -> tuple[float, int]:
-    """`convsts prepare reddit` in a fresh process with its own Ray: (seconds, peak bytes of its tree)."""
+def run_prepare(dump: Path, out: Path, overrides: tuple[str, ...] = ()) -> tuple[float, int]:
+    """`convsts prepare reddit` in a fresh process: (seconds, peak bytes of its process tree)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.setdefault("RAY_AUTH_MODE", "disabled")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -163,6 +166,7 @@ def run_prepare(dump: Path, out: Path) -> tuple[float, int]:
         str(dump),
         "--out",
         str(out),
+        *overrides,
     ]
     started = time.perf_counter()
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -197,34 +201,36 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", type=int, default=[100_000, 400_000, 1_600_000])
     parser.add_argument("--keep", help="write the dumps and outputs here (default: a temporary folder)")
+    parser.add_argument("--ray-data", action="store_true", help="also time the Ray Data path (data.dump_local_bytes=0)")
     args = parser.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-pushshift-"))
     root.mkdir(parents=True, exist_ok=True)
     print(
-        "| comments | reference lines/s | prepare lines/s (Ray start-up included) | prepare / reference | pairs (ref, prepare) | same rows | peak memory, prepare's processes | peak memory, reference |"
+        "| comments | path | reference lines/s | prepare lines/s | prepare / reference | pairs (ref, prepare) "
+        "| same rows | peak memory, prepare's processes | peak memory, reference |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
+    paths = {"this process": ()} | ({"Ray Data": ("data.dump_local_bytes=0",)} if args.ray_data else {})
     for n in args.sizes:
         dump = root / f"RC_synthetic_{n}.zst"
         if not dump.exists():
             write_dump(dump, n)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         ref_pairs, ref_s, ref_rows = reference(dump, root / f"reference_{n}.parquet")
-        ref_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        out = root / f"prepared_{n}"
-        if out.exists():
-            import shutil
-
-            shutil.rmtree(out)
-        prep_s, prep_peak = run_prepare(dump, out)
-        manifest = json.loads((out / "manifest.json").read_text())
-        rows = prepared_rows(out)
-        print(
-            f"| {n:,} | {n / ref_s:,.0f} ({ref_s:.1f} s) | {n / prep_s:,.0f} ({prep_s:.1f} s) | {ref_s / prep_s:.2f} "
-            f"| {ref_pairs:,}, {manifest['pairs']:,} | {'yes' if rows == ref_rows else 'NO'} "
-            f"| {prep_peak / 2**20:,.0f} MiB | {max(ref_peak, before) / 2**20:,.0f} MiB (this process) |",
-            flush=True,
-        )
+        ref_peak = max(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        for path, overrides in paths.items():
+            out = root / f"prepared_{n}"
+            if out.exists():
+                shutil.rmtree(out)
+            prep_s, prep_peak = run_prepare(dump, out, overrides)
+            manifest = json.loads((out / "manifest.json").read_text())
+            same = prepared_rows(out) == ref_rows
+            print(
+                f"| {n:,} | {path} | {n / ref_s:,.0f} ({ref_s:.1f} s) | {n / prep_s:,.0f} ({prep_s:.1f} s) "
+                f"| {ref_s / prep_s:.2f} | {ref_pairs:,}, {manifest['pairs']:,} | {'yes' if same else 'NO'} "
+                f"| {prep_peak / 2**20:,.0f} MiB | {ref_peak / 2**20:,.0f} MiB (this process) |",
+                flush=True,
+            )
     return 0
 
 

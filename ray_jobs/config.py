@@ -50,9 +50,14 @@ class DataConfig:
     snli_fraction_seed: int = 0  # seed of the SNLI subset draw (each seed a different nested family)
     rows_per_shard: int = 50_000  # rows per parquet shard `prepare` writes (at least; the last may hold fewer)
     # Inputs of `prepare` up to this many bytes (on disk, all files of a task together) are prepared
-    # in the driver process, without starting Ray; larger ones through Ray Data. The same shards
-    # either way; 0 = always Ray Data.
+    # in the driver process, in memory, without starting Ray; larger ones through Ray Data. The same
+    # shards either way; 0 = always Ray Data. (pushshift dumps: dump_local_bytes.)
     driver_bytes: int = 64 * 2**20
+    # pushshift comment dumps up to this many bytes (on disk, all files together) are prepared in the
+    # driver process by the streaming engine (memory bounded by its chunk and spill partition, which it
+    # spills to TMPDIR), without starting Ray; larger ones through Ray Data across the cluster. The
+    # same shards either way; 0 = always Ray Data.
+    dump_local_bytes: int = 4 * 2**30
     # Reddit: train with the `negative` column that `convsts mine-negatives` adds to the training
     # shards (each context's softmax runs over the batch's responses and its mined negatives).
     reddit_hard_negatives: bool = False
@@ -236,6 +241,7 @@ class RunConfig:
             _need(getattr(tok, key) >= 1, f"tokenizer.{key}", ">= 1", getattr(tok, key))
         _need(self.data.rows_per_shard >= 1, "data.rows_per_shard", ">= 1", self.data.rows_per_shard)
         _need(self.data.driver_bytes >= 0, "data.driver_bytes", ">= 0", self.data.driver_bytes)
+        _need(self.data.dump_local_bytes >= 0, "data.dump_local_bytes", ">= 0", self.data.dump_local_bytes)
         _need(self.eval.reddit_pairs >= 1, "eval.reddit_pairs", ">= 1", self.eval.reddit_pairs)
         _need(self.eval.reddit_negatives >= 1, "eval.reddit_negatives", ">= 1", self.eval.reddit_negatives)
         _need(self.eval.batch_size >= 1, "eval.batch_size", ">= 1", self.eval.batch_size)

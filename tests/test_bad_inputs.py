@@ -47,9 +47,14 @@ def _cut_zst(path: Path, share: float = 0.6) -> Path:
     return path
 
 
-def _run(*args, cwd=None):
+def _run(*args, cwd=None, env=None):
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, env=ENV, cwd=cwd or REPO, timeout=300
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env={**ENV, **(env or {})},
+        cwd=cwd or REPO,
+        timeout=300,
     )
 
 
@@ -76,9 +81,9 @@ def test_truncated_zst_raises_naming_the_file_and_offset(tmp_path):
 def test_prepare_on_a_truncated_zst_fails_in_one_line_and_writes_no_shards(tmp_path):
     cut = _cut_zst(tmp_path / "RC_2015-01.zst")
     out = tmp_path / "prepared"
-    # Through Ray Data (data.driver_bytes=0): the failed read task's error reaches the driver as one line.
+    # Through Ray Data (data.dump_local_bytes=0): the failed read task's error reaches the driver as one line.
     result = _run(
-        "-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(cut), "--out", str(out), "data.driver_bytes=0"
+        "-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(cut), "--out", str(out), "data.dump_local_bytes=0"
     )
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
@@ -86,6 +91,23 @@ def test_prepare_on_a_truncated_zst_fails_in_one_line_and_writes_no_shards(tmp_p
     assert last.startswith("convsts prepare: ") and "RC_2015-01.zst: truncated zstd file" in last
     assert "Traceback" not in result.stdout + result.stderr and "internal code" not in result.stdout + result.stderr
     assert not list(out.rglob("*.parquet")) and not (out / "manifest.json").exists()
+
+
+def test_prepare_on_a_truncated_zst_in_the_local_engine_fails_in_one_line_and_leaves_nothing(tmp_path):
+    """The same file through the streaming engine (the default for a dump this size): the error raised in
+    its read-ahead thread is the command's one line; no shard, no manifest, no spill folder left behind."""
+    cut = _cut_zst(tmp_path / "RC_2015-01.zst")
+    out, spill = tmp_path / "prepared", tmp_path / "spill"
+    spill.mkdir()
+    result = _run(
+        "-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(cut), "--out", str(out), env={"TMPDIR": str(spill)}
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("convsts prepare: ") and "RC_2015-01.zst: truncated zstd file" in last
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not list(out.rglob("*.parquet")) and not (out / "manifest.json").exists()
+    assert not list(spill.iterdir())
 
 
 # ---- 2. half-written prepared folders
