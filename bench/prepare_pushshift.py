@@ -17,7 +17,9 @@ comment, 0.5% of lines repeated, 0.1% malformed; zstd), then on that same file r
 Prints, per size: both rates (lines/s), their ratio (prepare / reference; >= 1 means prepare is the
 faster), both pair counts and whether the pairs are the same rows (order-insensitive), and the peak
 memory of all processes of the prepare (the command and every process under it, Ray's included,
-sampled every 0.2 s; memory-mapped spill files count as they are touched) and of the reference.
+sampled every 0.2 s; memory-mapped spill files count as they are touched) and of the reference, and
+the worker crashes the logs of the prepare's own Ray instance report (a signal, a fatal error, a
+worker that died; 0 where no Ray was started).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import subprocess
@@ -151,9 +154,20 @@ def _tree_rss(root: int) -> int:
     return total
 
 
-def run_prepare(dump: Path, out: Path, overrides: tuple[str, ...] = ()) -> tuple[float, int]:
-    """`convsts prepare reddit` in a fresh process: (seconds, peak bytes of its process tree)."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+CRASHES = re.compile(rb"SIGABRT|SIGSEGV|Fatal Python error|core dumped|WorkerCrashedError|The worker died")
+
+
+def crashes(ray_tmp: Path) -> int:
+    """Lines of the Ray logs under `ray_tmp` that report a worker crash (a signal, a fatal error, a worker
+    that died and whose task was retried)."""
+    return sum(len(CRASHES.findall(f.read_bytes())) for f in ray_tmp.rglob("logs/*") if f.is_file())
+
+
+def run_prepare(dump: Path, out: Path, overrides: tuple[str, ...] = ()) -> tuple[float, int, int]:
+    """`convsts prepare reddit` in a fresh process: (seconds, peak bytes of its process tree, worker
+    crashes in the logs of the Ray instance it started, if any)."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rb", dir="/tmp"))  # short: Ray's socket paths must fit
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": str(ray_tmp)}
     env.setdefault("RAY_AUTH_MODE", "disabled")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     command = [
@@ -184,7 +198,9 @@ def run_prepare(dump: Path, out: Path, overrides: tuple[str, ...] = ()) -> tuple
     sampler.join()
     if proc.returncode != 0:
         raise SystemExit(f"prepare failed:\n{log[-3000:]}")
-    return seconds, peak[0]
+    crashed = crashes(ray_tmp)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    return seconds, peak[0], crashed
 
 
 def prepared_rows(out: Path) -> set:
@@ -207,9 +223,9 @@ def main() -> int:
     root.mkdir(parents=True, exist_ok=True)
     print(
         "| comments | path | reference lines/s | prepare lines/s | prepare / reference | pairs (ref, prepare) "
-        "| same rows | peak memory, prepare's processes | peak memory, reference |"
+        "| same rows | peak memory, prepare's processes | peak memory, reference | worker crashes |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     paths = {"this process": ()} | ({"Ray Data": ("data.dump_local_bytes=0",)} if args.ray_data else {})
     for n in args.sizes:
         dump = root / f"RC_synthetic_{n}.zst"
@@ -222,13 +238,13 @@ def main() -> int:
             out = root / f"prepared_{n}"
             if out.exists():
                 shutil.rmtree(out)
-            prep_s, prep_peak = run_prepare(dump, out, overrides)
+            prep_s, prep_peak, crashed = run_prepare(dump, out, overrides)
             manifest = json.loads((out / "manifest.json").read_text())
             same = prepared_rows(out) == ref_rows
             print(
                 f"| {n:,} | {path} | {n / ref_s:,.0f} ({ref_s:.1f} s) | {n / prep_s:,.0f} ({prep_s:.1f} s) "
                 f"| {ref_s / prep_s:.2f} | {ref_pairs:,}, {manifest['pairs']:,} | {'yes' if same else 'NO'} "
-                f"| {prep_peak / 2**20:,.0f} MiB | {ref_peak / 2**20:,.0f} MiB (this process) |",
+                f"| {prep_peak / 2**20:,.0f} MiB | {ref_peak / 2**20:,.0f} MiB (this process) | {crashed} |",
                 flush=True,
             )
     return 0

@@ -385,6 +385,10 @@ class _Spill:
         path = self.folder / f"{kind}-{part}.arrow"
         return pa.ipc.open_stream(pa.memory_map(str(path))).read_all() if path.exists() else None
 
+    def drop(self, kind: str, part: int) -> None:
+        """One partition of `kind` read for the last time: its file removed (the spill's disk peak)."""
+        (self.folder / f"{kind}-{part}.arrow").unlink(missing_ok=True)
+
     def later_lines(self):
         """The orders of the lines whose comment id was on an earlier line too (an Arrow array): the
         duplicates. Memory: one partition's (id, order), and the repeated lines."""
@@ -501,6 +505,8 @@ def prepare_local(
         later = spill.later_lines()
         for part in range(spill.parts):
             part_counts, pairs = _pairs_of(spill, part, later, test_share, salt)
+            spill.drop("node", part)
+            spill.drop("edge", part)
             for key, n in part_counts.items():
                 counts[key] = counts.get(key, 0) + n
             for split, table in pairs.items():
@@ -582,7 +588,9 @@ def _classify_child(batch: pd.DataFrame, test_share: float, salt: str, paths: Se
         "",
     )
     links = batch["link_id"].astype(str).to_numpy()
-    splits = [split_of(link, test_share, salt) if not s else "" for link, s in zip(links, statuses)]
+    threads = np.unique(links[statuses == ""])  # the split is hashed once per thread, not per pair
+    split_by_thread = dict(zip(threads.tolist(), [split_of(t, test_share, salt) for t in threads.tolist()]))
+    splits = [split_by_thread[link] if not s else "" for link, s in zip(links, statuses)]
     malformed = statuses == "malformed"
     source = np.full(len(batch), "", dtype=object)
     if malformed.any():
