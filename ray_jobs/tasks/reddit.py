@@ -45,7 +45,11 @@ class RedditTask(Task):
         stored = sum(storage.file_stat(f)[0] for f in files)
         in_driver = stored <= (cfg.data.dump_local_bytes if kind == "pushshift" else cfg.data.driver_bytes)
         log.info(
-            "reddit: %d %s file(s) -> %s (%s)", len(files), kind, out_dir, "in this process" if in_driver else "Ray Data"
+            "reddit: %d %s file(s) -> %s (%s)",
+            len(files),
+            kind,
+            out_dir,
+            "in this process" if in_driver else "Ray Data",
         )
         args = (files, cfg.filters, cfg.data.test_share, cfg.data.split_salt)
         if in_driver and kind == "pushshift":
