@@ -20,9 +20,11 @@ Both give the same counts and the same pairs (tests/test_prepare.py compares the
 
 from __future__ import annotations
 
+import logging
 import queue
 import tempfile
 import threading
+import time
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ import pandas as pd
 
 from convsts.datasets import storage
 from convsts.datasets.compression import open_lines
+from convsts.datasets.redaction import redact
 from convsts.datasets.reddit import (
     DUPLICATE,
     MAX_EXAMPLES,
@@ -59,6 +62,8 @@ CHUNK_BYTES = 8 << 20  # decompressed bytes parsed at once: the reader's memory,
 PARTITION_INPUT_BYTES = 64 << 20  # input bytes (as stored) per spill partition of prepare_local
 ARROW_MIN_LINES = 2048  # a run of lines Arrow refuses is halved down to this size, then parsed line by line
 PARENT = "t1_"  # a parent_id that names a comment (t3_ names a submission)
+PROGRESS_SECONDS = 30.0  # prepare_local logs how far it has read this often
+log = logging.getLogger("convsts")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,14 +476,27 @@ def _ruled_chunks(path: str, rank: int, cfg: RedditFilterConfig) -> Generator[An
 
 
 def _spill_comments(spill: _Spill, paths: Sequence[str], cfg: RedditFilterConfig) -> tuple[int, dict, list[str]]:
-    """Every line of `paths` read, filtered and spilled: (lines read, {(malformed, ""): lines}, examples)."""
+    """Every line of `paths` read, filtered and spilled: (lines read, {(malformed, ""): lines}, examples).
+    Logs its progress every PROGRESS_SECONDS (a month's dump reads for minutes)."""
     import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
 
     ranked = sorted(paths)
     lines_read, malformed_lines, examples = 0, 0, list[str]()
-    for path in paths:
+    started = reported = time.monotonic()
+    for number, path in enumerate(paths, start=1):
         for chunk in _ruled_chunks(path, ranked.index(path), cfg):
             lines_read += chunk.num_rows
+            if time.monotonic() - reported >= PROGRESS_SECONDS:
+                reported = time.monotonic()
+                rate = lines_read / (reported - started)
+                log.info(
+                    "reddit: %d lines read (file %d of %d, %s), %.0f lines/s",
+                    lines_read,
+                    number,
+                    len(paths),
+                    redact(path),
+                    rate,
+                )
             malformed = pc.equal(chunk["status"], "malformed").to_numpy(zero_copy_only=False)
             if malformed.any():
                 malformed_lines += int(malformed.sum())

@@ -116,7 +116,7 @@ def claim_demo_output(cfg: RunConfig, out_dir: Path, fresh: bool) -> str:
 def prepare_sample(cfg: RunConfig, prepared: Path, fresh: bool) -> dict[str, dict]:
     """Step 1: the embedded sample prepared into `prepared` (with `fresh`, an earlier demo's sample
     prepared with other data settings is prepared again)."""
-    log.info("[1/4] preparing the embedded sample with Ray Data -> %s", prepared)
+    log.info("[1/4] preparing the embedded sample -> %s", prepared)
     try:
         return prepare_all(cfg, str(prepared))
     except BadInputError as err:  # the earlier demo's sample, prepared with other data settings
