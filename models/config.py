@@ -1,4 +1,6 @@
-"""One dataclass per architecture; the chosen one is stored in every checkpoint (config.json)."""
+"""One dataclass per architecture; the chosen one is stored in every checkpoint (config.json). Also the
+config-level names a run config is checked against (encoders, poolings) and the STS matrix's settings:
+this module imports no torch, so reading a config does not load it."""
 
 from __future__ import annotations
 

@@ -222,3 +222,20 @@ def test_models_is_pure_torch():
                 if n.split(".")[0] in ("ray", "mlflow") or n.startswith("convsts.ray_jobs")
             )
             assert not bad, f"{path.name} imports {bad}"
+
+
+def test_the_prepare_command_and_the_run_config_load_no_slow_library():
+    """`convsts prepare` (and anything that only reads a run config) starts without torch, MLflow,
+    SciPy or Ray: imported in a fresh interpreter, none of them is loaded."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, convsts.ray_jobs.prepare, convsts.ray_jobs.run_inputs; "
+        "from convsts.ray_jobs.config import load_config; from convsts.ray_jobs.tasks import get_task; "
+        "load_config(None); get_task('reddit'); get_task('snli'); "
+        f"print(sorted(m for m in {sorted(SLOW)!r} if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
