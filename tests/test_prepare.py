@@ -122,9 +122,11 @@ def _comment(cid, parent, author="alice", body="a perfectly normal comment", lin
     }
 
 
-def test_prepare_pushshift_dumps_joins_parents_across_files(ray_session, tmp_path):
-    first = tmp_path / "RC_2015-01.zst"
-    second = tmp_path / "RC_2015-02"
+def _edge_case_dumps(folder):
+    """Two dumps (one .zst, one plain) with a parent in the other file, a bot, a deleted comment, a
+    missing parent, malformed lines and bytes that are not UTF-8; their 11 lines make 2 pairs."""
+    first = folder / "RC_2015-01.zst"
+    second = folder / "RC_2015-02"
     _write_dump(
         first,
         [
@@ -149,12 +151,22 @@ def test_prepare_pushshift_dumps_joins_parents_across_files(ray_session, tmp_pat
     )
     with open(second, "ab") as fh:
         fh.write(b'{"id": "bad", "body": "\xff\xfe"}\n')
-    cfg = load_config(None, ["data.test_share=0.5"])
-    m = prepare_both_ways([str(first), str(second)], tmp_path / "out", cfg)
+    return first, second
+
+
+EDGE_PAIRS = {
+    ("I think this is a great idea", "I completely agree with you", "t3_s1"),
+    ("another thread starts here", "and somebody replies to it", "t3_s2"),
+}
+
+
+def test_prepare_pushshift_dumps_joins_parents_across_files(tmp_path):
+    first, second = _edge_case_dumps(tmp_path)
+    m = prepare_reddit([str(first), str(second)], tmp_path / "out", load_config(None, ["data.test_share=0.5"]))
     assert m["format"] == "pushshift"
     assert m["lines_read"] == 11
     assert m["malformed"] == 3
-    assert sorted(m["malformed_examples"]) == sorted([f"{first}:6", f"{first}:7", f"{second}:4"])
+    assert m["malformed_examples"] == [f"{first}:6", f"{first}:7", f"{second}:4"]
     assert m["filtered_by_rule"]["bot_author"] == 1 and m["filtered_by_rule"]["deleted"] == 1
     assert m["unpaired_by_reason"] == {
         "unpaired_parent_is_submission": 2,
@@ -165,21 +177,20 @@ def test_prepare_pushshift_dumps_joins_parents_across_files(ray_session, tmp_pat
     assert m["lines_read"] == m["pairs"] + m["malformed"] + m["unpaired"] + sum(m["filtered_by_rule"].values())
     pairs = []
     for split in ("train", "test"):
-        if (tmp_path / "out" / "driver" / split).is_dir():
-            pairs += pq.read_table(tmp_path / "out" / "driver" / split).to_pylist()
-    got = {(p["context"], p["response"], p["thread_key"]) for p in pairs}
-    assert got == {
-        ("I think this is a great idea", "I completely agree with you", "t3_s1"),
-        ("another thread starts here", "and somebody replies to it", "t3_s2"),
-    }
+        if (tmp_path / "out" / split).is_dir():
+            pairs += pq.read_table(tmp_path / "out" / split).to_pylist()
+    assert {(p["context"], p["response"], p["thread_key"]) for p in pairs} == EDGE_PAIRS
 
 
-def test_prepare_on_a_pushshift_dump_finds_the_rows_a_plain_script_finds(ray_session, tmp_path):
+def test_prepare_through_ray_data_writes_the_shards_the_streaming_engine_writes(ray_session, tmp_path):
     """bench/prepare_pushshift.py's synthetic dump (threads of 5-35 comments, repeated and malformed
-    lines) and its plain single-process reference: `prepare` finds the same pairs, the same rows on
-    the same side of the split (order-insensitive)."""
+    lines) with the edge-case dumps beside it, prepared by the streaming engine and through Ray Data:
+    the same manifest and shards, and the pairs the plain single-process reference finds in the
+    synthetic dump plus the edge cases' two, each on the same side of the split (order-insensitive)."""
     import importlib.util
     from pathlib import Path
+
+    from convsts.datasets.reddit import split_of
 
     spec = importlib.util.spec_from_file_location(
         "prepare_pushshift", Path(__file__).resolve().parent.parent / "bench" / "prepare_pushshift.py"
@@ -189,10 +200,12 @@ def test_prepare_on_a_pushshift_dump_finds_the_rows_a_plain_script_finds(ray_ses
     dump = tmp_path / "RC_synthetic.zst"
     bench.write_dump(dump, 6000)
     pairs, _, rows = bench.reference(dump, tmp_path / "reference.parquet")
-    m = prepare_both_ways([str(dump)], tmp_path / "out", load_config(None, ["data.rows_per_shard=300"]))
-    assert m["duplicate_ids"] > 0 and m["malformed"] > 0 and m["lines_read"] == 6000
-    assert m["pairs"] == pairs > 1000
-    assert bench.prepared_rows(tmp_path / "out" / "driver") == rows
+    inputs = [str(dump), *map(str, _edge_case_dumps(tmp_path))]
+    m = prepare_both_ways(inputs, tmp_path / "out", load_config(None, ["data.rows_per_shard=300"]))
+    assert m["duplicate_ids"] > 0 and m["malformed"] > 3 and m["lines_read"] == 6000 + 11
+    assert m["pairs"] == pairs + 2 and pairs > 1000
+    edge_rows = {(ctx, rsp, split_of(link, 0.1, "convsts")) for ctx, rsp, link in EDGE_PAIRS}
+    assert bench.prepared_rows(tmp_path / "out" / "driver") == rows | edge_rows
 
 
 def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(tmp_path):
