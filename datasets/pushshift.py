@@ -62,6 +62,8 @@ CHUNK_BYTES = 8 << 20  # decompressed bytes parsed at once: the reader's memory,
 PARTITION_INPUT_BYTES = 64 << 20  # input bytes (as stored) per spill partition of prepare_local
 ARROW_MIN_LINES = 2048  # a run of lines Arrow refuses is halved down to this size, then parsed line by line
 PARENT = "t1_"  # a parent_id that names a comment (t3_ names a submission)
+# A reply's bucket when it makes no pair although it passed the filters (the manifest's unpaired_by_reason).
+SUBMISSION, MISSING, FILTERED = "unpaired_parent_is_submission", "unpaired_parent_missing", "unpaired_parent_filtered"
 PROGRESS_SECONDS = 30.0  # prepare_local logs how far it has read this often
 log = logging.getLogger("convsts")
 
@@ -423,13 +425,14 @@ class _Spill:
         return writer.close()
 
 
-def _statuses(joined, parent_status):
+def _statuses(joined):
     """Each reply's bucket after the parent join (own status first, then its parent's), "" for a pair."""
     import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
 
-    pair_or_filtered = pc.if_else(pc.equal(parent_status, ""), "", "unpaired_parent_filtered")
-    with_parent = pc.if_else(pc.is_null(parent_status), "unpaired_parent_missing", pair_or_filtered)
-    parent = pc.if_else(pc.is_null(joined["parent_key"]), "unpaired_parent_is_submission", with_parent)
+    parent_status = joined["parent_status"]
+    pair_or_filtered = pc.if_else(pc.equal(parent_status, ""), "", FILTERED)
+    with_parent = pc.if_else(pc.is_null(parent_status), MISSING, pair_or_filtered)
+    parent = pc.if_else(pc.is_null(joined["parent_key"]), SUBMISSION, with_parent)
     return pc.if_else(pc.equal(joined["status"], ""), parent, joined["status"])
 
 
@@ -447,7 +450,7 @@ def _pairs_of(spill: _Spill, part: int, later, test_share: float, salt: str):
     status = pc.if_else(pc.is_in(edges["order"], later), DUPLICATE, edges["status"])
     joined = edges.set_column(edges.schema.get_field_index("status"), "status", status)
     joined = joined.join(parents, "parent_key", join_type="left outer")
-    statuses = _statuses(joined, joined["parent_status"])
+    statuses = _statuses(joined)
     counts = {
         (str(row["values"]), ""): int(row["counts"])
         for row in pc.value_counts(statuses).to_pylist()
@@ -463,9 +466,9 @@ def _pairs_of(spill: _Spill, part: int, later, test_share: float, salt: str):
     return counts, pairs
 
 
-def spill_partitions(paths: Sequence[str]) -> int:
-    """How many spill partitions prepare_local cuts `paths` into: one per PARTITION_INPUT_BYTES stored."""
-    stored = sum((storage.file_stat(p) or (0, 0))[0] for p in paths)
+def spill_partitions(stored: int) -> int:
+    """How many spill partitions prepare_local cuts inputs of `stored` bytes (as stored) into: one per
+    PARTITION_INPUT_BYTES."""
     return max(1, -(-stored // PARTITION_INPUT_BYTES))
 
 
@@ -511,14 +514,14 @@ def _spill_comments(spill: _Spill, paths: Sequence[str], cfg: RedditFilterConfig
 
 def prepare_local(
     paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, out_dir: str | Path,
-    rows_per_shard: int, parts: int | None = None,
+    rows_per_shard: int, parts: int,
 ) -> dict[str, Any]:  # fmt: skip
     """Comment dumps -> out_dir's train/test shards, in this process, without Ray: the manifest's counts and
     each split's shard records, as write_pairs gives them. The dumps are streamed (CHUNK_BYTES at a time) and
-    spilled to a temporary folder on local disk (TMPDIR) in `parts` partitions (spill_partitions by
-    default): memory holds a chunk or a partition, not the input."""
+    spilled to a temporary folder on local disk (TMPDIR) in `parts` partitions (spill_partitions of the
+    inputs' size): memory holds a chunk or a partition, not the input."""
     with tempfile.TemporaryDirectory(prefix="convsts-pushshift-") as folder:
-        spill = _Spill(Path(folder), parts or spill_partitions(paths))
+        spill = _Spill(Path(folder), parts)
         lines_read, counts, examples = _spill_comments(spill, paths, cfg)
         later = spill.later_lines()
         for part in range(spill.parts):
@@ -602,7 +605,7 @@ def _classify_child(batch: pd.DataFrame, test_share: float, salt: str, paths: Se
             missing,
             parent_status.fillna("").astype(str).to_numpy() != "",
         ],
-        [status, "unpaired_parent_is_submission", "unpaired_parent_missing", "unpaired_parent_filtered"],
+        [status, SUBMISSION, MISSING, FILTERED],
         "",
     )
     links = batch["link_id"].astype(str).to_numpy()

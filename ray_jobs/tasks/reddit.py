@@ -53,7 +53,8 @@ class RedditTask(Task):
         )
         args = (files, cfg.filters, cfg.data.test_share, cfg.data.split_salt)
         if in_driver and kind == "pushshift":
-            counts = pushshift.prepare_local(*args, out_dir, cfg.data.rows_per_shard)
+            parts = pushshift.spill_partitions(stored)
+            counts = pushshift.prepare_local(*args, out_dir, cfg.data.rows_per_shard, parts=parts)
         elif in_driver:
             annotated, lines_read = reddit.pairs_frame(*args)
             counts = reddit.write_pairs_frame(annotated, lines_read, out_dir, cfg.data.rows_per_shard)
