@@ -4,6 +4,9 @@
 #   types:      mypy on convsts.models and convsts.datasets (scripts/typecheck.sh)
 #   unit tier:  `pytest`, no Ray (a test that starts Ray fails there)
 #   slow tier:  `pytest --slow -m slow`, Ray, Ray Train / Tune jobs, servers, end to end
+# Both tiers run in two pytest-xdist processes (-n 2): a test waiting on Ray, a subprocess or a
+# server leaves a core to the other. Tests that share a module fixture run in one process
+# (`pytest.mark.xdist_group`, --dist loadgroup); a group goes first, the other tests one by one.
 # Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k prepare`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +26,6 @@ stage "lint: ruff check, ruff format --check"
 stage "types: mypy on convsts.models and convsts.datasets"
 bash scripts/typecheck.sh || exit 1
 stage "unit tier: no Ray"
-tests --timeout=300 --durations=10 "$@" || exit 1
+tests -n 2 --dist loadgroup --timeout=300 --durations=10 "$@" || exit 1
 stage "slow tier: Ray, training, sweeps, servers"
-tests --slow -m slow --timeout=900 --durations=15 "$@"  # the 15 slowest tests last
+tests -n 2 --dist loadgroup --slow -m slow --timeout=900 --durations=15 "$@"  # the 15 slowest tests last
