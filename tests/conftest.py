@@ -4,7 +4,8 @@ Two tiers: `pytest` runs the unit tier, which starts no Ray (every test that doe
 `ray_session` fixture or in a subprocess, is marked slow; the unit tier points Ray's temp folder
 at a folder of its own and fails a test that starts a Ray instance there); `pytest --slow -m slow`
 runs the Ray / end-to-end tier (`pytest --slow` runs both). Session fixtures: one local Ray
-instance, the sample prepared once, one sqlite MLflow store."""
+instance, the sample prepared once, one sqlite MLflow store (each once per process: scripts/test.sh
+runs two pytest-xdist processes)."""
 
 from __future__ import annotations
 
