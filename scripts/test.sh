@@ -6,7 +6,8 @@
 #   slow tier:  `pytest --slow -m slow`, Ray, Ray Train / Tune jobs, servers, end to end
 # Both tiers run in two pytest-xdist processes (-n 2): a test waiting on Ray, a subprocess or a
 # server leaves a core to the other. Tests that share a module fixture run in one process
-# (`pytest.mark.xdist_group`, --dist loadgroup); a group goes first, the other tests one by one.
+# (`pytest.mark.xdist_group`, --dist loadgroup); xdist hands out the scopes with the most tests
+# first (a group before the single tests).
 # Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k prepare`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 MLFLOW_SERVER_ENABLE_JOB
 
 stage() { echo; echo "[test] $1 ($(date -u +%H:%M:%S))"; }
 tests() {  # pytest's exit code 5 (no test collected) is a failure too
-  .venv/bin/python -m pytest "$@"
+  .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
   local rc=$?
   if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: treating as a failure"; return 1; fi
   return "$rc"
@@ -26,6 +27,6 @@ stage "lint: ruff check, ruff format --check"
 stage "types: mypy on convsts.models and convsts.datasets"
 bash scripts/typecheck.sh || exit 1
 stage "unit tier: no Ray"
-tests -n 2 --dist loadgroup --timeout=300 --durations=10 "$@" || exit 1
+tests --timeout=300 --durations=10 "$@" || exit 1
 stage "slow tier: Ray, training, sweeps, servers"
-tests -n 2 --dist loadgroup --slow -m slow --timeout=900 --durations=15 "$@"  # the 15 slowest tests last
+tests --slow -m slow --timeout=900 --durations=15 "$@"  # the 15 slowest tests last
