@@ -20,6 +20,7 @@ import re
 import shutil
 import stat
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -260,11 +261,16 @@ def glob(pattern: str) -> list[str]:
     return [f for f in list_files(folder_uri) if fnmatch.fnmatchcase(name(f), base)]
 
 
+READ_PART = 8 * 1024 * 1024  # bytes per request when a file at a URI is read: a ranged GET each
+READ_THREADS = 8  # ranged GETs in flight at once while a whole file is copied
+
+
 class _StoreReader(io.RawIOBase):
     """A stream from a store that names the file and the byte it had reached when a read fails
     (the connection dropped, the object went away, after the store's own retries): a StorageError
     instead of the bare client error, so the command reports it in one line. Nothing is written
-    from a read that failed; running the command again reads the file anew."""
+    from a read that failed; running the command again reads the file anew. Every read from an
+    object store is a request, so reads are READ_PART long (RawIOBase's own readall asks 8 KiB a time)."""
 
     def __init__(self, stream, path: str | Path):
         self._stream, self._path, self._offset = stream, path, 0
@@ -278,19 +284,56 @@ class _StoreReader(io.RawIOBase):
         self._offset += n
         return n
 
+    def readall(self) -> bytes:
+        parts = []
+        while chunk := self.read(READ_PART):
+            parts.append(chunk)
+        return b"".join(parts)
+
     def close(self) -> None:
         self._stream.close()
         super().close()
 
 
 def open_binary(path: str | Path) -> io.BufferedReader:
-    """A buffered binary reader (line iteration works) for a local file or a URI."""
+    """A buffered binary reader (line iteration works) for a local file or a URI (READ_PART a request)."""
     if not is_uri(path):
         return open(path, "rb")
     fs, inner = resolve(path)
     # compression=None: the bytes as stored (callers decompress, e.g. .zst with a large window).
     with reaching(path):
-        return io.BufferedReader(_StoreReader(fs.open_input_stream(inner, compression=None), path))
+        return io.BufferedReader(_StoreReader(fs.open_input_stream(inner, compression=None), path), READ_PART)
+
+
+def copy_file(path: str | Path, target: str | Path) -> int:
+    """A whole file, local or at a URI, copied to the local file `target` (replaced); returns its size.
+    From a store the file is read in READ_PART ranges, READ_THREADS at a time: one HEAD and about
+    size / READ_PART GETs, at the store's speed (a stream read in small pieces is a request each)."""
+    if not is_uri(path):
+        with reaching(path):
+            shutil.copyfile(path, target)
+        return os.path.getsize(target)
+    fs, inner = resolve(path)
+    with reaching(path), fs.open_input_file(inner) as src:
+        size = src.size()
+        with writing(target), open(target, "wb") as out:
+            out.truncate(size)
+            fd = out.fileno()
+
+            def part(offset: int) -> None:
+                with reaching(path, what=f"reading stopped at byte {offset:,}: "):
+                    data = src.read_at(min(READ_PART, size - offset), offset)
+                os.pwrite(fd, data, offset)
+
+            with ThreadPoolExecutor(READ_THREADS) as pool:
+                list(pool.map(part, range(0, size, READ_PART)))
+    return size
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """A whole file's bytes, local or at a URI (READ_PART a request)."""
+    with open_binary(path) as fh:
+        return fh.read()
 
 
 def open_text(path: str | Path, encoding: str = "utf-8") -> io.TextIOWrapper:
@@ -360,8 +403,7 @@ def write_text(path: str | Path, text: str) -> None:
 def read_text(path: str | Path) -> str:
     """A whole UTF-8 text file (a byte-order mark is dropped); bytes that are not UTF-8 raise
     BadInputError naming the file and line."""
-    with open_binary(path) as fh:
-        return decode_text(fh.read(), path)
+    return decode_text(read_bytes(path), path)
 
 
 def decode_text(data: bytes, path: str | Path) -> str:

@@ -5,6 +5,8 @@ Layout of a checkpoint folder:
   tokenizer.json     the tokenizer (convsts.datasets.text)
   model.safetensors  encoder + task heads (safe to load: no pickle)
   train_state.pt     optimizer state, step, data position (loaded with weights_only=True)
+  manifest.json      written last: each file above with its size and sha256 (a checkpoint without
+                     it, or with a file missing or of another size, is incomplete: an upload cut short)
   sts_transform.safetensors   optional: the tuned STS matrix written by `convsts evaluate`
 
 A model folder (`save_model_folder`: what a training run hands to users, OUT/model, and what the
@@ -35,6 +37,7 @@ from tqdm.auto import tqdm
 
 from convsts.datasets import cache, storage
 from convsts.datasets.errors import BadInputError
+from convsts.datasets.redaction import redact
 from convsts.datasets.text import save_tokenizer, tokenizer_from_dict
 from convsts.models.config import ModelConfig
 from convsts.models.heads import LEGACY_HEADS, MultitaskModel
@@ -46,6 +49,7 @@ STS_PATTERN = "sts_transform*.safetensors"  # the tuned STS matrices (evaluate's
 
 FORMAT_VERSION = 2  # 2: the response head is residual (identity at init)
 TRAIN_STATE_FILE = "train_state.pt"  # what a checkpoint adds to resume a run; a model folder has none
+MANIFEST_FILE = "manifest.json"  # a checkpoint's files, sizes and digests, written last (incomplete_reason)
 
 
 # No size of a model this program builds comes near it: a larger one in a config.json is damage, and
@@ -148,7 +152,66 @@ def save_checkpoint(
         buffer = io.BytesIO()
         torch.save(train_state, buffer)
         storage.write_bytes(path / TRAIN_STATE_FILE, buffer.getbuffer())
+    write_manifest(path)
     return path
+
+
+def write_manifest(path: Path) -> None:
+    """path/MANIFEST_FILE, after every other file of the checkpoint: their sizes and sha256 digests."""
+    files = {
+        f.name: {"bytes": f.stat().st_size, "sha256": storage.file_sha256(f)}
+        for f in sorted(path.iterdir())
+        if f.is_file() and f.name != MANIFEST_FILE and not f.name.startswith(".")
+    }
+    storage.write_text(path / MANIFEST_FILE, json.dumps({"files": files}, indent=1, sort_keys=True) + "\n")
+
+
+def _manifest(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The files a checkpoint's manifest lists ({name: {"bytes", "sha256"}}); BadInputError if damaged."""
+    file = storage.join(path, MANIFEST_FILE)
+    try:
+        files = json.loads(storage.read_text(file))["files"]
+        if all(isinstance(e["bytes"], int) and isinstance(e["sha256"], str) for e in files.values()):
+            return files
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass
+    raise BadInputError(f"{file}: not a checkpoint manifest; the checkpoint is damaged")
+
+
+def incomplete_reason(path: str | Path) -> str | None:
+    """Why the checkpoint folder at `path` (local or a URI: one listing, one small read) is not
+    complete, or None when it is. Complete: its manifest, written last, is there, and every file it
+    lists is there with the size it lists. A checkpoint whose upload or copy stopped midway lacks
+    one or the other, whatever order its files were written in."""
+    try:
+        present = {name: size for name, size, _ in storage.folder_stats(path)}
+    except FileNotFoundError:
+        return "no such folder"
+    if MANIFEST_FILE not in present:
+        return f"no {MANIFEST_FILE} (written last, once every file of the checkpoint is in place)"
+    try:
+        listed = _manifest(path)
+    except BadInputError:
+        return f"its {MANIFEST_FILE} is damaged"
+    for name, entry in sorted(listed.items()):
+        if name not in present:
+            return f"{name} is missing"
+        if present[name] != entry["bytes"]:
+            return f"{name} has {present[name]:,} bytes, its manifest {entry['bytes']:,}"
+    return None
+
+
+def check_complete(path: str | Path) -> Path:
+    """The checkpoint at `path` on this machine (checkpoint_folder), refused in one line unless it is
+    complete and every file has its manifest's sha256 (a file damaged after it was written)."""
+    reason = incomplete_reason(path)
+    if reason is not None:
+        raise BadInputError(f"{redact(str(path))}: not a complete checkpoint ({reason}); resume another")
+    local = checkpoint_folder(path)
+    for name, entry in sorted(_manifest(local).items()):
+        if storage.file_sha256(local / name) != entry["sha256"]:
+            raise BadInputError(f"{redact(str(path))}: {name} differs from its manifest's sha256; damaged")
+    return local
 
 
 MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")  # + the STS matrices; not train_state.pt

@@ -78,6 +78,7 @@ LR_DECAYS = ("none", "linear", "cosine")
 TASK_SPLITS = ("sync", "async")
 RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 PLACEMENT_STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
+RESUME_LATEST = "latest"  # trainer.resume_from: the newest complete checkpoint of the run --out records
 
 
 @dataclass
@@ -148,7 +149,9 @@ class TrainerConfig:
     log_every: int = 20  # steps between progress lines and logged metrics
     eval_every: int = 0  # STS-B dev Pearson every N steps inside training; 0 = off
     warm_start: str = ""  # a checkpoint whose shared encoder (and tokenizer) initialise this run
-    resume_from: str = ""  # a checkpoint to continue from (model, optimizers, step, data position)
+    # a checkpoint to continue from (model, optimizers, step, data position); "latest": the newest
+    # complete one of the run that the --out folder records (a run whose driver died)
+    resume_from: str = ""
     max_failures: int = 2  # times Ray Train restarts the workers from the last checkpoint after a failure
     # Ray Train's storage (checkpoints, results); "" = <out>/ray_results. A multi-node cluster
     # needs one that every node reaches: a URI (s3://, gs://) or a shared mount.
@@ -545,6 +548,7 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
     for name in ("snli_train", "snli_dev", "snli_test", "stsb_dir", "cqa_test", "cqa_relevancy", "prepared_dir"):
         setattr(d, name, _absolute(getattr(d, name)))
     cfg.trainer.warm_start = _absolute(cfg.trainer.warm_start)
-    cfg.trainer.resume_from = _absolute(cfg.trainer.resume_from)
+    if cfg.trainer.resume_from != RESUME_LATEST:
+        cfg.trainer.resume_from = _absolute(cfg.trainer.resume_from)
     cfg.trainer.storage_path = _absolute(cfg.trainer.storage_path)
     return cfg

@@ -17,6 +17,7 @@ its trial waited forever).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,8 +42,13 @@ class Ask:
     place: str = "least"
 
 
-LEAST, MOST, SPREAD = "least", "most", "spread"
-SPREADING = ("SPREAD", "STRICT_SPREAD")  # trainer.placement_strategy values that put workers on distinct nodes
+LEAST, MOST, SPREAD, STRICT_SPREAD = "least", "most", "spread", "strict_spread"
+PLACES = {"SPREAD": SPREAD, "STRICT_SPREAD": STRICT_SPREAD}  # trainer.placement_strategy -> how workers are placed
+# What a strict strategy demands, for its refusal: the one setting that no resource change can fix.
+STRICT_ADVICE = {
+    "STRICT_SPREAD": "trainer.placement_strategy=STRICT_SPREAD puts each task worker on a node of its own: set "
+    "trainer.placement_strategy=SPREAD, lower trainer.num_workers, or add nodes",
+}
 
 
 Node = dict[str, float]  # a node's resources: {"CPU": 16.0, "GPU": 1.0, ...}
@@ -52,7 +58,7 @@ def training_asks(cfg: RunConfig) -> list[Ask]:
     """A training run's requests in the order Ray reserves them: its task workers (as its placement
     strategy places them), then a Ray Data task beside them."""
     t = cfg.trainer
-    place = SPREAD if t.placement_strategy in SPREADING else LEAST
+    place = PLACES.get(t.placement_strategy, LEAST)
     worker = Ask("task worker", t.cpus_per_worker, 1.0 if t.use_gpu else 0.0, place)
     return [worker] * t.num_workers + [Ask("Ray Data read task", DATA_TASK_CPU)]
 
@@ -65,22 +71,25 @@ def trial_asks(cfg: RunConfig) -> list[Ask]:
 def unplaced(nodes: list[Node], asks: list[Ask]) -> tuple[list[Ask], list[Node]]:
     """(the requests that fit on no node, the nodes' room left) after placing `asks` in order: LEAST
     on the node with the least room that still holds it, MOST on the one with the most, SPREAD on the
-    one with the most among the nodes this call's SPREAD asks have not used yet (any, once all have)."""
+    one with the most among the nodes this call's SPREAD asks have not used yet (any, once all have;
+    STRICT_SPREAD only those)."""
     room = [{"CPU": n.get("CPU", 0.0), "GPU": n.get("GPU", 0.0)} for n in nodes]
     left: list[Ask] = []
     spread_used: set[int] = set()
     for ask in asks:
         fits = [i for i, r in enumerate(room) if r["CPU"] + EPSILON >= ask.cpu and r["GPU"] + EPSILON >= ask.gpu]
+        if ask.place == STRICT_SPREAD:
+            fits = [i for i in fits if i not in spread_used]
         if not fits:
             left.append(ask)
             continue
         if ask.place == LEAST:
             node = min(fits, key=lambda i: (room[i]["GPU"] - ask.gpu, room[i]["CPU"] - ask.cpu))
         else:
-            unused = [i for i in fits if i not in spread_used] if ask.place == SPREAD else []
+            unused = [i for i in fits if i not in spread_used] if ask.place != MOST else []
             choices = unused or fits
             node = max(choices, key=lambda i: (room[i]["CPU"], room[i]["GPU"]))
-            if ask.place == SPREAD:
+            if ask.place != MOST:
                 spread_used.add(node)
         room[node]["CPU"] -= ask.cpu
         room[node]["GPU"] -= ask.gpu
@@ -95,8 +104,13 @@ def _describe(nodes: list[Node]) -> str:
 def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> None:
     """Refuse, in one line, a training run whose requests cannot all be placed on `nodes`."""
     left, _ = unplaced(nodes, training_asks(cfg))
+    t = cfg.trainer
+    if left and t.placement_strategy in STRICT_ADVICE and not unplaced(nodes, training_asks(_relaxed(cfg)))[0]:
+        raise ConfigError(
+            f"trainer: {t.num_workers} task worker(s) do not fit on the cluster's {_describe(nodes)}: "
+            f"{STRICT_ADVICE[t.placement_strategy]}"
+        )
     if left:
-        t = cfg.trainer
         need = f"{t.num_workers} task worker(s) x {t.cpus_per_worker:g} CPU" + (" + 1 GPU" if t.use_gpu else "")
         raise ConfigError(
             f"trainer: {need} and {DATA_TASK_CPU:g} CPU for Ray Data's reads do not fit on the cluster's "
@@ -104,6 +118,13 @@ def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> None:
             f"trainer.cpus_per_worker or trainer.num_workers{', or set trainer.use_gpu=false' if t.use_gpu else ''}, "
             f"or add nodes"
         )
+
+
+def _relaxed(cfg: RunConfig) -> RunConfig:
+    """`cfg` with its strict placement strategy relaxed (STRICT_SPREAD -> SPREAD): does only the strategy refuse?"""
+    relaxed = copy.deepcopy(cfg)
+    relaxed.trainer.placement_strategy = relaxed.trainer.placement_strategy.removeprefix("STRICT_")
+    return relaxed
 
 
 def trials_at_once(cfg: RunConfig, nodes: list[Node]) -> int:

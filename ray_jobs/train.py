@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 
 from convsts.datasets.redaction import redact
-from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.config import RESUME_LATEST, is_override, load_config
 from convsts.ray_jobs.outlock import output_lock
 from convsts.ray_jobs.run_inputs import ensure_prepared
 from convsts.ray_jobs.runtime import setup_logging, tracking_uri
@@ -34,8 +34,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--prepared", default=None, help="prepared shards (default: data.prepared_dir or OUT/prepared)")
     parser.add_argument(
         "--resume",
+        nargs="?",
+        const=RESUME_LATEST,
         default=None,
-        help="checkpoint folder to resume from (checked: same model, tokenizer settings, tasks and prepared data)",
+        metavar="CHECKPOINT",
+        help=f"checkpoint folder to resume from (checked: complete, same model, tokenizer settings, tasks and "
+        f"prepared data); alone or '{RESUME_LATEST}': the newest complete checkpoint of the run OUT records "
+        "(a run whose driver died)",
     )
     parser.add_argument(
         "--fresh", action="store_true", help="OUT already holds a run: delete its checkpoints and start over"
@@ -55,6 +60,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.resume and is_override(args.resume):  # `--resume trainer.steps=9`: --resume alone, then overrides
+        args.overrides, args.resume = [args.resume, *args.overrides], RESUME_LATEST
     setup_logging()
     overrides = list(args.overrides) + ([f"trainer.resume_from={args.resume}"] if args.resume else [])
     overrides += [f"mlflow.register_as={args.register_as}"] if args.register_as else []

@@ -132,3 +132,37 @@ class CuttingProxy:
     def close(self) -> None:
         self.cut.set()
         self.sock.close()
+
+
+@contextlib.contextmanager
+def request_log() -> Iterator[list[tuple[str, str]]]:
+    """(method, path) of every request the S3 server answers inside the block, from its own request
+    log (werkzeug's, one line a request; its own printing handler is set aside meanwhile)."""
+    import logging
+    import re
+
+    seen: list[tuple[str, str]] = []
+    colours = re.compile(r"\x1b\[[0-9;]*m")
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            line = colours.sub("", record.getMessage())
+            if '"' in line:
+                method, _, rest = line.split('"', 2)[1].partition(" ")
+                seen.append((method, rest.rsplit(" ", 1)[0]))
+
+    logger = logging.getLogger("werkzeug")
+    saved = (logger.level, logger.propagate, list(logger.handlers))
+    for handler in saved[2]:
+        logger.removeHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # counted, not printed
+    logger.addHandler(collect := Collect())
+    try:
+        yield seen
+    finally:
+        logger.removeHandler(collect)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        for handler in saved[2]:
+            logger.addHandler(handler)

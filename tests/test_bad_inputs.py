@@ -349,11 +349,10 @@ def test_a_second_run_into_a_used_out_is_refused_unless_resumed_or_fresh(tmp_pat
 
     cfg = load_config(None, [])
     claim_output(tmp_path, cfg, fresh=False)  # empty: fine
-    (tmp_path / "checkpoint").mkdir()
-    (tmp_path / "checkpoint" / "train_state.pt").write_bytes(b"state")
+    _tiny_checkpoint(tmp_path / "checkpoint")
     (tmp_path / "train.json").write_text("{}")
     with pytest.raises(
-        FileExistsError, match="already holds a training run .*--resume .*checkpoint to continue it, --fresh"
+        FileExistsError, match="already holds a training run .*checkpoint is .*checkpoint; pass --resume latest to"
     ):
         claim_output(tmp_path, cfg, fresh=False)
     claim_output(tmp_path, load_config(None, [f"trainer.resume_from={tmp_path / 'checkpoint'}"]), fresh=False)

@@ -1,47 +1,118 @@
-"""An --out folder's earlier training run, as the next run into it finds it (a real sqlite MLflow
-store, the folders a killed run leaves): its MLflow run left RUNNING ends KILLED, the refusal
-names a checkpoint that exists, a resumed run knows the run it continues."""
+"""An --out folder's earlier run, as the next run into it finds it (a real sqlite MLflow store, real
+checkpoints, the local S3 server): its MLflow run left RUNNING ends KILLED, a checkpoint is complete
+or it is not resumed, the refusal names the newest complete checkpoint wherever the run kept it
+(OUT, or its own folder in a bucket that OUT/run.json records), `--resume latest` finds it, and a
+checkpoint in a bucket is read in a few large requests."""
+
+import json
+import math
+import shutil
+from pathlib import Path
 
 import pytest
+from s3_server import keys, request_log, s3_endpoint
 
+from convsts.datasets import storage
+from convsts.datasets.errors import BadInputError
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.errors import ConfigError
 from convsts.ray_jobs.training.previous import (
     ENDED_BY_TAG,
+    RUN_RECORD,
     close_abandoned_run,
     record_run,
     recorded_run,
+    resolve_latest,
     resumable_checkpoint,
+    run_storage,
 )
 from convsts.ray_jobs.training.run import claim_output
 
+STAMPS = ("2026-11-26_04-17-30.539163", "2026-11-26_04-17-31.105457")  # Ray Train names checkpoints by time
 
-def _killed_run_folder(out, name="convsts"):
-    """What `convsts train --out OUT` leaves when killed after two checkpoints: Ray Train's checkpoint
-    folders (named by time), no OUT/checkpoint and no train.json."""
+
+def _checkpoint(path, bigram_buckets: int = 64, step: int = 3):
+    """A real tiny DAN checkpoint (weights, tokenizer, run config, train state at `step`, manifest)."""
+    from convsts.datasets.text import DanTokenizer, count_words
+    from convsts.models import save_checkpoint
+    from convsts.models.checkpoint import build_model
+
+    cfg = load_config(None, ["model.dan.output_dim=6", "model.dan.embedding_dim=16", "model.dan.hidden_sizes=[4]"])
+    cfg.tokenizer.bigram_buckets = bigram_buckets
+    tok = DanTokenizer.build(count_words(["a man plays a guitar", "a woman sings"]), cfg.tokenizer)
+    return save_checkpoint(path, build_model(cfg.model, tok).eval(), tok, cfg.to_dict(), train_state={"step": step})
+
+
+def _killed_run(out: Path, folder: str, cfg, source: Path) -> list[str]:
+    """What a `convsts train` killed during its third checkpoint's upload leaves: OUT/run.json, two
+    complete checkpoints in the run's folder (local or in a bucket), and a newest one without its
+    train state (the upload stopped there)."""
+    out.mkdir(parents=True, exist_ok=True)
+    record_run(out, "0123456789abcdef", cfg, (folder.rsplit("/", 1)[0], folder.rsplit("/", 1)[1]))
     kept = []
-    for stamp in ("2026-11-26_04-17-30.539163", "2026-11-26_04-17-31.105457"):
-        folder = out / "ray_results" / name / f"checkpoint_{stamp}"
-        folder.mkdir(parents=True)
-        (folder / "train_state.pt").write_bytes(b"state")
-        kept.append(folder)
+    for stamp in (*STAMPS, "2026-11-26_04-17-32.000001"):
+        target = storage.join(folder, f"checkpoint_{stamp}")
+        storage.copy_tree(source, target)
+        kept.append(target)
+    cut = storage.join(kept[-1], "train_state.pt")
+    if storage.is_uri(cut):
+        fs, inner = storage.resolve(cut)
+        fs.delete_file(inner)
+    else:
+        Path(cut).unlink()
     return kept
 
 
-def test_a_killed_runs_mlflow_run_ends_killed_and_the_refusal_names_a_checkpoint_that_exists(tmp_path):
+def test_a_checkpoint_is_complete_only_with_its_manifest_and_every_file_it_lists(tmp_path):
+    from convsts.models.checkpoint import MANIFEST_FILE, check_complete, incomplete_reason
+
+    ckpt = _checkpoint(tmp_path / "ckpt")
+    listed = json.loads((ckpt / MANIFEST_FILE).read_text())["files"]
+    assert sorted(listed) == ["config.json", "model.safetensors", "tokenizer.json", "train_state.pt"]
+    assert incomplete_reason(ckpt) is None and check_complete(ckpt) == ckpt
+
+    cut = tmp_path / "cut"  # a copy stopped during its largest file
+    shutil.copytree(ckpt, cut)
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert incomplete_reason(cut) == f"model.safetensors has {len(data) // 2:,} bytes, its manifest {len(data):,}"
+    (cut / "model.safetensors").unlink()
+    assert incomplete_reason(cut) == "model.safetensors is missing"
+    (cut / MANIFEST_FILE).unlink()  # the manifest is written last: before it, nothing is complete
+    assert incomplete_reason(cut).startswith(f"no {MANIFEST_FILE}")
+    with pytest.raises(BadInputError) as refused:
+        check_complete(cut)
+    assert str(refused.value).startswith(f"{cut}: not a complete checkpoint (no {MANIFEST_FILE}")
+    assert "\n" not in str(refused.value)
+
+    damaged = tmp_path / "damaged"  # the same size, other bytes: the digest tells
+    shutil.copytree(ckpt, damaged)
+    state = bytearray((damaged / "train_state.pt").read_bytes())
+    state[-1] ^= 0xFF
+    (damaged / "train_state.pt").write_bytes(bytes(state))
+    assert incomplete_reason(damaged) is None
+    with pytest.raises(BadInputError, match="train_state.pt differs from its manifest's sha256"):
+        check_complete(damaged)
+
+
+def test_a_killed_runs_mlflow_run_ends_killed_and_the_refusal_names_a_complete_checkpoint(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "out"
-    out.mkdir()
+    cfg = load_config(None)
+    root, name = run_storage(cfg, out)
+    kept = _killed_run(out, storage.join(root, name), cfg, _checkpoint(tmp_path / "src"))
     run_id = tracking.start_run(uri, "previous-test", "killed")
-    record_run(out, run_id)
-    newest = _killed_run_folder(out)[-1]
+    record_run(out, run_id, cfg, (root, name))
 
-    # The refusal names the newest checkpoint the killed run left (before: OUT/checkpoint, not there).
+    # The refusal names the newest complete checkpoint (not the newest folder: its upload stopped).
     with pytest.raises(FileExistsError) as refused:
-        claim_output(out, load_config(None, []), fresh=False)
+        claim_output(out, cfg, fresh=False)
     message = str(refused.value)
-    assert f"--resume {newest} to continue it" in message and "--fresh" in message
-    assert resumable_checkpoint(out, "convsts") == newest
+    assert "an interrupted training run" in message and "\n" not in message
+    assert f"its newest complete checkpoint is {kept[1]}; pass --resume latest to continue it" in message
+    assert "--fresh" in message
+    assert resumable_checkpoint(out, cfg) == kept[1]
 
     # The next run into OUT closes the run the killed process left RUNNING, saying why.
     assert tracking.run_status(uri, run_id) == "RUNNING"
@@ -51,25 +122,79 @@ def test_a_killed_runs_mlflow_run_ends_killed_and_the_refusal_names_a_checkpoint
     # A run that ended is left as it is.
     finished = tracking.start_run(uri, "previous-test", "finished")
     tracking.end_run(uri, finished)
-    record_run(out, finished)
+    record_run(out, finished, cfg, (root, name))
     assert close_abandoned_run(out, uri) == finished and tracking.run_status(uri, finished) == "FINISHED"
+
+    # --resume latest takes the newest complete checkpoint; with --fresh the local outputs go.
+    latest = load_config(None, ["trainer.resume_from=latest"])
+    assert latest.trainer.resume_from == "latest"  # not made a path in the working directory
+    resolve_latest(out, latest)
+    assert latest.trainer.resume_from == kept[1]
+    claim_output(out, cfg, fresh=True)
+    assert not (out / "ray_results").exists()
 
 
 def test_a_finished_runs_checkpoint_comes_first_and_a_folder_without_one_says_so(tmp_path):
     out = tmp_path / "out"
-    _killed_run_folder(out)
-    (out / "checkpoint").mkdir()
-    (out / "checkpoint" / "train_state.pt").write_bytes(b"state")
+    cfg = load_config(None)
+    source = _checkpoint(tmp_path / "src")
+    _killed_run(out, storage.join(*run_storage(cfg, out)), cfg, source)
+    shutil.copytree(source, out / "checkpoint")
     (out / "train.json").write_text("{}")
-    assert resumable_checkpoint(out, "convsts") == out / "checkpoint"
+    assert resumable_checkpoint(out, cfg) == str(out / "checkpoint")
 
     bare = tmp_path / "bare"  # a run killed before its first checkpoint, or one made by hand
     (bare / "ray_results" / "convsts").mkdir(parents=True)
-    with pytest.raises(FileExistsError, match="it left no checkpoint to resume: --fresh to start over"):
-        claim_output(bare, load_config(None, []), fresh=False)
+    with pytest.raises(FileExistsError, match="it left no complete checkpoint to resume: --fresh to start over"):
+        claim_output(bare, cfg, fresh=False)
+    latest = load_config(None, ["trainer.resume_from=latest"])
+    with pytest.raises(ConfigError, match=f"--resume latest: {bare} records no run with a complete checkpoint"):
+        resolve_latest(bare, latest)
 
 
 def test_a_run_record_that_is_not_ours_is_ignored(tmp_path):
-    (tmp_path / "mlflow_run.json").write_text("[1, 2]")
+    (tmp_path / RUN_RECORD).write_text("[1, 2]")
     assert recorded_run(tmp_path) is None
     assert close_abandoned_run(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}") is None
+
+
+def test_a_killed_run_in_a_bucket_is_found_from_its_record_and_read_in_large_requests(tmp_path):
+    """The case of a cluster run: OUT holds only run.json, the checkpoints are in the run's own folder
+    in a bucket. The plain rerun is refused naming the newest complete one; `--resume latest` finds
+    it; reading it (as `--resume`, `evaluate --checkpoint` and `models.load` do) costs about one
+    request per 8 MiB of each file."""
+    from convsts.models import load
+    from convsts.models.checkpoint import check_complete, load_train_state
+
+    with s3_endpoint("convsts-resume"):
+        cfg = load_config(None, ["trainer.storage_path=s3://convsts-resume/runs", "name=long"])
+        out = tmp_path / "out"
+        root, key = run_storage(cfg, out)
+        source = _checkpoint(tmp_path / "src", bigram_buckets=400_000)  # 400k x 16 floats: a 25.6 MB table
+        kept = _killed_run(out, storage.join(root, key), cfg, source)
+        assert json.loads((out / RUN_RECORD).read_text())["storage"] == f"s3://convsts-resume/runs/long/{key}"
+
+        with pytest.raises(FileExistsError) as refused:
+            claim_output(out, cfg, fresh=False)
+        message = str(refused.value)
+        assert f"checkpoints in s3://convsts-resume/runs/long/{key}" in message
+        assert f"its newest complete checkpoint is {kept[1]}; pass --resume latest" in message
+        latest = load_config(
+            None, ["trainer.storage_path=s3://convsts-resume/runs", "name=long", "trainer.resume_from=latest"]
+        )
+        resolve_latest(out, latest)
+        assert latest.trainer.resume_from == kept[1]
+        with pytest.raises(BadInputError, match="not a complete checkpoint \\(train_state.pt is missing\\)"):
+            check_complete(kept[2])  # the one cut short, named by hand
+
+        sizes = {name: size for name, size, _ in storage.folder_stats(kept[1])}
+        assert sizes["model.safetensors"] > 3 * 8 * 2**20
+        with request_log() as seen:
+            encoder = load(kept[1])
+            assert load_train_state(kept[1])["step"] == 3  # from the local copy: no request
+        assert encoder.encode("a man plays a guitar").shape == (6,)
+        for name, size in sizes.items():
+            asked = [m for m, path in seen if path.endswith(f"{key}/{kept[1].rsplit('/', 1)[1]}/{name}")]
+            assert asked and len(asked) <= math.ceil(size / (8 * 2**20)) + 2, (name, size, asked)
+        assert len(seen) <= sum(math.ceil(s / (8 * 2**20)) + 2 for s in sizes.values()) + 3, seen  # + listings
+        assert keys(root)  # nothing was removed from the bucket

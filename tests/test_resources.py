@@ -1,5 +1,5 @@
 """Node-by-node resource checks (ray_jobs/resources.py) and where each run keeps its checkpoints
-(training/run.py: run_storage): the Ray-free rules behind the cluster tests."""
+(training/previous.py: run_storage): the Ray-free rules behind the cluster tests."""
 
 from pathlib import Path
 
@@ -8,7 +8,7 @@ import pytest
 from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.errors import ConfigError
 from convsts.ray_jobs.resources import Ask, check_training_fits, trials_at_once, unplaced
-from convsts.ray_jobs.training.run import run_storage
+from convsts.ray_jobs.training.previous import run_storage
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,6 +47,21 @@ def test_a_training_layout_that_fits_no_node_is_refused_in_one_line():
         check_training_fits(paper, [{"CPU": 8.0, "GPU": 1.0}] * 19)
 
 
+def test_strict_spread_that_only_the_strategy_refuses_names_the_strategy():
+    strict = load_config(None, ["trainer.placement_strategy=STRICT_SPREAD", "trainer.num_workers=3"])
+    with pytest.raises(ConfigError) as refused:  # 3 workers, 2 nodes: lowering the CPUs cannot help
+        check_training_fits(strict, [{"CPU": 4.0}, {"CPU": 4.0}])
+    message = str(refused.value)
+    assert "\n" not in message and "trainer.placement_strategy=SPREAD" in message
+    assert "trainer.cpus_per_worker" not in message
+    check_training_fits(strict, [{"CPU": 4.0}] * 3)  # a node each
+    loose = load_config(None, ["trainer.num_workers=3"])  # SPREAD shares a node once all are used
+    check_training_fits(loose, [{"CPU": 4.0}, {"CPU": 4.0}])
+    # Too few CPUs anywhere: the resource advice, as for any strategy.
+    with pytest.raises(ConfigError, match="trainer.cpus_per_worker"):
+        check_training_fits(strict, [{"CPU": 0.2}] * 4)
+
+
 def test_trials_at_once_counts_whole_trials_per_node():
     cfg = load_config(None, ["trainer.cpus_per_worker=0.4"])  # a trial: 0.1 + 2 x 0.4 + 1 = 1.9 CPUs
     assert trials_at_once(cfg, [{"CPU": 2.0}]) == 1
@@ -71,6 +86,8 @@ def test_trials_at_once_counts_whole_trials_per_node():
 def test_every_run_owns_its_checkpoint_location(tmp_path):
     cfg = load_config(None)
     assert run_storage(cfg, tmp_path) == (str(tmp_path / "ray_results"), cfg.name)  # OUT holds one run
+    # A run that resumes another into the same OUT has a folder of its own (else Ray restores that one's).
+    assert run_storage(cfg, tmp_path, "k1") == (str(tmp_path / "ray_results"), f"{cfg.name}-k1")
     shared = load_config(None, ["trainer.storage_path=s3://bucket/convsts", "name=paper"])
     first, second = run_storage(shared, tmp_path), run_storage(shared, tmp_path)
     assert first[0] == second[0] == "s3://bucket/convsts/paper"

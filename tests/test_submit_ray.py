@@ -99,21 +99,43 @@ def test_submitted_jobs_with_token_auth_train_stream_list_and_stop(sample_prepar
         logs = convsts(["jobs", "logs", "convsts-test-train"], env)
         assert logs.returncode == 0 and "mlflow_run_id" in logs.stdout
 
-        # A long training job is stopped through `convsts jobs stop`; following it then reports failure.
-        started = convsts(
-            ["submit", "--no-wait", "--submission-id", "convsts-test-long", "train", "--out", str(tmp_path / "long"),
-             "--prepared", str(sample_prepared), *TINY_TRAIN, "trainer.steps=100000", "mlflow.experiment=long"],
-            env,
-        )  # fmt: skip
+        # A long training job is stopped through `convsts jobs stop` once it has checkpointed twice;
+        # following it then reports failure.
+        long_job = ["train", "--out", str(tmp_path / "long"), "--prepared", str(sample_prepared), *TINY_TRAIN,
+                    "trainer.steps=100000", "trainer.checkpoint_every=10", "mlflow.experiment=long"]  # fmt: skip
+        started = convsts(["submit", "--no-wait", "--submission-id", "convsts-test-long", *long_job], env)
         assert started.returncode == 0, started.stderr
-        deadline = time.time() + 120
-        while "RUNNING" not in convsts(["jobs", "list"], env).stdout and time.time() < deadline:
-            time.sleep(1)
+        deadline = time.time() + 180
+        while len(list((tmp_path / "long").glob("ray_results/*/checkpoint_*/manifest.json"))) < 2:
+            assert time.time() < deadline, convsts(["jobs", "logs", "convsts-test-long"], env).stdout[-3000:]
+            time.sleep(0.5)
         stopped = convsts(["jobs", "stop", "convsts-test-long"], env)
         assert stopped.returncode == 0 and "stop requested" in stopped.stdout
         followed = convsts(["jobs", "logs", "--follow", "convsts-test-long"], env)
         assert followed.returncode == 1
         listed = convsts(["jobs", "list"], env).stdout
         assert any("convsts-test-long" in line and "STOPPED" in line for line in listed.splitlines()), listed
+
+        # The same job again is refused (its driver died; OUT records the run); `--resume` alone
+        # continues it from its newest complete checkpoint to the trainer.steps it is given.
+        again = convsts(["submit", "--submission-id", "convsts-test-long-again", *long_job], env)
+        assert again.returncode == 1 and "already holds an interrupted training run" in again.stdout, again.stdout
+        assert "pass --resume latest to continue it" in again.stdout
+        newest = sorted((tmp_path / "long").glob("ray_results/*/checkpoint_*/manifest.json"))[-1].parent
+        at = json.loads((newest / "config.json").read_text())["step"]
+        resumed = convsts(
+            [
+                "submit",
+                "--submission-id",
+                "convsts-test-long-resumed",
+                *long_job,
+                f"trainer.steps={at + 4}",
+                "--resume",
+            ],
+            env,
+        )
+        assert resumed.returncode == 0, resumed.stdout[-3000:]
+        assert f"--resume latest: {newest}" in resumed.stdout and f"start step {at}" in resumed.stdout
+        assert json.loads((tmp_path / "long" / "checkpoint" / "config.json").read_text())["step"] == at + 4
         temp_dir = head["temp_dir"]
     assert pids_matching(temp_dir) == []  # the head's processes are gone, stopped by pid

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 import shutil
 import time
 from collections.abc import Sequence
@@ -16,7 +15,14 @@ from typing import Any
 from convsts.datasets import storage
 from convsts.datasets.redaction import redact, redact_tree
 from convsts.datasets.storage import resolve_path
-from convsts.models.checkpoint import load_model, load_train_state, read_meta, save_model_folder, staged
+from convsts.models.checkpoint import (
+    check_complete,
+    load_model,
+    load_train_state,
+    read_meta,
+    save_model_folder,
+    staged,
+)
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import RunConfig
 from convsts.ray_jobs.errors import ConfigError
@@ -33,7 +39,15 @@ from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
 from convsts.ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
 from convsts.ray_jobs.training.holder import start_holder
 from convsts.ray_jobs.training.loop import SCORE_METRIC
-from convsts.ray_jobs.training.previous import CONTINUES_TAG, close_abandoned_run, record_run, resume_advice
+from convsts.ray_jobs.training.previous import (
+    CONTINUES_TAG,
+    close_abandoned_run,
+    interrupted_run,
+    record_run,
+    resolve_latest,
+    resume_advice,
+    run_storage,
+)
 from convsts.ray_jobs.training.worker import train_loop_per_worker
 
 MODEL_FOLDER = "model"  # OUT/model
@@ -90,49 +104,49 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: dict[str, str]) 
     return out
 
 
-def run_storage(cfg: RunConfig, out_dir: Path, key: str | None = None) -> tuple[str, str]:
-    """(Ray Train's storage_path, the run's folder name there): where this run's checkpoints go.
-
-    Every run owns its location. By default that is OUT/ray_results/<name>, and OUT holds one run
-    (claim_output). An explicit trainer.storage_path (a bucket every node reaches) is shared by
-    runs and sweeps, so the run's folder is <storage_path>/<name>/<key>: `key` a trial's own id
-    (a sweep's rerun or retry finds that trial's checkpoints, and only those), else new for each run
-    (a second run with the same name never restores the first's checkpoints). Ray Train's restarts
-    within the run (node loss, trainer.max_failures) stay in it; train.json and the MLflow tag
-    `convsts.storage` record it."""
-    if not cfg.trainer.storage_path:
-        return str(out_dir / "ray_results"), cfg.name
-    return storage.join(cfg.trainer.storage_path, cfg.name), key or new_run_key()
-
-
-def new_run_key() -> str:
-    """A run's own folder name under a shared storage path: UTC start time and 6 random hex digits."""
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+def check_resumable(cfg: RunConfig, digests: dict[str, str]) -> None:
+    """The checkpoint to resume, refused in one line unless it is complete (not an upload that
+    stopped midway), of this run's model, tokenizer, tasks and data, and its train state readable:
+    here, once, not in every worker."""
+    check_complete(cfg.trainer.resume_from)
+    differs = resume_mismatches(cfg.trainer.resume_from, cfg, digests)
+    if differs:
+        raise ConfigError(f"cannot resume {redact(cfg.trainer.resume_from)}: " + "; ".join(differs))
+    load_train_state(cfg.trainer.resume_from)
 
 
 def run_outputs(out_dir: Path, cfg: RunConfig) -> list[Path]:
     """What an earlier training run left in out_dir: train.json, its checkpoints and model folder,
     Ray Train's own run folder (when it is local)."""
     candidates = [out_dir / "train.json", out_dir / "checkpoint", out_dir / MODEL_FOLDER, out_dir / BEST_FOLDER]
-    if not cfg.trainer.storage_path:  # Ray Train's run folder in out_dir (one elsewhere is keyed per run)
-        candidates.append(out_dir / "ray_results" / cfg.name)
+    if not cfg.trainer.storage_path:  # Ray Train's run folders in out_dir (one elsewhere is keyed per run)
+        candidates.append(out_dir / "ray_results")
     return [p for p in candidates if p.exists()]
 
 
 def claim_output(out_dir: Path, cfg: RunConfig, fresh: bool) -> None:
     """A training run's output folder holds one run: a second run into it is refused unless it
-    resumes (trainer.resume_from) or starts over (`fresh`: the old checkpoints are deleted)."""
+    resumes (trainer.resume_from) or starts over (`fresh`: the old checkpoints in OUT are deleted;
+    a killed run's own folder in a bucket is left to it). The run OUT records counts too: a driver
+    that died leaves its checkpoints under trainer.storage_path and nothing else in OUT."""
     used = run_outputs(out_dir, cfg)
-    if not used or cfg.trainer.resume_from:
+    elsewhere = interrupted_run(out_dir, cfg) if not cfg.trainer.resume_from else None
+    if elsewhere is not None and not storage.is_uri(elsewhere) and Path(elsewhere).is_relative_to(out_dir):
+        elsewhere = None  # in OUT/ray_results, already among OUT's outputs
+    if (not used and elsewhere is None) or cfg.trainer.resume_from:
         return
     if not fresh:
+        what = ", ".join([p.name for p in used] + ([f"checkpoints in {redact(elsewhere)}"] if elsewhere else []))
+        stopped = "an interrupted training run" if not (out_dir / "train.json").exists() else "a training run"
         raise FileExistsError(
-            f"{out_dir} already holds a training run ({', '.join(p.name for p in used)}): "
-            f"{resume_advice(out_dir, cfg.name)} --fresh to start over, or another --out"
+            f"{out_dir} already holds {stopped} ({what}): "
+            f"{resume_advice(out_dir, cfg)} --fresh to start over, or another --out"
         )
     for path in used:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     log.info("--fresh: removed %s", ", ".join(str(p) for p in used))
+    if elsewhere:
+        log.info("--fresh: the earlier run's own checkpoints stay in %s", redact(elsewhere))
 
 
 @holds_output("train")  # one run at a time in out_dir, for the whole run
@@ -157,35 +171,31 @@ def run_training(
     manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders, before any run exists
     uri = mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)  # a server that is not there, before any work
     previous = close_abandoned_run(out_dir, uri)  # a killed run's MLflow run, left RUNNING, ends KILLED
+    resolve_latest(out_dir, cfg)  # --resume latest: the newest complete checkpoint of the run OUT records
     claim_output(out_dir, cfg, fresh)
     storage.write_text(out_dir / CONFIG_FILE, redact(cfg.to_yaml()))  # the resolved config, as run
     digests = data_digests(manifests)
     if cfg.trainer.resume_from:
-        differs = resume_mismatches(cfg.trainer.resume_from, cfg, digests)
-        if differs:
-            raise ConfigError(f"cannot resume {cfg.trainer.resume_from}: " + "; ".join(differs))
-        load_train_state(cfg.trainer.resume_from)  # opened here, one line if damaged, not in every worker
+        check_resumable(cfg, digests)
     ensure_ray()
     check_training_fits(cfg, alive_nodes())  # a layout that fits no node is refused, not left waiting
     storage_root, storage_name = run_storage(cfg, out_dir, storage_key)
     log.info("checkpoints: %s", redact(storage.join(storage_root, storage_name)))
     params = flatten(cfg.to_dict())
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
+    continues = previous if cfg.trainer.resume_from else None  # the run this one resumes
     if own_run:
-        tags = {"convsts.job": "train"}
-        if previous and cfg.trainer.resume_from:
-            tags[CONTINUES_TAG] = previous  # the run this one resumes, as MLflow shows it
+        tags = {"convsts.job": "train"} | ({CONTINUES_TAG: continues} if continues else {})  # as MLflow shows it
         run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name, params, tags=tags)
-        record_run(out_dir, run_id)
     else:
         tracking.log_params(uri, run_id, params)
+    record_run(out_dir, run_id, cfg, (storage_root, storage_name))  # before the first step: a rerun finds it
 
     try:
         _log_prepared_datasets(cfg, prepared, manifests, digests, uri, run_id)
         tracking.set_tags(uri, run_id, {"convsts.storage": redact(storage.join(storage_root, storage_name))})
-        result = _train(
-            cfg, out_dir, prepared, uri, run_id, manifests, digests, extra_callbacks, (storage_root, storage_name)
-        )
+        tracked, location = (uri, run_id, continues), (storage_root, storage_name)
+        result = _train(cfg, out_dir, prepared, tracked, (manifests, digests), extra_callbacks, location)
     except BaseException as err:
         try:
             tracking.end_run(uri, run_id, "FAILED")  # never left RUNNING (a caller's run fails with it)
@@ -251,16 +261,14 @@ def _train(
     cfg: RunConfig,
     out_dir: Path,
     prepared: str,
-    uri: str,
-    run_id: str,
-    manifests: dict[str, dict[str, Any]],
-    digests: dict[str, str],
+    tracked: tuple[str, str, str | None],
+    data: tuple[dict[str, dict[str, Any]], dict[str, str]],
     extra_callbacks: Sequence[Any],
     location: tuple[str, str],
 ) -> TrainResult:
     import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
 
-    started = time.time()
+    started, (uri, run_id, continues), (manifests, digests) = time.time(), tracked, data
     tokenizer = _tokenizer(cfg, prepared)
     datasets = task_datasets(cfg, prepared, tokenizer)
     materialized = [n for n in datasets if trained_tasks(cfg)[n].materialize]
@@ -270,7 +278,7 @@ def _train(
     plan = plan_for(cfg.trainer, cfg.trainer.num_workers)
     log.info("%s", plan.describe())
     loop_config = {"run": cfg.to_dict(), "tokenizer": tokenizer.to_dict(), "datasets": sorted(datasets)}
-    loop_config.update(tracking_uri=uri, run_id=run_id, provenance={"data": digests})
+    loop_config.update(tracking_uri=uri, run_id=run_id, continues=continues, provenance={"data": digests})
     holder = None
     if plan.mode == "async":  # the shared encoder's parameter holder, for this fit only
         holder = loop_config["holder"] = start_holder(cfg)

@@ -94,7 +94,13 @@ def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int, 
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
     # After a restart (a lost node, FailureConfig) the loop replays the steps since its checkpoint:
     # each metric is logged once per step, so the points the run already holds are not logged again.
-    logged = tracking.last_logged_steps(uri, run_id) if restarted and uri and run_id else {}
+    # A run that continues a killed one (--resume latest) replays the steps that one logged after its
+    # checkpoint: across the two MLflow runs each step is logged once.
+    logged: dict[str, int] = {}
+    for earlier in (loop_config.get("continues"), run_id if restarted else None):
+        if uri and earlier:
+            for key, step in tracking.last_logged_steps(uri, earlier).items():
+                logged[key] = max(step, logged.get(key, -1))
 
     def log(metrics: dict[str, float], step: int) -> None:
         if uri and run_id:
