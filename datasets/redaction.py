@@ -9,7 +9,10 @@ import re
 
 # Credentials that users put in URIs: the user-info part (s3://KEY:SECRET@bucket,
 # https://user:password@mlflow) and query parameters whose name says what they hold.
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
+# As URL parsers split it: the authority ends at the first "/", "?" or "#", and the user-info is
+# everything before its last "@" (a password may hold "@", ":" or quotes). A URI whose "//" a path
+# library collapsed (s3:/KEY:SECRET@bucket) is matched too.
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://|\b[A-Za-z][A-Za-z0-9+.-]+:/)(?P<userinfo>[^/?#\s]+)@")
 
 
 _SECRET_PARAM = re.compile(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,15 +88,24 @@ def _norm_key(text: str) -> str:
 # Paired tables
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # what a JSON escape of half a surrogate pair decodes to
+
+
 def json_record(raw: bytes, first_line: bool = False) -> dict[str, Any] | None:
     """One NDJSON line -> its object, or None when it is not UTF-8 or not a JSON object. A UTF-8
-    byte-order mark at the start of a file (as some editors and exporters write) is accepted."""
+    byte-order mark at the start of a file (as some editors and exporters write) is accepted. A string
+    escape of half a surrogate pair ("\\ud83d": an emoji that the dump cut in two) becomes U+FFFD,
+    the replacement character, as a UTF-8 decoder does with a broken sequence: the rest of the text is kept."""
     try:
         text = raw.decode("utf-8")
         obj = json.loads(text[1:] if first_line and text.startswith("\ufeff") else text)
     except (UnicodeDecodeError, ValueError):
         return None
-    return obj if isinstance(obj, dict) else None
+    if not isinstance(obj, dict):
+        return None
+    if b"\\u" in raw:  # only an escape can hold a lone surrogate
+        obj = {k: LONE_SURROGATE.sub("\ufffd", v) if isinstance(v, str) else v for k, v in obj.items()}
+    return obj
 
 
 def read_pairs_file(path: str) -> pd.DataFrame:

@@ -15,6 +15,7 @@ import fnmatch
 import glob as local_glob
 import hashlib
 import io
+import logging
 import os
 import re
 import shutil
@@ -434,8 +435,9 @@ def resolve_path(value: str) -> str:
 
 def expand_inputs(inputs) -> list[str]:
     """Files, folders (their files) and globs, local or URIs (s3://, gs://, ...) -> a sorted list of
-    files; missing inputs raise."""
-    files: list[str] = []
+    files, each once: a file that two inputs name (listed twice, a folder and a glob over it, a link
+    to it) is read once, and logged. Missing inputs raise."""
+    files: dict[str, str] = {}  # what a file is (a local file's real path) -> how the inputs named it first
     for item in inputs:
         item = resolve_path(item)
         if is_dir(item):
@@ -445,11 +447,18 @@ def expand_inputs(inputs) -> list[str]:
         elif has_wildcards(item):
             found = glob(item)
         else:
-            raise FileNotFoundError(f"input not found: {item}")
+            raise FileNotFoundError(f"input not found: {redact(item)}")
         if not found:
-            raise FileNotFoundError(f"no input files in {item}")
-        files.extend(found)
-    return files
+            raise FileNotFoundError(f"no input files in {redact(item)}")
+        for file in found:
+            key = file if is_uri(file) else os.path.realpath(file)
+            if key in files:
+                logging.getLogger("convsts").warning(
+                    "%s: named more than once by the inputs; read once", redact(files[key])
+                )
+                continue
+            files[key] = file
+    return sorted(files.values())
 
 
 def read_shards(path: str, **kwargs):

@@ -187,6 +187,8 @@ def incomplete_reason(path: str | Path) -> str | None:
         present = {name: size for name, size, _ in storage.folder_stats(path)}
     except FileNotFoundError:
         return "no such folder"
+    except NotADirectoryError:
+        return "not a folder"
     if MANIFEST_FILE not in present:
         return f"no {MANIFEST_FILE} (written last, once every file of the checkpoint is in place)"
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import math
 import re
@@ -22,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from convsts.datasets import storage
+from convsts.datasets.redaction import redact
 from convsts.datasets.reddit import RedditFilterConfig
 from convsts.datasets.storage import SAMPLE_TOKEN
 from convsts.datasets.text import TokenizerConfig
@@ -497,16 +499,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     schema = OmegaConf.structured(RunConfig)
     layers = [schema]
     if path:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+        path = str(path) if storage.is_uri(path) else Path(path)  # a Path would make s3://b/x s3:/b/x
+        shown = redact(str(path))
+        if not storage.is_file(path):
+            raise ConfigError(f"config file not found: {shown}")
         try:
-            layer = OmegaConf.load(path, max_yaml_expanded_nodes=MAX_CONFIG_NODES)
+            text = storage.read_text(path)  # a URI's in a few large requests
+            layer = OmegaConf.load(io.StringIO(text), max_yaml_expanded_nodes=MAX_CONFIG_NODES)
         except Exception as err:  # yaml errors name the line
-            raise ConfigError(f"cannot parse config file {path}: {err}") from None
+            raise ConfigError(f"cannot parse config file {shown}: {err}") from None
         if not isinstance(layer, DictConfig):
             raise ConfigError(
-                f"config file {path}: the top level must be a mapping of keys (name:, trainer:, ...), "
+                f"config file {shown}: the top level must be a mapping of keys (name:, trainer:, ...), "
                 f"not a {type(layer).__name__.replace('Config', '').lower()}"
             )
         layers.append(layer)
@@ -520,7 +524,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             try:
                 merged = merge_layer(merged, layer)
             except OmegaConfBaseException as err:
-                raise ConfigError(_describe(err, str(path), layer)) from None
+                raise ConfigError(_describe(err, redact(str(path)), layer)) from None
         if overrides:
             dotlist = OmegaConf.from_dotlist(list(overrides))
             try:

@@ -77,7 +77,8 @@ def _token_source() -> str | None:
 
 
 def explain(err: Exception, url: str) -> str:
-    text = redact(f"{type(err).__name__}: {err}").splitlines()[0]
+    """One line for a job API error: the address and the error with credentials redacted."""
+    url, text = redact(url), redact(f"{type(err).__name__}: {err}").splitlines()[0]
     if "uthenticat" in text or "401" in text or "403" in text:
         source = _token_source()
         if source and os.environ.get("RAY_AUTH_MODE") != "disabled":

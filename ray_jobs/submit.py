@@ -23,6 +23,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from convsts.datasets.redaction import redact
 from convsts.ray_jobs.job_api import (
     DEFAULT_RUNTIME_ENV,
     JOBS,
@@ -79,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SubmitError as err:
         print(f"convsts submit: {err}", file=sys.stderr)
         return 2
-    print(f"submitted {job_id} to {job_address(args.address)}", flush=True)
+    print(f"submitted {job_id} to {redact(job_address(args.address))}", flush=True)
     if args.no_wait:
         return 0
     try:

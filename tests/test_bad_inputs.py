@@ -530,6 +530,13 @@ def _leaks(text: str) -> list:
             "s3://b/p?secret_key=PlAnTeDqUeRy: Unexpected query parameter",
             "s3://b/p?secret_key=***: Unexpected query parameter",
         ),
+        # The user-info ends at the authority's last "@", as URL parsers split it: a password with "@",
+        # ":" or quotes is redacted whole.
+        ("http://alice:p@ssW0rd@head:8265/api/jobs", "http://***@head:8265/api/jobs"),
+        ("'http://alice:pa\"ss'w0rd@head:8265' refused", "'http://***@head:8265' refused"),
+        # A URI whose "//" a path library collapsed.
+        ("s3:/KEY:SECRET@bucket/x.yaml not found", "s3:/***@bucket/x.yaml not found"),
+        ("see http://head:8265 and alice@example.com", "see http://head:8265 and alice@example.com"),
     ],
 )
 def test_redact_removes_userinfo_and_secret_query_values(text, expected):
@@ -537,6 +544,30 @@ def test_redact_removes_userinfo_and_secret_query_values(text, expected):
 
     assert redact(text) == expected
     assert redact_tree({"a": [text], text: 1}) == {"a": [expected], expected: 1}
+
+
+def test_job_commands_print_no_password_of_the_ray_address(tmp_path):
+    """`jobs` and `submit` against an address with user-info (nothing listens there): the error line
+    names the address without the password, whichever way it is given."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"http://alice:p@ss'W0rd@127.0.0.1:{port}"
+    for args, env in (
+        (["jobs", "list", "--address", address], {}),
+        (["jobs", "logs", "some-job", "--address", address], {}),
+        (["submit", "--address", address, "train", "--out", str(tmp_path / "o")], {}),
+        (["jobs", "list"], {"RAY_ADDRESS": address}),
+    ):
+        result = _run("-m", "convsts.ray_jobs.cli", *args, env=env)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert "ss'W0rd" not in result.stdout + result.stderr and "p@ss" not in result.stdout + result.stderr
+        assert f"http://***@127.0.0.1:{port}" in result.stderr, result.stderr[-2000:]
+    config = _run("-m", "convsts.ray_jobs.cli", "train", "--config", "s3://KEY:PlAnTeDsEcReT@bucket/x.yaml",
+                  "--out", str(tmp_path / "c"), env={"AWS_EC2_METADATA_DISABLED": "true"})  # fmt: skip
+    assert config.returncode == 2 and "s3://***@bucket/x.yaml" in config.stderr and "PlAnTeD" not in config.stderr
 
 
 def test_log_lines_and_error_lines_are_redacted(tmp_path):
@@ -1225,3 +1256,60 @@ def test_a_missing_raw_input_is_named_before_any_task_is_prepared(tmp_path):
         with pytest.raises(FileNotFoundError, match=r"input not found: .*none\.parquet$"):
             prepare(cfg, str(tmp_path / "prepared"))
         assert not (tmp_path / "prepared").exists()
+
+
+# ---- faults round 4: an input named twice is read once; every SNLI input is read
+
+
+def test_an_input_named_twice_is_read_once_and_every_snli_input_is_read(tmp_path):
+    import pyarrow.parquet as pq
+
+    sample = REPO / "datasets" / "sample"
+    pairs, link = sample / "reddit_pairs.parquet", tmp_path / "link.parquet"
+    link.symlink_to(pairs)
+    once = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(pairs), "--out", str(tmp_path / "once"))
+    assert once.returncode == 0, once.stderr[-2000:]
+    twice = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(pairs), str(pairs), str(link),
+                 "--out", str(tmp_path / "twice"))  # fmt: skip
+    assert twice.returncode == 0, twice.stderr[-2000:]
+    counts = [json.loads((tmp_path / d / "manifest.json").read_text())["pairs"] for d in ("once", "twice")]
+    assert counts[0] == counts[1] > 0
+    assert twice.stderr.count("named more than once by the inputs; read once") == 2
+
+    train, dev = sample / "snli_train.parquet", sample / "snli_dev.parquet"
+    both = _run("-m", "convsts.ray_jobs.prepare", "snli", "--input", str(train), str(dev), "--out", str(tmp_path / "s"))
+    assert both.returncode == 0, both.stderr[-2000:]
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    rows = sum(pq.read_metadata(p).num_rows for p in (train, dev))
+    assert manifest["inputs"] == sorted([str(train), str(dev)])
+    assert manifest["pairs"] + manifest["without_gold"] == rows
+
+
+def test_a_lone_surrogate_escape_is_repaired_not_fatal(tmp_path):
+    """A comment whose body ends in half an emoji ("\\ud83d", as real dumps have) and a paired JSON-lines
+    row the same: the half becomes U+FFFD and the prepare goes on with every row."""
+    import pyarrow.parquet as pq
+
+    rows = json.loads("[" + ",".join(_dump_lines(40).decode().splitlines()) + "]")
+    rows[7]["body"] = "a cut emoji \ud83d at the end of a long enough comment"
+    (tmp_path / "RC_2015-01").write_text("".join(json.dumps(r) + "\n" for r in rows))  # json.dumps writes "\\ud83d"
+    assert b"\\ud83d" in (tmp_path / "RC_2015-01").read_bytes()
+    dump = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
+                "--out", str(tmp_path / "dump"))  # fmt: skip
+    assert dump.returncode == 0, dump.stderr[-2000:]
+    manifest = json.loads((tmp_path / "dump" / "manifest.json").read_text())
+    assert manifest["malformed"] == 0 and manifest["pairs"] == 20
+    texts = pq.read_table(tmp_path / "dump" / "train").to_pandas()
+    texts = pd.concat([texts, pq.read_table(tmp_path / "dump" / "test").to_pandas()])
+    assert "a cut emoji \ufffd at the end of a long enough comment" in set(texts["context"]) | set(texts["response"])
+
+    lines = [
+        {"context": f"context number {i} of the table", "response": f"a reply number {i} to it"} for i in range(30)
+    ]
+    lines[3]["context"] = "context \ud83d number three of the table"
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    paired = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(tmp_path / "pairs.jsonl"),
+                  "--out", str(tmp_path / "paired"))  # fmt: skip
+    assert paired.returncode == 0, paired.stderr[-2000:]
+    manifest = json.loads((tmp_path / "paired" / "manifest.json").read_text())
+    assert manifest["lines_read"] == 30 and manifest["malformed"] == 0 and manifest["pairs"] > 0

@@ -55,6 +55,7 @@ def _killed_run(out: Path, folder: str, cfg, source: Path) -> list[str]:
         target = storage.join(folder, f"checkpoint_{stamp}")
         storage.copy_tree(source, target)
         kept.append(target)
+    storage.write_text(storage.join(folder, "checkpoint_manager_snapshot.json"), "{}")  # Ray Train's, beside them
     cut = storage.join(kept[-1], "train_state.pt")
     if storage.is_uri(cut):
         fs, inner = storage.resolve(cut)

@@ -268,3 +268,61 @@ def test_a_trial_that_ran_to_max_t_is_not_tagged_as_stopped_early(ray_session, m
         tag = child.data.tags.get("convsts.stopped_early", "false")
         assert tag == str(ran[trial_id] < 6).lower(), (trial_id, ran[trial_id], tag)
     assert max(ran.values()) == 6, ran  # at least the first trial runs whole
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_driver_is_killed_mid_trial_restarts_the_trial_from_its_own_checkpoint(
+    ray_session, sample_prepared, mlflow_uri, tmp_path
+):
+    """`convsts tune` SIGKILLed (not Ctrl+C) while a training trial runs, after it has checkpointed;
+    the same command again restores the sweep and the trial goes on from its own newest complete
+    checkpoint (Ray Train's snapshot in the trial's folder names only checkpoints whose upload
+    finished), each step logged once in the trial's MLflow run."""
+    from local_cluster import ray_processes
+
+    experiment = "tune-driver-killed"
+    reddit_cfg = load_config(None, [*TINY_MODEL, "trainer.steps=0", "trainer.task_weights={reddit: 1.0}"])
+    from convsts.ray_jobs.training.data import build_tokenizer
+    from convsts.ray_jobs.training.state import initial_model
+
+    tokenizer = build_tokenizer(reddit_cfg, str(sample_prepared))
+    reddit = save_checkpoint(tmp_path / "reddit", initial_model(reddit_cfg, tokenizer), tokenizer, reddit_cfg.to_dict())
+    out, store = tmp_path / "sweep", tmp_path / "store"
+    cmd = [sys.executable, "-m", "convsts.ray_jobs.tune", "--space", "snli_fraction", "--out", str(out),
+           "--reddit-checkpoint", str(reddit), "--prepared", str(sample_prepared), "--param",
+           "data.snli_fraction=[1.0]", "--max-concurrent", "1", *TINY_MODEL, "trainer.steps=80",
+           "trainer.checkpoint_every=20", "trainer.log_every=5", "trainer.cpus_per_worker=0.4", "name=killed",
+           f"trainer.storage_path={store}", f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"]  # fmt: skip
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 300
+        while len(list(store.glob("killed/*/checkpoint_*/manifest.json"))) < 2 and first.poll() is None:
+            assert time.time() < deadline, "the trial never checkpointed twice"
+            time.sleep(0.2)
+        assert first.poll() is None, first.communicate()[0][-3000:]
+        first.kill()
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    deadline = time.time() + 60  # Ray ends the dead driver's trial and its workers
+    while ray_processes(b"ray::RayTrainWorker") and time.time() < deadline:
+        time.sleep(0.5)
+    trial_folders = [p.name for p in (store / "killed").iterdir()]
+    assert len(trial_folders) == 1, trial_folders
+
+    second = subprocess.run(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
+    )
+    assert second.returncode == 0, second.stdout[-4000:]
+    assert [p.name for p in (store / "killed").iterdir()] == trial_folders  # the same trial, its own folder
+    parent = json.loads((out / "results.json").read_text())["mlflow_run_id"]
+    children = _runs(mlflow_uri, experiment, parent)
+    assert list(children) == trial_folders and children[trial_folders[0]].info.status == "FINISHED"
+    client = tracking.client(mlflow_uri)
+    run_id = children[trial_folders[0]].info.run_id
+    restarts = [int(m.value) for m in client.get_metric_history(run_id, "train/restarted_at_step")]
+    assert len(restarts) == 1 and restarts[0] >= 20 and restarts[0] % 20 == 0, restarts
+    steps = [m.step for m in client.get_metric_history(run_id, "reddit/loss")]
+    assert len(steps) == len(set(steps)) and max(steps) == 80 and min(steps) < 20, sorted(steps)  # each step once

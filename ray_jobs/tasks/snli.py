@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from convsts.datasets import snli, storage
 from convsts.datasets.snli import fraction_rank
@@ -37,22 +38,22 @@ class SnliTask(Task):
         return [cfg.data.snli_train]
 
     def prepare(self, inputs: list[str], out_dir: str, cfg) -> dict[str, Any]:
-        path = storage.resolve_path(inputs[0])
-        read = snli.read_snli(path)
-        frame = snli.with_fraction_rank(read, cfg.data.snli_fraction_seed)
+        """Every input file (files, folders, globs; each file once), in sorted order, as one table."""
+        files = storage.expand_inputs(inputs)
+        reads = [snli.read_snli(path) for path in files]
+        without_gold = sum(read.attrs["without_gold"] for read in reads)
+        frame = snli.with_fraction_rank(pd.concat(reads, ignore_index=True), cfg.data.snli_fraction_seed)
         shards = {"train": write_train_frame(self, frame, out_dir, cfg)}
         manifest = {
             "shards": shards,
-            "input": path,
+            "inputs": files,
             "pairs": len(frame),
             "labels": snli.label_counts(frame),
-            "without_gold": read.attrs["without_gold"],
+            "without_gold": without_gold,
             "fraction_seed": cfg.data.snli_fraction_seed,
         }
-        log.info(
-            "snli: %d pairs -> %s (%d without a gold label left out)", len(frame), out_dir, read.attrs["without_gold"]
-        )
-        return write_manifest(self, out_dir, manifest, inputs=[path])
+        log.info("snli: %d pairs -> %s (%d without a gold label left out)", len(frame), out_dir, without_gold)
+        return write_manifest(self, out_dir, manifest, inputs=files)
 
     def train_rows(self, cfg, prepared_root: str):
         """SNLI train shards, cut to the nested subset `data.snli_fraction` drawn with `data.snli_fraction_seed`."""

@@ -14,6 +14,7 @@ the newest folder of a run killed during an upload is skipped, not resumed.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from pathlib import Path
@@ -31,7 +32,8 @@ RUN_RECORD = "run.json"
 CONTINUES_TAG = "convsts.continues"
 ENDED_BY_TAG = "convsts.ended_by"
 FINAL_CHECKPOINT = "checkpoint"  # OUT/checkpoint: a finished run's last checkpoint
-CHECKPOINT_PREFIX = "checkpoint_"  # Ray Train's checkpoint folders, named by the time they were reported
+# Ray Train's checkpoint folders, named by the time they were reported (not its checkpoint_manager_snapshot.json)
+CHECKPOINT_NAME = re.compile(r"checkpoint_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d+")
 
 
 def run_storage(cfg: RunConfig, out_dir: Path, key: str | None = None) -> tuple[str, str]:
@@ -130,7 +132,7 @@ def newest_complete(folder: str) -> str | None:
     """The newest complete checkpoint among Ray Train's checkpoint_* folders in `folder` (local or a
     URI), or None; incomplete ones (an upload that stopped midway) are skipped, and logged."""
     try:
-        names = [n for n in storage.entry_names(folder) if n.startswith(CHECKPOINT_PREFIX)]
+        names = [n for n in storage.entry_names(folder) if CHECKPOINT_NAME.fullmatch(n)]
     except FileNotFoundError:
         return None
     for name in sorted(names, reverse=True):  # the names sort by time
@@ -190,4 +192,4 @@ def interrupted_run(out_dir: Path, cfg: RunConfig) -> str | None:
         names = storage.entry_names(folder)
     except FileNotFoundError:
         return None
-    return folder if any(n.startswith(CHECKPOINT_PREFIX) for n in names) else None
+    return folder if any(CHECKPOINT_NAME.fullmatch(n) for n in names) else None
