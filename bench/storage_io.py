@@ -99,7 +99,9 @@ def main() -> int:
         within &= our_requests[name] <= bound
         print(f"{name:<20}{size / 2**20:>8.1f}{bound:>7}{our_requests[name]:>7}{their_requests[name]:>7}")
     print(f"convsts (cache.local_copy)   median {ours_s:6.2f} s   {sum(sizes.values()) / 2**20 / ours_s:7.0f} MiB/s")
-    print(f"boto3 download_file          median {theirs_s:6.2f} s   {sum(sizes.values()) / 2**20 / theirs_s:7.0f} MiB/s")
+    print(
+        f"boto3 download_file          median {theirs_s:6.2f} s   {sum(sizes.values()) / 2**20 / theirs_s:7.0f} MiB/s"
+    )
     print(f"ratio boto3 / convsts: {theirs_s / ours_s:.2f} (target >= 0.8); requests within the bound: {within}")
     return 0 if within else 1
 

@@ -242,6 +242,16 @@ def delete_folder(folder: str | Path) -> None:
         fs.delete_dir(inner.rstrip("/"))
 
 
+def delete_file(path: str | Path) -> None:
+    """One file removed (local or at a URI); one that is not there already is fine."""
+    if not is_uri(path):
+        Path(path).unlink(missing_ok=True)
+        return
+    fs, inner = resolve(path)
+    with contextlib.suppress(FileNotFoundError), reaching(path):
+        fs.delete_file(inner)
+
+
 def has_wildcards(path: str) -> bool:
     """Glob characters in the path (a URI's query, after "?", does not count)."""
     text = _split_query(path)[0] if is_uri(path) else path

@@ -10,6 +10,7 @@ Pretrained: the pretrained model's own tokenizer.json, loaded with Hugging Face 
 from __future__ import annotations
 
 import html
+import html.entities
 import json
 import re
 import zlib
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from convsts.datasets import storage
 from convsts.datasets.pretrained import pretrained_folder
@@ -50,6 +51,28 @@ def normalize(text: str, lowercase: bool = True) -> str:
     if lowercase:
         text = text.lower()
     return " ".join(text.split())
+
+
+# The character references a normalizer of the Hugging Face `tokenizers` library unescapes as
+# html.unescape does: HTML 4's named entities (and &apos;), and the numeric references Reddit text
+# holds most (quotes, dashes, the ellipsis, no-break and zero-width spaces). Each is one pass over the
+# text, so the rarer HTML5-only names and other numeric references are left out.
+NUMERIC_REFERENCES = (34, 38, 39, 60, 62, 160, 8211, 8212, 8216, 8217, 8220, 8221, 8230, 0x200B)
+
+
+def hf_normalizer(lowercase: bool = False):
+    """`normalize` as a `tokenizers` normalizer, for exports whose tokenizer runs without this package
+    (the sentence-transformers folder): character references unescaped ("&amp;" last, so that
+    "&amp;gt;" stays "&gt;" as html.unescape leaves it), URLs to the marker, spaces squeezed."""
+    references = {f"&{name};": chr(code) for name, code in html.entities.name2codepoint.items()} | {"&apos;": "'"}
+    for code in NUMERIC_REFERENCES:
+        references |= {f"&#{code};": chr(code), f"&#x{code:x};": chr(code), f"&#x{code:X};": chr(code)}
+    ordered = sorted(references, key=lambda ref: ref == "&amp;")  # &amp; last
+    steps = [normalizers.Replace(ref, references[ref]) for ref in ordered]
+    steps += [normalizers.Replace(Regex(_URL_RE.pattern), " <url> ")]
+    steps += [normalizers.Lowercase()] if lowercase else []
+    steps += [normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
+    return normalizers.Sequence(steps)
 
 
 def words(text: str, lowercase: bool = True) -> list[str]:

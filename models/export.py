@@ -14,8 +14,9 @@
       Dense projection -> Normalize), with the checkpoint's tokenizer and length limit.
 
 The checkpoint normalizes text before tokenizing (HTML entities unescaped, URLs replaced by a
-marker, spaces squeezed: convsts.datasets.text.normalize); sentence-transformers tokenizes the raw text, so
-texts with URLs or HTML entities can embed differently there.
+marker, spaces squeezed: convsts.datasets.text.normalize); the sentence-transformers folder's tokenizer
+does the same as its first normalizer (convsts.datasets.text.hf_normalizer: HTML 4's named entities
+and the common numeric references; rarer ones stay escaped there).
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from typing import cast
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers
 from torch import nn
 
 from convsts.datasets.errors import BadInputError
-from convsts.datasets.text import save_tokenizer, tokenizer_from_dict
+from convsts.datasets.text import hf_normalizer, save_tokenizer, tokenizer_from_dict
 from convsts.models.checkpoint import load, staging_folder
 from convsts.models.encoders import PretrainedEncoder
 from convsts.models.heads import MultitaskModel
@@ -118,8 +119,22 @@ EXPORT_LOGGERS = ("torch.onnx", "torch.export", "onnxscript", "onnx_ir")
 ST_EXPORT_LOGGERS = ("transformers", "sentence_transformers")
 
 
-def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
+def finite_encoder(checkpoint: str | Path):
+    """The loaded checkpoint, refused in one line naming the first encoder tensor that holds NaN or
+    inf (a run that diverged): an export of it would be checked in vain or write a model of NaNs."""
     loaded = load(checkpoint)
+    for name, tensor in loaded.model.encoder.state_dict().items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise BadInputError(
+                f"{checkpoint}: the encoder's tensor {name} holds {bad:,} NaN or inf value(s) (the run diverged); "
+                "export an earlier checkpoint"
+            )
+    return loaded
+
+
+def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    loaded = finite_encoder(checkpoint)
     out_dir = _empty_out(out_dir)
     sample = loaded.tokenizer.encode(CHECK_TEXTS)  # {name: (n, L)}
     names = list(sample)
@@ -156,7 +171,7 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
         logging as hf_logging,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
     )
 
-    loaded = load(checkpoint)
+    loaded = finite_encoder(checkpoint)
     encoder = loaded.model.encoder
     if not isinstance(encoder, PretrainedEncoder):
         raise BadInputError(
@@ -195,6 +210,9 @@ def _sentence_transformers_folder(loaded, encoder: PretrainedEncoder, out_dir: P
     with tempfile.TemporaryDirectory() as tmp:
         encoder.model.save_pretrained(tmp)  # config.json + model.safetensors of the fine-tuned transformer
         hf_tokenizer = Tokenizer.from_str(loaded.tokenizer.to_dict()["hf_tokenizer"])
+        # encode() normalizes text (entities, URLs, spaces) before this tokenizer: so does the export's
+        own = [hf_tokenizer.normalizer] if hf_tokenizer.normalizer is not None else []
+        hf_tokenizer.normalizer = normalizers.Sequence([hf_normalizer(), *own])
         PreTrainedTokenizerFast(
             tokenizer_object=hf_tokenizer,
             model_max_length=max_len,

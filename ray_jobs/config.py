@@ -80,6 +80,7 @@ LR_DECAYS = ("none", "linear", "cosine")
 TASK_SPLITS = ("sync", "async")
 RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 PLACEMENT_STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
+MLFLOW_NAME_CHARS = 500  # the longest experiment name MLflow takes
 RESUME_LATEST = "latest"  # trainer.resume_from: the newest complete checkpoint of the run --out records
 
 
@@ -250,6 +251,10 @@ class RunConfig:
         _need(self.eval.reddit_pairs >= 1, "eval.reddit_pairs", ">= 1", self.eval.reddit_pairs)
         _need(self.eval.reddit_negatives >= 1, "eval.reddit_negatives", ">= 1", self.eval.reddit_negatives)
         _need(self.eval.batch_size >= 1, "eval.batch_size", ">= 1", self.eval.batch_size)
+        name = self.mlflow.experiment  # MLflow's own rule, found here rather than after the work
+        _need(
+            0 < len(name) <= MLFLOW_NAME_CHARS, "mlflow.experiment", f"1 to {MLFLOW_NAME_CHARS} characters", len(name)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -3,3 +3,7 @@
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
+
+
+class TrackingError(RuntimeError):
+    """MLflow did not take what a command had finished; its results are in --out already."""

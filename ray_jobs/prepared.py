@@ -5,6 +5,7 @@ keeps the folder honest."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 from collections import Counter
@@ -16,6 +17,7 @@ from convsts.datasets.errors import BadInputError
 from convsts.datasets.redaction import redact_tree
 from convsts.datasets.shards import ShardRecord, write_frame
 from convsts.ray_jobs.flat import changed_values, flatten
+from convsts.ray_jobs.outlock import LOCK_FILE, output_lock
 from convsts.ray_jobs.runtime import log
 
 if TYPE_CHECKING:
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 
 
 MANIFEST = "manifest.json"
+PREPARE_MARKER = ".convsts-prepare"  # written before a prepare's first shard, removed after its manifest
 
 
 def config_value(config: dict[str, Any], dotted: str) -> Any:
@@ -332,10 +335,18 @@ def verify_prepared(task: Task, prepared_root: str, cfg: RunConfig | None = None
     return manifest
 
 
+def _own_entries(out_dir: str) -> list[str]:
+    """out_dir's entries other than the lock and marker files a prepare keeps there while it runs."""
+    return [n for n in storage.entry_names(out_dir) if n not in (LOCK_FILE, PREPARE_MARKER)]
+
+
 def interrupted_prepare(task: Task, out_dir: str) -> bool:
-    """out_dir holds what an interrupted `prepare` of this task leaves and nothing else: no
-    manifest (written last), only split folders (`splits`) of parquet shards."""
-    for entry in storage.entry_names(out_dir):
+    """out_dir holds what an interrupted `prepare` of this task leaves and nothing else: its marker
+    (PREPARE_MARKER, written before the first shard), no manifest (written last), and only split
+    folders (`splits`) of parquet shards. Parquet files that no prepare marked are the user's."""
+    if not storage.is_file(storage.join(out_dir, PREPARE_MARKER)):
+        return False
+    for entry in _own_entries(out_dir):
         split_dir = storage.join(out_dir, entry)
         if entry not in task.splits or not storage.is_dir(split_dir):
             return False
@@ -348,19 +359,29 @@ def interrupted_prepare(task: Task, out_dir: str) -> bool:
 
 
 def prepare_into(task: Task, inputs: list[str], out_dir: str, cfg: RunConfig) -> dict[str, Any]:
-    """`prepare` into an empty (or new) out_dir. A folder that an interrupted prepare of this task
-    left (interrupted_prepare) is removed and prepared again, so the same command, run again,
-    resumes; any other content is refused, never added to (more shards would be more rows)."""
-
-    if storage.has_entries(out_dir):
-        if storage.is_file(storage.join(out_dir, MANIFEST)):
-            raise FileExistsError(
-                f"{out_dir} already holds a prepared {task.name} folder ({MANIFEST}); choose a new --out folder"
+    """`prepare` into an empty (or new) out_dir, holding it (a local one: output_lock) so that two
+    prepares never write one folder. A folder that an interrupted prepare of this task left
+    (interrupted_prepare) has its shards removed and is prepared again, so the same command, run again,
+    resumes; any other content is refused and left as it is, never added to (more shards would be
+    more rows)."""
+    held = contextlib.nullcontext() if storage.is_uri(out_dir) else output_lock(out_dir, "prepare")
+    with held:
+        if storage.has_entries(out_dir) and _own_entries(out_dir):
+            if storage.is_file(storage.join(out_dir, MANIFEST)):
+                raise FileExistsError(
+                    f"{out_dir} already holds a prepared {task.name} folder ({MANIFEST}); choose a new --out folder"
+                )
+            if not interrupted_prepare(task, out_dir):
+                raise FileExistsError(
+                    f"{out_dir} is not empty and holds no interrupted `convsts prepare` of {task.name} (no "
+                    f"{PREPARE_MARKER}); nothing there was changed; choose a new --out folder"
+                )
+            log.warning(
+                "%s: shards of an interrupted `convsts prepare` (no %s): removed, prepared again", out_dir, MANIFEST
             )
-        if not interrupted_prepare(task, out_dir):
-            raise FileExistsError(f"{out_dir} is not empty; choose a new --out folder")
-        log.warning(
-            "%s: shards of an interrupted `convsts prepare` (no %s): removed, prepared again", out_dir, MANIFEST
-        )
-        storage.delete_folder(out_dir)
-    return task.prepare(inputs, out_dir, cfg)
+            for entry in _own_entries(out_dir):
+                storage.delete_folder(storage.join(out_dir, entry))
+        storage.write_text(storage.join(out_dir, PREPARE_MARKER), json.dumps({"task": task.name}) + "\n")
+        manifest = task.prepare(inputs, out_dir, cfg)
+        storage.delete_file(storage.join(out_dir, PREPARE_MARKER))
+        return manifest

@@ -15,7 +15,7 @@ import requests
 
 from convsts.datasets.errors import BadInputError, StorageError
 from convsts.datasets.redaction import redact
-from convsts.ray_jobs.errors import ConfigError
+from convsts.ray_jobs.errors import ConfigError, TrackingError
 
 log = logging.getLogger("convsts")
 
@@ -171,6 +171,7 @@ def tracking_uri(configured: str, out_dir: str | Path | None) -> str:
     if env or configured:
         uri = env or configured
         check_tracking_server(uri, "MLFLOW_TRACKING_URI" if env else "mlflow.tracking_uri")
+        check_database_driver(uri, "MLFLOW_TRACKING_URI" if env else "mlflow.tracking_uri")
         return uri
     if out_dir is None:
         raise ValueError("no MLflow tracking URI: set mlflow.tracking_uri or MLFLOW_TRACKING_URI, or give --out")
@@ -179,15 +180,20 @@ def tracking_uri(configured: str, out_dir: str | Path | None) -> str:
     return f"sqlite:///{db}"
 
 
+MLFLOW_API_PROBE = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"  # JSON from any MLflow server
+
+
 def check_tracking_server(uri: str, where: str) -> None:
-    """One request to an http(s) tracking server (its /health page; any HTTP answer, or a TLS
-    handshake, will do): a server that cannot be connected to is a ConfigError naming the URI,
-    credentials redacted."""
+    """Two requests to an http(s) tracking server, before any work: it answers (a server that cannot
+    be connected to is a ConfigError naming the URI, credentials redacted), and it answers MLflow's
+    REST API in JSON (a web server that is not MLflow is refused; one that asks for credentials, or a
+    TLS handshake MLflow settles itself, passes)."""
     if not uri.startswith(("http://", "https://")):
         return
 
     try:
         requests.get(uri.rstrip("/") + "/health", timeout=TRACKING_PROBE_TIMEOUT_S)
+        answer = requests.get(uri.rstrip("/") + MLFLOW_API_PROBE, timeout=TRACKING_PROBE_TIMEOUT_S)
     except requests.exceptions.SSLError:  # it answered; TLS is MLflow's to settle (MLFLOW_TRACKING_INSECURE_TLS, ...)
         return
     except requests.exceptions.InvalidURL as err:
@@ -201,6 +207,39 @@ def check_tracking_server(uri: str, where: str) -> None:
             f"{where}: no MLflow tracking server answers at {redact(uri)} ({redact(reason)}); start it, "
             f"or point {where} at a running one (unset, runs log to a sqlite store in --out)"
         ) from None
+    if answer.status_code in (401, 403):  # MLflow behind authentication: MLflow's client sends the credentials
+        return
+    try:
+        speaks_mlflow = isinstance(answer.json(), dict)
+    except ValueError:
+        speaks_mlflow = False
+    if not speaks_mlflow:
+        kind = answer.headers.get("content-type", "no content type").split(";")[0]
+        raise ConfigError(
+            f"{where}: the server at {redact(uri)} is not an MLflow tracking server (its REST API answered "
+            f"HTTP {answer.status_code} with {kind}, not MLflow's JSON); check the URL and port"
+        )
+
+
+DATABASE_STORES = ("postgresql", "mysql", "mssql")  # MLflow's SQLAlchemy stores whose driver is a separate install
+
+
+def check_database_driver(uri: str, where: str) -> None:
+    """A database tracking store (postgresql://, mysql+pymysql://, ...) whose Python driver is not
+    installed is a ConfigError naming it, before any work (MLflow would fail at its first write)."""
+    if uri.split("://", 1)[0].split("+", 1)[0] not in DATABASE_STORES:
+        return
+    from sqlalchemy.engine import (
+        make_url,  # deferred: SQLAlchemy loads only for a database store
+    )
+
+    try:
+        make_url(uri).get_dialect().import_dbapi()
+    except ImportError as err:
+        raise ConfigError(
+            f"{where}: the store {redact(uri)} needs the database driver {err.name or err} (not installed here): "
+            f"install it (postgresql://: psycopg or psycopg2-binary; mysql://: mysqlclient or PyMySQL; or name one: postgresql+DRIVER://)"
+        ) from None
 
 
 # Expected user errors: one line and exit 2 (run_main), never a traceback.
@@ -208,6 +247,7 @@ def check_tracking_server(uri: str, where: str) -> None:
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 USER_ERRORS = (
     ConfigError,
+    TrackingError,
     BadInputError,
     StorageError,
     FileNotFoundError,

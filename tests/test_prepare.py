@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.prepared import prepare_into
+from convsts.ray_jobs.prepared import PREPARE_MARKER, prepare_into
 from convsts.ray_jobs.tasks import get_task
 
 
@@ -340,6 +340,7 @@ def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_pre
     prepared = tmp_path / "prepared"
     shutil.copytree(sample_prepared, prepared)
     (prepared / "reddit" / "manifest.json").unlink()  # killed while writing the Reddit shards
+    (prepared / "reddit" / PREPARE_MARKER).write_text('{"task": "reddit"}\n')  # written before its first shard
     for extra in list((prepared / "reddit" / "train").glob("*.parquet"))[1:]:
         extra.unlink()
     snli_before = (prepared / "snli" / "manifest.json").read_text()
@@ -364,6 +365,42 @@ def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_pre
     # Anything but an interrupted prepare's shards is not removed.
     (prepared / "reddit" / "manifest.json").unlink()
     (prepared / "reddit" / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="reddit is not empty; choose a new --out folder"):
+    with pytest.raises(FileExistsError, match="reddit is not empty and holds no interrupted `convsts prepare`"):
         prepare_all(load_config(None), str(prepared))
     assert (prepared / "reddit" / "notes.txt").read_text() == "mine"
+
+
+def test_a_users_own_parquet_files_are_never_removed_and_two_prepares_never_share_a_folder(tmp_path):
+    """A folder with train/ and test/ of parquet files that no prepare marked as its own (a user's
+    files, in the layout a prepare writes) is refused and left byte for byte; a prepare into a folder
+    that another process holds is refused naming the holder."""
+    import subprocess
+    import sys
+
+    from convsts.ray_jobs.outlock import OutputInUse
+
+    reddit, cfg = get_task("reddit"), load_config(None)
+    out = tmp_path / "D"
+    for split, name in (("train", "my_pairs.parquet"), ("test", "my_eval.parquet")):
+        (out / split).mkdir(parents=True)
+        (out / split / name).write_bytes(b"PAR1 my own rows PAR1")
+    with pytest.raises(
+        FileExistsError, match=f"holds no interrupted `convsts prepare` of reddit \\(no {PREPARE_MARKER}\\)"
+    ):
+        prepare_into(reddit, reddit.raw_inputs(cfg), str(out), cfg)
+    assert (out / "train" / "my_pairs.parquet").read_bytes() == b"PAR1 my own rows PAR1"
+    assert (out / "test" / "my_eval.parquet").read_bytes() == b"PAR1 my own rows PAR1"
+
+    held = tmp_path / "held"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from convsts.ray_jobs.outlock import output_lock\n"
+         f"with output_lock({str(held)!r}, 'prepare'):\n    print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputInUse, match="is in use by another run \\(`convsts prepare`"):
+            prepare_into(reddit, reddit.raw_inputs(cfg), str(held), cfg)
+    finally:
+        holder.communicate("", timeout=30)
+    assert [p.name for p in held.iterdir()] == []  # nothing written; the holder's lock file went with it

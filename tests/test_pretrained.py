@@ -280,6 +280,18 @@ def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, sa
     assert tags["torch_threads"] == "2" and tags["task_split_mode"] == "gradient_weighting"
 
 
+# Texts that `normalize` changes before tokenizing: URLs, character references (named, numeric,
+# escaped twice), runs of spaces, emoji, and empty ones.
+EXPORT_PROBES = [
+    "see https://example.com/a?b=1&amp;c=2 and www.example.org for it",
+    "fish &amp; chips &gt; salad &lt;3 &quot;ok&quot; it&#39;s &#x27;fine&#x27; &eacute;t&eacute; &amp;gt; no",
+    "a\u200b zero&#x200B;width and&nbsp;no-break   spaces\t\tand\nlines",
+    "emoji 😀🎉 and a cut one \ufffd here",
+    "",
+    "   ",
+]
+
+
 @pytest.mark.parametrize("pooling,output_dim", [("mean", 0), ("max", 32)])
 def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, output_dim, tmp_path, capfd):
     from sentence_transformers import SentenceTransformer
@@ -294,6 +306,7 @@ def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, o
     torch.manual_seed(0)
     save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer, {"reddit": "response"}), tokenizer, {})
     texts = SENTENCES + ["A woman is slicing an onion on a wooden board while a man watches her from the door"]
+    texts += EXPORT_PROBES  # encode() normalizes these before its tokenizer; the export's tokenizer must too
     assert (
         cli(
             [

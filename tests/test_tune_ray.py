@@ -323,6 +323,7 @@ def test_a_sweep_whose_driver_is_killed_mid_trial_restarts_the_trial_from_its_ow
     client = tracking.client(mlflow_uri)
     run_id = children[trial_folders[0]].info.run_id
     restarts = [int(m.value) for m in client.get_metric_history(run_id, "train/restarted_at_step")]
-    assert len(restarts) == 1 and restarts[0] >= 20 and restarts[0] % 20 == 0, restarts
+    starts = [line for line in second.stdout.splitlines() if "start step" in line or "snapshot" in line]
+    assert len(restarts) == 1 and restarts[0] >= 20 and restarts[0] % 20 == 0, (restarts, starts, second.stdout[-3000:])
     steps = [m.step for m in client.get_metric_history(run_id, "reddit/loss")]
     assert len(steps) == len(set(steps)) and max(steps) == 80 and min(steps) < 20, sorted(steps)  # each step once

@@ -24,6 +24,7 @@ from convsts.models.checkpoint import checkpoint_folder, load_train_state, read_
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.errors import TrackingError
 from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, write_items
 from convsts.ray_jobs.evaluation.cqa import configured_cqa_metrics
 from convsts.ray_jobs.evaluation.plots import scatter_plot
@@ -277,14 +278,22 @@ def run_evaluation(
     flat: dict[str, object] = dict(results)
     if checkpoint:
         flat["checkpoint"] = str(checkpoint)
-    if log_to_mlflow:
-        run = EvaluationRun(uri, run_id, step, trained, cards)
-        flat["mlflow_run_id"] = log_evaluation(run, cfg, scorer.name, checkpoint, baseline, results, plots, out_dir)
-    storage.write_text(out_dir / "results.json", redact(json.dumps(flat, indent=2)))
     table = results_document({scorer.name: results})
     storage.write_text(out_dir / "results.md", table + "\n")
-    if log_to_mlflow:  # the run page opens on its results
-        tracking.describe_run(uri, str(flat["mlflow_run_id"]), f"Evaluation of {label}\n\n{table}")
+    storage.write_text(out_dir / "results.json", redact(json.dumps(flat, indent=2)))  # before MLflow: never lost to it
+    if not log_to_mlflow:
+        return flat
+    try:
+        run = EvaluationRun(uri, run_id, step, trained, cards)
+        flat["mlflow_run_id"] = log_evaluation(run, cfg, scorer.name, checkpoint, baseline, results, plots, out_dir)
+        tracking.describe_run(uri, str(flat["mlflow_run_id"]), f"Evaluation of {label}\n\n{table}")  # opens on it
+    except Exception as err:
+        detail = redact(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+        raise TrackingError(
+            f"the results are in {out_dir / 'results.json'} and results.md; the MLflow store {redact(uri or '')} did "
+            f"not take them ({type(err).__name__}: {detail})"
+        ) from err
+    storage.write_text(out_dir / "results.json", redact(json.dumps(flat, indent=2)))  # with its MLflow run
     return flat
 
 
