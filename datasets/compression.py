@@ -19,6 +19,7 @@ from pathlib import Path
 
 from convsts.datasets import storage
 from convsts.datasets.errors import BadInputError
+from convsts.datasets.redaction import redact
 
 ZSTD = ".zst"
 STDLIB = {
@@ -43,11 +44,32 @@ def plain_name(path: str | Path) -> str:
     return name[: len(name) - len(suffix)] if suffix else name
 
 
+# The first bytes of each compression's files: a file named for one but holding another is named so.
+MAGIC = {ZSTD: b"\x28\xb5\x2f\xfd", ".gz": b"\x1f\x8b", ".bz2": b"BZh", ".xz": b"\xfd7zXZ\x00"}
+
+
+def _check_magic(raw: io.BufferedReader, path: str, suffix: str) -> None:
+    """BadInputError naming what a compressed file holds when its first bytes are not its suffix's."""
+    head = raw.peek(8)[:8]
+    if not head or head.startswith(MAGIC[suffix]):
+        return
+    found = next((other for other, magic in MAGIC.items() if head.startswith(magic)), None)
+    holds = f"{found} data; rename it to end in {found}" if found else f"no {suffix} data (first bytes {head!r})"
+    raise BadInputError(f"{redact(path)}: named {suffix} but holds {holds}")
+
+
 def open_lines(path: str | Path) -> io.BufferedReader:
-    """A binary line reader of a local file or a URI, decompressed as a stream by its suffix."""
+    """A binary line reader of a local file or a URI, decompressed as a stream by its suffix (a file
+    whose first bytes are another compression's is refused, naming it)."""
     path = str(path)
     suffix = compression_of(path)
     raw = storage.open_binary(path)
+    if suffix:
+        try:
+            _check_magic(raw, path, suffix)
+        except BadInputError:
+            raw.close()
+            raise
     if suffix == ZSTD:
         return io.BufferedReader(_ZstdLines(raw, path), buffer_size=BUFFER)
     if suffix:

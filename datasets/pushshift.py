@@ -21,7 +21,9 @@ Both give the same counts and the same pairs (tests/test_prepare.py compares the
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import shutil
 import tempfile
 import threading
 import time
@@ -512,6 +514,36 @@ def _spill_comments(spill: _Spill, paths: Sequence[str], cfg: RedditFilterConfig
     return lines_read, {("malformed", ""): malformed_lines}, examples
 
 
+SPILL_PREFIX = "convsts-pushshift-"  # + the pid of the process that spills there
+
+
+def remove_abandoned_spills() -> list[str]:
+    """Spill folders in the temporary directory whose process is gone (killed with SIGKILL, or the
+    machine went down mid-prepare) removed, and logged; another live prepare's are left alone."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{SPILL_PREFIX}*-*"):
+        pid = folder.name.removeprefix(SPILL_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(str(folder))
+    if removed:
+        logging.getLogger("convsts").info(
+            "removed %d spill folder(s) of prepares that ended: %s", len(removed), removed
+        )
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 def prepare_local(
     paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, out_dir: str | Path,
     rows_per_shard: int, parts: int,
@@ -520,7 +552,11 @@ def prepare_local(
     each split's shard records, as write_pairs gives them. The dumps are streamed (CHUNK_BYTES at a time) and
     spilled to a temporary folder on local disk (TMPDIR) in `parts` partitions (spill_partitions of the
     inputs' size): memory holds a chunk or a partition, not the input."""
-    with tempfile.TemporaryDirectory(prefix="convsts-pushshift-") as folder:
+    remove_abandoned_spills()
+    with (
+        tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{os.getpid()}-") as folder,
+        storage.writing(f"{folder} (the spill folder, in TMPDIR)"),  # a full disk names it
+    ):
         spill = _Spill(Path(folder), parts)
         lines_read, counts, examples = _spill_comments(spill, paths, cfg)
         later = spill.later_lines()

@@ -15,7 +15,9 @@ import fnmatch
 import glob as local_glob
 import hashlib
 import io
+import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -409,6 +411,27 @@ def write_bytes(path: str | Path, data: bytes | memoryview) -> None:
 
 def write_text(path: str | Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
+
+
+def json_text(value) -> str:
+    """`value` as indented JSON that every JSON reader takes: a NaN or infinite float (a metric that
+    could not be computed) is null, not the bare NaN Python's json writes."""
+
+    def finite(item):
+        if isinstance(item, float) and not math.isfinite(item):
+            return None
+        if isinstance(item, dict):
+            return {k: finite(v) for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [finite(v) for v in item]
+        return item
+
+    return json.dumps(finite(value), indent=2, allow_nan=False)
+
+
+def write_results(path: str | Path, results) -> None:
+    """A results.json: json_text, credentials redacted, written whole."""
+    write_text(path, redact(json_text(results)))
 
 
 def read_text(path: str | Path) -> str:

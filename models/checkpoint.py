@@ -397,7 +397,11 @@ class SentenceEncoder:
         if device is not None:
             self.to(device)
         single = isinstance(sentences, str)
-        return ([sentences] if isinstance(sentences, str) else list(sentences)), single
+        texts = [sentences] if single else list(sentences)
+        bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
+        if bad is not None:  # None or NaN (a missing cell) would silently embed as "" or fail deep inside
+            raise TypeError(f"encode: item {bad} is {type(texts[bad]).__name__} {texts[bad]!r}, not a string")
+        return texts, single
 
     def _embed_sorted(self, texts: list[str], batch_size: int, normalize: bool, bar) -> torch.Tensor:
         """(n, dim) on the model's device: the texts tokenized once, encoded longest first in batches cut

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from convsts.datasets import storage
@@ -401,12 +401,31 @@ def _validate_encoder_sizes(m: ModelConfig) -> None:
 
 def merge_layer(base, layer):
     """OmegaConf.merge of one config layer onto another, with REPLACED_MAPS taken whole from the layer."""
-    merged = OmegaConf.merge(base, layer)
+    try:
+        merged = OmegaConf.merge(base, layer)
+    except TypeError:  # a list where a mapping is expected, or the reverse: OmegaConf names no key
+        raise ConfigError(_container_mismatch(base, layer)) from None
     for key in REPLACED_MAPS:
         value = OmegaConf.select(layer, key, default=None)
         if value is not None:
             OmegaConf.update(merged, key, OmegaConf.to_container(value), merge=False)
     return merged
+
+
+def _container_mismatch(base, layer, prefix: str = "") -> str:
+    """The first key whose value in `layer` is a list where `base` has a mapping, or the reverse."""
+    for key, value in layer.items_ex(resolve=False) if isinstance(layer, DictConfig) else []:
+        have = base.get(key) if isinstance(base, DictConfig) else None
+        path = f"{prefix}{key}"
+        for want, got, kinds in ((DictConfig, ListConfig, "a mapping ({key: value, ...}), got a list"),
+                                 (ListConfig, DictConfig, "a list ([...]), got a mapping")):  # fmt: skip
+            if isinstance(have, want) and isinstance(value, got):
+                return f"config key '{path}': expected {kinds}"
+        if isinstance(have, DictConfig) and isinstance(value, DictConfig):
+            found = _container_mismatch(have, value, f"{path}.")
+            if found:
+                return found
+    return "config: a list where a mapping is expected, or the reverse"
 
 
 def _describe(err: OmegaConfBaseException, source: str, layer: Any = None) -> str:

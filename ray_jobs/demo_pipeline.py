@@ -6,7 +6,6 @@ write the comparison (results.json, results.md, the MLflow run).
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import time
 from collections.abc import Sequence
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from convsts.datasets import storage
 from convsts.datasets.errors import BadInputError
-from convsts.datasets.redaction import redact, redact_tree
+from convsts.datasets.redaction import redact_tree
 from convsts.datasets.text import load_tokenizer
 from convsts.models.checkpoint import save_checkpoint
 from convsts.models.encoders import DanEncoder, PretrainedEncoder
@@ -85,7 +84,7 @@ def run_demo(
         columns.update(evaluate_references(cfg, out_dir, trained.checkpoint, prepared, baselines))
         flat = write_results(cfg, out_dir, columns, uri, run_id)
         flat.update(checkpoint=str(trained.checkpoint), mlflow_run_id=run_id, seconds=round(time.time() - started, 1))
-        storage.write_text(out_dir / "results.json", redact(json.dumps(flat, indent=2)))
+        storage.write_results(out_dir / "results.json", flat)
         tracking.log_artifact(uri, run_id, str(out_dir / "results.json"))
         tracking.log_artifact(uri, run_id, str(out_dir / "results.md"))
         tracking.log_metrics(uri, run_id, {"demo/seconds": flat["seconds"]})

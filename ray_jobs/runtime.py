@@ -6,6 +6,7 @@ import errno
 import importlib.util
 import logging
 import os
+import signal
 import sys
 import traceback
 import warnings
@@ -244,7 +245,8 @@ def check_database_driver(uri: str, where: str) -> None:
 
 # Expected user errors: one line and exit 2 (run_main), never a traceback.
 # A full disk, a quota or the file-size limit: one line naming the file, not a traceback.
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# A read-only file system too: where the command had to write (its --out) is the user's to change.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 USER_ERRORS = (
     ConfigError,
     TrackingError,
@@ -291,6 +293,11 @@ class UserErrorLogFilter(logging.Filter):
         return exc is None or find_user_error(exc) is None
 
 
+def _terminated(signum, frame) -> None:
+    """SIGTERM handled as Ctrl+C: the command unwinds (temporary folders removed, the MLflow run ended)."""
+    raise KeyboardInterrupt(signum)
+
+
 def run_main(command: str, main, argv=None) -> int:
     """Run a command's main: an expected user error prints one line naming the file, row or key
     and exits 2, without a traceback; `--debug` (or CONVSTS_DEBUG=1) shows the traceback instead.
@@ -304,8 +311,15 @@ def run_main(command: str, main, argv=None) -> int:
     if not debug:
         for name in RAY_DATA_ERROR_LOGGERS:
             logging.getLogger(name).addFilter(UserErrorLogFilter())
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # what `timeout`, schedulers and `kill` send
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(main(argv) or 0)
+    except KeyboardInterrupt as exc:  # Ctrl+C or SIGTERM: what the command made is cleaned up on the way out
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+        name = signal.Signals(signum).name
+        print(f"convsts {command}: stopped by {name}; run the same command again to go on", file=sys.stderr)
+        return 128 + signum
     except Exception as exc:
         found = None if debug else find_user_error(exc)
         if found is None:  # the traceback, with any credential a message or URI carried redacted

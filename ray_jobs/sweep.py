@@ -319,7 +319,7 @@ def run_sweep(
     best = grid.get_best_result(metric=space.metric, mode=space.mode, scope="last")
     results = sweep_results(grid, best, space, base, out_dir, (frames, embeddings, checkpoint))
     results.update(mlflow_run_id=parent_run_id, failed_trials=failed, seconds=round(time.time() - started, 1))
-    storage.write_text(out_dir / "results.json", redact(json.dumps(results, indent=2)))
+    storage.write_results(out_dir / "results.json", results)
     log_sweep(uri, cfg, parent_run_id, best, space, results, out_dir, failed)
     if failed:
         raise SweepTrialsFailed(

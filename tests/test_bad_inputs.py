@@ -1353,3 +1353,71 @@ def test_a_store_that_fails_after_the_work_loses_no_results_and_what_can_be_chec
     with pytest.raises(ConfigError, match="needs the database driver .* \\(not installed here\\)") as refused:
         tracking_uri("postgresql://alice:PlAnTeDsEcReT@127.0.0.1:5432/mlflow", None)
     assert "PlAnTeD" not in str(refused.value)
+
+
+def test_sigterm_stops_a_prepare_in_one_line_and_spill_folders_of_ended_prepares_are_removed(tmp_path):
+    """SIGTERM (what `timeout` and schedulers send) during a pushshift prepare: one line, exit 143, its
+    spill folder removed. A spill folder whose process is gone (a SIGKILL) is removed by the next prepare."""
+    import signal
+    import time
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    abandoned = temp / f"convsts-pushshift-{dead.pid}-abc123"
+    (abandoned / "node").mkdir(parents=True)
+    (abandoned / "node" / "part-0.arrow").write_bytes(b"x" * 1000)
+    (tmp_path / "RC_2015-01").write_bytes(_dump_lines(400_000))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
+         "--out", str(tmp_path / "p")],
+        env={**ENV, "TMPDIR": str(temp)}, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while not list(temp.glob(f"convsts-pushshift-{proc.pid}-*")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert not abandoned.exists()  # the ended process's spill, removed before this one spilled
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.startswith("convsts ")]
+    assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
+    assert lines == ["convsts prepare: stopped by SIGTERM; run the same command again to go on"], err[-2000:]
+    assert list(temp.iterdir()) == []
+
+
+def test_a_warm_start_that_does_not_fit_the_model_is_refused_in_the_driver(tmp_path):
+    from convsts.ray_jobs.errors import ConfigError
+    from convsts.ray_jobs.training.run import check_warm_start
+
+    dan = _tiny_checkpoint(tmp_path / "dan")  # a DAN, embedding_dim 4
+    other = load_config(None, [f"trainer.warm_start={dan}", "model.encoder=transformer"])
+    with pytest.raises(
+        ConfigError, match=f"trainer.warm_start: {dan} holds a dan encoder; this run's model.encoder is transformer"
+    ):
+        check_warm_start(other)
+    wider = load_config(None, [f"trainer.warm_start={dan}", "model.dan.output_dim=6", "model.dan.embedding_dim=8",
+                               "model.dan.hidden_sizes=[4]"])  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"its encoder's .*embedding.weight is \(\d+, 4\), this run's model makes \(\d+, 8\)"
+    ):
+        check_warm_start(wider)
+    check_warm_start(load_config(None, [f"trainer.warm_start={dan}", "model.dan.output_dim=6", "model.dan.embedding_dim=4",
+                                        "model.dan.hidden_sizes=[4]"]))  # fmt: skip
+
+
+def test_a_file_named_for_one_compression_holding_another_is_named_by_what_it_holds(tmp_path):
+    import gzip
+
+    (tmp_path / "RC_2015-01.zst").write_bytes(gzip.compress(_dump_lines(50)))
+    result = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(tmp_path / "RC_2015-01.zst"),
+                  "--out", str(tmp_path / "p"))  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"{tmp_path / 'RC_2015-01.zst'}: named .zst but holds .gz data; rename it to end in .gz" in result.stderr
+
+
+def test_a_list_where_a_mapping_is_expected_names_the_key():
+    from convsts.ray_jobs.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"config key 'trainer.task_weights': expected a mapping \({key: value"):
+        load_config(None, ["trainer.task_weights=[1,2]"])

@@ -133,3 +133,11 @@ def test_similarity_of_every_pair_and_of_row_pairs(encoder):
         encoder.similarity(a, b, score="dot")
     with pytest.raises(ValueError, match="as many rows"):
         encoder.similarity_pairwise(a, b[:2])
+
+
+def test_an_item_that_is_not_a_string_is_one_type_error_naming_it(encoder):
+    with pytest.raises(TypeError, match="encode: item 1 is NoneType None, not a string"):
+        encoder.encode(["a dog", None])
+    with pytest.raises(TypeError, match="encode: item 0 is float nan, not a string"):
+        encoder.encode([float("nan")])
+    assert encoder.encode([""]).shape == (1, encoder.dim)  # an empty string is text

@@ -342,3 +342,10 @@ def test_the_cache_of_uri_folders_keeps_the_most_recently_used_copies(tmp_path, 
     assert kept == {newest.name, copies[0].name} | {c.name for c in copies[4:]}
     assert (newest / "weights").read_text() == f"weights {len(folders) - 1}"
     assert cache.local_copy(folders[1], "checkpoints").joinpath("weights").read_text() == "weights 1"  # fetched again
+
+
+def test_results_json_holds_null_for_a_metric_that_could_not_be_computed(tmp_path):
+    storage.write_results(tmp_path / "results.json", {"a": float("nan"), "b": [1.5, float("inf")], "c": "s3://K:S@b/x"})
+    text = (tmp_path / "results.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"a": None, "b": [1.5, None], "c": "s3://***@b/x"}

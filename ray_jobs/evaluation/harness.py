@@ -280,7 +280,7 @@ def run_evaluation(
         flat["checkpoint"] = str(checkpoint)
     table = results_document({scorer.name: results})
     storage.write_text(out_dir / "results.md", table + "\n")
-    storage.write_text(out_dir / "results.json", redact(json.dumps(flat, indent=2)))  # before MLflow: never lost to it
+    storage.write_results(out_dir / "results.json", flat)  # before MLflow: never lost to it
     if not log_to_mlflow:
         return flat
     try:
@@ -293,7 +293,7 @@ def run_evaluation(
             f"the results are in {out_dir / 'results.json'} and results.md; the MLflow store {redact(uri or '')} did "
             f"not take them ({type(err).__name__}: {detail})"
         ) from err
-    storage.write_text(out_dir / "results.json", redact(json.dumps(flat, indent=2)))  # with its MLflow run
+    storage.write_results(out_dir / "results.json", flat)  # with its MLflow run
     return flat
 
 

@@ -106,12 +106,13 @@ def recorded_storage(out_dir: Path, cfg: RunConfig) -> str | None:
     return where if isinstance(where, str) and where and REDACTED not in where else None
 
 
-def close_abandoned_run(out_dir: Path, tracking_uri: str) -> str | None:
+def close_abandoned_run(out_dir: Path, tracking_uri: str, going_on: str | None = None) -> str | None:
     """The earlier run's MLflow run id (recorded_run); where it is still RUNNING, its process ended
-    without closing it (killed: this process holds OUT's lock), so it ends KILLED, saying why."""
+    without closing it (killed: this process holds OUT's lock), so it ends KILLED, saying why, unless
+    it is `going_on` (a sweep's trial run again logs to its own run)."""
     run_id = recorded_run(out_dir)
-    if run_id is None:
-        return None
+    if run_id is None or run_id == going_on:
+        return run_id
     status = tracking.run_status(tracking_uri, run_id)
     if status == "RUNNING":
         tracking.set_tags(
@@ -155,9 +156,16 @@ def resumable_checkpoint(out_dir: Path, cfg: RunConfig) -> str | None:
     return newest_complete(folder) if folder else None
 
 
-def resolve_latest(out_dir: Path, cfg: RunConfig) -> None:
+def resolve_latest(out_dir: Path, cfg: RunConfig, storage_key: str | None = None) -> None:
     """trainer.resume_from=latest (`--resume latest`, or `--resume` alone) -> the checkpoint that
-    resumable_checkpoint finds; refused in one line where OUT's run left none."""
+    resumable_checkpoint finds; refused in one line where OUT's run left none. A run with a key of
+    its own (a sweep's trial, run again after its driver died) continues from the newest complete
+    checkpoint in its own folder, if any: Ray Train registers a checkpoint a while after its files
+    are written, so its snapshot may name none yet."""
+    if storage_key and not cfg.trainer.resume_from:
+        cfg.trainer.resume_from = newest_complete(storage.join(*run_storage(cfg, out_dir, storage_key))) or ""
+        if cfg.trainer.resume_from:
+            log.info("continuing from %s, the newest complete checkpoint of this run", redact(cfg.trainer.resume_from))
     if cfg.trainer.resume_from != RESUME_LATEST:
         return
     found = resumable_checkpoint(out_dir, cfg)

@@ -3,6 +3,7 @@ checkpoint and the MLflow run. `run_training` is what `convsts train`, `demo` an
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -16,6 +17,7 @@ from convsts.datasets import storage
 from convsts.datasets.redaction import redact, redact_tree
 from convsts.datasets.storage import resolve_path
 from convsts.models.checkpoint import (
+    build_model,
     check_complete,
     load_model,
     load_train_state,
@@ -104,10 +106,38 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: dict[str, str]) 
     return out
 
 
+def check_initial_weights(cfg: RunConfig, digests: dict[str, str]) -> None:
+    """The checkpoint a run resumes or warm-starts from, checked here, once, in one line, not in
+    every worker after Ray has started."""
+    if cfg.trainer.resume_from:
+        check_resumable(cfg, digests)
+    elif cfg.trainer.warm_start:
+        check_warm_start(cfg)
+
+
+def check_warm_start(cfg: RunConfig) -> None:
+    """trainer.warm_start's encoder fits this run's model (the same encoder, every tensor the same
+    shape), as every worker will load it."""
+    warm, tokenizer, meta = load_model(cfg.trainer.warm_start)
+    theirs, ours = meta.get("model", {}).get("encoder"), cfg.model.encoder
+    where = f"trainer.warm_start: {redact(cfg.trainer.warm_start)}"
+    if theirs != ours:
+        raise ConfigError(
+            f"{where} holds a {theirs} encoder; this run's model.encoder is {ours}: warm-start from a {ours} checkpoint"
+        )
+    mine = build_model(copy.deepcopy(cfg.model), tokenizer).encoder.state_dict()  # building fills hf_config
+    for name, tensor in warm.encoder.state_dict().items():
+        if name not in mine or mine[name].shape != tensor.shape:
+            shape = tuple(mine[name].shape) if name in mine else "no such tensor"
+            raise ConfigError(
+                f"{where}: its encoder's {name} is {tuple(tensor.shape)}, this run's model makes {shape}; "
+                f"set model.{ours}.* as the checkpoint's config.json has them"
+            )
+
+
 def check_resumable(cfg: RunConfig, digests: dict[str, str]) -> None:
     """The checkpoint to resume, refused in one line unless it is complete (not an upload that
-    stopped midway), of this run's model, tokenizer, tasks and data, and its train state readable:
-    here, once, not in every worker."""
+    stopped midway), of this run's model, tokenizer, tasks and data, and its train state readable."""
     check_complete(cfg.trainer.resume_from)
     differs = resume_mismatches(cfg.trainer.resume_from, cfg, digests)
     if differs:
@@ -170,13 +200,12 @@ def run_training(
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
     manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders, before any run exists
     uri = mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)  # a server that is not there, before any work
-    previous = close_abandoned_run(out_dir, uri)  # a killed run's MLflow run, left RUNNING, ends KILLED
-    resolve_latest(out_dir, cfg)  # --resume latest: the newest complete checkpoint of the run OUT records
+    previous = close_abandoned_run(out_dir, uri, run_id)  # a killed run's MLflow run, left RUNNING, ends KILLED
+    resolve_latest(out_dir, cfg, storage_key)  # --resume latest: the newest complete checkpoint of OUT's run
     claim_output(out_dir, cfg, fresh)
     storage.write_text(out_dir / CONFIG_FILE, redact(cfg.to_yaml()))  # the resolved config, as run
     digests = data_digests(manifests)
-    if cfg.trainer.resume_from:
-        check_resumable(cfg, digests)
+    check_initial_weights(cfg, digests)
     ensure_ray()
     check_training_fits(cfg, alive_nodes())  # a layout that fits no node is refused, not left waiting
     storage_root, storage_name = run_storage(cfg, out_dir, storage_key)
@@ -187,7 +216,7 @@ def run_training(
     if own_run:
         tags = {"convsts.job": "train"} | ({CONTINUES_TAG: continues} if continues else {})  # as MLflow shows it
         run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name, params, tags=tags)
-    else:
+    elif continues != run_id:  # a trial run again keeps the params of its first start (MLflow's are write-once)
         tracking.log_params(uri, run_id, params)
     record_run(out_dir, run_id, cfg, (storage_root, storage_name))  # before the first step: a rerun finds it
 

@@ -11,7 +11,7 @@ import torch
 
 from convsts.datasets.redaction import redact_tree
 from convsts.datasets.text import tokenizer_from_dict
-from convsts.models.checkpoint import save_checkpoint
+from convsts.models.checkpoint import read_meta, save_checkpoint
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import from_dict
 from convsts.ray_jobs.evaluation.sts import StsDevProbe
@@ -45,6 +45,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     tokenizer = tokenizer_from_dict(loop_config["tokenizer"])
     checkpoint = ray.train.get_checkpoint()
     model, state = restored_model(cfg, tokenizer, checkpoint)
+    # The same MLflow run goes on: Ray Train restored it, or a trial run again continues its own checkpoint.
+    restarted = checkpoint is not None or loop_config.get("continues") == loop_config.get("run_id")
     model.to(device).train()
 
     # Every rank asks for every dataset: the splits are built when rank 0 asks (Train V2).
@@ -64,25 +66,27 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             pad_id=tokenizer.pad_id,
         )
 
-    hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank, restarted=checkpoint is not None)
+    hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank, restarted=restarted)
     if plan.mode == "async":
         holder = loop_config["holder"]
         loop: TrainLoop = AsyncTrainLoop(cfg, model, plan, rank, open_stream, holder, tokenizer, hooks, state)
     else:
         loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
     if rank == 0:
-        _announce(loop_config, plan, world, device, loop.step, restarted=checkpoint is not None)
+        _announce(loop_config, plan, world, device, loop.step, restarted=restarted)
     loop.run()
 
 
 def restored_model(cfg, tokenizer, checkpoint):
-    """(the model, its train state): from Ray Train's checkpoint after a restart, else from
-    --resume, else fresh (seeded: identical on every rank) or warm-started."""
+    """(the model, its train state): from Ray Train's checkpoint after a restart or from --resume,
+    whichever is further on (a trial run again resumes its own newest complete checkpoint, which Ray
+    may not have registered), else fresh (seeded: identical on every rank) or warm-started."""
     fresh = checkpoint is None and not cfg.trainer.resume_from  # else a checkpoint's weights replace these
     model = initial_model(cfg, tokenizer, warm_start=fresh)
     if checkpoint is not None:
         with checkpoint.as_directory() as ckpt_dir:
-            return model, restore(model, checkpoint_dir=ckpt_dir)
+            if not cfg.trainer.resume_from or read_meta(ckpt_dir)["step"] >= read_meta(cfg.trainer.resume_from)["step"]:
+                return model, restore(model, checkpoint_dir=ckpt_dir)
     return model, restore(model, resume_from=cfg.trainer.resume_from or None)
 
 
