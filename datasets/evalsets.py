@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from convsts.datasets import storage
@@ -234,10 +235,16 @@ def _sts_columns(df: pd.DataFrame, path: str) -> pd.DataFrame:
             f"{path}: its label column holds only the classes {[int(c) for c in classes]}, not "
             f"similarity scores; name the score column one of {list(STS_COLUMN_NAMES['score'][:-1])}"
         )
+    # A row without one of its sentences (a short row, a null cell) is no pair to score: it is left
+    # out as a pair without gold is, and counted apart (`without_text`), never scored as "" or "nan".
+    texts = [df[picked[side]] for side in ("sentence1", "sentence2")]
+    no_text = np.zeros(len(df), dtype=bool)
+    for column in texts:
+        no_text |= (column.isna() | (column.astype(str).str.strip() == "")).to_numpy()
     frame = pd.DataFrame(
         {
-            "sentence1": df[picked["sentence1"]].astype(str),
-            "sentence2": df[picked["sentence2"]].astype(str),
+            "sentence1": texts[0].astype(str),
+            "sentence2": texts[1].astype(str),
             "score": scores.astype(float),
         }
     )
@@ -247,7 +254,9 @@ def _sts_columns(df: pd.DataFrame, path: str) -> pd.DataFrame:
             df[split].astype(str).str.strip().str.lower().str.replace(r"[^\w.-]+", "_", regex=True)
         )  # a metric name part
         frame["split"] = names.where(names != "", "unnamed").to_numpy()
-    return _without_missing_gold(frame)
+    kept = _without_missing_gold(frame[~no_text].reset_index(drop=True))
+    kept.attrs["without_text"] = int(no_text.sum())
+    return kept
 
 
 def _read_sts_input_and_gold(path: str) -> pd.DataFrame:

@@ -184,6 +184,12 @@ def parse_chunk(chunk: bytes) -> tuple[Any, np.ndarray]:
     return pa.concat_tables([good_rows, bad_rows]), np.concatenate([good_at, bad_at])
 
 
+# A line longer than this is no comment (Reddit caps a body at 10,000 characters): it is read past a
+# piece at a time, never held whole, and counted as a malformed line, shown as OVERSIZED_LINE.
+MAX_LINE_BYTES = 1 << 20
+OVERSIZED_LINE = b"<a line of over 1 MiB, skipped>\n"
+
+
 def _whole_lines(path: str, chunk_bytes: int) -> Generator[bytes, None, None]:
     """A file's bytes (decompressed), about chunk_bytes at a time, each piece ending at a line's end (the
     last may have no newline); a byte-order mark at the start removed. Read ahead in a thread: the
@@ -192,7 +198,11 @@ def _whole_lines(path: str, chunk_bytes: int) -> Generator[bytes, None, None]:
         first = True
         while block := fh.read(chunk_bytes):
             if not block.endswith(b"\n"):
-                block += fh.readline()
+                block += fh.readline(MAX_LINE_BYTES)
+            if not block.endswith(b"\n") and fh.peek(1):  # its last line is longer than any comment
+                block = block[: block.rfind(b"\n") + 1] + OVERSIZED_LINE
+                while (rest := fh.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                    pass  # the rest of that line, read and dropped a piece at a time
             if first and block.startswith(BOM):
                 block = block[len(BOM) :]
             first = False

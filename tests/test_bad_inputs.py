@@ -1421,3 +1421,29 @@ def test_a_list_where_a_mapping_is_expected_names_the_key():
 
     with pytest.raises(ConfigError, match=r"config key 'trainer.task_weights': expected a mapping \({key: value"):
         load_config(None, ["trainer.task_weights=[1,2]"])
+
+
+def test_an_sts_row_missing_a_sentence_is_counted_and_left_out(tmp_path):
+    from convsts.datasets.evalsets import read_sts_file
+
+    (tmp_path / "sts.tsv").write_text(
+        "sentence1\tsentence2\tscore\nA cat sits.\tA cat is sitting.\t4.5\nA dog runs.\t\t2.0\nOnly one field\n"
+        "A man sings.\tA man is singing.\t5.0\n"
+    )
+    frame = read_sts_file(tmp_path / "sts.tsv")
+    assert list(frame["sentence1"]) == ["A cat sits.", "A man sings."]
+    assert frame.attrs["without_text"] == 2 and frame.attrs["without_gold"] == 0
+
+
+def test_a_line_longer_than_any_comment_is_counted_malformed_not_held(tmp_path):
+    from convsts.datasets.pushshift import MAX_LINE_BYTES
+
+    lines = _dump_lines(40).splitlines(keepends=True)
+    huge = json.dumps({"id": "big", "body": "x" * (3 * MAX_LINE_BYTES), "parent_id": "t3_x"}).encode() + b"\n"
+    (tmp_path / "RC_2015-01").write_bytes(b"".join(lines[:20]) + huge + b"".join(lines[20:]))
+    result = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
+                  "--out", str(tmp_path / "p"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    assert manifest["lines_read"] == 41 and manifest["malformed"] == 1 and manifest["pairs"] == 20
+    assert manifest["malformed_examples"] == [f"{tmp_path / 'RC_2015-01'}:21"]  # named by its line

@@ -70,18 +70,19 @@ def sts_file_metrics(
     (sts_tuned/<name>/pairs). A file that ships several splits together is also scored split by
     split (sts/<name>/<split>/..., as `split` in read_sts_file's frame)."""
     frame = read_sts_file(path)
-    left_out = frame.attrs.get("without_gold", 0)
+    left_out, no_text = frame.attrs.get("without_gold", 0), frame.attrs.get("without_text", 0)
     # A file of several splits (a `split` column) is scored whole and split by split: sts/<name>/<split>/...
     parts = {"": np.ones(len(frame), dtype=bool)}  # (n,) each
     if "split" in frame.columns and frame["split"].nunique() > 1:
         parts.update({f"/{split}": (frame["split"] == split).to_numpy() for split in sorted(frame["split"].unique())})
     counts = ", ".join(f"{key[1:]} {int(rows.sum())}" for key, rows in parts.items() if key)
-    (log.warning if left_out else log.info)(
-        "sts %s: %d pairs scored%s%s",
+    (log.warning if left_out or no_text else log.info)(
+        "sts %s: %d pairs scored%s%s%s",
         name,
         len(frame),
         f" ({counts})" if counts else "",
         f", {left_out} without a gold score left out" if left_out else "",
+        f", {no_text} rows missing a sentence left out" if no_text else "",
     )
     embedded = stsb_embeddings(scorer, frame)
     scores = predicted_scores(embedded)  # (n,)
