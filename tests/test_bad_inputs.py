@@ -1447,3 +1447,52 @@ def test_a_line_longer_than_any_comment_is_counted_malformed_not_held(tmp_path):
     manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
     assert manifest["lines_read"] == 41 and manifest["malformed"] == 1 and manifest["pairs"] == 20
     assert manifest["malformed_examples"] == [f"{tmp_path / 'RC_2015-01'}:21"]  # named by its line
+
+
+def test_a_full_spill_disk_names_the_spill_folder_and_an_unwritable_out_is_one_line(tmp_path):
+    """No file over 4 kB may be written (RLIMIT_FSIZE: EFBIG, as a full TMPDIR): the error names the
+    spill folder in TMPDIR. An --out that cannot be written (EPERM here; a read-only file system's
+    EROFS is the same kind of error) is one line for prepare, train and evaluate, before any input is read."""
+    import errno
+    import resource
+    import signal
+
+    from convsts.datasets.pushshift import prepare_local
+    from convsts.datasets.reddit import RedditFilterConfig
+    from convsts.ray_jobs.runtime import find_user_error
+
+    (tmp_path / "RC").write_bytes(_dump_lines(20000))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        with pytest.raises(OSError, match="File too large") as caught:
+            prepare_local([str(tmp_path / "RC")], RedditFilterConfig(), 0.1, "s", tmp_path / "out", 500, 2)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert "convsts-pushshift-" in caught.value.filename and "(the spill folder, in TMPDIR)" in caught.value.filename
+
+    read_only = OSError(errno.EROFS, "Read-only file system", "/mnt/ro/out")
+    assert find_user_error(RuntimeError("the store's write failed too")) is None
+    assert find_user_error(read_only) is read_only
+    for command in (["prepare", "reddit", "--input", str(tmp_path / "RC"), "--out", "/sys/convsts-out/p"],
+                    ["train", "--out", "/sys/convsts-out/t", "trainer.steps=0"],
+                    ["evaluate", "--baseline", "bow", "--out", "/sys/convsts-out/e"]):  # fmt: skip
+        result = _run("-m", "convsts.ray_jobs.cli", *command)
+        lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
+        assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert "/sys/convsts-out" in lines[0], lines
+
+
+def test_an_interrupted_prepare_behind_a_symlinked_out_is_prepared_again(tmp_path):
+    real, link = tmp_path / "real", tmp_path / "link"
+    (real / "train").mkdir(parents=True)
+    (real / "train" / "part-00000.parquet").write_bytes(b"PAR1 half a shard")
+    (real / ".convsts-prepare").write_text('{"task": "reddit"}\n')  # what a killed prepare leaves
+    link.symlink_to(real, target_is_directory=True)
+    pairs = REPO / "datasets" / "sample" / "reddit_pairs.parquet"
+    result = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(pairs), "--out", str(link))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "removed, prepared again" in result.stderr and link.is_symlink()
+    assert json.loads((real / "manifest.json").read_text())["pairs"] > 0 and not (real / ".convsts-prepare").exists()
