@@ -68,7 +68,7 @@ def hf_normalizer(lowercase: bool = False):
     for code in NUMERIC_REFERENCES:
         references |= {f"&#{code};": chr(code), f"&#x{code:x};": chr(code), f"&#x{code:X};": chr(code)}
     ordered = sorted(references, key=lambda ref: ref == "&amp;")  # &amp; last
-    steps = [normalizers.Replace(ref, references[ref]) for ref in ordered]
+    steps: list[normalizers.Normalizer] = [normalizers.Replace(ref, references[ref]) for ref in ordered]
     steps += [normalizers.Replace(Regex(_URL_RE.pattern), " <url> ")]
     steps += [normalizers.Lowercase()] if lowercase else []
     steps += [normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]

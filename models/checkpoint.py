@@ -397,11 +397,11 @@ class SentenceEncoder:
         if device is not None:
             self.to(device)
         single = isinstance(sentences, str)
-        texts = [sentences] if single else list(sentences)
-        bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
+        items: list[Any] = [sentences] if single else list(sentences)
+        bad = next((i for i, text in enumerate(items) if not isinstance(text, str)), None)
         if bad is not None:  # None or NaN (a missing cell) would silently embed as "" or fail deep inside
-            raise TypeError(f"encode: item {bad} is {type(texts[bad]).__name__} {texts[bad]!r}, not a string")
-        return texts, single
+            raise TypeError(f"encode: item {bad} is {type(items[bad]).__name__} {items[bad]!r}, not a string")
+        return items, single
 
     def _embed_sorted(self, texts: list[str], batch_size: int, normalize: bool, bar) -> torch.Tensor:
         """(n, dim) on the model's device: the texts tokenized once, encoded longest first in batches cut

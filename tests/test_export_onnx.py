@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny import EXPORT_PROBES
 
 pytest.importorskip("onnxruntime")
 
@@ -27,7 +28,7 @@ HEADS = {"reddit": "response", "snli": "nli"}
 @pytest.fixture(scope="module")
 def sentences():
     frame = pd.read_parquet(SAMPLE)
-    return list(frame.sentence1[:200]) + list(frame.sentence2[:200]) + ["", "a"]
+    return list(frame.sentence1[:200]) + list(frame.sentence2[:200]) + ["", "a"] + EXPORT_PROBES
 
 
 def _checkpoint(kind: str, texts, folder: Path) -> Path:

@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 from local_cluster import BIN, free_port, stop_pids
+from tiny import EXPORT_PROBES
 
 from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
 from convsts.models import load, save_checkpoint
@@ -144,6 +145,8 @@ def test_mlflow_model_loads_registers_and_serves_over_http(model_folder, tmp_pat
     try:
         loaded = mlflow.pyfunc.load_model(model_uri)
         np.testing.assert_allclose(loaded.predict(pd.DataFrame({"text": TEXTS})), expected, atol=1e-5)
+        probes = loaded.predict(pd.DataFrame({"text": EXPORT_PROBES}))  # URLs, entities, emoji, empty strings
+        np.testing.assert_allclose(probes, load(model_folder).encode(EXPORT_PROBES), atol=1e-5)
         raw = loaded.predict(pd.DataFrame({"text": TEXTS}), params={"normalize_embeddings": False})
         assert not np.allclose(np.linalg.norm(raw[:2], axis=1), 1.0)
         tuned = loaded.predict(pd.DataFrame({"text": TEXTS}), params={"tuned": True})

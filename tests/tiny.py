@@ -20,3 +20,14 @@ TINY_TRAIN = ["trainer.steps=4", "trainer.log_every=2", "trainer.checkpoint_ever
 # tests' bit-for-bit comparison of two runs covers the fixed order of the trainer's feed. Not a
 # setting a run checks against the folder.
 SAMPLE_PREPARE = ["data.rows_per_shard=500"]
+
+# Texts that `normalize` changes before tokenizing: URLs, character references (named, numeric,
+# escaped twice), runs of spaces, emoji, and empty ones.
+EXPORT_PROBES = [
+    "see https://example.com/a?b=1&amp;c=2 and www.example.org for it",
+    "fish &amp; chips &gt; salad &lt;3 &quot;ok&quot; it&#39;s &#x27;fine&#x27; &eacute;t&eacute; &amp;gt; no",
+    "a\u200b zero&#x200B;width and&nbsp;no-break   spaces\t\tand\nlines",
+    "emoji 😀🎉 and a cut one \ufffd here",
+    "",
+    "   ",
+]
