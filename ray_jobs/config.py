@@ -416,7 +416,7 @@ def _container_mismatch(base, layer, prefix: str = "") -> str:
     """The first key whose value in `layer` is a list where `base` has a mapping, or the reverse."""
     for key, value in layer.items_ex(resolve=False) if isinstance(layer, DictConfig) else []:
         have = base.get(key) if isinstance(base, DictConfig) else None
-        path = f"{prefix}{key}"
+        path = f"{prefix}{key!s}"
         for want, got, kinds in ((DictConfig, ListConfig, "a mapping ({key: value, ...}), got a list"),
                                  (ListConfig, DictConfig, "a list ([...]), got a mapping")):  # fmt: skip
             if isinstance(have, want) and isinstance(value, got):
@@ -477,7 +477,7 @@ def is_override(item: str) -> bool:
     """A command-line KEY=VALUE whose KEY starts at a run config key (trainer.steps=5, seed=1), not
     a list option's own NAME=FILE (--sts sts12=FILE)."""
     found = OVERRIDE_ITEM.match(item)
-    return bool(found) and found.group(1) in {f.name for f in dataclasses.fields(RunConfig)}
+    return found is not None and found.group(1) in {f.name for f in dataclasses.fields(RunConfig)}
 
 
 def parse_with_overrides(

@@ -41,7 +41,8 @@ def field_comments(cls: type) -> dict[str, str]:
             continue
         text = comments.get(node.end_lineno or node.lineno) or comments.get(node.lineno, "")
         if not text:
-            above, line = [], node.lineno - 1
+            above: list[str] = []
+            line = node.lineno - 1
             while line in comments and lines[line - 1].strip().startswith("#"):
                 above.insert(0, comments[line])
                 line -= 1
@@ -66,7 +67,7 @@ def entries(cls: type = RunConfig, prefix: str = "") -> Iterator[tuple[str, str,
         else:
             value = getattr(default, f.name)
             value = (
-                [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
+                [dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v for v in value]
                 if isinstance(value, list)
                 else value
             )

@@ -10,6 +10,7 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from convsts.datasets import storage
 from convsts.datasets.errors import BadInputError
@@ -150,7 +151,7 @@ def evaluate_references(
     return columns
 
 
-def write_results(cfg: RunConfig, out_dir: Path, columns: dict, uri: str, run_id: str) -> dict[str, object]:
+def write_results(cfg: RunConfig, out_dir: Path, columns: dict, uri: str, run_id: str) -> dict[str, Any]:
     """The trained encoder's metrics with its paired gain over the untrained encoder, and the
     references' under untrained/ and baseline/<name>/: results.md and the MLflow run; returns them flat."""
     trained_name = next(iter(columns))

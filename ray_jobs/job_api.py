@@ -46,7 +46,9 @@ def configure_auth() -> str:
         if mode == "token" and "ray._raylet" in sys.modules:
             # Ray reads RAY_AUTH_MODE into its config when first imported; refresh it, as Ray's own
             # token set-up does (ray._private.authentication.authentication_token_setup).
-            from ray._raylet import Config  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+            from ray._raylet import (  # type: ignore[attr-defined]  # compiled; no stub names it
+                Config,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+            )
 
             Config.initialize("")
     return mode

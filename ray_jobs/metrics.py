@@ -21,16 +21,11 @@ __all__ = [
 ]
 
 
-def spearman(pred: Sequence[float], gold: Sequence[float]) -> float:
-    pred, gold = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
-    if (
-        len(pred) < 2
-        or not (np.isfinite(pred).all() and np.isfinite(gold).all())
-        or np.std(pred) == 0
-        or np.std(gold) == 0
-    ):
+def spearman(pred: Sequence[float] | np.ndarray, gold: Sequence[float] | np.ndarray) -> float:
+    x, y = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
+    if len(x) < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()) or np.std(x) == 0 or np.std(y) == 0:
         return float("nan")
-    return float(stats.spearmanr(pred, gold)[0])
+    return float(stats.spearmanr(x, y)[0])
 
 
 def precision_at_n(scores: np.ndarray, ns: Sequence[int] = (1, 3, 10)) -> dict[int, float]:
@@ -58,12 +53,12 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, fl
     """Mean of a - b over the same items (e.g. two models' P@1 hits on the same queries and
     candidates) and its standard error: the paired test, much tighter than comparing two means
     with their own standard errors, since both systems meet the same easy and hard items."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1 or len(a) < 2:
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1 or len(x) < 2:
         raise ValueError(
-            f"paired difference needs two equal-length series of 2 or more items, got {a.shape} and {b.shape}"
+            f"paired difference needs two equal-length series of 2 or more items, got {x.shape} and {y.shape}"
         )
-    d = a - b  # (n,)
+    d = x - y  # (n,)
     return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d)))
 
 
@@ -72,10 +67,10 @@ def average_precision(scores: Sequence[float], relevant: Sequence[bool], cutoff:
     sorted by score descending (stable: ties keep the given order, as the scorer keeps file order),
     the mean of precision at each relevant candidate within the first `cutoff`; 0 when none of
     those is relevant (such a query still counts in the mean)."""
-    scores = np.asarray(scores, dtype=np.float64)
-    if not np.isfinite(scores).all():
+    values = np.asarray(scores, dtype=np.float64)
+    if not np.isfinite(values).all():
         return float("nan")
-    order = np.argsort(-scores, kind="stable")
+    order = np.argsort(-values, kind="stable")
     rel = np.asarray(relevant, dtype=bool)[order][:cutoff]
     if not rel.any():
         return 0.0

@@ -33,7 +33,7 @@ PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 REQUIREMENTS = ("torch", "numpy", "pandas", "safetensors", "tokenizers", "pyarrow", "transformers")
 
 
-class EncoderModel(mlflow.pyfunc.PythonModel):
+class EncoderModel(mlflow.pyfunc.PythonModel):  # type: ignore[name-defined]  # mlflow.pyfunc re-exports it lazily
     """pyfunc wrapper of SentenceEncoder.encode."""
 
     def load_context(self, context) -> None:

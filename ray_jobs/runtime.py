@@ -11,6 +11,7 @@ import sys
 import traceback
 import warnings
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -130,7 +131,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if not (sys.stdout.isatty() and sys.stderr.isatty()):  # a log file, a pipe or a job's log, not a terminal:
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # worker lines without colour codes (a user's own setting wins)
     address = address or os.environ.get("RAY_ADDRESS")
-    kwargs = {"logging_level": logging.INFO if verbose() else logging.WARNING, "log_to_driver": True}
+    kwargs: dict[str, Any] = {"logging_level": logging.INFO if verbose() else logging.WARNING, "log_to_driver": True}
     # A submitted job whose own runtime env names a setup hook keeps it (Ray refuses two).
     if "worker_process_setup_hook" not in os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", ""):
         kwargs["runtime_env"] = {"worker_process_setup_hook": f"{__name__}.worker_setup"}
@@ -262,7 +263,8 @@ USER_ERRORS = (
 def find_user_error(exc: BaseException) -> BaseException | None:
     """The expected user error (bad config, bad or missing input) behind `exc`, also when Ray
     wrapped it (a task's error travels as RayTaskError with `.cause`, Ray Data's as UserCodeException)."""
-    types, seen, todo, first = USER_ERRORS, set(), [exc], None
+    types, seen, first = USER_ERRORS, set(), None
+    todo: list[BaseException | None] = [exc]
     while todo:
         e = todo.pop(0)
         if e is None or id(e) in seen:

@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -44,6 +44,7 @@ from convsts.tune_spaces import TuneSpace
 SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_transform_sweep.safetensors
 
 
+CURVE_PARAM = "data.snli_fraction"  # a train space searching it also gets curve.csv and curve.png against it
 STATE_FILE = "sweep.json"  # OUT/sweep.json: the parent run id and what defines the sweep (sweep_record), for resumption
 
 
@@ -57,7 +58,7 @@ def trial_config(base: dict[str, Any], params: dict[str, Any], fixed: Sequence[s
         for key, value in params.items():
             OmegaConf.update(layer, key, value)
         merged = merge_layer(merged, layer)
-    return from_dict(OmegaConf.to_container(merged), source="trial parameters")
+    return from_dict(cast(dict[str, Any], OmegaConf.to_container(merged)), source="trial parameters")
 
 
 def check_space_keys(space: TuneSpace, base: RunConfig, extra: dict[str, Any]) -> None:
@@ -77,7 +78,8 @@ def grid_overrides(items: Sequence[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep:
             raise ConfigError(f"--param {item!r}: expected key=value or key=[v1,v2]")
-        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))["v"]
+        value = OmegaConf.from_dotlist([f"v={raw}"])["v"]
+        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
         out[key] = tune.grid_search(list(value)) if isinstance(value, list) else value
     return out
 
@@ -385,11 +387,14 @@ def sweep_results(grid, best, space: TuneSpace, base: dict, out_dir: Path, sts_i
     best_params = dict(best.config.items())
     storage.write_text(out_dir / "best_config.yaml", redact(trial_config(base, best_params, space.fixed).to_yaml()))
     if space.objective == "sts_matrix":
-        results = _sts_matrix_results(best, *sts_inputs, out_dir)
+        frames, embeddings, checkpoint = sts_inputs
+        results = _sts_matrix_results(best, frames, embeddings, checkpoint, out_dir)
     else:
         results = {k: v for k, v in best.metrics.items() if isinstance(v, (int, float)) and "/" in k}
         results["checkpoint"] = best.metrics.get("checkpoint_dir", "")
-        _fraction_curve(grid, space, out_dir)
+        _trials_table(grid, space, out_dir)
+        if CURVE_PARAM in space.params():  # the data-quantity curve: the metrics against the SNLI fraction
+            _fraction_curve(grid, space, out_dir)
     results.update(
         best_trial=Path(best.path).name, trials=len(grid), trials_failed=sum(r.error is not None for r in grid)
     )
@@ -403,14 +408,15 @@ def check_sweep_inputs(
     checkpoint: str | None,
     reddit_checkpoint: str | None,
 ) -> None:
-    """Refuse a sweep that cannot run, before any work; a train sweep warm-starts every trial."""
+    """Refuse a sweep that cannot run, before any work. A train sweep's trials warm-start from
+    --reddit-checkpoint when it is given (else from trainer.warm_start, or from scratch)."""
     check_space_keys(space, cfg, param_overrides)
     if space.objective == "sts_matrix" and not checkpoint:
         raise ConfigError(f"space {space.name} needs --checkpoint (the encoder whose embeddings are tuned)")
-    if space.objective == "train":
-        if not reddit_checkpoint:
-            raise ConfigError(f"space {space.name} needs --reddit-checkpoint (every trial warm-starts from it)")
+    if space.objective == "train" and reddit_checkpoint:
         cfg.trainer.warm_start = str(Path(reddit_checkpoint).resolve())
+    if space.objective == "train":
+        log.info("sweep %s: every trial starts from %s", space.name, cfg.trainer.warm_start or "scratch (seeded)")
 
 
 def open_sweep(
@@ -474,7 +480,7 @@ def sweep_trainable(
     )
     if space.objective == "sts_matrix":
         log.info("encoding STS-B train/dev/test once with %s", checkpoint)
-        frames, embeddings = stsb_embeddings_of(checkpoint, cfg)
+        frames, embeddings = stsb_embeddings_of(str(checkpoint), cfg)  # check_sweep_inputs: it is given
         return tune.with_parameters(sts_matrix_trial, embeddings=embeddings, **shared), frames, embeddings
     prepared = prepared_location(cfg, out_dir, prepared_dir)
     ensure_prepared(cfg, prepared)
@@ -512,7 +518,7 @@ def log_sweep(
     tracking.log_params(uri, parent_run_id, {f"best.{k}": v for k, v in _plain(dict(best.config.items())).items()})
     tracking.log_metrics(uri, parent_run_id, {k: v for k, v in results.items() if "/" in k})
     tracking.set_tags(uri, parent_run_id, {"convsts.best_trial_run": best_child or ""})
-    for name in ("best_config.yaml", "results.json", "curve.png", "curve.csv", "sts_transform.safetensors"):
+    for name in ("best_config.yaml", "results.json", "trials.csv", "curve.png", "curve.csv", "sts_transform.safetensors"):
         if (out_dir / name).is_file():
             tracking.log_artifact(uri, parent_run_id, str(out_dir / name))
     if failed:
@@ -563,6 +569,8 @@ def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path
 
     with best.checkpoint.as_directory() as folder:
         transform = load_sts_transform(folder)
+    if transform is None:
+        raise RuntimeError(f"the best trial's checkpoint {best.checkpoint.path} holds no STS matrix")
     results: dict[str, Any] = dict(transformed_sts_metrics(transform, frames, embeddings))
     transform.save(out_dir)
     # Beside the checkpoint under its own name (evaluate's matrix stays): encode(tuned=SWEEP_MATRIX).
@@ -573,22 +581,46 @@ def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path
     return results
 
 
+def _trials_table(grid, space: TuneSpace, out_dir: Path) -> None:
+    """out_dir/trials.csv: every finished trial of a train sweep, its searched values (one column per
+    key of the space) and the space's report metrics, in trial order."""
+    searched = sorted(space.params())
+    rows = [
+        {"trial": Path(r.path).name}
+        | {key: _plain_value(r.config.get(key)) for key in searched}
+        | {name: r.metrics.get(name, math.nan) for name in space.report}
+        for r in sorted(grid, key=lambda r: Path(r.path).name)
+        if r.error is None and r.metrics
+    ]
+    if rows:
+        storage.write_text(out_dir / "trials.csv", _csv(rows))
+
+
+def _plain_value(value: Any) -> Any:
+    """A searched value as a CSV cell: a list or mapping (trainer.stages) as JSON."""
+    return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return table.getvalue()
+
+
 def _fraction_curve(grid, space: TuneSpace, out_dir: Path) -> None:
     rows = []
     for result in grid:
         if result.error is not None or not result.metrics:
             continue
         row = {
-            "fraction": result.config["data.snli_fraction"],
+            "fraction": result.config[CURVE_PARAM],
             "seed": result.config.get("data.snli_fraction_seed", 0),
             "trial": Path(result.path).name,
         }
         row.update({name: result.metrics.get(name, math.nan) for name in space.report})
         rows.append(row)
     rows.sort(key=lambda r: (r["fraction"], r["seed"]))
-    table = io.StringIO(newline="")
-    writer = csv.DictWriter(table, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    storage.write_text(out_dir / "curve.csv", table.getvalue())
+    storage.write_text(out_dir / "curve.csv", _csv(rows))
     fraction_curve_plot(rows, [m for m in space.report if m.startswith("stsb/")], out_dir / "curve.png")

@@ -327,3 +327,34 @@ def test_a_sweep_whose_driver_is_killed_mid_trial_restarts_the_trial_from_its_ow
     assert len(restarts) == 1 and restarts[0] >= 20 and restarts[0] % 20 == 0, (restarts, starts, second.stdout[-3000:])
     steps = [m.step for m in client.get_metric_history(run_id, "reddit/loss")]
     assert len(steps) == len(set(steps)) and max(steps) == 80 and min(steps) < 20, sorted(steps)  # each step once
+
+
+def _doc_block(path: Path, heading: str) -> str:
+    """The first ```python block under `heading` in a markdown file, as written there."""
+    text = path.read_text(encoding="utf-8").split(f"## {heading}", 1)[1]
+    return text.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.slow
+def test_the_documented_custom_space_runs_as_written(ray_session, sample_prepared, mlflow_uri, tmp_path):
+    """docs/tune.md's "Your own space" (a train space over trainer.stages), its module written as the
+    docs show it and passed as --space module:SPACE: no --reddit-checkpoint needed (trials train from
+    scratch), every trial in trials.csv with its searched stages, no fraction curve asked of it."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "my_spaces.py").write_text(_doc_block(REPO / "docs" / "tune.md", "Your own space"))
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "convsts.ray_jobs.tune", "--space", "my_spaces:SPACE", "--out", str(out),
+           "--prepared", str(sample_prepared), "--max-concurrent", "1", *TINY_MODEL, "trainer.steps=4",
+           "trainer.checkpoint_every=4", "trainer.cpus_per_worker=0.4", f"mlflow.tracking_uri={mlflow_uri}",
+           "mlflow.experiment=tune-custom-space"]  # fmt: skip
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "mods"), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "every trial starts from scratch (seeded)" in done.stdout + done.stderr
+    trials = pd.read_csv(out / "trials.csv")
+    lrs = sorted(json.loads(stages)[0]["lr"] for stages in trials["trainer.stages"])
+    assert len(trials) == 3 and lrs == [0.0003, 0.001, 0.003], trials
+    assert not (out / "curve.csv").exists()
+    results = json.loads((out / "results.json").read_text())
+    assert results["trials"] == 3 and -1 <= results["stsb/dev/pearson"] <= 1

@@ -107,9 +107,9 @@ def evaluate(
                     log.info("replaced the tuned STS matrix in %s (dev r %.4f)", path, transform.dev_pearson)
     # The pairs the matrix was fitted and selected on, once for every --sts file.
     fitted = set(pair_keys(pd.concat([frames["train"], frames["dev"]]))) if transform is not None and names else set()
-    for path, name in names.items():
+    for sts_path, name in names.items():
         stage(f"STS set {name}")
-        results.update(sts_file_metrics(scorer, path, name, transform, fitted))
+        results.update(sts_file_metrics(scorer, sts_path, name, transform, fitted))
     for task in tasks:
         stage(f"task {task.name}")
         metrics, items = task.evaluate_items(scorer, cfg, prepared_dir)
@@ -281,7 +281,7 @@ def run_evaluation(
     table = results_document({scorer.name: results})
     storage.write_text(out_dir / "results.md", table + "\n")
     storage.write_results(out_dir / "results.json", flat)  # before MLflow: never lost to it
-    if not log_to_mlflow:
+    if uri is None:  # not logged to MLflow
         return flat
     try:
         run = EvaluationRun(uri, run_id, step, trained, cards)
@@ -301,7 +301,8 @@ def evaluation_scorer(cfg: RunConfig, checkpoint: str | None, baseline: str | No
     """(the scorer, the checkpoint's local folder, its meta) once the prepared folders the evaluation
     reads are verified (a half-written folder is refused, not scored; a checkpoint trained on the
     held-out rows too is refused)."""
-    local = meta = None
+    local: Path | None = None
+    meta: dict[str, Any] = {}
     if checkpoint:
         local = checkpoint_folder(checkpoint)  # a URI's files, copied to this machine once and read from there
         meta = read_meta(local)
@@ -311,10 +312,9 @@ def evaluation_scorer(cfg: RunConfig, checkpoint: str | None, baseline: str | No
                 manifest = verify_prepared(task, prepared)
                 if checkpoint:
                     check_held_out(task, manifest, prepared, checkpoint, meta)
-    scorer = (
-        EmbeddingScorer(load(local), cfg.eval.batch_size) if checkpoint else baseline_scorer(baseline, cfg, prepared)
-    )
-    return scorer, local, meta
+    if local is not None:
+        return EmbeddingScorer(load(local), cfg.eval.batch_size), local, meta
+    return baseline_scorer(str(baseline), cfg, prepared), None, None
 
 
 def stsb_test_plots(scorer, cfg: RunConfig, out_dir: Path, results: dict, label: str) -> list[Path]:
@@ -349,9 +349,11 @@ def log_evaluation(
 ) -> str:
     """The metrics (against the training step of the weights scored), plots and items in the MLflow
     run; the training run's model brought up to date with its results; returns the run id."""
-    uri, run_id = run.uri, run.run_id
-    own_run = run_id is None
-    if own_run:
+    uri = run.uri
+    own_run = run.run_id is None
+    if run.run_id is not None:
+        run_id = run.run_id
+    else:
         run_id = tracking.start_run(
             uri,
             cfg.mlflow.experiment,

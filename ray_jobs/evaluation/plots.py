@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ def scatter_plot(predicted: np.ndarray, frame: pd.DataFrame, path: Path, title: 
     plt.close(fig)
 
 
-def loss_curves_plot(histories: dict[str, Sequence[tuple]], path: Path, title: str) -> None:
+def loss_curves_plot(histories: Mapping[str, Sequence[tuple]], path: Path, title: str) -> None:
     """Each task's training loss (and batch accuracy, right panel) against the step:
     `histories` maps a metric name ("reddit/loss") to its (step, value) points."""
     plt = _pyplot()

@@ -42,7 +42,7 @@ class RedditTask(Task):
         if len(kinds) != 1:
             raise BadInputError(f"mixed input formats {sorted(kinds)}; prepare them separately: {formats}")
         kind = kinds.pop()
-        stored = sum(storage.file_stat(f)[0] for f in files)
+        stored = sum(stat[0] for f in files if (stat := storage.file_stat(f)) is not None)  # files: they exist
         in_driver = stored <= (cfg.data.dump_local_bytes if kind == "pushshift" else cfg.data.driver_bytes)
         log.info(
             "reddit: %d %s file(s) -> %s (%s)",

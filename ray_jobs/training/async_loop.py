@@ -108,7 +108,7 @@ class AsyncTrainLoop(TrainLoop):
         and room in the task's share for both)."""
         return self.cfg.trainer.async_overlap and reply["room"] >= 2
 
-    def _receive(self, in_flight, run_start: float) -> bool:
+    def _receive(self, in_flight: tuple[Any, Any, int], run_start: float) -> bool:
         """Take the reply to the update in flight; save when a checkpoint is due. True at the end."""
         reply = self.update.receive()
         metrics = self._applied(reply, *in_flight, run_start)

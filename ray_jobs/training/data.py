@@ -6,7 +6,7 @@ Ray), for single-process loops."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -97,7 +97,7 @@ def build_tokenizer(cfg: RunConfig, prepared_root: str, driver_read_bytes: int =
             # once in it: every occurrence adds (a dict of the pairs would keep only the last).
             for word, count in zip(batch["word"].tolist(), batch["count"].tolist()):
                 total[word] += count
-    return TOKENIZERS[kind].build(total, cfg.tokenizer)
+    return TOKENIZERS[kind].build(total, cfg.tokenizer)  # type: ignore[union-attr]  # a kind that fits from counts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ class TaskStream:
             idx = order[j * self.batch_size : (j + 1) * self.batch_size]  # (B,)
             yield {k: v[idx] for k, v in rows.items()}
 
-    def _batches(self, skip: int) -> Iterator[dict[str, torch.Tensor]]:
+    def _batches(self, skip: int) -> Generator[dict[str, torch.Tensor], None, None]:
         while True:
             produced = 0
             for batch in self._epoch():

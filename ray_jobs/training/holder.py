@@ -270,7 +270,7 @@ class HolderUpdate(torch.optim.Optimizer):
         sparse = {id(p) for p in model.sparse_parameters()}
         self.sparse = {n for n, p in self.named.items() if id(p) in sparse}
         self.pending: dict[str, Wire] | None = None
-        self.in_flight = None  # the ObjectRef of the reply to the update being applied
+        self.in_flight: Any = None  # the ObjectRef of the reply to the update being applied
         self.generation = self.version = self.pending_version = 0
         self.attempts = 0
         self.pushed = 0  # updates of this worker the holder applied

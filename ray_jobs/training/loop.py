@@ -155,6 +155,7 @@ class TrainLoop:
 
     def _evaluate(self) -> None:
         """Rank 0's in-training evaluation: said, logged, and kept to rank the next checkpoints."""
+        assert self.hooks.evaluate is not None, "evaluated where no evaluation hook is set"
         self.last_eval = self.hooks.evaluate(self.model)
         self.hooks.say(
             f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items())

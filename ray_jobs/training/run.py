@@ -213,7 +213,7 @@ def run_training(
     params = flatten(cfg.to_dict())
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
     continues = previous if cfg.trainer.resume_from else None  # the run this one resumes
-    if own_run:
+    if run_id is None:
         tags = {"convsts.job": "train"} | ({CONTINUES_TAG: continues} if continues else {})  # as MLflow shows it
         run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name, params, tags=tags)
     elif continues != run_id:  # a trial run again keeps the params of its first start (MLflow's are write-once)
@@ -375,7 +375,7 @@ def _torch_trainer(
         ),
         datasets=datasets,
         dataset_config=task_split_data_config(plan, cfg.trainer.preserve_order),
-        run_config=ray.train.RunConfig(
+        run_config=ray.train.RunConfig(  # type: ignore[call-arg]  # Train V2's (RAY_TRAIN_V2_ENABLED); stubs: V1's
             storage_path=location[0],
             name=location[1],
             checkpoint_config=checkpoint_config(cfg),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ def make_optimizer(
     tables = [p for p in params if id(p) in sparse_ids]
     dense = [p for p in params if id(p) not in sparse_ids]
     dense_scale = scale * trainer.dense_lr_scale
-    groups = [
+    groups: list[dict[str, Any]] = [
         g
         for g in (
             {"params": tables, "lr": lr * scale, "lr_scale": scale},

@@ -26,8 +26,9 @@ def say_once(line: str) -> None:
     """One progress line on the worker's real stdout (Ray forwards it to the driver). Ray Train
     patches `print` in workers to also log each line through the root logger, which printed every
     line twice."""
-    sys.__stdout__.write(line + "\n")
-    sys.__stdout__.flush()
+    out = sys.__stdout__ or sys.stdout  # None only where Python started without a stdout
+    out.write(line + "\n")
+    out.flush()
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
