@@ -518,7 +518,14 @@ def log_sweep(
     tracking.log_params(uri, parent_run_id, {f"best.{k}": v for k, v in _plain(dict(best.config.items())).items()})
     tracking.log_metrics(uri, parent_run_id, {k: v for k, v in results.items() if "/" in k})
     tracking.set_tags(uri, parent_run_id, {"convsts.best_trial_run": best_child or ""})
-    for name in ("best_config.yaml", "results.json", "trials.csv", "curve.png", "curve.csv", "sts_transform.safetensors"):
+    for name in (
+        "best_config.yaml",
+        "results.json",
+        "trials.csv",
+        "curve.png",
+        "curve.csv",
+        "sts_transform.safetensors",
+    ):
         if (out_dir / name).is_file():
             tracking.log_artifact(uri, parent_run_id, str(out_dir / name))
     if failed:
