@@ -44,7 +44,6 @@ from convsts.tune_spaces import TuneSpace
 SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_transform_sweep.safetensors
 
 
-CURVE_PARAM = "data.snli_fraction"  # a train space searching it also gets curve.csv and curve.png against it
 STATE_FILE = "sweep.json"  # OUT/sweep.json: the parent run id and what defines the sweep (sweep_record), for resumption
 
 
@@ -393,7 +392,7 @@ def sweep_results(grid, best, space: TuneSpace, base: dict, out_dir: Path, sts_i
         results = {k: v for k, v in best.metrics.items() if isinstance(v, (int, float)) and "/" in k}
         results["checkpoint"] = best.metrics.get("checkpoint_dir", "")
         _trials_table(grid, space, out_dir)
-        if CURVE_PARAM in space.params():  # the data-quantity curve: the metrics against the SNLI fraction
+        if space.curve:  # the space's curve: its report metrics against one of its parameters
             _fraction_curve(grid, space, out_dir)
     results.update(
         best_trial=Path(best.path).name, trials=len(grid), trials_failed=sum(r.error is not None for r in grid)
@@ -622,7 +621,7 @@ def _fraction_curve(grid, space: TuneSpace, out_dir: Path) -> None:
         if result.error is not None or not result.metrics:
             continue
         row = {
-            "fraction": result.config[CURVE_PARAM],
+            "fraction": result.config[space.curve],
             "seed": result.config.get("data.snli_fraction_seed", 0),
             "trial": Path(result.path).name,
         }

@@ -33,13 +33,18 @@ class TuneSpace:
     num_samples: int = 1  # samples of the random dimensions (grids are crossed with them)
     scheduler: str | None = None  # "asha" or None; ASHA needs per-iteration reports of `metric`
     max_t: int = 0  # ASHA: the most iterations a trial runs (epochs for sts_matrix)
-    report: list[str] = field(default_factory=list)  # metrics that go into curve.csv / the summary
+    report: list[str] = field(default_factory=list)  # metrics that go into trials.csv, curve.csv / the summary
+    # A train space's curve: the metrics of `report` against this parameter (curve.csv, curve.png;
+    # "data.snli_fraction": the data-quantity curve). "" = none: trials.csv holds every trial.
+    curve: str = ""
 
     def validate(self) -> TuneSpace:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"space {self.name}: objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.mode not in ("max", "min"):
             raise ValueError(f"space {self.name}: mode must be max or min, got {self.mode!r}")
+        if self.curve and self.curve not in self.params():
+            raise ValueError(f"space {self.name}: curve {self.curve!r} is not one of its parameters")
         if self.scheduler not in (None, "asha"):
             raise ValueError(f"space {self.name}: scheduler must be asha or None, got {self.scheduler!r}")
         return self

@@ -23,6 +23,7 @@ SPACE = TuneSpace(
     mode="max",
     params=params,
     fixed=["eval.tuned.enabled=false"],
+    curve="data.snli_fraction",
     report=[
         "stsb/dev/pearson",
         "stsb/dev/captions/pearson",
