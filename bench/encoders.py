@@ -59,7 +59,8 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     from convsts.datasets.reddit import read_pairs_file
     from convsts.datasets.storage import resolve_path
     from convsts.datasets.text import TokenizerConfig, fit_tokenizer
-    from convsts.models.checkpoint import SentenceEncoder, build_model
+    from convsts.models.checkpoint import build_model
+    from convsts.models.sentence_encoder import SentenceEncoder
     from convsts.models.config import ModelConfig
     from convsts.models.encoders import encoder_class
     from convsts.ray_jobs.config import load_config

@@ -10,7 +10,7 @@ import pandas as pd
 
 from convsts.datasets.evalsets import pair_keys, read_sts_file, read_stsb, stsb_split_path
 from convsts.datasets.storage import resolve_path
-from convsts.models.checkpoint import SentenceEncoder
+from convsts.models.sentence_encoder import SentenceEncoder
 from convsts.models.similarity import angular_score_from_cosine, pearson
 from convsts.models.sts_transform import StsTransform, fit_sts_transform
 from convsts.ray_jobs.config import RunConfig
