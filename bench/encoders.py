@@ -60,9 +60,9 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     from convsts.datasets.storage import resolve_path
     from convsts.datasets.text import TokenizerConfig, fit_tokenizer
     from convsts.models.checkpoint import build_model
-    from convsts.models.sentence_encoder import SentenceEncoder
     from convsts.models.config import ModelConfig
     from convsts.models.encoders import encoder_class
+    from convsts.models.sentence_encoder import SentenceEncoder
     from convsts.ray_jobs.config import load_config
     from convsts.ray_jobs.task_groups import GradientCombiner, plan_tasks
     from convsts.ray_jobs.tasks import get_task

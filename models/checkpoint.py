@@ -37,7 +37,7 @@ from convsts.datasets.errors import BadInputError
 from convsts.datasets.redaction import redact
 from convsts.datasets.text import save_tokenizer, tokenizer_from_dict
 from convsts.models.config import ModelConfig
-from convsts.models.heads import LEGACY_HEADS, MultitaskModel
+from convsts.models.heads import MultitaskModel
 
 STS_PATTERN = "sts_transform*.safetensors"  # the tuned STS matrices (evaluate's and named ones)
 
@@ -309,7 +309,10 @@ def load_model(path: str | Path) -> tuple[MultitaskModel, Any, dict[str, Any]]:
         raise BadInputError(
             f"{path / 'config.json'}: {err}; the checkpoint is damaged or from another program"
         ) from None
-    model = build_model(config, tokenizer, meta.get("heads", LEGACY_HEADS))
+    heads = meta.get("heads")
+    if not isinstance(heads, dict) or not heads:
+        raise BadInputError(f"{path / 'config.json'}: no task heads recorded; the checkpoint is damaged")
+    model = build_model(config, tokenizer, heads)
     try:
         model.load_state_dict(_load_weights(path / "model.safetensors"))
     except RuntimeError as err:  # shapes or names that do not match config.json

@@ -37,10 +37,10 @@ from torch import nn
 from convsts.datasets.errors import BadInputError
 from convsts.datasets.text import hf_normalizer, save_tokenizer, tokenizer_from_dict
 from convsts.models.checkpoint import staging_folder
-from convsts.models.sentence_encoder import load
 from convsts.models.encoders import PretrainedEncoder
 from convsts.models.heads import MultitaskModel
 from convsts.models.quiet import quiet_loggers
+from convsts.models.sentence_encoder import load
 
 ONNX_FILE = "model.onnx"
 ONNX_OUTPUT = "sentence_embedding"

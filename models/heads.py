@@ -18,8 +18,8 @@ from torch import nn
 from convsts.models.config import ModelConfig
 from convsts.models.encoders import build_encoder
 
-# The heads of checkpoints written before config.json listed them (format 2).
-LEGACY_HEADS = {"reddit": "response", "snli": "nli"}
+# The heads of a model built without naming them: the paper's pair (Reddit response, SNLI classifier).
+DEFAULT_HEADS = {"reddit": "response", "snli": "nli"}
 
 
 class ResponseHead(nn.Module):
@@ -72,7 +72,7 @@ class MultitaskModel(nn.Module):
     def __init__(self, config: ModelConfig, num_words: int, num_bigrams: int, heads: dict[str, str] | None = None):
         super().__init__()
         self.config = config
-        self.head_kinds = dict(heads or LEGACY_HEADS)  # {task: head kind}
+        self.head_kinds = dict(heads or DEFAULT_HEADS)  # {task: head kind}
         self.encoder = build_encoder(config, num_words, num_bigrams)
         dim = self.encoder.output_dim
         self.heads = nn.ModuleDict({task: head_class(kind)(dim, config) for task, kind in self.head_kinds.items()})

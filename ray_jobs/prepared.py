@@ -76,7 +76,7 @@ def manifest_shape_problem(manifest: Any) -> str | None:
     if not isinstance(manifest, dict):
         return f"not a JSON object but {type(manifest).__name__}"
     if "shards" not in manifest:
-        return "lists no shards (written by an older convsts)"
+        return "lists no shards"
     if not isinstance(manifest["shards"], dict):
         return "shards: not a mapping of splits to shard lists"
     lists = [(f"shards.{split}", listed, SHARD_ENTRY) for split, listed in manifest["shards"].items()]
@@ -178,7 +178,7 @@ def settings_mismatches(
         parent, _, name = key.rpartition(".")
         prefix = f"{parent}." if parent else ""
         if name not in manifest:
-            out.append(f"{key} (not recorded: the folder was prepared by an older convsts)")
+            out.append(f"{key} (not recorded in its manifest)")
             continue
         recorded.update(flatten({name: manifest[name]}, prefix))
         current.update(flatten({name: config_value(config, key)}, prefix))

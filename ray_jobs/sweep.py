@@ -244,11 +244,10 @@ def sweep_record(
 
 def resume_differences(state: dict[str, Any], record: dict[str, Any]) -> list[str]:
     """'KEY=RECORDED (this command: VALUE)' for each part of sweep_record that differs from the one
-    in STATE_FILE; none for a state written before the record (not compared, logged)."""
+    in STATE_FILE (a state that records none differs whole)."""
     recorded = state.get("sweep")
-    if recorded is None:
-        log.info("%s predates the sweep record: this command's settings are not compared with the sweep's", STATE_FILE)
-        return []
+    if not isinstance(recorded, dict):
+        return [f"{STATE_FILE} records no sweep settings"]
     sections = {
         "--space": "space",
         "--num-samples": "num_samples",

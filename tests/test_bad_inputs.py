@@ -1042,8 +1042,8 @@ def test_nan_scores_give_nan_metrics_never_a_perfect_score():
 def test_nan_embeddings_make_the_retrieval_and_sts_metrics_nan():
     from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
     from convsts.models.checkpoint import build_model
-    from convsts.models.sentence_encoder import SentenceEncoder
     from convsts.models.config import DanConfig, ModelConfig
+    from convsts.models.sentence_encoder import SentenceEncoder
     from convsts.ray_jobs.evaluation.retrieval import precision_at_n_metrics
     from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
     from convsts.ray_jobs.evaluation.sts import sts_metrics

@@ -111,7 +111,8 @@ def test_a_sweep_is_resumed_only_by_the_command_that_started_it(tmp_path):
         "--param data.snli_fraction.grid_search='[0.1, 1.0]' (this command: '[0.1, 0.5]')",
         "trainer.steps=10 (this command: 20)",
     ]
-    assert resume_differences({"parent_run_id": "x"}, other) == []  # a state from before the record: not compared
+    # A state that records no settings is never taken for this sweep's.
+    assert resume_differences({"parent_run_id": "x"}, other) == ["sweep.json records no sweep settings"]
     secret = sweep_record(
         space, load_config(None, ["mlflow.tracking_uri=http://alice:PlAnTeD@127.0.0.1:5000"]), {}, 1, None, None
     )

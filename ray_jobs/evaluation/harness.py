@@ -20,7 +20,7 @@ from convsts.datasets.errors import BadInputError
 from convsts.datasets.evalsets import check_sts_entries, pair_keys
 from convsts.datasets.redaction import redact
 from convsts.models import load
-from convsts.models.checkpoint import checkpoint_folder, load_train_state, read_meta
+from convsts.models.checkpoint import checkpoint_folder, read_meta
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs import tracking
 from convsts.ray_jobs.config import RunConfig
@@ -385,9 +385,7 @@ def check_held_out(task, manifest: dict[str, object], prepared: str, checkpoint:
     trained = meta.get("run_config", {})
     if task.name not in trained.get("trainer", {}).get("task_weights", {}):
         return
-    recorded = tuple(
-        k for k in task.split_keys if config_value(trained, k) is not None
-    )  # older checkpoints: what they hold
+    recorded = tuple(k for k in task.split_keys if config_value(trained, k) is not None)  # the keys it records
     differs = settings_mismatches(task, manifest, trained, recorded, label=f"{checkpoint} trained with")
     if differs:
         raise BadInputError(
@@ -405,16 +403,12 @@ def model_label(checkpoint: str, meta: dict[str, Any], step: int) -> str:
 
 
 def trained_step(checkpoint: str) -> int:
-    """The training step of a checkpoint's weights: config.json's "step" (checkpoints and model
-    folders since it was added), else the train state (older checkpoints), else the steps the run
-    config asked for."""
+    """The training step of a checkpoint's weights: config.json's "step" (every checkpoint and model
+    folder a run writes), else the steps its run config asked for (a folder saved by hand)."""
 
     meta = read_meta(checkpoint)
     if "step" in meta:
         return int(meta["step"])
-    state = load_train_state(checkpoint)
-    if state is not None and "step" in state:
-        return int(state["step"])
     return int(meta.get("run_config", {}).get("trainer", {}).get("steps", 0))
 
 
