@@ -56,7 +56,9 @@ REQUIRED_MODEL_KEYS = ("encoder", "dan", "transformer", "response_hidden", "nli_
 def model_config_from_dict(data: Any) -> ModelConfig:
     """A checkpoint's `model` section -> ModelConfig, every key and type checked and every size
     bounded before anything is built; ValueError naming the key (`model.dan.hidden_sizes[1]`)."""
-    return _dataclass_from(ModelConfig, data, "model", REQUIRED_MODEL_KEYS)
+    config = _dataclass_from(ModelConfig, data, "model", REQUIRED_MODEL_KEYS)
+    config.check_sizes()  # the run config's rules: a checkpoint whose sizes no run would make is refused
+    return config
 
 
 def _dataclass_from(cls: type, data: Any, key: str, required: tuple[str, ...] = ()) -> Any:

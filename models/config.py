@@ -72,6 +72,36 @@ class ModelConfig:
     nli_hidden: int = 512  # the hidden layer of the SNLI classifier head
     nli_classes: int = 3  # entailment, neutral, contradiction
 
+    def check_sizes(self) -> None:
+        """Every size of the architecture in its range (one rule set, for a run config and for a
+        checkpoint's config.json alike): ValueError naming the first key out of it."""
+        m = self
+        rules = [
+            *((f"dan.{k}", getattr(m.dan, k), ">= 1", getattr(m.dan, k) >= 1) for k in ("embedding_dim", "output_dim")),
+            *((f"dan.hidden_sizes[{i}]", size, ">= 1", size >= 1) for i, size in enumerate(m.dan.hidden_sizes)),
+            *(
+                (f"transformer.{k}", getattr(m.transformer, k), ">= 1", getattr(m.transformer, k) >= 1)
+                for k in ("num_layers", "num_heads", "hidden_size", "filter_size", "max_positions", "output_dim")
+            ),
+            (
+                "transformer.hidden_size",
+                m.transformer.hidden_size,
+                f"a multiple of model.transformer.num_heads ({m.transformer.num_heads})",
+                m.transformer.num_heads >= 1 and m.transformer.hidden_size % m.transformer.num_heads == 0,
+            ),
+            ("transformer.dropout", m.transformer.dropout, "in [0, 1)", 0 <= m.transformer.dropout < 1),
+            *(
+                (f"bilstm.{k}", getattr(m.bilstm, k), ">= 1", getattr(m.bilstm, k) >= 1)
+                for k in ("hidden_size", "embedding_dim")
+            ),
+            ("bilstm.output_dim", m.bilstm.output_dim, ">= 0 (0 = no projection)", m.bilstm.output_dim >= 0),
+            *((k, getattr(m, k), ">= 1", getattr(m, k) >= 1) for k in ("response_hidden", "nli_hidden")),
+            ("nli_classes", m.nli_classes, ">= 2", m.nli_classes >= 2),
+        ]
+        for key, value, rule, ok in rules:
+            if not ok:
+                raise ValueError(f"config key 'model.{key}': must be {rule}, got {value!r}")
+
 
 # `model.encoder` values and `model.pretrained.pooling` values (models/encoders.py checks its
 # ENCODERS registry against ENCODER_NAMES), here so that a config is checked without loading torch.

@@ -378,25 +378,10 @@ def _validate_model_numbers(m: ModelConfig, t: TrainerConfig) -> None:
 
 
 def _validate_encoder_sizes(m: ModelConfig) -> None:
-    for key in ("embedding_dim", "output_dim"):
-        _need(getattr(m.dan, key) >= 1, f"model.dan.{key}", ">= 1", getattr(m.dan, key))
-    for i, size in enumerate(m.dan.hidden_sizes):
-        _need(size >= 1, f"model.dan.hidden_sizes[{i}]", ">= 1", size)
-    for key in ("num_layers", "num_heads", "hidden_size", "filter_size", "max_positions", "output_dim"):
-        _need(getattr(m.transformer, key) >= 1, f"model.transformer.{key}", ">= 1", getattr(m.transformer, key))
-    _need(
-        m.transformer.hidden_size % m.transformer.num_heads == 0,
-        "model.transformer.hidden_size",
-        f"a multiple of model.transformer.num_heads ({m.transformer.num_heads})",
-        m.transformer.hidden_size,
-    )
-    _need(0 <= m.transformer.dropout < 1, "model.transformer.dropout", "in [0, 1)", m.transformer.dropout)
-    for key in ("hidden_size", "embedding_dim"):
-        _need(getattr(m.bilstm, key) >= 1, f"model.bilstm.{key}", ">= 1", getattr(m.bilstm, key))
-    _need(m.bilstm.output_dim >= 0, "model.bilstm.output_dim", ">= 0 (0 = no projection)", m.bilstm.output_dim)
-    for key in ("response_hidden", "nli_hidden"):
-        _need(getattr(m, key) >= 1, f"model.{key}", ">= 1", getattr(m, key))
-    _need(m.nli_classes >= 2, "model.nli_classes", ">= 2", m.nli_classes)
+    try:
+        m.check_sizes()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def merge_layer(base, layer):

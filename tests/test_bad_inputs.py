@@ -1497,3 +1497,20 @@ def test_an_interrupted_prepare_behind_a_symlinked_out_is_prepared_again(tmp_pat
     assert result.returncode == 0, result.stderr[-2000:]
     assert "removed, prepared again" in result.stderr and link.is_symlink()
     assert json.loads((real / "manifest.json").read_text())["pairs"] > 0 and not (real / ".convsts-prepare").exists()
+
+
+def test_a_checkpoint_config_is_held_to_the_run_configs_size_rules():
+    """One rule set for the architecture: a config.json whose Transformer no run would build (hidden
+    size not a multiple of the heads) is refused at load, as the run config refuses it."""
+    import dataclasses
+
+    from convsts.models.checkpoint import model_config_from_dict
+    from convsts.models.config import ModelConfig
+    from convsts.ray_jobs.errors import ConfigError
+
+    meta = dataclasses.asdict(ModelConfig(encoder="transformer"))
+    meta["transformer"].update(num_heads=3, hidden_size=64)
+    with pytest.raises(ValueError, match=r"'model.transformer.hidden_size': must be a multiple of .*num_heads \(3\)"):
+        model_config_from_dict(meta)
+    with pytest.raises(ConfigError, match=r"'model.transformer.hidden_size': must be a multiple"):
+        load_config(None, ["model.transformer.num_heads=3", "model.transformer.hidden_size=64"])
