@@ -61,11 +61,14 @@ def trial_config(base: dict[str, Any], params: dict[str, Any], fixed: Sequence[s
 
 
 def check_space_keys(space: TuneSpace, base: RunConfig, extra: dict[str, Any]) -> None:
-    """Every dotted key of the space names a config field: fail before any trial starts."""
-    flat = flatten(base.to_dict())
+    """Every dotted key of the space names a config field (a value, or a whole mapping such as
+    trainer.task_weights): fail before any trial starts."""
     for key in list(space.params()) + list(extra):
-        if key not in flat:
-            raise ConfigError(f"tune space {space.name}: config key '{key}' does not exist")
+        node: Any = base.to_dict()
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise ConfigError(f"tune space {space.name}: config key '{key}' does not exist")
+            node = node[part]
 
 
 def grid_overrides(items: Sequence[str]) -> dict[str, Any]:
@@ -390,7 +393,9 @@ def sweep_results(grid, best, space: TuneSpace, base: dict, out_dir: Path, sts_i
     else:
         results = {k: v for k, v in best.metrics.items() if isinstance(v, (int, float)) and "/" in k}
         results["checkpoint"] = best.metrics.get("checkpoint_dir", "")
-        _trials_table(grid, space, out_dir)
+        rows = _trials_table(grid, space, out_dir)
+        if space.table and rows:
+            _mean_table(rows, space, out_dir)
         if space.curve:  # the space's curve: its report metrics against one of its parameters
             _fraction_curve(grid, space, out_dir)
     results.update(
@@ -520,12 +525,15 @@ def log_sweep(
         "best_config.yaml",
         "results.json",
         "trials.csv",
+        "table.md",
         "curve.png",
         "curve.csv",
         "sts_transform.safetensors",
     ):
         if (out_dir / name).is_file():
             tracking.log_artifact(uri, parent_run_id, str(out_dir / name))
+    if (out_dir / "table.md").is_file():  # the run page opens on the space's table
+        tracking.describe_run(uri, parent_run_id, f"{space.description}\n\n{(out_dir / 'table.md').read_text()}")
     if failed:
         tracking.set_tags(uri, parent_run_id, {"convsts.failed_trials": ",".join(failed)})
     tracking.end_run(uri, parent_run_id, "FAILED" if failed else "FINISHED")
@@ -586,7 +594,7 @@ def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path
     return results
 
 
-def _trials_table(grid, space: TuneSpace, out_dir: Path) -> None:
+def _trials_table(grid, space: TuneSpace, out_dir: Path) -> list[dict[str, Any]]:
     """out_dir/trials.csv: every finished trial of a train sweep, its searched values (one column per
     key of the space) and the space's report metrics, in trial order."""
     searched = sorted(space.params())
@@ -599,6 +607,42 @@ def _trials_table(grid, space: TuneSpace, out_dir: Path) -> None:
     ]
     if rows:
         storage.write_text(out_dir / "trials.csv", _csv(rows))
+    return rows
+
+
+def _mean_table(rows: list[dict[str, Any]], space: TuneSpace, out_dir: Path) -> None:
+    """out_dir/table.md: a column per value of space.table (in trial order), a row per report metric,
+    each cell the mean and standard deviation over the trials that share the value (their seeds)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(row[space.table], []).append(row)
+    labels = [_label(value) for value in groups]
+    lines = [f"| metric | {' | '.join(labels)} |", "|---" * (len(labels) + 1) + "|"]
+    lines.append("| trials | " + " | ".join(str(len(members)) for members in groups.values()) + " |")
+    for metric in space.report:
+        lines.append(f"| {metric} | " + " | ".join(_mean_sd([r[metric] for r in rs]) for rs in groups.values()) + " |")
+    storage.write_text(out_dir / "table.md", "\n".join(lines) + "\n")
+
+
+def _label(value: Any) -> str:
+    """A searched value as a column title: task weights {"reddit": 0.95, "snli": 0.05} -> reddit 0.95 + snli 0.05."""
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return str(value)
+    if isinstance(parsed, dict):
+        return " + ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in parsed.items())
+    return str(parsed)
+
+
+def _mean_sd(values: list[Any]) -> str:
+    """'mean ± sd' of the finite values (sample sd), the value alone for one, '—' for none."""
+    finite = np.array([v for v in values if isinstance(v, (int, float)) and math.isfinite(v)], dtype=np.float64)
+    if len(finite) == 0:
+        return "—"
+    if len(finite) == 1:
+        return f"{finite[0]:.4f}"
+    return f"{finite.mean():.4f} ± {finite.std(ddof=1):.4f}"
 
 
 def _plain_value(value: Any) -> Any:

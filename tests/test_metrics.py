@@ -85,3 +85,28 @@ def test_pearson_of_huge_scores_is_their_correlation_not_an_overflow():
     assert M.pearson(pred, gold) == pytest.approx(1.0)
     assert M.pearson(pred, [-g for g in gold]) == pytest.approx(-1.0)
     assert math.isnan(M.pearson(pred, [1e306] * 4))  # constant: no correlation
+
+
+def test_sts_metrics_by_genre_match_a_hand_computation():
+    """stsb/<split>/<genre>/pearson: Pearson's r over the pairs of that genre only, as computed by hand."""
+    import pandas as pd
+
+    from convsts.ray_jobs.evaluation.sts import sts_metrics_from_scores
+
+    frame = pd.DataFrame(
+        {
+            "genre": ["news", "captions", "news", "forums", "captions", "news", "captions", "forums"],
+            "score": [1.0, 2.0, 3.0, 4.0, 5.0, 0.5, 3.5, 1.5],
+        }  # fmt: skip
+    )
+    scores = np.array([0.2, 0.1, 0.9, 0.8, 0.7, 0.3, 0.2, 0.4])
+
+    def r(x, y):  # Pearson by hand: covariance over the product of standard deviations
+        x, y = np.asarray(x) - np.mean(x), np.asarray(y) - np.mean(y)
+        return float((x * y).sum() / np.sqrt((x * x).sum() * (y * y).sum()))
+
+    out = sts_metrics_from_scores(scores, frame, "stsb/test")
+    assert out["stsb/test/pearson"] == pytest.approx(r(scores, frame["score"]))
+    for genre in ("captions", "forums", "news"):
+        rows = (frame["genre"] == genre).to_numpy()
+        assert out[f"stsb/test/{genre}/pearson"] == pytest.approx(r(scores[rows], frame["score"][rows]))

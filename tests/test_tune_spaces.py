@@ -117,3 +117,30 @@ def test_a_sweep_is_resumed_only_by_the_command_that_started_it(tmp_path):
         space, load_config(None, ["mlflow.tracking_uri=http://alice:PlAnTeD@127.0.0.1:5000"]), {}, 1, None, None
     )
     assert "PlAnTeD" not in str(secret)
+
+
+def test_the_task_mix_table_is_the_mean_and_sd_over_seeds_per_mix(tmp_path):
+    """table.md of a train space with `table`: a column per task mix (in trial order), a row per report
+    metric, each cell the mean ± sample standard deviation over that mix's seeds."""
+    import json
+
+    from convsts.ray_jobs.sweep import _mean_table
+    from convsts.tune_spaces import get_space
+
+    space = get_space("task_mix")
+    assert space.table == "trainer.task_weights" and space.curve == ""
+    assert {"stsb/test/captions/pearson", "stsb_tuned/test/news/pearson", "stsb/dev/pearson"} <= set(space.report)
+    rows = []
+    for mix, values in (({"reddit": 1.0}, [0.5, 0.7]), ({"reddit": 0.95, "snli": 0.05}, [0.6, 0.6, 0.9])):
+        for seed, value in enumerate(values):
+            row = {"trial": f"t{len(rows)}", "trainer.task_weights": json.dumps(mix, sort_keys=True), "seed": seed}
+            rows.append(row | {metric: value for metric in space.report} | {"reddit/p_at_1": float("nan")})
+    _mean_table(rows, space, tmp_path)
+    lines = (tmp_path / "table.md").read_text().splitlines()
+    assert lines[0] == "| metric | reddit 1 | reddit 0.95 + snli 0.05 |"
+    assert lines[2] == "| trials | 2 | 3 |"
+    assert (
+        lines[3] == "| stsb/dev/pearson | 0.6000 ± 0.1414 | 0.7000 ± 0.1732 |"
+    )  # sd of (0.5, 0.7), of (0.6, 0.6, 0.9)
+    assert "| reddit/p_at_1 | — | — |" in lines
+    assert len(lines) == 3 + len(space.report)

@@ -37,14 +37,18 @@ class TuneSpace:
     # A train space's curve: the metrics of `report` against this parameter (curve.csv, curve.png;
     # "data.snli_fraction": the data-quantity curve). "" = none: trials.csv holds every trial.
     curve: str = ""
+    # A train space's table: one row per value of this parameter, each report metric as the mean and
+    # standard deviation over the trials that share it (seeds): table.md, the parent run's description.
+    table: str = ""
 
     def validate(self) -> TuneSpace:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"space {self.name}: objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.mode not in ("max", "min"):
             raise ValueError(f"space {self.name}: mode must be max or min, got {self.mode!r}")
-        if self.curve and self.curve not in self.params():
-            raise ValueError(f"space {self.name}: curve {self.curve!r} is not one of its parameters")
+        for kind, key in (("curve", self.curve), ("table", self.table)):
+            if key and key not in self.params():
+                raise ValueError(f"space {self.name}: {kind} {key!r} is not one of its parameters")
         if self.scheduler not in (None, "asha"):
             raise ValueError(f"space {self.name}: scheduler must be asha or None, got {self.scheduler!r}")
         return self
