@@ -5,9 +5,11 @@
 #   unit tier:  `pytest`, no Ray (a test that starts Ray fails there)
 #   slow tier:  `pytest --slow -m slow`, Ray, Ray Train / Tune jobs, servers, end to end
 # Both tiers run in two pytest-xdist processes (-n 2): a test waiting on Ray, a subprocess or a
-# server leaves a core to the other. Tests that share a module fixture run in one process
-# (`pytest.mark.xdist_group`, --dist loadgroup); xdist hands out the scopes with the most tests
-# first (a group before the single tests).
+# server leaves a core to the other. Each test file runs whole in one process (--dist loadfile), so a
+# module fixture (the four-node cluster of test_cluster_ray.py) is made once; xdist hands out the
+# files with the most tests first. (--dist loadgroup would group by `xdist_group` marks, but
+# pytest-xdist 3.8 does not apply them under pytest 9: the cluster tests ran in both processes, each
+# starting its own cluster.)
 # Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k prepare`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +18,7 @@ export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 MLFLOW_SERVER_ENABLE_JOB
 
 stage() { echo; echo "[test] $1 ($(date -u +%H:%M:%S))"; }
 tests() {  # pytest's exit code 5 (no test collected) is a failure too
-  .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+  .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
   local rc=$?
   if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: treating as a failure"; return 1; fi
   return "$rc"

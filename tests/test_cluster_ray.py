@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 BUCKET = "s3://convsts-cluster"
 PASSWORD = "Pl4ntedPassw0rd"  # made up: the user-info of the drivers' tracking URI
 
-# One pytest-xdist process runs the module (its cluster is a module fixture); as the largest group it goes first.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster")]
+# One pytest-xdist process runs the module (its cluster is a module fixture): scripts/test.sh's --dist loadfile.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
