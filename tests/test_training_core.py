@@ -229,16 +229,21 @@ def test_a_toy_task_is_one_module_plus_config_entries(tmp_path):
     assert torch.equal(loaded.model.heads["toy"].score.weight, model.heads["toy"].score.weight)
 
 
-def test_format_2_checkpoints_without_a_heads_entry_still_load(tmp_path):
+def test_a_checkpoint_records_its_heads_and_one_without_them_is_refused(tmp_path):
+    """config.json names the task heads (every checkpoint of this format writes them); one without
+    is damaged, refused in one line rather than given a guessed pair of heads."""
+    from convsts.datasets.errors import BadInputError
+
     cfg = load_config(None, TINY)
     model = build_model(cfg.model, _tokenizer(cfg))
     save_checkpoint(tmp_path / "c", model, _tokenizer(cfg), {})
-    meta = json.loads((tmp_path / "c" / "config.json").read_text())
-    del meta["heads"]  # as written before the head registry
-    (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
     loaded = load(tmp_path / "c")
-    assert set(loaded.model.heads) == {"reddit", "snli"}
-    assert loaded.encode(["a man plays"]).shape == (1, 6)
+    assert set(loaded.model.heads) == {"reddit", "snli"} and loaded.encode(["a man plays"]).shape == (1, 6)
+    meta = json.loads((tmp_path / "c" / "config.json").read_text())
+    del meta["heads"]
+    (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(BadInputError, match="config.json: no task heads recorded; the checkpoint is damaged"):
+        load(tmp_path / "c")
 
 
 def test_the_run_seed_sets_initial_weights_and_batch_order():
