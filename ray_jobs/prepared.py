@@ -381,7 +381,13 @@ def prepare_into(task: Task, inputs: list[str], out_dir: str, cfg: RunConfig) ->
             )
             for entry in _own_entries(out_dir):
                 storage.delete_folder(storage.join(out_dir, entry))
-        storage.write_text(storage.join(out_dir, PREPARE_MARKER), json.dumps({"task": task.name}) + "\n")
-        manifest = task.prepare(inputs, out_dir, cfg)
-        storage.delete_file(storage.join(out_dir, PREPARE_MARKER))
+        marker = storage.join(out_dir, PREPARE_MARKER)
+        storage.write_text(marker, json.dumps({"task": task.name}) + "\n")
+        try:
+            manifest = task.prepare(inputs, out_dir, cfg)
+        except BaseException:
+            if not _own_entries(out_dir):  # stopped before its first shard: nothing of it is left
+                storage.delete_file(marker)
+            raise
+        storage.delete_file(marker)
         return manifest
