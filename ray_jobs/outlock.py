@@ -1,8 +1,8 @@
 """One run at a time in an output folder: an exclusive lock on OUT/.convsts.lock, held for the whole
 run. A second run into the same --out (two `convsts train` started together, a demo beside a
-training) is refused in one line naming the holder, before it writes anything there: before the
-lock, both exited 0 and the second's checkpoint, model and train.json replaced the first's, or the
-second died in an alembic migration traceback of the MLflow store they both created.
+training, two prepares) is refused in one line naming the holder, before it writes anything
+there: two runs would replace each other's checkpoint, model and train.json, and race to create
+the MLflow store they share.
 
 The lock is the operating system's (flock on an open file): it goes with the process that holds
 it, however that process ends (a killed run leaves no stale lock to clean up), and within one
