@@ -32,7 +32,6 @@ import argparse
 from collections.abc import Sequence
 
 from convsts.datasets.negatives import MiningConfig
-from convsts.ray_jobs.config import load_config
 from convsts.ray_jobs.mining import (
     EncodePool,
     mine_prepared,
@@ -77,8 +76,6 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     parser.add_argument("--cpus-per-worker", type=float, default=pool.cpus_per_worker)
     parser.add_argument("--gpus-per-worker", type=float, default=pool.gpus_per_worker)
-    parser.add_argument("--config", default=None, help="run config (data.rows_per_shard of the new shards)")
-    parser.add_argument("overrides", nargs="*")
     return parser
 
 
@@ -98,7 +95,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     setup_logging()
-    cfg = load_config(args.config, args.overrides)
     manifest = mine_prepared(
         args.checkpoint,
         args.prepared,
@@ -106,7 +102,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         mining,
         args.pairs,
         args.batch_size,
-        cfg,
         embeddings=args.embeddings,
         pool=pool,
     )

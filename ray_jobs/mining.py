@@ -214,7 +214,6 @@ def mine_prepared(
     mining: MiningConfig,
     pairs: int,
     batch_size: int,
-    cfg,
     embeddings: str = "",
     chunk: int = EMBEDDING_CHUNK,
     pool: EncodePool | None = None,
@@ -258,7 +257,7 @@ def mine_prepared(
         "encode_workers": pool.workers,
         "seconds": round(time.time() - started, 1),
     }
-    return write_mined_folder(prepared, out, mined, manifest, negatives, cfg)
+    return write_mined_folder(prepared, out, mined, manifest, negatives)
 
 
 def with_negatives(frame, chosen, mining: MiningConfig):
@@ -297,7 +296,7 @@ def sampled_training_pairs(prepared: str, pairs: int, mining: MiningConfig):
     return frame, total
 
 
-def write_mined_folder(prepared: str, out: str, mined, manifest: dict, negatives: dict, cfg) -> dict:
+def write_mined_folder(prepared: str, out: str, mined, manifest: dict, negatives: dict) -> dict:
     """OUT as a complete prepared folder: every other task's folder and the Reddit test split copied
     as they are, reddit/train the mined pairs; returns OUT's Reddit manifest."""
     for entry in storage.entry_names(prepared):  # every other task's folder (custom tasks too), as it is
@@ -305,7 +304,7 @@ def write_mined_folder(prepared: str, out: str, mined, manifest: dict, negatives
             storage.copy_tree(storage.join(prepared, entry), storage.join(out, entry))
     reddit_out = REDDIT.prepared_dir(out)
     storage.copy_tree(storage.join(REDDIT.prepared_dir(prepared), "test"), storage.join(reddit_out, "test"))
-    shards = {"train": write_train_frame(REDDIT, mined, reddit_out, cfg), "test": manifest["shards"]["test"]}
+    shards = {"train": write_train_frame(mined, reddit_out), "test": manifest["shards"]["test"]}
     manifest = {**manifest, "shards": shards}  # the test split's shards copied as they were, byte for byte
     manifest.update(train_pairs=len(mined), pairs=len(mined) + manifest.get("test_pairs", 0), negatives=negatives)
     return write_manifest(REDDIT, reddit_out, manifest)

@@ -100,7 +100,7 @@ def shard_files(split_dir: str) -> list[str]:
     return [f for f in storage.list_files(split_dir) if f.endswith(".parquet")] if storage.is_dir(split_dir) else []
 
 
-def write_train_frame(task: Task, frame, out_dir: str, cfg: RunConfig) -> list[ShardRecord]:
+def write_train_frame(frame, out_dir: str) -> list[ShardRecord]:
     """A pandas frame of training rows (already in the driver) -> one parquet shard in out_dir/train,
     written from this process; its record. One shard, as before: a run fed from an SNLI folder of
     several shards was not repeatable bit for bit (unlike Reddit's; not yet understood)."""

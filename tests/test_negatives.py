@@ -195,7 +195,6 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
             mining,
             pairs,
             64,
-            cfg,
             embeddings=str(cache),
             chunk=200,
             pool=pool,
@@ -211,7 +210,6 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
             MiningConfig(),
             0,
             64,
-            cfg,
             embeddings=str(tmp_path / "a_file"),
         )
 

@@ -87,7 +87,7 @@ class Task:
                 raise ValueError(f"{path}: task {self.name} needs columns {columns}; missing {missing}")
             frames.append(frame[columns])
         frame = pd.concat(frames, ignore_index=True)
-        shards = {"train": write_train_frame(self, frame, out_dir, cfg)}
+        shards = {"train": write_train_frame(frame, out_dir)}
         manifest = {"inputs": list(inputs), "pairs": len(frame), "seconds": round(time.time() - started, 1)}
         return write_manifest(self, out_dir, {**manifest, "shards": shards}, inputs=files)
 

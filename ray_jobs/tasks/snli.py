@@ -43,7 +43,7 @@ class SnliTask(Task):
         reads = [snli.read_snli(path) for path in files]
         without_gold = sum(read.attrs["without_gold"] for read in reads)
         frame = snli.with_fraction_rank(pd.concat(reads, ignore_index=True), cfg.data.snli_fraction_seed)
-        shards = {"train": write_train_frame(self, frame, out_dir, cfg)}
+        shards = {"train": write_train_frame(frame, out_dir)}
         manifest = {
             "shards": shards,
             "inputs": files,
