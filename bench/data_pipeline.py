@@ -46,14 +46,14 @@ def main() -> int:
 
     import ray.data
 
-    from convsts.datasets import storage
+    from convsts.io import storage
     from convsts.models.checkpoint import build_model
-    from convsts.ray_jobs.config import load_config
-    from convsts.ray_jobs.runtime import ensure_ray
-    from convsts.ray_jobs.task_groups import GradientCombiner, plan_tasks
+    from convsts.ray_jobs.config.schema import load_config
+    from convsts.ray_jobs.runtime.process import ensure_ray
     from convsts.ray_jobs.tasks import get_task
     from convsts.ray_jobs.training.data import frame_batch, tokenized
     from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
+    from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks
 
     ensure_ray()
     ray.data.DataContext.get_current().enable_progress_bars = False

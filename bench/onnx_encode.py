@@ -45,8 +45,8 @@ def main() -> int:
     import torch
 
     from convsts.datasets.reddit import read_pairs_file
-    from convsts.datasets.storage import resolve_path
     from convsts.datasets.text import TokenizerConfig, fit_tokenizer
+    from convsts.io.storage import resolve_path
     from convsts.models import load, save_checkpoint
     from convsts.models.checkpoint import build_model
     from convsts.models.config import ModelConfig

@@ -31,8 +31,8 @@ def main() -> int:
     import ray
 
     from convsts.datasets.reddit import read_pairs_file
-    from convsts.datasets.storage import resolve_path
     from convsts.datasets.text import SubwordTokenizer, TokenizerConfig
+    from convsts.io.storage import resolve_path
     from convsts.models.config import TransformerConfig
     from convsts.ray_jobs.training.data import TaskStream
 

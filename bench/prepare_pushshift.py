@@ -63,7 +63,7 @@ def write_dump(path: Path, comments: int, seed: int = 0) -> None:
     import pandas as pd
     import zstandard
 
-    from convsts.datasets.storage import sample_dir
+    from convsts.io.storage import sample_dir
 
     texts = pd.read_parquet(sample_dir() / "reddit_pairs.parquet")
     pool = [str(t) for t in texts["question"]] + [str(t) for t in texts["answer"]]
@@ -107,9 +107,9 @@ def reference(dump: Path, out: Path) -> tuple[int, float, set]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from convsts.datasets.compression import open_lines
     from convsts.datasets.pushshift import parse_comment
     from convsts.datasets.reddit import RedditFilterConfig, failing_rule, split_of
+    from convsts.io.compression import open_lines
 
     cfg, started = RedditFilterConfig(), time.perf_counter()
     comments: dict[str, dict] = {}

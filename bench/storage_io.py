@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from s3_server import request_log, s3_endpoint, upload  # noqa: E402
 
-from convsts.datasets import cache  # noqa: E402
+from convsts.io import cache  # noqa: E402
 
 BUCKET = "convsts-bench"
 PART = 8 * 2**20

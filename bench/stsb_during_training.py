@@ -37,12 +37,12 @@ def main() -> int:
 
     from convsts.datasets.text import load_tokenizer
     from convsts.models.checkpoint import build_model
-    from convsts.ray_jobs.config import load_config
+    from convsts.ray_jobs.config.schema import load_config
     from convsts.ray_jobs.evaluation.sts import StsDevProbe
-    from convsts.ray_jobs.task_groups import GradientCombiner, draw_task, plan_tasks
     from convsts.ray_jobs.tasks import get_task
     from convsts.ray_jobs.training.data import FrameStream
     from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
+    from convsts.ray_jobs.training.task_groups import GradientCombiner, draw_task, plan_tasks
 
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.overrides)

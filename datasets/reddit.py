@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from convsts.datasets import storage
-from convsts.datasets.compression import open_lines, plain_name
-from convsts.datasets.errors import BadInputError
 from convsts.datasets.shards import write_shards, write_table
+from convsts.io import storage
+from convsts.io.compression import open_lines, plain_name
+from convsts.io.errors import BadInputError
 
 CONTEXT_COLUMNS = ("context", "question", "input", "parent_body")
 RESPONSE_COLUMNS = ("response", "answer", "reply", "body")

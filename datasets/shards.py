@@ -10,7 +10,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from convsts.datasets import storage
+from convsts.io import storage
 
 ShardRecord = dict[str, Any]
 

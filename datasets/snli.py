@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from convsts.datasets import errors, storage
-from convsts.datasets.compression import SUFFIXES, open_lines, plain_name
+from convsts.io import errors, storage
+from convsts.io.compression import SUFFIXES, open_lines, plain_name
 
 LABELS = ("entailment", "neutral", "contradiction")
 LABEL_IDS = {name: i for i, name in enumerate(LABELS)}

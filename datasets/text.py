@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from convsts.datasets import storage
 from convsts.datasets.pretrained import pretrained_folder
+from convsts.io import storage
 
 PAD_ID = 0
 UNK_ID = 1

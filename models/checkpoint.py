@@ -32,10 +32,10 @@ import torch
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
-from convsts.datasets import cache, storage
-from convsts.datasets.errors import BadInputError
-from convsts.datasets.redaction import redact
 from convsts.datasets.text import save_tokenizer, tokenizer_from_dict
+from convsts.io import cache, storage
+from convsts.io.errors import BadInputError
+from convsts.io.redaction import redact
 from convsts.models.config import ModelConfig
 from convsts.models.heads import MultitaskModel
 

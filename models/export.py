@@ -34,12 +34,12 @@ import torch
 from tokenizers import Tokenizer, normalizers
 from torch import nn
 
-from convsts.datasets.errors import BadInputError
 from convsts.datasets.text import hf_normalizer, save_tokenizer, tokenizer_from_dict
+from convsts.io.errors import BadInputError
 from convsts.models.checkpoint import staging_folder
 from convsts.models.encoders import PretrainedEncoder
 from convsts.models.heads import MultitaskModel
-from convsts.models.quiet import quiet_loggers
+from convsts.models.quiet_logging import quiet_loggers
 from convsts.models.sentence_encoder import load
 
 ONNX_FILE = "model.onnx"

@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import save as safetensors_bytes
 
-from convsts.datasets import storage
+from convsts.io import storage
 from convsts.models.config import StsTransformConfig
 from convsts.models.similarity import angular_score, angular_score_np, pearson, pearson_t
 

@@ -3,7 +3,7 @@
 
 from pathlib import Path
 
-from convsts.ray_jobs.config_reference import render
+from convsts.ray_jobs.config.reference import render
 
 if __name__ == "__main__":
     target = Path(__file__).resolve().parent.parent / "docs" / "config.md"

@@ -69,7 +69,7 @@ def screenshot(
 ) -> None:
     from mlflow.tracking import MlflowClient
 
-    from convsts.ray_jobs.tracking import run_page
+    from convsts.ray_jobs.tracking.runs import run_page
 
     experiment = MlflowClient(store).get_run(run_id).info.experiment_id
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")

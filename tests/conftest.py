@@ -43,8 +43,8 @@ def sample_prepared(ray_session, tmp_path_factory) -> Path:
     here. Training only reads a prepared folder."""
     from tiny import SAMPLE_PREPARE
 
-    from convsts.ray_jobs.config import load_config
-    from convsts.ray_jobs.run_inputs import prepare_all
+    from convsts.ray_jobs.config.schema import load_config
+    from convsts.ray_jobs.preparation.inputs import prepare_all
 
     out = tmp_path_factory.mktemp("sample_prepared")
     prepare_all(load_config(None, SAMPLE_PREPARE), str(out))

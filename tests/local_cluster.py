@@ -63,11 +63,11 @@ def ray_processes(prefix: bytes) -> list[int]:
 
 
 def start_train(ray_session, out: Path, args: list[str]) -> subprocess.Popen:
-    """`python -m convsts.ray_jobs.train --out OUT ARGS` against the test session's Ray instance, its
+    """`python -m convsts train --out OUT ARGS` against the test session's Ray instance, its
     output (stdout and stderr) in one text pipe."""
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     return subprocess.Popen(
-        [sys.executable, "-m", "convsts.ray_jobs.train", "--out", str(out), *args],
+        [sys.executable, "-m", "convsts", "train", "--out", str(out), *args],
         cwd=Path(__file__).resolve().parent.parent,
         env=env,
         stdout=subprocess.PIPE,

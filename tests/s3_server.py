@@ -56,7 +56,7 @@ def s3_endpoint(*buckets: str) -> Iterator[dict[str, str]]:
 
 def upload(local_path, uri: str) -> None:
     """Copy one local file to an s3:// URI through pyarrow (the same client convsts reads with)."""
-    from convsts.datasets import storage
+    from convsts.io import storage
 
     fs, inner = storage.resolve(uri)
     with open(local_path, "rb") as src, fs.open_output_stream(inner, compression=None) as dst:
@@ -67,7 +67,7 @@ def keys(uri_prefix: str) -> list:
     """Every object under an s3:// prefix (recursive), as paths inside the bucket."""
     import pyarrow.fs as pafs
 
-    from convsts.datasets import storage
+    from convsts.io import storage
 
     fs, inner = storage.resolve(uri_prefix)
     return sorted(

@@ -14,7 +14,7 @@ from local_cluster import ray_processes, start_train
 from tiny import TINY_DAN
 
 from convsts.models.checkpoint import load_model, load_train_state
-from convsts.ray_jobs import tracking
+from convsts.ray_jobs.tracking import runs as tracking
 
 STEPS, EVERY, SLACK = 800, 150, 2
 ARGS = [
@@ -30,7 +30,7 @@ ARGS = [
     *TINY_DAN,
     "mlflow.experiment=async-test",
 ]
-# Each task's count stays within slack + its workers of its share (ray_jobs/training/holder.py); +1 for the rounding.
+# Each task's count stays within slack + its workers of its share (ray_jobs/training/parameter_holder.py); +1 for the rounding.
 TOLERANCE = SLACK + 2
 
 

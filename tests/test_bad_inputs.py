@@ -15,12 +15,11 @@ import pytest
 import torch
 import zstandard
 
-from convsts.datasets import errors
-from convsts.datasets.compression import open_lines
-from convsts.datasets.errors import BadInputError
-from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.errors import ConfigError
-from convsts.ray_jobs.prepared import verify_prepared
+from convsts.io import errors
+from convsts.io.compression import open_lines
+from convsts.io.errors import BadInputError, ConfigError
+from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.preparation.folder import verify_prepared
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO / "tests")}
@@ -83,7 +82,15 @@ def test_prepare_on_a_truncated_zst_fails_in_one_line_and_writes_no_shards(tmp_p
     out = tmp_path / "prepared"
     # Through Ray Data (data.dump_local_bytes=0): the failed read task's error reaches the driver as one line.
     result = _run(
-        "-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(cut), "--out", str(out), "data.dump_local_bytes=0"
+        "-m",
+        "convsts",
+        "prepare",
+        "reddit",
+        "--input",
+        str(cut),
+        "--out",
+        str(out),
+        "data.dump_local_bytes=0",
     )
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
@@ -100,7 +107,15 @@ def test_prepare_on_a_truncated_zst_in_the_local_engine_fails_in_one_line_and_le
     out, spill = tmp_path / "prepared", tmp_path / "spill"
     spill.mkdir()
     result = _run(
-        "-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(cut), "--out", str(out), env={"TMPDIR": str(spill)}
+        "-m",
+        "convsts",
+        "prepare",
+        "reddit",
+        "--input",
+        str(cut),
+        "--out",
+        str(out),
+        env={"TMPDIR": str(spill)},
     )
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
@@ -168,7 +183,7 @@ def test_a_damaged_prepared_folder_is_refused(sample_prepared, tmp_path, damage,
         frame["label"], frame["premise"] = 0, frame["premise"].str[::-1]
         frame.to_parquet(shard)
     elif damage in ("label_out_of_range", "column_missing"):
-        from convsts.ray_jobs.prepared import shard_record
+        from convsts.ray_jobs.preparation.folder import shard_record
 
         frame = pd.read_parquet(shard)
         if damage == "label_out_of_range":
@@ -195,7 +210,8 @@ def test_a_folder_prepared_with_other_filters_or_split_is_refused_before_any_run
     out = tmp_path / "run"
     result = _run(
         "-m",
-        "convsts.ray_jobs.train",
+        "convsts",
+        "train",
         "--out",
         str(out),
         "--prepared",
@@ -446,11 +462,7 @@ CONFIG_ERRORS = {
 
 
 @pytest.mark.parametrize(
-    "entry, case, expected",
-    [(["-m", "convsts.ray_jobs.cli", "train"], case, expected) for case, expected in CONFIG_ERRORS.items()]
-    + [  # the same, as a job's entrypoint (it imports Ray: one case is enough)
-        pytest.param(["-m", "convsts.ray_jobs.train"], "yaml_list", CONFIG_ERRORS["yaml_list"], marks=pytest.mark.slow)
-    ],
+    "entry, case, expected", [(["-m", "convsts", "train"], case, expected) for case, expected in CONFIG_ERRORS.items()]
 )
 def test_config_errors_print_one_line_without_traceback(tmp_path, entry, case, expected):
     config = tmp_path / "c.yaml"
@@ -540,7 +552,7 @@ def _leaks(text: str) -> list:
     ],
 )
 def test_redact_removes_userinfo_and_secret_query_values(text, expected):
-    from convsts.datasets.redaction import redact, redact_tree
+    from convsts.io.redaction import redact, redact_tree
 
     assert redact(text) == expected
     assert redact_tree({"a": [text], text: 1}) == {"a": [expected], expected: 1}
@@ -561,11 +573,11 @@ def test_job_commands_print_no_password_of_the_ray_address(tmp_path):
         (["submit", "--address", address, "train", "--out", str(tmp_path / "o")], {}),
         (["jobs", "list"], {"RAY_ADDRESS": address}),
     ):
-        result = _run("-m", "convsts.ray_jobs.cli", *args, env=env)
+        result = _run("-m", "convsts", *args, env=env)
         assert result.returncode == 2, result.stderr[-2000:]
         assert "ss'W0rd" not in result.stdout + result.stderr and "p@ss" not in result.stdout + result.stderr
         assert f"http://***@127.0.0.1:{port}" in result.stderr, result.stderr[-2000:]
-    config = _run("-m", "convsts.ray_jobs.cli", "train", "--config", "s3://KEY:PlAnTeDsEcReT@bucket/x.yaml",
+    config = _run("-m", "convsts", "train", "--config", "s3://KEY:PlAnTeDsEcReT@bucket/x.yaml",
                   "--out", str(tmp_path / "c"), env={"AWS_EC2_METADATA_DISABLED": "true"})  # fmt: skip
     assert config.returncode == 2 and "s3://***@bucket/x.yaml" in config.stderr and "PlAnTeD" not in config.stderr
 
@@ -574,7 +586,7 @@ def test_log_lines_and_error_lines_are_redacted(tmp_path):
     import io
     import logging
 
-    from convsts.ray_jobs.runtime import RedactingFilter
+    from convsts.ray_jobs.runtime.process import RedactingFilter
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -589,7 +601,8 @@ def test_log_lines_and_error_lines_are_redacted(tmp_path):
     # A user error that names the URI names it redacted.
     result = _run(
         "-m",
-        "convsts.ray_jobs.prepare",
+        "convsts",
+        "prepare",
         "reddit",
         "--input",
         str(tmp_path / "x?secret_key=PlAnTeDqUeRy"),
@@ -612,7 +625,7 @@ def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_pa
     """Guards: a URI whose store cannot be reached (no server, a wrong endpoint) ended every command in
     pyarrow's OSError traceback. Each command now prints one line naming the URI (credentials
     redacted) and exits 2; the library raises StorageError, an OSError."""
-    from convsts.datasets import storage
+    from convsts.io import storage
 
     port = _closed_port()  # nothing listens: the connection is refused at once
     base = f"s3://AKIAPLANTED:PlAnTeDsEcReT@bucket/p?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
@@ -625,7 +638,7 @@ def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_pa
         ["prepare", "reddit", "--input", storage.join(base, "RC_*.zst"), "--out", str(tmp_path / "p")],
         ["train", "--prepared", base, "--out", str(tmp_path / "t")],
     ):
-        result = _run("-m", "convsts.ray_jobs.cli", *command)
+        result = _run("-m", "convsts", *command)
         lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
         assert result.returncode == 2, result.stderr[-2000:]
         assert "Traceback" not in result.stderr and not _leaks(result.stderr + result.stdout)
@@ -662,7 +675,7 @@ def test_a_store_that_fails_in_the_middle_of_a_read_is_one_line_and_the_same_com
     with s3_endpoint("convsts-data") as s3_env:
         uri = "s3://convsts-data/raw/RC_2015-01.zst"
         upload(dump, uri)
-        command = ["-m", "convsts.ray_jobs.cli", "prepare", "reddit", "--input", uri, "--out", str(tmp_path / "p")]
+        command = ["-m", "convsts", "prepare", "reddit", "--input", uri, "--out", str(tmp_path / "p")]
         proxy = CuttingProxy(s3_env["AWS_ENDPOINT_URL"], response_bytes=size * 3 // 2)  # half-way into the second read
         try:
             cut = subprocess.run(
@@ -700,7 +713,7 @@ def test_an_unreachable_tracking_server_is_refused_before_any_work(tmp_path):
         ["train", "--out", str(tmp_path / "t"), "trainer.steps=0"],
     ):
         result = subprocess.run(
-            [sys.executable, "-m", "convsts.ray_jobs.cli", *command],
+            [sys.executable, "-m", "convsts", *command],
             capture_output=True,
             text=True,
             env=env,
@@ -715,8 +728,8 @@ def test_an_unreachable_tracking_server_is_refused_before_any_work(tmp_path):
         )
         assert not _leaks(result.stderr + result.stdout)
         assert not (tmp_path / command[command.index("--out") + 1] / "prepared").exists()  # refused before prepare
-    from convsts.ray_jobs.errors import ConfigError
-    from convsts.ray_jobs.runtime import check_tracking_server
+    from convsts.io.errors import ConfigError
+    from convsts.ray_jobs.runtime.process import check_tracking_server
 
     for broken in ("http://", "http://alice:PlAnTeDsEcReT@[bad", "https://host:notaport"):  # were requests' tracebacks
         with pytest.raises(ConfigError, match="is not a valid tracking server URL") as caught:
@@ -759,8 +772,8 @@ def test_a_tracking_server_behind_a_self_signed_certificate_is_not_refused(tmp_p
     import ssl
     import threading
 
-    from convsts.ray_jobs.errors import ConfigError
-    from convsts.ray_jobs.runtime import check_tracking_server
+    from convsts.io.errors import ConfigError
+    from convsts.ray_jobs.runtime.process import check_tracking_server
 
     server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -781,7 +794,7 @@ def test_an_unexpected_error_prints_its_traceback_with_credentials_redacted():
     """Guards: an error run_main does not expect (not a user error) printed Python's own traceback,
     with whatever URI its message held. It prints the traceback redacted and exits 1."""
     code = (
-        "from convsts.ray_jobs.runtime import run_main\n"
+        "from convsts.ray_jobs.runtime.process import run_main\n"
         "def main(argv):\n"
         f"    raise RuntimeError('request to {PLANTED} failed')\n"
         "raise SystemExit(run_main('x', main, []))\n"
@@ -796,7 +809,7 @@ def test_an_unexpected_error_prints_its_traceback_with_credentials_redacted():
 
 
 def test_submit_keeps_credentials_out_of_the_job_spec(monkeypatch):
-    from convsts.ray_jobs.job_api import SubmitError, build_runtime_env, entrypoint
+    from convsts.ray_jobs.runtime.job_api import SubmitError, build_runtime_env, entrypoint
 
     with pytest.raises(SubmitError, match=r"carries credentials") as refused:
         entrypoint("prepare", ["reddit", "--input", PLANTED])
@@ -824,7 +837,8 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(sample_prepared, r
         [
             sys.executable,
             "-m",
-            "convsts.ray_jobs.train",
+            "convsts",
+            "train",
             "--out",
             str(out),
             "--prepared",
@@ -921,7 +935,8 @@ def _damage(case: str, root: Path) -> tuple:
         (root / "RC_empty").write_bytes(b"")
         return [
             "-m",
-            "convsts.ray_jobs.prepare",
+            "convsts",
+            "prepare",
             "reddit",
             "--input",
             str(root / "RC_empty"),
@@ -929,14 +944,23 @@ def _damage(case: str, root: Path) -> tuple:
         ], "no records in any input"
     if case == "first_line_not_json":
         (root / "RC_x").write_bytes(b"id,body\n" + dump)
-        return ["-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(root / "RC_x"), *out], "RC_x:1: not NDJSON"
+        return [
+            "-m",
+            "convsts",
+            "prepare",
+            "reddit",
+            "--input",
+            str(root / "RC_x"),
+            *out,
+        ], "RC_x:1: not NDJSON"
     if case == "readme_beside_dumps":
         (root / "dumps").mkdir()
         (root / "dumps" / "RC_2015-01").write_bytes(dump)
         (root / "dumps" / "README.md").write_text("# Reddit comments, January 2015\n")
         return [
             "-m",
-            "convsts.ray_jobs.prepare",
+            "convsts",
+            "prepare",
             "reddit",
             "--input",
             str(root / "dumps"),
@@ -947,7 +971,8 @@ def _damage(case: str, root: Path) -> tuple:
         return (
             [
                 "-m",
-                "convsts.ray_jobs.evaluate",
+                "convsts",
+                "evaluate",
                 "--baseline",
                 "tfidf",
                 "--out",
@@ -974,7 +999,8 @@ def _damage(case: str, root: Path) -> tuple:
         message = "config.json: not valid JSON"
     return [
         "-m",
-        "convsts.ray_jobs.evaluate",
+        "convsts",
+        "evaluate",
         "--checkpoint",
         str(checkpoint),
         "--out",
@@ -1018,7 +1044,7 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
 
 
 def test_a_literal_file_name_with_brackets_is_that_file(tmp_path):
-    from convsts.datasets.storage import expand_inputs
+    from convsts.io.storage import expand_inputs
 
     for name in ("RC_[1]", "RC_1", "RC_2"):
         (tmp_path / name).write_bytes(_dump_lines(2))
@@ -1030,7 +1056,7 @@ def test_a_literal_file_name_with_brackets_is_that_file(tmp_path):
 
 
 def test_nan_scores_give_nan_metrics_never_a_perfect_score():
-    from convsts.ray_jobs import metrics as M
+    from convsts.ray_jobs.evaluation import metrics as M
 
     scores = np.array([[np.nan, 0.1, 0.2], [0.9, 0.1, 0.2]])
     assert all(np.isnan(v) for v in M.precision_at_n(scores, (1, 3)).values())
@@ -1145,7 +1171,7 @@ def test_a_full_disk_is_one_line_naming_the_file_even_under_the_error_it_caused(
     store's write failed while handling it (before: sqlite's 'database or disk is full' traceback hid it)."""
     code = (
         "import shutil, sqlite3, sys\n"
-        "from convsts.ray_jobs.runtime import run_main\n"
+        "from convsts.ray_jobs.runtime.process import run_main\n"
         "def main(argv):\n"
         "    try:\n"
         "        shutil.copyfile(sys.executable, '/dev/full')\n"
@@ -1163,8 +1189,8 @@ def test_a_full_disk_is_one_line_naming_the_file_even_under_the_error_it_caused(
 def test_a_write_that_fails_on_a_full_disk_names_its_file(tmp_path, capsys):
     """A write() or close() that fails for space says only "No space left on device": storage.writing
     names the file (here a real ENOSPC from /dev/full), and run_main prints it in one line."""
-    from convsts.datasets import storage
-    from convsts.ray_jobs.runtime import run_main
+    from convsts.io import storage
+    from convsts.ray_jobs.runtime.process import run_main
 
     def main(argv):
         with storage.writing(tmp_path / "out" / "results.json"), open("/dev/full", "wb") as full:
@@ -1249,8 +1275,8 @@ def test_a_missing_file_or_checkpoint_folder_says_it_is_not_there(tmp_path):
 def test_a_missing_raw_input_is_named_before_any_task_is_prepared(tmp_path):
     """Before: SNLI's missing file was found after Reddit had been prepared (40 s). Now every task's raw
     inputs are checked first, so nothing is prepared (and no Ray started) for a run that cannot go on."""
-    from convsts.ray_jobs.config import load_config
-    from convsts.ray_jobs.run_inputs import ensure_prepared, prepare_all
+    from convsts.ray_jobs.config.schema import load_config
+    from convsts.ray_jobs.preparation.inputs import ensure_prepared, prepare_all
 
     cfg = load_config(None, [f"data.snli_train={tmp_path / 'none.parquet'}"])
     for prepare in (prepare_all, ensure_prepared):
@@ -1268,9 +1294,9 @@ def test_an_input_named_twice_is_read_once_and_every_snli_input_is_read(tmp_path
     sample = REPO / "datasets" / "sample"
     pairs, link = sample / "reddit_pairs.parquet", tmp_path / "link.parquet"
     link.symlink_to(pairs)
-    once = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(pairs), "--out", str(tmp_path / "once"))
+    once = _run("-m", "convsts", "prepare", "reddit", "--input", str(pairs), "--out", str(tmp_path / "once"))
     assert once.returncode == 0, once.stderr[-2000:]
-    twice = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(pairs), str(pairs), str(link),
+    twice = _run("-m", "convsts", "prepare", "reddit", "--input", str(pairs), str(pairs), str(link),
                  "--out", str(tmp_path / "twice"))  # fmt: skip
     assert twice.returncode == 0, twice.stderr[-2000:]
     counts = [json.loads((tmp_path / d / "manifest.json").read_text())["pairs"] for d in ("once", "twice")]
@@ -1278,7 +1304,7 @@ def test_an_input_named_twice_is_read_once_and_every_snli_input_is_read(tmp_path
     assert twice.stderr.count("named more than once by the inputs; read once") == 2
 
     train, dev = sample / "snli_train.parquet", sample / "snli_dev.parquet"
-    both = _run("-m", "convsts.ray_jobs.prepare", "snli", "--input", str(train), str(dev), "--out", str(tmp_path / "s"))
+    both = _run("-m", "convsts", "prepare", "snli", "--input", str(train), str(dev), "--out", str(tmp_path / "s"))
     assert both.returncode == 0, both.stderr[-2000:]
     manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
     rows = sum(pq.read_metadata(p).num_rows for p in (train, dev))
@@ -1295,7 +1321,7 @@ def test_a_lone_surrogate_escape_is_repaired_not_fatal(tmp_path):
     rows[7]["body"] = "a cut emoji \ud83d at the end of a long enough comment"
     (tmp_path / "RC_2015-01").write_text("".join(json.dumps(r) + "\n" for r in rows))  # json.dumps writes "\\ud83d"
     assert b"\\ud83d" in (tmp_path / "RC_2015-01").read_bytes()
-    dump = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
+    dump = _run("-m", "convsts", "prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
                 "--out", str(tmp_path / "dump"))  # fmt: skip
     assert dump.returncode == 0, dump.stderr[-2000:]
     manifest = json.loads((tmp_path / "dump" / "manifest.json").read_text())
@@ -1309,7 +1335,7 @@ def test_a_lone_surrogate_escape_is_repaired_not_fatal(tmp_path):
     ]
     lines[3]["context"] = "context \ud83d number three of the table"
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    paired = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(tmp_path / "pairs.jsonl"),
+    paired = _run("-m", "convsts", "prepare", "reddit", "--input", str(tmp_path / "pairs.jsonl"),
                   "--out", str(tmp_path / "paired"))  # fmt: skip
     assert paired.returncode == 0, paired.stderr[-2000:]
     manifest = json.loads((tmp_path / "paired" / "manifest.json").read_text())
@@ -1323,12 +1349,12 @@ def test_a_store_that_fails_after_the_work_loses_no_results_and_what_can_be_chec
     import http.server
     import threading
 
-    from convsts.ray_jobs.errors import ConfigError
-    from convsts.ray_jobs.runtime import tracking_uri
+    from convsts.io.errors import ConfigError
+    from convsts.ray_jobs.runtime.process import tracking_uri
 
     (tmp_path / "not_a_db.db").write_bytes(b"this is not an sqlite database, only bytes " * 100)
     out = tmp_path / "e"
-    late = _run("-m", "convsts.ray_jobs.cli", "evaluate", "--baseline", "bow", "--out", str(out), "data.cqa_test=''",
+    late = _run("-m", "convsts", "evaluate", "--baseline", "bow", "--out", str(out), "data.cqa_test=''",
                 f"mlflow.tracking_uri=sqlite:///{tmp_path / 'not_a_db.db'}")  # fmt: skip
     lines = [line for line in late.stderr.splitlines() if line.startswith("convsts ")]
     assert late.returncode == 2 and len(lines) == 1 and "Traceback" not in late.stderr, late.stderr[-3000:]
@@ -1371,7 +1397,7 @@ def test_sigterm_stops_a_prepare_in_one_line_and_spill_folders_of_ended_prepares
     (abandoned / "node" / "part-0.arrow").write_bytes(b"x" * 1000)
     (tmp_path / "RC_2015-01").write_bytes(_dump_lines(400_000))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
+        [sys.executable, "-m", "convsts", "prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
          "--out", str(tmp_path / "p")],
         env={**ENV, "TMPDIR": str(temp)}, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -1388,7 +1414,7 @@ def test_sigterm_stops_a_prepare_in_one_line_and_spill_folders_of_ended_prepares
 
 
 def test_a_warm_start_that_does_not_fit_the_model_is_refused_in_the_driver(tmp_path):
-    from convsts.ray_jobs.errors import ConfigError
+    from convsts.io.errors import ConfigError
     from convsts.ray_jobs.training.run import check_warm_start
 
     dan = _tiny_checkpoint(tmp_path / "dan")  # a DAN, embedding_dim 4
@@ -1411,14 +1437,14 @@ def test_a_file_named_for_one_compression_holding_another_is_named_by_what_it_ho
     import gzip
 
     (tmp_path / "RC_2015-01.zst").write_bytes(gzip.compress(_dump_lines(50)))
-    result = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(tmp_path / "RC_2015-01.zst"),
+    result = _run("-m", "convsts", "prepare", "reddit", "--input", str(tmp_path / "RC_2015-01.zst"),
                   "--out", str(tmp_path / "p"))  # fmt: skip
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"{tmp_path / 'RC_2015-01.zst'}: named .zst but holds .gz data; rename it to end in .gz" in result.stderr
 
 
 def test_a_list_where_a_mapping_is_expected_names_the_key():
-    from convsts.ray_jobs.errors import ConfigError
+    from convsts.io.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"config key 'trainer.task_weights': expected a mapping \({key: value"):
         load_config(None, ["trainer.task_weights=[1,2]"])
@@ -1442,7 +1468,7 @@ def test_a_line_longer_than_any_comment_is_counted_malformed_not_held(tmp_path):
     lines = _dump_lines(40).splitlines(keepends=True)
     huge = json.dumps({"id": "big", "body": "x" * (3 * MAX_LINE_BYTES), "parent_id": "t3_x"}).encode() + b"\n"
     (tmp_path / "RC_2015-01").write_bytes(b"".join(lines[:20]) + huge + b"".join(lines[20:]))
-    result = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
+    result = _run("-m", "convsts", "prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
                   "--out", str(tmp_path / "p"))  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
@@ -1460,7 +1486,7 @@ def test_a_full_spill_disk_names_the_spill_folder_and_an_unwritable_out_is_one_l
 
     from convsts.datasets.pushshift import prepare_local
     from convsts.datasets.reddit import RedditFilterConfig
-    from convsts.ray_jobs.runtime import find_user_error
+    from convsts.ray_jobs.runtime.process import find_user_error
 
     (tmp_path / "RC").write_bytes(_dump_lines(20000))
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -1480,7 +1506,7 @@ def test_a_full_spill_disk_names_the_spill_folder_and_an_unwritable_out_is_one_l
     for command in (["prepare", "reddit", "--input", str(tmp_path / "RC"), "--out", "/sys/convsts-out/p"],
                     ["train", "--out", "/sys/convsts-out/t", "trainer.steps=0"],
                     ["evaluate", "--baseline", "bow", "--out", "/sys/convsts-out/e"]):  # fmt: skip
-        result = _run("-m", "convsts.ray_jobs.cli", *command)
+        result = _run("-m", "convsts", *command)
         lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
         assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
         assert "/sys/convsts-out" in lines[0], lines
@@ -1493,7 +1519,7 @@ def test_an_interrupted_prepare_behind_a_symlinked_out_is_prepared_again(tmp_pat
     (real / ".convsts-prepare").write_text('{"task": "reddit"}\n')  # what a killed prepare leaves
     link.symlink_to(real, target_is_directory=True)
     pairs = REPO / "datasets" / "sample" / "reddit_pairs.parquet"
-    result = _run("-m", "convsts.ray_jobs.prepare", "reddit", "--input", str(pairs), "--out", str(link))
+    result = _run("-m", "convsts", "prepare", "reddit", "--input", str(pairs), "--out", str(link))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "removed, prepared again" in result.stderr and link.is_symlink()
     assert json.loads((real / "manifest.json").read_text())["pairs"] > 0 and not (real / ".convsts-prepare").exists()
@@ -1504,9 +1530,9 @@ def test_a_checkpoint_config_is_held_to_the_run_configs_size_rules():
     size not a multiple of the heads) is refused at load, as the run config refuses it."""
     import dataclasses
 
+    from convsts.io.errors import ConfigError
     from convsts.models.checkpoint import model_config_from_dict
     from convsts.models.config import ModelConfig
-    from convsts.ray_jobs.errors import ConfigError
 
     meta = dataclasses.asdict(ModelConfig(encoder="transformer"))
     meta["transformer"].update(num_heads=3, hidden_size=64)

@@ -7,7 +7,7 @@ import pytest
 
 def test_unknown_config_key_exits_2_naming_the_key(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "convsts.ray_jobs.cli", "train", "--out", str(tmp_path), "trainer.stepz=1"],
+        [sys.executable, "-m", "convsts", "train", "--out", str(tmp_path), "trainer.stepz=1"],
         capture_output=True,
         text=True,
     )
@@ -18,18 +18,18 @@ def test_unknown_config_key_exits_2_naming_the_key(tmp_path):
 @pytest.mark.slow  # a subprocess per command
 def test_help_lists_commands():
     names = ("prepare", "train", "evaluate", "tune", "submit", "jobs", "demo")
-    # Each command is also `python -m convsts.ray_jobs.<name>`, what a Ray job's entrypoint runs
+    # Each command is also `python -m convsts <name>`, what a Ray job's entrypoint runs
     # (the subprocesses run side by side: each spends its time importing).
     subs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", f"convsts.ray_jobs.{name}", "--help"],
+            [sys.executable, "-m", "convsts", name, "--help"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for name in names
     }
-    proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "convsts"], capture_output=True, text=True)
     assert proc.returncode == 0
     for name, sub in subs.items():
         assert f"  {name} " in proc.stdout
@@ -40,7 +40,7 @@ def test_help_lists_commands():
 def test_imports_have_no_side_effects(tmp_path):
     """Importing every package creates no files and sets no tracking URI or logging handlers."""
     code = (
-        "import logging, os, mlflow; import convsts.datasets.reddit, convsts.models, convsts.ray_jobs.train, convsts.ray_jobs.evaluate, convsts.ray_jobs.demo, convsts.ray_jobs.tune, convsts.ray_jobs.submit, convsts.ray_jobs.jobs, convsts.tune_spaces.sts_matrix, convsts.tune_spaces.snli_fraction;"
+        "import logging, os, mlflow; import convsts.datasets.reddit, convsts.models, convsts.ray_jobs.cli.train, convsts.ray_jobs.cli.evaluate, convsts.ray_jobs.cli.demo, convsts.ray_jobs.cli.tune, convsts.ray_jobs.cli.submit, convsts.ray_jobs.cli.jobs, convsts.tune_spaces.sts_matrix, convsts.tune_spaces.snli_fraction;"
         "print(len(logging.getLogger().handlers), os.environ.get('MLFLOW_TRACKING_URI'), sorted(os.listdir('.')))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
@@ -50,7 +50,7 @@ def test_imports_have_no_side_effects(tmp_path):
 
 def test_unknown_tune_space_exits_2(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "convsts.ray_jobs.cli", "tune", "--space", "nope", "--out", str(tmp_path)],
+        [sys.executable, "-m", "convsts", "tune", "--space", "nope", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
     )
@@ -60,13 +60,13 @@ def test_unknown_tune_space_exits_2(tmp_path):
 def test_version_and_print_config():
     from importlib.metadata import version
 
-    proc = subprocess.run([sys.executable, "-m", "convsts.ray_jobs.cli", "--version"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "convsts", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == f"convsts {version('convsts')}"
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
-            "convsts.ray_jobs.cli",
+            "convsts",
             "train",
             "--print-config",
             "--config",
@@ -87,7 +87,7 @@ def test_version_and_print_config():
 
 
 def test_submit_takes_its_own_options_after_the_job_name():
-    from convsts.ray_jobs.submit import build_parser, own_options_first
+    from convsts.ray_jobs.cli.submit import build_parser, own_options_first
 
     for argv in (
         ["train", "--config", "C", "--address", "http://head:8265", "--out", "D"],
@@ -104,9 +104,9 @@ def test_submit_takes_its_own_options_after_the_job_name():
 def test_overrides_after_a_list_option_stay_overrides():
     """`--sts A B key=value` (and prepare's `--input A B key=value`): argparse's nargs takes every
     later word; the dotted overrides among them go back to the overrides (a URI's query stays a path)."""
-    from convsts.ray_jobs.config import parse_with_overrides
-    from convsts.ray_jobs.evaluate import build_parser as evaluate_parser
-    from convsts.ray_jobs.prepare import build_parser as prepare_parser
+    from convsts.ray_jobs.cli.evaluate import build_parser as evaluate_parser
+    from convsts.ray_jobs.cli.prepare import build_parser as prepare_parser
+    from convsts.ray_jobs.config.schema import parse_with_overrides
 
     args = parse_with_overrides(
         evaluate_parser(),
@@ -156,7 +156,7 @@ def test_overrides_after_a_list_option_stay_overrides():
 
 
 def test_jobs_takes_address_before_or_after_the_action():
-    from convsts.ray_jobs.jobs import build_parser
+    from convsts.ray_jobs.cli.jobs import build_parser
 
     assert build_parser().parse_args(["list", "--address", "http://h:8265"]).address == "http://h:8265"
     assert build_parser().parse_args(["--address", "http://h:8265", "list"]).address == "http://h:8265"
@@ -166,11 +166,11 @@ def test_jobs_takes_address_before_or_after_the_action():
 
 @pytest.mark.parametrize("verbose", [False, True])
 def test_ray_data_logs_to_the_console_at_warning_unless_verbose(verbose, tmp_path):
-    """quiet_ray_logs points Ray Data at ray_jobs/ray_data_logging.yaml before Ray Data is imported
+    """quiet_ray_logs points Ray Data at ray_jobs/runtime/ray_data_logging.yaml before Ray Data is imported
     (as the worker setup hook does in every Ray worker): its console shows warnings only, without
     the progress-bar hint; with --verbose, Ray's own config is left alone."""
     code = (
-        "import logging, os; from convsts.ray_jobs.runtime import quiet_ray_logs; quiet_ray_logs(); import ray.data; "
+        "import logging, os; from convsts.ray_jobs.runtime.process import quiet_ray_logs; quiet_ray_logs(); import ray.data; "
         "lg = logging.getLogger('ray.data'); "
         "print(sorted((h.name, logging.getLevelName(h.level)) for h in lg.handlers)); "
         "lg.info('an info line'); lg.warning('Progress bars disabled. To enable, set ...'); lg.warning('a warning line')"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.job_api import build_runtime_env, entrypoint
-from convsts.ray_jobs.submit import job_address
-from convsts.ray_jobs.task_groups import plan_tasks
+from convsts.ray_jobs.cli.submit import job_address
+from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.runtime.job_api import build_runtime_env, entrypoint
+from convsts.ray_jobs.training.task_groups import plan_tasks
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "cluster"
@@ -71,7 +71,7 @@ def test_rayjob_manifest():
     job = yaml.safe_load((CLUSTER / "rayjob.yaml").read_text())
     assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob" and job["metadata"]["name"]
     spec = job["spec"]
-    assert spec["entrypoint"].startswith("python -m convsts.ray_jobs.train ")
+    assert spec["entrypoint"].startswith("python -m convsts train ")
     pins = project_pins()
     cluster = spec["rayClusterSpec"]
     assert cluster["rayVersion"] == pins["ray"]
@@ -110,9 +110,13 @@ def test_runtime_env_forwards_the_tracking_uri(monkeypatch):
 
 
 def test_entrypoint_and_address(monkeypatch):
+    from convsts.ray_jobs.cli.commands import COMMANDS
+    from convsts.ray_jobs.runtime.job_api import JOBS
+
+    assert set(JOBS) <= set(COMMANDS)
     assert (
         entrypoint("train", ["--out", "/tmp/x y", "trainer.steps=5"])
-        == "python -m convsts.ray_jobs.train --out '/tmp/x y' trainer.steps=5"
+        == "python -m convsts train --out '/tmp/x y' trainer.steps=5"
     )
     with pytest.raises(ValueError, match="unknown job 'nope'"):
         entrypoint("nope", [])

@@ -71,7 +71,7 @@ KILLABLE = [
 ]
 
 
-CLI = [sys.executable, "-m", "convsts.ray_jobs.cli"]
+CLI = [sys.executable, "-m", "convsts"]
 
 
 def _train_args(out: Path, prepared: Path, *overrides: str) -> list[str]:
@@ -98,7 +98,7 @@ def _registered_checkpoint(storage_uri: str) -> bool:
     """Whether Ray Train's controller has registered a checkpoint of the run (its checkpoint manager's
     snapshot names a latest one): the files of a reported checkpoint land in the bucket a moment
     before, and a node lost in between restarts the run from the checkpoint before that."""
-    from convsts.datasets import storage
+    from convsts.io import storage
 
     for key in keys(storage_uri):
         if key.endswith("/checkpoint_manager_snapshot.json"):
@@ -249,7 +249,7 @@ def test_a_run_whose_driver_is_killed_goes_on_from_its_newest_complete_checkpoin
     undisturbed run."""
     from mlflow.tracking import MlflowClient
 
-    from convsts.datasets import storage
+    from convsts.io import storage
 
     out, client = tmp_path / "k", MlflowClient(cluster["mlflow"])
     command = CLI + _train_args(out, sample_prepared, *KILLABLE, "name=long", "mlflow.experiment=cluster-kill")

@@ -1,4 +1,4 @@
-"""Compressed inputs (convsts.datasets.compression): pushshift's .zst, .bz2 and .xz dumps, MTEB's .jsonl.gz,
+"""Compressed inputs (convsts.io.compression): pushshift's .zst, .bz2 and .xz dumps, MTEB's .jsonl.gz,
 read whole, across concatenated streams, and refused in one line when cut or corrupt."""
 
 import bz2
@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 import zstandard
 
-from convsts.datasets import compression, evalsets, pushshift, reddit, snli
-from convsts.datasets.errors import BadInputError
+from convsts.datasets import evalsets, pushshift, reddit, snli
+from convsts.io import compression
+from convsts.io.errors import BadInputError
 
 COMPRESS = {
     ".zst": lambda data: zstandard.ZstdCompressor().compress(data),

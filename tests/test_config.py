@@ -2,10 +2,10 @@ from pathlib import Path
 
 import pytest
 
-from convsts.datasets.storage import resolve_path, sample_dir
-from convsts.ray_jobs.config import from_dict, load_config
-from convsts.ray_jobs.errors import ConfigError
-from convsts.ray_jobs.flat import flatten
+from convsts.io.errors import ConfigError
+from convsts.io.storage import resolve_path, sample_dir
+from convsts.ray_jobs.config.flatten import flatten
+from convsts.ray_jobs.config.schema import from_dict, load_config
 
 
 def test_defaults_follow_the_paper():

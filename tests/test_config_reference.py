@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from convsts.ray_jobs.config import RunConfig
-from convsts.ray_jobs.config_reference import entries, render
-from convsts.ray_jobs.flat import flatten
+from convsts.ray_jobs.config.flatten import flatten
+from convsts.ray_jobs.config.reference import entries, render
+from convsts.ray_jobs.config.schema import RunConfig
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 

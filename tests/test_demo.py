@@ -12,14 +12,14 @@ import torch
 from tiny import TINY_DAN
 
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
-from convsts.datasets.storage import resolve_path
+from convsts.io.storage import resolve_path
 from convsts.models import load
 from convsts.models.checkpoint import load_model
-from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.demo import build_parser
-from convsts.ray_jobs.demo_pipeline import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, run_demo, save_untrained
+from convsts.ray_jobs.cli.demo import build_parser
+from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.demo.pipeline import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, run_demo, save_untrained
 from convsts.ray_jobs.evaluation.sts import sts_metrics
-from convsts.ray_jobs.tracking import run_page as tracking_run_page
+from convsts.ray_jobs.tracking.runs import run_page as tracking_run_page
 
 # The default demo (all-MiniLM-L6-v2, top layer training) at a tiny size.
 TINY = [

@@ -40,8 +40,8 @@ def demo_folder(tmp_path_factory) -> Path:
     from convsts.models import save_checkpoint
     from convsts.models.checkpoint import build_model, save_model_folder
     from convsts.models.config import DanConfig, ModelConfig
-    from convsts.ray_jobs import tracking
-    from convsts.ray_jobs.mlflow_model import log_model
+    from convsts.ray_jobs.tracking import runs as tracking
+    from convsts.ray_jobs.tracking.mlflow_model import log_model
 
     cwd = tmp_path_factory.mktemp("docs")
     demo = cwd / "runs" / "demo"
@@ -85,7 +85,7 @@ def _convsts_lines() -> list[tuple[str, list[str]]]:
 @pytest.mark.parametrize("where,argv", _convsts_lines(), ids=[" ".join(a[:2]) for _, a in _convsts_lines()])
 def test_every_convsts_command_in_the_docs_parses(where, argv):
     """The command's own parser takes the line (its options exist and have their values); nothing runs."""
-    from convsts.ray_jobs.commands import COMMANDS
+    from convsts.ray_jobs.cli.commands import COMMANDS
 
     def command_parser(name: str):
         return importlib.import_module(COMMANDS[name][0]).build_parser()
@@ -93,7 +93,7 @@ def test_every_convsts_command_in_the_docs_parses(where, argv):
     assert argv and argv[0] in COMMANDS, (where, argv)
     parser = command_parser(argv[0])
     if argv[0] == "submit":  # submit's own options, then the job's: the job's parser checks the rest
-        from convsts.ray_jobs.submit import own_options_first
+        from convsts.ray_jobs.cli.submit import own_options_first
 
         args = parser.parse_args(own_options_first(argv[1:]))
         argv = [args.job, *args.args]

@@ -8,13 +8,13 @@ import pandas as pd
 import pytest
 
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
-from convsts.datasets.storage import resolve_path
 from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.io.storage import resolve_path
 from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.models.sts_transform import FILE_NAME, load_sts_transform
-from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.config.schema import load_config
 from convsts.ray_jobs.evaluation.harness import run_evaluation
 
 
@@ -208,8 +208,8 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     """The same 40 STS-B pairs written the ways STS releases ship: parquet and JSON lines (MTEB),
     SICK's tab-separated table, a comma-separated table with quoting, the STS Benchmark's own
     headerless file, and an STS 2012-2016 input file with its gold file (3 pairs without gold)."""
-    from convsts.datasets.errors import BadInputError
     from convsts.datasets.evalsets import read_sts_file, sts_set_names
+    from convsts.io.errors import BadInputError
 
     pairs = read_stsb(stsb_split_path(resolve_path("{sample}"), "test")).iloc[:40].reset_index(drop=True)
     plain = pairs[["sentence1", "sentence2", "score"]]
@@ -453,11 +453,11 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
 
     from mlflow.tracking import MlflowClient
 
-    from convsts.datasets.errors import BadInputError
+    from convsts.io.errors import BadInputError
     from convsts.models.checkpoint import save_model_folder
-    from convsts.ray_jobs import tracking
-    from convsts.ray_jobs.evaluate import main
-    from convsts.ray_jobs.model_card import CARD_FILE, run_facts, write_card
+    from convsts.ray_jobs.cli.evaluate import main
+    from convsts.ray_jobs.tracking import runs as tracking
+    from convsts.ray_jobs.tracking.model_card import CARD_FILE, run_facts, write_card
 
     run = tmp_path / "run"
     shutil.copytree(tiny_checkpoint, run / "checkpoint")
@@ -517,8 +517,8 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
 def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path):
     """`convsts evaluate --compare A B`: the P@N difference of two evaluations on the same queries and
     candidates, with the paired standard error; evaluations of other queries are refused in one line."""
-    from convsts.datasets.errors import BadInputError
-    from convsts.ray_jobs.evaluate import main
+    from convsts.io.errors import BadInputError
+    from convsts.ray_jobs.cli.evaluate import main
     from convsts.ray_jobs.evaluation.compare import write_items
     from convsts.ray_jobs.evaluation.retrieval import precision_at_n_metrics
     from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer, LexicalScorer
@@ -583,8 +583,8 @@ def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path)
 def test_an_sts_row_whose_gold_is_null_is_left_out_and_counted(tmp_path):
     """JSON null (and a NaN in parquet) is a missing gold score, as an empty one is: left out and
     counted (before: refused as "None is not a number"); a score that is text is still refused."""
-    from convsts.datasets.errors import BadInputError
     from convsts.datasets.evalsets import read_sts_file
+    from convsts.io.errors import BadInputError
 
     rows = [
         {"sentence1": "a man plays", "sentence2": "a man is playing", "score": 4.5},
@@ -605,7 +605,7 @@ def test_an_sts_row_whose_gold_is_null_is_left_out_and_counted(tmp_path):
 def test_a_long_results_table_is_cut_at_mlflows_tag_limit_with_a_pointer(mlflow_uri):
     from mlflow.tracking import MlflowClient
 
-    from convsts.ray_jobs import tracking
+    from convsts.ray_jobs.tracking import runs as tracking
 
     run_id = tracking.start_run(mlflow_uri, "notes", "long-table")
     tracking.describe_run(mlflow_uri, run_id, "\n".join(f"| metric{i} | 0.5000 |" for i in range(2000)))

@@ -13,8 +13,8 @@ from tiny import EXPORT_PROBES
 
 pytest.importorskip("onnxruntime")
 
-from convsts.datasets.errors import BadInputError
 from convsts.datasets.text import DanTokenizer, SubwordTokenizer, TokenizerConfig, count_words  # noqa: E402
+from convsts.io.errors import BadInputError
 from convsts.models import load, save_checkpoint  # noqa: E402
 from convsts.models.checkpoint import build_model  # noqa: E402
 from convsts.models.config import DanConfig, ModelConfig, TransformerConfig  # noqa: E402
@@ -114,7 +114,7 @@ def test_export_into_the_working_folder_is_refused_in_one_line(sentences, tmp_pa
 def test_an_encoder_with_nan_weights_is_refused_in_one_line_naming_the_tensor(sentences, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from convsts.datasets.errors import BadInputError
+    from convsts.io.errors import BadInputError
     from convsts.models.export import to_onnx
 
     checkpoint = _checkpoint("dan", sentences, tmp_path / "ckpt")

@@ -9,8 +9,8 @@ import pytest
 
 from convsts.models import load
 from convsts.models.encoders import TransformerSentenceEncoder
-from convsts.ray_jobs import tracking
-from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.tracking import runs as tracking
 
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 SAMPLE_DATA = [

@@ -10,9 +10,9 @@ from tiny import TINY_DAN
 
 from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
 from convsts.models.checkpoint import build_model
-from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.config.schema import load_config
 from convsts.ray_jobs.evaluation.sts import StsDevProbe, read_stsb_split
-from convsts.ray_jobs.task_groups import _all_reduce_sparse
+from convsts.ray_jobs.training.task_groups import _all_reduce_sparse
 
 
 @pytest.mark.gpu

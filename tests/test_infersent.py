@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 from convsts.datasets.snli import read_snli
-from convsts.datasets.storage import resolve_path
+from convsts.io.storage import resolve_path
 from convsts.models import load
 from convsts.models.encoders import BiLstmMaxEncoder
-from convsts.ray_jobs import tracking
-from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.config.schema import load_config
 from convsts.ray_jobs.evaluation.nli import nli_metrics
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
+from convsts.ray_jobs.tracking import runs as tracking
 
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -34,7 +34,7 @@ TINY = [
 
 @pytest.mark.slow
 def test_infersent_trains_on_snli_alone(ray_session, mlflow_uri, tmp_path):
-    from convsts.ray_jobs.run_inputs import ensure_prepared
+    from convsts.ray_jobs.preparation.inputs import ensure_prepared
     from convsts.ray_jobs.training.run import run_training
 
     cfg = load_config(REPO_CONFIGS / "infersent.yaml", TINY + [f"mlflow.tracking_uri={mlflow_uri}"])

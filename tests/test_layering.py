@@ -60,7 +60,7 @@ MODULES = _module_files()
 
 def _commands():
     """commands.COMMANDS, read from the source (a broken import graph must not break this test)."""
-    for node in ast.parse(MODULES["convsts.ray_jobs.commands"].read_text(encoding="utf-8")).body:
+    for node in ast.parse(MODULES["convsts.ray_jobs.cli.commands"].read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Assign | ast.AnnAssign) and "COMMANDS" in ast.unparse(node).split("=")[0]:
             return ast.literal_eval(node.value)
     raise AssertionError("commands.py has no COMMANDS")
@@ -158,7 +158,7 @@ def _slow_modules() -> set[str]:
 
 def test_function_level_imports_only_defer_heavy_modules_with_a_reason():
     slow = _slow_modules()
-    assert "convsts.models.checkpoint" in slow and "convsts.ray_jobs.config" not in slow
+    assert "convsts.models.checkpoint" in slow and "convsts.ray_jobs.config.schema" not in slow
     bad = []
     for module, path in MODULES.items():
         if path is None:
@@ -184,7 +184,7 @@ def test_command_modules_do_not_import_each_other():
 
 
 def test_library_modules_do_not_import_command_modules():
-    commands = {module for module, _ in COMMANDS.values()} | {"convsts.ray_jobs.cli"}
+    commands = {module for module, _ in COMMANDS.values()} | {"convsts.ray_jobs.cli", "convsts.__main__"}
     for module, targets in _graph().items():
         if module not in commands:
             assert not targets & commands, f"{module} imports command modules {sorted(targets & commands)}"
@@ -232,8 +232,8 @@ def test_the_prepare_command_and_the_run_config_load_no_slow_library():
     import sys
 
     code = (
-        "import sys, convsts.ray_jobs.prepare, convsts.ray_jobs.run_inputs; "
-        "from convsts.ray_jobs.config import load_config; from convsts.ray_jobs.tasks import get_task; "
+        "import sys, convsts.ray_jobs.cli.prepare, convsts.ray_jobs.preparation.inputs; "
+        "from convsts.ray_jobs.config.schema import load_config; from convsts.ray_jobs.tasks import get_task; "
         "load_config(None); get_task('reddit'); get_task('snli'); "
         f"print(sorted(m for m in {sorted(SLOW)!r} if m in sys.modules))"
     )

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from convsts.ray_jobs import metrics as M
+from convsts.ray_jobs.evaluation import metrics as M
 
 
 def test_pearson_on_a_tiny_set():

@@ -9,13 +9,13 @@ import pytest
 import torch
 from tiny import TINY_DAN
 
-from convsts.datasets.errors import BadInputError
 from convsts.datasets.negatives import MiningConfig, mine
 from convsts.datasets.text import DanTokenizer, count_words, encode_columns
+from convsts.io.errors import BadInputError
 from convsts.models.checkpoint import build_model
 from convsts.models.losses import in_batch_softmax_loss
-from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.prepared import verify_prepared
+from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.preparation.folder import verify_prepared
 from convsts.ray_jobs.tasks import get_task, model_heads
 from convsts.ray_jobs.tasks.base import fields
 from convsts.ray_jobs.training.data import frame_batch
@@ -49,7 +49,7 @@ def test_mining_draws_from_the_rank_window_below_the_margin():
 
 
 def test_mine_negatives_refuses_bad_options_in_one_line(capsys, tmp_path):
-    from convsts.ray_jobs.mine import main as mine_main
+    from convsts.ray_jobs.cli.mine import main as mine_main
 
     common = ["--checkpoint", str(tmp_path), "--prepared", str(tmp_path), "--out", str(tmp_path / "o")]
     for bad, message in (
@@ -101,7 +101,7 @@ def test_reddit_loss_runs_over_the_batch_responses_and_its_negatives():
 @pytest.mark.slow
 def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(ray_session, sample_prepared, tmp_path):
     from convsts.models import save_checkpoint
-    from convsts.ray_jobs.mine import main as mine_main
+    from convsts.ray_jobs.cli.mine import main as mine_main
     from convsts.ray_jobs.training.data import build_tokenizer
     from convsts.ray_jobs.training.run import run_training
 
@@ -174,7 +174,7 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
     whole chunks to the same negatives, a re-run with other ranges encodes nothing, and a folder
     made by another checkpoint or for other pairs is refused."""
     from convsts.models import load, save_checkpoint
-    from convsts.ray_jobs.mining import EncodePool, mine_prepared
+    from convsts.ray_jobs.preparation.hard_negatives import EncodePool, mine_prepared
     from convsts.ray_jobs.training.data import build_tokenizer
 
     cfg = load_config(None, TINY_DAN)

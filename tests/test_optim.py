@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.config.schema import load_config
 from convsts.ray_jobs.training.step import make_optimizer, set_lr
 
 
@@ -73,7 +73,7 @@ def test_head_lr_scale_applies_to_the_named_task_head_only_and_survives_stage_ch
 
 
 def test_head_lr_scale_names_a_trained_task():
-    from convsts.ray_jobs.errors import ConfigError
+    from convsts.io.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"trainer.head_lr_scale.snil"):
         load_config(None, ["trainer.head_lr_scale={snil: 50}"])

@@ -1,4 +1,4 @@
-"""One run at a time in an --out folder (ray_jobs/outlock.py): a second run is refused in one line
+"""One run at a time in an --out folder (ray_jobs/runtime/output_lock.py): a second run is refused in one line
 naming the holder, before it writes anything; the lock goes with the process that holds it."""
 
 import os
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from convsts.ray_jobs.outlock import LOCK_FILE, OutputInUse, output_lock
+from convsts.ray_jobs.runtime.output_lock import LOCK_FILE, OutputInUse, output_lock
 
 REPO = Path(__file__).resolve().parent.parent
 HOLD = (
-    "import sys, time; from convsts.ray_jobs.outlock import output_lock\n"
+    "import sys, time; from convsts.ray_jobs.runtime.output_lock import output_lock\n"
     "with output_lock(sys.argv[1], 'train'):\n    print('held', flush=True); time.sleep(120)\n"
 )
 
@@ -36,7 +36,7 @@ def test_a_second_run_into_a_held_output_folder_is_refused_naming_the_holder(tmp
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
         env.pop("MLFLOW_TRACKING_URI", None)
         done = subprocess.run(
-            [sys.executable, "-m", "convsts.ray_jobs.cli", "train", "--out", str(out)],
+            [sys.executable, "-m", "convsts", "train", "--out", str(out)],
             capture_output=True, text=True, cwd=REPO, env=env, timeout=120,
         )  # fmt: skip
         assert done.returncode == 2, done.stderr
@@ -72,7 +72,7 @@ def test_the_lock_is_free_once_the_holder_ends(tmp_path):
 def test_a_decorated_run_holds_its_out_dir_from_start_to_end(tmp_path):
     import json
 
-    from convsts.ray_jobs.outlock import holds_output
+    from convsts.ray_jobs.runtime.output_lock import holds_output
 
     @holds_output("demo")
     def run(cfg, out_dir, fresh=False):

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.prepared import PREPARE_MARKER, prepare_into
+from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.preparation.folder import PREPARE_MARKER, prepare_into
 from convsts.ray_jobs.tasks import get_task
 
 
@@ -300,7 +300,7 @@ def test_prepared_through_ray_data_or_in_the_driver_the_shards_are_the_same(samp
     folder (and on a folder prepared again). The order spreads a thread's pairs over the split."""
     from tiny import SAMPLE_PREPARE
 
-    from convsts.ray_jobs.run_inputs import prepare_all
+    from convsts.ray_jobs.preparation.inputs import prepare_all
 
     names = prepare_all(load_config(None, [*SAMPLE_PREPARE, "data.driver_bytes=0"]), str(tmp_path))
     assert set(names) == {"reddit", "snli"}
@@ -334,8 +334,8 @@ def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_pre
 
     from tiny import SAMPLE_PREPARE
 
-    from convsts.datasets.errors import BadInputError
-    from convsts.ray_jobs.run_inputs import prepare_all
+    from convsts.io.errors import BadInputError
+    from convsts.ray_jobs.preparation.inputs import prepare_all
 
     prepared = tmp_path / "prepared"
     shutil.copytree(sample_prepared, prepared)
@@ -377,7 +377,7 @@ def test_a_users_own_parquet_files_are_never_removed_and_two_prepares_never_shar
     import subprocess
     import sys
 
-    from convsts.ray_jobs.outlock import OutputInUse
+    from convsts.ray_jobs.runtime.output_lock import OutputInUse
 
     reddit, cfg = get_task("reddit"), load_config(None)
     out = tmp_path / "D"
@@ -393,7 +393,7 @@ def test_a_users_own_parquet_files_are_never_removed_and_two_prepares_never_shar
 
     held = tmp_path / "held"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from convsts.ray_jobs.outlock import output_lock\n"
+        [sys.executable, "-c", "import sys; from convsts.ray_jobs.runtime.output_lock import output_lock\n"
          f"with output_lock({str(held)!r}, 'prepare'):\n    print('held', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

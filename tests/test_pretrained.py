@@ -19,7 +19,7 @@ from convsts.models import load, save_checkpoint  # noqa: E402
 from convsts.models.checkpoint import build_model  # noqa: E402
 from convsts.models.config import ModelConfig  # noqa: E402
 from convsts.models.encoders import encoder_class  # noqa: E402
-from convsts.ray_jobs.config import load_config  # noqa: E402
+from convsts.ray_jobs.config.schema import load_config  # noqa: E402
 
 SENTENCES = ["A man is playing a guitar.", "Two dogs run through a snowy field", "ok"]
 
@@ -285,7 +285,7 @@ def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, sa
 def test_sentence_transformers_export_gives_the_checkpoint_embeddings(pooling, output_dim, tmp_path, capfd):
     from sentence_transformers import SentenceTransformer
 
-    from convsts.datasets.errors import BadInputError
+    from convsts.io.errors import BadInputError
     from convsts.models.export import to_sentence_transformers
     from convsts.ray_jobs.cli import main as cli
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from s3_server import keys, request_log, s3_endpoint
 
-from convsts.datasets import storage
-from convsts.datasets.errors import BadInputError
-from convsts.ray_jobs import tracking
-from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.errors import ConfigError
-from convsts.ray_jobs.training.previous import (
+from convsts.io import storage
+from convsts.io.errors import BadInputError, ConfigError
+from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.tracking import runs as tracking
+from convsts.ray_jobs.training.run import claim_output
+from convsts.ray_jobs.training.run_record import (
     ENDED_BY_TAG,
     RUN_RECORD,
     close_abandoned_run,
@@ -27,7 +27,6 @@ from convsts.ray_jobs.training.previous import (
     resumable_checkpoint,
     run_storage,
 )
-from convsts.ray_jobs.training.run import claim_output
 
 STAMPS = ("2026-11-26_04-17-30.539163", "2026-11-26_04-17-31.105457")  # Ray Train names checkpoints by time
 

@@ -1,14 +1,14 @@
-"""Node-by-node resource checks (ray_jobs/resources.py) and where each run keeps its checkpoints
+"""Node-by-node resource checks (ray_jobs/runtime/resources.py) and where each run keeps its checkpoints
 (training/previous.py: run_storage): the Ray-free rules behind the cluster tests."""
 
 from pathlib import Path
 
 import pytest
 
-from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.errors import ConfigError
-from convsts.ray_jobs.resources import Ask, check_training_fits, trials_at_once, unplaced
-from convsts.ray_jobs.training.previous import run_storage
+from convsts.io.errors import ConfigError
+from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.runtime.resources import Ask, check_training_fits, trials_at_once, unplaced
+from convsts.ray_jobs.training.run_record import run_storage
 
 REPO = Path(__file__).resolve().parent.parent
 

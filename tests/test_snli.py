@@ -3,8 +3,8 @@ import json
 import pandas as pd
 import pytest
 
-from convsts.datasets.errors import BadInputError
 from convsts.datasets.snli import LABEL_IDS, read_snli, take_fraction, with_fraction_rank
+from convsts.io.errors import BadInputError
 
 
 def _frame(n):

@@ -15,9 +15,10 @@ from s3_server import keys, s3_endpoint, upload
 from tiny import TINY_TRAIN
 
 from convsts import models
-from convsts.datasets import cache, evalsets, pushshift, reddit, snli, storage
-from convsts.datasets.storage import expand_inputs
-from convsts.ray_jobs.config import load_config
+from convsts.datasets import evalsets, pushshift, reddit, snli
+from convsts.io import cache, storage
+from convsts.io.storage import expand_inputs
+from convsts.ray_jobs.config.schema import load_config
 from convsts.ray_jobs.tasks import get_task
 
 REPO = Path(__file__).resolve().parent.parent
@@ -198,7 +199,7 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "convsts.ray_jobs.cli",
+                "convsts",
                 "train",
                 "--out",
                 str(out),
@@ -251,7 +252,7 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "convsts.ray_jobs.cli",
+                "convsts",
                 "evaluate",
                 "--checkpoint",
                 uri,
@@ -285,7 +286,7 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "convsts.ray_jobs.cli",
+                "convsts",
                 "mine-negatives",
                 "--checkpoint",
                 uri,

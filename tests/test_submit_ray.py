@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def convsts(args, env, timeout=600):
     return subprocess.run(
-        [sys.executable, "-m", "convsts.ray_jobs.cli", *args],
+        [sys.executable, "-m", "convsts", *args],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from convsts.ray_jobs.task_groups import GradientCombiner, draw_task, plan_tasks
+from convsts.ray_jobs.training.task_groups import GradientCombiner, draw_task, plan_tasks
 
 W = {"reddit": 0.95, "snli": 0.05}
 

@@ -11,10 +11,10 @@ import torch
 from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
 from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig
-from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.task_groups import GradientCombiner, plan_tasks
+from convsts.ray_jobs.config.schema import load_config
 from convsts.ray_jobs.tasks import get_task
 from convsts.ray_jobs.training.step import Optimizers, train_step
+from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks
 
 WEIGHTS = {"reddit": 0.95, "snli": 0.05}
 REDDIT = (

@@ -12,19 +12,19 @@ import torch
 import toy_task
 
 from convsts.datasets.text import DanTokenizer, count_words
+from convsts.io.errors import ConfigError
 from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model
 from convsts.models.encoders import ENCODERS
 from convsts.models.losses import in_batch_softmax_loss
-from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.errors import ConfigError
-from convsts.ray_jobs.task_groups import GradientCombiner, plan_tasks
+from convsts.ray_jobs.config.schema import load_config
 from convsts.ray_jobs.tasks import builtin_tasks, get_task, model_heads, trained_tasks
 from convsts.ray_jobs.tasks.base import fields
 from convsts.ray_jobs.training.data import FrameStream
 from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
 from convsts.ray_jobs.training.state import StageSchedule, resume_skip
 from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
+from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks
 
 TINY = [
     "model.dan.embedding_dim=8",
@@ -232,7 +232,7 @@ def test_a_toy_task_is_one_module_plus_config_entries(tmp_path):
 def test_a_checkpoint_records_its_heads_and_one_without_them_is_refused(tmp_path):
     """config.json names the task heads (every checkpoint of this format writes them); one without
     is damaged, refused in one line rather than given a guessed pair of heads."""
-    from convsts.datasets.errors import BadInputError
+    from convsts.io.errors import BadInputError
 
     cfg = load_config(None, TINY)
     model = build_model(cfg.model, _tokenizer(cfg))
@@ -271,7 +271,7 @@ def test_toy_task_prepare_uses_the_default_reader(ray_session, tmp_path):
         ],
     )
     task = get_task("toy", cfg.task_modules)
-    from convsts.ray_jobs.prepare import build_parser
+    from convsts.ray_jobs.cli.prepare import build_parser
 
     # Overrides may follow the options on the command line, as for every other command.
     args = build_parser().parse_intermixed_args(["toy", "--out", "X", "task_modules=[toy_task]"])
@@ -348,7 +348,7 @@ def test_length_bucketing_groups_similar_lengths_and_keeps_every_row(ray_session
 
 @pytest.mark.parametrize("decay", ["linear", "cosine"])
 def test_lr_warms_up_then_decays_toward_zero_at_the_last_step(decay):
-    from convsts.ray_jobs.config import StageConfig
+    from convsts.ray_jobs.config.schema import StageConfig
 
     schedule = StageSchedule(
         [StageConfig(0, 8, 1.0), StageConfig(60, 16, 0.5)], warmup_steps=10, decay=decay, total=110

@@ -16,16 +16,16 @@ from tiny import TINY_DAN
 
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.datasets.snli import fraction_rank
-from convsts.datasets.storage import resolve_path
 from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.io.errors import ConfigError
+from convsts.io.storage import resolve_path
 from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.models.sts_transform import load_sts_transform
-from convsts.ray_jobs import tracking
-from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.errors import ConfigError
-from convsts.ray_jobs.sweep import SWEEP_MATRIX
+from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.sweeps.run import SWEEP_MATRIX
+from convsts.ray_jobs.tracking import runs as tracking
 
 REPO = Path(__file__).resolve().parent.parent
 TRIALS = 10
@@ -66,7 +66,8 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     cmd = [
         sys.executable,
         "-m",
-        "convsts.ray_jobs.tune",
+        "convsts",
+        "tune",
         "--space",
         "sts_matrix",
         "--checkpoint",
@@ -159,7 +160,7 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
 
 @pytest.mark.slow
 def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path):
-    from convsts.ray_jobs.sweep import grid_overrides, run_sweep
+    from convsts.ray_jobs.sweeps.run import grid_overrides, run_sweep
     from convsts.ray_jobs.training.data import build_tokenizer
     from convsts.ray_jobs.training.state import initial_model
     from convsts.tune_spaces import get_space
@@ -242,7 +243,7 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
 def test_a_trial_that_ran_to_max_t_is_not_tagged_as_stopped_early(ray_session, mlflow_uri, tmp_path):
     """ASHA stops a trial at a rung (stopped early) and also at max_t (its end: it ran whole); only the
     first is tagged `convsts.stopped_early=true` (before: every trial ASHA stopped was)."""
-    from convsts.ray_jobs.sweep import grid_overrides, run_sweep
+    from convsts.ray_jobs.sweeps.run import grid_overrides, run_sweep
     from convsts.tune_spaces import get_space
 
     experiment = "tune-max-t-test"

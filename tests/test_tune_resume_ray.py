@@ -14,8 +14,8 @@ import pytest
 from test_tune_ray import TINY_MODEL, _runs
 
 from convsts.models import save_checkpoint
-from convsts.ray_jobs import tracking
-from convsts.ray_jobs.config import load_config
+from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.tracking import runs as tracking
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,7 +38,7 @@ def test_a_sweep_whose_driver_is_killed_mid_trial_restarts_the_trial_from_its_ow
     tokenizer = build_tokenizer(reddit_cfg, str(sample_prepared))
     reddit = save_checkpoint(tmp_path / "reddit", initial_model(reddit_cfg, tokenizer), tokenizer, reddit_cfg.to_dict())
     out, store = tmp_path / "sweep", tmp_path / "store"
-    cmd = [sys.executable, "-m", "convsts.ray_jobs.tune", "--space", "snli_fraction", "--out", str(out),
+    cmd = [sys.executable, "-m", "convsts", "tune", "--space", "snli_fraction", "--out", str(out),
            "--reddit-checkpoint", str(reddit), "--prepared", str(sample_prepared), "--param",
            "data.snli_fraction=[1.0]", "--max-concurrent", "1", *TINY_MODEL, "trainer.steps=60",
            "trainer.checkpoint_every=20", "trainer.log_every=5", "trainer.cpus_per_worker=0.4", "name=killed",
@@ -96,7 +96,7 @@ def test_the_documented_custom_space_runs_as_written(ray_session, sample_prepare
     # The space as written, its grid of three stages cut to its middle one (--param): a trial's fixed
     # cost (a TorchTrainer starting) is most of a minute here.
     one = "trainer.stages=[[{start_step: 0, batch_size: 128, lr: 0.001}]]"
-    cmd = [sys.executable, "-m", "convsts.ray_jobs.tune", "--space", "my_spaces:SPACE", "--out", str(out),
+    cmd = [sys.executable, "-m", "convsts", "tune", "--space", "my_spaces:SPACE", "--out", str(out),
            "--param", one, "--prepared", str(sample_prepared), "--max-concurrent", "1", *TINY_MODEL, "trainer.steps=4",
            "trainer.checkpoint_every=4", "trainer.cpus_per_worker=0.4", f"mlflow.tracking_uri={mlflow_uri}",
            "mlflow.experiment=tune-custom-space"]  # fmt: skip

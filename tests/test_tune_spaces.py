@@ -3,9 +3,9 @@
 import pytest
 from ray import tune
 
-from convsts.ray_jobs.config import load_config
-from convsts.ray_jobs.errors import ConfigError
-from convsts.ray_jobs.sweep import check_space_keys, grid_overrides, trial_config
+from convsts.io.errors import ConfigError
+from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.sweeps.run import check_space_keys, grid_overrides, trial_config
 from convsts.tune_spaces import TuneSpace, builtin_spaces, get_space
 from convsts.tune_spaces.snli_fraction import FRACTIONS
 
@@ -82,7 +82,7 @@ def test_a_sweep_is_resumed_only_by_the_command_that_started_it(tmp_path):
     """Guards: a rerun into a sweep's --out resumed the recorded sweep whatever the command said;
     its unfinished trials then trained with this command's base config and the recorded
     parameters. sweep_record keeps what defines the sweep; every difference is named."""
-    from convsts.ray_jobs.sweep import resume_differences, sweep_record
+    from convsts.ray_jobs.sweeps.run import resume_differences, sweep_record
 
     space = get_space("snli_fraction")
     cfg = load_config(None, ["trainer.steps=10"])
@@ -124,7 +124,7 @@ def test_the_task_mix_table_is_the_mean_and_sd_over_seeds_per_mix(tmp_path):
     metric, each cell the mean ± sample standard deviation over that mix's seeds."""
     import json
 
-    from convsts.ray_jobs.sweep import _mean_table
+    from convsts.ray_jobs.sweeps.run import _mean_table
     from convsts.tune_spaces import get_space
 
     space = get_space("task_mix")

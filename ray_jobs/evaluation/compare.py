@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from convsts.datasets import storage
-from convsts.datasets.errors import BadInputError
-from convsts.ray_jobs.metrics import paired_difference
+from convsts.io import storage
+from convsts.io.errors import BadInputError
+from convsts.ray_jobs.evaluation.metrics import paired_difference
 
 ITEMS_DIR = "items"  # OUT/items/<task>.parquet beside results.json
 KEY_COLUMNS = ("query", "candidates")

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 
 from convsts.datasets.evalsets import cqa_text, read_cqa
-from convsts.datasets.storage import resolve_path
-from convsts.ray_jobs.config import RunConfig
+from convsts.io.storage import resolve_path
+from convsts.ray_jobs.config.schema import RunConfig
+from convsts.ray_jobs.evaluation.metrics import mean_average_precision
 from convsts.ray_jobs.evaluation.scorers import pair_cosine
-from convsts.ray_jobs.metrics import mean_average_precision
 
 
 def cqa_metrics(scorer, frame: pd.DataFrame, prefix: str) -> dict[str, float]:

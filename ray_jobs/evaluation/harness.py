@@ -15,16 +15,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from convsts.datasets import storage
-from convsts.datasets.errors import BadInputError
 from convsts.datasets.evalsets import check_sts_entries, pair_keys
-from convsts.datasets.redaction import redact
+from convsts.io import storage
+from convsts.io.errors import BadInputError, TrackingError
+from convsts.io.redaction import redact
 from convsts.models import load
 from convsts.models.checkpoint import checkpoint_folder, read_meta
 from convsts.models.sts_transform import load_sts_transform
-from convsts.ray_jobs import tracking
-from convsts.ray_jobs.config import RunConfig
-from convsts.ray_jobs.errors import TrackingError
+from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, write_items
 from convsts.ray_jobs.evaluation.cqa import configured_cqa_metrics
 from convsts.ray_jobs.evaluation.plots import scatter_plot
@@ -37,11 +35,12 @@ from convsts.ray_jobs.evaluation.sts import (
     stsb_embeddings,
     tuned_sts_metrics,
 )
-from convsts.ray_jobs.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
-from convsts.ray_jobs.model_card import CARD_FILE, FACTS_FILE, add_results
-from convsts.ray_jobs.prepared import MANIFEST, config_value, settings_mismatches, verify_prepared
-from convsts.ray_jobs.runtime import log, tracking_uri
+from convsts.ray_jobs.preparation.folder import MANIFEST, config_value, settings_mismatches, verify_prepared
+from convsts.ray_jobs.runtime.process import log, tracking_uri
 from convsts.ray_jobs.tasks import get_task, model_heads
+from convsts.ray_jobs.tracking import runs as tracking
+from convsts.ray_jobs.tracking.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
+from convsts.ray_jobs.tracking.model_card import CARD_FILE, FACTS_FILE, add_results
 
 PRIMARY_METRIC = "stsb/dev/pearson"
 

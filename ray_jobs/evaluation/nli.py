@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 
 from convsts.datasets.snli import read_snli
-from convsts.datasets.storage import resolve_path
-from convsts.ray_jobs.metrics import accuracy
-from convsts.ray_jobs.runtime import log
+from convsts.io.storage import resolve_path
+from convsts.ray_jobs.evaluation.metrics import accuracy
+from convsts.ray_jobs.runtime.process import log
 
 
 def nli_metrics(scorer, frame: pd.DataFrame, prefix: str) -> dict[str, float]:

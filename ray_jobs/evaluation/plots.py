@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from convsts.datasets import storage
+from convsts.io import storage
 from convsts.models.similarity import pearson
 
 

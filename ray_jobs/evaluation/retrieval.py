@@ -8,9 +8,9 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from convsts.datasets import storage
+from convsts.io import storage
+from convsts.ray_jobs.evaluation.metrics import precision_at_n, true_ranks
 from convsts.ray_jobs.evaluation.scorers import scores_matrix
-from convsts.ray_jobs.metrics import precision_at_n, true_ranks
 
 
 def heldout_pairs(test_dir: str) -> pd.DataFrame | None:

@@ -9,14 +9,14 @@ import numpy as np
 import pandas as pd
 
 from convsts.datasets.evalsets import pair_keys, read_sts_file, read_stsb, stsb_split_path
-from convsts.datasets.storage import resolve_path
+from convsts.io.storage import resolve_path
 from convsts.models.sentence_encoder import SentenceEncoder
 from convsts.models.similarity import angular_score_from_cosine, pearson
 from convsts.models.sts_transform import StsTransform, fit_sts_transform
-from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.config.schema import RunConfig
+from convsts.ray_jobs.evaluation.metrics import spearman
 from convsts.ray_jobs.evaluation.scorers import pair_cosine
-from convsts.ray_jobs.metrics import spearman
-from convsts.ray_jobs.runtime import log
+from convsts.ray_jobs.runtime.process import log
 
 
 def read_stsb_split(cfg: RunConfig, split: str) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from convsts.ray_jobs.tasks.base import Task
 
 if TYPE_CHECKING:
-    from convsts.ray_jobs.config import RunConfig
+    from convsts.ray_jobs.config.schema import RunConfig
 
 
 def builtin_tasks() -> list[str]:

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from convsts.datasets import storage
-from convsts.ray_jobs.prepared import config_value, write_manifest, write_train_frame
+from convsts.io import storage
+from convsts.ray_jobs.preparation.folder import config_value, write_manifest, write_train_frame
 
 if TYPE_CHECKING:
     import torch
 
-    from convsts.ray_jobs.config import RunConfig
+    from convsts.ray_jobs.config.schema import RunConfig
 
     Batch = dict[str, torch.Tensor]
 

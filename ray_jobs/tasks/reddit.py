@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from convsts.datasets import pushshift, reddit, storage
-from convsts.datasets.errors import BadInputError
-from convsts.ray_jobs.prepared import shard_files, write_manifest
-from convsts.ray_jobs.runtime import ensure_ray, log
+from convsts.datasets import pushshift, reddit
+from convsts.io import storage
+from convsts.io.errors import BadInputError
+from convsts.ray_jobs.preparation.folder import shard_files, write_manifest
+from convsts.ray_jobs.runtime.process import ensure_ray, log
 from convsts.ray_jobs.tasks.base import Task, fields
 
 NEGATIVE = "negative"  # the column of mined hard negatives (`convsts mine-negatives`)

@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from convsts.datasets import snli, storage
+from convsts.datasets import snli
 from convsts.datasets.snli import fraction_rank
-from convsts.ray_jobs.prepared import write_manifest, write_train_frame
-from convsts.ray_jobs.runtime import log
+from convsts.io import storage
+from convsts.ray_jobs.preparation.folder import write_manifest, write_train_frame
+from convsts.ray_jobs.runtime.process import log
 from convsts.ray_jobs.tasks.base import Task, fields
 
 

@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from convsts.datasets import storage
 from convsts.datasets.text import TOKENIZERS, encode_columns, fit_tokenizer, words
+from convsts.io import storage
 from convsts.models.encoders import encoder_class
-from convsts.ray_jobs.config import RunConfig
-from convsts.ray_jobs.prepared import shard_files, verify_prepared
-from convsts.ray_jobs.task_groups import TaskPlan
+from convsts.ray_jobs.config.schema import RunConfig
+from convsts.ray_jobs.preparation.folder import shard_files, verify_prepared
 from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
+from convsts.ray_jobs.training.task_groups import TaskPlan
 
 
 def check_prepared(prepared_root: str, tasks: dict[str, Task], cfg: RunConfig) -> dict[str, dict[str, Any]]:

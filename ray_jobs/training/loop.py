@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from convsts.ray_jobs.config import RunConfig
+from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.sts import StsDevProbe
-from convsts.ray_jobs.task_groups import GradientCombiner, TaskPlan, draw_task
 from convsts.ray_jobs.tasks import trained_tasks
 from convsts.ray_jobs.training.state import MetricWindow, StageSchedule, TrainState, format_eta, resume_skip
 from convsts.ray_jobs.training.step import Optimizers, train_step
+from convsts.ray_jobs.training.task_groups import GradientCombiner, TaskPlan, draw_task
 
 # open_stream(task, batch_size, epoch, skip) -> an iterator of batches with .position()
 StreamFactory = Callable[[str, int, int, int], Iterator[dict[str, torch.Tensor]]]

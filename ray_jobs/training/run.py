@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from convsts.datasets import storage
-from convsts.datasets.redaction import redact, redact_tree
-from convsts.datasets.storage import resolve_path
+from convsts.io import storage
+from convsts.io.errors import ConfigError
+from convsts.io.redaction import redact, redact_tree
+from convsts.io.storage import resolve_path
 from convsts.models.checkpoint import (
     build_model,
     check_complete,
@@ -25,23 +26,21 @@ from convsts.models.checkpoint import (
     save_model_folder,
     staged,
 )
-from convsts.ray_jobs import tracking
-from convsts.ray_jobs.config import RunConfig
-from convsts.ray_jobs.errors import ConfigError
+from convsts.ray_jobs.config.flatten import changed_values, flatten
+from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.plots import loss_curves_plot
 from convsts.ray_jobs.evaluation.sts import read_stsb_split
-from convsts.ray_jobs.flat import changed_values, flatten
-from convsts.ray_jobs.mlflow_model import log_model
-from convsts.ray_jobs.model_card import run_facts, write_card
-from convsts.ray_jobs.outlock import holds_output
-from convsts.ray_jobs.resources import alive_nodes, check_training_fits
-from convsts.ray_jobs.runtime import ensure_ray, log, tracking_uri, train_log_level
-from convsts.ray_jobs.task_groups import plan_for
+from convsts.ray_jobs.runtime.output_lock import holds_output
+from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri, train_log_level
+from convsts.ray_jobs.runtime.resources import alive_nodes, check_training_fits
 from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
+from convsts.ray_jobs.tracking import runs as tracking
+from convsts.ray_jobs.tracking.mlflow_model import log_model
+from convsts.ray_jobs.tracking.model_card import run_facts, write_card
 from convsts.ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
-from convsts.ray_jobs.training.holder import start_holder
 from convsts.ray_jobs.training.loop import SCORE_METRIC
-from convsts.ray_jobs.training.previous import (
+from convsts.ray_jobs.training.parameter_holder import start_holder
+from convsts.ray_jobs.training.run_record import (
     CONTINUES_TAG,
     close_abandoned_run,
     interrupted_run,
@@ -50,6 +49,7 @@ from convsts.ray_jobs.training.previous import (
     resume_advice,
     run_storage,
 )
+from convsts.ray_jobs.training.task_groups import plan_for
 from convsts.ray_jobs.training.worker import train_loop_per_worker
 
 MODEL_FOLDER = "model"  # OUT/model

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from convsts.models.checkpoint import build_model, load_model, load_train_state
-from convsts.ray_jobs.config import RunConfig, StageConfig
+from convsts.ray_jobs.config.schema import RunConfig, StageConfig
 from convsts.ray_jobs.tasks import model_heads, trained_tasks
 from convsts.ray_jobs.training.step import seed_everything
 

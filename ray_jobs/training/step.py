@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from convsts.ray_jobs.config import TrainerConfig
-from convsts.ray_jobs.task_groups import GradientCombiner
+from convsts.ray_jobs.config.schema import TrainerConfig
+from convsts.ray_jobs.training.task_groups import GradientCombiner
 
 
 def seed_everything(seed: int) -> None:

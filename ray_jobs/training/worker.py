@@ -9,17 +9,17 @@ from typing import Any
 
 import torch
 
-from convsts.datasets.redaction import redact_tree
 from convsts.datasets.text import tokenizer_from_dict
+from convsts.io.redaction import redact_tree
 from convsts.models.checkpoint import read_meta, save_checkpoint
-from convsts.ray_jobs import tracking
-from convsts.ray_jobs.config import from_dict
+from convsts.ray_jobs.config.schema import from_dict
 from convsts.ray_jobs.evaluation.sts import StsDevProbe
-from convsts.ray_jobs.task_groups import plan_for
+from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
 from convsts.ray_jobs.training.data import TaskStream
 from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
 from convsts.ray_jobs.training.state import TrainState, initial_model, restore
+from convsts.ray_jobs.training.task_groups import plan_for
 
 
 def say_once(line: str) -> None:

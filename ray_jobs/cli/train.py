@@ -1,0 +1,93 @@
+"""`convsts train`: multitask training on Ray Train (TorchTrainer, Train V2).
+
+  convsts train --config configs/dan_multitask.yaml --out DIR [dotted.overrides=...]
+
+Data flows one way: prepared parquet shards -> Ray Data (tokenized in map_batches) -> one
+stream per task group -> shared encoder + heads -> losses -> combined gradients -> checkpoints and
+MLflow (docs/design.md has the module map). The final checkpoint is copied to DIR/checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+from convsts.io.redaction import redact
+from convsts.ray_jobs.config.schema import RESUME_LATEST, is_override, load_config
+from convsts.ray_jobs.preparation.inputs import ensure_prepared
+from convsts.ray_jobs.runtime.output_lock import output_lock
+from convsts.ray_jobs.runtime.process import setup_logging, tracking_uri
+from convsts.ray_jobs.training.run import prepared_location, run_training
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(
+        prog="convsts train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", default=None, help="run config YAML")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output folder (checkpoint, model, ray_results, mlflow.db); required unless --print-config",
+    )
+    parser.add_argument("--prepared", default=None, help="prepared shards (default: data.prepared_dir or OUT/prepared)")
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        const=RESUME_LATEST,
+        default=None,
+        metavar="CHECKPOINT",
+        help=f"checkpoint folder to resume from (checked: complete, same model, tokenizer settings, tasks and "
+        f"prepared data); alone or '{RESUME_LATEST}': the newest complete checkpoint of the run OUT records "
+        "(a run whose driver died)",
+    )
+    parser.add_argument(
+        "--fresh", action="store_true", help="OUT already holds a run: delete its checkpoints and start over"
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved run config (YAML, credentials masked) and exit"
+    )
+    parser.add_argument(
+        "--register-as",
+        default=None,
+        metavar="NAME",
+        help="register the run's MLflow model under NAME (mlflow.register_as)",
+    )
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.steps=500")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.resume and is_override(args.resume):  # `--resume trainer.steps=9`: --resume alone, then overrides
+        args.overrides, args.resume = [args.resume, *args.overrides], RESUME_LATEST
+    setup_logging()
+    overrides = list(args.overrides) + ([f"trainer.resume_from={args.resume}"] if args.resume else [])
+    overrides += [f"mlflow.register_as={args.register_as}"] if args.register_as else []
+    cfg = load_config(args.config, overrides)
+    if args.print_config:
+        print(redact(cfg.to_yaml()), end="")
+        return 0
+    if not args.out:
+        build_parser().error("the following arguments are required: --out")
+    with output_lock(args.out, "train"):  # before anything is written there: the store, the prepared data
+        uri = tracking_uri(
+            cfg.mlflow.tracking_uri, args.out
+        )  # a tracking server that is not there fails before prepare
+        prepared = prepared_location(cfg, args.out, args.prepared)
+        ensure_prepared(cfg, prepared)
+        result = run_training(cfg, args.out, prepared_dir=prepared, fresh=args.fresh, mlflow_uri=uri)
+    print(
+        json.dumps(
+            {
+                "checkpoint": str(result.checkpoint),
+                "model": str(result.model),
+                "mlflow_run_id": result.run_id,
+                "seconds": round(result.seconds, 1),
+                "task_split_mode": result.mode,
+            },
+            indent=2,
+        )
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""The run config: its schema and defaults, loading and validation, its reference, flattened forms."""

@@ -1,0 +1,567 @@
+"""The one run config: a dataclass tree, loaded from YAML plus dotted command-line overrides.
+
+Defaults live here and only here. `load_config("configs/demo.yaml", ["trainer.steps=500"])`
+merges defaults <- YAML <- overrides; unknown keys and wrong types raise `ConfigError` naming
+the full dotted key. The resolved config is saved with every checkpoint and logged to MLflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from convsts.datasets.reddit import RedditFilterConfig
+from convsts.datasets.text import TokenizerConfig
+from convsts.io import storage
+from convsts.io.errors import ConfigError
+from convsts.io.redaction import redact
+from convsts.io.storage import SAMPLE_TOKEN
+from convsts.models.config import ENCODER_NAMES, POOLINGS, ModelConfig, StsTransformConfig
+from convsts.ray_jobs.tasks import get_task
+
+
+@dataclass
+class DataConfig:
+    # Raw inputs of `convsts prepare`. "{sample}" expands to the embedded sample folder.
+    reddit_inputs: list[str] = field(default_factory=lambda: ["{sample}/reddit_pairs.parquet"])
+    reddit_format: str = "auto"  # auto | pushshift | pairs
+    snli_train: str = "{sample}/snli_train.parquet"  # SNLI training pairs: jsonl, txt or parquet, plain or compressed
+    snli_dev: str = "{sample}/snli_dev.parquet"  # scored as snli/dev/accuracy
+    snli_test: str = ""  # scored as snli/test/accuracy; "" = not scored
+    stsb_dir: str = "{sample}"  # holds stsb_{train,dev,test}.parquet or the official sts-*.csv
+    cqa_test: str = "{sample}/cqa2016_test.parquet"  # parquet, or the official SemEval 2016/2017 XML
+    cqa_relevancy: str = ""  # gold .relevancy file for an XML without gold labels (2017 test)
+    cqa_name: str = "cqa2016"  # metric prefix: <cqa_name>/map (e.g. cqa2017 for the 2017 test)
+    # Where `prepare` writes shards and `train`/`evaluate` read them; "" = <out>/prepared.
+    prepared_dir: str = ""
+    test_share: float = 0.1  # share of Reddit threads held out (paper: 10%)
+    split_salt: str = "convsts"  # salt of the thread hash that splits Reddit (another salt, another held-out set)
+    snli_fraction: float = 1.0  # nested subset of SNLI train used for training
+    snli_fraction_seed: int = 0  # seed of the SNLI subset draw (each seed a different nested family)
+    rows_per_shard: int = 50_000  # rows per parquet shard `prepare` writes (at least; the last may hold fewer)
+    # Inputs of `prepare` up to this many bytes (on disk, all files of a task together) are prepared
+    # in the driver process, in memory, without starting Ray; larger ones through Ray Data. The same
+    # shards either way; 0 = always Ray Data. (pushshift dumps: dump_local_bytes.)
+    driver_bytes: int = 64 * 2**20
+    # pushshift comment dumps up to this many bytes (on disk, all files together) are prepared in the
+    # driver process by the streaming engine (memory bounded by its chunk and spill partition, which it
+    # spills to TMPDIR), without starting Ray; larger ones through Ray Data across the cluster. The
+    # same shards either way; 0 = always Ray Data.
+    dump_local_bytes: int = 4 * 2**30
+    # Reddit: train with the `negative` column that `convsts mine-negatives` adds to the training
+    # shards (each context's softmax runs over the batch's responses and its mined negatives).
+    reddit_hard_negatives: bool = False
+    # Raw inputs of tasks beyond the built-in ones: {task name: [files, folders or globs]}.
+    task_inputs: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class StageConfig:
+    start_step: int = 0  # the step this stage starts at
+    batch_size: int = 128  # pairs per worker and step
+    lr: float = 0.01  # the learning rate of embedding tables (dense parameters: x trainer.dense_lr_scale)
+
+
+OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw")
+PRECISIONS = ("fp32", "bf16")
+LR_DECAYS = ("none", "linear", "cosine")
+TASK_SPLITS = ("sync", "async")
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+PLACEMENT_STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
+MLFLOW_NAME_CHARS = 500  # the longest experiment name MLflow takes
+RESUME_LATEST = "latest"  # trainer.resume_from: the newest complete checkpoint of the run --out records
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 1000  # training steps; 0 saves the encoder untrained
+    num_workers: int = 2  # Ray Train workers, split over the tasks (task_workers)
+    cpus_per_worker: float = 0.5  # below 1 so that Ray Data read tasks have room on small nodes
+    # torch's intra-op threads in each worker; 0 = Ray's choice (the floor of cpus_per_worker, at
+    # least 1). One CPU worker on a small node reserves 1 CPU (Ray Data needs one free) and
+    # computes on every core with torch_threads = the node's cores.
+    torch_threads: int = 0
+    use_gpu: bool = False  # one GPU per worker (NCCL between workers)
+    # How Ray places the task workers on a cluster's nodes (Ray's placement-group strategies).
+    # SPREAD (default): over distinct nodes where it can, so losing a node loses few workers and the
+    # workers do not compete for one node's cores, network and disk; PACK: as few nodes as possible
+    # (less traffic between nodes for the gradient exchange); STRICT_*: refuse rather than bend.
+    # On one machine both give the same run.
+    placement_strategy: str = "SPREAD"
+    # Each task's share of the updates (the paper: 95/5), by gradient weighting or by workers per task.
+    task_weights: dict[str, float] = field(default_factory=lambda: {"reddit": 0.95, "snli": 0.05})
+    # Workers per task, e.g. {reddit: 19, snli: 1} (summing to num_workers); {} = by the weights
+    # (largest remainder, at least one each).
+    task_workers: dict[str, int] = field(default_factory=dict)
+    # sync: one update per step from every worker's gradients (all-reduce, docs/design.md);
+    # async: each task's workers push their own updates to a parameter holder as they are ready.
+    task_split: str = "sync"  # sync | async
+    # async: a worker takes fresh weights from the holder with every Nth update it pushes.
+    async_refresh_every: int = 1
+    # async: a worker computes its next update while the holder applies its last (one update in
+    # flight, one more of staleness); pays off when the holder has cores of its own (docs/design.md).
+    async_overlap: bool = False
+    # async: how many updates a task may run ahead of its weight's share of all updates before
+    # its workers wait (the realised mix stays within this of the weights).
+    async_slack: int = 8
+    # The schedule: from each stage's start_step on, its batch size and lr (the paper: 128 then 256).
+    stages: list[StageConfig] = field(
+        default_factory=lambda: [
+            StageConfig(0, 128, 0.01),
+            StageConfig(1_000_000, 256, 0.001),
+        ]
+    )
+    optimizer: str = "sgd"  # sgd | adagrad | adam | adamw (adam/adamw use SparseAdam for sparse tables)
+    momentum: float = 0.0  # sgd's momentum
+    weight_decay: float = 0.0  # adamw's decoupled weight decay (dense parameters)
+    # The lr rises linearly from 0 to the first stage's lr over this many steps; 0 = no warm-up.
+    warmup_steps: int = 0
+    # After warm-up the lr falls toward 0 at the last step (a factor on each stage's lr): none | linear | cosine.
+    lr_decay: str = "none"
+    # "bf16": the forward pass and the loss under bfloat16 autocast (weights and optimizer in fp32).
+    precision: str = "fp32"  # fp32 | bf16
+    # lr of dense parameters (encoder DNN, heads) = stage lr x this; embedding tables get the stage lr.
+    dense_lr_scale: float = 1.0
+    # Per task, its head's lr = that x this (1 for a task not named): a new classifier on a
+    # pretrained encoder learns faster than the encoder under it, e.g. {snli: 50}.
+    head_lr_scale: dict[str, float] = field(default_factory=dict)
+    grad_clip: float = 0.0  # 0 = off
+    # Length bucketing: each worker sorts windows of this many batches by length and trains on them
+    # in a shuffled order, so a batch's rows have similar lengths and the Transformer / BiLSTM / the
+    # pretrained encoder spend less on padding (each batch is cut to its own longest row); 0 = off.
+    bucket_batches: int = 0
+    # Ray Data delivers each task's rows in a fixed order (its files in the seeded order, each in
+    # row order) instead of as its read and tokenize tasks finish: a run repeated with the same
+    # config, seed and prepared folder trains the same model (measured with one rank per task).
+    # false lets a fast GPU step take whichever block is ready first.
+    preserve_order: bool = True
+    checkpoint_every: int = 500  # steps between checkpoints (Ray Train's, in storage_path)
+    keep_checkpoints: int = 2  # checkpoints Ray keeps: the last ones, or the best by STS-B dev with eval_every
+    log_every: int = 20  # steps between progress lines and logged metrics
+    eval_every: int = 0  # STS-B dev Pearson every N steps inside training; 0 = off
+    warm_start: str = ""  # a checkpoint whose shared encoder (and tokenizer) initialise this run
+    # a checkpoint to continue from (model, optimizers, step, data position); "latest": the newest
+    # complete one of the run that the --out folder records (a run whose driver died)
+    resume_from: str = ""
+    max_failures: int = 2  # times Ray Train restarts the workers from the last checkpoint after a failure
+    # Ray Train's storage (checkpoints, results); "" = <out>/ray_results. A multi-node cluster
+    # needs one that every node reaches: a URI (s3://, gs://) or a shared mount.
+    storage_path: str = ""
+
+
+@dataclass
+class EvalConfig:
+    reddit_pairs: int = 1000  # held-out pairs scored for P@N
+    reddit_negatives: int = 99  # wrong responses beside the true one for each P@N query
+    seed: int = 0  # seed of the evaluation samples (the same queries for every model)
+    batch_size: int = 512  # texts encoded at once
+    # The "tuned" STS variant: one matrix fit on STS-B train, selected on dev (models/sts_transform.py).
+    tuned: StsTransformConfig = field(default_factory=StsTransformConfig)
+
+
+@dataclass
+class MlflowConfig:
+    tracking_uri: str = ""  # "" = sqlite:///<out>/mlflow.db; MLFLOW_TRACKING_URI wins when set
+    experiment: str = "convsts"  # MLflow experiment (created as a model-training experiment)
+    run_name: str = ""  # "" = the run config's name
+    register_as: str = ""  # also register each training run's model under this name (MLflow model registry)
+
+
+@dataclass
+class RunConfig:
+    name: str = "convsts"  # the run's name: its MLflow run name and its folder under trainer.storage_path
+    # Seeds everything random in training: initial weights (torch), numpy and Python's random, the
+    # shard order of streamed tasks, the local shuffle of batches and the task draws of one worker.
+    # Evaluation samples (eval.seed) and the SNLI subset (data.snli_fraction_seed) have their own,
+    # so that models trained with different seeds are compared on the same queries and data.
+    seed: int = 0
+    # Modules defining tasks beyond ray_jobs/tasks/ (each binds a Task to the name TASK).
+    task_modules: list[str] = field(default_factory=list)
+    data: DataConfig = field(default_factory=DataConfig)
+    filters: RedditFilterConfig = field(default_factory=RedditFilterConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+
+    def validate(self) -> RunConfig:
+        if not RUN_NAME.fullmatch(self.name):  # it names folders: OUT/ray_results/<name>, <storage_path>/<name>
+            raise ConfigError(
+                f"name: a plain name (letters, digits, '.', '_', '-'; not starting with '.' or '-'), got {self.name!r}"
+            )
+        if self.model.encoder not in ENCODER_NAMES:
+            raise ConfigError(f"model.encoder: expected {'|'.join(ENCODER_NAMES)}, got {self.model.encoder!r}")
+        if self.data.reddit_format not in ("auto", "pushshift", "pairs"):
+            raise ConfigError(f"data.reddit_format: expected auto|pushshift|pairs, got {self.data.reddit_format!r}")
+        if not 0.0 < self.data.snli_fraction <= 1.0:
+            raise ConfigError(f"data.snli_fraction: expected a value in (0, 1], got {self.data.snli_fraction}")
+        if not 0.0 <= self.data.test_share < 1.0:
+            raise ConfigError(f"data.test_share: expected a value in [0, 1), got {self.data.test_share}")
+        if self.trainer.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"trainer.optimizer: expected {'|'.join(OPTIMIZERS)}, got {self.trainer.optimizer!r}")
+        weights = self.trainer.task_weights
+        if not weights:
+            raise ConfigError("trainer.task_weights: give at least one task, e.g. {reddit: 0.95, snli: 0.05}")
+        for name in weights:
+            try:
+                get_task(name, self.task_modules)
+            except (ValueError, ImportError) as err:
+                raise ConfigError(f"trainer.task_weights.{name}: {err}") from None
+        if self.tokenizer.bigram_buckets < 2:  # id 0 is padding; hashing needs at least one more
+            raise ConfigError(f"tokenizer.bigram_buckets: must be at least 2, got {self.tokenizer.bigram_buckets}")
+        if self.trainer.num_workers < 1:
+            raise ConfigError("trainer.num_workers: must be at least 1")
+        if not self.trainer.stages or self.trainer.stages[0].start_step != 0:
+            raise ConfigError("trainer.stages: the first stage must start at step 0")
+        starts = [s.start_step for s in self.trainer.stages]
+        if starts != sorted(starts):
+            raise ConfigError(f"trainer.stages: start_step values must increase, got {starts}")
+        self._validate_numbers()
+        try:
+            self.eval.tuned.validate()
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        return self
+
+    def _validate_numbers(self) -> None:
+        """Every number a run uses is in its range before Ray starts (one line naming the key)."""
+        _validate_trainer_numbers(self.trainer)
+        _validate_task_layout(self.trainer)
+        _validate_model_numbers(self.model, self.trainer)
+        _validate_encoder_sizes(self.model)
+        tok = self.tokenizer
+        for key in ("word_vocab_size", "max_words", "subword_vocab_size", "min_count"):
+            _need(getattr(tok, key) >= 1, f"tokenizer.{key}", ">= 1", getattr(tok, key))
+        _need(self.data.rows_per_shard >= 1, "data.rows_per_shard", ">= 1", self.data.rows_per_shard)
+        _need(self.data.driver_bytes >= 0, "data.driver_bytes", ">= 0", self.data.driver_bytes)
+        _need(self.data.dump_local_bytes >= 0, "data.dump_local_bytes", ">= 0", self.data.dump_local_bytes)
+        _need(self.eval.reddit_pairs >= 1, "eval.reddit_pairs", ">= 1", self.eval.reddit_pairs)
+        _need(self.eval.reddit_negatives >= 1, "eval.reddit_negatives", ">= 1", self.eval.reddit_negatives)
+        _need(self.eval.batch_size >= 1, "eval.batch_size", ">= 1", self.eval.batch_size)
+        name = self.mlflow.experiment  # MLflow's own rule, found here rather than after the work
+        _need(
+            0 < len(name) <= MLFLOW_NAME_CHARS, "mlflow.experiment", f"1 to {MLFLOW_NAME_CHARS} characters", len(name)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return OmegaConf.to_yaml(OmegaConf.structured(self))
+
+
+# Maps whose value is a whole: a layer that sets one replaces it rather than adding keys to the
+# default (`trainer.task_weights={reddit: 1.0}` trains on Reddit alone).
+REPLACED_MAPS = ("trainer.task_weights", "trainer.task_workers")
+
+
+def _need(ok: bool, key: str, rule: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"config key '{key}': must be {rule}, got {value!r}")
+
+
+def _finite_positive(key: str, value) -> None:
+    _need(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, key, "finite and > 0", value)
+
+
+def _validate_trainer_numbers(t: TrainerConfig) -> None:
+    _need(t.steps >= 0, "trainer.steps", ">= 0 (0 = save the untrained model)", t.steps)
+    _need(t.cpus_per_worker > 0, "trainer.cpus_per_worker", "> 0", t.cpus_per_worker)
+    _need(t.torch_threads >= 0, "trainer.torch_threads", ">= 0 (0 = Ray's choice)", t.torch_threads)
+    for key in ("checkpoint_every", "log_every", "keep_checkpoints"):
+        _need(getattr(t, key) >= 1, f"trainer.{key}", ">= 1", getattr(t, key))
+    _need(t.eval_every >= 0, "trainer.eval_every", ">= 0 (0 = off)", t.eval_every)
+    _need(t.bucket_batches >= 0, "trainer.bucket_batches", ">= 0 (0 = off)", t.bucket_batches)
+    _need(t.max_failures >= 0, "trainer.max_failures", ">= 0", t.max_failures)
+    _need(
+        math.isfinite(t.grad_clip) and t.grad_clip >= 0,
+        "trainer.grad_clip",
+        "finite and >= 0 (0 = off)",
+        t.grad_clip,
+    )
+    _need(math.isfinite(t.momentum) and 0 <= t.momentum < 1, "trainer.momentum", "in [0, 1)", t.momentum)
+    _need(
+        math.isfinite(t.weight_decay) and t.weight_decay >= 0,
+        "trainer.weight_decay",
+        "finite and >= 0",
+        t.weight_decay,
+    )
+    _need(t.warmup_steps >= 0, "trainer.warmup_steps", ">= 0 (0 = off)", t.warmup_steps)
+    _need(t.precision in PRECISIONS, "trainer.precision", "|".join(PRECISIONS), t.precision)
+    _need(t.lr_decay in LR_DECAYS, "trainer.lr_decay", "|".join(LR_DECAYS), t.lr_decay)
+    _need(t.task_split in TASK_SPLITS, "trainer.task_split", "|".join(TASK_SPLITS), t.task_split)
+    _need(
+        t.placement_strategy in PLACEMENT_STRATEGIES,
+        "trainer.placement_strategy",
+        "|".join(PLACEMENT_STRATEGIES),
+        t.placement_strategy,
+    )
+    _need(t.async_refresh_every >= 1, "trainer.async_refresh_every", ">= 1", t.async_refresh_every)
+    _need(t.async_slack >= 0, "trainer.async_slack", ">= 0", t.async_slack)
+
+
+def _validate_task_layout(t: TrainerConfig) -> None:
+    """trainer.task_workers and trainer.task_split=async against the trained tasks."""
+    for task, count in t.task_workers.items():
+        _need(
+            task in t.task_weights,
+            f"trainer.task_workers.{task}",
+            f"a trained task ({', '.join(t.task_weights)})",
+            task,
+        )
+        _need(count >= 1, f"trainer.task_workers.{task}", ">= 1", count)
+    if t.task_workers:
+        _need(
+            sorted(t.task_workers) == sorted(t.task_weights),
+            "trainer.task_workers",
+            f"a count for every trained task ({', '.join(t.task_weights)})",
+            dict(t.task_workers),
+        )
+        _need(
+            sum(t.task_workers.values()) == t.num_workers,
+            "trainer.task_workers",
+            f"counts summing to trainer.num_workers ({t.num_workers})",
+            dict(t.task_workers),
+        )
+    if t.task_split == "async":
+        _need(
+            t.num_workers >= len(t.task_weights),
+            "trainer.num_workers",
+            f">= the number of tasks ({len(t.task_weights)}) with trainer.task_split=async",
+            t.num_workers,
+        )
+
+
+def _validate_model_numbers(m: ModelConfig, t: TrainerConfig) -> None:
+    _need(m.pretrained.pooling in POOLINGS, "model.pretrained.pooling", "|".join(POOLINGS), m.pretrained.pooling)
+    _need(
+        m.pretrained.output_dim >= 0,
+        "model.pretrained.output_dim",
+        ">= 0 (0 = no projection)",
+        m.pretrained.output_dim,
+    )
+    _need(
+        m.pretrained.train_layers >= -1,
+        "model.pretrained.train_layers",
+        ">= -1 (-1 = all)",
+        m.pretrained.train_layers,
+    )
+    _finite_positive("model.score_scale", m.score_scale)
+    _finite_positive("trainer.dense_lr_scale", t.dense_lr_scale)
+    for task, scale in t.head_lr_scale.items():
+        _need(
+            task in t.task_weights,
+            f"trainer.head_lr_scale.{task}",
+            f"a trained task ({', '.join(t.task_weights)})",
+            task,
+        )
+        _finite_positive(f"trainer.head_lr_scale.{task}", scale)
+    for i, stage in enumerate(t.stages):
+        _need(stage.batch_size >= 1, f"trainer.stages[{i}].batch_size", ">= 1", stage.batch_size)
+        _finite_positive(f"trainer.stages[{i}].lr", stage.lr)
+        _need(stage.start_step >= 0, f"trainer.stages[{i}].start_step", ">= 0", stage.start_step)
+    for task, weight in t.task_weights.items():
+        _finite_positive(f"trainer.task_weights.{task}", weight)
+
+
+def _validate_encoder_sizes(m: ModelConfig) -> None:
+    try:
+        m.check_sizes()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def merge_layer(base, layer):
+    """OmegaConf.merge of one config layer onto another, with REPLACED_MAPS taken whole from the layer."""
+    try:
+        merged = OmegaConf.merge(base, layer)
+    except TypeError:  # a list where a mapping is expected, or the reverse: OmegaConf names no key
+        raise ConfigError(_container_mismatch(base, layer)) from None
+    for key in REPLACED_MAPS:
+        value = OmegaConf.select(layer, key, default=None)
+        if value is not None:
+            OmegaConf.update(merged, key, OmegaConf.to_container(value), merge=False)
+    return merged
+
+
+def _container_mismatch(base, layer, prefix: str = "") -> str:
+    """The first key whose value in `layer` is a list where `base` has a mapping, or the reverse."""
+    for key, value in layer.items_ex(resolve=False) if isinstance(layer, DictConfig) else []:
+        have = base.get(key) if isinstance(base, DictConfig) else None
+        path = f"{prefix}{key!s}"
+        for want, got, kinds in ((DictConfig, ListConfig, "a mapping ({key: value, ...}), got a list"),
+                                 (ListConfig, DictConfig, "a list ([...]), got a mapping")):  # fmt: skip
+            if isinstance(have, want) and isinstance(value, got):
+                return f"config key '{path}': expected {kinds}"
+        if isinstance(have, DictConfig) and isinstance(value, DictConfig):
+            found = _container_mismatch(have, value, f"{path}.")
+            if found:
+                return found
+    return "config: a list where a mapping is expected, or the reverse"
+
+
+def _describe(err: OmegaConfBaseException, source: str, layer: Any = None) -> str:
+    key = getattr(err, "full_key", None)
+    msg = str(err).splitlines()[0]
+    found = _list_item_error(layer) if layer is not None else None
+    if found:  # OmegaConf names only the item's own key ('lr'): name the whole path (trainer.stages[1].lr)
+        key, msg = found
+    where = f" in {source}" if source else ""
+    return f"config key '{key}'{where}: {msg}" if key else f"config{where}: {msg}"
+
+
+def _list_item_error(layer: Any) -> tuple[str, str] | None:
+    """(the full key, the message) of the first item of a list of structured values (trainer.stages)
+    in `layer` that does not fit its schema, or None."""
+    schema = OmegaConf.structured(RunConfig)
+    todo: list[tuple[str, Any]] = [("", OmegaConf.to_container(layer))]
+    while todo:
+        path, value = todo.pop(0)
+        if isinstance(value, dict):
+            todo += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+            continue
+        node = OmegaConf.select(schema, path, default=None) if isinstance(value, list) else None
+        element = getattr(getattr(node, "_metadata", None), "element_type", None)
+        if not (isinstance(element, type) and dataclasses.is_dataclass(element)):
+            continue
+        for i, item in enumerate(value):
+            try:
+                OmegaConf.merge(OmegaConf.structured(element), item)
+            except OmegaConfBaseException as err:
+                return f"{path}[{i}].{getattr(err, 'full_key', '')}", str(err).splitlines()[0]
+    return None
+
+
+def from_dict(values: dict[str, Any], source: str = "") -> RunConfig:
+    """Build a RunConfig from a (possibly partial) nested dict, rejecting unknown keys."""
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        merged = merge_layer(schema, OmegaConf.create(values))
+        return OmegaConf.to_object(merged).validate()  # type: ignore[union-attr]
+    except OmegaConfBaseException as err:
+        raise ConfigError(_describe(err, source)) from None
+
+
+OVERRIDE_ITEM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)[A-Za-z0-9_.]*=")  # a dotted KEY=VALUE on the command line
+
+
+def is_override(item: str) -> bool:
+    """A command-line KEY=VALUE whose KEY starts at a run config key (trainer.steps=5, seed=1), not
+    a list option's own NAME=FILE (--sts sts12=FILE)."""
+    found = OVERRIDE_ITEM.match(item)
+    return found is not None and found.group(1) in {f.name for f in dataclasses.fields(RunConfig)}
+
+
+def parse_with_overrides(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, list_options: Sequence[str] = ()
+) -> argparse.Namespace:
+    """parser.parse_intermixed_args, then the dotted KEY=VALUE items that a list option (nargs: --sts
+    A B, --input A B) took in are moved to args.overrides, where they were meant to go."""
+    args = parser.parse_intermixed_args(argv)
+    for option in list_options:
+        values = getattr(args, option) or []
+        moved = [v for v in values if is_override(v)]
+        if moved:
+            setattr(args, option, [v for v in values if not is_override(v)])
+            args.overrides = list(args.overrides) + moved
+    return args
+
+
+def _check_override_yaml(item: str) -> None:
+    """An override whose value YAML cannot read (braces or a colon inside a list, an unclosed
+    quote) as one line naming the key and how to quote it, not PyYAML's traceback."""
+    key, value = item.split("=", 1)
+    try:
+        OmegaConf.from_dotlist([item])  # OmegaConf's own YAML reading (it takes `?` and `&` in a URI)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        inner = value.strip()
+        items = inner[1:-1].split(",") if inner.startswith("[") and inner.endswith("]") else None
+        quoted = f"[{', '.join(json.dumps(i.strip()) for i in items)}]" if items else json.dumps(inner)
+        raise ConfigError(
+            f"config key {key!r}: the value {value!r} is not valid YAML ({problem}); quote it: "
+            f"'{key}={quoted}' (the outer single quotes for the shell)"
+        ) from None
+
+
+# OmegaConf refuses a YAML file of over 10,000 nodes (a long stage list: 10,050 items) with a message
+# about aliases; a config file is allowed 1,000,000, and OmegaConf's own 100x alias-expansion check
+# still refuses an alias bomb.
+MAX_CONFIG_NODES = 1_000_000
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """defaults <- YAML file <- dotted overrides such as `trainer.steps=500`."""
+    schema = OmegaConf.structured(RunConfig)
+    layers = [schema]
+    if path:
+        path = str(path) if storage.is_uri(path) else Path(path)  # a Path would make s3://b/x s3:/b/x
+        shown = redact(str(path))
+        if not storage.is_file(path):
+            raise ConfigError(f"config file not found: {shown}")
+        try:
+            text = storage.read_text(path)  # a URI's in a few large requests
+            layer = OmegaConf.load(io.StringIO(text), max_yaml_expanded_nodes=MAX_CONFIG_NODES)
+        except Exception as err:  # yaml errors name the line
+            raise ConfigError(f"cannot parse config file {shown}: {err}") from None
+        if not isinstance(layer, DictConfig):
+            raise ConfigError(
+                f"config file {shown}: the top level must be a mapping of keys (name:, trainer:, ...), "
+                f"not a {type(layer).__name__.replace('Config', '').lower()}"
+            )
+        layers.append(layer)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. trainer.steps=500")
+        _check_override_yaml(item)
+    try:
+        merged = schema
+        for layer in layers[1:]:
+            try:
+                merged = merge_layer(merged, layer)
+            except OmegaConfBaseException as err:
+                raise ConfigError(_describe(err, redact(str(path)), layer)) from None
+        if overrides:
+            dotlist = OmegaConf.from_dotlist(list(overrides))
+            try:
+                merged = merge_layer(merged, dotlist)
+            except OmegaConfBaseException as err:
+                raise ConfigError(_describe(err, "command-line overrides", dotlist)) from None
+        return absolute_paths(OmegaConf.to_object(merged).validate())  # type: ignore[union-attr]
+    except OmegaConfBaseException as err:
+        raise ConfigError(_describe(err, str(path or ""))) from None
+
+
+def _absolute(value: str) -> str:
+    if not value or SAMPLE_TOKEN in value or storage.is_uri(value):
+        return value
+    return str(Path(value).expanduser().resolve())
+
+
+def absolute_paths(cfg: RunConfig) -> RunConfig:
+    """Relative local paths -> absolute, against the directory the config was loaded from (the
+    command's working directory), so that Ray workers, whose working directory differs, read the
+    same files. "{sample}" and URIs (s3://, gs://) are kept as they are."""
+    d = cfg.data
+    d.reddit_inputs = [_absolute(p) for p in d.reddit_inputs]
+    d.task_inputs = {task: [_absolute(p) for p in paths] for task, paths in d.task_inputs.items()}
+    for name in ("snli_train", "snli_dev", "snli_test", "stsb_dir", "cqa_test", "cqa_relevancy", "prepared_dir"):
+        setattr(d, name, _absolute(getattr(d, name)))
+    cfg.trainer.warm_start = _absolute(cfg.trainer.warm_start)
+    if cfg.trainer.resume_from != RESUME_LATEST:
+        cfg.trainer.resume_from = _absolute(cfg.trainer.resume_from)
+    cfg.trainer.storage_path = _absolute(cfg.trainer.storage_path)
+    return cfg

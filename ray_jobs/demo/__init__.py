@@ -1,0 +1,1 @@
+"""The demo pipeline end to end on the embedded sample."""

@@ -1,0 +1,57 @@
+"""The prepared inputs of a run: every task it needs prepared into one folder (`convsts prepare all`,
+the demo), or the missing ones prepared before training (`convsts train`, sweeps). Light to import:
+`convsts prepare` starts without torch, MLflow or Ray (a task's prepare starts Ray only where it
+needs Ray Data)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convsts.io import storage
+from convsts.ray_jobs.config.schema import RunConfig
+from convsts.ray_jobs.preparation.folder import MANIFEST, prepare_into, verify_prepared
+from convsts.ray_jobs.runtime.process import ensure_ray, log
+from convsts.ray_jobs.tasks import prepared_tasks
+
+
+def is_prepared(task, prepared: str) -> bool:
+    """The task's folder under `prepared` was prepared to the end (its manifest, written last, is there)."""
+    return storage.is_file(storage.join(task.prepared_dir(prepared), MANIFEST))
+
+
+def prepare_all(cfg: RunConfig, out_dir: str) -> dict[str, dict[str, Any]]:
+    """Every task the run needs (prepared_tasks), each into out_dir/<task>; returns the manifests.
+    Run again into the same folder, it resumes: a task prepared to the end from this run's inputs
+    and settings is kept (one that differs is refused, naming the difference), one that was
+    interrupted is prepared again."""
+    manifests = {}
+    tasks = prepared_tasks(cfg)
+    done = {name: is_prepared(task, str(out_dir)) for name, task in tasks.items()}
+    _check_raw_inputs(cfg, [task for name, task in tasks.items() if not done[name]])
+    for name, task in tasks.items():
+        if done[name]:
+            manifests[name] = verify_prepared(task, str(out_dir), cfg)
+            log.info("%s: already prepared from this run's inputs and settings; kept", task.prepared_dir(str(out_dir)))
+        else:
+            manifests[name] = prepare_into(task, task.raw_inputs(cfg), task.prepared_dir(str(out_dir)), cfg)
+    return manifests
+
+
+def _check_raw_inputs(cfg: RunConfig, tasks) -> None:
+    """Every raw input of the tasks about to be prepared is there (a missing one raises, naming it)
+    before any task's prepare starts."""
+    for task in tasks:
+        storage.expand_inputs(task.raw_inputs(cfg))
+
+
+def ensure_prepared(cfg: RunConfig, prepared: str) -> dict[str, dict[str, Any]]:
+    """Prepare the shards of this run's tasks (prepared_tasks) that are not in `prepared` yet (or
+    whose prepare was interrupted); returns the manifests written. Folders already prepared are
+    left to check_prepared."""
+    todo = {name: task for name, task in prepared_tasks(cfg).items() if not is_prepared(task, prepared)}
+    _check_raw_inputs(cfg, list(todo.values()))
+    written = {}
+    for name, task in todo.items():
+        ensure_ray()
+        written[name] = prepare_into(task, task.raw_inputs(cfg), task.prepared_dir(prepared), cfg)
+    return written

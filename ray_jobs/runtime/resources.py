@@ -1,0 +1,150 @@
+"""Whether a run's resource requests fit the cluster node by node.
+
+Ray places each task worker, each Ray Data task and each trial function whole on one node, and
+waits forever for a request that fits on no node ("Cluster resources are not enough to run any
+task"): 2.3 free CPUs spread 0.9/0.4/0.4 over three nodes hold no 1-CPU read task. So a run is
+checked against the nodes that exist, before any work: the workers (trainer.num_workers x
+trainer.cpus_per_worker CPUs, one GPU each with trainer.use_gpu), one whole CPU for Ray Data's
+tasks beside them (its file-listing task asks for a whole CPU, whatever the read asks), and for a
+sweep each trial's function too. The requests are placed in the order Ray reserves them, each as
+Ray may place it, taking the worst case where Ray chooses: a trial function may land on any node
+(the one with the most room: it breaks the largest whole CPU), SPREAD workers go to distinct nodes
+(those with the most room), PACK workers and Ray Data's task to the node with the least room that
+holds them. A request that cannot be placed is refused in one line naming the keys to change (a
+sweep's trial function on a third node left a 3-node cluster of 1 CPU each with no whole CPU, and
+its trial waited forever).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from convsts.io.errors import ConfigError
+
+if TYPE_CHECKING:
+    from convsts.ray_jobs.config.schema import RunConfig
+
+DATA_TASK_CPU = 1.0  # Ray Data's read tasks (ListFiles, ReadParquet) each ask for a whole CPU
+TRIAL_FUNCTION_CPU = 0.1  # a sweep's trial function only waits on its TorchTrainer
+EPSILON = 1e-9
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One request Ray places whole on one node; `place`: how Ray chooses the node, as the check
+    assumes it (LEAST, MOST or SPREAD)."""
+
+    what: str
+    cpu: float
+    gpu: float = 0.0
+    place: str = "least"
+
+
+LEAST, MOST, SPREAD, STRICT_SPREAD = "least", "most", "spread", "strict_spread"
+PLACES = {"SPREAD": SPREAD, "STRICT_SPREAD": STRICT_SPREAD}  # trainer.placement_strategy -> how workers are placed
+# What a strict strategy demands, for its refusal: the one setting that no resource change can fix.
+STRICT_ADVICE = {
+    "STRICT_SPREAD": "trainer.placement_strategy=STRICT_SPREAD puts each task worker on a node of its own: set "
+    "trainer.placement_strategy=SPREAD, lower trainer.num_workers, or add nodes",
+}
+
+
+Node = dict[str, float]  # a node's resources: {"CPU": 16.0, "GPU": 1.0, ...}
+
+
+def training_asks(cfg: RunConfig) -> list[Ask]:
+    """A training run's requests in the order Ray reserves them: its task workers (as its placement
+    strategy places them), then a Ray Data task beside them."""
+    t = cfg.trainer
+    place = PLACES.get(t.placement_strategy, LEAST)
+    worker = Ask("task worker", t.cpus_per_worker, 1.0 if t.use_gpu else 0.0, place)
+    return [worker] * t.num_workers + [Ask("Ray Data read task", DATA_TASK_CPU)]
+
+
+def trial_asks(cfg: RunConfig) -> list[Ask]:
+    """One training trial of a sweep: its function (anywhere) first, then a training run's requests."""
+    return [Ask("trial function", TRIAL_FUNCTION_CPU, place=MOST), *training_asks(cfg)]
+
+
+def unplaced(nodes: list[Node], asks: list[Ask]) -> tuple[list[Ask], list[Node]]:
+    """(the requests that fit on no node, the nodes' room left) after placing `asks` in order: LEAST
+    on the node with the least room that still holds it, MOST on the one with the most, SPREAD on the
+    one with the most among the nodes this call's SPREAD asks have not used yet (any, once all have;
+    STRICT_SPREAD only those)."""
+    room = [{"CPU": n.get("CPU", 0.0), "GPU": n.get("GPU", 0.0)} for n in nodes]
+    left: list[Ask] = []
+    spread_used: set[int] = set()
+    for ask in asks:
+        fits = [i for i, r in enumerate(room) if r["CPU"] + EPSILON >= ask.cpu and r["GPU"] + EPSILON >= ask.gpu]
+        if ask.place == STRICT_SPREAD:
+            fits = [i for i in fits if i not in spread_used]
+        if not fits:
+            left.append(ask)
+            continue
+        if ask.place == LEAST:
+            node = min(fits, key=lambda i: (room[i]["GPU"] - ask.gpu, room[i]["CPU"] - ask.cpu))
+        else:
+            unused = [i for i in fits if i not in spread_used] if ask.place != MOST else []
+            choices = unused or fits
+            node = max(choices, key=lambda i: (room[i]["CPU"], room[i]["GPU"]))
+            if ask.place != MOST:
+                spread_used.add(node)
+        room[node]["CPU"] -= ask.cpu
+        room[node]["GPU"] -= ask.gpu
+    return left, room
+
+
+def _describe(nodes: list[Node]) -> str:
+    shown = [f"{n.get('CPU', 0.0):g} CPU" + (f" + {n.get('GPU', 0.0):g} GPU" if n.get("GPU") else "") for n in nodes]
+    return f"{len(nodes)} node(s): {', '.join(shown) or 'none'}"
+
+
+def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> None:
+    """Refuse, in one line, a training run whose requests cannot all be placed on `nodes`."""
+    left, _ = unplaced(nodes, training_asks(cfg))
+    t = cfg.trainer
+    if left and t.placement_strategy in STRICT_ADVICE and not unplaced(nodes, training_asks(_relaxed(cfg)))[0]:
+        raise ConfigError(
+            f"trainer: {t.num_workers} task worker(s) do not fit on the cluster's {_describe(nodes)}: "
+            f"{STRICT_ADVICE[t.placement_strategy]}"
+        )
+    if left:
+        need = f"{t.num_workers} task worker(s) x {t.cpus_per_worker:g} CPU" + (" + 1 GPU" if t.use_gpu else "")
+        raise ConfigError(
+            f"trainer: {need} and {DATA_TASK_CPU:g} CPU for Ray Data's reads do not fit on the cluster's "
+            f"{_describe(nodes)} (each is placed whole on one node; {len(left)} would wait forever): lower "
+            f"trainer.cpus_per_worker or trainer.num_workers{', or set trainer.use_gpu=false' if t.use_gpu else ''}, "
+            f"or add nodes"
+        )
+
+
+def _relaxed(cfg: RunConfig) -> RunConfig:
+    """`cfg` with its strict placement strategy relaxed (STRICT_SPREAD -> SPREAD): does only the strategy refuse?"""
+    relaxed = copy.deepcopy(cfg)
+    relaxed.trainer.placement_strategy = relaxed.trainer.placement_strategy.removeprefix("STRICT_")
+    return relaxed
+
+
+def trials_at_once(cfg: RunConfig, nodes: list[Node]) -> int:
+    """How many training trials fit on `nodes` side by side; refuses a sweep where none fits."""
+    count, room = 0, nodes
+    while not (placed := unplaced(room, trial_asks(cfg)))[0]:
+        count, room = count + 1, placed[1]
+    if not count:
+        t = cfg.trainer
+        raise ConfigError(
+            f"a trial ({TRIAL_FUNCTION_CPU:g} CPU for the trial function, {t.num_workers} task worker(s) x "
+            f"{t.cpus_per_worker:g} CPU{' + 1 GPU' if t.use_gpu else ''}, {DATA_TASK_CPU:g} CPU for Ray Data) "
+            f"does not fit on the cluster's {_describe(nodes)}: lower trainer.cpus_per_worker or "
+            f"trainer.num_workers, or add nodes"
+        )
+    return count
+
+
+def alive_nodes() -> list[Node]:
+    """The resources of each node of the connected Ray cluster that is alive."""
+    import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+
+    return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]

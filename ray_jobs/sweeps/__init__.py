@@ -1,0 +1,1 @@
+"""Ray Tune sweeps over the spaces in tune_spaces/."""

@@ -1,0 +1,1 @@
+"""MLflow: runs by id, the model card, the pyfunc model, provenance."""
