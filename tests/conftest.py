@@ -44,7 +44,7 @@ def sample_prepared(ray_session, tmp_path_factory) -> Path:
     from tiny import SAMPLE_PREPARE
 
     from convsts.ray_jobs.config.schema import load_config
-    from convsts.ray_jobs.preparation.inputs import prepare_all
+    from convsts.ray_jobs.pipelines.inputs import prepare_all
 
     out = tmp_path_factory.mktemp("sample_prepared")
     prepare_all(load_config(None, SAMPLE_PREPARE), str(out))

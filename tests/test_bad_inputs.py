@@ -19,7 +19,7 @@ from convsts.io import errors
 from convsts.io.compression import open_lines
 from convsts.io.errors import BadInputError, ConfigError
 from convsts.ray_jobs.config.schema import load_config
-from convsts.ray_jobs.preparation.folder import verify_prepared
+from convsts.ray_jobs.tasks.prepared_folder import verify_prepared
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO / "tests")}
@@ -183,7 +183,7 @@ def test_a_damaged_prepared_folder_is_refused(sample_prepared, tmp_path, damage,
         frame["label"], frame["premise"] = 0, frame["premise"].str[::-1]
         frame.to_parquet(shard)
     elif damage in ("label_out_of_range", "column_missing"):
-        from convsts.ray_jobs.preparation.folder import shard_record
+        from convsts.ray_jobs.tasks.prepared_folder import shard_record
 
         frame = pd.read_parquet(shard)
         if damage == "label_out_of_range":
@@ -316,7 +316,7 @@ def test_a_checkpoint_is_not_scored_on_a_folder_split_otherwise_than_its_trainin
     from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models import save_checkpoint
     from convsts.models.checkpoint import build_model, read_meta
-    from convsts.ray_jobs.evaluation.harness import check_held_out, run_evaluation
+    from convsts.ray_jobs.pipelines.evaluate import check_held_out, run_evaluation
     from convsts.ray_jobs.tasks import get_task
 
     reddit = get_task("reddit")
@@ -1276,7 +1276,7 @@ def test_a_missing_raw_input_is_named_before_any_task_is_prepared(tmp_path):
     """Before: SNLI's missing file was found after Reddit had been prepared (40 s). Now every task's raw
     inputs are checked first, so nothing is prepared (and no Ray started) for a run that cannot go on."""
     from convsts.ray_jobs.config.schema import load_config
-    from convsts.ray_jobs.preparation.inputs import ensure_prepared, prepare_all
+    from convsts.ray_jobs.pipelines.inputs import ensure_prepared, prepare_all
 
     cfg = load_config(None, [f"data.snli_train={tmp_path / 'none.parquet'}"])
     for prepare in (prepare_all, ensure_prepared):

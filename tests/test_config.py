@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 
 from convsts.io.errors import ConfigError
+from convsts.io.nested import flatten
 from convsts.io.storage import resolve_path, sample_dir
-from convsts.ray_jobs.config.flatten import flatten
 from convsts.ray_jobs.config.schema import from_dict, load_config
 
 

@@ -17,8 +17,8 @@ from convsts.models import load
 from convsts.models.checkpoint import load_model
 from convsts.ray_jobs.cli.demo import build_parser
 from convsts.ray_jobs.config.schema import load_config
-from convsts.ray_jobs.demo.pipeline import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, run_demo, save_untrained
 from convsts.ray_jobs.evaluation.sts import sts_metrics
+from convsts.ray_jobs.pipelines.demo import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, run_demo, save_untrained
 from convsts.ray_jobs.tracking.runs import run_page as tracking_run_page
 
 # The default demo (all-MiniLM-L6-v2, top layer training) at a tiny size.

@@ -15,7 +15,7 @@ from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.models.sts_transform import FILE_NAME, load_sts_transform
 from convsts.ray_jobs.config.schema import load_config
-from convsts.ray_jobs.evaluation.harness import run_evaluation
+from convsts.ray_jobs.pipelines.evaluate import run_evaluation
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def test_fraction_curve_from_checkpoints(tmp_path):
 
 
 def test_results_table_groups_metrics_in_reading_order_with_systems_in_columns():
-    from convsts.ray_jobs.evaluation.harness import results_table
+    from convsts.ray_jobs.pipelines.evaluate import results_table
 
     model = {
         "reddit/p_at_10": 0.8,
@@ -178,7 +178,7 @@ def test_results_table_groups_metrics_in_reading_order_with_systems_in_columns()
         "cqa2016/map",
     ]
     # results.md and the MLflow run's description: the headline rows at the top, then every metric.
-    from convsts.ray_jobs.evaluation.harness import results_document
+    from convsts.ray_jobs.pipelines.evaluate import results_document
 
     document = results_document({"model": model, "tfidf": {"stsb/dev/pearson": 0.74}})
     assert document.startswith(f"**Headline**\n\n{short}\n\n**All metrics**\n\n| metric | model | tfidf |")

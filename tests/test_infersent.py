@@ -34,7 +34,7 @@ TINY = [
 
 @pytest.mark.slow
 def test_infersent_trains_on_snli_alone(ray_session, mlflow_uri, tmp_path):
-    from convsts.ray_jobs.preparation.inputs import ensure_prepared
+    from convsts.ray_jobs.pipelines.inputs import ensure_prepared
     from convsts.ray_jobs.training.run import run_training
 
     cfg = load_config(REPO_CONFIGS / "infersent.yaml", TINY + [f"mlflow.tracking_uri={mlflow_uri}"])

@@ -7,7 +7,24 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FOLDERS = ("datasets", "models", "ray_jobs", "tune_spaces")
+FOLDERS = ("convsts/io", "datasets", "models", "ray_jobs", "tune_spaces")
+# The layers, lowest first: a module imports (at any level of its code, `if TYPE_CHECKING:` aside)
+# only modules of its own layer or of the layers before it. docs/design.md draws the same list.
+LAYERS = (
+    "convsts.io",  # shared I/O: files and URIs, error types, redaction
+    "convsts.datasets",  # raw formats, splits, tokenizers, shards
+    "convsts.models",  # pure torch: encoders, heads, losses, checkpoints, SentenceEncoder
+    "convsts.tune_spaces",  # the sweep spaces, declarations only
+    "convsts.ray_jobs.runtime",  # entry-point set-up, Ray resources, the job API, the --out lock
+    "convsts.ray_jobs.tracking",  # MLflow runs, the model card, the pyfunc model
+    "convsts.ray_jobs.evaluation",  # evaluators and metrics, one benchmark per module
+    "convsts.ray_jobs.tasks",  # the task registry, each task, a task's prepared folder
+    "convsts.ray_jobs.config",  # the run config: schema, loader, reference
+    "convsts.ray_jobs.training",  # the Ray-free step and loops, the Ray Train worker and driver
+    "convsts.ray_jobs.pipelines",  # a command's work end to end: inputs, negatives, evaluation, demo
+    "convsts.ray_jobs.sweeps",  # Ray Tune sweeps
+    "convsts.ray_jobs.cli",  # the commands
+)
 # Third-party modules slow to import (seconds each here) or optional: a function may import them
 # late so that `convsts --help`, the unit tests and Ray-free code paths do not pay for them.
 HEAVY = {
@@ -43,15 +60,16 @@ DEFERRED_MARK = "# deferred:"
 
 def _module_files():
     """{module name: path} of every module of the package."""
-    files = {"convsts": REPO / "convsts" / "__init__.py"}
+    files = {"convsts": REPO / "convsts" / "__init__.py", "convsts.__main__": REPO / "convsts" / "__main__.py"}
     for folder in FOLDERS:
         for path in (REPO / folder).rglob("*.py"):
             parts = path.relative_to(REPO).with_suffix("").parts
+            parts = parts[1:] if parts[0] == "convsts" else parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             files[".".join(("convsts", *parts))] = path
     for folder in FOLDERS:  # namespace folders (no __init__.py) are packages too
-        files.setdefault(f"convsts.{folder}", None)
+        files.setdefault("convsts." + folder.removeprefix("convsts/"), None)
     return files
 
 
@@ -140,6 +158,29 @@ def _cycle(graph):
 def test_there_are_no_import_cycles():
     cycle = _cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def _layer(module: str) -> int | None:
+    return next((i for i, name in enumerate(LAYERS) if module == name or module.startswith(name + ".")), None)
+
+
+def test_every_module_lies_in_a_layer():
+    loose = sorted(
+        m for m in MODULES if _layer(m) is None and m not in ("convsts", "convsts.__main__", "convsts.ray_jobs")
+    )
+    assert not loose, f"modules in no layer of LAYERS: {loose}"
+
+
+def test_each_layer_imports_only_itself_and_the_layers_below():
+    """By folder: e.g. nothing in tasks/ imports config/, training/ or pipelines/; cli/ may import all."""
+    upward = []
+    for module, targets in _graph().items():
+        if (own := _layer(module)) is None:
+            continue
+        for target in sorted(targets):
+            if (layer := _layer(target)) is not None and layer > own:
+                upward.append(f"{module} imports {target} ({LAYERS[layer]} is above {LAYERS[own]})")
+    assert not upward, "imports against the layers:\n" + "\n".join(upward)
 
 
 def test_the_cycle_check_finds_a_cycle():
@@ -232,7 +273,7 @@ def test_the_prepare_command_and_the_run_config_load_no_slow_library():
     import sys
 
     code = (
-        "import sys, convsts.ray_jobs.cli.prepare, convsts.ray_jobs.preparation.inputs; "
+        "import sys, convsts.ray_jobs.cli.prepare, convsts.ray_jobs.pipelines.inputs; "
         "from convsts.ray_jobs.config.schema import load_config; from convsts.ray_jobs.tasks import get_task; "
         "load_config(None); get_task('reddit'); get_task('snli'); "
         f"print(sorted(m for m in {sorted(SLOW)!r} if m in sys.modules))"

@@ -22,7 +22,7 @@ from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model, save_model_folder
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.models.sts_transform import StsTransform, StsTransformConfig
-from convsts.ray_jobs.evaluation.harness import trained_step
+from convsts.ray_jobs.pipelines.evaluate import trained_step
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.tracking.mlflow_model import log_model
 from convsts.ray_jobs.tracking.model_card import CARD_FILE, add_results, run_facts, write_card

@@ -15,9 +15,9 @@ from convsts.io.errors import BadInputError
 from convsts.models.checkpoint import build_model
 from convsts.models.losses import in_batch_softmax_loss
 from convsts.ray_jobs.config.schema import load_config
-from convsts.ray_jobs.preparation.folder import verify_prepared
 from convsts.ray_jobs.tasks import get_task, model_heads
 from convsts.ray_jobs.tasks.base import fields
+from convsts.ray_jobs.tasks.prepared_folder import verify_prepared
 from convsts.ray_jobs.training.data import frame_batch
 from convsts.ray_jobs.training.step import seed_everything
 
@@ -174,7 +174,7 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
     whole chunks to the same negatives, a re-run with other ranges encodes nothing, and a folder
     made by another checkpoint or for other pairs is refused."""
     from convsts.models import load, save_checkpoint
-    from convsts.ray_jobs.preparation.hard_negatives import EncodePool, mine_prepared
+    from convsts.ray_jobs.pipelines.hard_negatives import EncodePool, mine_prepared
     from convsts.ray_jobs.training.data import build_tokenizer
 
     cfg = load_config(None, TINY_DAN)

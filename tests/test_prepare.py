@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from convsts.ray_jobs.config.schema import load_config
-from convsts.ray_jobs.preparation.folder import PREPARE_MARKER, prepare_into
 from convsts.ray_jobs.tasks import get_task
+from convsts.ray_jobs.tasks.prepared_folder import PREPARE_MARKER, prepare_into
 
 
 def prepare_reddit(inputs, out, cfg, fmt="auto"):
@@ -300,7 +300,7 @@ def test_prepared_through_ray_data_or_in_the_driver_the_shards_are_the_same(samp
     folder (and on a folder prepared again). The order spreads a thread's pairs over the split."""
     from tiny import SAMPLE_PREPARE
 
-    from convsts.ray_jobs.preparation.inputs import prepare_all
+    from convsts.ray_jobs.pipelines.inputs import prepare_all
 
     names = prepare_all(load_config(None, [*SAMPLE_PREPARE, "data.driver_bytes=0"]), str(tmp_path))
     assert set(names) == {"reddit", "snli"}
@@ -335,7 +335,7 @@ def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_pre
     from tiny import SAMPLE_PREPARE
 
     from convsts.io.errors import BadInputError
-    from convsts.ray_jobs.preparation.inputs import prepare_all
+    from convsts.ray_jobs.pipelines.inputs import prepare_all
 
     prepared = tmp_path / "prepared"
     shutil.copytree(sample_prepared, prepared)

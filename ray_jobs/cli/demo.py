@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Sequence
 
 from convsts.ray_jobs.config.schema import load_config
-from convsts.ray_jobs.demo.pipeline import DEFAULT_ENCODER, DEMO_CONFIGS, run_demo
+from convsts.ray_jobs.pipelines.demo import DEFAULT_ENCODER, DEMO_CONFIGS, run_demo
 from convsts.ray_jobs.runtime.process import setup_logging
 
 

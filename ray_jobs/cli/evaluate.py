@@ -27,8 +27,8 @@ from convsts.io.storage import resolve_path
 from convsts.ray_jobs.config.schema import load_config, parse_with_overrides
 from convsts.ray_jobs.evaluation.compare import write_comparison
 from convsts.ray_jobs.evaluation.curve import fraction_curve
-from convsts.ray_jobs.evaluation.harness import results_table, run_evaluation, training_run
 from convsts.ray_jobs.evaluation.scorers import LexicalScorer
+from convsts.ray_jobs.pipelines.evaluate import results_table, run_evaluation, training_run
 from convsts.ray_jobs.runtime.process import setup_logging
 
 

@@ -32,7 +32,7 @@ import argparse
 from collections.abc import Sequence
 
 from convsts.datasets.negatives import MiningConfig
-from convsts.ray_jobs.preparation.hard_negatives import (
+from convsts.ray_jobs.pipelines.hard_negatives import (
     EncodePool,
     mine_prepared,
 )

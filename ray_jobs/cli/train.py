@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from convsts.io.redaction import redact
 from convsts.ray_jobs.config.schema import RESUME_LATEST, is_override, load_config
-from convsts.ray_jobs.preparation.inputs import ensure_prepared
+from convsts.ray_jobs.pipelines.inputs import ensure_prepared
 from convsts.ray_jobs.runtime.output_lock import output_lock
 from convsts.ray_jobs.runtime.process import setup_logging, tracking_uri
 from convsts.ray_jobs.training.run import prepared_location, run_training

@@ -1,2 +1,3 @@
-"""Evaluation library: scorers (a model or a lexical baseline), one module per benchmark (sts,
-retrieval, nli, cqa), plots, the Figure-8 curve and the harness that runs them all."""
+"""Evaluators and metrics: scorers (a model or a lexical baseline), one module per benchmark (sts,
+retrieval, nli, cqa), paired comparisons, plots and the Figure-8 curve. pipelines/evaluate.py runs
+them all for one scorer."""

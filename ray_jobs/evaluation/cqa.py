@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from convsts.datasets.evalsets import cqa_text, read_cqa
 from convsts.io.storage import resolve_path
-from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.metrics import mean_average_precision
 from convsts.ray_jobs.evaluation.scorers import pair_cosine
+
+if TYPE_CHECKING:
+    from convsts.ray_jobs.config.schema import RunConfig
 
 
 def cqa_metrics(scorer, frame: pd.DataFrame, prefix: str) -> dict[str, float]:

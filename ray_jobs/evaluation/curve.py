@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from convsts.models import load
-from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.plots import fraction_curve_plot
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 from convsts.ray_jobs.evaluation.sts import read_stsb_split, sts_metrics
+
+if TYPE_CHECKING:
+    from convsts.ray_jobs.config.schema import RunConfig
 
 CURVE_METRICS = ["stsb/dev/pearson", "stsb/dev/captions/pearson", "stsb/test/pearson", "stsb/test/captions/pearson"]
 

@@ -4,6 +4,7 @@ and the STS-B dev probe run inside training. Score: convsts.models.similarity's 
 from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -13,10 +14,12 @@ from convsts.io.storage import resolve_path
 from convsts.models.sentence_encoder import SentenceEncoder
 from convsts.models.similarity import angular_score_from_cosine, pearson
 from convsts.models.sts_transform import StsTransform, fit_sts_transform
-from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.metrics import spearman
 from convsts.ray_jobs.evaluation.scorers import pair_cosine
 from convsts.ray_jobs.runtime.process import log
+
+if TYPE_CHECKING:
+    from convsts.ray_jobs.config.schema import RunConfig
 
 
 def read_stsb_split(cfg: RunConfig, split: str) -> pd.DataFrame:

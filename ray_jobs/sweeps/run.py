@@ -22,18 +22,18 @@ from omegaconf import OmegaConf
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.io import storage
 from convsts.io.errors import ConfigError
+from convsts.io.nested import changed_values, flatten
 from convsts.io.redaction import redact, redact_tree
 from convsts.io.storage import is_uri, resolve_path
 from convsts.models import load
 from convsts.models.sts_transform import StsTransform, fit_sts_transform, load_sts_transform
 from convsts.models.sts_transform import file_name as sts_file
-from convsts.ray_jobs.config.flatten import changed_values, flatten
 from convsts.ray_jobs.config.schema import RunConfig, from_dict, merge_layer
-from convsts.ray_jobs.evaluation.harness import evaluate
 from convsts.ray_jobs.evaluation.plots import fraction_curve_plot
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 from convsts.ray_jobs.evaluation.sts import stsb_embeddings, transformed_sts_metrics
-from convsts.ray_jobs.preparation.inputs import ensure_prepared
+from convsts.ray_jobs.pipelines.evaluate import evaluate
+from convsts.ray_jobs.pipelines.inputs import ensure_prepared
 from convsts.ray_jobs.runtime.output_lock import holds_output
 from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri
 from convsts.ray_jobs.runtime.resources import TRIAL_FUNCTION_CPU, alive_nodes, trials_at_once

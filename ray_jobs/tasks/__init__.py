@@ -14,8 +14,11 @@ if TYPE_CHECKING:
     from convsts.ray_jobs.config.schema import RunConfig
 
 
+NOT_TASKS = ("base", "prepared_folder")  # the modules of this package that define no task
+
+
 def builtin_tasks() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base")
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in NOT_TASKS)
 
 
 def _task_in(module_name: str) -> Task:

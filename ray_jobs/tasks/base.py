@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from convsts.io import storage
-from convsts.ray_jobs.preparation.folder import config_value, write_manifest, write_train_frame
+from convsts.ray_jobs.tasks.prepared_folder import config_value, write_manifest, write_train_frame
 
 if TYPE_CHECKING:
     import torch
@@ -87,7 +87,7 @@ class Task:
                 raise ValueError(f"{path}: task {self.name} needs columns {columns}; missing {missing}")
             frames.append(frame[columns])
         frame = pd.concat(frames, ignore_index=True)
-        shards = {"train": write_train_frame(frame, out_dir)}
+        shards = {"train": write_train_frame(frame, out_dir, cfg.data.rows_per_shard)}
         manifest = {"inputs": list(inputs), "pairs": len(frame), "seconds": round(time.time() - started, 1)}
         return write_manifest(self, out_dir, {**manifest, "shards": shards}, inputs=files)
 

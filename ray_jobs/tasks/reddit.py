@@ -9,9 +9,9 @@ from typing import Any
 from convsts.datasets import pushshift, reddit
 from convsts.io import storage
 from convsts.io.errors import BadInputError
-from convsts.ray_jobs.preparation.folder import shard_files, write_manifest
 from convsts.ray_jobs.runtime.process import ensure_ray, log
 from convsts.ray_jobs.tasks.base import Task, fields
+from convsts.ray_jobs.tasks.prepared_folder import shard_files, write_manifest
 
 NEGATIVE = "negative"  # the column of mined hard negatives (`convsts mine-negatives`)
 

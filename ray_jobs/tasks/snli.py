@@ -11,9 +11,9 @@ import pandas as pd
 from convsts.datasets import snli
 from convsts.datasets.snli import fraction_rank
 from convsts.io import storage
-from convsts.ray_jobs.preparation.folder import write_manifest, write_train_frame
 from convsts.ray_jobs.runtime.process import log
 from convsts.ray_jobs.tasks.base import Task, fields
+from convsts.ray_jobs.tasks.prepared_folder import write_manifest, write_train_frame
 
 
 def _fraction_filter(batch: dict[str, np.ndarray], fraction: float, seed: int) -> dict[str, np.ndarray]:
@@ -44,7 +44,7 @@ class SnliTask(Task):
         reads = [snli.read_snli(path) for path in files]
         without_gold = sum(read.attrs["without_gold"] for read in reads)
         frame = snli.with_fraction_rank(pd.concat(reads, ignore_index=True), cfg.data.snli_fraction_seed)
-        shards = {"train": write_train_frame(frame, out_dir)}
+        shards = {"train": write_train_frame(frame, out_dir, cfg.data.rows_per_shard)}
         manifest = {
             "shards": shards,
             "inputs": files,

@@ -20,7 +20,7 @@ from convsts.io import storage
 from convsts.io.redaction import redact, redact_tree
 from convsts.models.checkpoint import read_meta
 from convsts.models.encoders import PretrainedEncoder
-from convsts.ray_jobs.tracking.provenance import git_commit, library_versions, machine
+from convsts.ray_jobs.runtime.provenance import git_commit, library_versions, machine
 
 PACKAGED_MODEL = (
     "sentence-transformers/all-MiniLM-L6-v2"  # the weights of convsts.datasets.pretrained.PRETRAINED_PACKAGE

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from convsts.io.redaction import has_credentials, redact
-from convsts.ray_jobs.tracking.provenance import git_commit, library_versions, machine
+from convsts.ray_jobs.runtime.provenance import git_commit, library_versions, machine
 
 MAX_PARAM_LENGTH = 6000
 DIGEST_LENGTH = 16  # of a dataset input's digest (the manifest's sha1, shortened as MLflow shows digests)

@@ -16,8 +16,8 @@ from convsts.datasets.text import TOKENIZERS, encode_columns, fit_tokenizer, wor
 from convsts.io import storage
 from convsts.models.encoders import encoder_class
 from convsts.ray_jobs.config.schema import RunConfig
-from convsts.ray_jobs.preparation.folder import shard_files, verify_prepared
 from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
+from convsts.ray_jobs.tasks.prepared_folder import shard_files, verify_prepared
 from convsts.ray_jobs.training.task_groups import TaskPlan
 
 
@@ -130,7 +130,10 @@ def task_datasets(cfg: RunConfig, prepared_root: str, tokenizer) -> dict[str, An
     out = {}
     for name, task in tasks.items():
         ds = tokenized(task, task.train_rows(cfg, prepared_root), tokenizer, cfg.tokenizer.max_words, cfg)
-        out[name] = ds.materialize() if task.materialize else ds
+        if task.materialize:  # its blocks kept in the order of its files, as the streamed tasks are fed
+            ds.context.execution_options.preserve_order = cfg.trainer.preserve_order
+            ds = ds.materialize()
+        out[name] = ds
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from convsts.io import storage
 from convsts.io.errors import ConfigError
+from convsts.io.nested import changed_values, flatten
 from convsts.io.redaction import redact, redact_tree
 from convsts.io.storage import resolve_path
 from convsts.models.checkpoint import (
@@ -26,7 +27,6 @@ from convsts.models.checkpoint import (
     save_model_folder,
     staged,
 )
-from convsts.ray_jobs.config.flatten import changed_values, flatten
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.plots import loss_curves_plot
 from convsts.ray_jobs.evaluation.sts import read_stsb_split

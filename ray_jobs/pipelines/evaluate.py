@@ -35,9 +35,9 @@ from convsts.ray_jobs.evaluation.sts import (
     stsb_embeddings,
     tuned_sts_metrics,
 )
-from convsts.ray_jobs.preparation.folder import MANIFEST, config_value, settings_mismatches, verify_prepared
 from convsts.ray_jobs.runtime.process import log, tracking_uri
 from convsts.ray_jobs.tasks import get_task, model_heads
+from convsts.ray_jobs.tasks.prepared_folder import MANIFEST, config_value, settings_mismatches, verify_prepared
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.tracking.mlflow_model import log_model  # imports mlflow.pyfunc: only when a model is logged
 from convsts.ray_jobs.tracking.model_card import CARD_FILE, FACTS_FILE, add_results

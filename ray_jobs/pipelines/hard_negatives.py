@@ -24,8 +24,8 @@ from convsts import models
 from convsts.datasets.negatives import MiningConfig, mine
 from convsts.io import redaction, storage
 from convsts.io.errors import BadInputError
-from convsts.ray_jobs.preparation.folder import verify_prepared, write_manifest, write_train_frame
 from convsts.ray_jobs.runtime.process import ensure_ray, log
+from convsts.ray_jobs.tasks.prepared_folder import verify_prepared, write_manifest, write_train_frame
 from convsts.ray_jobs.tasks.reddit import NEGATIVE
 from convsts.ray_jobs.tasks.reddit import TASK as REDDIT
 
@@ -304,7 +304,8 @@ def write_mined_folder(prepared: str, out: str, mined, manifest: dict, negatives
             storage.copy_tree(storage.join(prepared, entry), storage.join(out, entry))
     reddit_out = REDDIT.prepared_dir(out)
     storage.copy_tree(storage.join(REDDIT.prepared_dir(prepared), "test"), storage.join(reddit_out, "test"))
-    shards = {"train": write_train_frame(mined, reddit_out), "test": manifest["shards"]["test"]}
+    rows_per_shard = max([shard["rows"] for shard in manifest["shards"]["train"]], default=1)  # as prepared
+    shards = {"train": write_train_frame(mined, reddit_out, rows_per_shard), "test": manifest["shards"]["test"]}
     manifest = {**manifest, "shards": shards}  # the test split's shards copied as they were, byte for byte
     manifest.update(train_pairs=len(mined), pairs=len(mined) + manifest.get("test_pairs", 0), negatives=negatives)
     return write_manifest(REDDIT, reddit_out, manifest)

@@ -9,9 +9,9 @@ from typing import Any
 
 from convsts.io import storage
 from convsts.ray_jobs.config.schema import RunConfig
-from convsts.ray_jobs.preparation.folder import MANIFEST, prepare_into, verify_prepared
 from convsts.ray_jobs.runtime.process import ensure_ray, log
 from convsts.ray_jobs.tasks import prepared_tasks
+from convsts.ray_jobs.tasks.prepared_folder import MANIFEST, prepare_into, verify_prepared
 
 
 def is_prepared(task, prepared: str) -> bool:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from convsts.datasets.shards import ShardRecord, write_frame
 from convsts.io import redaction, storage
 from convsts.io.errors import BadInputError
+from convsts.io.nested import changed_values, flatten
 from convsts.io.redaction import redact_tree
-from convsts.ray_jobs.config.flatten import changed_values, flatten
 from convsts.ray_jobs.runtime.output_lock import LOCK_FILE, output_lock
 from convsts.ray_jobs.runtime.process import log
 
@@ -100,11 +100,10 @@ def shard_files(split_dir: str) -> list[str]:
     return [f for f in storage.list_files(split_dir) if f.endswith(".parquet")] if storage.is_dir(split_dir) else []
 
 
-def write_train_frame(frame, out_dir: str) -> list[ShardRecord]:
-    """A pandas frame of training rows (already in the driver) -> one parquet shard in out_dir/train,
-    written from this process; its record. One shard, as before: a run fed from an SNLI folder of
-    several shards was not repeatable bit for bit (unlike Reddit's; not yet understood)."""
-    return write_frame(frame, storage.join(out_dir, "train"), max(1, len(frame)))
+def write_train_frame(frame, out_dir: str, rows_per_shard: int) -> list[ShardRecord]:
+    """A pandas frame of training rows (already in the driver) -> parquet shards of `rows_per_shard`
+    rows in out_dir/train, written from this process; their records."""
+    return write_frame(frame, storage.join(out_dir, "train"), rows_per_shard)
 
 
 def shard_record(path: str) -> ShardRecord:

@@ -15,15 +15,15 @@ from typing import Any
 from convsts.datasets.text import load_tokenizer
 from convsts.io import storage
 from convsts.io.errors import BadInputError
+from convsts.io.nested import flatten
 from convsts.io.redaction import redact_tree
 from convsts.models.checkpoint import save_checkpoint
 from convsts.models.encoders import DanEncoder, PretrainedEncoder
-from convsts.ray_jobs.config.flatten import flatten
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, compare_evaluations
-from convsts.ray_jobs.evaluation.harness import PRIMARY_METRIC, results_document, results_table, run_evaluation
 from convsts.ray_jobs.evaluation.scorers import LexicalScorer
-from convsts.ray_jobs.preparation.inputs import prepare_all
+from convsts.ray_jobs.pipelines.evaluate import PRIMARY_METRIC, results_document, results_table, run_evaluation
+from convsts.ray_jobs.pipelines.inputs import prepare_all
 from convsts.ray_jobs.runtime.output_lock import holds_output
 from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri
 from convsts.ray_jobs.tasks import prepared_tasks

@@ -1,1 +1,0 @@
-"""The demo pipeline end to end on the embedded sample."""

@@ -1,1 +1,0 @@
-"""Prepared inputs: a task's prepared folder and manifest, a run's inputs, hard negatives."""
