@@ -226,6 +226,7 @@ def test_runs_on_a_cluster_spread_own_their_checkpoints_and_survive_a_lost_node(
     # Each step's metrics once, and the same losses and weights as the undisturbed run, read from a
     # folder of many shards (the trainer's feed keeps one order whatever the read tasks' timing).
     assert len(list((sample_prepared / "reddit" / "train").glob("*.parquet"))) >= 8
+    assert len(list((sample_prepared / "snli" / "train").glob("*.parquet"))) >= 8
     for name in ("reddit/loss", "snli/loss", "lr"):
         assert _history(client, again["mlflow_run_id"], name) == _history(client, info["mlflow_run_id"], name), name
     weights = [load_file(str(run / "checkpoint" / "model.safetensors")) for run in (info["out"], tmp_path / "b")]

@@ -93,7 +93,10 @@ def test_prepare_snli_writes_ranked_shards(tmp_path):
         pa.table({"sentence1": ["a", "b", "c"], "sentence2": ["d", "e", "f"], "label": ["entailment", "-", "neutral"]}),
         src,
     )
-    manifest = get_task("snli").prepare([str(src)], str(tmp_path / "snli"), load_config())
+    manifest = get_task("snli").prepare(
+        [str(src)], str(tmp_path / "snli"), load_config(None, ["data.rows_per_shard=1"])
+    )
+    assert [shard["rows"] for shard in manifest["shards"]["train"]] == [1, 1]  # data.rows_per_shard, as Reddit's
     assert manifest["pairs"] == 2 and manifest["labels"] == {"entailment": 1, "neutral": 1, "contradiction": 0}
     assert manifest["without_gold"] == 1  # the '-' pair: left out, and counted
     table = pq.read_table(tmp_path / "snli" / "train").to_pandas()

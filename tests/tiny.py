@@ -15,10 +15,10 @@ TINY_DAN = [
 # A 4-step job that checkpoints twice.
 TINY_TRAIN = ["trainer.steps=4", "trainer.log_every=2", "trainer.checkpoint_every=2", "trainer.eval_every=0", *TINY_DAN]
 
-# How the session's sample_prepared is prepared: in shards of about 500 rows (14 Reddit train
-# shards, as a real folder has many), so the runs on it read many shards at once and the cluster
-# tests' bit-for-bit comparison of two runs covers the fixed order of the trainer's feed. Not a
-# setting a run checks against the folder.
+# How the session's sample_prepared is prepared: in shards of about 500 rows (14 Reddit and 20 SNLI
+# train shards, as a real folder has many), so the runs on it read many shards at once and the
+# cluster tests' bit-for-bit comparison of two runs covers the fixed order of the trainer's feed,
+# streamed (Reddit) and materialized (SNLI). Not a setting a run checks against the folder.
 SAMPLE_PREPARE = ["data.rows_per_shard=500"]
 
 # Texts that `normalize` changes before tokenizing: URLs, character references (named, numeric,

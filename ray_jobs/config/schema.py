@@ -143,8 +143,9 @@ class TrainerConfig:
     # pretrained encoder spend less on padding (each batch is cut to its own longest row); 0 = off.
     bucket_batches: int = 0
     # Ray Data delivers each task's rows in a fixed order (its files in the seeded order, each in
-    # row order) instead of as its read and tokenize tasks finish: a run repeated with the same
-    # config, seed and prepared folder trains the same model (measured with one rank per task).
+    # row order; a small task held in memory, such as SNLI, in the order of its files) instead of as
+    # its read and tokenize tasks finish: a run repeated with the same config, seed and prepared
+    # folder trains the same model, whatever the number of shards (measured with one rank per task).
     # false lets a fast GPU step take whichever block is ready first.
     preserve_order: bool = True
     checkpoint_every: int = 500  # steps between checkpoints (Ray Train's, in storage_path)
