@@ -21,7 +21,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 @pytest.fixture(scope="session")
 def ray_session(tmp_path_factory):
-    """A real local Ray instance on this machine, started once (5-10 s) and shut down at the end."""
+    """A real local Ray instance on this machine, started once (it takes seconds) and shut down at the end."""
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -39,9 +39,9 @@ def ray_session(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sample_prepared(ray_session, tmp_path_factory) -> Path:
     """The embedded sample prepared once (Reddit and SNLI, the default filters; SAMPLE_PREPARE) for
-    the tests that train on it without changing its data settings: each `prepare` of it takes 25-35 s
-    here. Training only reads a prepared folder."""
-    from tiny import SAMPLE_PREPARE
+    the tests that train on it without changing its data settings (each `prepare` of it starts Ray
+    Data jobs); training only reads a prepared folder."""
+    from testkit.tiny import SAMPLE_PREPARE
 
     from convsts.ray_jobs.config.schema import load_config
     from convsts.ray_jobs.pipelines.inputs import prepare_all
@@ -53,7 +53,7 @@ def sample_prepared(ray_session, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def mlflow_uri(tmp_path_factory) -> str:
-    """A sqlite tracking store, created once: its first use runs the schema migrations (5-15 s)."""
+    """A sqlite tracking store, created once: its first use runs the schema migrations, which take seconds."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"

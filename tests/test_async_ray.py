@@ -10,8 +10,8 @@ import signal
 import time
 
 import pytest
-from local_cluster import ray_processes, start_train
-from tiny import TINY_DAN
+from testkit.local_cluster import ray_processes, start_train
+from testkit.tiny import TINY_DAN
 
 from convsts.models.checkpoint import load_model, load_train_state
 from convsts.ray_jobs.tracking import runs as tracking

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from local_cluster import kill_node, mlflow_server, node_processes, ray_head, ray_worker_node
-from s3_server import keys, s3_endpoint
-from tiny import TINY_DAN, TINY_TRAIN
+from testkit.local_cluster import kill_node, mlflow_server, node_processes, ray_head, ray_worker_node
+from testkit.s3_server import keys, s3_endpoint
+from testkit.tiny import TINY_DAN, TINY_TRAIN
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "s3://convsts-cluster"

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from tiny import TINY_DAN
+from testkit.tiny import TINY_DAN
 
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.io.storage import resolve_path

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from tiny import EXPORT_PROBES
+from testkit.tiny import EXPORT_PROBES
 
 pytest.importorskip("onnxruntime")
 

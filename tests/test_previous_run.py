@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from s3_server import keys, request_log, s3_endpoint
+from testkit.s3_server import keys, request_log, s3_endpoint
 
 from convsts.io import storage
 from convsts.io.errors import BadInputError, ConfigError

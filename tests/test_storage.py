@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from s3_server import keys, s3_endpoint, upload
-from tiny import TINY_TRAIN
+from testkit.s3_server import keys, s3_endpoint, upload
+from testkit.tiny import TINY_TRAIN
 
 from convsts import models
 from convsts.datasets import evalsets, pushshift, reddit, snli

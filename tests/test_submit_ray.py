@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from local_cluster import mlflow_server, pids_matching, ray_head
-from tiny import TINY_TRAIN
+from testkit.local_cluster import mlflow_server, pids_matching, ray_head
+from testkit.tiny import TINY_TRAIN
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import toy_task
+from testkit import toy_task
 
 from convsts.datasets.text import DanTokenizer, count_words
 from convsts.io.errors import ConfigError
@@ -209,7 +209,7 @@ def test_a_toy_task_is_one_module_plus_config_entries(tmp_path):
         None,
         TINY
         + [
-            "task_modules=[toy_task]",
+            "task_modules=[testkit.toy_task]",
             "trainer.task_weights={reddit: 0.5, toy: 0.5}",
             "trainer.steps=30",
             "trainer.log_every=30",
@@ -217,7 +217,7 @@ def test_a_toy_task_is_one_module_plus_config_entries(tmp_path):
         ],
     )
     assert list(trained_tasks(cfg)) == ["reddit", "toy"]
-    assert model_heads(cfg) == {"reddit": "response", "snli": "nli", "toy": "toy_task:SameFirstWordHead"}
+    assert model_heads(cfg) == {"reddit": "response", "snli": "nli", "toy": "testkit.toy_task:SameFirstWordHead"}
     logged = {}
     loop, model, _ = _loop(cfg, hooks=LoopHooks(log=lambda m, s: logged.update(m), say=lambda line: None))
     loop.run()
@@ -265,7 +265,7 @@ def test_toy_task_prepare_uses_the_default_reader(ray_session, tmp_path):
     cfg = load_config(
         None,
         [
-            "task_modules=[toy_task]",
+            "task_modules=[testkit.toy_task]",
             "trainer.task_weights={toy: 1.0}",
             f"data.task_inputs={{toy: [{tmp_path / 'toy.jsonl'}]}}",
         ],
@@ -274,8 +274,8 @@ def test_toy_task_prepare_uses_the_default_reader(ray_session, tmp_path):
     from convsts.ray_jobs.cli.prepare import build_parser
 
     # Overrides may follow the options on the command line, as for every other command.
-    args = build_parser().parse_intermixed_args(["toy", "--out", "X", "task_modules=[toy_task]"])
-    assert args.what == "toy" and args.overrides == ["task_modules=[toy_task]"]
+    args = build_parser().parse_intermixed_args(["toy", "--out", "X", "task_modules=[testkit.toy_task]"])
+    assert args.what == "toy" and args.overrides == ["task_modules=[testkit.toy_task]"]
     manifest = task.prepare(task.raw_inputs(cfg), task.prepared_dir(str(tmp_path / "prepared")), cfg)
     assert manifest["pairs"] == 64
     import pyarrow.parquet as pq

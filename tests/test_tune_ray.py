@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from tiny import TINY_DAN
+from testkit.tiny import TINY_DAN
 
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.datasets.snli import fraction_rank
@@ -248,7 +248,7 @@ def test_a_trial_that_ran_to_max_t_is_not_tagged_as_stopped_early(ray_session, m
 
     experiment = "tune-max-t-test"
     cfg = load_config(None, [*TINY_MODEL, f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"])
-    space = get_space("small_spaces:STS_MATRIX_MAX_T_6")  # max_t = the trials' 6 epochs; ASHA rungs at 1 and 3
+    space = get_space("testkit.small_spaces:STS_MATRIX_MAX_T_6")  # max_t = the trials' 6 epochs; ASHA rungs at 1 and 3
     results = run_sweep(
         space,
         cfg,

@@ -28,7 +28,7 @@ def test_a_sweep_whose_driver_is_killed_mid_trial_restarts_the_trial_from_its_ow
     the same command again restores the sweep and the trial goes on from its own newest complete
     checkpoint (Ray Train's snapshot in the trial's folder names only checkpoints whose upload
     finished), each step logged once in the trial's MLflow run."""
-    from local_cluster import ray_processes
+    from testkit.local_cluster import ray_processes
 
     experiment = "tune-driver-killed"
     reddit_cfg = load_config(None, [*TINY_MODEL, "trainer.steps=0", "trainer.task_weights={reddit: 1.0}"])

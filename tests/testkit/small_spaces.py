@@ -1,4 +1,4 @@
-"""Tune spaces for tests (`convsts tune --space small_spaces:NAME`, with tests/ on the path)."""
+"""Tune spaces for tests (`convsts tune --space testkit.small_spaces:NAME`, with tests/ on the path)."""
 
 import dataclasses
 

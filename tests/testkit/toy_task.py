@@ -1,5 +1,5 @@
 """A toy task added the way a user adds one: this module plus config entries
-(`task_modules: [toy_task]`, `trainer.task_weights.toy`, `data.task_inputs.toy`). Its head is
+(`task_modules: [testkit.toy_task]`, `trainer.task_weights.toy`, `data.task_inputs.toy`). Its head is
 defined here too. Rows: two texts and whether they share their first word."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class SameFirstWordHead(nn.Module):
 
 class ToyTask(Task):
     name = "toy"
-    head = "toy_task:SameFirstWordHead"
+    head = "testkit.toy_task:SameFirstWordHead"
     pair = ("left", "right")
     label = "same"
 

@@ -1,0 +1,390 @@
+"""Runs given what they cannot use: a used --out, numbers out of range, config errors, numerical
+faults, damaged checkpoints, a full disk: one line naming the key or file, nothing half-saved."""
+
+import json
+import re
+from fractions import Fraction
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from testkit.faults import run_python, tiny_checkpoint
+
+from convsts.io.errors import BadInputError, ConfigError
+from convsts.ray_jobs.config.schema import load_config
+
+
+def test_a_second_run_into_a_used_out_is_refused_unless_resumed_or_fresh(tmp_path):
+    from convsts.ray_jobs.training.run import claim_output
+
+    cfg = load_config(None, [])
+    claim_output(tmp_path, cfg, fresh=False)  # empty: fine
+    tiny_checkpoint(tmp_path / "checkpoint")
+    (tmp_path / "train.json").write_text("{}")
+    with pytest.raises(
+        FileExistsError, match="already holds a training run .*checkpoint is .*checkpoint; pass --resume latest to"
+    ):
+        claim_output(tmp_path, cfg, fresh=False)
+    claim_output(tmp_path, load_config(None, [f"trainer.resume_from={tmp_path / 'checkpoint'}"]), fresh=False)
+    claim_output(tmp_path, cfg, fresh=True)
+    assert not (tmp_path / "checkpoint").exists() and not (tmp_path / "train.json").exists()
+
+
+def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
+    from convsts.datasets.text import DanTokenizer, count_words
+    from convsts.models import save_checkpoint
+    from convsts.models.checkpoint import build_model
+    from convsts.ray_jobs.training.run import resume_mismatches
+
+    cfg = load_config(
+        None,
+        [
+            "model.dan.output_dim=6",
+            "model.dan.embedding_dim=4",
+            "model.dan.hidden_sizes=[4]",
+            "tokenizer.bigram_buckets=11",
+        ],
+    )
+    tok = DanTokenizer.build(count_words(["a b c"]), cfg.tokenizer)
+    save_checkpoint(
+        tmp_path / "c", build_model(cfg.model, tok), tok, cfg.to_dict(), provenance={"data": {"reddit": "aaa"}}
+    )
+    assert resume_mismatches(str(tmp_path / "c"), cfg, {"reddit": "aaa"}) == []
+    meta = json.loads((tmp_path / "c" / "config.json").read_text())
+    del meta["run_config"]["model"]["symmetric_loss"]  # a checkpoint written before that setting existed
+    (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
+    assert resume_mismatches(str(tmp_path / "c"), cfg, {"reddit": "aaa"}) == []
+    other = load_config(
+        None,
+        [
+            "model.dan.output_dim=8",
+            "model.dan.embedding_dim=4",
+            "model.dan.hidden_sizes=[4]",
+            "tokenizer.bigram_buckets=11",
+            "tokenizer.word_vocab_size=10",
+        ],
+    )
+    differs = resume_mismatches(str(tmp_path / "c"), other, {"reddit": "bbb"})
+    assert "model.dan.output_dim=6 (this run: 8)" in differs
+    assert "tokenizer.word_vocab_size=50000 (this run: 10)" in differs
+    assert "the prepared reddit data differs from the data the checkpoint was trained on" in differs
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("trainer.steps=-5", "trainer.steps"),
+        ("trainer.stages=[{start_step: 0, batch_size: 0, lr: 0.01}]", "trainer.stages[0].batch_size"),
+        ("trainer.stages=[{start_step: 0, batch_size: 8, lr: -1}]", "trainer.stages[0].lr"),
+        ("trainer.stages=[{start_step: 0, batch_size: 8, lr: .nan}]", "trainer.stages[0].lr"),
+        ("trainer.task_weights={reddit: .nan, snli: 0.05}", "trainer.task_weights.reddit"),
+        ("trainer.task_weights={reddit: .inf, snli: 0.05}", "trainer.task_weights.reddit"),
+        ("trainer.task_weights={reddit: 0, snli: 0.05}", "trainer.task_weights.reddit"),
+        ("trainer.log_every=0", "trainer.log_every"),
+        ("trainer.checkpoint_every=0", "trainer.checkpoint_every"),
+        ("trainer.eval_every=-1", "trainer.eval_every"),
+        ("trainer.cpus_per_worker=0", "trainer.cpus_per_worker"),
+        ("trainer.torch_threads=-1", "trainer.torch_threads"),
+        ("trainer.grad_clip=-1", "trainer.grad_clip"),
+        ("model.dan.output_dim=0", "model.dan.output_dim"),
+        ("model.dan.hidden_sizes=[16, 0]", "model.dan.hidden_sizes[1]"),
+        ("model.transformer.num_heads=3", "model.transformer.hidden_size"),
+        ("tokenizer.max_words=0", "tokenizer.max_words"),
+        ("data.rows_per_shard=0", "data.rows_per_shard"),
+    ],
+)
+def test_out_of_range_numbers_are_refused_naming_the_key(override, key):
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{key}'")):
+        load_config(None, [override])
+
+
+def test_zero_steps_is_allowed_and_means_untrained():
+    assert load_config(None, ["trainer.steps=0"]).trainer.steps == 0
+
+
+CONFIG_ERRORS = {
+    "yaml_list": "the top level must be a mapping",
+    "unknown_key": "config key 'trainer.stepz'",
+    "bad_number": "config key 'trainer.steps': must be >= 0",
+}
+
+
+@pytest.mark.parametrize(
+    "entry, case, expected", [(["-m", "convsts", "train"], case, expected) for case, expected in CONFIG_ERRORS.items()]
+)
+def test_config_errors_print_one_line_without_traceback(tmp_path, entry, case, expected):
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        {"yaml_list": "- a\n- b\n", "unknown_key": "trainer:\n  stepz: 3\n", "bad_number": "trainer:\n  steps: -5\n"}[
+            case
+        ]
+    )
+    result = run_python(*entry, "--config", str(config), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    if case == "yaml_list":  # --debug shows the traceback (one case is enough: a subprocess costs seconds)
+        debug = run_python(*entry, "--config", str(config), "--out", str(tmp_path / "out"), "--debug")
+        assert "Traceback" in debug.stderr
+
+
+def test_nan_scores_give_nan_metrics_never_a_perfect_score():
+    from convsts.ray_jobs.evaluation import metrics as M
+
+    scores = np.array([[np.nan, 0.1, 0.2], [0.9, 0.1, 0.2]])
+    assert all(np.isnan(v) for v in M.precision_at_n(scores, (1, 3)).values())
+    assert np.isnan(M.accuracy(np.array([[np.nan, 0.0, 0.0]]), [0]))
+    assert np.isnan(M.average_precision([np.nan, 0.5], [True, False]))
+    assert np.isnan(M.pearson([1.0, np.nan, 3.0], [1, 2, 3])) and np.isnan(M.spearman([1.0, np.nan, 3.0], [1, 2, 3]))
+
+
+def test_nan_embeddings_make_the_retrieval_and_sts_metrics_nan():
+    from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from convsts.models.checkpoint import build_model
+    from convsts.models.config import DanConfig, ModelConfig
+    from convsts.models.sentence_encoder import SentenceEncoder
+    from convsts.ray_jobs.evaluation.retrieval import precision_at_n_metrics
+    from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
+    from convsts.ray_jobs.evaluation.sts import sts_metrics
+
+    texts = [f"sentence {i} about thing {i % 5}" for i in range(30)]
+    tok = DanTokenizer.build(count_words(texts), TokenizerConfig(bigram_buckets=101))
+    model = build_model(ModelConfig(dan=DanConfig(embedding_dim=8, hidden_sizes=[8], output_dim=6)), tok).eval()
+    with torch.no_grad():
+        model.encoder.dnn[0].weight[0, 0] = float("nan")  # a diverged model
+    scorer = EmbeddingScorer(SentenceEncoder(model, tok, {}))
+    pairs = pd.DataFrame({"context": texts, "response": texts[::-1]})
+    p, items = precision_at_n_metrics(scorer, pairs, 10, 9, 0, "reddit")
+    assert p.pop("reddit/queries") == 10 and all(np.isnan(v) for v in p.values()), p  # P@N and its stderr
+    assert len(items) == 10 and items["rank"].isna().all()  # no rank either: nothing to compare on
+    frame = pd.DataFrame({"sentence1": texts[:10], "sentence2": texts[10:20], "score": np.arange(10.0) / 2})
+    assert np.isnan(sts_metrics(scorer, frame, "stsb/dev", by_genre=False)["stsb/dev/pearson"])
+
+
+def test_a_nan_loss_stops_training_naming_the_step_and_task_and_saves_nothing():
+    import test_training_core as core
+
+    from convsts.ray_jobs.training.loop import LoopHooks, NonFiniteLossError
+
+    cfg = load_config(
+        None,
+        core.TINY
+        + [
+            "trainer.task_weights={snli: 1.0}",
+            "trainer.steps=8",
+            "trainer.log_every=4",
+            "trainer.checkpoint_every=4",
+            "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.001}]",
+        ],
+    )
+    saved = []
+    loop, _, _ = core._loop(
+        cfg, hooks=LoopHooks(checkpoint=lambda step, m, s: saved.append(step), say=lambda line: None)
+    )
+    loop.tasks["snli"] = core.snli_with_nan_loss_at(3)
+    with pytest.raises(NonFiniteLossError, match="non-finite snli loss .* at step 3"):
+        loop.run()
+    assert saved == []  # the step-4 checkpoint of a diverged model was never written
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.pop("model"), r"config.json: model: expected an object, got NoneType"),
+        (lambda m: m["model"].pop("nli_hidden"), r"config.json: model.nli_hidden: missing"),
+        (lambda m: m["model"].update(colour=1), r"config.json: model.colour: not a key of ModelConfig"),
+        (
+            lambda m: m["model"]["dan"].update(output_dim="6"),
+            r"config.json: model.dan.output_dim: expected int, got '6'",
+        ),
+        # A size that would allocate gigabytes is refused before anything is built.
+        (
+            lambda m: m["model"]["dan"].update(hidden_sizes=[4, 1e7]),
+            r"model.dan.hidden_sizes\[1\]: expected int, got 1",
+        ),
+        (
+            lambda m: m["model"]["dan"].update(hidden_sizes=[4, 10**7]),
+            r"model.dan.hidden_sizes\[1\]: 10000000 is not a",
+        ),
+    ],
+)
+def test_damaged_checkpoint_metadata_is_one_line_naming_the_key_before_anything_is_built(tmp_path, edit, message):
+    from convsts.models.checkpoint import load_model
+
+    checkpoint = tiny_checkpoint(tmp_path / "c")
+    load_model(checkpoint)  # intact: loads
+    meta = json.loads((checkpoint / "config.json").read_text())
+    edit(meta)
+    (checkpoint / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(BadInputError, match=message) as refused:
+        load_model(checkpoint)
+    assert "\n" not in str(refused.value) and "the checkpoint is damaged" in str(refused.value)
+
+
+def test_a_damaged_train_state_is_one_line_in_the_driver(tmp_path):
+    from convsts.models.checkpoint import load_train_state
+
+    checkpoint = tiny_checkpoint(tmp_path / "c")
+    assert load_train_state(checkpoint)["step"] == 3
+    state = checkpoint / "train_state.pt"
+    state.write_bytes(state.read_bytes()[:40])  # cut short
+    with pytest.raises(BadInputError, match=r"train_state.pt: not a train state this version reads \(\w+\)"):
+        load_train_state(checkpoint)
+    torch.save({"step": 3, "run": Fraction(1, 3)}, state)  # an object weights_only will not build
+    with pytest.raises(BadInputError, match="not a train state this version reads") as refused:
+        load_train_state(checkpoint)
+    assert "weights_only" not in str(refused.value)  # not torch's advice to load it unsafely
+    torch.save({"position": 3}, state)
+    with pytest.raises(BadInputError, match="no int 'step'"):
+        load_train_state(checkpoint)
+
+
+def test_a_full_disk_is_one_line_naming_the_file_even_under_the_error_it_caused(tmp_path):
+    """ENOSPC (here: /dev/full, a device that is always full) prints one line and exits 2, also when a
+    store's write failed while handling it (before: sqlite's 'database or disk is full' traceback hid it)."""
+    code = (
+        "import shutil, sqlite3, sys\n"
+        "from convsts.ray_jobs.runtime.process import run_main\n"
+        "def main(argv):\n"
+        "    try:\n"
+        "        shutil.copyfile(sys.executable, '/dev/full')\n"
+        "    except OSError:\n"
+        "        raise sqlite3.OperationalError('database or disk is full')\n"
+        "raise SystemExit(run_main('x', main, []))\n"
+    )
+    result = run_python("-c", code)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    # shutil's write names no file; the library's own writes do (storage.writing, below).
+    assert lines[0].startswith("convsts x: [Errno 28] No space left on device")
+
+
+def test_a_write_that_fails_on_a_full_disk_names_its_file(tmp_path, capsys):
+    """A write() or close() that fails for space says only "No space left on device": storage.writing
+    names the file (here a real ENOSPC from /dev/full), and run_main prints it in one line."""
+    from convsts.io import storage
+    from convsts.ray_jobs.runtime.process import run_main
+
+    def main(argv):
+        with storage.writing(tmp_path / "out" / "results.json"), open("/dev/full", "wb") as full:
+            full.write(b"x" * 65536)
+
+    assert run_main("x", main, []) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and line.startswith("convsts x: [Errno 28] No space left on device")
+    assert str(tmp_path / "out" / "results.json") in line
+
+
+def test_a_checkpoint_that_does_not_fit_names_the_file_and_leaves_no_part_of_it(tmp_path):
+    """Checkpoint files are serialized in memory and written by storage.write_bytes (safetensors' and
+    torch's own writers raise errors that name no file, torch's without saying it is space). Here no
+    file over 4 kB may be written (RLIMIT_FSIZE: EFBIG, a limit like a full disk): the error names
+    the weights file, and no partial file is left."""
+    import resource
+    import signal
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        with pytest.raises(OSError, match="File too large") as caught:
+            tiny_checkpoint(tmp_path / "ckpt", embedding_dim=256)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert caught.value.filename == str(tmp_path / "ckpt" / "model.safetensors")
+    assert list((tmp_path / "ckpt").iterdir()) == []
+
+
+def test_the_final_checkpoint_is_placed_whole_or_not_at_all(tmp_path):
+    """A copy that fails half-way (here: no file over 4 kB may be written, RLIMIT_FSIZE's soft limit,
+    so the 64 kB weights fail as on a full disk) leaves the earlier checkpoint whole and nothing beside
+    it; a copy that succeeds replaces it whole."""
+    import resource
+    import signal
+
+    from ray.train import Checkpoint
+
+    from convsts.ray_jobs.training.run import _place
+
+    source, target = tmp_path / "ray" / "checkpoint_1", tmp_path / "out" / "checkpoint"
+    source.mkdir(parents=True)
+    (source / "config.json").write_text("{}")
+    (source / "model.safetensors").write_bytes(b"n" * 65536)
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_bytes(b"old weights")
+    (target / "old_only.txt").write_text("from the earlier run")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        with pytest.raises(OSError, match="File too large"):
+            _place(Checkpoint.from_directory(str(source)), target)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert (target / "model.safetensors").read_bytes() == b"old weights"  # the earlier one, whole
+    assert sorted(p.name for p in target.parent.iterdir()) == ["checkpoint"]  # no half copy beside it
+    _place(Checkpoint.from_directory(str(source)), target)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["checkpoint"]
+
+
+def test_a_missing_file_or_checkpoint_folder_says_it_is_not_there(tmp_path):
+    """Not only the path (pyarrow's FileNotFoundError is the path alone), and not a missing
+    config.json for a folder that is not there at all."""
+    from convsts.datasets import snli
+    from convsts.models.checkpoint import read_meta
+
+    with pytest.raises(FileNotFoundError, match=r"none\.parquet: no such file or folder$"):
+        snli.read_snli(tmp_path / "none.parquet")
+    with pytest.raises(FileNotFoundError, match=r"nothing: no such checkpoint folder$"):
+        read_meta(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"is not a convsts checkpoint: .*config\.json is missing"):
+        read_meta(tmp_path / "empty")
+
+
+def test_a_warm_start_that_does_not_fit_the_model_is_refused_in_the_driver(tmp_path):
+    from convsts.io.errors import ConfigError
+    from convsts.ray_jobs.training.run import check_warm_start
+
+    dan = tiny_checkpoint(tmp_path / "dan")  # a DAN, embedding_dim 4
+    other = load_config(None, [f"trainer.warm_start={dan}", "model.encoder=transformer"])
+    with pytest.raises(
+        ConfigError, match=f"trainer.warm_start: {dan} holds a dan encoder; this run's model.encoder is transformer"
+    ):
+        check_warm_start(other)
+    wider = load_config(None, [f"trainer.warm_start={dan}", "model.dan.output_dim=6", "model.dan.embedding_dim=8",
+                               "model.dan.hidden_sizes=[4]"])  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"its encoder's .*embedding.weight is \(\d+, 4\), this run's model makes \(\d+, 8\)"
+    ):
+        check_warm_start(wider)
+    check_warm_start(load_config(None, [f"trainer.warm_start={dan}", "model.dan.output_dim=6", "model.dan.embedding_dim=4",
+                                        "model.dan.hidden_sizes=[4]"]))  # fmt: skip
+
+
+def test_a_list_where_a_mapping_is_expected_names_the_key():
+    from convsts.io.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"config key 'trainer.task_weights': expected a mapping \({key: value"):
+        load_config(None, ["trainer.task_weights=[1,2]"])
+
+
+def test_a_checkpoint_config_is_held_to_the_run_configs_size_rules():
+    """One rule set for the architecture: a config.json whose Transformer no run would build (hidden
+    size not a multiple of the heads) is refused at load, as the run config refuses it."""
+    import dataclasses
+
+    from convsts.io.errors import ConfigError
+    from convsts.models.checkpoint import model_config_from_dict
+    from convsts.models.config import ModelConfig
+
+    meta = dataclasses.asdict(ModelConfig(encoder="transformer"))
+    meta["transformer"].update(num_heads=3, hidden_size=64)
+    with pytest.raises(ValueError, match=r"'model.transformer.hidden_size': must be a multiple of .*num_heads \(3\)"):
+        model_config_from_dict(meta)
+    with pytest.raises(ConfigError, match=r"'model.transformer.hidden_size': must be a multiple"):
+        load_config(None, ["model.transformer.num_heads=3", "model.transformer.hidden_size=64"])

@@ -1,0 +1,62 @@
+"""Helpers of the fault tests (tests/test_faults_*.py): a command run as a user runs it, dumps
+written in the pushshift schema, a zstd file cut short, a tiny checkpoint to damage."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import zstandard
+
+from convsts.ray_jobs.config.schema import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO / "tests")}
+
+
+def dump_lines(n: int) -> bytes:
+    rows = [
+        {
+            "id": f"c{i}",
+            "parent_id": f"t1_c{i - 1}" if i % 2 else "t3_x",
+            "link_id": f"t3_{i // 2}",
+            "author": "someone",
+            "body": f"comment number {i} with a few words",
+            "subreddit": "test",
+        }
+        for i in range(n)
+    ]
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+def cut_zst(path: Path, share: float = 0.6) -> Path:
+    data = zstandard.ZstdCompressor().compress(dump_lines(20000))
+    path.write_bytes(data[: int(len(data) * share)])
+    return path
+
+
+def run_python(*args, cwd=None, env=None):
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env={**ENV, **(env or {})},
+        cwd=cwd or REPO,
+        timeout=300,
+    )
+
+
+def tiny_checkpoint(path: Path, embedding_dim: int = 4) -> Path:
+    """A tiny DAN checkpoint with a run config and a train state (step 3)."""
+    from convsts.datasets.text import DanTokenizer, count_words
+    from convsts.models import save_checkpoint
+    from convsts.models.checkpoint import build_model
+
+    cfg = load_config(
+        None, ["model.dan.output_dim=6", f"model.dan.embedding_dim={embedding_dim}", "model.dan.hidden_sizes=[4]"]
+    )
+    tok = DanTokenizer.build(count_words(["a man plays a guitar", "a woman sings"]), cfg.tokenizer)
+    return save_checkpoint(path, build_model(cfg.model, tok).eval(), tok, cfg.to_dict(), train_state={"step": 3})
