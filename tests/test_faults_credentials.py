@@ -395,7 +395,8 @@ def test_a_planted_secret_appears_in_no_log_param_or_artifact(sample_prepared, r
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     if head:
         assert tags["mlflow.source.git.commit"].split("-")[0] == head
-    assert tags["mlflow.source.name"] == "train.py" and "--prepared" in tags["convsts.command"]
+    assert tags["mlflow.source.name"] == "convsts" and tags["convsts.command"].startswith("convsts train ")
+    assert "--prepared" in tags["convsts.command"]
     assert tags["convsts.version.torch"] == torch.__version__ and tags["convsts.machine.cpu_count"] == str(
         os.cpu_count()
     )

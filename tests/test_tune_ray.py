@@ -145,7 +145,7 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     assert all("eval.tuned.lr" in r.data.params for r in children.values())
     # A trial names the command that started the sweep, not the Ray worker that ran it.
     for child in children.values():
-        assert child.data.tags["mlflow.source.name"] == parent.data.tags["mlflow.source.name"] == "tune.py"
+        assert child.data.tags["mlflow.source.name"] == parent.data.tags["mlflow.source.name"] == "convsts"
         assert child.data.tags["convsts.command"] == parent.data.tags["convsts.command"]
     # Trials that had finished before the interruption were not run again: one start each.
     for trial_id in finished_before:

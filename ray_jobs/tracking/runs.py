@@ -96,6 +96,8 @@ def provenance_tags() -> dict[str, str]:
     versions, the machine."""
 
     program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    if program == "__main__.py":  # `python -m convsts CMD` (a job's entrypoint) is the `convsts` command
+        program = "convsts"
     tags = {
         "mlflow.source.name": program,
         "mlflow.source.type": "LOCAL",
