@@ -48,7 +48,7 @@ def cluster(tmp_path_factory):
             nodes.append(stack.enter_context(ray_worker_node(head["gcs"], env, ip=f"127.0.0.{len(nodes) + 2}")))
             return nodes[-1]
 
-        add_node(), add_node(), add_node()  # 4 nodes of 1 CPU: a sweep's trial needs a node each (resources.py)
+        add_node(), add_node(), add_node()  # 4 nodes of 1 CPU: a sweep's trial needs a node each (runtime/resources.py)
         driver = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_"))}
         # The drivers' tracking URI carries credentials, as a real server's may (this server takes
         # them without checking): no line of a run, from its driver or a worker, may print them.

@@ -1,5 +1,5 @@
 """Node-by-node resource checks (ray_jobs/runtime/resources.py) and where each run keeps its checkpoints
-(training/previous.py: run_storage): the Ray-free rules behind the cluster tests."""
+(training/run_record.py: run_storage): the Ray-free rules behind the cluster tests."""
 
 from pathlib import Path
 

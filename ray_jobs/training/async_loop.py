@@ -1,6 +1,6 @@
 """The worker loop of asynchronous task groups (trainer.task_split=async), without Ray Train: each
 rank trains its one task with the shared `train_step`, whose encoder-and-head 'optimizer' is a
-`HolderUpdate`, and pushes every update to the parameter holder (training/holder.py). The step
+`HolderUpdate`, and pushes every update to the parameter holder (training/parameter_holder.py). The step
 count is the holder's (every task's updates together). Ranks meet only at the checkpoints the holder
 calls (every trainer.checkpoint_every updates, and at trainer.steps); rank 0 then saves the holder's
 weights, optimizers and per-task counts with every rank's stream position, in the format of a

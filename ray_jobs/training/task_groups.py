@@ -8,7 +8,7 @@
                       by w_task / n_task_ranks before the sum, so the update is sum_t w_t * mean_t(g);
   task_sampling       one worker: each step's task is drawn by weight.
 Head gradients are averaged within the task's group only. Asynchronous (trainer.task_split=async):
-  async               each rank pushes its own updates to the parameter holder (training/holder.py),
+  async               each rank pushes its own updates to the parameter holder (training/parameter_holder.py),
                       which paces the tasks to their weights; no gradient crosses ranks.
 """
 
