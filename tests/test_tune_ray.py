@@ -24,7 +24,7 @@ from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.config.schema import load_config
-from convsts.ray_jobs.sweeps.run import SWEEP_MATRIX
+from convsts.ray_jobs.sweeps.results import SWEEP_MATRIX
 from convsts.ray_jobs.tracking import runs as tracking
 
 REPO = Path(__file__).resolve().parent.parent
@@ -160,7 +160,8 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
 
 @pytest.mark.slow
 def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path):
-    from convsts.ray_jobs.sweeps.run import grid_overrides, run_sweep
+    from convsts.ray_jobs.sweeps.run import SweepRequest, run_sweep
+    from convsts.ray_jobs.sweeps.trials import grid_overrides
     from convsts.ray_jobs.training.data import build_tokenizer
     from convsts.ray_jobs.training.state import initial_model
     from convsts.tune_spaces import get_space
@@ -184,22 +185,26 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
     cfg = load_config(None, base + ["trainer.steps=4", "trainer.checkpoint_every=2", "trainer.task_split=async"])
     with pytest.raises(ConfigError, match="trainer.cpus_per_worker"):  # 2 x 0.5 + 0.1 leaves Ray Data no CPU
         run_sweep(
-            get_space("snli_fraction"),
-            cfg,
-            tmp_path / "infeasible",
-            reddit_checkpoint=str(reddit_checkpoint),
-            prepared_dir=str(prepared),
+            SweepRequest(
+                get_space("snli_fraction"),
+                cfg,
+                tmp_path / "infeasible",
+                reddit_checkpoint=str(reddit_checkpoint),
+                prepared_dir=str(prepared),
+            )
         )
     cfg.trainer.cpus_per_worker = 0.4
     # A storage path shared by the trials (as a bucket on a cluster): each trial keeps its own checkpoints.
     cfg.trainer.storage_path = str(tmp_path / "store")
     results = run_sweep(
-        get_space("snli_fraction"),
-        cfg,
-        tmp_path / "sweep",
-        reddit_checkpoint=str(reddit_checkpoint),
-        prepared_dir=str(prepared),
-        param_overrides=grid_overrides(["data.snli_fraction=[0.5,1.0]"]),
+        SweepRequest(
+            get_space("snli_fraction"),
+            cfg,
+            tmp_path / "sweep",
+            reddit_checkpoint=str(reddit_checkpoint),
+            prepared_dir=str(prepared),
+            param_overrides=grid_overrides(["data.snli_fraction=[0.5,1.0]"]),
+        )
     )
 
     out = tmp_path / "sweep"
@@ -243,20 +248,23 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
 def test_a_trial_that_ran_to_max_t_is_not_tagged_as_stopped_early(ray_session, mlflow_uri, tmp_path):
     """ASHA stops a trial at a rung (stopped early) and also at max_t (its end: it ran whole); only the
     first is tagged `convsts.stopped_early=true` (before: every trial ASHA stopped was)."""
-    from convsts.ray_jobs.sweeps.run import grid_overrides, run_sweep
+    from convsts.ray_jobs.sweeps.run import SweepRequest, run_sweep
+    from convsts.ray_jobs.sweeps.trials import grid_overrides
     from convsts.tune_spaces import get_space
 
     experiment = "tune-max-t-test"
     cfg = load_config(None, [*TINY_MODEL, f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"])
     space = get_space("testkit.small_spaces:STS_MATRIX_MAX_T_6")  # max_t = the trials' 6 epochs; ASHA rungs at 1 and 3
     results = run_sweep(
-        space,
-        cfg,
-        tmp_path / "sweep",
-        checkpoint=str(_tiny_checkpoint(tmp_path / "ckpt")),
-        num_samples=6,
-        max_concurrent=1,
-        param_overrides=grid_overrides(["eval.tuned.epochs=[6]"]),
+        SweepRequest(
+            space,
+            cfg,
+            tmp_path / "sweep",
+            checkpoint=str(_tiny_checkpoint(tmp_path / "ckpt")),
+            num_samples=6,
+            max_concurrent=1,
+            param_overrides=grid_overrides(["eval.tuned.epochs=[6]"]),
+        )
     )
     children = _runs(mlflow_uri, experiment, results["mlflow_run_id"])
     client = tracking.client(mlflow_uri)

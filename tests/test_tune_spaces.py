@@ -5,7 +5,7 @@ from ray import tune
 
 from convsts.io.errors import ConfigError
 from convsts.ray_jobs.config.schema import load_config
-from convsts.ray_jobs.sweeps.run import check_space_keys, grid_overrides, trial_config
+from convsts.ray_jobs.sweeps.trials import check_space_keys, grid_overrides, trial_config
 from convsts.tune_spaces import TuneSpace, builtin_spaces, get_space
 from convsts.tune_spaces.snli_fraction import FRACTIONS
 
@@ -82,27 +82,27 @@ def test_a_sweep_is_resumed_only_by_the_command_that_started_it(tmp_path):
     """Guards: a rerun into a sweep's --out resumed the recorded sweep whatever the command said;
     its unfinished trials then trained with this command's base config and the recorded
     parameters. sweep_record keeps what defines the sweep; every difference is named."""
-    from convsts.ray_jobs.sweeps.run import resume_differences, sweep_record
+    from convsts.ray_jobs.sweeps.run import SweepRequest, resume_differences, sweep_record
 
     space = get_space("snli_fraction")
     cfg = load_config(None, ["trainer.steps=10"])
-    first = sweep_record(space, cfg, grid_overrides(["data.snli_fraction=[0.1,1.0]"]), 1, None, str(tmp_path / "p"))
+
+    def record(cfg, param, num_samples, prepared):
+        return sweep_record(SweepRequest(space, cfg, tmp_path / "s", None, None, prepared, param, num_samples))
+
+    first = record(cfg, grid_overrides(["data.snli_fraction=[0.1,1.0]"]), 1, str(tmp_path / "p"))
     state = {"parent_run_id": "x", "sweep": first}
-    same = sweep_record(
-        space,
+    same = record(
         load_config(None, ["trainer.steps=10"]),
         grid_overrides(["data.snli_fraction=[0.1,1.0]"]),
         1,
-        None,
         str(tmp_path / "p"),
     )
     assert resume_differences(state, same) == []
-    other = sweep_record(
-        space,
+    other = record(
         load_config(None, ["trainer.steps=20", "model.encoder=dan"]),
         grid_overrides(["data.snli_fraction=[0.1,0.5]"]),
         2,
-        None,
         str(tmp_path / "q"),
     )
     assert resume_differences(state, other) == [
@@ -113,9 +113,7 @@ def test_a_sweep_is_resumed_only_by_the_command_that_started_it(tmp_path):
     ]
     # A state that records no settings is never taken for this sweep's.
     assert resume_differences({"parent_run_id": "x"}, other) == ["sweep.json records no sweep settings"]
-    secret = sweep_record(
-        space, load_config(None, ["mlflow.tracking_uri=http://alice:PlAnTeD@127.0.0.1:5000"]), {}, 1, None, None
-    )
+    secret = record(load_config(None, ["mlflow.tracking_uri=http://alice:PlAnTeD@127.0.0.1:5000"]), {}, 1, None)
     assert "PlAnTeD" not in str(secret)
 
 
@@ -124,7 +122,7 @@ def test_the_task_mix_table_is_the_mean_and_sd_over_seeds_per_mix(tmp_path):
     metric, each cell the mean ± sample standard deviation over that mix's seeds."""
     import json
 
-    from convsts.ray_jobs.sweeps.run import _mean_table
+    from convsts.ray_jobs.sweeps.results import _mean_table
     from convsts.tune_spaces import get_space
 
     space = get_space("task_mix")

@@ -17,6 +17,9 @@ from typing import Any
 from convsts import tune_spaces
 
 OBJECTIVES = ("sts_matrix", "train")
+# The STS-B metrics a data-quantity curve (Figure 8) plots: all of STS-B and its captions genre, where
+# the paper finds SNLI helps most, on dev and test.
+CURVE_METRICS = ["stsb/dev/pearson", "stsb/dev/captions/pearson", "stsb/test/pearson", "stsb/test/captions/pearson"]
 
 
 @dataclass

@@ -3,7 +3,7 @@
 
 from ray import tune
 
-from convsts.tune_spaces import TuneSpace
+from convsts.tune_spaces import CURVE_METRICS, TuneSpace
 
 FRACTIONS = [round(0.1 * k, 1) for k in range(1, 11)]
 
@@ -24,12 +24,5 @@ SPACE = TuneSpace(
     params=params,
     fixed=["eval.tuned.enabled=false"],
     curve="data.snli_fraction",
-    report=[
-        "stsb/dev/pearson",
-        "stsb/dev/captions/pearson",
-        "stsb/test/pearson",
-        "stsb/test/captions/pearson",
-        "snli/dev/accuracy",
-        "data/snli_train_pairs",
-    ],
+    report=[*CURVE_METRICS, "snli/dev/accuracy", "data/snli_train_pairs"],
 )

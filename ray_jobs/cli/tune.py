@@ -21,12 +21,8 @@ from convsts.io.errors import ConfigError
 from convsts.io.redaction import redact
 from convsts.ray_jobs.config.schema import load_config
 from convsts.ray_jobs.runtime.process import setup_logging
-from convsts.ray_jobs.sweeps.run import (
-    SweepInterrupted,
-    SweepTrialsFailed,
-    grid_overrides,
-    run_sweep,
-)
+from convsts.ray_jobs.sweeps.run import SweepInterrupted, SweepRequest, SweepTrialsFailed, run_sweep
+from convsts.ray_jobs.sweeps.trials import grid_overrides
 from convsts.tune_spaces import get_space
 
 
@@ -72,17 +68,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = load_config(args.config, args.overrides)
     try:
         results = run_sweep(
-            space,
-            cfg,
-            args.out,
-            checkpoint=args.checkpoint,
-            reddit_checkpoint=args.reddit_checkpoint,
-            prepared_dir=args.prepared,
-            param_overrides=grid_overrides(args.param),
-            num_samples=args.num_samples,
-            fresh=args.fresh,
-            max_concurrent=args.max_concurrent,
-            max_failures=args.max_failures,
+            SweepRequest(
+                space,
+                cfg,
+                args.out,
+                checkpoint=args.checkpoint,
+                reddit_checkpoint=args.reddit_checkpoint,
+                prepared_dir=args.prepared,
+                param_overrides=grid_overrides(args.param),
+                num_samples=args.num_samples or 0,
+                fresh=args.fresh,
+                max_concurrent=args.max_concurrent,
+                max_failures=args.max_failures,
+            )
         )
     except SweepInterrupted as err:
         print(f"convsts tune: {err}")

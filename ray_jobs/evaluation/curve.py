@@ -12,17 +12,14 @@ from convsts.models import load
 from convsts.ray_jobs.evaluation.plots import fraction_curve_plot
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 from convsts.ray_jobs.evaluation.sts import read_stsb_split, sts_metrics
+from convsts.tune_spaces import CURVE_METRICS
 
 if TYPE_CHECKING:
     from convsts.ray_jobs.config.schema import RunConfig
 
-CURVE_METRICS = ["stsb/dev/pearson", "stsb/dev/captions/pearson", "stsb/test/pearson", "stsb/test/captions/pearson"]
-
 
 def fraction_curve(checkpoints: Sequence[str], cfg: RunConfig, out_dir: Path) -> list[dict[str, Any]]:
     """Writes out_dir/curve.csv and out_dir/curve.png; returns the rows."""
-
-    out_dir.mkdir(parents=True, exist_ok=True)
     frames = {split: read_stsb_split(cfg, split) for split in ("dev", "test")}
     rows = []
     for checkpoint in checkpoints:
@@ -41,7 +38,15 @@ def fraction_curve(checkpoints: Sequence[str], cfg: RunConfig, out_dir: Path) ->
         for split, frame in frames.items():
             row.update(sts_metrics(scorer, frame, f"stsb/{split}"))
         rows.append({k: row[k] for k in ["fraction", "seed", *CURVE_METRICS, "checkpoint"]})
-    rows.sort(key=lambda r: (r["fraction"], r["seed"]))
-    pd.DataFrame(rows).to_csv(out_dir / "curve.csv", index=False)
-    fraction_curve_plot(rows, CURVE_METRICS, out_dir / "curve.png")
+    return write_curve(rows, CURVE_METRICS, out_dir)
+
+
+def write_curve(rows: list[dict[str, Any]], metrics: Sequence[str], out_dir: Path) -> list[dict[str, Any]]:
+    """The curve's points (each with its fraction and seed) sorted by both, as out_dir/curve.csv (the
+    rows' columns) and out_dir/curve.png (`metrics`, mean and each seed); returns them sorted."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = sorted(rows, key=lambda r: (r["fraction"], r["seed"]))
+    if rows:
+        pd.DataFrame(rows).to_csv(out_dir / "curve.csv", index=False)
+        fraction_curve_plot(rows, metrics, out_dir / "curve.png")
     return rows
