@@ -56,14 +56,15 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from convsts.datasets.config import TokenizerConfig
     from convsts.datasets.reddit import read_pairs_file
-    from convsts.datasets.text import TokenizerConfig, fit_tokenizer
+    from convsts.datasets.text import fit_tokenizer
     from convsts.io.storage import resolve_path
     from convsts.models.checkpoint import build_model
     from convsts.models.config import ModelConfig
     from convsts.models.encoders import encoder_class
     from convsts.models.sentence_encoder import SentenceEncoder
-    from convsts.ray_jobs.config.schema import load_config
+    from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.tasks import get_task
     from convsts.ray_jobs.training.step import Optimizers, train_step
     from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks

@@ -44,8 +44,9 @@ def main() -> int:
     import onnxruntime
     import torch
 
+    from convsts.datasets.config import TokenizerConfig
     from convsts.datasets.reddit import read_pairs_file
-    from convsts.datasets.text import TokenizerConfig, fit_tokenizer
+    from convsts.datasets.text import fit_tokenizer
     from convsts.io.storage import resolve_path
     from convsts.models import load, save_checkpoint
     from convsts.models.checkpoint import build_model

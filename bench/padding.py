@@ -30,8 +30,9 @@ def main() -> int:
     import numpy as np
     import ray
 
+    from convsts.datasets.config import TokenizerConfig
     from convsts.datasets.reddit import read_pairs_file
-    from convsts.datasets.text import SubwordTokenizer, TokenizerConfig
+    from convsts.datasets.text import SubwordTokenizer
     from convsts.io.storage import resolve_path
     from convsts.models.config import TransformerConfig
     from convsts.ray_jobs.training.data import TaskStream

@@ -107,8 +107,9 @@ def reference(dump: Path, out: Path) -> tuple[int, float, set]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from convsts.datasets.config import RedditFilterConfig
     from convsts.datasets.pushshift import parse_comment
-    from convsts.datasets.reddit import RedditFilterConfig, failing_rule, split_of
+    from convsts.datasets.reddit import failing_rule, split_of
     from convsts.io.compression import open_lines
 
     cfg, started = RedditFilterConfig(), time.perf_counter()

@@ -37,7 +37,7 @@ def main() -> int:
 
     from convsts.datasets.text import load_tokenizer
     from convsts.models.checkpoint import build_model
-    from convsts.ray_jobs.config.schema import load_config
+    from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.evaluation.sts import StsDevProbe
     from convsts.ray_jobs.tasks import get_task
     from convsts.ray_jobs.training.data import FrameStream

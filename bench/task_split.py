@@ -41,7 +41,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from convsts.models.checkpoint import load_train_state
-    from convsts.ray_jobs.config.schema import load_config
+    from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.pipelines.evaluate import run_evaluation
     from convsts.ray_jobs.runtime.process import ensure_ray
     from convsts.ray_jobs.tracking import runs as tracking

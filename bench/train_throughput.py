@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from convsts.models.checkpoint import build_model  # noqa: E402
-from convsts.ray_jobs.config.schema import load_config  # noqa: E402
+from convsts.ray_jobs.config.loader import load_config  # noqa: E402
 from convsts.ray_jobs.pipelines.inputs import prepare_all  # noqa: E402
 from convsts.ray_jobs.tasks import model_heads, trained_tasks  # noqa: E402
 from convsts.ray_jobs.training.data import FrameStream, build_tokenizer  # noqa: E402

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from convsts.datasets.config import RedditFilterConfig
 from convsts.datasets.reddit import (
     DUPLICATE,
     MAX_EXAMPLES,
@@ -41,7 +42,6 @@ from convsts.datasets.reddit import (
     PAIR_COLUMNS,
     RULES,
     WRITTEN_COLUMNS,
-    RedditFilterConfig,
     json_record,
     keyed_table,
     manifest_counts,
@@ -90,8 +90,8 @@ def parse_comment(raw: bytes, first_line: bool = False) -> dict[str, str] | None
 def _comment_table(table):
     """Arrow's rows (TEXT_FIELDS, nulls where absent) -> the same with `status`: "malformed" for a row
     missing a required field, whose fields become ""."""
-    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
-    import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
     complete = pa.array(np.ones(table.num_rows, bool))
     for name in DUMP_FIELDS:
@@ -107,8 +107,8 @@ def _arrow_comments(data: bytes, count: int):
     when a line is not a JSON object, has a field of another type or is not UTF-8: the caller then
     parses those lines one by one, as parse_comment does. Arrow would take two objects on one line as
     two rows and skip a blank line: as many rows as lines means one object a line."""
-    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
-    import pyarrow.json as pajson  # deferred: pyarrow loads only where dumps are read
+    import pyarrow as pa
+    import pyarrow.json as pajson
 
     schema = pa.schema([(name, pa.string()) for name in TEXT_FIELDS])
     options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
@@ -121,7 +121,7 @@ def _arrow_comments(data: bytes, count: int):
 
 
 def _line_by_line(lines: list[bytes]):
-    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+    import pyarrow as pa
 
     rows = []
     for raw in lines:
@@ -135,7 +135,7 @@ def _line_by_line(lines: list[bytes]):
 def _parse_lines(lines: list[bytes]):
     """Well-shaped lines ({ to }) as rows, in order: Arrow's JSON reader on the run, a run it refuses (a
     malformed line inside) halved until the bad lines are parsed one by one."""
-    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+    import pyarrow as pa
 
     table = _arrow_comments(b"\n".join(lines) + b"\n", len(lines)) if lines else None
     if table is not None:
@@ -166,7 +166,7 @@ def parse_chunk(chunk: bytes) -> tuple[Any, np.ndarray]:
     (COMMENT_COLUMNS but line and order), each row's line index in the chunk). The well-shaped lines go
     to Arrow's JSON reader in one call, as the runs of bytes between the others; the others are parsed one
     by one (they are malformed, or valid JSON with spaces around)."""
-    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+    import pyarrow as pa
 
     starts, ends, shaped = _line_bounds(np.frombuffer(chunk, np.uint8))
     if shaped.all():
@@ -249,7 +249,7 @@ def read_dump_chunks(path: str, rank: int = 0, chunk_bytes: int = CHUNK_BYTES) -
     about `chunk_bytes` decompressed bytes cut at a line's end: each line's number and place in the input
     (`order`, with the file's `rank`); malformed lines kept with status "malformed". Within a chunk the
     malformed lines come last (rows are in no fixed order: `line` says where each was)."""
-    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+    import pyarrow as pa
 
     first = 1
     for chunk in _read_ahead(_whole_lines(path, chunk_bytes)):
@@ -289,8 +289,8 @@ def rule_status(body, author, cfg: RedditFilterConfig) -> np.ndarray:
     """failing_rule of each (body, author) pair (Arrow string arrays without nulls), in columns: the
     same answer, string for string. ASCII texts are decided in columns; a non-ASCII body (its letter
     share and its stripped form) or author goes through the same Python string methods failing_rule uses."""
-    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
-    import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
     banned = pa.array(list(cfg.banned_bodies), pa.string())
     deleted = pc.is_in(pc.ascii_trim(body, characters=ASCII_SPACE), value_set=banned).to_numpy(zero_copy_only=False)
@@ -316,7 +316,7 @@ def rule_status(body, author, cfg: RedditFilterConfig) -> np.ndarray:
 
 def with_rules(table, cfg: RedditFilterConfig):
     """A chunk of comments with each well-formed line's filter rule in `status`."""
-    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+    import pyarrow as pa
 
     status = table["status"].to_numpy(zero_copy_only=False).astype(object)
     ok = pa.array(np.flatnonzero(status == ""))
@@ -354,8 +354,8 @@ class _Spill:
 
     def add_comments(self, comments) -> None:
         """A chunk of well-formed comments (COMMENT_COLUMNS, filter rules in `status`)."""
-        import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
-        import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
         body = pc.if_else(pc.equal(comments["status"], ""), comments["body"], None)
         is_comment = pc.starts_with(comments["parent_id"], PARENT)
@@ -376,12 +376,12 @@ class _Spill:
     def _hashed(self, keys) -> np.ndarray:
         if self.parts == 1:
             return np.zeros(len(keys), np.int64)
-        import polars as pl  # deferred: a second partition is the first that needs a string hash
+        import polars as pl
 
         return (pl.Series(keys).hash(seed=0).to_numpy() % self.parts).astype(np.int64)
 
     def _write(self, kind: str, table, part: np.ndarray) -> None:
-        import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+        import pyarrow as pa
 
         if self.parts > 1:
             ranked = np.argsort(part, kind="stable")
@@ -399,7 +399,7 @@ class _Spill:
 
     def read(self, kind: str, part: int):
         """One partition's rows (memory-mapped), or None when it has none."""
-        import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
+        import pyarrow as pa
 
         path = self.folder / f"{kind}-{part}.arrow"
         return pa.ipc.open_stream(pa.memory_map(str(path))).read_all() if path.exists() else None
@@ -411,8 +411,8 @@ class _Spill:
     def later_lines(self):
         """The orders of the lines whose comment id was on an earlier line too (an Arrow array): the
         duplicates. Memory: one partition's (id, order), and the repeated lines."""
-        import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
-        import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
         later = [pa.array([], pa.int64())]
         for part in range(self.parts):
@@ -439,7 +439,7 @@ class _Spill:
 
 def _statuses(joined):
     """Each reply's bucket after the parent join (own status first, then its parent's), "" for a pair."""
-    import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+    import pyarrow.compute as pc
 
     parent_status = joined["parent_status"]
     pair_or_filtered = pc.if_else(pc.equal(parent_status, ""), "", FILTERED)
@@ -451,8 +451,8 @@ def _statuses(joined):
 def _pairs_of(spill: _Spill, part: int, later, test_share: float, salt: str):
     """One partition's replies joined to their parents: ({(status, split): lines}, {split: pairs as
     WRITTEN_COLUMNS and ORDER_KEY})."""
-    import pyarrow as pa  # deferred: pyarrow loads only where dumps are read
-    import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
     edges, nodes = spill.read("edge", part), spill.read("node", part)
     if edges is None:
@@ -493,7 +493,7 @@ def _ruled_chunks(path: str, rank: int, cfg: RedditFilterConfig) -> Generator[An
 def _spill_comments(spill: _Spill, paths: Sequence[str], cfg: RedditFilterConfig) -> tuple[int, dict, list[str]]:
     """Every line of `paths` read, filtered and spilled: (lines read, {(malformed, ""): lines}, examples).
     Logs its progress every PROGRESS_SECONDS (a month's dump reads for minutes)."""
-    import pyarrow.compute as pc  # deferred: pyarrow loads only where dumps are read
+    import pyarrow.compute as pc
 
     ranked = sorted(paths)
     lines_read, malformed_lines, examples = 0, 0, list[str]()
@@ -601,11 +601,11 @@ def _repeated_ids(comments) -> pd.Series:
     """{comment id: order of its first line} for the ids on more than one well-formed line (dumps
     repeat comments): a hash aggregate over (id, order) only, so memory grows with the repeated ids,
     not with the input."""
-    from ray.data.aggregate import (  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray.data.aggregate import (
         Count,
         Min,
     )
-    from ray.data.expressions import col  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray.data.expressions import col
 
     firsts = (
         comments.filter(expr=col("status") != "malformed")
@@ -684,7 +684,7 @@ def pushshift_dataset(
     (`duplicate_id`; first by file path, then line), so a repeated comment makes neither a second
     pair nor a second parent. Lines are parsed by Arrow's JSON reader and every step works on
     columns: no Python call per comment id."""
-    import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray.data
 
     ranked = sorted(paths)
     files = ray.data.from_items(

@@ -17,13 +17,13 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from convsts.datasets.config import RedditFilterConfig
 from convsts.datasets.shards import write_shards, write_table
 from convsts.io import storage
 from convsts.io.compression import open_lines, plain_name
@@ -35,18 +35,6 @@ PAIR_COLUMNS = ["context", "response", "thread_key", "subreddit", "source", "sta
 WRITTEN_COLUMNS = ["context", "response", "thread_key", "subreddit"]  # a prepared pair's columns
 ORDER_KEY = "order_key"  # the shards' row order while they are written (not written)
 MAX_EXAMPLES = 20
-
-
-@dataclass
-class RedditFilterConfig:
-    """The paper's comment filters, applied to both sides of a pair (see docs/data.md)."""
-
-    max_chars: int = 350  # a comment of this many characters or more is removed
-    min_alpha_share: float = 0.7  # removed when alphabetic characters / all characters <= this
-    # Removed when the raw body starts with one of these.
-    banned_prefixes: list[str] = field(default_factory=lambda: ["https", "/r/", "@"])
-    banned_bodies: list[str] = field(default_factory=lambda: ["[deleted]", "[removed]"])  # removed: deleted comments
-    author_substring: str = "bot"  # removed when the author name contains this (case-insensitive)
 
 
 RULES = ("deleted", "bot_author", "banned_prefix", "too_long", "low_alpha")
@@ -238,7 +226,7 @@ def _read_pairs_batch(batch: dict[str, np.ndarray]) -> pd.DataFrame:
 
 def pairs_dataset(paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str):
     """(Ray Dataset of annotated pairs (PAIR_COLUMNS), rows read) from paired tables, one read task per file."""
-    import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray.data
 
     files = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=max(1, len(paths)))
     rows = files.map_batches(_read_pairs_batch, batch_size=1, batch_format="numpy").materialize()
@@ -322,7 +310,7 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
 
     `lines_read` is counted where the input was read (one row per line or table row); the buckets
     must add up to it exactly, or nothing is written."""
-    from ray.data.expressions import col  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray.data.expressions import col
 
     annotated = annotated.materialize()
     counts = [
@@ -341,7 +329,7 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
 
 def keyed_table(kept: pd.DataFrame):
     """Kept pairs (WRITTEN_COLUMNS) as an Arrow table with their ORDER_KEY, as write_ordered takes them."""
-    import pyarrow as pa  # deferred: pyarrow loads only where shards are written
+    import pyarrow as pa
 
     return pa.Table.from_pandas(_with_order_key(kept[WRITTEN_COLUMNS].reset_index(drop=True)), preserve_index=False)
 
@@ -349,7 +337,7 @@ def keyed_table(kept: pd.DataFrame):
 def write_ordered(keyed: dict[str, list], out_dir: str | Path, rows_per_shard: int) -> dict[str, Any]:
     """Each split's kept pairs (keyed_table pieces, in any order) in the order of in_fixed_order, cut as it
     cuts them, written from this process: {split: shard records}."""
-    import pyarrow as pa  # deferred: pyarrow loads only where shards are written
+    import pyarrow as pa
 
     shards = {}
     for split in ("train", "test"):

@@ -16,13 +16,14 @@ import re
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.pretrained import pretrained_folder
 from convsts.io import storage
 
@@ -30,16 +31,6 @@ PAD_ID = 0
 UNK_ID = 1
 _TOKEN_RE = re.compile(r"\w+(?:'\w+)?|[^\w\s]", re.UNICODE)
 _URL_RE = re.compile(r"https?://\S+|www\.\S+")
-
-
-@dataclass
-class TokenizerConfig:
-    lowercase: bool = True  # texts are lowercased before the word split
-    word_vocab_size: int = 50_000  # most frequent training words; the rest map to <unk>
-    min_count: int = 1  # a word seen fewer times stays out of the vocabulary
-    bigram_buckets: int = 100_000  # bigrams are hashed into this many ids
-    max_words: int = 64  # longer texts are truncated after normalization
-    subword_vocab_size: int = 16_000  # Transformer only
 
 
 def normalize(text: str, lowercase: bool = True) -> str:
@@ -263,7 +254,7 @@ class PretrainedTokenizer:
         # A release with only a WordPiece vocab.txt (plain BERT, MiniLM): `transformers` builds the
         # fast tokenizer it describes (lower-casing as its tokenizer_config.json says).
         from transformers import (
-            AutoTokenizer,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
+            AutoTokenizer,
         )
 
         return cls(AutoTokenizer.from_pretrained(str(folder), use_fast=True).backend_tokenizer.to_str(), config)

@@ -202,7 +202,7 @@ def _without_pooler(hf_config) -> dict[str, Any]:
     for the architectures that have one (BERT, RoBERTa, MPNet; not DistilBERT)."""
 
     from transformers import (
-        AutoModel,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
+        AutoModel,
     )
 
     model_class: Any = AutoModel._model_mapping[type(hf_config)]  # a model class (typed loosely by transformers)
@@ -223,7 +223,7 @@ class PretrainedEncoder(nn.Module):
 
     def __init__(self, config: PretrainedConfig):
         super().__init__()
-        from transformers import (  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
+        from transformers import (
             AutoConfig,
             AutoModel,
         )
@@ -297,7 +297,7 @@ def _quietly(load, *args, **kwargs):
     """`transformers` loading without its progress bar and load report (the weights of the
     pooling layer that mean pooling leaves out are reported as unexpected)."""
     from transformers.utils import (
-        logging as hf_logging,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
+        logging as hf_logging,
     )
 
     level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()

@@ -89,7 +89,7 @@ class OnnxEncoder:
     """An exported folder run with onnxruntime: `OnnxEncoder(dir).encode(texts)` -> (n, dim) float32."""
 
     def __init__(self, folder: str | Path, threads: int = 0):
-        import onnxruntime as ort  # deferred: the onnx extra; only ONNX encode needs it
+        import onnxruntime as ort
 
         folder = Path(folder)
         self.tokenizer = tokenizer_from_dict(json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")))
@@ -169,7 +169,7 @@ def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
 
 def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Path:
     from transformers.utils import (
-        logging as hf_logging,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
+        logging as hf_logging,
     )
 
     loaded = finite_encoder(checkpoint)
@@ -195,16 +195,16 @@ def to_sentence_transformers(checkpoint: str | Path, out_dir: str | Path) -> Pat
 
 def _sentence_transformers_folder(loaded, encoder: PretrainedEncoder, out_dir: Path) -> Path:
     from sentence_transformers import (
-        SentenceTransformer,  # deferred: the export extra, slow to import; only that export needs it
+        SentenceTransformer,
     )
-    from sentence_transformers.sentence_transformer.modules import (  # deferred: the export extra, slow to import; only that export needs it
+    from sentence_transformers.sentence_transformer.modules import (
         Dense,
         Normalize,
         Pooling,
         Transformer,
     )
     from transformers import (
-        PreTrainedTokenizerFast,  # deferred: the pretrained extra, slow to import; only the pretrained encoder needs it
+        PreTrainedTokenizerFast,
     )
 
     max_len = loaded.tokenizer.config.max_words  # special tokens included, as max_seq_length counts them

@@ -43,7 +43,7 @@ def sample_prepared(ray_session, tmp_path_factory) -> Path:
     Data jobs); training only reads a prepared folder."""
     from testkit.tiny import SAMPLE_PREPARE
 
-    from convsts.ray_jobs.config.schema import load_config
+    from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.pipelines.inputs import prepare_all
 
     out = tmp_path_factory.mktemp("sample_prepared")

@@ -11,7 +11,7 @@ import torch
 
 from convsts.io.errors import ConfigError
 from convsts.models.checkpoint import build_model
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import model_heads, trained_tasks
 from convsts.ray_jobs.training.data import FrameStream
 from convsts.ray_jobs.training.parameter_holder import HolderReset, HolderUpdate, ParameterHolder

@@ -106,7 +106,7 @@ def test_overrides_after_a_list_option_stay_overrides():
     later word; the dotted overrides among them go back to the overrides (a URI's query stays a path)."""
     from convsts.ray_jobs.cli.evaluate import build_parser as evaluate_parser
     from convsts.ray_jobs.cli.prepare import build_parser as prepare_parser
-    from convsts.ray_jobs.config.schema import parse_with_overrides
+    from convsts.ray_jobs.config.loader import parse_with_overrides
 
     args = parse_with_overrides(
         evaluate_parser(),

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from convsts.ray_jobs.cli.submit import job_address
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.job_api import build_runtime_env, entrypoint
 from convsts.ray_jobs.training.task_groups import plan_tasks
 

@@ -5,7 +5,7 @@ import pytest
 from convsts.io.errors import ConfigError
 from convsts.io.nested import flatten
 from convsts.io.storage import resolve_path, sample_dir
-from convsts.ray_jobs.config.schema import from_dict, load_config
+from convsts.ray_jobs.config.loader import from_dict, load_config
 
 
 def test_defaults_follow_the_paper():

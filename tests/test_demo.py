@@ -16,7 +16,7 @@ from convsts.io.storage import resolve_path
 from convsts.models import load
 from convsts.models.checkpoint import load_model
 from convsts.ray_jobs.cli.demo import build_parser
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.evaluation.sts import sts_metrics
 from convsts.ray_jobs.pipelines.demo import DEFAULT_ENCODER, DEMO_CONFIGS, UNTRAINED, run_demo, save_untrained
 from convsts.ray_jobs.tracking.runs import run_page as tracking_run_page

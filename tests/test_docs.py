@@ -36,7 +36,8 @@ def blocks(language: str) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def demo_folder(tmp_path_factory) -> Path:
     """A working folder holding runs/demo as the demo writes it, from a tiny DAN (no training)."""
-    from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from convsts.datasets.config import TokenizerConfig
+    from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models import save_checkpoint
     from convsts.models.checkpoint import build_model, save_model_folder
     from convsts.models.config import DanConfig, ModelConfig

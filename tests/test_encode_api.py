@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from convsts.datasets.text import DanTokenizer, SubwordTokenizer, TokenizerConfig, count_words
+from convsts.datasets.config import TokenizerConfig
+from convsts.datasets.text import DanTokenizer, SubwordTokenizer, count_words
 from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig, TransformerConfig

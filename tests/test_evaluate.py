@@ -7,14 +7,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
-from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.datasets.text import DanTokenizer, count_words
 from convsts.io.storage import resolve_path
 from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.models.sts_transform import FILE_NAME, load_sts_transform
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.pipelines.evaluate import run_evaluation
 
 
@@ -102,7 +103,8 @@ def test_tuned_without_checkpoint_matrix_is_a_clear_error(tiny_checkpoint):
 
 
 def test_fraction_curve_from_checkpoints(tmp_path):
-    from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from convsts.datasets.config import TokenizerConfig
+    from convsts.datasets.text import DanTokenizer, count_words
     from convsts.ray_jobs.evaluation.curve import CURVE_METRICS, fraction_curve
 
     stsb = read_stsb(stsb_split_path(resolve_path("{sample}"), "dev"))

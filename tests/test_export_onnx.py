@@ -13,7 +13,8 @@ from testkit.tiny import EXPORT_PROBES
 
 pytest.importorskip("onnxruntime")
 
-from convsts.datasets.text import DanTokenizer, SubwordTokenizer, TokenizerConfig, count_words  # noqa: E402
+from convsts.datasets.config import TokenizerConfig  # noqa: E402
+from convsts.datasets.text import DanTokenizer, SubwordTokenizer, count_words
 from convsts.io.errors import BadInputError
 from convsts.models import load, save_checkpoint  # noqa: E402
 from convsts.models.checkpoint import build_model  # noqa: E402

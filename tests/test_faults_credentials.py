@@ -14,7 +14,7 @@ from testkit.faults import ENV, REPO, run_python
 
 from convsts.io import errors
 from convsts.io.errors import ConfigError
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 
 SECRETS = ("AKIAPLANTED", "PlAnTeDsEcReT", "PlAnTeDqUeRy")
 

@@ -13,7 +13,7 @@ from testkit.faults import ENV, REPO, cut_zst, dump_lines, run_python, tiny_chec
 
 from convsts.io.compression import open_lines
 from convsts.io.errors import BadInputError
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 
 
 def test_truncated_zst_raises_naming_the_file_and_offset(tmp_path):
@@ -242,7 +242,7 @@ def test_a_literal_file_name_with_brackets_is_that_file(tmp_path):
 def test_a_missing_raw_input_is_named_before_any_task_is_prepared(tmp_path):
     """Before: SNLI's missing file was found after Reddit had been prepared (40 s). Now every task's raw
     inputs are checked first, so nothing is prepared (and no Ray started) for a run that cannot go on."""
-    from convsts.ray_jobs.config.schema import load_config
+    from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.pipelines.inputs import ensure_prepared, prepare_all
 
     cfg = load_config(None, [f"data.snli_train={tmp_path / 'none.parquet'}"])
@@ -381,8 +381,8 @@ def test_a_full_spill_disk_names_the_spill_folder_and_an_unwritable_out_is_one_l
     import resource
     import signal
 
+    from convsts.datasets.config import RedditFilterConfig
     from convsts.datasets.pushshift import prepare_local
-    from convsts.datasets.reddit import RedditFilterConfig
     from convsts.ray_jobs.runtime.process import find_user_error
 
     (tmp_path / "RC").write_bytes(dump_lines(20000))

@@ -9,7 +9,7 @@ import pytest
 from testkit.faults import REPO, run_python
 
 from convsts.io.errors import BadInputError
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks.prepared_folder import verify_prepared
 
 

@@ -12,7 +12,7 @@ import torch
 from testkit.faults import run_python, tiny_checkpoint
 
 from convsts.io.errors import BadInputError, ConfigError
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 
 
 def test_a_second_run_into_a_used_out_is_refused_unless_resumed_or_fresh(tmp_path):
@@ -140,7 +140,8 @@ def test_nan_scores_give_nan_metrics_never_a_perfect_score():
 
 
 def test_nan_embeddings_make_the_retrieval_and_sts_metrics_nan():
-    from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from convsts.datasets.config import TokenizerConfig
+    from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models.checkpoint import build_model
     from convsts.models.config import DanConfig, ModelConfig
     from convsts.models.sentence_encoder import SentenceEncoder

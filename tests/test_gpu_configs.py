@@ -9,7 +9,7 @@ import pytest
 
 from convsts.models import load
 from convsts.models.encoders import TransformerSentenceEncoder
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tracking import runs as tracking
 
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"

@@ -8,9 +8,10 @@ import torch
 from testkit.local_cluster import free_port
 from testkit.tiny import TINY_DAN
 
-from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.datasets.config import TokenizerConfig
+from convsts.datasets.text import DanTokenizer, count_words
 from convsts.models.checkpoint import build_model
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.evaluation.sts import StsDevProbe, read_stsb_split
 from convsts.ray_jobs.training.task_groups import _all_reduce_sparse
 

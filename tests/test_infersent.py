@@ -9,7 +9,7 @@ from convsts.datasets.snli import read_snli
 from convsts.io.storage import resolve_path
 from convsts.models import load
 from convsts.models.encoders import BiLstmMaxEncoder
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.evaluation.nli import nli_metrics
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 from convsts.ray_jobs.tracking import runs as tracking

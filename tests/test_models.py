@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.datasets.config import TokenizerConfig
+from convsts.datasets.text import DanTokenizer, count_words
 from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model
 from convsts.models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig

@@ -14,7 +14,7 @@ from convsts.datasets.text import DanTokenizer, count_words, encode_columns
 from convsts.io.errors import BadInputError
 from convsts.models.checkpoint import build_model
 from convsts.models.losses import in_batch_softmax_loss
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import get_task, model_heads
 from convsts.ray_jobs.tasks.base import fields
 from convsts.ray_jobs.tasks.prepared_folder import verify_prepared

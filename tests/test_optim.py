@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.training.step import make_optimizer, set_lr
 
 
@@ -30,7 +30,8 @@ def test_dense_lr_scale_and_stage_changes(optimizer):
 
 def test_sparse_parameters_come_from_the_model():
     """The optimizer groups follow what the encoder declares, not an attribute patched onto tensors."""
-    from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from convsts.datasets.config import TokenizerConfig
+    from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models.checkpoint import build_model
     from convsts.models.config import DanConfig, ModelConfig
     from convsts.ray_jobs.training.step import Optimizers
@@ -47,7 +48,8 @@ def test_sparse_parameters_come_from_the_model():
 
 
 def test_head_lr_scale_applies_to_the_named_task_head_only_and_survives_stage_changes():
-    from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+    from convsts.datasets.config import TokenizerConfig
+    from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models.checkpoint import build_model
     from convsts.models.config import DanConfig, ModelConfig
     from convsts.ray_jobs.training.step import Optimizers

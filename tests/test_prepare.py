@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import get_task
 from convsts.ray_jobs.tasks.prepared_folder import PREPARE_MARKER, prepare_into
 

@@ -14,7 +14,7 @@ from testkit.s3_server import keys, request_log, s3_endpoint
 
 from convsts.io import storage
 from convsts.io.errors import BadInputError, ConfigError
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.run import claim_output
 from convsts.ray_jobs.training.run_record import (

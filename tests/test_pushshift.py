@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from convsts.datasets import pushshift
-from convsts.datasets.reddit import RedditFilterConfig, failing_rule
+from convsts.datasets.config import RedditFilterConfig
+from convsts.datasets.reddit import failing_rule
 
 CFG = RedditFilterConfig()
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "prepare_pushshift.py"

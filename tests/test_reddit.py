@@ -3,15 +3,8 @@ import json
 import pandas as pd
 import pytest
 
-from convsts.datasets.reddit import (
-    RedditFilterConfig,
-    annotate_pairs,
-    detect_format,
-    failing_rule,
-    read_pairs_file,
-    split_of,
-    thread_keys,
-)
+from convsts.datasets.config import RedditFilterConfig
+from convsts.datasets.reddit import annotate_pairs, detect_format, failing_rule, read_pairs_file, split_of, thread_keys
 
 CFG = RedditFilterConfig()
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from convsts.io.errors import ConfigError
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.resources import Ask, check_training_fits, trials_at_once, unplaced
 from convsts.ray_jobs.training.run_record import run_storage
 

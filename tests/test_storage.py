@@ -18,7 +18,7 @@ from convsts import models
 from convsts.datasets import evalsets, pushshift, reddit, snli
 from convsts.io import cache, storage
 from convsts.io.storage import expand_inputs
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import get_task
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.datasets.config import TokenizerConfig
+from convsts.datasets.text import DanTokenizer, count_words
 from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import get_task
 from convsts.ray_jobs.training.step import Optimizers, train_step
 from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks

@@ -6,10 +6,10 @@ import sys
 import numpy as np
 import pytest
 
+from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.text import (
     DanTokenizer,
     SubwordTokenizer,
-    TokenizerConfig,
     _bigram_id,
     count_words,
     fit_tokenizer,

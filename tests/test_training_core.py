@@ -17,7 +17,7 @@ from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model
 from convsts.models.encoders import ENCODERS
 from convsts.models.losses import in_batch_softmax_loss
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import builtin_tasks, get_task, model_heads, trained_tasks
 from convsts.ray_jobs.tasks.base import fields
 from convsts.ray_jobs.training.data import FrameStream

@@ -14,16 +14,17 @@ import pyarrow.parquet as pq
 import pytest
 from testkit.tiny import TINY_DAN
 
+from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.datasets.snli import fraction_rank
-from convsts.datasets.text import DanTokenizer, TokenizerConfig, count_words
+from convsts.datasets.text import DanTokenizer, count_words
 from convsts.io.errors import ConfigError
 from convsts.io.storage import resolve_path
 from convsts.models import load, save_checkpoint
 from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.models.sts_transform import load_sts_transform
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.sweeps.results import SWEEP_MATRIX
 from convsts.ray_jobs.tracking import runs as tracking
 

@@ -14,7 +14,7 @@ import pytest
 from test_tune_ray import TINY_MODEL, _runs
 
 from convsts.models import save_checkpoint
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tracking import runs as tracking
 
 REPO = Path(__file__).resolve().parent.parent

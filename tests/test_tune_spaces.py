@@ -4,7 +4,7 @@ import pytest
 from ray import tune
 
 from convsts.io.errors import ConfigError
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.sweeps.trials import check_space_keys, grid_overrides, trial_config
 from convsts.tune_spaces import TuneSpace, builtin_spaces, get_space
 from convsts.tune_spaces.snli_fraction import FRACTIONS

@@ -89,7 +89,7 @@ class _ZstdLines(io.RawIOBase):
     ending early as zstandard's stream reader does."""
 
     def __init__(self, raw, path: str):
-        import zstandard  # deferred: only .zst inputs need it (a compiled package some machines lack)
+        import zstandard
 
         self._zstd = zstandard
         self._raw, self._path = raw, path

@@ -496,7 +496,7 @@ def expand_inputs(inputs) -> list[str]:
 
 def read_shards(path: str, **kwargs):
     """ray.data.read_parquet for a local folder or a URI (endpoint options in its query honoured)."""
-    import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray.data
 
     inner, fs = path_and_filesystem(path)
     with reaching(path):

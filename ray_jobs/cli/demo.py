@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.pipelines.demo import DEFAULT_ENCODER, DEMO_CONFIGS, run_demo
 from convsts.ray_jobs.runtime.process import setup_logging
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from convsts.io.errors import BadInputError
 from convsts.io.storage import resolve_path
-from convsts.ray_jobs.config.schema import load_config, parse_with_overrides
+from convsts.ray_jobs.config.loader import load_config, parse_with_overrides
 from convsts.ray_jobs.evaluation.compare import write_comparison
 from convsts.ray_jobs.evaluation.curve import fraction_curve
 from convsts.ray_jobs.evaluation.scorers import LexicalScorer

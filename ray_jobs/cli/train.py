@@ -14,7 +14,8 @@ import json
 from collections.abc import Sequence
 
 from convsts.io.redaction import redact
-from convsts.ray_jobs.config.schema import RESUME_LATEST, is_override, load_config
+from convsts.ray_jobs.config.loader import is_override, load_config
+from convsts.ray_jobs.config.schema import RESUME_LATEST
 from convsts.ray_jobs.pipelines.inputs import ensure_prepared
 from convsts.ray_jobs.runtime.output_lock import output_lock
 from convsts.ray_jobs.runtime.process import setup_logging, tracking_uri

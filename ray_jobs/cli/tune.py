@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from convsts.io.errors import ConfigError
 from convsts.io.redaction import redact
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.process import setup_logging
 from convsts.ray_jobs.sweeps.run import SweepInterrupted, SweepRequest, SweepTrialsFailed, run_sweep
 from convsts.ray_jobs.sweeps.trials import grid_overrides

@@ -14,10 +14,10 @@ from convsts.models.similarity import pearson
 
 
 def _pyplot():
-    import matplotlib  # deferred: slow to import; only plots need it
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # deferred: slow to import; only plots need it
+    import matplotlib.pyplot as plt
 
     return plt
 

@@ -123,7 +123,7 @@ class ChunkEncoder:
     when it was given one) and returns each as .npy bytes."""
 
     def __init__(self, encoder: list, batch_size: int, threads: int):
-        import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        import ray
 
         torch.set_num_threads(threads)  # the CPUs this actor reserved, not the whole node's
         self.encoder = ray.get(encoder[0])  # [ObjectRef]: the model, put once by the driver
@@ -164,8 +164,8 @@ class EncodePool:
         if not self.workers or not chunks:
             yield from encoded_here(encoder, chunks, batch_size)
             return
-        import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
-        import ray.data  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        import ray
+        import ray.data
 
         ensure_ray()
         rows = [{"side": side, "index": index, "texts": texts} for side, index, texts in chunks]

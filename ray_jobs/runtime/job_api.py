@@ -46,7 +46,7 @@ def configure_auth() -> str:
             # Ray reads RAY_AUTH_MODE into its config when first imported; refresh it, as Ray's own
             # token set-up does (ray._private.authentication.authentication_token_setup).
             from ray._raylet import (  # type: ignore[attr-defined]  # compiled; no stub names it
-                Config,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+                Config,
             )
 
             Config.initialize("")
@@ -55,7 +55,7 @@ def configure_auth() -> str:
 
 def job_client(address: str | None = None):
     from ray.job_submission import (
-        JobSubmissionClient,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        JobSubmissionClient,
     )
 
     configure_auth()
@@ -101,7 +101,7 @@ async def _tail(client, job_id: str) -> None:
 
 def wait_for_job(client, job_id: str, stream: bool = True, poll_s: float = 1.0, timeout_s: float | None = None):
     from ray.job_submission import (
-        JobStatus,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        JobStatus,
     )
 
     if stream:

@@ -66,7 +66,7 @@ def worker_setup() -> None:
     address (Train's placement-group cleaner polls the state API) find this one even when other Ray
     instances run on the machine (without it they print a "Found multiple active Ray instances"
     traceback); then quiet_ray_logs."""
-    import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray
 
     os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
     quiet_ray_logs()
@@ -116,11 +116,11 @@ PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # Ray Train's sw
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Attach to the cluster at `address`/RAY_ADDRESS, or start a local instance on this machine."""
 
-    import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray
 
     quiet_ray_logs()
     if not verbose():  # the project's own progress lines only; Ray Data's bars redraw with escape codes
-        from ray.data import DataContext  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        from ray.data import DataContext
 
         context = DataContext.get_current()  # travels with each dataset to the workers that run it
         context.enable_progress_bars = False
@@ -231,7 +231,7 @@ def check_database_driver(uri: str, where: str) -> None:
     if uri.split("://", 1)[0].split("+", 1)[0] not in DATABASE_STORES:
         return
     from sqlalchemy.engine import (
-        make_url,  # deferred: SQLAlchemy loads only for a database store
+        make_url,
     )
 
     try:

@@ -145,6 +145,6 @@ def trials_at_once(cfg: RunConfig, nodes: list[Node]) -> int:
 
 def alive_nodes() -> list[Node]:
     """The resources of each node of the connected Ray cluster that is alive."""
-    import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray
 
     return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]

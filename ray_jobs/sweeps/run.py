@@ -77,7 +77,7 @@ def run_sweep(request: SweepRequest) -> dict[str, Any]:
 
 
 def _sweep(request: SweepRequest) -> dict[str, Any]:
-    from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray import tune
 
     started, space, cfg, out_dir = time.time(), request.space, request.cfg, request.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -180,7 +180,7 @@ def _unfinished(result_grid, expected: int) -> int:
 
 def _resuming(experiment_path: Path, state_file: Path, fresh: bool) -> bool:
     """Whether this sweep resumes the one in experiment_path; with `fresh` that one is removed."""
-    from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray import tune
 
     if fresh:
         if experiment_path.exists():
@@ -207,7 +207,7 @@ def _check_finished(grid, expected: int, experiment_path: Path) -> None:
 
 
 def _tuner(request: SweepRequest, trainable, param_space: dict, concurrency: int, resume: bool):
-    from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray import tune
 
     if resume:
         return tune.Tuner.restore(
@@ -280,7 +280,7 @@ def open_sweep(request: SweepRequest, uri: str, resume: bool, expected: int) -> 
 def sweep_trainable(request: SweepRequest, parent: ParentRun):
     """(the trial function with its shared inputs bound, STS-B frames, embeddings): an sts_matrix
     sweep encodes STS-B once here; a train sweep prepares its data once here."""
-    from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray import tune
 
     space, cfg = request.space, request.cfg
     shared = dict(base=cfg.to_dict(), fixed=space.fixed, parent=parent)
@@ -298,7 +298,7 @@ def _scheduler(space: TuneSpace):
     if space.scheduler != "asha":
         return None
     from ray.tune.schedulers import (
-        ASHAScheduler,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        ASHAScheduler,
     )
 
     return ASHAScheduler(

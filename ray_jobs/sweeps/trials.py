@@ -18,7 +18,8 @@ from convsts.io.errors import ConfigError
 from convsts.io.storage import resolve_path
 from convsts.models import load
 from convsts.models.sts_transform import StsTransform, fit_sts_transform
-from convsts.ray_jobs.config.schema import RunConfig, from_dict, merge_layer
+from convsts.ray_jobs.config.loader import from_dict, merge_layer
+from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 from convsts.ray_jobs.evaluation.sts import stsb_embeddings
 from convsts.ray_jobs.pipelines.evaluate import evaluate
@@ -62,7 +63,7 @@ def check_space_keys(space: TuneSpace, base: RunConfig, extra: dict[str, Any]) -
 
 def grid_overrides(items: Sequence[str]) -> dict[str, Any]:
     """--param key=[v1,v2] -> {key: tune.grid_search([v1, v2])}; key=v -> a fixed value."""
-    from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray import tune
 
     out: dict[str, Any] = {}
     for item in items:
@@ -82,7 +83,7 @@ def plain_params(params: dict[str, Any]) -> dict[str, Any]:
 
 def _trial_run(parent: ParentRun, params: dict[str, Any]) -> str:
     """The trial's child run: reused when a restored sweep restarts the trial, else created."""
-    from ray import tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray import tune
 
     trial_id = tune.get_context().get_trial_id()
     run_id = tracking.find_run(
@@ -110,8 +111,8 @@ def sts_matrix_trial(
     parent: ParentRun,
 ) -> None:
     """One fit of the tuned STS matrix on embeddings computed once; each epoch reported to Tune."""
-    import ray.tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
-    from ray.tune import Checkpoint  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray.tune
+    from ray.tune import Checkpoint
 
     cfg = trial_config(base, params, fixed)
     run_id = _trial_run(parent, params)
@@ -145,9 +146,9 @@ def train_trial(
     trials_dir: str,
 ) -> None:
     """One multitask training (a TorchTrainer inside the trial, Train V2 style), then evaluation."""
-    import ray.tune  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray.tune
     from ray.tune.integration.ray_train import (
-        TuneReportCallback,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        TuneReportCallback,
     )
 
     cfg = trial_config(base, params, fixed)

@@ -8,6 +8,7 @@ import pkgutil
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from convsts.io.errors import ConfigError
 from convsts.ray_jobs.tasks.base import Task
 
 if TYPE_CHECKING:
@@ -43,6 +44,20 @@ def get_task(name: str, modules: Sequence[str] = ()) -> Task:
     )
 
 
+def check_task_names(cfg: RunConfig) -> RunConfig:
+    """`cfg` when every task it weights is a built-in task or one of its task_modules' (the built-in
+    names are read from this package's listing: none of their modules is imported); else ConfigError
+    naming the key."""
+    for name in cfg.trainer.task_weights:
+        if name in builtin_tasks():
+            continue
+        try:
+            get_task(name, cfg.task_modules)
+        except (ValueError, ImportError) as err:
+            raise ConfigError(f"trainer.task_weights.{name}: {err}") from None
+    return cfg
+
+
 def trained_tasks(cfg: RunConfig) -> dict[str, Task]:
     """{name: task} of the tasks this run trains on (those with a weight), in config order."""
     return {name: get_task(name, cfg.task_modules) for name in cfg.trainer.task_weights}
@@ -65,4 +80,4 @@ def model_heads(cfg: RunConfig) -> dict[str, str]:
     return heads
 
 
-__all__ = ["Task", "builtin_tasks", "get_task", "model_heads", "prepared_tasks", "trained_tasks"]
+__all__ = ["Task", "builtin_tasks", "check_task_names", "get_task", "model_heads", "prepared_tasks", "trained_tasks"]

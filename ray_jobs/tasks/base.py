@@ -98,7 +98,7 @@ class Task:
     def train_rows(self, cfg: RunConfig, prepared_root: str):
         """The Ray Dataset of training rows (text columns, before tokenization)."""
         from ray.data import (
-            FileShuffleConfig,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+            FileShuffleConfig,
         )
 
         return storage.read_shards(self.train_path(prepared_root), shuffle=FileShuffleConfig(seed=cfg.seed))

@@ -109,7 +109,7 @@ class RedditTask(Task):
         return super().train_rows(cfg, prepared_root)
 
     def loss(self, model, batch):
-        from convsts.models.losses import (  # deferred: torch; `convsts prepare` reads tasks without it
+        from convsts.models.losses import (
             in_batch_accuracy,
             in_batch_softmax_loss,
         )
@@ -126,7 +126,7 @@ class RedditTask(Task):
         return self.evaluate_items(scorer, cfg, prepared_root)[0]
 
     def evaluate_items(self, scorer, cfg, prepared_root: str | None):
-        from convsts.ray_jobs.evaluation.retrieval import (  # deferred: scipy; `convsts prepare` reads tasks without it
+        from convsts.ray_jobs.evaluation.retrieval import (
             heldout_pairs,
             precision_at_n_metrics,
         )

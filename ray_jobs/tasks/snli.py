@@ -66,7 +66,7 @@ class SnliTask(Task):
         )
 
     def loss(self, model, batch):
-        from convsts.models.losses import nli_loss  # deferred: torch; `convsts prepare` reads tasks without it
+        from convsts.models.losses import nli_loss
 
         u, v = model.encode_both(fields(batch, "premise"), fields(batch, "hypothesis"))  # (B, D) each
         logits = model.heads[self.name](u, v)  # (B, 3)
@@ -75,7 +75,7 @@ class SnliTask(Task):
 
     def evaluate(self, scorer, cfg, prepared_root: str | None) -> dict[str, float]:
         from convsts.ray_jobs.evaluation.nli import (
-            nli_accuracy,  # deferred: torch; `convsts prepare` reads tasks without it
+            nli_accuracy,
         )
 
         if not hasattr(scorer, "nli_logits"):

@@ -61,8 +61,8 @@ def _texts(model_input) -> list[str]:
 
 
 def signature(dim: int):
-    from mlflow.models import ModelSignature  # deferred: MLflow takes seconds to import; only tracking code needs it
-    from mlflow.types import (  # deferred: MLflow takes seconds to import; only tracking code needs it
+    from mlflow.models import ModelSignature
+    from mlflow.types import (
         ColSpec,
         ParamSchema,
         ParamSpec,
@@ -105,7 +105,7 @@ def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: s
     model. A run holds one such model: logged again (after its evaluation), the run's model gets the
     new folder (its card now with the results) and the new metrics, keeping its id and any registered
     version. Returns the run-relative URI `runs:/<run id>/model`."""
-    from mlflow.entities import LoggedModelOutput  # deferred: MLflow takes seconds to import
+    from mlflow.entities import LoggedModelOutput
 
     c = tracking.client(tracking_uri)
     run = c.get_run(run_id)
@@ -132,7 +132,7 @@ def _run_model(c, run):
 
 def _new_model(c, run, folder: str | Path):
     """A new LoggedModel of `run` holding `folder`, finalized READY (FAILED if saving it fails)."""
-    from mlflow.entities import LoggedModelStatus  # deferred: MLflow takes seconds to import
+    from mlflow.entities import LoggedModelStatus
 
     logged = c.create_logged_model(
         run.info.experiment_id,
@@ -168,7 +168,7 @@ def _save_artifacts(c, run_id: str, logged, folder: str | Path) -> None:
 
 def _link_metrics(c, run_id: str, keys, model_id: str, step: int) -> None:
     """The run's metrics `keys` at `step` (its final evaluation) shown on the model's page too."""
-    from mlflow.entities import Metric  # deferred: MLflow takes seconds to import; only tracking code needs it
+    from mlflow.entities import Metric
 
     linked = [
         Metric(m.key, m.value, m.timestamp, m.step, run_id=run_id, model_id=model_id)
@@ -184,7 +184,7 @@ def register(tracking_uri: str, run_id: str, model_id: str, name: str) -> str:
     """A new version of registered model `name` (created when missing) from run `run_id`'s logged
     model `model_id`; returns the version."""
     from mlflow.tracking._tracking_service.utils import (
-        _use_tracking_uri,  # deferred: MLflow takes seconds to import; only tracking code needs it
+        _use_tracking_uri,
     )
 
     c = tracking.client(tracking_uri)

@@ -29,7 +29,7 @@ def client(tracking_uri: str):
     MLflow's own "View run ... at: URL" line, printed on stdout when a run ends (from the driver,
     Ray workers and Tune trials alike, each of which makes its client here), is turned off: it
     would print the password. The project's own lines name the run, redacted."""
-    from mlflow.tracking import MlflowClient  # deferred: MLflow takes seconds to import; only tracking code needs it
+    from mlflow.tracking import MlflowClient
 
     if has_credentials(tracking_uri):
         os.environ[SUPPRESS_RUN_LINKS] = "true"
@@ -117,7 +117,7 @@ def system_metrics(tracking_uri: str, run_id: str, interval_s: float = 10.0):
     present) logged to `run_id` while the block runs; nothing when psutil is not installed."""
     try:
         from mlflow.system_metrics.system_metrics_monitor import (
-            SystemMetricsMonitor,  # deferred: MLflow takes seconds to import; only tracking code needs it
+            SystemMetricsMonitor,
         )
     except ImportError:
         yield
@@ -141,7 +141,7 @@ def log_datasets(
 ) -> None:
     """MLflow dataset inputs: {name: {"digest", "source" (a URI or path), "profile" (row counts ...)}}."""
 
-    from mlflow.entities import (  # deferred: MLflow takes seconds to import; only tracking code needs it
+    from mlflow.entities import (
         Dataset,
         DatasetInput,
         InputTag,
@@ -168,7 +168,7 @@ def log_datasets(
 
 
 def log_params(tracking_uri: str, run_id: str, params: Mapping[str, Any]) -> None:
-    from mlflow.entities import Param  # deferred: MLflow takes seconds to import; only tracking code needs it
+    from mlflow.entities import Param
 
     items = [Param(str(k), redact(str(v))[:MAX_PARAM_LENGTH]) for k, v in params.items()]
     c = client(tracking_uri)
@@ -178,7 +178,7 @@ def log_params(tracking_uri: str, run_id: str, params: Mapping[str, Any]) -> Non
 
 def log_metrics(tracking_uri: str, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
     """Finite numeric values only; MLflow metric names may not contain ':' or other odd characters."""
-    from mlflow.entities import Metric  # deferred: MLflow takes seconds to import; only tracking code needs it
+    from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
     items = [
@@ -233,7 +233,7 @@ def describe_run(tracking_uri: str, run_id: str, markdown: str, full: str = "res
 
 def run_status(tracking_uri: str, run_id: str) -> str | None:
     """A run's status (RUNNING, FINISHED, FAILED, KILLED), or None where the store has no such run."""
-    from mlflow.exceptions import MlflowException  # deferred: mlflow's import tree; tracking imports it lazily
+    from mlflow.exceptions import MlflowException
 
     try:
         return client(tracking_uri).get_run(run_id).info.status

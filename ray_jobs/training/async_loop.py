@@ -47,7 +47,7 @@ class AsyncTrainLoop(TrainLoop):
             state,
             optimizers=Optimizers(encoder=[self.update], heads={self.task: []}),
         )
-        import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        import ray
 
         if rank == 0:  # every (re)start: the holder begins a generation from this run's starting point
             ray.get(
@@ -144,7 +144,7 @@ class AsyncTrainLoop(TrainLoop):
         self.lr = self.schedule.lr_at(self.step)  # the holder's lr at this update (logged by rank 0)
         metrics = super()._log_window(run_start)
         if self.rank == 0:
-            import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+            import ray
 
             extra = holder_stats_metrics(ray.get(self.holder.stats.remote()), self.stage.batch_size)
             self.hooks.log(extra, self.step)
@@ -154,7 +154,7 @@ class AsyncTrainLoop(TrainLoop):
     def save(self, metrics: dict[str, float]) -> None:
         """Every rank stops pushing and meets here; rank 0 takes the holder's state (which moves its
         next checkpoint on) before any rank pushes again."""
-        import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        import ray
 
         gathered = self.combiner.gather_objects(
             {"position": {t: s.position() for t, s in self.streams.items()}, "pushed": self.update.pushed}

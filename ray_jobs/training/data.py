@@ -141,7 +141,7 @@ def task_split_data_config(plan: TaskPlan, preserve_order: bool):
     """A DataConfig that splits each task's dataset over that task's ranks only; other ranks get None.
     `preserve_order`: Ray Data hands each task's rows over in the order of its (seeded) file order
     rather than as its read and tokenize tasks finish (trainer.preserve_order)."""
-    from ray.train import DataConfig  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    from ray.train import DataConfig
 
     class TaskSplitDataConfig(DataConfig):
         def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):

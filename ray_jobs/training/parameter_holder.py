@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from convsts.datasets.text import tokenizer_from_dict
-from convsts.ray_jobs.config.schema import from_dict
+from convsts.ray_jobs.config.loader import from_dict
 from convsts.ray_jobs.tasks import trained_tasks
 from convsts.ray_jobs.training.state import StageSchedule, TrainState, initial_model
 from convsts.ray_jobs.training.step import Optimizers
@@ -245,7 +245,7 @@ class ParameterHolder:
 def start_holder(cfg) -> Any:
     """The holder as a Ray actor owned by the caller (the driver). Ray restarts it after its process
     dies (up to trainer.max_failures times), empty: see the module's docstring."""
-    import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray
 
     return (
         ray.remote(ParameterHolder)
@@ -278,7 +278,7 @@ class HolderUpdate(torch.optim.Optimizer):
     def connect(self, pushed: int = 0) -> dict[str, Any]:
         """Join the holder's current generation (after rank 0's reset); `pushed`: this rank's count
         from the checkpoint it resumes."""
-        import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        import ray
 
         info = ray.get(self.holder.hello.remote())
         self.generation, self.version, self.pushed = info["generation"], info["step"], pushed
@@ -311,7 +311,7 @@ class HolderUpdate(torch.optim.Optimizer):
     def receive(self) -> dict[str, Any]:
         """The reply to the update in flight, once the holder has applied it and this worker may
         push its next; loads the weights it carries."""
-        import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        import ray
 
         reply = ray.get(self.in_flight)
         self.in_flight = None
@@ -320,7 +320,7 @@ class HolderUpdate(torch.optim.Optimizer):
 
     def turn(self) -> dict[str, Any]:
         """Wait for this worker's first turn (after connecting or a checkpoint), with fresh weights."""
-        import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        import ray
 
         return self._take(ray.get(self.holder.turn.remote(self.generation, self.task, self.version)))
 

@@ -277,7 +277,7 @@ def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, out_dir: Path) -> No
 def checkpoint_config(cfg: RunConfig):
     """Ray keeps the last checkpoint, plus the best `keep_checkpoints` by in-training STS-B dev when
     evaluation is on (else the last `keep_checkpoints`)."""
-    import ray.train  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray.train
 
     if not cfg.trainer.eval_every:
         return ray.train.CheckpointConfig(num_to_keep=cfg.trainer.keep_checkpoints)
@@ -295,7 +295,7 @@ def _train(
     extra_callbacks: Sequence[Any],
     location: tuple[str, str],
 ) -> TrainResult:
-    import ray  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray
 
     started, (uri, run_id, continues), (manifests, digests) = time.time(), tracked, data
     tokenizer = _tokenizer(cfg, prepared)
@@ -359,9 +359,9 @@ def _tokenizer(cfg: RunConfig, prepared: str):
 def _torch_trainer(
     cfg: RunConfig, location: tuple[str, str], loop_config: dict, datasets: dict, plan, extra_callbacks: Sequence[Any]
 ):
-    import ray.train  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray.train
     from ray.train.torch import (
-        TorchTrainer,  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+        TorchTrainer,
     )
 
     return TorchTrainer(

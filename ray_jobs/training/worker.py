@@ -12,7 +12,7 @@ import torch
 from convsts.datasets.text import tokenizer_from_dict
 from convsts.io.redaction import redact_tree
 from convsts.models.checkpoint import read_meta, save_checkpoint
-from convsts.ray_jobs.config.schema import from_dict
+from convsts.ray_jobs.config.loader import from_dict
 from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
@@ -33,8 +33,8 @@ def say_once(line: str) -> None:
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """One worker; a function of `loop_config` (resolved run config, tokenizer, MLflow run, datasets)."""
-    import ray.train  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
-    import ray.train.torch  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray.train
+    import ray.train.torch
 
     cfg = from_dict(loop_config["run"])
     if cfg.trainer.torch_threads:
@@ -94,7 +94,7 @@ def restored_model(cfg, tokenizer, checkpoint):
 def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int, restarted: bool) -> LoopHooks:
     """The loop's ties to Ray and MLflow: metrics to the run, checkpoints reported to Ray Train
     (with the model, tokenizer, run config and provenance), the STS-B dev probe on rank 0."""
-    import ray.train  # deferred: Ray takes seconds to import; Ray-free paths and `--help` skip it
+    import ray.train
 
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
     # After a restart (a lost node, FailureConfig) the loop replays the steps since its checkpoint:

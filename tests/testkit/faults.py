@@ -9,7 +9,7 @@ from pathlib import Path
 
 import zstandard
 
-from convsts.ray_jobs.config.schema import load_config
+from convsts.ray_jobs.config.loader import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
