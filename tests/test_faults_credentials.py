@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import zstandard
-from testkit.faults import ENV, REPO, run_python
+from testkit.faults import ENV, REPO, run_convsts, run_python
 
 from convsts.io import errors
 from convsts.io.errors import ConfigError
@@ -72,11 +72,11 @@ def test_job_commands_print_no_password_of_the_ray_address(tmp_path):
         (["submit", "--address", address, "train", "--out", str(tmp_path / "o")], {}),
         (["jobs", "list"], {"RAY_ADDRESS": address}),
     ):
-        result = run_python("-m", "convsts", *args, env=env)
+        result = run_convsts(*args, env=env)
         assert result.returncode == 2, result.stderr[-2000:]
         assert "ss'W0rd" not in result.stdout + result.stderr and "p@ss" not in result.stdout + result.stderr
         assert f"http://***@127.0.0.1:{port}" in result.stderr, result.stderr[-2000:]
-    config = run_python("-m", "convsts", "train", "--config", "s3://KEY:PlAnTeDsEcReT@bucket/x.yaml",
+    config = run_convsts("train", "--config", "s3://KEY:PlAnTeDsEcReT@bucket/x.yaml",
                   "--out", str(tmp_path / "c"), env={"AWS_EC2_METADATA_DISABLED": "true"})  # fmt: skip
     assert config.returncode == 2 and "s3://***@bucket/x.yaml" in config.stderr and "PlAnTeD" not in config.stderr
 
@@ -98,15 +98,8 @@ def test_log_lines_and_error_lines_are_redacted(tmp_path):
         logger.removeHandler(handler)
     assert "s3://***@bucket" in stream.getvalue() and not _leaks(stream.getvalue())
     # A user error that names the URI names it redacted.
-    result = run_python(
-        "-m",
-        "convsts",
-        "prepare",
-        "reddit",
-        "--input",
-        str(tmp_path / "x?secret_key=PlAnTeDqUeRy"),
-        "--out",
-        str(tmp_path / "out"),
+    result = run_convsts(
+        "prepare", "reddit", "--input", str(tmp_path / "x?secret_key=PlAnTeDqUeRy"), "--out", str(tmp_path / "out")
     )
     assert result.returncode == 2 and "secret_key=***" in result.stderr and not _leaks(result.stderr)
 
@@ -137,7 +130,7 @@ def test_unreachable_storage_is_one_line_naming_the_uri_for_every_command(tmp_pa
         ["prepare", "reddit", "--input", storage.join(base, "RC_*.zst"), "--out", str(tmp_path / "p")],
         ["train", "--prepared", base, "--out", str(tmp_path / "t")],
     ):
-        result = run_python("-m", "convsts", *command)
+        result = run_convsts(*command)
         lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
         assert result.returncode == 2, result.stderr[-2000:]
         assert "Traceback" not in result.stderr and not _leaks(result.stderr + result.stdout)
@@ -420,7 +413,7 @@ def test_a_store_that_fails_after_the_work_loses_no_results_and_what_can_be_chec
 
     (tmp_path / "not_a_db.db").write_bytes(b"this is not an sqlite database, only bytes " * 100)
     out = tmp_path / "e"
-    late = run_python("-m", "convsts", "evaluate", "--baseline", "bow", "--out", str(out), "data.cqa_test=''",
+    late = run_convsts("evaluate", "--baseline", "bow", "--out", str(out), "data.cqa_test=''",
                 f"mlflow.tracking_uri=sqlite:///{tmp_path / 'not_a_db.db'}")  # fmt: skip
     lines = [line for line in late.stderr.splitlines() if line.startswith("convsts ")]
     assert late.returncode == 2 and len(lines) == 1 and "Traceback" not in late.stderr, late.stderr[-3000:]

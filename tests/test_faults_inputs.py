@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import zstandard
-from testkit.faults import ENV, REPO, cut_zst, dump_lines, run_python, tiny_checkpoint
+from testkit.faults import ENV, REPO, cut_zst, dump_lines, run_convsts, run_python, tiny_checkpoint
 
 from convsts.io.compression import open_lines
 from convsts.io.errors import BadInputError
@@ -37,17 +37,7 @@ def test_prepare_on_a_truncated_zst_fails_in_one_line_and_writes_no_shards(tmp_p
     cut = cut_zst(tmp_path / "RC_2015-01.zst")
     out = tmp_path / "prepared"
     # Through Ray Data (data.dump_local_bytes=0): the failed read task's error reaches the driver as one line.
-    result = run_python(
-        "-m",
-        "convsts",
-        "prepare",
-        "reddit",
-        "--input",
-        str(cut),
-        "--out",
-        str(out),
-        "data.dump_local_bytes=0",
-    )
+    result = run_convsts("prepare", "reddit", "--input", str(cut), "--out", str(out), "data.dump_local_bytes=0")
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     # The command's own report is one line, and Ray Data's log of the failed task is not printed.
@@ -62,17 +52,7 @@ def test_prepare_on_a_truncated_zst_in_the_local_engine_fails_in_one_line_and_le
     cut = cut_zst(tmp_path / "RC_2015-01.zst")
     out, spill = tmp_path / "prepared", tmp_path / "spill"
     spill.mkdir()
-    result = run_python(
-        "-m",
-        "convsts",
-        "prepare",
-        "reddit",
-        "--input",
-        str(cut),
-        "--out",
-        str(out),
-        env={"TMPDIR": str(spill)},
-    )
+    result = run_convsts("prepare", "reddit", "--input", str(cut), "--out", str(out), env={"TMPDIR": str(spill)})
     assert result.returncode == 2, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("convsts prepare: ") and "RC_2015-01.zst: truncated zstd file" in last
@@ -258,9 +238,9 @@ def test_an_input_named_twice_is_read_once_and_every_snli_input_is_read(tmp_path
     sample = REPO / "datasets" / "sample"
     pairs, link = sample / "reddit_pairs.parquet", tmp_path / "link.parquet"
     link.symlink_to(pairs)
-    once = run_python("-m", "convsts", "prepare", "reddit", "--input", str(pairs), "--out", str(tmp_path / "once"))
+    once = run_convsts("prepare", "reddit", "--input", str(pairs), "--out", str(tmp_path / "once"))
     assert once.returncode == 0, once.stderr[-2000:]
-    twice = run_python("-m", "convsts", "prepare", "reddit", "--input", str(pairs), str(pairs), str(link),
+    twice = run_convsts("prepare", "reddit", "--input", str(pairs), str(pairs), str(link),
                  "--out", str(tmp_path / "twice"))  # fmt: skip
     assert twice.returncode == 0, twice.stderr[-2000:]
     counts = [json.loads((tmp_path / d / "manifest.json").read_text())["pairs"] for d in ("once", "twice")]
@@ -268,7 +248,7 @@ def test_an_input_named_twice_is_read_once_and_every_snli_input_is_read(tmp_path
     assert twice.stderr.count("named more than once by the inputs; read once") == 2
 
     train, dev = sample / "snli_train.parquet", sample / "snli_dev.parquet"
-    both = run_python("-m", "convsts", "prepare", "snli", "--input", str(train), str(dev), "--out", str(tmp_path / "s"))
+    both = run_convsts("prepare", "snli", "--input", str(train), str(dev), "--out", str(tmp_path / "s"))
     assert both.returncode == 0, both.stderr[-2000:]
     manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
     rows = sum(pq.read_metadata(p).num_rows for p in (train, dev))
@@ -285,7 +265,7 @@ def test_a_lone_surrogate_escape_is_repaired_not_fatal(tmp_path):
     rows[7]["body"] = "a cut emoji \ud83d at the end of a long enough comment"
     (tmp_path / "RC_2015-01").write_text("".join(json.dumps(r) + "\n" for r in rows))  # json.dumps writes "\\ud83d"
     assert b"\\ud83d" in (tmp_path / "RC_2015-01").read_bytes()
-    dump = run_python("-m", "convsts", "prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
+    dump = run_convsts("prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
                 "--out", str(tmp_path / "dump"))  # fmt: skip
     assert dump.returncode == 0, dump.stderr[-2000:]
     manifest = json.loads((tmp_path / "dump" / "manifest.json").read_text())
@@ -299,7 +279,7 @@ def test_a_lone_surrogate_escape_is_repaired_not_fatal(tmp_path):
     ]
     lines[3]["context"] = "context \ud83d number three of the table"
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    paired = run_python("-m", "convsts", "prepare", "reddit", "--input", str(tmp_path / "pairs.jsonl"),
+    paired = run_convsts("prepare", "reddit", "--input", str(tmp_path / "pairs.jsonl"),
                   "--out", str(tmp_path / "paired"))  # fmt: skip
     assert paired.returncode == 0, paired.stderr[-2000:]
     manifest = json.loads((tmp_path / "paired" / "manifest.json").read_text())
@@ -341,7 +321,7 @@ def test_a_file_named_for_one_compression_holding_another_is_named_by_what_it_ho
     import gzip
 
     (tmp_path / "RC_2015-01.zst").write_bytes(gzip.compress(dump_lines(50)))
-    result = run_python("-m", "convsts", "prepare", "reddit", "--input", str(tmp_path / "RC_2015-01.zst"),
+    result = run_convsts("prepare", "reddit", "--input", str(tmp_path / "RC_2015-01.zst"),
                   "--out", str(tmp_path / "p"))  # fmt: skip
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"{tmp_path / 'RC_2015-01.zst'}: named .zst but holds .gz data; rename it to end in .gz" in result.stderr
@@ -365,7 +345,7 @@ def test_a_line_longer_than_any_comment_is_counted_malformed_not_held(tmp_path):
     lines = dump_lines(40).splitlines(keepends=True)
     huge = json.dumps({"id": "big", "body": "x" * (3 * MAX_LINE_BYTES), "parent_id": "t3_x"}).encode() + b"\n"
     (tmp_path / "RC_2015-01").write_bytes(b"".join(lines[:20]) + huge + b"".join(lines[20:]))
-    result = run_python("-m", "convsts", "prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
+    result = run_convsts("prepare", "reddit", "--input", str(tmp_path / "RC_2015-01"),
                   "--out", str(tmp_path / "p"))  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
@@ -403,7 +383,7 @@ def test_a_full_spill_disk_names_the_spill_folder_and_an_unwritable_out_is_one_l
     for command in (["prepare", "reddit", "--input", str(tmp_path / "RC"), "--out", "/sys/convsts-out/p"],
                     ["train", "--out", "/sys/convsts-out/t", "trainer.steps=0"],
                     ["evaluate", "--baseline", "bow", "--out", "/sys/convsts-out/e"]):  # fmt: skip
-        result = run_python("-m", "convsts", *command)
+        result = run_convsts(*command)
         lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
         assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
         assert "/sys/convsts-out" in lines[0], lines
@@ -416,7 +396,7 @@ def test_an_interrupted_prepare_behind_a_symlinked_out_is_prepared_again(tmp_pat
     (real / ".convsts-prepare").write_text('{"task": "reddit"}\n')  # what a killed prepare leaves
     link.symlink_to(real, target_is_directory=True)
     pairs = REPO / "datasets" / "sample" / "reddit_pairs.parquet"
-    result = run_python("-m", "convsts", "prepare", "reddit", "--input", str(pairs), "--out", str(link))
+    result = run_convsts("prepare", "reddit", "--input", str(pairs), "--out", str(link))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "removed, prepared again" in result.stderr and link.is_symlink()
     assert json.loads((real / "manifest.json").read_text())["pairs"] > 0 and not (real / ".convsts-prepare").exists()

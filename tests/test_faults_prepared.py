@@ -6,7 +6,7 @@ import os
 
 import pandas as pd
 import pytest
-from testkit.faults import REPO, run_python
+from testkit.faults import REPO, run_convsts
 
 from convsts.io.errors import BadInputError
 from convsts.ray_jobs.config.loader import load_config
@@ -93,9 +93,7 @@ def test_a_folder_prepared_with_other_filters_or_split_is_refused_before_any_run
     reddit = get_task("reddit")
     assert verify_prepared(reddit, str(sample_prepared), load_config(None))["split_salt"] == "convsts"  # same settings
     out = tmp_path / "run"
-    result = run_python(
-        "-m",
-        "convsts",
+    result = run_convsts(
         "train",
         "--out",
         str(out),

@@ -263,36 +263,35 @@ def test_models_is_pure_torch():
             assert not bad, f"{path.name} imports {bad}"
 
 
-def test_the_prepare_command_and_the_run_config_load_no_slow_library():
-    """`convsts prepare` (and anything that only reads a run config) starts without torch, MLflow,
-    SciPy or Ray: imported in a fresh interpreter, none of them is loaded."""
+def _loaded_after(code: str, modules: list[str]) -> list[str]:
+    """Which of `modules` a fresh interpreter has loaded after running `code`."""
     import subprocess
     import sys
 
-    code = (
-        "import sys, convsts.ray_jobs.cli.prepare, convsts.ray_jobs.pipelines.inputs; "
-        "from convsts.ray_jobs.config.loader import load_config; from convsts.ray_jobs.tasks import get_task; "
-        "load_config(None); get_task('reddit'); get_task('snli'); "
-        f"print(sorted(m for m in {sorted(SLOW)!r} if m in sys.modules))"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    probe = f"{code}; import sys; print(sorted(m for m in {modules!r} if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "[]"
+    return ast.literal_eval(result.stdout.strip())
+
+
+def test_the_prepare_command_and_the_run_config_load_no_slow_library():
+    """`convsts prepare` (and anything that only reads a run config) starts without torch, MLflow,
+    SciPy or Ray: imported in a fresh interpreter, none of them is loaded."""
+    code = (
+        "import convsts.ray_jobs.cli.prepare, convsts.ray_jobs.pipelines.inputs; "
+        "from convsts.ray_jobs.config.loader import load_config; from convsts.ray_jobs.tasks import get_task; "
+        "load_config(None); get_task('reddit'); get_task('snli')"
+    )
+    assert _loaded_after(code, sorted(SLOW)) == []
 
 
 def test_reading_a_run_config_imports_no_data_pipeline():
     """The run config is a pure schema plus a loader: reading one (task names checked against the
     registry by name) loads no data pipeline, tokenizer or task module."""
-    import subprocess
-    import sys
-
     pipelines = ["convsts.datasets.reddit", "convsts.datasets.pushshift", "convsts.datasets.snli", "convsts.datasets.text",
                  "convsts.ray_jobs.tasks.reddit", "convsts.ray_jobs.tasks.snli", "tokenizers", *sorted(SLOW)]  # fmt: skip
     code = (
-        "import sys; from convsts.ray_jobs.config.loader import load_config; "
-        "load_config('configs/demo.yaml', ['trainer.task_weights={reddit: 0.9, snli: 0.1}']); "
-        f"print(sorted(m for m in {pipelines!r} if m in sys.modules))"
+        "from convsts.ray_jobs.config.loader import load_config; "
+        "load_config('configs/demo.yaml', ['trainer.task_weights={reddit: 0.9, snli: 0.1}'])"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "[]"
+    assert _loaded_after(code, pipelines) == []

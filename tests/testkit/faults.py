@@ -38,6 +38,11 @@ def cut_zst(path: Path, share: float = 0.6) -> Path:
     return path
 
 
+def run_convsts(*args, cwd=None, env=None):
+    """`python -m convsts ARGS`, as a user (or a Ray job's entrypoint) runs it."""
+    return run_python("-m", "convsts", *args, cwd=cwd, env=env)
+
+
 def run_python(*args, cwd=None, env=None):
     return subprocess.run(
         [sys.executable, *args],
