@@ -1,7 +1,10 @@
 """Every Python block of README.md and docs/*.md runs as written: in a working folder laid out as
-`convsts demo --out runs/demo` leaves it (a checkpoint, its model folder, an MLflow sqlite store
-whose run holds the model, results.json naming that run), each block in a fresh process. And every
-`convsts COMMAND ...` line of their bash blocks parses: the command and its options exist."""
+`convsts demo --out runs/demo` leaves it (the demo's pretrained encoder as a checkpoint and a model
+folder, an MLflow sqlite store whose run holds the model, results.json naming that run), each block
+in a fresh process. The bash blocks that use only that folder (exports, serving the MLflow model and
+a curl) run there too, `OUT` and `RUN_ID` filled in as the demo fills them; every `convsts COMMAND
+...` line of the others (clusters, full-data training, sweeps) parses: the command and its options
+exist."""
 
 from __future__ import annotations
 
@@ -35,20 +38,20 @@ def blocks(language: str) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def demo_folder(tmp_path_factory) -> Path:
-    """A working folder holding runs/demo as the demo writes it, from a tiny DAN (no training)."""
+    """A working folder holding runs/demo as the demo writes it: the demo's encoder (the pretrained
+    MiniLM), untrained here."""
     from convsts.datasets.config import TokenizerConfig
-    from convsts.datasets.text import DanTokenizer, count_words
+    from convsts.datasets.text import PretrainedTokenizer
     from convsts.models import save_checkpoint
     from convsts.models.checkpoint import build_model, save_model_folder
-    from convsts.models.config import DanConfig, ModelConfig
+    from convsts.models.config import ModelConfig
     from convsts.ray_jobs.tracking import runs as tracking
     from convsts.ray_jobs.tracking.mlflow_model import log_model
 
     cwd = tmp_path_factory.mktemp("docs")
     demo = cwd / "runs" / "demo"
-    texts = ["a man is playing a guitar", "a man plays guitar", "a woman slices an onion", "two dogs run"]
-    tokenizer = DanTokenizer.build(count_words(texts), TokenizerConfig(bigram_buckets=64))
-    config = ModelConfig(encoder="dan", dan=DanConfig(embedding_dim=16, hidden_sizes=[16], output_dim=12))
+    config = ModelConfig(encoder="pretrained")
+    tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=128))
     save_checkpoint(demo / "checkpoint", build_model(config, tokenizer).eval(), tokenizer, {}, {"step": 4})
     save_model_folder(demo / "checkpoint", demo / "model")
     uri = f"sqlite:///{demo / 'mlflow.db'}"
@@ -104,3 +107,78 @@ def test_every_convsts_command_in_the_docs_parses(where, argv):
         parse(argv[1:])
     except SystemExit as exc:
         pytest.fail(f"{where}: `convsts {' '.join(argv)}` does not parse (exit {exc.code})")
+
+
+# Bash lines that run as written in the demo's working folder, the reader's placeholders (in capitals)
+# filled in as the demo fills them: exports, a Python one-liner, serving the MLflow model and a curl.
+# The other lines start Ray clusters, train on full data or run benchmarks: they are parsed above.
+RUN_IN_DEMO_FOLDER = ("convsts export ", "python -c ", "MLFLOW_TRACKING_URI=", "curl ")
+
+
+PLACEHOLDERS = ("OUT", "RUN_ID")  # filled in by the test; a block with any other is the reader's to fill
+
+
+def _runnable_blocks() -> list[tuple[str, list[str]]]:
+    """(page:line, its lines) of each bash block whose every line runs in the demo's folder."""
+    found = []
+    for where, code in blocks("bash"):
+        lines = [line.strip() for line in code.replace("\\\n", " ").splitlines() if line.strip()]
+        words = {w for line in lines for w in re.findall(r"(?<![\w$/-])[A-Z][A-Z0-9_]*(?![\w=])", line.split(" #")[0])}
+        if all(line.startswith(RUN_IN_DEMO_FOLDER) for line in lines) and words <= set(PLACEHOLDERS):
+            found.append((where, lines))
+    return found
+
+
+def _filled(line: str, places: dict[str, str]) -> str:
+    for name, value in places.items():
+        line = re.sub(rf"\b{name}\b", value, line)
+    return line
+
+
+def _wait_for_port(port: int, server: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    import socket
+    import time
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        assert server.poll() is None, server.stdout.read() if server.stdout else "the server ended"
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f} s")
+
+
+@pytest.mark.slow  # a server and exports, in subprocesses
+@pytest.mark.parametrize("where,lines", _runnable_blocks(), ids=[w for w, _ in _runnable_blocks()])
+def test_every_export_and_serve_command_runs_in_the_demo_folder(where, lines, demo_folder):
+    """Each line of the block, in the demo's folder, with `.venv/bin` on PATH (as the docs say); a
+    `mlflow models serve` line runs in the background until the block's curl has its answer."""
+    import os
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    run_id = json.loads((demo_folder / "runs" / "demo" / "results.json").read_text())["mlflow_run_id"]
+    places = dict(zip(PLACEHOLDERS, ["runs/demo", run_id]))
+    server = None
+    try:
+        for line in (_filled(line, places) for line in lines):
+            if " models serve " in line:
+                server = subprocess.Popen(
+                    line, shell=True, cwd=demo_folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    text=True, start_new_session=True,
+                )  # fmt: skip
+                _wait_for_port(int(re.search(r"--port (\d+)", line).group(1)), server)
+                continue
+            done = subprocess.run(
+                line, shell=True, cwd=demo_folder, env=env, capture_output=True, text=True, timeout=300
+            )
+            assert done.returncode == 0, f"{where}: {line}\n{done.stderr[-3000:]}"
+            if line.startswith("curl "):
+                answer = json.loads(done.stdout)
+                assert len(answer["predictions"]) == 1 and len(answer["predictions"][0]) == 384, answer
+    finally:
+        if server is not None:
+            import signal
+
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
