@@ -73,13 +73,23 @@ def _small_eval_sets(folder: Path, rows: int = 300) -> list:
     ]
 
 
-@pytest.mark.slow
-def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
-    overrides = TINY + _small_eval_sets(tmp_path / "eval") + [f"mlflow.tracking_uri={mlflow_uri}"]
+@pytest.fixture(scope="module")
+def tiny_demo(ray_session, mlflow_uri, tmp_path_factory) -> dict:
+    """The default demo at a tiny size, run once for the tests below (the last one replaces it)."""
+    tmp = tmp_path_factory.mktemp("tiny_demo")
+    overrides = TINY + _small_eval_sets(tmp / "eval") + [f"mlflow.tracking_uri={mlflow_uri}"]
     cfg = load_config(DEMO_CONFIGS[DEFAULT_ENCODER], overrides)
-    out = tmp_path / "demo"
+    out = tmp / "demo"
     flat = run_demo(cfg, out, baselines=("bow",))
+    return {"cfg": cfg, "out": out, "flat": flat, "overrides": overrides, "mlflow_uri": mlflow_uri, "tmp": tmp}
 
+
+TEXTS = ["a man is playing a guitar", "the cat sleeps"]
+
+
+@pytest.mark.slow
+def test_the_tiny_demo_scores_the_model_its_untrained_encoder_and_a_baseline(tiny_demo):
+    out, flat = tiny_demo["out"], tiny_demo["flat"]
     results = json.loads((out / "results.json").read_text())
     assert results == json.loads(json.dumps(flat))
     for name, (lo, hi) in RANGES.items():
@@ -109,9 +119,14 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     assert f"| reddit/p_at_1_minus_{UNTRAINED} | " in table and "| reddit/paired_queries | 200 | — |" in table
     assert "| metric | pretrained, 6 steps | untrained | bow |" in table
 
+
+@pytest.mark.slow
+def test_the_demo_checkpoint_reloads_without_ray_and_gives_the_same_metric(tiny_demo):
+    cfg, out = tiny_demo["cfg"], tiny_demo["out"]
+    results = json.loads((out / "results.json").read_text())
     # The checkpoint reloads without Ray and gives the same embeddings, and the same metric.
     encoder = load(results["checkpoint"])
-    texts = ["a man is playing a guitar", "the cat sleeps"]
+    texts = TEXTS
     assert np.array_equal(encoder.encode(texts), load(results["checkpoint"]).encode(texts))
     assert encoder.meta["run_config"]["trainer"]["steps"] == 6
     # Six steps of the top layer move the pretrained embeddings a little; the untrained checkpoint
@@ -127,6 +142,13 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     again = sts_metrics(EmbeddingScorer(encoder), dev, "stsb/dev")["stsb/dev/pearson"]
     assert again == pytest.approx(results["stsb/dev/pearson"], abs=1e-6)
 
+
+@pytest.mark.slow
+def test_the_demo_mlflow_run_holds_its_metrics_child_runs_and_model(tiny_demo):
+    cfg, out, mlflow_uri, tmp_path = tiny_demo["cfg"], tiny_demo["out"], tiny_demo["mlflow_uri"], tiny_demo["tmp"]
+    results = json.loads((out / "results.json").read_text())
+    table = (out / "results.md").read_text()
+    encoder, texts = load(results["checkpoint"]), TEXTS
     # The demo's MLflow run holds the params, both tasks' training metrics and the model's evaluation
     # metrics; the untrained encoder and each baseline are child runs of it, with their own metrics.
     from mlflow.tracking import MlflowClient
@@ -204,6 +226,16 @@ def test_tiny_demo_end_to_end(ray_session, mlflow_uri, tmp_path):
     assert Path(local).read_text() == card  # the model logged after evaluation, with its results
     np.testing.assert_array_equal(load(out / "model").encode(texts), encoder.encode(texts))
 
+
+@pytest.mark.slow
+def test_a_used_demo_out_is_refused_then_replaced_with_fresh(tiny_demo):
+    """Last: it replaces the module's demo."""
+    from mlflow.tracking import MlflowClient
+
+    cfg, out, overrides = tiny_demo["cfg"], tiny_demo["out"], tiny_demo["overrides"]
+    results = json.loads((out / "results.json").read_text())
+    client = MlflowClient(tiny_demo["mlflow_uri"])
+    run = client.get_run(results["mlflow_run_id"])
     # The same --out again: refused before any work (no MLflow run), then replaced with --fresh.
     experiment = run.info.experiment_id
     before = {r.info.run_id for r in client.search_runs([experiment])}
