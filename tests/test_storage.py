@@ -166,11 +166,12 @@ def test_readers_on_s3(tmp_path):
         assert not storage.has_entries(f"{base}/out") and storage.has_entries(base)
 
 
-@pytest.mark.slow
-def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
-    """`convsts train` with every input, the prepared shards and Ray Train's storage in a bucket;
-    `convsts evaluate` scores a checkpoint in the bucket on the held-out Reddit split read back from it,
-    and `convsts mine-negatives` mines with it into a prepared folder in the bucket."""
+@pytest.fixture(scope="module")
+def trained_on_s3(tmp_path_factory):
+    """`convsts train` with every input, the prepared shards and Ray Train's storage in a bucket of a
+    local S3 server (kept up for the module's tests): the bucket, the data overrides, the command's
+    environment, its --out and its completed process."""
+    tmp_path = tmp_path_factory.mktemp("s3_run")
     with s3_endpoint("convsts-data") as s3_env:
         bucket = "s3://convsts-data"
         files = {
@@ -214,102 +215,123 @@ def test_train_and_evaluate_with_data_and_checkpoints_on_s3(tmp_path):
             text=True,
             timeout=600,
         )
-        assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-4000:]
-        # Its own local Ray instance (no RAY_ADDRESS) runs Ray Train without the preemption watcher,
-        # whose start printed a core_worker.cc error line on every run (ray-project/ray#53727).
-        assert "PreemptionWatcher" not in train.stdout + train.stderr
-        # The test session's own Ray instance runs beside this one: Ray's helpers in this run's workers
-        # find their own cluster (RAY_ADDRESS set by convsts' worker setup), not "multiple instances".
-        assert "multiple active Ray instances" not in train.stdout + train.stderr
-        # Its checkpoints are in a folder of its own under the shared storage path, as train.json says.
-        storage_folder = json.loads((out / "train.json").read_text())["storage"]
-        assert storage_folder.startswith(f"{bucket}/ray_results/") and keys(storage_folder)
+        yield {"bucket": bucket, "data": data, "env": env, "out": out, "train": train}
 
-        prepared = keys(f"{bucket}/prepared")
-        assert "convsts-data/prepared/reddit/manifest.json" in prepared
-        assert any(k.startswith("convsts-data/prepared/reddit/train/") and k.endswith(".parquet") for k in prepared)
-        assert any(k.startswith("convsts-data/prepared/reddit/test/") for k in prepared)
-        assert any(k.startswith("convsts-data/prepared/snli/train/") for k in prepared)
-        manifest = json.loads(storage.read_text(f"{bucket}/prepared/reddit/manifest.json"))
-        assert manifest["inputs"] == [f"{bucket}/raw/reddit/reddit_pairs.parquet"]
-        assert manifest["pairs"] == manifest["train_pairs"] + manifest["test_pairs"] > 0
-        # Ray Train kept its checkpoints in the bucket; the final one was copied to --out.
-        assert any("/checkpoint_" in k and k.endswith("model.safetensors") for k in keys(f"{bucket}/ray_results"))
-        assert not (out / "ray_results").exists()
-        assert (out / "checkpoint" / "model.safetensors").is_file()
-        # The bucket's last checkpoint loads from its URI as the copy in --out does.
-        saved = {k.rsplit("/", 1)[0] for k in keys(f"{bucket}/ray_results") if k.endswith("/model.safetensors")}
-        uri = "s3://" + max(saved, key=lambda folder: folder.rsplit("/", 1)[1])
-        texts = ["a man is playing a guitar", "how do I cook rice"]
-        assert np.array_equal(models.load(uri).encode(texts), models.load(out / "checkpoint").encode(texts))
-        # In-training evaluation on: the best checkpoint by STS-B dev is kept beside the last.
-        train_info = json.loads((out / "train.json").read_text())
-        assert train_info["best_checkpoint"] == str(out / "best_checkpoint")
-        assert (out / "best_checkpoint" / "model.safetensors").is_file()
-        assert not any(Path(out).glob("prepared"))  # nothing prepared locally
 
-        evaluation = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "convsts",
-                "evaluate",
-                "--checkpoint",
-                uri,
-                "--prepared",
-                f"{bucket}/prepared",
-                "--out",
-                str(out / "eval"),
-                *data,
-            ],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert evaluation.returncode == 0, evaluation.stdout[-3000:] + evaluation.stderr[-4000:]
-        results = json.loads((out / "eval" / "results.json").read_text())
-        assert 0.0 <= results["reddit/p_at_1"] <= 1.0  # scored on the held-out split read from the bucket
-        assert -1.0 <= results["stsb/dev/pearson"] <= 1.0
-        assert 0.0 <= results["cqa2016/map"] <= 1.0
-        assert 0.0 <= results["snli/dev/accuracy"] <= 1.0
-        # The tuned STS matrix of a checkpoint read from a URI is written to --out only.
-        assert (
-            -1.0 <= results["stsb_tuned/test/pearson"] <= 1.0 and (out / "eval" / "sts_transform.safetensors").is_file()
-        )
-        assert not (REPO / "s3:").exists()
+def _last_checkpoint_uri(bucket: str) -> str:
+    """The URI of the newest checkpoint Ray Train kept in the bucket."""
+    saved = {k.rsplit("/", 1)[0] for k in keys(f"{bucket}/ray_results") if k.endswith("/model.safetensors")}
+    return "s3://" + max(saved, key=lambda folder: folder.rsplit("/", 1)[1])
 
-        # `convsts mine-negatives` reads the same checkpoint and prepared folder from the bucket and
-        # writes its prepared folder there.
-        mined = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "convsts",
-                "mine-negatives",
-                "--checkpoint",
-                uri,
-                "--prepared",
-                f"{bucket}/prepared",
-                "--out",
-                f"{bucket}/mined",
-                "--pairs",
-                "300",
-            ],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert mined.returncode == 0, mined.stdout[-3000:] + mined.stderr[-4000:]
-        manifest = json.loads(storage.read_text(f"{bucket}/mined/reddit/manifest.json"))
-        assert manifest["negatives"]["checkpoint"] == uri and manifest["negatives"]["sampled_pairs"] == 300
-        assert 0 < manifest["negatives"]["mined_pairs"] == manifest["train_pairs"] <= 300
-        table = storage.read_parquet_table(f"{bucket}/mined/reddit/train")
-        assert "negative" in table.column_names and table.num_rows == manifest["train_pairs"]
-        assert any(k.startswith("convsts-data/mined/snli/train/") for k in keys(f"{bucket}/mined"))
+
+@pytest.mark.slow
+def test_train_with_data_and_checkpoints_on_s3(trained_on_s3):
+    """The prepared shards and Ray Train's checkpoints are in the bucket; the final checkpoint is
+    copied to --out and the bucket's loads from its URI as that copy does."""
+    bucket, out, train = trained_on_s3["bucket"], trained_on_s3["out"], trained_on_s3["train"]
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-4000:]
+    # Its own local Ray instance (no RAY_ADDRESS) runs Ray Train without the preemption watcher,
+    # whose start printed a core_worker.cc error line on every run (ray-project/ray#53727).
+    assert "PreemptionWatcher" not in train.stdout + train.stderr
+    # The test session's own Ray instance runs beside this one: Ray's helpers in this run's workers
+    # find their own cluster (RAY_ADDRESS set by convsts' worker setup), not "multiple instances".
+    assert "multiple active Ray instances" not in train.stdout + train.stderr
+    # Its checkpoints are in a folder of its own under the shared storage path, as train.json says.
+    storage_folder = json.loads((out / "train.json").read_text())["storage"]
+    assert storage_folder.startswith(f"{bucket}/ray_results/") and keys(storage_folder)
+
+    prepared = keys(f"{bucket}/prepared")
+    assert "convsts-data/prepared/reddit/manifest.json" in prepared
+    assert any(k.startswith("convsts-data/prepared/reddit/train/") and k.endswith(".parquet") for k in prepared)
+    assert any(k.startswith("convsts-data/prepared/reddit/test/") for k in prepared)
+    assert any(k.startswith("convsts-data/prepared/snli/train/") for k in prepared)
+    manifest = json.loads(storage.read_text(f"{bucket}/prepared/reddit/manifest.json"))
+    assert manifest["inputs"] == [f"{bucket}/raw/reddit/reddit_pairs.parquet"]
+    assert manifest["pairs"] == manifest["train_pairs"] + manifest["test_pairs"] > 0
+    # Ray Train kept its checkpoints in the bucket; the final one was copied to --out.
+    assert any("/checkpoint_" in k and k.endswith("model.safetensors") for k in keys(f"{bucket}/ray_results"))
+    assert not (out / "ray_results").exists()
+    assert (out / "checkpoint" / "model.safetensors").is_file()
+    # The bucket's last checkpoint loads from its URI as the copy in --out does.
+    uri = _last_checkpoint_uri(bucket)
+    texts = ["a man is playing a guitar", "how do I cook rice"]
+    assert np.array_equal(models.load(uri).encode(texts), models.load(out / "checkpoint").encode(texts))
+    # In-training evaluation on: the best checkpoint by STS-B dev is kept beside the last.
+    train_info = json.loads((out / "train.json").read_text())
+    assert train_info["best_checkpoint"] == str(out / "best_checkpoint")
+    assert (out / "best_checkpoint" / "model.safetensors").is_file()
+    assert not any(Path(out).glob("prepared"))  # nothing prepared locally
+
+
+@pytest.mark.slow
+def test_evaluate_a_checkpoint_in_the_bucket_on_the_held_out_split_read_back_from_it(trained_on_s3):
+    bucket, data, env, out = (trained_on_s3[k] for k in ("bucket", "data", "env", "out"))
+    uri = _last_checkpoint_uri(bucket)
+    evaluation = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "convsts",
+            "evaluate",
+            "--checkpoint",
+            uri,
+            "--prepared",
+            f"{bucket}/prepared",
+            "--out",
+            str(out / "eval"),
+            *data,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert evaluation.returncode == 0, evaluation.stdout[-3000:] + evaluation.stderr[-4000:]
+    results = json.loads((out / "eval" / "results.json").read_text())
+    assert 0.0 <= results["reddit/p_at_1"] <= 1.0  # scored on the held-out split read from the bucket
+    assert -1.0 <= results["stsb/dev/pearson"] <= 1.0
+    assert 0.0 <= results["cqa2016/map"] <= 1.0
+    assert 0.0 <= results["snli/dev/accuracy"] <= 1.0
+    # The tuned STS matrix of a checkpoint read from a URI is written to --out only.
+    assert -1.0 <= results["stsb_tuned/test/pearson"] <= 1.0 and (out / "eval" / "sts_transform.safetensors").is_file()
+    assert not (REPO / "s3:").exists()
+
+
+@pytest.mark.slow
+def test_mine_negatives_with_a_checkpoint_in_the_bucket_into_a_prepared_folder_there(trained_on_s3):
+    bucket, env = trained_on_s3["bucket"], trained_on_s3["env"]
+    uri = _last_checkpoint_uri(bucket)
+    # `convsts mine-negatives` reads the same checkpoint and prepared folder from the bucket and
+    # writes its prepared folder there.
+    mined = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "convsts",
+            "mine-negatives",
+            "--checkpoint",
+            uri,
+            "--prepared",
+            f"{bucket}/prepared",
+            "--out",
+            f"{bucket}/mined",
+            "--pairs",
+            "300",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert mined.returncode == 0, mined.stdout[-3000:] + mined.stderr[-4000:]
+    manifest = json.loads(storage.read_text(f"{bucket}/mined/reddit/manifest.json"))
+    assert manifest["negatives"]["checkpoint"] == uri and manifest["negatives"]["sampled_pairs"] == 300
+    assert 0 < manifest["negatives"]["mined_pairs"] == manifest["train_pairs"] <= 300
+    table = storage.read_parquet_table(f"{bucket}/mined/reddit/train")
+    assert "negative" in table.column_names and table.num_rows == manifest["train_pairs"]
+    assert any(k.startswith("convsts-data/mined/snli/train/") for k in keys(f"{bucket}/mined"))
 
 
 def test_the_cache_of_uri_folders_keeps_the_most_recently_used_copies(tmp_path, monkeypatch):
