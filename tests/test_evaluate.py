@@ -206,11 +206,11 @@ def test_stsb_sample_written_by_pandas_scores_by_genre(tiny_checkpoint, tmp_path
     assert metrics["stsb/dev/news/pearson"] == pytest.approx(sts_metrics(scorer, news, "x")["x/pearson"], abs=1e-9)
 
 
-def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tmp_path, monkeypatch):
+def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tmp_path):
     """The same 40 STS-B pairs written the ways STS releases ship: parquet and JSON lines (MTEB),
     SICK's tab-separated table, a comma-separated table with quoting, the STS Benchmark's own
     headerless file, and an STS 2012-2016 input file with its gold file (3 pairs without gold)."""
-    from convsts.datasets.evalsets import read_sts_file, sts_set_names
+    from convsts.datasets.evalsets import read_sts_file
     from convsts.io.errors import BadInputError
 
     pairs = read_stsb(stsb_split_path(resolve_path("{sample}"), "test")).iloc[:40].reset_index(drop=True)
@@ -296,6 +296,26 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     assert results["sts/overlap/pearson"] != pytest.approx(results["sts/set_parquet/pearson"], abs=1e-6)  # all 50
     assert "other STS sets, STS-B's tuned matrix" in (tmp_path / "eval" / "results.md").read_text()
 
+    # Refused before the evaluation makes anything: a missing file, or a NAME=FILE without its file.
+    for entries, message in (
+        (
+            [f"y={tmp_path / 'set_jsonl.jsonl'}", "trainr.steps=5"],
+            r"--sts trainr.steps=5: no file 5 to name 'trainr.steps' \(as a config override, "
+            r"'trainr.steps' is not a run config key\)",
+        ),
+        ([str(tmp_path / "gone.tsv")], r"--sts .*gone.tsv: no such file"),
+    ):
+        with pytest.raises(BadInputError, match=message):
+            run_evaluation(
+                cfg, tmp_path / "refused", checkpoint=str(tiny_checkpoint), log_to_mlflow=False, sts_files=entries
+            )
+        assert not (tmp_path / "refused").exists()
+
+
+def test_sts_sets_are_named_by_their_release_folder_or_their_own_name(tmp_path, monkeypatch):
+    from convsts.datasets.evalsets import sts_set_names
+    from convsts.io.errors import BadInputError
+
     # An STS 2012-2016 set is named by its release's folder too (headlines is in STS 2013-2016); other
     # files by their own name, and by their folder's where two share one.
     assert sts_set_names(
@@ -335,24 +355,17 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
         sts_set_names(["x=a.tsv", "x=b.tsv"])
     with pytest.raises(BadInputError, match=r"^a.tsv: given to --sts twice"):
         sts_set_names(["x=a.tsv", "a.tsv"])
-    # Refused before the evaluation makes anything: a missing file, or a NAME=FILE without its file.
-    for entries, message in (
-        (
-            [f"y={tmp_path / 'set_jsonl.jsonl'}", "trainr.steps=5"],
-            r"--sts trainr.steps=5: no file 5 to name 'trainr.steps' \(as a config override, "
-            r"'trainr.steps' is not a run config key\)",
-        ),
-        ([str(tmp_path / "gone.tsv")], r"--sts .*gone.tsv: no such file"),
-    ):
-        with pytest.raises(BadInputError, match=message):
-            run_evaluation(
-                cfg, tmp_path / "refused", checkpoint=str(tiny_checkpoint), log_to_mlflow=False, sts_files=entries
-            )
-        assert not (tmp_path / "refused").exists()
     (tmp_path / "odd=name.tsv").write_text("")  # a file whose own name holds "=" is that file
     monkeypatch.chdir(tmp_path)
     assert sts_set_names(["odd=name.tsv"]) == {"odd=name.tsv": "odd=name"}
 
+
+def test_an_sts_file_that_cannot_be_read_as_scored_pairs_is_refused_naming_it(tmp_path):
+    from convsts.datasets.evalsets import read_sts_file
+    from convsts.io.errors import BadInputError
+
+    plain = read_stsb(stsb_split_path(resolve_path("{sample}"), "test")).iloc[:40].reset_index(drop=True)
+    plain = plain[["sentence1", "sentence2", "score"]]
     (tmp_path / "two_columns.tsv").write_text("a cat sits\ta cat is sitting\n")
     (tmp_path / "STS.input.nogold.txt").write_text("a\tb\n")
     (tmp_path / "STS.input.short.txt").write_text("a\tb\nc\td\n")
