@@ -228,15 +228,15 @@ class RunConfig:
         _validate_encoder_sizes(self.model)
         tok = self.tokenizer
         for key in ("word_vocab_size", "max_words", "subword_vocab_size", "min_count"):
-            _need(getattr(tok, key) >= 1, f"tokenizer.{key}", ">= 1", getattr(tok, key))
-        _need(self.data.rows_per_shard >= 1, "data.rows_per_shard", ">= 1", self.data.rows_per_shard)
-        _need(self.data.driver_bytes >= 0, "data.driver_bytes", ">= 0", self.data.driver_bytes)
-        _need(self.data.dump_local_bytes >= 0, "data.dump_local_bytes", ">= 0", self.data.dump_local_bytes)
-        _need(self.eval.reddit_pairs >= 1, "eval.reddit_pairs", ">= 1", self.eval.reddit_pairs)
-        _need(self.eval.reddit_negatives >= 1, "eval.reddit_negatives", ">= 1", self.eval.reddit_negatives)
-        _need(self.eval.batch_size >= 1, "eval.batch_size", ">= 1", self.eval.batch_size)
+            _require(getattr(tok, key) >= 1, f"tokenizer.{key}", ">= 1", getattr(tok, key))
+        _require(self.data.rows_per_shard >= 1, "data.rows_per_shard", ">= 1", self.data.rows_per_shard)
+        _require(self.data.driver_bytes >= 0, "data.driver_bytes", ">= 0", self.data.driver_bytes)
+        _require(self.data.dump_local_bytes >= 0, "data.dump_local_bytes", ">= 0", self.data.dump_local_bytes)
+        _require(self.eval.reddit_pairs >= 1, "eval.reddit_pairs", ">= 1", self.eval.reddit_pairs)
+        _require(self.eval.reddit_negatives >= 1, "eval.reddit_negatives", ">= 1", self.eval.reddit_negatives)
+        _require(self.eval.batch_size >= 1, "eval.batch_size", ">= 1", self.eval.batch_size)
         name = self.mlflow.experiment  # MLflow's own rule, found here rather than after the work
-        _need(
+        _require(
             0 < len(name) <= MLFLOW_NAME_CHARS, "mlflow.experiment", f"1 to {MLFLOW_NAME_CHARS} characters", len(name)
         )
 
@@ -247,76 +247,76 @@ class RunConfig:
         return OmegaConf.to_yaml(OmegaConf.structured(self))
 
 
-def _need(ok: bool, key: str, rule: str, value) -> None:
+def _require(ok: bool, key: str, rule: str, value) -> None:
     if not ok:
         raise ConfigError(f"config key '{key}': must be {rule}, got {value!r}")
 
 
 def _finite_positive(key: str, value) -> None:
-    _need(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, key, "finite and > 0", value)
+    _require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, key, "finite and > 0", value)
 
 
 def _validate_trainer_numbers(t: TrainerConfig) -> None:
-    _need(t.steps >= 0, "trainer.steps", ">= 0 (0 = save the untrained model)", t.steps)
-    _need(t.cpus_per_worker > 0, "trainer.cpus_per_worker", "> 0", t.cpus_per_worker)
-    _need(t.torch_threads >= 0, "trainer.torch_threads", ">= 0 (0 = Ray's choice)", t.torch_threads)
+    _require(t.steps >= 0, "trainer.steps", ">= 0 (0 = save the untrained model)", t.steps)
+    _require(t.cpus_per_worker > 0, "trainer.cpus_per_worker", "> 0", t.cpus_per_worker)
+    _require(t.torch_threads >= 0, "trainer.torch_threads", ">= 0 (0 = Ray's choice)", t.torch_threads)
     for key in ("checkpoint_every", "log_every", "keep_checkpoints"):
-        _need(getattr(t, key) >= 1, f"trainer.{key}", ">= 1", getattr(t, key))
-    _need(t.eval_every >= 0, "trainer.eval_every", ">= 0 (0 = off)", t.eval_every)
-    _need(t.bucket_batches >= 0, "trainer.bucket_batches", ">= 0 (0 = off)", t.bucket_batches)
-    _need(t.max_failures >= 0, "trainer.max_failures", ">= 0", t.max_failures)
-    _need(
+        _require(getattr(t, key) >= 1, f"trainer.{key}", ">= 1", getattr(t, key))
+    _require(t.eval_every >= 0, "trainer.eval_every", ">= 0 (0 = off)", t.eval_every)
+    _require(t.bucket_batches >= 0, "trainer.bucket_batches", ">= 0 (0 = off)", t.bucket_batches)
+    _require(t.max_failures >= 0, "trainer.max_failures", ">= 0", t.max_failures)
+    _require(
         math.isfinite(t.grad_clip) and t.grad_clip >= 0,
         "trainer.grad_clip",
         "finite and >= 0 (0 = off)",
         t.grad_clip,
     )
-    _need(math.isfinite(t.momentum) and 0 <= t.momentum < 1, "trainer.momentum", "in [0, 1)", t.momentum)
-    _need(
+    _require(math.isfinite(t.momentum) and 0 <= t.momentum < 1, "trainer.momentum", "in [0, 1)", t.momentum)
+    _require(
         math.isfinite(t.weight_decay) and t.weight_decay >= 0,
         "trainer.weight_decay",
         "finite and >= 0",
         t.weight_decay,
     )
-    _need(t.warmup_steps >= 0, "trainer.warmup_steps", ">= 0 (0 = off)", t.warmup_steps)
-    _need(t.precision in PRECISIONS, "trainer.precision", "|".join(PRECISIONS), t.precision)
-    _need(t.lr_decay in LR_DECAYS, "trainer.lr_decay", "|".join(LR_DECAYS), t.lr_decay)
-    _need(t.task_split in TASK_SPLITS, "trainer.task_split", "|".join(TASK_SPLITS), t.task_split)
-    _need(
+    _require(t.warmup_steps >= 0, "trainer.warmup_steps", ">= 0 (0 = off)", t.warmup_steps)
+    _require(t.precision in PRECISIONS, "trainer.precision", "|".join(PRECISIONS), t.precision)
+    _require(t.lr_decay in LR_DECAYS, "trainer.lr_decay", "|".join(LR_DECAYS), t.lr_decay)
+    _require(t.task_split in TASK_SPLITS, "trainer.task_split", "|".join(TASK_SPLITS), t.task_split)
+    _require(
         t.placement_strategy in PLACEMENT_STRATEGIES,
         "trainer.placement_strategy",
         "|".join(PLACEMENT_STRATEGIES),
         t.placement_strategy,
     )
-    _need(t.async_refresh_every >= 1, "trainer.async_refresh_every", ">= 1", t.async_refresh_every)
-    _need(t.async_slack >= 0, "trainer.async_slack", ">= 0", t.async_slack)
+    _require(t.async_refresh_every >= 1, "trainer.async_refresh_every", ">= 1", t.async_refresh_every)
+    _require(t.async_slack >= 0, "trainer.async_slack", ">= 0", t.async_slack)
 
 
 def _validate_task_layout(t: TrainerConfig) -> None:
     """trainer.task_workers and trainer.task_split=async against the trained tasks."""
     for task, count in t.task_workers.items():
-        _need(
+        _require(
             task in t.task_weights,
             f"trainer.task_workers.{task}",
             f"a trained task ({', '.join(t.task_weights)})",
             task,
         )
-        _need(count >= 1, f"trainer.task_workers.{task}", ">= 1", count)
+        _require(count >= 1, f"trainer.task_workers.{task}", ">= 1", count)
     if t.task_workers:
-        _need(
+        _require(
             sorted(t.task_workers) == sorted(t.task_weights),
             "trainer.task_workers",
             f"a count for every trained task ({', '.join(t.task_weights)})",
             dict(t.task_workers),
         )
-        _need(
+        _require(
             sum(t.task_workers.values()) == t.num_workers,
             "trainer.task_workers",
             f"counts summing to trainer.num_workers ({t.num_workers})",
             dict(t.task_workers),
         )
     if t.task_split == "async":
-        _need(
+        _require(
             t.num_workers >= len(t.task_weights),
             "trainer.num_workers",
             f">= the number of tasks ({len(t.task_weights)}) with trainer.task_split=async",
@@ -325,14 +325,14 @@ def _validate_task_layout(t: TrainerConfig) -> None:
 
 
 def _validate_model_numbers(m: ModelConfig, t: TrainerConfig) -> None:
-    _need(m.pretrained.pooling in POOLINGS, "model.pretrained.pooling", "|".join(POOLINGS), m.pretrained.pooling)
-    _need(
+    _require(m.pretrained.pooling in POOLINGS, "model.pretrained.pooling", "|".join(POOLINGS), m.pretrained.pooling)
+    _require(
         m.pretrained.output_dim >= 0,
         "model.pretrained.output_dim",
         ">= 0 (0 = no projection)",
         m.pretrained.output_dim,
     )
-    _need(
+    _require(
         m.pretrained.train_layers >= -1,
         "model.pretrained.train_layers",
         ">= -1 (-1 = all)",
@@ -341,7 +341,7 @@ def _validate_model_numbers(m: ModelConfig, t: TrainerConfig) -> None:
     _finite_positive("model.score_scale", m.score_scale)
     _finite_positive("trainer.dense_lr_scale", t.dense_lr_scale)
     for task, scale in t.head_lr_scale.items():
-        _need(
+        _require(
             task in t.task_weights,
             f"trainer.head_lr_scale.{task}",
             f"a trained task ({', '.join(t.task_weights)})",
@@ -349,9 +349,9 @@ def _validate_model_numbers(m: ModelConfig, t: TrainerConfig) -> None:
         )
         _finite_positive(f"trainer.head_lr_scale.{task}", scale)
     for i, stage in enumerate(t.stages):
-        _need(stage.batch_size >= 1, f"trainer.stages[{i}].batch_size", ">= 1", stage.batch_size)
+        _require(stage.batch_size >= 1, f"trainer.stages[{i}].batch_size", ">= 1", stage.batch_size)
         _finite_positive(f"trainer.stages[{i}].lr", stage.lr)
-        _need(stage.start_step >= 0, f"trainer.stages[{i}].start_step", ">= 0", stage.start_step)
+        _require(stage.start_step >= 0, f"trainer.stages[{i}].start_step", ">= 0", stage.start_step)
     for task, weight in t.task_weights.items():
         _finite_positive(f"trainer.task_weights.{task}", weight)
 

@@ -16,7 +16,7 @@ from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.tasks import trained_tasks
 from convsts.ray_jobs.training.state import MetricWindow, StageSchedule, TrainState, format_eta, resume_skip
 from convsts.ray_jobs.training.step import Optimizers, train_step
-from convsts.ray_jobs.training.task_groups import GradientCombiner, TaskPlan, draw_task
+from convsts.ray_jobs.training.task_groups import GradientCombiner, SplitMode, TaskPlan, draw_task
 
 # open_stream(task, batch_size, epoch, skip) -> an iterator of batches with .position()
 StreamFactory = Callable[[str, int, int, int], Iterator[dict[str, torch.Tensor]]]
@@ -100,7 +100,7 @@ class TrainLoop:
         }
 
     def _next_task(self) -> str:
-        return draw_task(self.plan, self.task_gen) if self.plan.mode == "task_sampling" else self.my_tasks[0]
+        return draw_task(self.plan, self.task_gen) if self.plan.mode is SplitMode.TASK_SAMPLING else self.my_tasks[0]
 
     def check_finite(self) -> None:
         """Raise naming the first step (and its task) whose loss was not finite since the last check.

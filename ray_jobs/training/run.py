@@ -49,7 +49,7 @@ from convsts.ray_jobs.training.run_record import (
     resume_advice,
     run_storage,
 )
-from convsts.ray_jobs.training.task_groups import plan_for
+from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
 from convsts.ray_jobs.training.worker import train_loop_per_worker
 
 MODEL_FOLDER = "model"  # OUT/model
@@ -309,7 +309,7 @@ def _train(
     loop_config = {"run": cfg.to_dict(), "tokenizer": tokenizer.to_dict(), "datasets": sorted(datasets)}
     loop_config.update(tracking_uri=uri, run_id=run_id, continues=continues, provenance={"data": digests})
     holder = None
-    if plan.mode == "async":  # the shared encoder's parameter holder, for this fit only
+    if plan.mode is SplitMode.ASYNC:  # the shared encoder's parameter holder, for this fit only
         holder = loop_config["holder"] = start_holder(cfg)
     trainer = _torch_trainer(cfg, location, loop_config, datasets, plan, extra_callbacks)
     try:
@@ -391,17 +391,17 @@ def _keep_checkpoints(cfg: RunConfig, result, out_dir: Path) -> tuple[Path, Path
     STS-B dev beside it."""
     if result.checkpoint is None:
         raise RuntimeError(f"training finished without a checkpoint; see {out_dir / 'ray_results'}")
-    final = _place(result.checkpoint, out_dir / "checkpoint")
+    final = _copy_whole(result.checkpoint, out_dir / "checkpoint")
     best = None
     if cfg.trainer.eval_every:  # the checkpoint with the best in-training STS-B dev, beside the last
         chosen = result.get_best_checkpoint(SCORE_METRIC, "max")
         if chosen is not None:
-            best = _place(chosen, out_dir / BEST_FOLDER)
+            best = _copy_whole(chosen, out_dir / BEST_FOLDER)
             log.info("best checkpoint by %s: %s", SCORE_METRIC, best)
     return final, best
 
 
-def _place(checkpoint, target: Path) -> Path:
+def _copy_whole(checkpoint, target: Path) -> Path:
     """A Ray checkpoint copied whole to `target` (staged: a copy that fails, as on a full disk, leaves
     no half checkpoint there)."""
     with staged(target) as partial:

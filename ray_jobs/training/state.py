@@ -196,7 +196,7 @@ class TrainState:
             "head_optimizers": self.head_optimizers,
             "positions": self.positions,
             "world_size": self.world_size,
-            "mode": self.mode,
+            "mode": str(self.mode),
             "task_updates": self.task_updates,
             "pushed": self.pushed,
         }

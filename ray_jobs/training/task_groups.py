@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 import torch.distributed as dist
@@ -23,11 +24,24 @@ import torch.distributed as dist
 HEAD_COUNT_TOLERANCE = 0.01
 
 
+class SplitMode(StrEnum):
+    """How a plan realises the task weights (the module's docstring says each); its value is what
+    MLflow's `task_split_mode` tag and a checkpoint's train state record."""
+
+    HEAD_COUNT = "head_count"
+    GRADIENT_WEIGHTING = "gradient_weighting"
+    TASK_SAMPLING = "task_sampling"
+    ASYNC = "async"
+
+
+EVERY_TASK = "*"  # the task of the one rank of TASK_SAMPLING: it draws each step's task from all
+
+
 @dataclass(frozen=True)
 class TaskPlan:
-    mode: str  # head_count | gradient_weighting | task_sampling | async
+    mode: SplitMode
     weights: dict[str, float]  # normalized configured weights
-    rank_tasks: tuple[str, ...]  # the task of each rank ("*" for every task in task_sampling)
+    rank_tasks: tuple[str, ...]  # the task of each rank (EVERY_TASK for the one rank of TASK_SAMPLING)
 
     @property
     def world_size(self) -> int:
@@ -38,25 +52,25 @@ class TaskPlan:
         return list(self.weights)
 
     def ranks_of(self, task: str) -> list[int]:
-        if self.mode == "task_sampling":
+        if self.mode is SplitMode.TASK_SAMPLING:
             return [0]
         return [r for r, t in enumerate(self.rank_tasks) if t == task]
 
     def tasks_of(self, rank: int) -> list[str]:
-        return self.tasks if self.rank_tasks[rank] == "*" else [self.rank_tasks[rank]]
+        return self.tasks if self.mode is SplitMode.TASK_SAMPLING else [self.rank_tasks[rank]]
 
     def leader(self, task: str) -> int:
         return self.ranks_of(task)[0]
 
     def effective_weight(self, task: str) -> float:
         """The share of the encoder update that comes from `task`."""
-        if self.mode == "head_count":
+        if self.mode is SplitMode.HEAD_COUNT:
             return len(self.ranks_of(task)) / self.world_size
         return self.weights[task]
 
     def encoder_grad_scale(self, rank: int) -> float:
         """Multiply rank's local encoder gradient by this, then SUM across all ranks."""
-        if self.mode in ("task_sampling", "async"):
+        if self.mode in (SplitMode.TASK_SAMPLING, SplitMode.ASYNC):
             return 1.0
         task = self.rank_tasks[rank]
         return self.effective_weight(task) / len(self.ranks_of(task))
@@ -76,7 +90,7 @@ def plan_tasks(
         raise ValueError(f"task weights must be positive, got {weights}")
     norm = {t: w / total for t, w in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))}
     if num_workers == 1 and len(norm) > 1 and split == "sync":
-        return TaskPlan("task_sampling", norm, ("*",))
+        return TaskPlan(SplitMode.TASK_SAMPLING, norm, (EVERY_TASK,))
     if num_workers < len(norm):
         raise ValueError(
             f"{num_workers} workers for {len(norm)} tasks: use one worker (sync), or at least one per task"
@@ -97,9 +111,9 @@ def plan_tasks(
             counts[t] -= 1
     rank_tasks = tuple(t for t in norm for _ in range(counts[t]))
     if split == "async":
-        return TaskPlan("async", norm, rank_tasks)
+        return TaskPlan(SplitMode.ASYNC, norm, rank_tasks)
     matches = all(abs(counts[t] / num_workers - w) <= HEAD_COUNT_TOLERANCE for t, w in norm.items())
-    return TaskPlan("head_count" if matches else "gradient_weighting", norm, rank_tasks)
+    return TaskPlan(SplitMode.HEAD_COUNT if matches else SplitMode.GRADIENT_WEIGHTING, norm, rank_tasks)
 
 
 def plan_for(trainer, num_workers: int) -> TaskPlan:
@@ -124,7 +138,7 @@ class GradientCombiner:
         """After backward on `task`'s loss: the encoder's gradients become the plan's weighted mix
         over all ranks, the task head's the mean over the task's ranks. In async mode gradients stay
         local: the worker pushes them to the parameter holder."""
-        if self.plan.mode == "async":
+        if self.plan.mode is SplitMode.ASYNC:
             return
         self.combine_encoder(list(model.encoder.parameters()), model.sparse_parameters())
         self.combine_head(task, list(model.heads[task].parameters()))

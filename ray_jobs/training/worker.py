@@ -19,7 +19,7 @@ from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
 from convsts.ray_jobs.training.data import TaskStream
 from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
 from convsts.ray_jobs.training.state import TrainState, initial_model, restore
-from convsts.ray_jobs.training.task_groups import plan_for
+from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
 
 
 def say_once(line: str) -> None:
@@ -68,7 +68,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         )
 
     hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank, restarted=restarted)
-    if plan.mode == "async":
+    if plan.mode is SplitMode.ASYNC:
         holder = loop_config["holder"]
         loop: TrainLoop = AsyncTrainLoop(cfg, model, plan, rank, open_stream, holder, tokenizer, hooks, state)
     else:
