@@ -295,3 +295,16 @@ def test_reading_a_run_config_imports_no_data_pipeline():
         "load_config('configs/demo.yaml', ['trainer.task_weights={reddit: 0.9, snli: 0.1}'])"
     )
     assert _loaded_after(code, pipelines) == []
+
+
+def test_every_package_of_the_tree_is_listed_for_the_wheel():
+    """pyproject.toml lists the packages (the links of convsts/ are not discovered): a subpackage
+    added to the tree and not to that list would be missing from an installed wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {m.rpartition(".")[0] for m, path in MODULES.items() if path is not None and path.name != "__init__.py"}
+    packages |= {m for m, path in MODULES.items() if path is None or path.name == "__init__.py"}
+    assert listed == packages, (
+        f"not listed: {sorted(packages - listed)}; listed, not in the tree: {sorted(listed - packages)}"
+    )
