@@ -181,7 +181,7 @@ def test_a_nan_loss_stops_training_naming_the_step_and_task_and_saves_nothing():
     )
     saved = []
     loop, _, _ = core._loop(
-        cfg, hooks=LoopHooks(checkpoint=lambda step, m, s: saved.append(step), say=lambda line: None)
+        cfg, hooks=LoopHooks(checkpoint=lambda step, m, s: saved.append(step), progress=lambda line: None)
     )
     loop.tasks["snli"] = core.snli_with_nan_loss_at(3)
     with pytest.raises(NonFiniteLossError, match="non-finite snli loss .* at step 3"):
@@ -307,7 +307,7 @@ def test_the_final_checkpoint_is_placed_whole_or_not_at_all(tmp_path):
 
     from ray.train import Checkpoint
 
-    from convsts.ray_jobs.training.run import _place
+    from convsts.ray_jobs.training.run import _copy_whole
 
     source, target = tmp_path / "ray" / "checkpoint_1", tmp_path / "out" / "checkpoint"
     source.mkdir(parents=True)
@@ -321,13 +321,13 @@ def test_the_final_checkpoint_is_placed_whole_or_not_at_all(tmp_path):
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
     try:
         with pytest.raises(OSError, match="File too large"):
-            _place(Checkpoint.from_directory(str(source)), target)
+            _copy_whole(Checkpoint.from_directory(str(source)), target)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, handler)
     assert (target / "model.safetensors").read_bytes() == b"old weights"  # the earlier one, whole
     assert sorted(p.name for p in target.parent.iterdir()) == ["checkpoint"]  # no half copy beside it
-    _place(Checkpoint.from_directory(str(source)), target)
+    _copy_whole(Checkpoint.from_directory(str(source)), target)
     assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in target.parent.iterdir()) == ["checkpoint"]
 

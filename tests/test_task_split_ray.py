@@ -139,7 +139,7 @@ def _nan_worker(config):
         plan,
         rank,
         open_stream,
-        LoopHooks(checkpoint=lambda step, m, s: saved.append(step), say=lambda line: None),
+        LoopHooks(checkpoint=lambda step, m, s: saved.append(step), progress=lambda line: None),
     )
     loop.tasks["snli"] = core.snli_with_nan_loss_at(3)
     try:

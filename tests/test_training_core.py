@@ -85,7 +85,7 @@ def _loop(cfg, state=None, hooks=None, model=None):
         return FrameStream(tasks[task], FRAMES[task], tokenizer, batch_size, 16, seed=cfg.seed, epoch=epoch, skip=skip)
 
     plan = plan_tasks(cfg.trainer.task_weights, 1)
-    loop = TrainLoop(cfg, model, plan, 0, open_stream, hooks or LoopHooks(say=lambda line: None), state)
+    loop = TrainLoop(cfg, model, plan, 0, open_stream, hooks or LoopHooks(progress=lambda line: None), state)
     return loop, model, opened
 
 
@@ -127,7 +127,7 @@ def test_resume_from_a_checkpointed_state_matches_the_uninterrupted_run():
     def checkpoint(step, metrics, state):  # a snapshot, as the worker's torch.save makes
         saved[step] = (copy.deepcopy(state), {k: v.clone() for k, v in model.state_dict().items()})
 
-    loop, model, _ = _loop(cfg, hooks=LoopHooks(checkpoint=checkpoint, say=lambda line: None))
+    loop, model, _ = _loop(cfg, hooks=LoopHooks(checkpoint=checkpoint, progress=lambda line: None))
     loop.run()
     state, weights = saved[3]
     assert state.step == 3 and state.positions == [{"reddit": {"epoch": 0, "batch_in_epoch": 3, "batch_size": 8}}]
@@ -186,7 +186,7 @@ def test_one_worker_draws_both_tasks_and_logs_each():
         ],
     )
     logged = {}
-    loop, _, _ = _loop(cfg, hooks=LoopHooks(log=lambda m, s: logged.update(m), say=lambda line: None))
+    loop, _, _ = _loop(cfg, hooks=LoopHooks(log=lambda m, s: logged.update(m), progress=lambda line: None))
     loop.run()
     assert {"reddit/loss", "snli/loss", "reddit/batch_accuracy", "snli/batch_accuracy", "lr"} <= set(logged)
     assert all(np.isfinite(v) for v in logged.values())
@@ -219,7 +219,7 @@ def test_a_toy_task_is_one_module_plus_config_entries(tmp_path):
     assert list(trained_tasks(cfg)) == ["reddit", "toy"]
     assert model_heads(cfg) == {"reddit": "response", "snli": "nli", "toy": "testkit.toy_task:SameFirstWordHead"}
     logged = {}
-    loop, model, _ = _loop(cfg, hooks=LoopHooks(log=lambda m, s: logged.update(m), say=lambda line: None))
+    loop, model, _ = _loop(cfg, hooks=LoopHooks(log=lambda m, s: logged.update(m), progress=lambda line: None))
     loop.run()
     assert "toy/loss" in logged and np.isfinite(logged["toy/loss"])
     # The checkpoint records the head kinds; convsts.models.load rebuilds the toy head without the task registry.
@@ -305,7 +305,7 @@ def test_every_checkpoint_carries_the_latest_in_training_score():
     hooks = LoopHooks(
         checkpoint=lambda step, metrics, state: reported.update({step: metrics[SCORE_METRIC]}),
         evaluate=lambda model: {SCORE_METRIC: next(scores)},
-        say=lambda line: None,
+        progress=lambda line: None,
     )
     loop, _, _ = _loop(cfg, hooks=hooks)
     loop.run()

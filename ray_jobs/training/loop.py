@@ -48,7 +48,7 @@ class LoopHooks:
         _no_checkpoint  # every rank calls it; rank 0 gets the state
     )
     evaluate: Callable[[Any], dict[str, float]] | None = None  # rank 0, every trainer.eval_every steps
-    say: Callable[[str], None] = lambda line: print(line, flush=True)
+    progress: Callable[[str], None] = lambda line: print(line, flush=True)  # a progress line
 
 
 class TrainLoop:
@@ -157,7 +157,7 @@ class TrainLoop:
         """Rank 0's in-training evaluation: said, logged, and kept to rank the next checkpoints."""
         assert self.hooks.evaluate is not None, "evaluated where no evaluation hook is set"
         self.last_eval = self.hooks.evaluate(self.model)
-        self.hooks.say(
+        self.hooks.progress(
             f"[convsts rank 0] step {self.step} " + " ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items())
         )
         self.hooks.log(self.last_eval, self.step)
@@ -171,7 +171,9 @@ class TrainLoop:
         if metrics:
             eta = (time.time() - run_start) / (self.step - self.start) * (trainer.steps - self.step)
             shown = " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if "/" in k)
-            self.hooks.say(f"[convsts rank {self.rank}] step {self.step}/{trainer.steps} {shown} eta {format_eta(eta)}")
+            self.hooks.progress(
+                f"[convsts rank {self.rank}] step {self.step}/{trainer.steps} {shown} eta {format_eta(eta)}"
+            )
             self.hooks.log(metrics, self.step)
         self.window.reset()
         return metrics

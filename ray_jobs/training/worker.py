@@ -22,7 +22,7 @@ from convsts.ray_jobs.training.state import TrainState, initial_model, restore
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
 
 
-def say_once(line: str) -> None:
+def print_once(line: str) -> None:
     """One progress line on the worker's real stdout (Ray forwards it to the driver). Ray Train
     patches `print` in workers to also log each line through the root logger, which printed every
     line twice."""
@@ -122,7 +122,7 @@ def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int, 
             ray.train.report({**metrics, "step": step}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
     evaluate = StsDevProbe(cfg, tokenizer).evaluate if rank == 0 and cfg.trainer.eval_every else None
-    return LoopHooks(log=log, checkpoint=report, evaluate=evaluate, say=say_once)
+    return LoopHooks(log=log, checkpoint=report, evaluate=evaluate, progress=print_once)
 
 
 def _announce(loop_config: dict[str, Any], plan, world: int, device, step: int, restarted: bool) -> None:
@@ -130,7 +130,7 @@ def _announce(loop_config: dict[str, Any], plan, world: int, device, step: int, 
     the run's tags at a first start, the restart step after a restart (FailureConfig)."""
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
     threads = torch.get_num_threads()
-    say_once(f"[convsts rank 0] world size {world}; device {device}; torch threads {threads}; start step {step}")
+    print_once(f"[convsts rank 0] world size {world}; device {device}; torch threads {threads}; start step {step}")
     if step == 0 and uri and run_id:
         tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode, "torch_threads": str(threads)})
     # The restart is an event, logged directly: hooks.log drops points at steps the run already holds, so a
