@@ -9,7 +9,7 @@ from typing import Any
 
 from convsts.io import storage
 from convsts.ray_jobs.config.schema import RunConfig
-from convsts.ray_jobs.runtime.process import ensure_ray, log
+from convsts.ray_jobs.runtime.process import log
 from convsts.ray_jobs.tasks import prepared_tasks
 from convsts.ray_jobs.tasks.prepared_folder import MANIFEST, prepare_into, verify_prepared
 
@@ -24,34 +24,29 @@ def prepare_all(cfg: RunConfig, out_dir: str) -> dict[str, dict[str, Any]]:
     Run again into the same folder, it resumes: a task prepared to the end from this run's inputs
     and settings is kept (one that differs is refused, naming the difference), one that was
     interrupted is prepared again."""
-    manifests = {}
     tasks = prepared_tasks(cfg)
-    done = {name: is_prepared(task, str(out_dir)) for name, task in tasks.items()}
-    _check_raw_inputs(cfg, [task for name, task in tasks.items() if not done[name]])
+    manifests = _prepare_missing(cfg, str(out_dir), tasks)
     for name, task in tasks.items():
-        if done[name]:
+        if name not in manifests:
             manifests[name] = verify_prepared(task, str(out_dir), cfg)
             log.info("%s: already prepared from this run's inputs and settings; kept", task.prepared_dir(str(out_dir)))
-        else:
-            manifests[name] = prepare_into(task, task.raw_inputs(cfg), task.prepared_dir(str(out_dir)), cfg)
-    return manifests
-
-
-def _check_raw_inputs(cfg: RunConfig, tasks) -> None:
-    """Every raw input of the tasks about to be prepared is there (a missing one raises, naming it)
-    before any task's prepare starts."""
-    for task in tasks:
-        storage.expand_inputs(task.raw_inputs(cfg))
+    return {name: manifests[name] for name in tasks}
 
 
 def ensure_prepared(cfg: RunConfig, prepared: str) -> dict[str, dict[str, Any]]:
     """Prepare the shards of this run's tasks (prepared_tasks) that are not in `prepared` yet (or
     whose prepare was interrupted); returns the manifests written. Folders already prepared are
     left to check_prepared."""
-    todo = {name: task for name, task in prepared_tasks(cfg).items() if not is_prepared(task, prepared)}
-    _check_raw_inputs(cfg, list(todo.values()))
-    written = {}
-    for name, task in todo.items():
-        ensure_ray()
-        written[name] = prepare_into(task, task.raw_inputs(cfg), task.prepared_dir(prepared), cfg)
-    return written
+    return _prepare_missing(cfg, prepared, prepared_tasks(cfg))
+
+
+def _prepare_missing(cfg: RunConfig, prepared: str, tasks: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each of `tasks` not prepared to the end under `prepared`, prepared there (a task's prepare
+    starts Ray only where it needs Ray Data); every raw input of them is checked first, so a missing
+    one is named before any task's prepare starts."""
+    todo = {name: task for name, task in tasks.items() if not is_prepared(task, prepared)}
+    for task in todo.values():
+        storage.expand_inputs(task.raw_inputs(cfg))  # raises, naming a missing input
+    return {
+        name: prepare_into(task, task.raw_inputs(cfg), task.prepared_dir(prepared), cfg) for name, task in todo.items()
+    }

@@ -13,15 +13,13 @@ from typing import Any, cast
 import numpy as np
 from omegaconf import OmegaConf
 
-from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.io.errors import ConfigError
-from convsts.io.storage import resolve_path
 from convsts.models import load
 from convsts.models.sts_transform import StsTransform, fit_sts_transform
 from convsts.ray_jobs.config.loader import from_dict, merge_layer
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
-from convsts.ray_jobs.evaluation.sts import stsb_embeddings
+from convsts.ray_jobs.evaluation.sts import read_stsb_split, stsb_embeddings
 from convsts.ray_jobs.pipelines.evaluate import evaluate
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.run import run_training
@@ -185,6 +183,5 @@ def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> tuple[dict[str, Any],
     """(STS-B frames, their embeddings) for train, dev and test."""
 
     scorer = EmbeddingScorer(load(checkpoint), cfg.eval.batch_size)
-    stsb_dir = resolve_path(cfg.data.stsb_dir)
-    frames = {split: read_stsb(stsb_split_path(stsb_dir, split)) for split in ("train", "dev", "test")}
+    frames = {split: read_stsb_split(cfg, split) for split in ("train", "dev", "test")}
     return frames, {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}
