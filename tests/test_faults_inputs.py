@@ -98,41 +98,21 @@ def test_duplicate_comment_ids_make_no_second_pair_and_the_manifest_adds_up(tmp_
 def _damage(case: str, root: Path) -> tuple:
     """Write the bad input of `case` under root; -> (the command's arguments, the expected message)."""
     dump, out = dump_lines(6), ["--out", str(root / "prepared")]
+
+    def prepare(path: Path) -> list[str]:
+        return ["-m", "convsts", "prepare", "reddit", "--input", str(path), *out]
+
     if case == "empty_file":
         (root / "RC_empty").write_bytes(b"")
-        return [
-            "-m",
-            "convsts",
-            "prepare",
-            "reddit",
-            "--input",
-            str(root / "RC_empty"),
-            *out,
-        ], "no records in any input"
+        return prepare(root / "RC_empty"), "no records in any input"
     if case == "first_line_not_json":
         (root / "RC_x").write_bytes(b"id,body\n" + dump)
-        return [
-            "-m",
-            "convsts",
-            "prepare",
-            "reddit",
-            "--input",
-            str(root / "RC_x"),
-            *out,
-        ], "RC_x:1: not NDJSON"
+        return prepare(root / "RC_x"), "RC_x:1: not NDJSON"
     if case == "readme_beside_dumps":
         (root / "dumps").mkdir()
         (root / "dumps" / "RC_2015-01").write_bytes(dump)
         (root / "dumps" / "README.md").write_text("# Reddit comments, January 2015\n")
-        return [
-            "-m",
-            "convsts",
-            "prepare",
-            "reddit",
-            "--input",
-            str(root / "dumps"),
-            *out,
-        ], "README.md:1: not NDJSON"
+        return prepare(root / "dumps"), "README.md:1: not NDJSON"
     if case == "non_utf8_sts":
         (root / "bad.tsv").write_bytes(b"sentence1\tsentence2\tscore\nA caf\xe9\tb\t3\n")
         return (

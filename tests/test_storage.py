@@ -196,26 +196,24 @@ def trained_on_s3(tmp_path_factory):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_TRACKING"))}
         env.update(s3_env, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
         out = tmp_path / "run"
-        train = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "convsts",
-                "train",
-                "--out",
-                str(out),
-                *data,
-                *TINY_TRAIN,
-                "trainer.eval_every=2",  # STS-B dev read from the bucket inside training
-                f"trainer.storage_path={bucket}/ray_results",
-            ],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
+        train = _convsts(
+            env,
+            "train",
+            "--out",
+            str(out),
+            *data,
+            *TINY_TRAIN,
+            "trainer.eval_every=2",  # STS-B dev read from the bucket inside training
+            f"trainer.storage_path={bucket}/ray_results",
         )
         yield {"bucket": bucket, "data": data, "env": env, "out": out, "train": train}
+
+
+def _convsts(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """`python -m convsts ARGS` from the project folder in `env`, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "convsts", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def _last_checkpoint_uri(bucket: str) -> str:
@@ -267,25 +265,8 @@ def test_train_with_data_and_checkpoints_on_s3(trained_on_s3):
 def test_evaluate_a_checkpoint_in_the_bucket_on_the_held_out_split_read_back_from_it(trained_on_s3):
     bucket, data, env, out = (trained_on_s3[k] for k in ("bucket", "data", "env", "out"))
     uri = _last_checkpoint_uri(bucket)
-    evaluation = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "convsts",
-            "evaluate",
-            "--checkpoint",
-            uri,
-            "--prepared",
-            f"{bucket}/prepared",
-            "--out",
-            str(out / "eval"),
-            *data,
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    evaluation = _convsts(
+        env, "evaluate", "--checkpoint", uri, "--prepared", f"{bucket}/prepared", "--out", str(out / "eval"), *data
     )
     assert evaluation.returncode == 0, evaluation.stdout[-3000:] + evaluation.stderr[-4000:]
     results = json.loads((out / "eval" / "results.json").read_text())
@@ -304,26 +285,17 @@ def test_mine_negatives_with_a_checkpoint_in_the_bucket_into_a_prepared_folder_t
     uri = _last_checkpoint_uri(bucket)
     # `convsts mine-negatives` reads the same checkpoint and prepared folder from the bucket and
     # writes its prepared folder there.
-    mined = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "convsts",
-            "mine-negatives",
-            "--checkpoint",
-            uri,
-            "--prepared",
-            f"{bucket}/prepared",
-            "--out",
-            f"{bucket}/mined",
-            "--pairs",
-            "300",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    mined = _convsts(
+        env,
+        "mine-negatives",
+        "--checkpoint",
+        uri,
+        "--prepared",
+        f"{bucket}/prepared",
+        "--out",
+        f"{bucket}/mined",
+        "--pairs",
+        "300",
     )
     assert mined.returncode == 0, mined.stdout[-3000:] + mined.stderr[-4000:]
     manifest = json.loads(storage.read_text(f"{bucket}/mined/reddit/manifest.json"))
