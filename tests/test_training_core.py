@@ -4,6 +4,7 @@ the task and encoder registries (a toy task added as one module), checkpoint hea
 import copy
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -200,6 +201,9 @@ def test_registries_list_the_built_in_tasks_and_encoders():
         assert task.name == name and task.head and len(task.pair) == 2
     with pytest.raises(ConfigError, match="trainer.task_weights.mnli: unknown task 'mnli'"):
         load_config(None, ["trainer.task_weights={mnli: 1.0}"])
+    # Named first, before the settings keyed by task (the demo's head_lr_scale.snli) are checked.
+    with pytest.raises(ConfigError, match="trainer.task_weights.mnli: unknown task 'mnli'"):
+        load_config(Path(__file__).parents[1] / "configs" / "demo.yaml", ["trainer.task_weights={mnli: 1.0}"])
     with pytest.raises(ConfigError, match="model.encoder: expected dan\\|transformer\\|bilstm\\|pretrained"):
         load_config(None, ["model.encoder=gpt"])
 

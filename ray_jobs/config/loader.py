@@ -95,7 +95,7 @@ def from_dict(values: dict[str, Any], source: str = "") -> RunConfig:
     schema = OmegaConf.structured(RunConfig)
     try:
         merged = merge_layer(schema, OmegaConf.create(values))
-        return check_task_names(OmegaConf.to_object(merged).validate())  # type: ignore[union-attr]
+        return check_task_names(OmegaConf.to_object(merged)).validate()  # type: ignore[arg-type]
     except OmegaConfBaseException as err:
         raise ConfigError(_describe(err, source)) from None
 
@@ -185,7 +185,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 merged = merge_layer(merged, dotlist)
             except OmegaConfBaseException as err:
                 raise ConfigError(_describe(err, "command-line overrides", dotlist)) from None
-        return absolute_paths(check_task_names(OmegaConf.to_object(merged).validate()))  # type: ignore[union-attr]
+        return absolute_paths(check_task_names(OmegaConf.to_object(merged)).validate())  # type: ignore[arg-type]
     except OmegaConfBaseException as err:
         raise ConfigError(_describe(err, str(path or ""))) from None
 
