@@ -48,8 +48,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument(
         "--max-failures",
         type=int,
-        default=2,
-        help="retries of a failed trial (a lost node, an error) from its own last checkpoint (default 2)",
+        default=SweepRequest.max_failures,
+        help="retries of a failed trial (a lost node, an error) from its own last checkpoint (default %(default)s)",
     )
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the base config")
     return parser

@@ -42,8 +42,8 @@ STATE_FILE = "sweep.json"  # OUT/sweep.json: the parent run id and what defines 
 class SweepRequest:
     """One `convsts tune`: the space over the base config into out_dir. `checkpoint`: the encoder an
     sts_matrix sweep tunes; `reddit_checkpoint`: a train sweep's warm start; `param_overrides`: the
-    --param dimensions (Tune domains); `num_samples`: of the random dimensions; `fresh`: start over rather than resume; a failed trial is
-    retried `max_failures` times from its own last checkpoint."""
+    --param dimensions (Tune domains); `num_samples`: of the random dimensions; `fresh`: start over
+    rather than resume; a failed trial is retried `max_failures` times from its own last checkpoint."""
 
     space: TuneSpace
     cfg: RunConfig
