@@ -48,8 +48,9 @@ def check_task_names(cfg: RunConfig) -> RunConfig:
     """`cfg` when every task it weights is a built-in task or one of its task_modules' (the built-in
     names are read from this package's listing: none of their modules is imported); else ConfigError
     naming the key."""
+    builtin = builtin_tasks()
     for name in cfg.trainer.task_weights:
-        if name in builtin_tasks():
+        if name in builtin:
             continue
         try:
             get_task(name, cfg.task_modules)
