@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from s3_server import request_log, s3_endpoint, upload  # noqa: E402
+from testkit.s3_server import request_log, s3_endpoint, upload  # noqa: E402
 
 from convsts.io import cache  # noqa: E402
 

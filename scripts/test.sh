@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README command 2 (and CI's): install, then lint, type-check, the unit tier, the slow tier.
 #   lint:       ruff check and ruff format --check (pyproject's [tool.ruff])
-#   types:      mypy on the whole convsts package (scripts/typecheck.sh)
+#   types:      mypy on the whole convsts package, basedpyright on every import (scripts/typecheck.sh)
 #   unit tier:  `pytest`, no Ray (a test that starts Ray fails there)
 #   slow tier:  `pytest --slow -m slow`, Ray, Ray Train / Tune jobs, servers, end to end
 # Both tiers run in two pytest-xdist processes (-n 2): a test waiting on Ray, a subprocess or a
@@ -26,7 +26,7 @@ tests() {  # pytest's exit code 5 (no test collected) is a failure too
 
 stage "lint: ruff check, ruff format --check"
 .venv/bin/ruff check . && .venv/bin/ruff format --check . || exit 1
-stage "types: mypy on the convsts package"
+stage "types: mypy on the convsts package, basedpyright on imports"
 bash scripts/typecheck.sh || exit 1
 stage "unit tier: no Ray"
 tests --timeout=300 --durations=10 "$@" || exit 1
