@@ -16,7 +16,7 @@ from testkit.tiny import TINY_DAN
 from convsts.models.checkpoint import load_model, load_train_state
 from convsts.ray_jobs.tracking import runs as tracking
 
-STEPS, EVERY, SLACK = 800, 150, 2
+STEPS, EVERY, SLACK = 500, 100, 2
 ARGS = [
     f"trainer.steps={STEPS}",
     f"trainer.checkpoint_every={EVERY}",

@@ -40,7 +40,10 @@ def cluster(tmp_path_factory):
     with contextlib.ExitStack() as stack:
         s3_env = stack.enter_context(s3_endpoint(BUCKET[len("s3://") :]))
         mlflow_url = stack.enter_context(mlflow_server(root / "mlflow"))
-        env = {**s3_env, "RAY_AUTH_MODE": "disabled"}
+        # A lost node is marked dead after 3 failed health checks a second apart (Ray's defaults: 5,
+        # 3 s apart); a busy live node still has Ray's 10 s timeout for each answer.
+        health = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+        env = {**s3_env, **health, "RAY_AUTH_MODE": "disabled"}
         head = stack.enter_context(ray_head(env, num_cpus=1))
         nodes: list[dict[str, str]] = []
 

@@ -255,14 +255,13 @@ def test_a_used_demo_out_is_refused_then_replaced_with_fresh(tiny_demo):
 
 
 @pytest.mark.slow
-def test_untrained_column_is_what_trainer_steps_0_saves(ray_session, sample_prepared, tmp_path):
+def test_untrained_column_is_what_trainer_steps_0_saves(ray_session, sample_prepared, mlflow_uri, tmp_path):
     """The demo's untrained encoder (built in-process) has the weights a `trainer.steps=0` job saves."""
     from convsts.ray_jobs.training.run import run_training
 
     cfg = load_config(
         DEMO_CONFIGS["dan"],
-        TINY_DAN
-        + ["trainer.steps=0", "trainer.eval_every=0", f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"],
+        TINY_DAN + ["trainer.steps=0", "trainer.eval_every=0", f"mlflow.tracking_uri={mlflow_uri}"],
     )
     job = run_training(cfg, tmp_path / "run", prepared_dir=sample_prepared).checkpoint
     ours = save_untrained(cfg, job, tmp_path / "untrained")

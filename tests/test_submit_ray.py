@@ -53,41 +53,60 @@ def test_submitted_jobs_with_token_auth_train_stream_list_and_stop(sample_prepar
         )
 
         env = client_env(tmp_path, head["address"], RAY_AUTH_TOKEN=token)
-        out = tmp_path / "job_out"
-        # Asynchronous task groups: the parameter holder is an actor of the submitted job.
-        done = convsts(
-            [
-                "submit",
-                "--submission-id",
-                "convsts-test-train",
-                "train",
-                "--out",
-                str(out),
-                "--prepared",
-                str(sample_prepared),
-                *TINY_TRAIN,
-                "trainer.task_split=async",
-                f"mlflow.tracking_uri={mlflow_url}",
-                "mlflow.experiment=submitted",
-            ],
-            env,
-        )
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-        assert "job convsts-test-train: SUCCEEDED" in done.stdout
-        assert "task split mode=async" in done.stdout  # the job's logs were streamed
+        out = tmp_path / "long"
+        # A long training job, with asynchronous task groups (the parameter holder is an actor of the
+        # submitted job), is stopped through `convsts jobs stop` once it has checkpointed twice;
+        # following it then reports failure.
+        long_job = ["train", "--out", str(out), "--prepared", str(sample_prepared), *TINY_TRAIN,
+                    "trainer.steps=100000", "trainer.checkpoint_every=10", "trainer.task_split=async",
+                    f"mlflow.tracking_uri={mlflow_url}", "mlflow.experiment=submitted"]  # fmt: skip
+        started = convsts(["submit", "--no-wait", "--submission-id", "convsts-test-long", *long_job], env)
+        assert started.returncode == 0, started.stderr
+        deadline = time.time() + 180
+        while len(list(out.glob("ray_results/*/checkpoint_*/manifest.json"))) < 2:
+            assert time.time() < deadline, convsts(["jobs", "logs", "convsts-test-long"], env).stdout[-3000:]
+            time.sleep(0.5)
+        stopped = convsts(["jobs", "stop", "convsts-test-long"], env)
+        assert stopped.returncode == 0 and "stop requested" in stopped.stdout
+        followed = convsts(["jobs", "logs", "--follow", "convsts-test-long"], env)
+        assert followed.returncode == 1
+        # The job's driver took the stop's SIGTERM as Ctrl+C: one line, its MLflow run ended KILLED (below).
+        assert "convsts train: stopped by SIGTERM; run the same command again to go on" in followed.stdout
+        listed = convsts(["jobs", "list"], env).stdout
+        assert any("convsts-test-long" in line and "STOPPED" in line for line in listed.splitlines()), listed
 
-        train = json.loads((out / "train.json").read_text())
-        assert (out / "checkpoint" / "model.safetensors").is_file()
+        # The same job again is refused (its driver died; OUT records the run); `--resume` alone
+        # continues it from its newest complete checkpoint to the trainer.steps it is given, its
+        # logs streamed until it SUCCEEDS.
+        again = convsts(["submit", "--submission-id", "convsts-test-long-again", *long_job], env)
+        assert again.returncode == 1 and "already holds an interrupted training run" in again.stdout, again.stdout
+        assert "pass --resume latest to continue it" in again.stdout
+        newest = sorted(out.glob("ray_results/*/checkpoint_*/manifest.json"))[-1].parent
+        at = json.loads((newest / "config.json").read_text())["step"]
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(mlflow_url)
         exp = client.get_experiment_by_name("submitted")
-        runs = client.search_runs([exp.experiment_id])
-        assert [r.info.run_id for r in runs] == [train["mlflow_run_id"]]
-        run = runs[0]
-        assert run.info.status == "FINISHED" and run.data.params["trainer.steps"] == "4"
-        assert "reddit/loss" in run.data.metrics and "snli/loss" in run.data.metrics
-        assert run.data.metrics["async/reddit/updates"] + run.data.metrics["async/snli/updates"] == 4
+        [stopped_run] = client.search_runs([exp.experiment_id])
+        # The continuing run logs only the steps the stopped one had not: it goes 4 steps past them.
+        steps = max(m.step for m in client.get_metric_history(stopped_run.info.run_id, "reddit/loss")) + 4
+        resume = ["submit", "--submission-id", "convsts-test-resumed", *long_job, f"trainer.steps={steps}", "--resume"]
+        done = convsts(resume, env)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        assert "job convsts-test-resumed: SUCCEEDED" in done.stdout
+        assert f"--resume latest: {newest}" in done.stdout and f"start step {at}" in done.stdout
+        assert "task split mode=async" in done.stdout  # the job's logs were streamed
+        train = json.loads((out / "train.json").read_text())
+        assert json.loads((out / "checkpoint" / "config.json").read_text())["step"] == steps
+        assert (out / "checkpoint" / "model.safetensors").is_file()
+        run = client.get_run(train["mlflow_run_id"])
+        assert run.info.status == "FINISHED" and run.data.params["trainer.steps"] == str(steps)
+        assert run.data.metrics["async/reddit/updates"] + run.data.metrics["async/snli/updates"] == steps
+        # It continues the stopped job's run, which was closed as KILLED and holds both tasks' losses.
+        assert run.data.tags["convsts.continues"] == stopped_run.info.run_id
+        stopped_run = client.get_run(stopped_run.info.run_id)
+        assert stopped_run.info.status == "KILLED"
+        assert "reddit/loss" in stopped_run.data.metrics and "snli/loss" in stopped_run.data.metrics
         # The run's model, a logged model in the server's artifact root.
         assert [o.model_id for o in run.outputs.model_outputs] == [
             m.model_id for m in client.search_logged_models([exp.experiment_id]) if m.source_run_id == run.info.run_id
@@ -95,47 +114,8 @@ def test_submitted_jobs_with_token_auth_train_stream_list_and_stop(sample_prepar
         assert run.outputs.model_outputs
 
         listed = convsts(["jobs", "list"], env)
-        assert listed.returncode == 0 and "convsts-test-train" in listed.stdout and "SUCCEEDED" in listed.stdout
-        logs = convsts(["jobs", "logs", "convsts-test-train"], env)
+        assert listed.returncode == 0 and "convsts-test-resumed" in listed.stdout and "SUCCEEDED" in listed.stdout
+        logs = convsts(["jobs", "logs", "convsts-test-resumed"], env)
         assert logs.returncode == 0 and "mlflow_run_id" in logs.stdout
-
-        # A long training job is stopped through `convsts jobs stop` once it has checkpointed twice;
-        # following it then reports failure.
-        long_job = ["train", "--out", str(tmp_path / "long"), "--prepared", str(sample_prepared), *TINY_TRAIN,
-                    "trainer.steps=100000", "trainer.checkpoint_every=10", "mlflow.experiment=long"]  # fmt: skip
-        started = convsts(["submit", "--no-wait", "--submission-id", "convsts-test-long", *long_job], env)
-        assert started.returncode == 0, started.stderr
-        deadline = time.time() + 180
-        while len(list((tmp_path / "long").glob("ray_results/*/checkpoint_*/manifest.json"))) < 2:
-            assert time.time() < deadline, convsts(["jobs", "logs", "convsts-test-long"], env).stdout[-3000:]
-            time.sleep(0.5)
-        stopped = convsts(["jobs", "stop", "convsts-test-long"], env)
-        assert stopped.returncode == 0 and "stop requested" in stopped.stdout
-        followed = convsts(["jobs", "logs", "--follow", "convsts-test-long"], env)
-        assert followed.returncode == 1
-        listed = convsts(["jobs", "list"], env).stdout
-        assert any("convsts-test-long" in line and "STOPPED" in line for line in listed.splitlines()), listed
-
-        # The same job again is refused (its driver died; OUT records the run); `--resume` alone
-        # continues it from its newest complete checkpoint to the trainer.steps it is given.
-        again = convsts(["submit", "--submission-id", "convsts-test-long-again", *long_job], env)
-        assert again.returncode == 1 and "already holds an interrupted training run" in again.stdout, again.stdout
-        assert "pass --resume latest to continue it" in again.stdout
-        newest = sorted((tmp_path / "long").glob("ray_results/*/checkpoint_*/manifest.json"))[-1].parent
-        at = json.loads((newest / "config.json").read_text())["step"]
-        resumed = convsts(
-            [
-                "submit",
-                "--submission-id",
-                "convsts-test-long-resumed",
-                *long_job,
-                f"trainer.steps={at + 4}",
-                "--resume",
-            ],
-            env,
-        )
-        assert resumed.returncode == 0, resumed.stdout[-3000:]
-        assert f"--resume latest: {newest}" in resumed.stdout and f"start step {at}" in resumed.stdout
-        assert json.loads((tmp_path / "long" / "checkpoint" / "config.json").read_text())["step"] == at + 4
         temp_dir = head["temp_dir"]
     assert pids_matching(temp_dir) == []  # the head's processes are gone, stopped by pid

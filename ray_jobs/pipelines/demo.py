@@ -90,8 +90,8 @@ def run_demo(
         tracking.log_artifact(uri, run_id, str(out_dir / "results.md"))
         tracking.log_metrics(uri, run_id, {"demo/seconds": flat["seconds"]})
         tracking.end_run(uri, run_id)
-    except BaseException:
-        tracking.end_run(uri, run_id, "FAILED")
+    except BaseException as err:
+        tracking.end_run(uri, run_id, tracking.ended_status(err))
         raise
     print_summary(out_dir, flat, uri, columns)
     return flat

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import traceback
 import warnings
 from pathlib import Path
@@ -134,6 +135,18 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     # A submitted job whose own runtime env names a setup hook keeps it (Ray refuses two).
     if "worker_process_setup_hook" not in os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", ""):
         kwargs["runtime_env"] = {"worker_process_setup_hook": f"{__name__}.worker_setup"}
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        _init_ray(ray, address, num_cpus, kwargs)
+    finally:
+        # Ray's core installs its own SIGTERM handler, which prints a native stack and exits: a
+        # command's SIGTERM (`convsts jobs stop`, `kill`, a scheduler) unwinds as Ctrl+C again.
+        if isinstance(sigterm, SigtermAsInterrupt) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
+
+
+def _init_ray(ray, address: str | None, num_cpus: int | None, kwargs: dict[str, Any]) -> None:
+    """ray.init: joined to `address`, or a local instance."""
     if address:
         ray.init(address=address, **kwargs)
     else:
@@ -294,9 +307,17 @@ class UserErrorLogFilter(logging.Filter):
         return exc is None or find_user_error(exc) is None
 
 
-def _terminated(signum, frame) -> None:
-    """SIGTERM handled as Ctrl+C: the command unwinds (temporary folders removed, the MLflow run ended)."""
-    raise KeyboardInterrupt(signum)
+class SigtermAsInterrupt:
+    """The SIGTERM handler of a command: SIGTERM (`convsts jobs stop`, `kill`, `timeout`, a scheduler)
+    unwinds as Ctrl+C does (temporary folders removed, the MLflow run ended KILLED). It remembers the
+    signal, since a library may raise a KeyboardInterrupt of its own for it (Ray's `ray.get` does)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def __call__(self, signum: int, frame) -> None:
+        self.received = signum
+        raise KeyboardInterrupt(signum)
 
 
 def run_main(command: str, main, argv=None) -> int:
@@ -312,12 +333,13 @@ def run_main(command: str, main, argv=None) -> int:
     if not debug:
         for name in RAY_DATA_ERROR_LOGGERS:
             logging.getLogger(name).addFilter(UserErrorLogFilter())
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # what `timeout`, schedulers and `kill` send
-        signal.signal(signal.SIGTERM, _terminated)
+    sigterm = SigtermAsInterrupt()
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # a handler of the caller's own stays
+        signal.signal(signal.SIGTERM, sigterm)
     try:
         return int(main(argv) or 0)
-    except KeyboardInterrupt as exc:  # Ctrl+C or SIGTERM: what the command made is cleaned up on the way out
-        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+    except KeyboardInterrupt:  # Ctrl+C or SIGTERM: what the command made is cleaned up on the way out
+        signum = sigterm.received or signal.SIGINT
         name = signal.Signals(signum).name
         print(f"convsts {command}: stopped by {name}; run the same command again to go on", file=sys.stderr)
         return 128 + signum

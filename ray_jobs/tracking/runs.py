@@ -245,6 +245,13 @@ def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(tracking_uri).set_terminated(run_id, status=status)
 
 
+def ended_status(err: BaseException) -> str:
+    """The status of a run that `err` ended: KILLED when a person stopped it (Ctrl+C, or SIGTERM from
+    `convsts jobs stop`, `kill` or a scheduler, which the commands raise as KeyboardInterrupt),
+    else FAILED."""
+    return "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+
+
 def ui_command(tracking_uri: str) -> str:
     """The command that opens the MLflow UI on a store; one worker process (MLflow's default of 4
     did not come up on a busy 2-core machine)."""

@@ -226,10 +226,11 @@ def run_training(
         tracked, location = (uri, run_id, continues), (storage_root, storage_name)
         result = _train(cfg, out_dir, prepared, tracked, (manifests, digests), extra_callbacks, location)
     except BaseException as err:
+        status = tracking.ended_status(err)  # never left RUNNING (a caller's run ends with it)
         try:
-            tracking.end_run(uri, run_id, "FAILED")  # never left RUNNING (a caller's run fails with it)
+            tracking.end_run(uri, run_id, status)
         except Exception as closing:  # a full disk fails the store's write too: the run's own error comes first
-            log.warning("could not mark MLflow run %s FAILED (%s) after: %s", run_id, closing, err)
+            log.warning("could not mark MLflow run %s %s (%s) after: %s", run_id, status, closing, err)
         raise
     if own_run:
         tracking.end_run(uri, run_id)
