@@ -7,4 +7,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/mypy --cache-dir build/mypy_cache "$@" -p convsts
-.venv/bin/basedpyright
+# --project: pyright would take a pyrightconfig.json found in a folder above before this pyproject.toml.
+.venv/bin/basedpyright --project pyproject.toml
