@@ -10,6 +10,7 @@ runs two pytest-xdist processes)."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -74,6 +75,11 @@ def _slow_tier(config) -> bool:
 def pytest_configure(config):
     if not _slow_tier(config):  # the unit tier: a Ray instance started anywhere below shows up here
         os.environ["RAY_TMPDIR"] = config.convsts_ray_tmp = tempfile.mkdtemp(prefix="convsts-unit-")
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "convsts_ray_tmp"):  # empty unless a test started Ray (and then failed for it)
+        shutil.rmtree(config.convsts_ray_tmp, ignore_errors=True)
 
 
 def _ray_sessions(config) -> set[str]:
