@@ -321,7 +321,7 @@ def test_a_sweep_retries_the_trial_whose_node_is_lost_from_its_own_checkpoint(
     out = tmp_path / "sweep"
     command = [*CLI, "tune", "--space", "snli_fraction", "--out", str(out),
                "--reddit-checkpoint", str(undisturbed["out"] / "checkpoint"), "--prepared", str(sample_prepared),
-               "--param", "data.snli_fraction=[0.5,1.0]", "--max-failures", "2", "name=sweep",
+               "--param", "data.snli_fraction=[0.5,1.0]", "--param", "seed=[0]", "--max-failures", "2", "name=sweep",
                f"trainer.storage_path={BUCKET}/sweeps", *KILLABLE, "trainer.max_failures=0",
                "mlflow.experiment=cluster-sweep"]  # fmt: skip
     log = _run_losing_a_node(cluster, command, experiment="cluster-sweep")

@@ -55,6 +55,22 @@ def test_semantic_validation():
         load_config(None, ["trainer.steps"])
 
 
+def test_snli_fraction_zero_trains_the_other_tasks():
+    """The data-quantity curve's origin: no SNLI pair, so SNLI leaves the trained tasks (and its head
+    scale with it); a run of SNLI alone has nothing left to train and is refused naming why."""
+    from convsts.ray_jobs.config.schema import SNLI_TASK
+    from convsts.ray_jobs.tasks.snli import SnliTask
+
+    assert SnliTask.name == SNLI_TASK
+    cfg = load_config(None, ["data.snli_fraction=0", "trainer.head_lr_scale={snli: 50}"])
+    assert cfg.trainer.task_weights == {"reddit": 0.95} and cfg.trainer.head_lr_scale == {}
+    assert from_dict(cfg.to_dict()).trainer.task_weights == {"reddit": 0.95}  # as a checkpoint stores it
+    with pytest.raises(ConfigError, match=r"task_weights.*data.snli_fraction=0"):
+        load_config(None, ["data.snli_fraction=0", "trainer.task_weights={snli: 1.0}"])
+    with pytest.raises(ConfigError, match=r"snli_fraction: expected a value in \[0, 1\]"):
+        load_config(None, ["data.snli_fraction=-0.1"])
+
+
 def test_round_trip_through_dict_and_flatten():
     cfg = load_config(None, ["trainer.steps=11"])
     again = from_dict(cfg.to_dict())

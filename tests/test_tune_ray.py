@@ -204,7 +204,7 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
             tmp_path / "sweep",
             reddit_checkpoint=str(reddit_checkpoint),
             prepared_dir=str(prepared),
-            param_overrides=grid_overrides(["data.snli_fraction=[0.5,1.0]"]),
+            param_overrides=grid_overrides(["data.snli_fraction=[0.5,1.0]", "seed=[0]"]),
         )
     )
 

@@ -40,7 +40,7 @@ def test_a_sweep_whose_driver_is_killed_mid_trial_restarts_the_trial_from_its_ow
     out, store = tmp_path / "sweep", tmp_path / "store"
     cmd = [sys.executable, "-m", "convsts", "tune", "--space", "snli_fraction", "--out", str(out),
            "--reddit-checkpoint", str(reddit), "--prepared", str(sample_prepared), "--param",
-           "data.snli_fraction=[1.0]", "--max-concurrent", "1", *TINY_MODEL, "trainer.steps=60",
+           "data.snli_fraction=[1.0]", "--param", "seed=[0]", "--max-concurrent", "1", *TINY_MODEL, "trainer.steps=60",
            "trainer.checkpoint_every=20", "trainer.log_every=5", "trainer.cpus_per_worker=0.4", "name=killed",
            f"trainer.storage_path={store}", f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"]  # fmt: skip
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}

@@ -24,7 +24,7 @@ def test_builtin_spaces():
     }
     snli = get_space("snli_fraction")
     assert snli.objective == "train"
-    assert FRACTIONS == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+    assert FRACTIONS == [0.0, 0.1, 0.25, 0.5, 1.0]  # the issue's points; 0 = Reddit alone
     assert snli.params()["data.snli_fraction"] == tune.grid_search(FRACTIONS)
     base = load_config()
     for space in (sts, snli):
@@ -142,3 +142,53 @@ def test_the_task_mix_table_is_the_mean_and_sd_over_seeds_per_mix(tmp_path):
     )  # sd of (0.5, 0.7), of (0.6, 0.6, 0.9)
     assert "| reddit/p_at_1 | — | — |" in lines
     assert len(lines) == 3 + len(space.report)
+
+
+def test_the_snli_curve_starts_at_no_snli_and_its_table_is_per_fraction(tmp_path):
+    """snli_fraction: fractions from 0 (Reddit alone) to 1 x training seeds; a fraction-0 trial
+    reports no SNLI pair count and is plotted at 0 pairs; table.md has a column per fraction in
+    the curve's order, each cell the mean ± sd over the seeds."""
+    import pandas as pd
+
+    from convsts.ray_jobs.sweeps.results import _curve, _mean_table
+    from convsts.tune_spaces import get_space
+
+    space = get_space("snli_fraction")
+    assert space.params()["data.snli_fraction"]["grid_search"][0] == 0.0
+    assert space.params()["seed"]["grid_search"] == [0, 1]
+    rows = []
+    for fraction, pairs, values in ((0.5, 10_000.0, [0.6, 0.8]), (0.0, float("nan"), [0.5, 0.5])):
+        for seed, value in enumerate(values):
+            row = {"trial": f"t{len(rows)}", "data.snli_fraction": fraction, "seed": seed}
+            rows.append(row | {m: value for m in space.report} | {"data/snli_train_pairs": pairs})
+    ordered = _curve(rows, space, tmp_path)
+    assert [(r["data.snli_fraction"], r["seed"]) for r in ordered] == [(0.0, 0), (0.0, 1), (0.5, 0), (0.5, 1)]
+    curve = pd.read_csv(tmp_path / "curve.csv")
+    assert list(curve["fraction"]) == [0.0, 0.0, 0.5, 0.5] and list(curve["seed"]) == [0, 1, 0, 1]
+    assert list(curve["data/snli_train_pairs"]) == [0.0, 0.0, 10_000.0, 10_000.0]
+    assert (tmp_path / "curve.png").stat().st_size > 10_000
+    _mean_table(ordered, space, tmp_path)
+    lines = (tmp_path / "table.md").read_text().splitlines()
+    assert lines[0] == "| metric | snli_fraction 0.0 | snli_fraction 0.5 |"
+    assert lines[2] == "| trials | 2 | 2 |"
+    assert "| stsb/dev/pearson | 0.5000 ± 0.0000 | 0.7000 ± 0.1414 |" in lines
+
+
+def test_a_resumed_sweep_says_it_keeps_the_concurrency_it_started_with(tmp_path, mlflow_uri, caplog):
+    """Ray Tune restores a sweep with its first command's max_concurrent_trials: a rerun that would
+    run another number at once says which number runs (not the one the new command asked for)."""
+    import json
+    import logging
+
+    from convsts.ray_jobs.sweeps.run import STATE_FILE, SweepRequest, open_sweep
+
+    cfg = load_config(None, ["trainer.steps=10", "mlflow.experiment=resume-concurrency"])
+    request = SweepRequest(get_space("snli_fraction"), cfg, tmp_path / "s", None, None, None, {}, 1)
+    request.out_dir.mkdir()
+    parent, expected, at_once = open_sweep(request, mlflow_uri, False, 10, 1)
+    assert (expected, at_once) == (10, 1)
+    assert json.loads((tmp_path / "s" / STATE_FILE).read_text())["trials_at_once"] == 1
+    with caplog.at_level(logging.WARNING, logger="convsts"):
+        resumed, _, at_once = open_sweep(request, mlflow_uri, True, 10, 3)
+    assert resumed.run_id == parent.run_id and at_once == 1
+    assert "resumed with the 1 trial(s) at once it was started with, not 3" in caplog.text

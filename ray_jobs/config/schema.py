@@ -36,7 +36,9 @@ class DataConfig:
     prepared_dir: str = ""
     test_share: float = 0.1  # share of Reddit threads held out (paper: 10%)
     split_salt: str = "convsts"  # salt of the thread hash that splits Reddit (another salt, another held-out set)
-    snli_fraction: float = 1.0  # nested subset of SNLI train used for training
+    # Nested subset of SNLI train used for training; 0 = none: SNLI is not trained (it leaves
+    # trainer.task_weights and trainer.head_lr_scale), the data-quantity curve's origin.
+    snli_fraction: float = 1.0
     snli_fraction_seed: int = 0  # seed of the SNLI subset draw (each seed a different nested family)
     rows_per_shard: int = 50_000  # rows per parquet shard `prepare` writes (at least; the last may hold fewer)
     # Inputs of `prepare` up to this many bytes (on disk, all files of a task together) are prepared
@@ -69,6 +71,7 @@ TASK_SPLITS = ("sync", "async")
 RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 PLACEMENT_STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
 MLFLOW_NAME_CHARS = 500  # the longest experiment name MLflow takes
+SNLI_TASK = "snli"  # the task that data.snli_fraction cuts (ray_jobs/tasks/snli.py; parsing a config imports no task)
 RESUME_LATEST = "latest"  # trainer.resume_from: the newest complete checkpoint of the run --out records
 
 
@@ -89,7 +92,7 @@ class TrainerConfig:
     # On one machine both give the same run.
     placement_strategy: str = "SPREAD"
     # Each task's share of the updates (the paper: 95/5), by gradient weighting or by workers per task.
-    task_weights: dict[str, float] = field(default_factory=lambda: {"reddit": 0.95, "snli": 0.05})
+    task_weights: dict[str, float] = field(default_factory=lambda: {"reddit": 0.95, SNLI_TASK: 0.05})
     # Workers per task, e.g. {reddit: 19, snli: 1} (summing to num_workers); {} = by the weights
     # (largest remainder, at least one each).
     task_workers: dict[str, int] = field(default_factory=dict)
@@ -195,15 +198,20 @@ class RunConfig:
             raise ConfigError(f"model.encoder: expected {'|'.join(ENCODER_NAMES)}, got {self.model.encoder!r}")
         if self.data.reddit_format not in ("auto", "pushshift", "pairs"):
             raise ConfigError(f"data.reddit_format: expected auto|pushshift|pairs, got {self.data.reddit_format!r}")
-        if not 0.0 < self.data.snli_fraction <= 1.0:
-            raise ConfigError(f"data.snli_fraction: expected a value in (0, 1], got {self.data.snli_fraction}")
+        if not 0.0 <= self.data.snli_fraction <= 1.0:
+            raise ConfigError(f"data.snli_fraction: expected a value in [0, 1], got {self.data.snli_fraction}")
+        if self.data.snli_fraction == 0.0:  # no SNLI pair to train on: the run trains the other tasks
+            self.trainer.task_weights = {k: w for k, w in self.trainer.task_weights.items() if k != SNLI_TASK}
+            self.trainer.head_lr_scale = {k: s for k, s in self.trainer.head_lr_scale.items() if k != SNLI_TASK}
         if not 0.0 <= self.data.test_share < 1.0:
             raise ConfigError(f"data.test_share: expected a value in [0, 1), got {self.data.test_share}")
         if self.trainer.optimizer not in OPTIMIZERS:
             raise ConfigError(f"trainer.optimizer: expected {'|'.join(OPTIMIZERS)}, got {self.trainer.optimizer!r}")
-        weights = self.trainer.task_weights
-        if not weights:
-            raise ConfigError("trainer.task_weights: give at least one task, e.g. {reddit: 0.95, snli: 0.05}")
+        if not self.trainer.task_weights:
+            raise ConfigError(
+                "trainer.task_weights: give at least one task, e.g. {reddit: 0.95, snli: 0.05}"
+                + (" (data.snli_fraction=0 trains no SNLI)" if self.data.snli_fraction == 0.0 else "")
+            )
         if self.tokenizer.bigram_buckets < 2:  # id 0 is padding; hashing needs at least one more
             raise ConfigError(f"tokenizer.bigram_buckets: must be at least 2, got {self.tokenizer.bigram_buckets}")
         if self.trainer.num_workers < 1:

@@ -101,9 +101,14 @@ def fraction_curve_plot(rows: Sequence[dict[str, Any]], metrics: Sequence[str], 
         (line,) = ax.plot(xs, [np.mean(v) for v in values], marker="o", label=name)
         ax.fill_between(xs, [min(v) for v in values], [max(v) for v in values], color=line.get_color(), alpha=0.15)
         ax.scatter([x for x, _ in points], [v for _, v in points], s=8, alpha=0.4, color=line.get_color())
-    if by_pairs:
-        ax.set_xscale("log")
-        ax.set_xlabel("SNLI training pairs (log scale)")
+    if by_pairs:  # log scale; linear below the smallest count when the curve starts at 0 pairs
+        smallest = min((x for x in x_at.values() if x > 0), default=1.0)
+        if min(x_at.values()) == 0:
+            ax.set_xscale("symlog", linthresh=smallest)
+            ax.set_xlabel(f"SNLI training pairs (log scale above {smallest:,.0f}; 0 = no SNLI)")
+        else:
+            ax.set_xscale("log")
+            ax.set_xlabel("SNLI training pairs (log scale)")
     else:
         ax.set_xlabel("fraction of SNLI train")
     ax.set_ylabel("Pearson r")

@@ -18,12 +18,14 @@ from convsts.io.redaction import redact
 from convsts.models.sts_transform import file_name as sts_file
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.evaluation.curve import write_curve
+from convsts.ray_jobs.evaluation.plots import PAIRS_KEY
 from convsts.ray_jobs.evaluation.sts import transformed_sts_metrics
 from convsts.ray_jobs.runtime.process import log
 from convsts.ray_jobs.sweeps.trials import ParentRun, plain_params, trial_config
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.tune_spaces import TuneSpace
 
+SEED_KEYS = ("seed", "data.snli_fraction_seed")  # a curve's points: one per value of those searched
 SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_transform_sweep.safetensors
 
 
@@ -38,10 +40,10 @@ def sweep_results(grid, best, space: TuneSpace, base: dict, out_dir: Path, sts_i
         results = {k: v for k, v in best.metrics.items() if isinstance(v, (int, float)) and "/" in k}
         results["checkpoint"] = best.metrics.get("checkpoint_dir", "")
         rows = _trials_table(grid, space, out_dir)
-        if space.table and rows:
-            _mean_table(rows, space, out_dir)
         if space.curve and rows:  # the space's curve: its report metrics against one of its parameters
-            _curve(rows, space, out_dir)
+            rows = _curve(rows, space, out_dir)
+        if (space.table or space.curve) and rows:
+            _mean_table(rows, space, out_dir)
     results.update(
         best_trial=Path(best.path).name, trials=len(grid), trials_failed=sum(r.error is not None for r in grid)
     )
@@ -82,12 +84,15 @@ def _trials_table(grid, space: TuneSpace, out_dir: Path) -> list[dict[str, Any]]
 
 
 def _mean_table(rows: list[dict[str, Any]], space: TuneSpace, out_dir: Path) -> None:
-    """out_dir/table.md: a column per value of space.table (in trial order), a row per report metric,
+    """out_dir/table.md: a column per value of the space's table parameter (in trial order) or of
+    its curve parameter (in the curve's order, titled `snli_fraction 0.1`), a row per report metric,
     each cell the mean and standard deviation over the trials that share the value (their seeds)."""
+    key = space.table or space.curve
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault(row[space.table], []).append(row)
-    labels = [_label(value) for value in groups]
+        groups.setdefault(row[key], []).append(row)
+    title = "" if space.table else key.rpartition(".")[2] + " "
+    labels = [title + _label(value) for value in groups]
     lines = [f"| metric | {' | '.join(labels)} |", "|---" * (len(labels) + 1) + "|"]
     lines.append("| trials | " + " | ".join(str(len(members)) for members in groups.values()) + " |")
     for metric in space.report:
@@ -129,15 +134,22 @@ def _csv(rows: list[dict[str, Any]]) -> str:
     return table.getvalue()
 
 
-def _curve(rows: list[dict[str, Any]], space: TuneSpace, out_dir: Path) -> None:
-    """out_dir/curve.csv and curve.png: the space's report metrics against its curve parameter (and
-    the seed of the SNLI subset where the space searches it), from the rows of trials.csv."""
+def _curve(rows: list[dict[str, Any]], space: TuneSpace, out_dir: Path) -> list[dict[str, Any]]:
+    """out_dir/curve.csv and curve.png: the space's report metrics against its curve parameter, one
+    point per seed (the training seed and the SNLI subset's, those the space searches), from the
+    rows of trials.csv; returns the rows in the curve's order. A trial at fraction 0 trained on no
+    SNLI pair (and reports no count)."""
+    seeds = [key for key in SEED_KEYS if key in rows[0]]
+    for row in rows:
+        if row[space.curve] == 0 and PAIRS_KEY in row and not math.isfinite(row[PAIRS_KEY]):
+            row[PAIRS_KEY] = 0.0
     points = [
-        {"fraction": row[space.curve], "seed": row.get("data.snli_fraction_seed", 0), "trial": row["trial"]}
+        {"fraction": row[space.curve], "seed": "/".join(str(row[k]) for k in seeds) or "0", "trial": row["trial"]}
         | {name: row[name] for name in space.report}
         for row in rows
     ]
     write_curve(points, [m for m in space.report if m.startswith("stsb/")], out_dir)
+    return sorted(rows, key=lambda row: (row[space.curve], [row[k] for k in seeds]))
 
 
 def log_sweep(parent: ParentRun, best, space: TuneSpace, results: dict, out_dir: Path, failed=()) -> None:

@@ -87,7 +87,9 @@ def _sweep(request: SweepRequest) -> dict[str, Any]:
     concurrency = min(concurrency, request.max_concurrent) if request.max_concurrent else concurrency
     resume = _resuming(request.experiment_path, out_dir / STATE_FILE, request.fresh)
     param_space = {**space.params(), **request.param_overrides}
-    parent, expected = open_sweep(request, uri, resume, expected_trials(param_space, request.num_samples))
+    parent, expected, concurrency = open_sweep(
+        request, uri, resume, expected_trials(param_space, request.num_samples), concurrency
+    )
     trainable, frames, embeddings = sweep_trainable(request, parent)
     trainable = tune.with_resources(trainable, resources)
     tuner = _tuner(request, trainable, param_space, concurrency, resume)
@@ -242,9 +244,13 @@ def check_sweep_inputs(request: SweepRequest) -> None:
         log.info("sweep %s: every trial starts from %s", space.name, cfg.trainer.warm_start or "scratch (seeded)")
 
 
-def open_sweep(request: SweepRequest, uri: str, resume: bool, expected: int) -> tuple[ParentRun, int]:
-    """(the MLflow parent run, the number of trials): the recorded ones of the sweep resumed (refused
-    when this command's sweep differs from it), else a new parent run and OUT/sweep.json."""
+def open_sweep(
+    request: SweepRequest, uri: str, resume: bool, expected: int, concurrency: int
+) -> tuple[ParentRun, int, int]:
+    """(the MLflow parent run, the number of trials, trials at once): the recorded ones of the sweep
+    resumed (refused when this command's sweep differs from it), else a new parent run and
+    OUT/sweep.json. Ray Tune restores a sweep with the concurrency it was started with, so a
+    resumed sweep says so where this command would run a different number at once."""
     space, cfg, out_dir = request.space, request.cfg, request.out_dir
     state_file, record = out_dir / STATE_FILE, sweep_record(request)
     if resume:
@@ -257,7 +263,16 @@ def open_sweep(request: SweepRequest, uri: str, resume: bool, expected: int) -> 
                 f"over, or choose another --out"
             )
         log.info("resuming sweep %s (MLflow parent run %s) from %s", space.name, state["parent_run_id"], out_dir)
-        return ParentRun(uri, cfg.mlflow.experiment, state["parent_run_id"]), state["expected_trials"]
+        started = state.get("trials_at_once", concurrency)
+        if started != concurrency:
+            log.warning(
+                "sweep %s: resumed with the %d trial(s) at once it was started with, not %d (Ray Tune keeps a "
+                "restored sweep's concurrency); --fresh starts it over at this command's",
+                space.name,
+                started,
+                concurrency,
+            )
+        return ParentRun(uri, cfg.mlflow.experiment, state["parent_run_id"]), state["expected_trials"], started
     parent_run_id = tracking.start_run(
         uri,
         cfg.mlflow.experiment,
@@ -272,9 +287,15 @@ def open_sweep(request: SweepRequest, uri: str, resume: bool, expected: int) -> 
         },
         tags={"convsts.job": "tune", "convsts.space": space.name},
     )
-    state = {"parent_run_id": parent_run_id, "space": space.name, "expected_trials": expected, "sweep": record}
+    state = {
+        "parent_run_id": parent_run_id,
+        "space": space.name,
+        "expected_trials": expected,
+        "trials_at_once": concurrency,
+        "sweep": record,
+    }
     storage.write_text(state_file, json.dumps(state, indent=2))
-    return ParentRun(uri, cfg.mlflow.experiment, parent_run_id), expected
+    return ParentRun(uri, cfg.mlflow.experiment, parent_run_id), expected, concurrency
 
 
 def sweep_trainable(request: SweepRequest, parent: ParentRun):
