@@ -172,6 +172,7 @@ def test_the_snli_curve_starts_at_no_snli_and_its_table_is_per_fraction(tmp_path
     assert lines[0] == "| metric | snli_fraction 0.0 | snli_fraction 0.5 |"
     assert lines[2] == "| trials | 2 | 2 |"
     assert "| stsb/dev/pearson | 0.5000 ± 0.0000 | 0.7000 ± 0.1414 |" in lines
+    assert "| data/snli_train_pairs | 0 | 10000 |" in lines  # a count that every seed shares, once
 
 
 def test_a_resumed_sweep_says_it_keeps_the_concurrency_it_started_with(tmp_path, mlflow_uri, caplog):

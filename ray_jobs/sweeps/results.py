@@ -112,10 +112,13 @@ def _label(value: Any) -> str:
 
 
 def _mean_sd(values: list[Any]) -> str:
-    """'mean ± sd' of the finite values (sample sd), the value alone for one, '—' for none."""
+    """'mean ± sd' of the finite values (sample sd), the value alone for one, '—' for none; counts
+    (whole numbers) as whole numbers, alone where every trial has the same."""
     finite = np.array([v for v in values if isinstance(v, (int, float)) and math.isfinite(v)], dtype=np.float64)
     if len(finite) == 0:
         return "—"
+    if np.all(finite == np.round(finite)) and np.all(finite == finite[0]):
+        return f"{finite[0]:.0f}"
     if len(finite) == 1:
         return f"{finite[0]:.4f}"
     return f"{finite.mean():.4f} ± {finite.std(ddof=1):.4f}"
