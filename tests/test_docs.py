@@ -77,11 +77,13 @@ def _convsts_lines() -> list[tuple[str, list[str]]]:
             line = line.split(" #", 1)[0].strip()
             if line.startswith(".venv/bin/"):
                 line = line[len(".venv/bin/") :]
-            if not line.startswith("convsts ") or any(mark in line for mark in ("|", "...", "[")):
-                continue  # a synopsis (alternatives, optional parts), not a command to run
+            if not line.startswith("convsts ") or any(mark in line for mark in ("|", "...")):
+                continue  # a synopsis (alternatives, repeated parts), not a command to run
             if line.split()[1].startswith("-"):  # convsts --version, --help: the entry point's own
                 continue
             argv = shlex.split(line)[1:]
+            if any(token.startswith("[") for token in argv):  # optional parts; `seed=[0]` is a value
+                continue
             found.append((where, argv))
     return found
 
