@@ -146,21 +146,27 @@ def test_the_task_mix_table_is_the_mean_and_sd_over_seeds_per_mix(tmp_path):
 
 def test_the_snli_curve_starts_at_no_snli_and_its_table_is_per_fraction(tmp_path):
     """snli_fraction: fractions from 0 (Reddit alone) to 1 x training seeds; a fraction-0 trial
-    reports no SNLI pair count and is plotted at 0 pairs; table.md has a column per fraction in
-    the curve's order, each cell the mean ± sd over the seeds."""
+    reports no SNLI pair count: trials.csv, curve.csv and the plot have it at 0 pairs; table.md has
+    a column per fraction in the curve's order, each cell the mean ± sd over the seeds (a count that
+    all share once; a score keeps its spread even when it is a whole number)."""
     import pandas as pd
 
-    from convsts.ray_jobs.sweeps.results import _curve, _mean_table
+    from convsts.ray_jobs.sweeps.results import _curve, _mean_table, _trials_table
     from convsts.tune_spaces import get_space
 
     space = get_space("snli_fraction")
-    assert space.params()["data.snli_fraction"]["grid_search"][0] == 0.0
     assert space.params()["seed"]["grid_search"] == [0, 1]
-    rows = []
-    for fraction, pairs, values in ((0.5, 10_000.0, [0.6, 0.8]), (0.0, float("nan"), [0.5, 0.5])):
+    grid = []
+    for fraction, pairs, values in ((0.5, 10_000.0, [0.6, 0.8]), (0.0, None, [1.0, 1.0])):
         for seed, value in enumerate(values):
-            row = {"trial": f"t{len(rows)}", "data.snli_fraction": fraction, "seed": seed}
-            rows.append(row | {m: value for m in space.report} | {"data/snli_train_pairs": pairs})
+            metrics = {m: value for m in space.report if m != "data/snli_train_pairs"}
+            if pairs is not None:  # a fraction-0 trial trained no SNLI pair and reports no count
+                metrics["data/snli_train_pairs"] = pairs
+            config = {"data.snli_fraction": fraction, "seed": seed, "data.snli_fraction_seed": 0}
+            grid.append(tune.Result(metrics | {"config": config}, None, None, f"/sweep/t{len(grid)}"))
+    rows = _trials_table(grid, space, tmp_path)
+    trials = pd.read_csv(tmp_path / "trials.csv")
+    assert list(trials["data/snli_train_pairs"]) == [10_000.0, 10_000.0, 0.0, 0.0]  # as curve.csv has them
     ordered = _curve(rows, space, tmp_path)
     assert [(r["data.snli_fraction"], r["seed"]) for r in ordered] == [(0.0, 0), (0.0, 1), (0.5, 0), (0.5, 1)]
     curve = pd.read_csv(tmp_path / "curve.csv")
@@ -171,7 +177,7 @@ def test_the_snli_curve_starts_at_no_snli_and_its_table_is_per_fraction(tmp_path
     lines = (tmp_path / "table.md").read_text().splitlines()
     assert lines[0] == "| metric | snli_fraction 0.0 | snli_fraction 0.5 |"
     assert lines[2] == "| trials | 2 | 2 |"
-    assert "| stsb/dev/pearson | 0.5000 ± 0.0000 | 0.7000 ± 0.1414 |" in lines
+    assert "| stsb/dev/pearson | 1.0000 ± 0.0000 | 0.7000 ± 0.1414 |" in lines  # a score keeps its spread
     assert "| data/snli_train_pairs | 0 | 10000 |" in lines  # a count that every seed shares, once
 
 

@@ -76,7 +76,8 @@ def loss_curves_plot(histories: Mapping[str, Sequence[tuple]], path: Path, title
     plt.close(fig)
 
 
-PAIRS_KEY = "data/snli_train_pairs"  # what a sweep trial reports: the SNLI pairs it trained on
+COUNT_PREFIX = "data/"  # a metric that counts data (pairs trained on), not a score
+PAIRS_KEY = f"{COUNT_PREFIX}snli_train_pairs"  # what a sweep trial reports: the SNLI pairs it trained on
 
 
 def fraction_curve_plot(rows: Sequence[dict[str, Any]], metrics: Sequence[str], path: Path) -> None:

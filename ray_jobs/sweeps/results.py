@@ -18,7 +18,7 @@ from convsts.io.redaction import redact
 from convsts.models.sts_transform import file_name as sts_file
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.evaluation.curve import write_curve
-from convsts.ray_jobs.evaluation.plots import PAIRS_KEY
+from convsts.ray_jobs.evaluation.plots import COUNT_PREFIX
 from convsts.ray_jobs.evaluation.sts import transformed_sts_metrics
 from convsts.ray_jobs.runtime.process import log
 from convsts.ray_jobs.sweeps.trials import ParentRun, plain_params, trial_config
@@ -69,12 +69,13 @@ def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path
 
 def _trials_table(grid, space: TuneSpace, out_dir: Path) -> list[dict[str, Any]]:
     """out_dir/trials.csv: every finished trial of a train sweep, its searched values (one column per
-    key of the space) and the space's report metrics, in trial order."""
+    key of the space) and the space's report metrics, in trial order. A count a trial does not
+    report is 0: it trained no pair of that task (Reddit alone reports no SNLI pairs)."""
     searched = sorted(space.params())
     rows = [
         {"trial": Path(r.path).name}
         | {key: _plain_value(r.config.get(key)) for key in searched}
-        | {name: r.metrics.get(name, math.nan) for name in space.report}
+        | {name: r.metrics.get(name, 0.0 if name.startswith(COUNT_PREFIX) else math.nan) for name in space.report}
         for r in sorted(grid, key=lambda r: Path(r.path).name)
         if r.error is None and r.metrics
     ]
@@ -96,7 +97,9 @@ def _mean_table(rows: list[dict[str, Any]], space: TuneSpace, out_dir: Path) -> 
     lines = [f"| metric | {' | '.join(labels)} |", "|---" * (len(labels) + 1) + "|"]
     lines.append("| trials | " + " | ".join(str(len(members)) for members in groups.values()) + " |")
     for metric in space.report:
-        lines.append(f"| {metric} | " + " | ".join(_mean_sd([r[metric] for r in rs]) for rs in groups.values()) + " |")
+        count = metric.startswith(COUNT_PREFIX)
+        cells = (_mean_sd([r[metric] for r in rs], count) for rs in groups.values())
+        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
     storage.write_text(out_dir / "table.md", "\n".join(lines) + "\n")
 
 
@@ -111,17 +114,16 @@ def _label(value: Any) -> str:
     return str(parsed)
 
 
-def _mean_sd(values: list[Any]) -> str:
-    """'mean ± sd' of the finite values (sample sd), the value alone for one, '—' for none; counts
-    (whole numbers) as whole numbers, alone where every trial has the same."""
+def _mean_sd(values: list[Any], count: bool = False) -> str:
+    """'mean ± sd' of the finite values (sample sd), the value alone for one, '—' for none; a count
+    that every trial shares as that whole number."""
     finite = np.array([v for v in values if isinstance(v, (int, float)) and math.isfinite(v)], dtype=np.float64)
     if len(finite) == 0:
         return "—"
-    if np.all(finite == np.round(finite)) and np.all(finite == finite[0]):
-        return f"{finite[0]:.0f}"
-    if len(finite) == 1:
-        return f"{finite[0]:.4f}"
-    return f"{finite.mean():.4f} ± {finite.std(ddof=1):.4f}"
+    places = 0 if count else 4
+    if len(finite) == 1 or (count and np.all(finite == finite[0])):
+        return f"{finite[0]:.{places}f}"
+    return f"{finite.mean():.{places}f} ± {finite.std(ddof=1):.{places}f}"
 
 
 def _plain_value(value: Any) -> Any:
@@ -140,12 +142,8 @@ def _csv(rows: list[dict[str, Any]]) -> str:
 def _curve(rows: list[dict[str, Any]], space: TuneSpace, out_dir: Path) -> list[dict[str, Any]]:
     """out_dir/curve.csv and curve.png: the space's report metrics against its curve parameter, one
     point per seed (the training seed and the SNLI subset's, those the space searches), from the
-    rows of trials.csv; returns the rows in the curve's order. A trial at fraction 0 trained on no
-    SNLI pair (and reports no count)."""
+    rows of trials.csv; returns the rows in the curve's order."""
     seeds = [key for key in SEED_KEYS if key in rows[0]]
-    for row in rows:
-        if row[space.curve] == 0 and PAIRS_KEY in row and not math.isfinite(row[PAIRS_KEY]):
-            row[PAIRS_KEY] = 0.0
     points = [
         {"fraction": row[space.curve], "seed": "/".join(str(row[k]) for k in seeds) or "0", "trial": row["trial"]}
         | {name: row[name] for name in space.report}
