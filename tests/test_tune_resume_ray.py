@@ -67,7 +67,10 @@ def test_a_sweep_whose_driver_is_killed_mid_trial_restarts_the_trial_from_its_ow
     )
     assert second.returncode == 0, second.stdout[-4000:]
     assert [p.name for p in (store / "killed").iterdir()] == trial_folders  # the same trial, its own folder
-    parent = json.loads((out / "results.json").read_text())["mlflow_run_id"]
+    results = json.loads((out / "results.json").read_text())
+    parent = results["mlflow_run_id"]
+    # The trial's own time counts both sittings (Tune's time_total_s); `seconds` is the second command's.
+    assert results["trial_seconds"] > 0 and results["seconds"] > 0, results
     children = _runs(mlflow_uri, experiment, parent)
     assert list(children) == trial_folders and children[trial_folders[0]].info.status == "FINISHED"
     client = tracking.client(mlflow_uri)

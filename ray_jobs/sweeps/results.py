@@ -45,7 +45,11 @@ def sweep_results(grid, best, space: TuneSpace, base: dict, out_dir: Path, sts_i
         if (space.table or space.curve) and rows:
             _mean_table(rows, space, out_dir)
     results.update(
-        best_trial=Path(best.path).name, trials=len(grid), trials_failed=sum(r.error is not None for r in grid)
+        best_trial=Path(best.path).name,
+        trials=len(grid),
+        trials_failed=sum(r.error is not None for r in grid),
+        # The trials' own time over every sitting (Tune's time_total_s); `seconds` is this command's.
+        trial_seconds=round(sum(float((r.metrics or {}).get("time_total_s") or 0.0) for r in grid), 1),
     )
     return results
 
@@ -181,9 +185,10 @@ def log_sweep(parent: ParentRun, best, space: TuneSpace, results: dict, out_dir:
     tracking.end_run(uri, run_id, "FAILED" if failed else "FINISHED")
     value = float(best.metrics.get(space.metric, math.nan))
     log.info(
-        "sweep %s: %d trials in %.0f s; best %s = %.4f",
+        "sweep %s: %d trials (%.0f s of trials; this command %.0f s); best %s = %.4f",
         space.name,
         results["trials"],
+        results["trial_seconds"],
         results["seconds"],
         space.metric,
         value,
