@@ -220,7 +220,12 @@ def _tuner(request: SweepRequest, trainable, param_space: dict, concurrency: int
         trainable,
         param_space=param_space,
         tune_config=tune.TuneConfig(
-            num_samples=request.num_samples, scheduler=_scheduler(space), max_concurrent_trials=concurrency
+            num_samples=request.num_samples,
+            scheduler=_scheduler(space),
+            max_concurrent_trials=concurrency,
+            # An STS-matrix trial is a short fit on the shared embeddings: starting a process for
+            # each (importing torch) costs more than the fit. A train trial keeps its own process.
+            reuse_actors=space.objective == "sts_matrix",
         ),
         run_config=tune.RunConfig(
             name=space.name,
