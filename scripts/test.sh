@@ -6,8 +6,9 @@
 #   slow tier:  `pytest --slow -m slow`, Ray, Ray Train / Tune jobs, servers, end to end
 # Both tiers run in two pytest-xdist processes (-n 2): a test waiting on Ray, a subprocess or a
 # server leaves a core to the other. Each test file runs whole in one process (--dist loadfile), so a
-# module fixture (the four-node cluster of test_cluster_ray.py) is made once; xdist hands out the
-# files with the most tests first. (--dist loadgroup would group by `xdist_group` marks, but
+# module fixture (the four-node cluster of test_cluster_ray.py) is made once. xdist hands out the
+# unit tier's files with the most tests first, the slow tier's in collection order, which
+# conftest.py begins with its longest files (LONGEST_FIRST). (--dist loadgroup would group by `xdist_group` marks, but
 # pytest-xdist 3.8 does not apply them under pytest 9: the cluster tests ran in both processes, each
 # starting its own cluster.)
 # Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k prepare`.
@@ -31,4 +32,4 @@ bash scripts/typecheck.sh || exit 1
 stage "unit tier: no Ray"
 tests --timeout=300 --durations=10 "$@" || exit 1
 stage "slow tier: Ray, training, sweeps, servers"
-tests --slow -m slow --timeout=900 --durations=15 "$@"  # the 15 slowest tests last
+tests --slow -m slow --timeout=900 --durations=15 --no-loadscope-reorder "$@"  # the 15 slowest tests last

@@ -96,8 +96,30 @@ def _unit_tier_starts_no_ray(request):
         pytest.fail(f"{request.node.nodeid} started a Ray instance: the unit tier runs without Ray; mark it slow")
 
 
+# The slow tier's longest files, longest first: scripts/test.sh hands the files to its two
+# pytest-xdist processes in collection order (--no-loadscope-reorder), so that the longest start
+# first and the two processes end close together (by test count, the cluster file started last).
+LONGEST_FIRST = (
+    "test_cluster_ray.py",
+    "test_tune_ray.py",
+    "test_tune_resume_ray.py",
+    "test_demo.py",
+    "test_async_ray.py",
+    "test_submit_ray.py",
+    "test_prepare.py",
+    "test_storage.py",
+)
+
+
+def _file_rank(item) -> int:
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
+
+    items.sort(key=_file_rank)  # stable: each file keeps its own order
 
     if not torch.cuda.is_available():
         no_gpu = pytest.mark.skip(reason="gpu: torch sees no CUDA device here")
