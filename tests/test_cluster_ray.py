@@ -24,6 +24,8 @@ from testkit.local_cluster import kill_node, mlflow_server, node_processes, ray_
 from testkit.s3_server import keys, s3_endpoint
 from testkit.tiny import TINY_DAN, TINY_TRAIN
 
+from convsts.ray_jobs.runtime.process import PREEMPTION_WATCHER_ENV
+
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "s3://convsts-cluster"
 PASSWORD = "Pl4ntedPassw0rd"  # made up: the user-info of the drivers' tracking URI
@@ -43,7 +45,8 @@ def cluster(tmp_path_factory):
         # A lost node is marked dead after 3 failed health checks a second apart (Ray's defaults: 5,
         # 3 s apart); a busy live node still has Ray's 10 s timeout for each answer.
         health = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
-        env = {**s3_env, **health, "RAY_AUTH_MODE": "disabled"}
+        # Ray Train's preemption watcher as on a real cluster (the one-node test session turns it off).
+        env = {**s3_env, **health, "RAY_AUTH_MODE": "disabled", PREEMPTION_WATCHER_ENV: "1"}
         head = stack.enter_context(ray_head(env, num_cpus=1))
         nodes: list[dict[str, str]] = []
 
