@@ -203,3 +203,20 @@ def test_a_misspelt_command_is_one_line_with_did_you_mean():
             f"convsts: unknown command {typed!r}; {expected} (convsts --help lists them)"
         ]
     assert main(["zzz"]) == 2  # nothing close: the list of commands instead
+
+
+def test_ray_data_lists_parquet_with_one_footer_reader_unless_the_user_says(monkeypatch):
+    """ray_data_defaults (the driver's ensure_ray and every worker's setup hook) sets the variable Ray
+    Data's parquet listing reads for its pool of footer-reading actors (32 by default, a process
+    each); a user's own value stays. Checked on Ray Data's own indexer, as it reads the variable."""
+    from ray.data._internal.datasource_v2.formats.parquet.footer_file_indexer import FooterFileIndexer
+
+    from convsts.ray_jobs.runtime.process import FOOTER_ACTORS_ENV, ray_data_defaults
+
+    monkeypatch.delenv(FOOTER_ACTORS_ENV, raising=False)
+    assert FooterFileIndexer(ignore_missing_paths=False)._num_actors == 32  # Ray's default, what this avoids
+    ray_data_defaults()
+    assert FooterFileIndexer(ignore_missing_paths=False)._num_actors == 1
+    monkeypatch.setenv(FOOTER_ACTORS_ENV, "8")
+    ray_data_defaults()
+    assert FooterFileIndexer(ignore_missing_paths=False)._num_actors == 8
