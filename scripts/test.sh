@@ -8,9 +8,9 @@
 # server leaves a core to the other. Each test file runs whole in one process (--dist loadfile), so a
 # module fixture (the four-node cluster of test_cluster_ray.py) is made once. xdist hands out the
 # unit tier's files with the most tests first, the slow tier's in collection order, which
-# conftest.py begins with its longest files (LONGEST_FIRST). (--dist loadgroup would group by `xdist_group` marks, but
-# pytest-xdist 3.8 does not apply them under pytest 9: the cluster tests ran in both processes, each
-# starting its own cluster.)
+# conftest.py begins with its longest files (LONGEST_FIRST). (--dist loadgroup would group by
+# `xdist_group` marks, but pytest-xdist 3.8 does not apply them under pytest 9: the cluster tests
+# ran in both processes, each starting its own cluster.)
 # Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k prepare`.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -104,7 +104,8 @@ def _unit_tier_starts_no_ray(request):
 
 # The slow tier's longest files, longest first: scripts/test.sh hands the files to its two
 # pytest-xdist processes in collection order (--no-loadscope-reorder), so that the longest start
-# first and the two processes end close together (by test count, the cluster file started last).
+# first and the two processes end close together (by test count, the cluster file started third,
+# and its process ended two minutes after the other's).
 LONGEST_FIRST = (
     "test_cluster_ray.py",
     "test_tune_ray.py",

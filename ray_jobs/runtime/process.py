@@ -77,7 +77,7 @@ def worker_setup() -> None:
 # Ray Data (2.60) lists a parquet folder with a pool of footer-reading actors, 32 by default, each
 # its own Python process started for one listing and killed after it; one actor reads 128 footers
 # at once. A prepared folder holds tens to thousands of shards: those processes cost a small run
-# more CPU than its training (a 4-step run: 65 CPU-seconds with 32, 51 with 1, on 2 cores).
+# more CPU than its training (a 4-step run: 65 CPU-seconds with 32, about 52 with 1, on 2 cores).
 FOOTER_ACTORS_ENV, FOOTER_ACTORS = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1"
 
 
