@@ -236,9 +236,20 @@ def staged(out_dir: Path) -> Iterator[Path]:
         if isinstance(err, OSError) and not err.filename:
             raise OSError(err.errno, err.strerror or str(err), str(out_dir)) from err
         raise
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    partial.rename(out_dir)
+    # Two renames, then the old copy removed: a signal between them puts the old one back, so
+    # `out_dir` is the old folder or the new one, never neither.
+    old = partial.with_suffix(".old") if out_dir.exists() else None
+    try:
+        if old is not None:
+            out_dir.rename(old)
+        partial.rename(out_dir)
+    except BaseException:
+        if old is not None and not out_dir.exists():
+            old.rename(out_dir)
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old)
 
 
 def save_model_folder(checkpoint: str | Path, out_dir: str | Path) -> Path:

@@ -278,7 +278,7 @@ def test_a_run_whose_driver_is_killed_goes_on_from_its_newest_complete_checkpoin
     deadline = time.time() + 60  # Ray ends the dead driver's workers
     while any(node_processes(n, b"ray::RayTrainWorker") for n in cluster["nodes"]) and time.time() < deadline:
         time.sleep(0.5)
-    record = json.loads((out / "run.json").read_text())
+    record = json.loads((out / "run.json").read_text())["runs"][-1]  # the chain: this run alone
     assert not (out / "checkpoint").exists() and not (out / "train.json").exists()
     assert record["storage"].startswith(f"{BUCKET}/ray_results/long/")
     complete = _complete_checkpoints(record["storage"])
@@ -287,17 +287,17 @@ def test_a_run_whose_driver_is_killed_goes_on_from_its_newest_complete_checkpoin
     fs, inner = storage.resolve(f"{newest}/train_state.pt")
     fs.delete_file(inner)  # what a kill during the upload of the newest checkpoint leaves
 
+    at = json.loads(storage.read_text(f"{older}/config.json"))["step"]
     again = _train(cluster, out, sample_prepared, *KILLABLE, "name=long", "mlflow.experiment=cluster-kill")
     assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
     line = again.stderr.strip().splitlines()[-1]
-    assert f"its newest complete checkpoint is {older}; pass --resume latest to continue it" in line, line
+    assert f"its newest complete checkpoint is {older} (step {at}); pass --resume latest to continue it" in line, line
     assert "an interrupted training run" in line and PASSWORD not in line
 
     resumed = _train(
         cluster, out, sample_prepared, *KILLABLE, "name=long", "mlflow.experiment=cluster-kill", "--resume"
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    at = json.loads(storage.read_text(f"{older}/config.json"))["step"]
     assert f"start step {at}" in resumed.stdout + resumed.stderr
     train = json.loads((out / "train.json").read_text())
     assert json.loads((out / "checkpoint" / "config.json").read_text())["step"] == STEPS

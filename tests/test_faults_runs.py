@@ -16,18 +16,19 @@ from convsts.ray_jobs.config.loader import load_config
 
 
 def test_a_second_run_into_a_used_out_is_refused_unless_resumed_or_fresh(tmp_path):
-    from convsts.ray_jobs.training.run import claim_output
+    from convsts.ray_jobs.training.run_record import claim, decide_start
 
     cfg = load_config(None, [])
-    claim_output(tmp_path, cfg, fresh=False)  # empty: fine
+    assert decide_start(tmp_path, cfg).resume_from == ""  # empty: fine
     tiny_checkpoint(tmp_path / "checkpoint")
     (tmp_path / "train.json").write_text("{}")
     with pytest.raises(
-        FileExistsError, match="already holds a training run .*checkpoint is .*checkpoint; pass --resume latest to"
+        FileExistsError, match="already holds a training run .*checkpoint is .*checkpoint .*; pass --resume latest to"
     ):
-        claim_output(tmp_path, cfg, fresh=False)
-    claim_output(tmp_path, load_config(None, [f"trainer.resume_from={tmp_path / 'checkpoint'}"]), fresh=False)
-    claim_output(tmp_path, cfg, fresh=True)
+        decide_start(tmp_path, cfg)
+    resumed = load_config(None, [f"trainer.resume_from={tmp_path / 'checkpoint'}"])
+    assert decide_start(tmp_path, resumed).resume_from == str(tmp_path / "checkpoint")
+    claim(tmp_path, decide_start(tmp_path, cfg, fresh=True))
     assert not (tmp_path / "checkpoint").exists() and not (tmp_path / "train.json").exists()
 
 

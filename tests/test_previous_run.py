@@ -1,8 +1,9 @@
-"""An --out folder's earlier run, as the next run into it finds it (a real sqlite MLflow store, real
-checkpoints, the local S3 server): its MLflow run left RUNNING ends KILLED, a checkpoint is complete
-or it is not resumed, the refusal names the newest complete checkpoint wherever the run kept it
-(OUT, or its own folder in a bucket that OUT/run.json records), `--resume latest` finds it, and a
-checkpoint in a bucket is read in a few large requests."""
+"""An --out folder's earlier runs, as the next run into it finds them (a real sqlite MLflow store,
+real checkpoints, the local S3 server): a MLflow run left RUNNING ends KILLED, a checkpoint is
+complete or it is not resumed, the refusal names the newest complete checkpoint wherever the runs
+kept theirs (OUT, or their own folders in a bucket that OUT/run.json records), `--resume latest`
+finds it, and a checkpoint in a bucket is read in a few large requests. The chain of runs itself:
+tests/test_run_chain.py."""
 
 import json
 import math
@@ -16,23 +17,25 @@ from convsts.io import storage
 from convsts.io.errors import BadInputError, ConfigError
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tracking import runs as tracking
-from convsts.ray_jobs.training.run import claim_output
 from convsts.ray_jobs.training.run_record import (
     ENDED_BY_TAG,
     RUN_RECORD,
-    close_abandoned_run,
-    record_run,
-    recorded_run,
-    resolve_latest,
-    resumable_checkpoint,
+    DamagedRecord,
+    RunStart,
+    claim,
+    close_abandoned_runs,
+    decide_start,
+    join_chain,
+    new_link,
     run_storage,
 )
 
 STAMPS = ("2026-11-26_04-17-30.539163", "2026-11-26_04-17-31.105457")  # Ray Train names checkpoints by time
 
 
-def _checkpoint(path, bigram_buckets: int = 64, step: int = 3):
-    """A real tiny DAN checkpoint (weights, tokenizer, run config, train state at `step`, manifest)."""
+def _checkpoint(path, bigram_buckets: int = 64, step: int = 3, run_id: str | None = None):
+    """A real tiny DAN checkpoint (weights, tokenizer, run config, train state at `step`, the MLflow
+    run that wrote it, manifest)."""
     from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models import save_checkpoint
     from convsts.models.checkpoint import build_model
@@ -40,15 +43,23 @@ def _checkpoint(path, bigram_buckets: int = 64, step: int = 3):
     cfg = load_config(None, ["model.dan.output_dim=6", "model.dan.embedding_dim=16", "model.dan.hidden_sizes=[4]"])
     cfg.tokenizer.bigram_buckets = bigram_buckets
     tok = DanTokenizer.build(count_words(["a man plays a guitar", "a woman sings"]), cfg.tokenizer)
-    return save_checkpoint(path, build_model(cfg.model, tok).eval(), tok, cfg.to_dict(), train_state={"step": step})
+    provenance = {"run_id": run_id} if run_id else None
+    return save_checkpoint(
+        path, build_model(cfg.model, tok).eval(), tok, cfg.to_dict(), train_state={"step": step}, provenance=provenance
+    )
+
+
+def _record(out: Path, run_id: str, cfg, folder: str, chain=()) -> None:
+    """OUT/run.json as a run whose checkpoints go to `folder` writes it before its first step."""
+    out.mkdir(parents=True, exist_ok=True)
+    join_chain(out, RunStart("", None, tuple(chain)), new_link(out, run_id, cfg, tuple(folder.rsplit("/", 1))))
 
 
 def _killed_run(out: Path, folder: str, cfg, source: Path) -> list[str]:
     """What a `convsts train` killed during its third checkpoint's upload leaves: OUT/run.json, two
     complete checkpoints in the run's folder (local or in a bucket), and a newest one without its
     train state (the upload stopped there)."""
-    out.mkdir(parents=True, exist_ok=True)
-    record_run(out, "0123456789abcdef", cfg, (folder.rsplit("/", 1)[0], folder.rsplit("/", 1)[1]))
+    _record(out, "0123456789abcdef", cfg, folder)
     kept = []
     for stamp in (*STAMPS, "2026-11-26_04-17-32.000001"):
         target = storage.join(folder, f"checkpoint_{stamp}")
@@ -103,35 +114,36 @@ def test_a_killed_runs_mlflow_run_ends_killed_and_the_refusal_names_a_complete_c
     root, name = run_storage(cfg, out)
     kept = _killed_run(out, storage.join(root, name), cfg, _checkpoint(tmp_path / "src"))
     run_id = tracking.start_run(uri, "previous-test", "killed")
-    record_run(out, run_id, cfg, (root, name))
+    _record(out, run_id, cfg, storage.join(root, name))
 
     # The refusal names the newest complete checkpoint (not the newest folder: its upload stopped).
     with pytest.raises(FileExistsError) as refused:
-        claim_output(out, cfg, fresh=False)
+        decide_start(out, cfg)
     message = str(refused.value)
     assert "an interrupted training run" in message and "\n" not in message
-    assert f"its newest complete checkpoint is {kept[1]}; pass --resume latest to continue it" in message
+    assert f"its newest complete checkpoint is {kept[1]} (step 3); pass --resume latest to continue it" in message
     assert "--fresh" in message
-    assert resumable_checkpoint(out, cfg) == kept[1]
 
     # The next run into OUT closes the run the killed process left RUNNING, saying why.
     assert tracking.run_status(uri, run_id) == "RUNNING"
-    assert close_abandoned_run(out, uri) == run_id
+    close_abandoned_runs(out, uri)
     run = tracking.client(uri).get_run(run_id)
     assert run.info.status == "KILLED" and "its process ended with the run open" in run.data.tags[ENDED_BY_TAG]
     # A run that ended is left as it is.
     finished = tracking.start_run(uri, "previous-test", "finished")
     tracking.end_run(uri, finished)
-    record_run(out, finished, cfg, (root, name))
-    assert close_abandoned_run(out, uri) == finished and tracking.run_status(uri, finished) == "FINISHED"
+    _record(out, finished, cfg, storage.join(root, name))
+    close_abandoned_runs(out, uri)
+    assert tracking.run_status(uri, finished) == "FINISHED"
 
     # --resume latest takes the newest complete checkpoint; with --fresh the local outputs go.
     latest = load_config(None, ["trainer.resume_from=latest"])
     assert latest.trainer.resume_from == "latest"  # not made a path in the working directory
-    resolve_latest(out, latest)
-    assert latest.trainer.resume_from == kept[1]
-    claim_output(out, cfg, fresh=True)
-    assert not (out / "ray_results").exists()
+    start = decide_start(out, latest)
+    assert start.resume_from == kept[1] and start.config(latest).trainer.resume_from == kept[1]
+    assert latest.trainer.resume_from == "latest"  # the decision changes no config in place
+    claim(out, decide_start(out, cfg, fresh=True))
+    assert not (out / "ray_results").exists() and not (out / RUN_RECORD).exists()
 
 
 def test_a_finished_runs_checkpoint_comes_first_and_a_folder_without_one_says_so(tmp_path):
@@ -141,21 +153,22 @@ def test_a_finished_runs_checkpoint_comes_first_and_a_folder_without_one_says_so
     _killed_run(out, storage.join(*run_storage(cfg, out)), cfg, source)
     shutil.copytree(source, out / "checkpoint")
     (out / "train.json").write_text("{}")
-    assert resumable_checkpoint(out, cfg) == str(out / "checkpoint")
+    latest = load_config(None, ["trainer.resume_from=latest"])
+    assert decide_start(out, latest).resume_from == str(out / "checkpoint")  # the same step: the local copy
 
     bare = tmp_path / "bare"  # a run killed before its first checkpoint, or one made by hand
     (bare / "ray_results" / "convsts").mkdir(parents=True)
     with pytest.raises(FileExistsError, match="it left no complete checkpoint to resume: --fresh to start over"):
-        claim_output(bare, cfg, fresh=False)
-    latest = load_config(None, ["trainer.resume_from=latest"])
+        decide_start(bare, cfg)
     with pytest.raises(ConfigError, match=f"--resume latest: {bare} records no run with a complete checkpoint"):
-        resolve_latest(bare, latest)
+        decide_start(bare, latest)
 
 
-def test_a_run_record_that_is_not_ours_is_ignored(tmp_path):
+def test_a_run_record_that_is_not_ours_is_refused_naming_it(tmp_path):
     (tmp_path / RUN_RECORD).write_text("[1, 2]")
-    assert recorded_run(tmp_path) is None
-    assert close_abandoned_run(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}") is None
+    with pytest.raises(DamagedRecord, match=f"{tmp_path / RUN_RECORD}: not a convsts run record"):
+        decide_start(tmp_path, load_config(None))
+    close_abandoned_runs(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")  # nothing to close, nothing raised
 
 
 def test_a_killed_run_in_a_bucket_is_found_from_its_record_and_read_in_large_requests(tmp_path):
@@ -172,18 +185,20 @@ def test_a_killed_run_in_a_bucket_is_found_from_its_record_and_read_in_large_req
         root, key = run_storage(cfg, out)
         source = _checkpoint(tmp_path / "src", bigram_buckets=400_000)  # 400k x 16 floats: a 25.6 MB table
         kept = _killed_run(out, storage.join(root, key), cfg, source)
-        assert json.loads((out / RUN_RECORD).read_text())["storage"] == f"s3://convsts-resume/runs/long/{key}"
+        record = json.loads((out / RUN_RECORD).read_text())["runs"]
+        assert [(r["storage"], r["base"], r["folder"]) for r in record] == [
+            (f"s3://convsts-resume/runs/long/{key}", "storage_path", f"long/{key}")
+        ]
 
         with pytest.raises(FileExistsError) as refused:
-            claim_output(out, cfg, fresh=False)
+            decide_start(out, cfg)
         message = str(refused.value)
         assert f"checkpoints in s3://convsts-resume/runs/long/{key}" in message
-        assert f"its newest complete checkpoint is {kept[1]}; pass --resume latest" in message
+        assert f"its newest complete checkpoint is {kept[1]} (step 3); pass --resume latest" in message
         latest = load_config(
             None, ["trainer.storage_path=s3://convsts-resume/runs", "name=long", "trainer.resume_from=latest"]
         )
-        resolve_latest(out, latest)
-        assert latest.trainer.resume_from == kept[1]
+        assert decide_start(out, latest).resume_from == kept[1]
         with pytest.raises(BadInputError, match="not a complete checkpoint \\(train_state.pt is missing\\)"):
             check_complete(kept[2])  # the one cut short, named by hand
 

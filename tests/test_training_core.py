@@ -112,31 +112,54 @@ def test_stage_switch_reopens_streams_and_changes_lr():
     )
 
 
-def test_resume_from_a_checkpointed_state_matches_the_uninterrupted_run():
+@pytest.mark.parametrize(
+    "encoder",
+    [
+        ["model.encoder=dan"],
+        # dropout draws from torch's own generator: a resume restores it with the task draws'
+        ["model.encoder=transformer", "model.transformer.num_layers=1", "model.transformer.hidden_size=8",
+         "model.transformer.num_heads=2", "model.transformer.filter_size=8", "model.transformer.output_dim=6"],
+    ],
+    ids=["dan", "transformer-dropout"],
+)  # fmt: skip
+def test_resume_from_a_checkpointed_state_logs_the_uninterrupted_runs_losses(encoder):
+    """Two tasks drawn by task sampling, resumed at step 5 of 12 from the checkpoint's state: every
+    later step logs the undisturbed run's losses and ends with its weights."""
     cfg = load_config(
         None,
         TINY
+        + encoder
         + [
-            "trainer.task_weights={reddit: 1.0}",
-            "trainer.steps=6",
-            "trainer.checkpoint_every=3",
-            "trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.01}]",
+            "trainer.task_weights={reddit: 0.5, snli: 0.5}",
+            "trainer.steps=12",
+            "trainer.checkpoint_every=5",
+            "trainer.log_every=1",
+            "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.01}]",
         ],
     )
-    saved = {}
+    saved, logged = {}, {"undisturbed": {}, "resumed": {}}
 
-    def checkpoint(step, metrics, state):  # a snapshot, as the worker's torch.save makes
-        saved[step] = (copy.deepcopy(state), {k: v.clone() for k, v in model.state_dict().items()})
+    def hooks(name):
+        def checkpoint(step, metrics, state):  # a snapshot, as the worker's torch.save makes
+            saved[step] = (copy.deepcopy(state), {k: v.clone() for k, v in model.state_dict().items()})
 
-    loop, model, _ = _loop(cfg, hooks=LoopHooks(checkpoint=checkpoint, progress=lambda line: None))
+        def log(metrics, step):
+            logged[name][step] = {k: v for k, v in metrics.items() if k.endswith("/loss")}
+
+        return LoopHooks(log=log, checkpoint=checkpoint, progress=lambda line: None)
+
+    loop, model, _ = _loop(cfg, hooks=hooks("undisturbed"))
     loop.run()
-    state, weights = saved[3]
-    assert state.step == 3 and state.positions == [{"reddit": {"epoch": 0, "batch_in_epoch": 3, "batch_size": 8}}]
+    state, weights = saved[5]
+    assert state.step == 5 and state.task_draws is not None and len(state.rng) == 1
+    seed_everything(cfg.seed + 99)  # whatever a resumed worker did with the generators before
     fresh = build_model(cfg.model, _tokenizer(cfg), model_heads(cfg))
     fresh.load_state_dict(weights)
-    resumed, resumed_model, opened = _loop(cfg, state=state, model=fresh)
-    assert opened == [("reddit", 8, 0, 3)]  # continues the epoch where it stopped
+    resumed, resumed_model, opened = _loop(cfg, state=state, model=fresh, hooks=hooks("resumed"))
+    assert sorted(opened) == sorted((t, 4, 0, state.positions[0][t]["batch_in_epoch"]) for t in ("reddit", "snli"))
     resumed.run()
+    after = {step: losses for step, losses in logged["undisturbed"].items() if step > 5}
+    assert logged["resumed"] == after and {k for m in after.values() for k in m} == {"reddit/loss", "snli/loss"}
     for name, value in model.state_dict().items():
         assert torch.equal(value, resumed_model.state_dict()[name]), name
 

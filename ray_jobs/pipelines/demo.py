@@ -28,7 +28,8 @@ from convsts.ray_jobs.runtime.output_lock import holds_output
 from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri
 from convsts.ray_jobs.tasks import prepared_tasks
 from convsts.ray_jobs.tracking import runs as tracking
-from convsts.ray_jobs.training.run import claim_output, run_outputs, run_training
+from convsts.ray_jobs.training.run import run_training
+from convsts.ray_jobs.training.run_record import claim, decide_start, run_outputs
 from convsts.ray_jobs.training.state import initial_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -108,7 +109,9 @@ def claim_demo_output(cfg: RunConfig, out_dir: Path, fresh: bool) -> str:
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
-    claim_output(out_dir, cfg, fresh)  # with --fresh: the earlier run's checkpoints go before this run starts
+    claim(
+        out_dir, decide_start(out_dir, cfg, fresh)
+    )  # with --fresh: the earlier run's checkpoints go before this run starts
     ensure_ray()
     return uri
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import sqlite3
 import sys
 import time
 from collections.abc import Mapping
@@ -47,6 +48,42 @@ def artifact_root(tracking_uri: str) -> str | None:
     if not tracking_uri.startswith(prefix):
         return None
     return (Path(tracking_uri[len(prefix) :]).resolve().parent / ARTIFACT_FOLDER).as_uri()
+
+
+# The columns of a sqlite store that name artifact folders (MLflow 3's schema)
+ARTIFACT_COLUMNS = (
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("logged_models", "artifact_location"),
+    ("model_versions", "source"),
+    ("model_versions", "storage_location"),
+)
+
+
+def adopt_local_store(tracking_uri: str) -> None:
+    """A local sqlite store copied or moved with its folder keeps naming the artifact folder it was
+    made beside (MLflow stores it absolutely): its artifact folders are made the ones beside the
+    database now, so a copy's new runs write into the copy (the copy holds the earlier artifacts
+    too) and a moved store finds its own. Only this program's `mlartifacts` folders are changed."""
+    here = artifact_root(tracking_uri)
+    db = Path(tracking_uri[len("sqlite:///") :]) if here else None
+    if here is None or db is None or not db.is_file():
+        return
+    with contextlib.closing(sqlite3.connect(db)) as con, con:
+        try:
+            found = [row[0] for row in con.execute("SELECT DISTINCT artifact_location FROM experiments")]
+        except sqlite3.DatabaseError:  # not an MLflow store yet (MLflow makes its tables on first use)
+            return
+        for old in found:
+            if not old or old == here or not old.startswith("file://") or not old.endswith("/" + ARTIFACT_FOLDER):
+                continue
+            for table, column in ARTIFACT_COLUMNS:
+                with contextlib.suppress(sqlite3.OperationalError):  # a table this MLflow version lacks
+                    con.execute(
+                        f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                        f"WHERE substr({column}, 1, ?) = ? AND substr({column}, ?, 1) IN ('', '/')",
+                        (here, len(old) + 1, len(old), old, len(old) + 1),
+                    )
 
 
 # The MLflow UI opens an experiment of this kind on its training runs (MLflow 3's default for an

@@ -14,7 +14,15 @@ import torch
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.tasks import trained_tasks
-from convsts.ray_jobs.training.state import MetricWindow, StageSchedule, TrainState, format_eta, resume_skip
+from convsts.ray_jobs.training.state import (
+    MetricWindow,
+    StageSchedule,
+    TrainState,
+    format_eta,
+    resume_skip,
+    rng_state,
+    set_rng_state,
+)
 from convsts.ray_jobs.training.step import Optimizers, train_step
 from convsts.ray_jobs.training.task_groups import GradientCombiner, SplitMode, TaskPlan, draw_task
 
@@ -86,7 +94,13 @@ class TrainLoop:
                 self.optimizers.set_lr(self.lr)
             positions = state.positions_of(rank, plan.world_size)
         self.streams = self._open_streams(self.stage.batch_size, positions)
-        self.task_gen = torch.Generator().manual_seed(cfg.seed + self.start)
+        self.task_gen = torch.Generator().manual_seed(cfg.seed)
+        if state and state.task_draws is not None:  # the draws go on where they stopped
+            self.task_gen.set_state(state.task_draws)
+        elif state:  # a checkpoint without the draws' state
+            self.task_gen.manual_seed(cfg.seed + self.start)
+        if state:
+            set_rng_state(state.rng_of(rank, plan.world_size))
         self.window = MetricWindow(plan.tasks)
         # Non-finite losses are flagged on the device (no sync per step) and checked at every log
         # line, evaluation and checkpoint: a diverged model is never saved or scored.
@@ -130,6 +144,7 @@ class TrainLoop:
                     if self.leaders[t] == self.rank
                 },
                 "position": {t: s.position() for t, s in self.streams.items()},
+                "rng": rng_state(),
             }
         )
         state = None
@@ -144,6 +159,8 @@ class TrainLoop:
                 [g["position"] for g in gathered],
                 self.plan.world_size,
                 self.plan.mode,
+                task_draws=self.task_gen.get_state(),
+                rng=[g["rng"] for g in gathered],
             )
         self._checkpoint(metrics, state)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,19 +40,22 @@ from convsts.ray_jobs.training.data import build_tokenizer, check_prepared, task
 from convsts.ray_jobs.training.loop import SCORE_METRIC
 from convsts.ray_jobs.training.parameter_holder import start_holder
 from convsts.ray_jobs.training.run_record import (
+    BEST_FOLDER,
     CONTINUES_TAG,
-    close_abandoned_run,
-    interrupted_run,
-    record_run,
-    resolve_latest,
-    resume_advice,
+    FINAL_CHECKPOINT,
+    MODEL_FOLDER,
+    TRAIN_SUMMARY,
+    claim,
+    close_abandoned_runs,
+    decide_start,
+    join_chain,
+    mark_checkpoint,
+    new_link,
     run_storage,
 )
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
 from convsts.ray_jobs.training.worker import train_loop_per_worker
 
-MODEL_FOLDER = "model"  # OUT/model
-BEST_FOLDER = "best_checkpoint"  # OUT/best_checkpoint: the best in-training STS-B dev (trainer.eval_every)
 CONFIG_FILE = "config.yaml"  # OUT/config.yaml: the resolved run config
 
 
@@ -145,40 +147,6 @@ def check_resumable(cfg: RunConfig, digests: dict[str, str]) -> None:
     load_train_state(cfg.trainer.resume_from)
 
 
-def run_outputs(out_dir: Path, cfg: RunConfig) -> list[Path]:
-    """What an earlier training run left in out_dir: train.json, its checkpoints and model folder,
-    Ray Train's own run folder (when it is local)."""
-    candidates = [out_dir / "train.json", out_dir / "checkpoint", out_dir / MODEL_FOLDER, out_dir / BEST_FOLDER]
-    if not cfg.trainer.storage_path:  # Ray Train's run folders in out_dir (one elsewhere is keyed per run)
-        candidates.append(out_dir / "ray_results")
-    return [p for p in candidates if p.exists()]
-
-
-def claim_output(out_dir: Path, cfg: RunConfig, fresh: bool) -> None:
-    """A training run's output folder holds one run: a second run into it is refused unless it
-    resumes (trainer.resume_from) or starts over (`fresh`: the old checkpoints in OUT are deleted;
-    a killed run's own folder in a bucket is left to it). The run OUT records counts too: a driver
-    that died leaves its checkpoints under trainer.storage_path and nothing else in OUT."""
-    used = run_outputs(out_dir, cfg)
-    elsewhere = interrupted_run(out_dir, cfg) if not cfg.trainer.resume_from else None
-    if elsewhere is not None and not storage.is_uri(elsewhere) and Path(elsewhere).is_relative_to(out_dir):
-        elsewhere = None  # in OUT/ray_results, already among OUT's outputs
-    if (not used and elsewhere is None) or cfg.trainer.resume_from:
-        return
-    if not fresh:
-        what = ", ".join([p.name for p in used] + ([f"checkpoints in {redact(elsewhere)}"] if elsewhere else []))
-        stopped = "an interrupted training run" if not (out_dir / "train.json").exists() else "a training run"
-        raise FileExistsError(
-            f"{out_dir} already holds {stopped} ({what}): "
-            f"{resume_advice(out_dir, cfg)} --fresh to start over, or another --out"
-        )
-    for path in used:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    log.info("--fresh: removed %s", ", ".join(str(p) for p in used))
-    if elsewhere:
-        log.info("--fresh: the earlier run's own checkpoints stay in %s", redact(elsewhere))
-
-
 @holds_output("train")  # one run at a time in out_dir, for the whole run
 def run_training(
     cfg: RunConfig,
@@ -200,9 +168,12 @@ def run_training(
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
     manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders, before any run exists
     uri = mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)  # a server that is not there, before any work
-    previous = close_abandoned_run(out_dir, uri, run_id)  # a killed run's MLflow run, left RUNNING, ends KILLED
-    resolve_latest(out_dir, cfg, storage_key)  # --resume latest: the newest complete checkpoint of OUT's run
-    claim_output(out_dir, cfg, fresh)
+    close_abandoned_runs(out_dir, uri, run_id)  # a killed run's MLflow run, left RUNNING, ends KILLED
+    start = decide_start(out_dir, cfg, fresh, storage_key)  # fresh, continuing which checkpoint, or refused
+    cfg = start.config(cfg)
+    if start.resume_from and Path(start.resume_from).is_relative_to(out_dir):  # OUT's lock is ours: nobody logs there
+        close_abandoned_runs(out_dir, uri, run_id, also=start.continues)
+    claim(out_dir, start)
     storage.write_text(out_dir / CONFIG_FILE, redact(cfg.to_yaml()))  # the resolved config, as run
     digests = data_digests(manifests)
     check_initial_weights(cfg, digests)
@@ -212,13 +183,13 @@ def run_training(
     log.info("checkpoints: %s", redact(storage.join(storage_root, storage_name)))
     params = flatten(cfg.to_dict())
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
-    continues = previous if cfg.trainer.resume_from else None  # the run this one resumes
+    continues = start.continues  # the run that wrote the checkpoint this one resumes
     if run_id is None:
         tags = {"convsts.job": "train"} | ({CONTINUES_TAG: continues} if continues else {})  # as MLflow shows it
         run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name, params, tags=tags)
     elif continues != run_id:  # a trial run again keeps the params of its first start (MLflow's are write-once)
         tracking.log_params(uri, run_id, params)
-    record_run(out_dir, run_id, cfg, (storage_root, storage_name))  # before the first step: a rerun finds it
+    join_chain(out_dir, start, new_link(out_dir, run_id, cfg, (storage_root, storage_name)))  # before the first step
 
     try:
         _log_prepared_datasets(cfg, prepared, manifests, digests, uri, run_id)
@@ -257,15 +228,21 @@ def _log_prepared_datasets(
     )
 
 
-def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, out_dir: Path) -> None:
-    """OUT/loss_curves.png from the run's per-task metric history, logged under plots/."""
-
+def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, continues: str | None, out_dir: Path) -> None:
+    """OUT/loss_curves.png from the per-task metric history along the chain (the run this one
+    continues logged the steps before it, and those it replayed), logged under plots/."""
     c = tracking.client(uri)
+    path = out_dir / "loss_curves.png"
+    path.unlink(missing_ok=True)  # an earlier run's plot is never shown as this run's
     names = [f"{task}/{m}" for task in cfg.trainer.task_weights for m in ("loss", "batch_accuracy")]
-    histories = {n: [(m.step, m.value) for m in c.get_metric_history(run_id, n)] for n in names}
+    earlier = continues if continues and continues != run_id and tracking.run_status(uri, continues) else None
+    histories = {}
+    for n in names:
+        points = {m.step: m.value for m in c.get_metric_history(earlier, n)} if earlier else {}
+        points.update({m.step: m.value for m in c.get_metric_history(run_id, n)})
+        histories[n] = sorted((step, value) for step, value in points.items() if step <= cfg.trainer.steps)
     if not any(histories.values()):
         return
-    path = out_dir / "loss_curves.png"
     loss_curves_plot(
         histories,
         path,
@@ -308,7 +285,8 @@ def _train(
     plan = plan_for(cfg.trainer, cfg.trainer.num_workers)
     log.info("%s", plan.describe())
     loop_config = {"run": cfg.to_dict(), "tokenizer": tokenizer.to_dict(), "datasets": sorted(datasets)}
-    loop_config.update(tracking_uri=uri, run_id=run_id, continues=continues, provenance={"data": digests})
+    loop_config.update(tracking_uri=uri, run_id=run_id, continues=continues)
+    loop_config["provenance"] = {"data": digests, "run_id": run_id}  # a checkpoint names the run that wrote it
     holder = None
     if plan.mode is SplitMode.ASYNC:  # the shared encoder's parameter holder, for this fit only
         holder = loop_config["holder"] = start_holder(cfg)
@@ -322,7 +300,7 @@ def _train(
     final, best = _keep_checkpoints(cfg, result, out_dir)
     seconds = time.time() - started
     tracking.log_metrics(uri, run_id, {"train/seconds": seconds}, cfg.trainer.steps)
-    _log_loss_curves(cfg, uri, run_id, out_dir)
+    _log_loss_curves(cfg, uri, run_id, continues, out_dir)
     # What users take away: the encoder without optimizer state, with its model card, as the run's
     # MLflow model (the full checkpoint stays in OUT/checkpoint for --resume).
     model_dir = save_model_folder(final, out_dir / MODEL_FOLDER)
@@ -341,7 +319,8 @@ def _train(
         "task_split_mode": plan.mode,
         "storage": redact(storage.join(*location)),
     }
-    storage.write_text(out_dir / "train.json", json.dumps(train_json, indent=2))
+    storage.write_text(out_dir / TRAIN_SUMMARY, json.dumps(train_json, indent=2))
+    mark_checkpoint(out_dir, run_id, cfg.trainer.steps)
     return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows, model_dir)
 
 
@@ -361,11 +340,18 @@ def _torch_trainer(
     cfg: RunConfig, location: tuple[str, str], loop_config: dict, datasets: dict, plan, extra_callbacks: Sequence[Any]
 ):
     import ray.train
-    from ray.train.torch import (
-        TorchTrainer,
-    )
+    from ray.train.torch import TorchTrainer
 
-    return TorchTrainer(
+    class CommandsTrainer(TorchTrainer):
+        """Ray Train's fit() installs a SIGINT handler of its own (and never puts the earlier one
+        back), which exits 1 without a word, or 0 once the fit is over: Ctrl+C stays the
+        command's, a KeyboardInterrupt that ends the run KILLED in one line (exit 130). The fit's
+        actors go with the driver."""
+
+        def _register_sigint_handler(self, controller) -> None:
+            return None
+
+    return CommandsTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
         scaling_config=ray.train.ScalingConfig(
@@ -392,7 +378,7 @@ def _keep_checkpoints(cfg: RunConfig, result, out_dir: Path) -> tuple[Path, Path
     STS-B dev beside it."""
     if result.checkpoint is None:
         raise RuntimeError(f"training finished without a checkpoint; see {out_dir / 'ray_results'}")
-    final = _copy_whole(result.checkpoint, out_dir / "checkpoint")
+    final = _copy_whole(result.checkpoint, out_dir / FINAL_CHECKPOINT)
     best = None
     if cfg.trainer.eval_every:  # the checkpoint with the best in-training STS-B dev, beside the last
         chosen = result.get_best_checkpoint(SCORE_METRIC, "max")

@@ -1,14 +1,19 @@
-"""An --out folder's training run, as the next run into that folder finds it, whatever ended it.
+"""An --out folder's chain of training runs, and what the next run into it is.
 
-Before its first step a run records in OUT/run.json (written whole, atomically) its MLflow run and
-where its checkpoints go: OUT/ray_results/<name>, or its own folder <storage_path>/<name>/<key>
-under an explicit trainer.storage_path (a bucket). A driver that dies (killed, Ctrl+C, an OOM)
-leaves that record, its checkpoints in the bucket, and its MLflow run RUNNING. The next run into
-OUT (which holds OUT's lock, so no live process runs there) ends that MLflow run KILLED, saying why;
-a plain rerun is refused naming the newest complete checkpoint; `--resume latest` continues from
-it, tagged with the run it continues (`convsts.continues`). A checkpoint is complete when its
-manifest, written last, and every file it lists are there (models.checkpoint.incomplete_reason):
-the newest folder of a run killed during an upload is skipped, not resumed.
+OUT/run.json (written whole, atomically) keeps the chain: every run into OUT since it was last
+started over, each with its MLflow run and the folder its checkpoints go to, and the step of its
+newest complete checkpoint as last seen. A folder is kept relative to OUT (OUT/ray_results/...: a
+moved OUT still finds it, a copied OUT reads its own copy) or relative to trainer.storage_path
+(<name>/<key> in a bucket, which the next run's config completes with whatever credentials it
+carries; the record itself holds none). A new run joins the chain before its first step, so a run
+killed before its first checkpoint leaves every earlier link in place.
+
+`decide_start` makes the one decision, before any side effect: start, continue checkpoint X (written
+by MLflow run R), or refuse in one line naming what it found. `--resume latest` is the newest
+complete checkpoint by step across the chain, OUT/checkpoint (a finished run's last) one candidate
+among them. A checkpoint is complete when its manifest, written last, and every file it lists are
+there (models.checkpoint.incomplete_reason): the newest folder of a run killed during an upload is
+skipped, not resumed. A run.json that cannot be read is refused, naming it, never ignored.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shutil
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from convsts.io import storage
-from convsts.io.errors import ConfigError
+from convsts.io.errors import BadInputError, ConfigError
 from convsts.io.redaction import REDACTED, redact
 from convsts.models.checkpoint import incomplete_reason
 from convsts.ray_jobs.config.schema import RESUME_LATEST, RunConfig
@@ -29,19 +36,77 @@ from convsts.ray_jobs.runtime.process import log
 from convsts.ray_jobs.tracking import runs as tracking
 
 RUN_RECORD = "run.json"
+RECORD_FORMAT = 2
 CONTINUES_TAG = "convsts.continues"
 ENDED_BY_TAG = "convsts.ended_by"
 FINAL_CHECKPOINT = "checkpoint"  # OUT/checkpoint: a finished run's last checkpoint
+MODEL_FOLDER = "model"  # OUT/model
+BEST_FOLDER = "best_checkpoint"  # OUT/best_checkpoint: the best in-training STS-B dev (trainer.eval_every)
+TRAIN_SUMMARY = "train.json"  # OUT/train.json: written when a run finishes
+LOCAL_RESULTS = "ray_results"  # OUT/ray_results: Ray Train's run folders without a trainer.storage_path
 # Ray Train's checkpoint folders, named by the time they were reported (not its checkpoint_manager_snapshot.json)
 CHECKPOINT_NAME = re.compile(r"checkpoint_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d+")
+
+# Where a link's folder is kept relative to
+IN_OUT = "out"  # OUT itself
+IN_STORAGE_PATH = "storage_path"  # trainer.storage_path
+
+
+@dataclass(frozen=True)
+class Link:
+    """One run of OUT's chain."""
+
+    run_id: str  # its MLflow run
+    storage: str  # its checkpoint folder, redacted: for people
+    base: str  # IN_OUT or IN_STORAGE_PATH: what `folder` is relative to
+    folder: str
+    checkpoint_step: int | None = None  # its newest complete checkpoint's step, as last seen
+
+    def location(self, out_dir: Path, cfg: RunConfig) -> str | None:
+        """The folder on this machine or at its URI, or None where it cannot be rebuilt (a bucket
+        named without the credentials this run's trainer.storage_path would give it)."""
+        if self.base == IN_OUT:
+            return str(out_dir / self.folder)
+        if cfg.trainer.storage_path:
+            here = storage.join(cfg.trainer.storage_path, self.folder)
+            if redact(here) == self.storage:
+                return here
+        return self.storage if REDACTED not in self.storage else None
+
+
+@dataclass(frozen=True)
+class Found:
+    """A complete checkpoint of the chain."""
+
+    path: str
+    step: int
+    run_id: str | None  # the MLflow run that wrote it
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What a run into OUT is, decided once (decide_start) before any side effect."""
+
+    resume_from: str  # the checkpoint it continues; "" starts from step 0 (or trainer.warm_start)
+    continues: str | None  # the MLflow run that wrote that checkpoint
+    chain: tuple[Link, ...] = ()  # the runs before it, kept in run.json before its own link
+    fresh_removes: list[Path] = field(default_factory=list)  # --fresh: OUT's earlier outputs, removed by `claim`
+
+    def config(self, cfg: RunConfig) -> RunConfig:
+        """The run config as this run trains it: trainer.resume_from the decided checkpoint."""
+        return replace(cfg, trainer=replace(cfg.trainer, resume_from=self.resume_from))
+
+
+class DamagedRecord(ConfigError):
+    """OUT/run.json cannot be read."""
 
 
 def run_storage(cfg: RunConfig, out_dir: Path, key: str | None = None) -> tuple[str, str]:
     """(Ray Train's storage_path, the run's folder name there): where this run's checkpoints go.
 
     Every run owns its location. By default that is OUT/ray_results/<name> (<name>-<key> for a run
-    that resumes another), and OUT holds one run (claim_output). An explicit trainer.storage_path (a bucket every node reaches) is shared by
-    runs and sweeps, so the run's folder is <storage_path>/<name>/<key>: `key` a trial's own id
+    that resumes another). An explicit trainer.storage_path (a bucket every node reaches) is shared
+    by runs and sweeps, so the run's folder is <storage_path>/<name>/<key>: `key` a trial's own id
     (a sweep's rerun or retry finds that trial's checkpoints, and only those), else new for each run
     (a second run with the same name never restores the first's checkpoints). Ray Train's restarts
     within the run (node loss, trainer.max_failures) stay in it; OUT/run.json, train.json and the
@@ -49,7 +114,7 @@ def run_storage(cfg: RunConfig, out_dir: Path, key: str | None = None) -> tuple[
     if not cfg.trainer.storage_path:
         if cfg.trainer.resume_from and key is None:
             key = new_run_key()  # a folder of its own: Ray Train would restore the resumed run's own checkpoint
-        return str(out_dir / "ray_results"), cfg.name if key is None else f"{cfg.name}-{key}"
+        return str(out_dir / LOCAL_RESULTS), cfg.name if key is None else f"{cfg.name}-{key}"
     return storage.join(cfg.trainer.storage_path, cfg.name), key or new_run_key()
 
 
@@ -58,63 +123,297 @@ def new_run_key() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
-def record_run(out_dir: Path, run_id: str, cfg: RunConfig, location: tuple[str, str]) -> None:
-    """OUT/run.json, before the first step: the MLflow run this OUT's training logs to and its
-    checkpoint folder. Nothing that may carry credentials: the folder is stored redacted, for people,
-    and as its key under trainer.storage_path, which the next run's own config completes."""
-    record = {
-        "run_id": run_id,
-        "storage": redact(storage.join(*location)),
-        "storage_key": location[1] if cfg.trainer.storage_path else None,
-    }
-    storage.write_text(out_dir / RUN_RECORD, json.dumps(record, indent=1) + "\n")
+def new_link(out_dir: Path, run_id: str, cfg: RunConfig, location: tuple[str, str]) -> Link:
+    """The link of a run whose checkpoints go to `location` (run_storage)."""
+    where = storage.join(*location)
+    if cfg.trainer.storage_path:
+        return Link(run_id, redact(where), IN_STORAGE_PATH, storage.join(cfg.name, location[1]))
+    return Link(run_id, redact(where), IN_OUT, str(Path(where).relative_to(out_dir)))
 
 
-def _record(out_dir: Path) -> dict[str, Any] | None:
+# ---------------------------------------------------------------------------------------------
+# run.json
+
+
+def read_chain(out_dir: Path) -> list[Link]:
+    """OUT's chain, oldest first; [] when OUT has no run.json. DamagedRecord (one line naming the
+    file and the ways on) when it cannot be read."""
     path = out_dir / RUN_RECORD
     if not path.is_file():
-        return None
+        return []
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(record, dict) and isinstance(record.get("run_id"), str) and record["run_id"]:
-            return record
-    except ValueError:
-        pass
-    log.warning("%s: not a run record (no run_id); left as it is", path)
+        return _links(json.loads(path.read_text(encoding="utf-8")), out_dir)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DamagedRecord(
+            f"{path}: not a convsts run record ({reason}): its runs' checkpoints cannot be found from it; "
+            f"pass --resume CHECKPOINT to continue one, or --fresh to start over"
+        ) from None
+
+
+def _links(record: Any, out_dir: Path) -> list[Link]:
+    if not isinstance(record, dict):
+        raise TypeError(f"expected a JSON object, got {type(record).__name__}")
+    if "format" not in record and isinstance(record.get("run_id"), str):  # one run, absolute folder
+        return [_absolute_link(record, out_dir)]
+    if record.get("format") != RECORD_FORMAT:
+        raise ValueError(f"format {record.get('format')!r}, expected {RECORD_FORMAT}")
+    runs = record["runs"]
+    if not isinstance(runs, list) or not runs:
+        raise ValueError("no runs")
+    links = []
+    for i, entry in enumerate(runs):
+        step = entry.get("checkpoint_step")
+        link = Link(entry["run_id"], entry["storage"], entry["base"], entry["folder"], step)
+        if not all(isinstance(v, str) and v for v in (link.run_id, link.storage, link.folder)):
+            raise ValueError(f"runs[{i}]: run_id, storage and folder are non-empty strings")
+        if link.base not in (IN_OUT, IN_STORAGE_PATH) or not (step is None or isinstance(step, int)):
+            raise ValueError(
+                f"runs[{i}]: base {link.base!r} or checkpoint_step {step!r} is not one this version writes"
+            )
+        links.append(link)
+    return links
+
+
+def _absolute_link(record: dict[str, Any], out_dir: Path) -> Link:
+    """A record of one run that names its folder absolutely (run.json before chains)."""
+    where, key = record["storage"], record.get("storage_key")
+    if not isinstance(where, str) or not where:
+        raise ValueError("no storage")
+    if isinstance(key, str) and key:
+        name = where.rstrip("/").rsplit("/", 2)[-2]
+        return Link(record["run_id"], where, IN_STORAGE_PATH, f"{name}/{key}")
+    local = Path(where)
+    if not storage.is_uri(where) and local.is_relative_to(out_dir):
+        return Link(record["run_id"], where, IN_OUT, str(local.relative_to(out_dir)))
+    return Link(record["run_id"], where, IN_STORAGE_PATH if storage.is_uri(where) else IN_OUT, where)
+
+
+def write_chain(out_dir: Path, links: list[Link] | tuple[Link, ...]) -> None:
+    """OUT/run.json with `links`, written whole (a run killed while writing it leaves the old one)."""
+    runs = [
+        {
+            "run_id": k.run_id,
+            "storage": k.storage,
+            "base": k.base,
+            "folder": k.folder,
+            "checkpoint_step": k.checkpoint_step,
+        }
+        for k in links
+    ]
+    storage.write_text(out_dir / RUN_RECORD, json.dumps({"format": RECORD_FORMAT, "runs": runs}, indent=1) + "\n")
+
+
+def join_chain(out_dir: Path, start: RunStart, link: Link) -> None:
+    """Before the run's first step: the chain it continues, then its own link (a run again, as a
+    sweep's trial is, keeps its one link)."""
+    write_chain(out_dir, [k for k in start.chain if k.run_id != link.run_id] + [link])
+
+
+def mark_checkpoint(out_dir: Path, run_id: str, step: int) -> None:
+    """The run's link records `step` as its newest complete checkpoint (a finished run's last)."""
+    links = read_chain(out_dir)
+    write_chain(out_dir, [replace(k, checkpoint_step=step) if k.run_id == run_id else k for k in links])
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def checkpoint_owner(path: str) -> tuple[int, str | None]:
+    """(step, the MLflow run that wrote it) from a checkpoint's config.json: one small read, local
+    or at a URI."""
+    meta = json.loads(storage.read_text(storage.join(path, "config.json")))
+    return int(meta.get("step", 0)), (meta.get("provenance") or {}).get("run_id")
+
+
+def complete_checkpoints(folder: str) -> list[str]:
+    """Ray Train's complete checkpoint_* folders in `folder` (local or a URI), newest first;
+    incomplete ones (an upload that stopped midway) are left out, and logged."""
+    try:
+        names = [n for n in storage.entry_names(folder) if CHECKPOINT_NAME.fullmatch(n)]
+    except FileNotFoundError:
+        return []
+    kept = []
+    for name in sorted(names, reverse=True):  # the names sort by time
+        candidate = storage.join(folder, name)
+        reason = incomplete_reason(candidate)
+        if reason is None:
+            kept.append(candidate)
+        else:
+            log.warning("%s: skipped, not a complete checkpoint (%s)", redact(candidate), reason)
+    return kept
+
+
+def newest_complete(folder: str, run_id: str | None = None) -> Found | None:
+    """The newest complete checkpoint in `folder`, or None."""
+    for path in complete_checkpoints(folder):
+        try:
+            step, owner = checkpoint_owner(path)
+        except (OSError, ValueError, TypeError, AttributeError) as err:
+            log.warning("%s: skipped, its config.json is not readable (%s)", redact(path), err)
+            continue
+        return Found(path, step, owner or run_id)
     return None
 
 
-def recorded_run(out_dir: Path) -> str | None:
-    """The MLflow run id an earlier run into OUT recorded, or None (none, or a file not ours)."""
-    record = _record(out_dir)
-    return record["run_id"] if record else None
+def chain_checkpoints(out_dir: Path, cfg: RunConfig, links: list[Link]) -> tuple[list[Found], list[Link]]:
+    """(the newest complete checkpoint of each run of the chain and OUT/checkpoint, oldest step
+    first; the links with the steps seen)."""
+    found, seen = [], []
+    for link in links:
+        folder = link.location(out_dir, cfg)
+        newest = newest_complete(folder, link.run_id) if folder else None
+        if newest is not None:
+            found.append(newest)
+        seen.append(replace(link, checkpoint_step=newest.step if newest else link.checkpoint_step))
+    final = out_dir / FINAL_CHECKPOINT
+    if final.is_dir() and incomplete_reason(final) is None:
+        step, owner = checkpoint_owner(str(final))
+        found.append(Found(str(final), step, owner or _finished_run(out_dir)))
+    # By step; at a tie OUT/checkpoint (local, last in the list) comes last: it is the one resumed.
+    order = {id(f): i for i, f in enumerate(found)}
+    return sorted(found, key=lambda f: (f.step, order[id(f)])), seen
 
 
-def recorded_storage(out_dir: Path, cfg: RunConfig) -> str | None:
-    """The checkpoint folder of the run OUT records (local or a URI), or None. Under an explicit
-    trainer.storage_path it is rebuilt from this run's storage path (with whatever credentials that
-    carries) and the recorded key; a record made under another storage path names its own (redacted)."""
-    record = _record(out_dir)
-    if record is None:
+def _finished_run(out_dir: Path) -> str | None:
+    """The MLflow run of OUT's finished run (train.json), for a checkpoint that does not name it."""
+    try:
+        return json.loads((out_dir / TRAIN_SUMMARY).read_text(encoding="utf-8")).get("mlflow_run_id")
+    except (OSError, ValueError, AttributeError):
         return None
-    key = record.get("storage_key")
-    if isinstance(key, str) and key and cfg.trainer.storage_path:
-        here = storage.join(*run_storage(cfg, out_dir, key))
-        if redact(here) == record.get("storage"):
-            return here
-    where = record.get("storage")  # usable as it is unless credentials were taken out of it
-    return where if isinstance(where, str) and where and REDACTED not in where else None
 
 
-def close_abandoned_run(out_dir: Path, tracking_uri: str, going_on: str | None = None) -> str | None:
-    """The earlier run's MLflow run id (recorded_run); where it is still RUNNING, its process ended
-    without closing it (killed: this process holds OUT's lock), so it ends KILLED, saying why, unless
-    it is `going_on` (a sweep's trial run again logs to its own run)."""
-    run_id = recorded_run(out_dir)
-    if run_id is None or run_id == going_on:
-        return run_id
-    status = tracking.run_status(tracking_uri, run_id)
-    if status == "RUNNING":
+def _count_local(out_dir: Path, links: list[Link]) -> tuple[int, int | None]:
+    """(complete checkpoints in OUT, the highest step among them): what --fresh removes."""
+    paths = [str(out_dir / n) for n in (FINAL_CHECKPOINT, BEST_FOLDER) if (out_dir / n).is_dir()]
+    paths = [p for p in paths if incomplete_reason(p) is None]
+    for folder in {str(out_dir / k.folder) for k in links if k.base == IN_OUT}:
+        paths += complete_checkpoints(folder)
+    local = out_dir / LOCAL_RESULTS
+    if local.is_dir():  # a run folder no record names (one made by hand, or a record started over)
+        for run in local.iterdir():
+            if str(run) not in {str(out_dir / k.folder) for k in links}:
+                paths += complete_checkpoints(str(run))
+    steps = [checkpoint_owner(p)[0] for p in paths]
+    return len(paths), max(steps, default=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision
+
+
+def run_outputs(out_dir: Path, cfg: RunConfig) -> list[Path]:
+    """What earlier training runs left in out_dir: their record, train.json, checkpoints and model
+    folder, Ray Train's own run folders (when they are local)."""
+    candidates = [out_dir / n for n in (RUN_RECORD, TRAIN_SUMMARY, FINAL_CHECKPOINT, MODEL_FOLDER, BEST_FOLDER)]
+    candidates.append(out_dir / LOCAL_RESULTS)
+    return [p for p in candidates if p.exists()]
+
+
+def decide_start(out_dir: Path, cfg: RunConfig, fresh: bool = False, storage_key: str | None = None) -> RunStart:
+    """What a run into OUT is: a fresh start, or the checkpoint it continues (and whose run that
+    is); refused in one line (FileExistsError, ConfigError) naming what OUT holds. Nothing is
+    written or removed here."""
+    asked = cfg.trainer.resume_from
+    if storage_key:  # a sweep's trial, run again: the newest complete checkpoint of its own folder
+        removes = run_outputs(out_dir, cfg) if fresh else []
+        own = None if asked else newest_complete(storage.join(*run_storage(cfg, out_dir, storage_key)))
+        if own is not None:
+            log.info("continuing from %s, the newest complete checkpoint of this run", redact(own.path))
+            return RunStart(own.path, own.run_id, tuple(_readable_chain(out_dir)), removes)
+        return RunStart(asked, _owner(asked) if asked else None, (), removes)
+    try:
+        links = read_chain(out_dir)
+    except DamagedRecord as damaged:
+        if asked == RESUME_LATEST or not (fresh or asked):
+            raise
+        log.warning("%s; %s", damaged, "started over (--fresh)" if fresh else f"continuing {redact(asked)}")
+        links = []
+    found, links = chain_checkpoints(out_dir, cfg, links)
+    if asked == RESUME_LATEST:
+        if not found:
+            raise ConfigError(
+                f"--resume {RESUME_LATEST}: {out_dir} records no run with a complete checkpoint"
+                + (f" (looked in {', '.join(k.storage for k in links)})" if links else "")
+                + "; pass --resume CHECKPOINT, or train without --resume"
+            )
+        newest = found[-1]
+        log.info("--resume %s: %s (step %d)", RESUME_LATEST, redact(newest.path), newest.step)
+        return RunStart(newest.path, newest.run_id, tuple(links))
+    if asked:
+        known = {f.path: f.run_id for f in found}
+        return RunStart(asked, known.get(asked) or _owner(asked), tuple(links))
+    used = run_outputs(out_dir, cfg)
+    elsewhere = [k.storage for k in links if k.base != IN_OUT]
+    if not (used or found or links):
+        return RunStart("", None)
+    if not fresh:
+        what = ", ".join([p.name for p in used] + [f"checkpoints in {where}" for where in elsewhere])
+        stopped = "a training run" if (out_dir / TRAIN_SUMMARY).exists() else "an interrupted training run"
+        if found:
+            newest = found[-1]
+            advice = (
+                f"its newest complete checkpoint is {redact(newest.path)} (step {newest.step}); "
+                f"pass --resume {RESUME_LATEST} to continue it,"
+            )
+        else:
+            advice = "it left no complete checkpoint to resume:"
+        raise FileExistsError(
+            f"{out_dir} already holds {stopped} ({what}): {advice} --fresh to start over, or another --out"
+        )
+    return RunStart("", None, (), used)
+
+
+def _readable_chain(out_dir: Path) -> list[Link]:
+    try:
+        return read_chain(out_dir)
+    except DamagedRecord:
+        return []
+
+
+def _owner(checkpoint: str) -> str | None:
+    """The MLflow run that wrote a checkpoint a user names, or None (not readable here: the run's
+    checks say why, in one line)."""
+    try:
+        return checkpoint_owner(checkpoint)[1]
+    except (OSError, ValueError, TypeError, AttributeError, BadInputError):
+        return None
+
+
+def claim(out_dir: Path, start: RunStart) -> None:
+    """--fresh: OUT's earlier outputs removed, saying how many complete checkpoints (up to which
+    step) go; a run's own folder in a bucket stays."""
+    if not start.fresh_removes:
+        return
+    try:
+        links = read_chain(out_dir)
+    except DamagedRecord:
+        links = []
+    count, step = _count_local(out_dir, links)
+    for path in start.fresh_removes:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    upto = f", up to step {step}" if step is not None else ""
+    log.info(
+        "--fresh: removed %d complete checkpoint(s)%s: %s",
+        count,
+        upto,
+        ", ".join(str(p) for p in start.fresh_removes),
+    )
+    for link in links:
+        if link.base != IN_OUT:
+            log.info("--fresh: the earlier run's own checkpoints stay in %s", link.storage)
+
+
+def close_abandoned_runs(
+    out_dir: Path, tracking_uri: str, going_on: str | None = None, also: str | None = None
+) -> None:
+    """Every run of OUT's chain (and `also`: the run of the checkpoint a run continues) still RUNNING
+    in MLflow ended without closing it (killed: this process holds OUT's lock), so it ends KILLED,
+    saying why, unless it is `going_on` (a sweep's trial run again logs to its own run)."""
+    for run_id in dict.fromkeys([k.run_id for k in _readable_chain(out_dir)] + ([also] if also else [])):
+        if run_id == going_on or tracking.run_status(tracking_uri, run_id) != "RUNNING":
+            continue
         tracking.set_tags(
             tracking_uri,
             run_id,
@@ -122,82 +421,7 @@ def close_abandoned_run(out_dir: Path, tracking_uri: str, going_on: str | None =
         )
         tracking.end_run(tracking_uri, run_id, "KILLED")
         log.info(
-            "MLflow run %s of the earlier run into %s was left RUNNING (its process was killed): now KILLED",
+            "MLflow run %s of an earlier run into %s was left RUNNING (its process was killed): now KILLED",
             run_id,
             out_dir,
         )
-    return run_id
-
-
-def newest_complete(folder: str) -> str | None:
-    """The newest complete checkpoint among Ray Train's checkpoint_* folders in `folder` (local or a
-    URI), or None; incomplete ones (an upload that stopped midway) are skipped, and logged."""
-    try:
-        names = [n for n in storage.entry_names(folder) if CHECKPOINT_NAME.fullmatch(n)]
-    except FileNotFoundError:
-        return None
-    for name in sorted(names, reverse=True):  # the names sort by time
-        candidate = storage.join(folder, name)
-        reason = incomplete_reason(candidate)
-        if reason is None:
-            return candidate
-        log.warning("%s: skipped, not a complete checkpoint (%s)", redact(candidate), reason)
-    return None
-
-
-def resumable_checkpoint(out_dir: Path, cfg: RunConfig) -> str | None:
-    """The checkpoint of OUT's earlier run that --resume can take: OUT/checkpoint (a finished run's
-    final one), else the newest complete one in the run's recorded checkpoint folder (a killed
-    run's, local or in a bucket), or None."""
-    final = out_dir / FINAL_CHECKPOINT
-    if final.is_dir() and incomplete_reason(final) is None:
-        return str(final)
-    folder = recorded_storage(out_dir, cfg)
-    return newest_complete(folder) if folder else None
-
-
-def resolve_latest(out_dir: Path, cfg: RunConfig, storage_key: str | None = None) -> None:
-    """trainer.resume_from=latest (`--resume latest`, or `--resume` alone) -> the checkpoint that
-    resumable_checkpoint finds; refused in one line where OUT's run left none. A run with a key of
-    its own (a sweep's trial, run again after its driver died) continues from the newest complete
-    checkpoint in its own folder, if any: Ray Train registers a checkpoint a while after its files
-    are written, so its snapshot may name none yet."""
-    if storage_key and not cfg.trainer.resume_from:
-        cfg.trainer.resume_from = newest_complete(storage.join(*run_storage(cfg, out_dir, storage_key))) or ""
-        if cfg.trainer.resume_from:
-            log.info("continuing from %s, the newest complete checkpoint of this run", redact(cfg.trainer.resume_from))
-    if cfg.trainer.resume_from != RESUME_LATEST:
-        return
-    found = resumable_checkpoint(out_dir, cfg)
-    if found is None:
-        where = recorded_storage(out_dir, cfg)
-        raise ConfigError(
-            f"--resume {RESUME_LATEST}: {out_dir} records no run with a complete checkpoint"
-            + (f" (looked in {redact(where)})" if where else "")
-            + "; pass --resume CHECKPOINT, or train without --resume"
-        )
-    log.info("--resume %s: %s", RESUME_LATEST, redact(found))
-    cfg.trainer.resume_from = found
-
-
-def resume_advice(out_dir: Path, cfg: RunConfig) -> str:
-    """The part of a refusal that says how to continue OUT's earlier run, naming a checkpoint that is complete."""
-    checkpoint = resumable_checkpoint(out_dir, cfg)
-    if checkpoint is None:
-        return "it left no complete checkpoint to resume:"
-    return f"its newest complete checkpoint is {redact(checkpoint)}; pass --resume {RESUME_LATEST} to continue it,"
-
-
-def interrupted_run(out_dir: Path, cfg: RunConfig) -> str | None:
-    """The recorded checkpoint folder of OUT's run when it holds a checkpoint and the run did not
-    finish (no train.json): a driver that died. None otherwise."""
-    if (out_dir / "train.json").exists():
-        return None
-    folder = recorded_storage(out_dir, cfg)
-    if folder is None:
-        return None
-    try:
-        names = storage.entry_names(folder)
-    except FileNotFoundError:
-        return None
-    return folder if any(CHECKPOINT_NAME.fullmatch(n) for n in names) else None

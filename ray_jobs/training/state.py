@@ -161,6 +161,21 @@ def format_eta(seconds: float) -> str:
 # Train state
 
 
+def rng_state() -> dict[str, Any]:
+    """torch's generators of this process: the CPU one (dropout on CPU) and, on a GPU, CUDA's."""
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    if "cpu" in state:
+        torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 @dataclass
 class TrainState:
     """What a checkpoint adds to the weights to continue a run exactly (train_state.pt)."""
@@ -175,6 +190,10 @@ class TrainState:
     # rank the updates it pushed that were applied; their sums are both `step`.
     task_updates: dict[str, int] = field(default_factory=dict)
     pushed: list[int] = field(default_factory=list)
+    # The random state that drives what comes next: the task draws' generator (the same on every
+    # rank) and per rank torch's own generators (dropout; CUDA's too on a GPU).
+    task_draws: torch.Tensor | None = None
+    rng: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainState:
@@ -187,6 +206,8 @@ class TrainState:
             mode=data.get("mode", ""),
             task_updates=data.get("task_updates", {}),
             pushed=data.get("pushed", []),
+            task_draws=data.get("task_draws"),
+            rng=data.get("rng", []),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -199,6 +220,8 @@ class TrainState:
             "mode": str(self.mode),
             "task_updates": self.task_updates,
             "pushed": self.pushed,
+            "task_draws": self.task_draws,
+            "rng": self.rng,
         }
 
     def load_optimizers(self, optimizers) -> None:
@@ -211,6 +234,10 @@ class TrainState:
     def positions_of(self, rank: int, world: int) -> dict[str, dict[str, int]]:
         """This rank's saved stream positions; none when the worker count changed."""
         return self.positions[rank] if len(self.positions) == world else {}
+
+    def rng_of(self, rank: int, world: int) -> dict[str, Any]:
+        """This rank's generator states; none when the worker count changed."""
+        return self.rng[rank] if len(self.rng) == world else {}
 
     def pushed_of(self, rank: int, world: int) -> int:
         """This rank's applied async updates so far; 0 when the worker count changed or the run was sync."""

@@ -1,0 +1,173 @@
+"""OUT's chain of runs, as users fail, copy and move it (real checkpoints, a real sqlite MLflow store,
+the local S3 server): `--resume latest` is the newest complete checkpoint by step across every run
+into OUT, a run killed before its first checkpoint hides none, a damaged run.json is refused naming
+it, a moved OUT still resumes, a copied OUT reads and writes only its own folder."""
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+from test_previous_run import _checkpoint
+from testkit.s3_server import s3_endpoint
+
+from convsts.io import storage
+from convsts.io.errors import ConfigError
+from convsts.ray_jobs.config.loader import load_config
+from convsts.ray_jobs.runtime.process import tracking_uri
+from convsts.ray_jobs.tracking import runs as tracking
+from convsts.ray_jobs.training.run_record import (
+    RUN_RECORD,
+    DamagedRecord,
+    RunStart,
+    claim,
+    decide_start,
+    join_chain,
+    new_link,
+    read_chain,
+    run_storage,
+)
+
+BUCKET = "s3://convsts-chain/runs"
+
+
+def _stamp(step: int) -> str:
+    """Ray Train's checkpoint folder name for a checkpoint reported at second `step` (sorts by time)."""
+    return f"checkpoint_2026-11-27_10-{step // 60:02d}-{step % 60:02d}.000001"
+
+
+def _run(out: Path, cfg, run_id: str, steps: list[int], source: Path, chain=(), cut: int | None = None) -> list[str]:
+    """A run into OUT as `convsts train` makes it: it joins OUT's chain before its first step, then
+    reports a complete checkpoint at each of `steps` (`cut`: one more whose upload stopped, no
+    manifest). Returns the complete checkpoints' paths."""
+    resumed = RunStart("x" if chain else "", None).config(cfg)  # a resumed run gets a folder of its own
+    location = run_storage(resumed, out)
+    out.mkdir(parents=True, exist_ok=True)
+    join_chain(out, RunStart("", None, tuple(chain)), new_link(out, run_id, cfg, location))
+    paths = []
+    for step in [*steps, *([cut] if cut else [])]:
+        local = _checkpoint(source / f"{run_id}-{step}", step=step, run_id=run_id)
+        target = storage.join(*location, _stamp(step))
+        storage.copy_tree(local, target)
+        paths.append(target)
+    if cut:
+        storage.delete_file(storage.join(paths.pop(), "manifest.json"))
+    return paths
+
+
+@pytest.fixture(params=["local", "bucket"])
+def where(request, tmp_path):
+    """A run config whose checkpoints go to OUT/ray_results, or to a bucket (trainer.storage_path)."""
+    if request.param == "local":
+        yield load_config(None, ["name=long"])
+        return
+    with s3_endpoint("convsts-chain"):
+        yield load_config(None, [f"trainer.storage_path={BUCKET}", "name=long"])
+
+
+def _latest(cfg):
+    latest = load_config(None, ["trainer.resume_from=latest", "name=long"])
+    latest.trainer.storage_path = cfg.trainer.storage_path
+    return latest
+
+
+def test_a_resumed_run_that_dies_again_is_continued_from_its_own_newest_checkpoint(tmp_path, where):
+    """A finishes at step 20 (OUT/checkpoint); B continues it to 60 and is killed after its step-35
+    checkpoint, during the upload of step 40's. The next --resume latest continues B's step 35,
+    written by B, not A's step 20; the plain command names it."""
+    out, source = tmp_path / "out", tmp_path / "src"
+    a = _run(out, where, "run-a", [10, 20], source)
+    storage.copy_tree(a[-1], str(out / "checkpoint"))
+    (out / "train.json").write_text(json.dumps({"mlflow_run_id": "run-a"}))
+    b = _run(out, where, "run-b", [25, 35], source, chain=read_chain(out), cut=40)
+
+    assert [k.run_id for k in read_chain(out)] == ["run-a", "run-b"]
+    start = decide_start(out, _latest(where))
+    assert (start.resume_from, start.continues) == (b[-1], "run-b")
+    assert [k.run_id for k in start.chain] == ["run-a", "run-b"] and start.chain[1].checkpoint_step == 35
+    with pytest.raises(FileExistsError) as refused:
+        decide_start(out, where)
+    assert f"its newest complete checkpoint is {b[-1]} (step 35); pass --resume latest" in str(refused.value)
+
+
+def test_a_run_killed_before_its_first_checkpoint_leaves_the_earlier_ones_resumable(tmp_path, where, caplog):
+    """A is killed after its step-10 checkpoint; B (--resume latest) is killed before its first. The
+    plain command is refused naming A's step 10 (with a bucket too: never a silent restart),
+    --resume latest continues it, and --fresh says what it removes."""
+    out, source = tmp_path / "out", tmp_path / "src"
+    a = _run(out, where, "run-a", [5, 10], source)
+    _run(out, where, "run-b", [], source, chain=read_chain(out))
+
+    with pytest.raises(FileExistsError) as refused:
+        decide_start(out, where)
+    message = str(refused.value)
+    assert "an interrupted training run" in message and "\n" not in message
+    assert f"its newest complete checkpoint is {a[-1]} (step 10)" in message
+    start = decide_start(out, _latest(where))
+    assert (start.resume_from, start.continues) == (a[-1], "run-a")
+
+    with caplog.at_level(logging.INFO, logger="convsts"):
+        claim(out, decide_start(out, where, fresh=True))
+    assert not (out / RUN_RECORD).exists()
+    if not where.trainer.storage_path:
+        assert "--fresh: removed 2 complete checkpoint(s), up to step 10" in caplog.text
+        assert not (out / "ray_results").exists()
+    else:  # the runs' own folders in the bucket stay, and the log says where
+        assert "--fresh: removed 0 complete checkpoint(s)" in caplog.text
+        assert "the earlier run's own checkpoints stay in s3://convsts-chain/runs/long/" in caplog.text
+        assert storage.is_file(storage.join(a[-1], "manifest.json"))
+
+
+@pytest.mark.parametrize("damage", ["{}", '{"format": 2, "runs": [{"run_id": "a", "sto', "\xff\xfe"])
+def test_a_damaged_run_record_is_refused_in_one_line_naming_it(tmp_path, damage):
+    out, source = tmp_path / "out", tmp_path / "src"
+    cfg = load_config(None, ["name=long"])
+    a = _run(out, cfg, "run-a", [5, 10], source)
+    (out / RUN_RECORD).write_bytes(damage.encode("latin-1"))
+    for asked in (cfg, _latest(cfg)):
+        with pytest.raises(DamagedRecord) as refused:
+            decide_start(out, asked)
+        message = str(refused.value)
+        assert message.startswith(f"{out / RUN_RECORD}: not a convsts run record") and "\n" not in message
+        assert "--resume CHECKPOINT" in message and "--fresh" in message
+        assert isinstance(refused.value, ConfigError)  # the commands' one line, exit 2
+    named = load_config(None, ["name=long", f"trainer.resume_from={a[-1]}"])
+    assert (decide_start(out, named).resume_from, decide_start(out, named).continues) == (a[-1], "run-a")
+    claim(out, decide_start(out, cfg, fresh=True))
+    assert not (out / RUN_RECORD).exists() and not (out / "ray_results").exists()
+
+
+def test_a_moved_out_resumes_and_a_copied_out_reads_and_writes_only_itself(tmp_path):
+    """The chain names OUT's folders relative to OUT, and the MLflow store in OUT names its artifact
+    folder beside it: `mv OUT OUT2` resumes OUT2's checkpoints; in `cp -r OUT OUT3` a new run logs
+    its artifacts into OUT3 and the original's store is unchanged."""
+    out, source = tmp_path / "out", tmp_path / "src"
+    cfg = load_config(None, ["name=long"])
+    uri = tracking_uri("", out)
+    run_id = tracking.start_run(uri, "chain", "a")
+    (tmp_path / "plot.txt").write_text("a plot")
+    tracking.log_artifact(uri, run_id, str(tmp_path / "plot.txt"))
+    _run(out, cfg, run_id, [5, 10], source)
+
+    copied = tmp_path / "copied"
+    shutil.copytree(out, copied)
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    assert decide_start(moved, _latest(cfg)).resume_from == str(moved / "ray_results" / "long" / _stamp(10))
+
+    out = moved
+    shutil.rmtree(copied)
+    shutil.copytree(out, copied)
+    assert decide_start(copied, _latest(cfg)).resume_from == str(copied / "ray_results" / "long" / _stamp(10))
+    copy_uri = tracking_uri("", copied)
+    new = tracking.start_run(copy_uri, "chain", "b")
+    tracking.log_artifact(copy_uri, new, str(tmp_path / "plot.txt"))
+    assert (copied / "mlartifacts" / new / "artifacts" / "plot.txt").is_file()
+    assert not (out / "mlartifacts" / new).exists()
+    earlier = tracking.client(copy_uri).get_run(run_id).info.artifact_uri  # the copy's own artifacts
+    assert earlier == (copied / "mlartifacts" / run_id / "artifacts").as_uri()
+    assert (
+        tracking.client(tracking_uri("", out)).get_run(run_id).info.artifact_uri
+        == (out / "mlartifacts" / run_id / "artifacts").as_uri()
+    )
