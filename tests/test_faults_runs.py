@@ -390,3 +390,26 @@ def test_a_checkpoint_config_is_held_to_the_run_configs_size_rules():
         model_config_from_dict(meta)
     with pytest.raises(ConfigError, match=r"'model.transformer.hidden_size': must be a multiple"):
         load_config(None, ["model.transformer.num_heads=3", "model.transformer.hidden_size=64"])
+
+
+def test_ctrl_c_during_the_final_copy_leaves_the_earlier_checkpoint(tmp_path):
+    """A real SIGINT (Python's own handler, which the training command keeps through Ray Train's
+    fit) while the final checkpoint is being written: the earlier OUT/checkpoint stays whole, no
+    half copy beside it, and the interrupt goes on to the command (exit 130, one line)."""
+    import os
+    import signal
+
+    from convsts.models.checkpoint import staged
+
+    target = tmp_path / "out" / "checkpoint"
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_bytes(b"old weights")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        with staged(target) as partial:
+            (partial / "model.safetensors").write_bytes(b"new weights, half")
+            os.kill(os.getpid(), signal.SIGINT)
+            (partial / "config.json").write_text("{}")  # never reached
+    assert sorted(p.name for p in target.iterdir()) == ["model.safetensors"]
+    assert (target / "model.safetensors").read_bytes() == b"old weights"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["checkpoint"]

@@ -167,7 +167,9 @@ def test_a_moved_out_resumes_and_a_copied_out_reads_and_writes_only_itself(tmp_p
     assert not (out / "mlartifacts" / new).exists()
     earlier = tracking.client(copy_uri).get_run(run_id).info.artifact_uri  # the copy's own artifacts
     assert earlier == (copied / "mlartifacts" / run_id / "artifacts").as_uri()
+    moved_uri = tracking_uri("", out)  # the moved OUT's next run finds its own artifacts, untouched by the copy
+    tracking.start_run(moved_uri, "chain", "c")
     assert (
-        tracking.client(tracking_uri("", out)).get_run(run_id).info.artifact_uri
+        tracking.client(moved_uri).get_run(run_id).info.artifact_uri
         == (out / "mlartifacts" / run_id / "artifacts").as_uri()
     )

@@ -18,7 +18,6 @@ import requests
 
 from convsts.io.errors import BadInputError, ConfigError, StorageError, TrackingError
 from convsts.io.redaction import redact
-from convsts.ray_jobs.tracking.runs import adopt_local_store
 
 log = logging.getLogger("convsts")
 
@@ -207,9 +206,7 @@ def tracking_uri(configured: str, out_dir: str | Path | None) -> str:
         raise ValueError("no MLflow tracking URI: set mlflow.tracking_uri or MLFLOW_TRACKING_URI, or give --out")
     db = Path(out_dir).resolve() / "mlflow.db"
     db.parent.mkdir(parents=True, exist_ok=True)
-    uri = f"sqlite:///{db}"
-    adopt_local_store(uri)  # a copied or moved OUT: its store's artifacts are the ones beside it
-    return uri
+    return f"sqlite:///{db}"
 
 
 MLFLOW_API_PROBE = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"  # JSON from any MLflow server

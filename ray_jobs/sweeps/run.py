@@ -85,14 +85,14 @@ def _sweep(request: SweepRequest) -> dict[str, Any]:
     uri = _sweep_store(cfg, out_dir)
     resources, concurrency = _concurrency(space, cfg)
     concurrency = min(concurrency, request.max_concurrent) if request.max_concurrent else concurrency
-    resume = _resuming(request.experiment_path, out_dir / STATE_FILE, request.fresh)
+    resume, restore = _resuming(request.experiment_path, out_dir / STATE_FILE, request.fresh)
     param_space = {**space.params(), **request.param_overrides}
     parent, expected, concurrency = open_sweep(
         request, uri, resume, expected_trials(param_space, request.num_samples), concurrency
     )
     trainable, frames, embeddings = sweep_trainable(request, parent)
     trainable = tune.with_resources(trainable, resources)
-    tuner = _tuner(request, trainable, param_space, concurrency, resume)
+    tuner = _tuner(request, trainable, param_space, concurrency, restore)
     log.info("sweep %s: %s trials at once, %s per trial function", space.name, concurrency, resources)
     grid = tuner.fit()
     _check_finished(grid, expected, request.experiment_path)
@@ -180,15 +180,23 @@ def _unfinished(result_grid, expected: int) -> int:
     return max(expected, len(result_grid)) - ended
 
 
-def _resuming(experiment_path: Path, state_file: Path, fresh: bool) -> bool:
-    """Whether this sweep resumes the one in experiment_path; with `fresh` that one is removed."""
+TUNE_STATE = "experiment_state-*.json"  # Ray Tune's state of a sweep's trials, written after its first seconds
+
+
+def _resuming(experiment_path: Path, state_file: Path, fresh: bool) -> tuple[bool, bool]:
+    """(whether this sweep continues the one OUT records (its sweep.json: the parent run and what
+    defines it), whether Ray Tune restores its trials from experiment_path). A sweep killed before
+    Tune wrote its trials' state continues with its parent run and starts Tune over: a restore
+    from Tune's first file alone restarts without the search space. With `fresh` both are removed."""
     from ray import tune
 
-    if fresh:
-        if experiment_path.exists():
+    restorable = tune.Tuner.can_restore(str(experiment_path)) and any(experiment_path.glob(TUNE_STATE))
+    if fresh or not state_file.is_file() or not restorable:
+        if experiment_path.exists():  # --fresh, or Tune's partial state of a sweep killed in its first seconds
             shutil.rmtree(experiment_path)
-        return False
-    return state_file.is_file() and tune.Tuner.can_restore(str(experiment_path))
+        if state_file.is_file() and not fresh:
+            log.info("%s: Ray Tune had saved no trial state yet; the sweep starts its trials over", state_file)
+    return state_file.is_file() and not fresh, restorable and state_file.is_file() and not fresh
 
 
 def _sweep_store(cfg: RunConfig, out_dir: Path) -> str:

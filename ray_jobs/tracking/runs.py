@@ -92,7 +92,9 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def experiment_id(tracking_uri: str, name: str) -> str:
-    """The experiment `name`, created (of EXPERIMENT_KIND) when it does not exist."""
+    """The experiment `name`, created (of EXPERIMENT_KIND) when it does not exist; in a local store
+    copied or moved with its folder, after its artifact folders are made the ones beside it."""
+    adopt_local_store(tracking_uri)
     c = client(tracking_uri)
     exp = c.get_experiment_by_name(name)
     if exp is not None:
