@@ -110,6 +110,7 @@ LONGEST_FIRST = (
     "test_cluster_ray.py",
     "test_tune_ray.py",
     "test_tune_resume_ray.py",
+    "test_run_chain_ray.py",
     "test_demo.py",
     "test_async_ray.py",
     "test_submit_ray.py",

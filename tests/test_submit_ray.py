@@ -71,7 +71,7 @@ def test_submitted_jobs_with_token_auth_train_stream_list_and_stop(sample_prepar
         followed = convsts(["jobs", "logs", "--follow", "convsts-test-long"], env)
         assert followed.returncode == 1
         # The job's driver took the stop's SIGTERM as Ctrl+C: one line, its MLflow run ended KILLED (below).
-        assert "convsts train: stopped by SIGTERM; run the same command again to go on" in followed.stdout
+        assert "convsts train: stopped by SIGTERM; add --resume latest to the same command to go on" in followed.stdout
         listed = convsts(["jobs", "list"], env).stdout
         assert any("convsts-test-long" in line and "STOPPED" in line for line in listed.splitlines()), listed
 

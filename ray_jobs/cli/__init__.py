@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from importlib.metadata import version
 
 from convsts.ray_jobs.cli.commands import COMMANDS
-from convsts.ray_jobs.runtime.process import run_main
+from convsts.ray_jobs.runtime.process import GO_ON, run_main
 
 
 def usage() -> str:
@@ -40,4 +40,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     module = importlib.import_module(COMMANDS[argv[0]][0])
-    return run_main(argv[0], module.main, argv[1:])
+    return run_main(argv[0], module.main, argv[1:], getattr(module, "GO_ON", GO_ON))  # a command's own advice

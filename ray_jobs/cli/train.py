@@ -21,6 +21,9 @@ from convsts.ray_jobs.runtime.output_lock import output_lock
 from convsts.ray_jobs.runtime.process import setup_logging, tracking_uri
 from convsts.ray_jobs.training.run import prepared_location, run_training
 
+# A stopped run is continued from its newest complete checkpoint, not started again.
+GO_ON = f"add --resume {RESUME_LATEST} to the same command to go on from its newest complete checkpoint"
+
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(

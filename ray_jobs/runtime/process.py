@@ -335,10 +335,14 @@ class SigtermAsInterrupt:
         raise KeyboardInterrupt(signum)
 
 
-def run_main(command: str, main, argv=None) -> int:
+GO_ON = "run the same command again to go on"  # what a stopped command's line advises, unless it says its own
+
+
+def run_main(command: str, main, argv=None, go_on: str = GO_ON) -> int:
     """Run a command's main: an expected user error prints one line naming the file, row or key
     and exits 2, without a traceback; `--debug` (or CONVSTS_DEBUG=1) shows the traceback instead.
-    `--verbose` (or CONVSTS_VERBOSE=1) also shows Ray's progress bars and info logs."""
+    `--verbose` (or CONVSTS_VERBOSE=1) also shows Ray's progress bars and info logs. Ctrl+C and
+    SIGTERM end it with one line, `go_on` saying how to continue, and exit 128 + the signal."""
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("CONVSTS_DEBUG") == "1"
@@ -356,7 +360,7 @@ def run_main(command: str, main, argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl+C or SIGTERM: what the command made is cleaned up on the way out
         signum = sigterm.received or signal.SIGINT
         name = signal.Signals(signum).name
-        print(f"convsts {command}: stopped by {name}; run the same command again to go on", file=sys.stderr)
+        print(f"convsts {command}: stopped by {name}; {go_on}", file=sys.stderr)
         return 128 + signum
     except Exception as exc:
         found = None if debug else find_user_error(exc)

@@ -1,0 +1,199 @@
+"""A run that fails again and again, on a real local Ray instance with a real MLflow store: killed
+(SIGKILL at several moments), stopped (SIGTERM, Ctrl+C to its process group) before and after its
+first checkpoint, each time continued with `--resume latest` from the newest complete checkpoint of
+the whole chain; every step is logged once along the chain, with the undisturbed run's losses (one
+worker, task sampling: the task draws and generators are restored). A sweep killed in its first
+seconds continues with the same command, every trial from its grid."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_tune_ray import _tiny_checkpoint
+from testkit.tiny import TINY_DAN
+
+from convsts.ray_jobs.tracking import runs as tracking
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "convsts"]
+STEPS, EVERY = 120, 20
+CHAIN = [
+    *TINY_DAN,
+    f"trainer.checkpoint_every={EVERY}",
+    "trainer.log_every=5",
+    "trainer.eval_every=0",
+    "trainer.num_workers=1",  # task sampling: one worker draws both tasks
+    "mlflow.experiment=chain",
+]
+COMPARED = ("reddit/loss", "snli/loss", "lr")
+
+
+def _env(ray_session) -> dict[str, str]:
+    return {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+
+
+def _train(ray_session, out: Path, prepared: Path, mlflow_uri: str, *args: str, steps: int = STEPS) -> subprocess.Popen:
+    command = [*CLI, "train", "--out", str(out), "--prepared", str(prepared), *args, *CHAIN,
+               f"mlflow.tracking_uri={mlflow_uri}", f"trainer.steps={steps}"]  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=REPO, env=_env(ray_session), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's foreground job has
+    )  # fmt: skip
+
+
+def _links(out: Path) -> list[dict]:
+    try:
+        return json.loads((out / "run.json").read_text())["runs"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _own_checkpoints(out: Path, link: int) -> list[str]:
+    """The complete checkpoints (manifest written last) of the chain's `link`-th run."""
+    links = _links(out)
+    if len(links) <= link:
+        return []
+    return sorted(glob.glob(str(out / links[link]["folder"] / "checkpoint_*" / "manifest.json")))
+
+
+def _stop(proc: subprocess.Popen, until, signum: int, delay: float, group: bool = False) -> tuple[str, str]:
+    """Wait for `until()`, then `delay` seconds, then send `signum` (to the process group: Ctrl+C
+    in a terminal); the run's (stdout, stderr)."""
+    deadline = time.time() + 300
+    while not until() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    time.sleep(delay)
+    os.killpg(proc.pid, signum) if group else proc.send_signal(signum)
+    out, err = proc.communicate(timeout=180)
+    return out, err
+
+
+def _idle(ray_session) -> None:
+    """Ray has ended a stopped driver's workers (their CPUs are free again)."""
+    deadline = time.time() + 60
+    while ray_session.available_resources().get("CPU", 0) < ray_session.cluster_resources()["CPU"]:
+        assert time.time() < deadline, ray_session.available_resources()
+        time.sleep(0.5)
+
+
+def _history(client, run_id: str, name: str) -> dict[int, float]:
+    points = client.get_metric_history(run_id, name)
+    steps = [m.step for m in points]
+    assert len(steps) == len(set(steps)), (name, sorted(steps))  # each step once within a run
+    return {m.step: m.value for m in points}
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpoint(
+    ray_session, sample_prepared, mlflow_uri, tmp_path
+):
+    undisturbed = _train(ray_session, tmp_path / "u", sample_prepared, mlflow_uri)
+    assert undisturbed.wait(timeout=600) == 0, undisturbed.communicate()[1][-3000:]
+    reference = json.loads((tmp_path / "u" / "train.json").read_text())["mlflow_run_id"]
+
+    out = tmp_path / "out"
+    # A: SIGKILLed once its first checkpoint is complete.
+    _stop(_train(ray_session, out, sample_prepared, mlflow_uri), lambda: _own_checkpoints(out, 0), signal.SIGKILL, 0.0)
+    _idle(ray_session)
+    # B: continues A; SIGTERM a second after its own first checkpoint: one line, exit 143.
+    b = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume", "latest")
+    _, err = _stop(b, lambda: _own_checkpoints(out, 1), signal.SIGTERM, 1.0)
+    lines = [line for line in err.splitlines() if line.startswith("convsts ")]
+    assert b.returncode == 143 and lines == [
+        "convsts train: stopped by SIGTERM; add --resume latest to the same command to go on from its newest "
+        "complete checkpoint"
+    ], err[-3000:]
+    _idle(ray_session)
+    # C: Ctrl+C to its process group as soon as it has joined the chain, before its first checkpoint.
+    c = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume")
+    _, err = _stop(c, lambda: len(_links(out)) == 3, signal.SIGINT, 0.0, group=True)
+    assert c.returncode == 130 and [line for line in err.splitlines() if line.startswith("convsts ")] == [
+        "convsts train: stopped by SIGINT; add --resume latest to the same command to go on from its newest "
+        "complete checkpoint"
+    ], err[-3000:]
+    assert not _own_checkpoints(out, 2)
+    _idle(ray_session)
+    # The plain command is refused naming B's newest checkpoint: C's stop hid nothing.
+    refused = subprocess.run(
+        [*CLI, "train", "--out", str(out), "--prepared", str(sample_prepared), *CHAIN, f"trainer.steps={STEPS}",
+         f"mlflow.tracking_uri={mlflow_uri}"],
+        cwd=REPO, env=_env(ray_session), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    b_newest = Path(_own_checkpoints(out, 1)[-1]).parent
+    b_step = json.loads((b_newest / "config.json").read_text())["step"]
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert f"its newest complete checkpoint is {b_newest} (step {b_step})" in refused.stderr.splitlines()[-1]
+    # D: continues B's checkpoint; SIGKILLed two seconds after its own first one.
+    d = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume", "latest")
+    d_out, d_err = _stop(d, lambda: _own_checkpoints(out, 3), signal.SIGKILL, 2.0)
+    assert f"start step {b_step}" in d_out + d_err
+    _idle(ray_session)
+    d_newest = Path(_own_checkpoints(out, 3)[-1]).parent
+    d_step = json.loads((d_newest / "config.json").read_text())["step"]
+    # E: continues D's newest checkpoint to the end.
+    e = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume", "latest")
+    e_out, e_err = e.communicate(timeout=600)
+    assert e.returncode == 0, e_err[-3000:]
+    assert f"start step {d_step}" in e_out + e_err
+
+    client = tracking.client(mlflow_uri)
+    chain = [link["run_id"] for link in _links(out)]
+    assert len(chain) == 5 and [link["base"] for link in _links(out)] == ["out"] * 5
+    runs = [client.get_run(run_id) for run_id in chain]
+    assert [r.info.status for r in runs] == ["KILLED"] * 4 + ["FINISHED"]
+    assert runs[4].data.tags["convsts.continues"] == chain[3] and runs[1].data.tags["convsts.continues"] == chain[0]
+    for name in COMPARED:
+        seen: dict[int, float] = {}
+        for run_id in chain:
+            points = _history(client, run_id, name)
+            assert not set(points) & set(seen), (name, sorted(set(points) & set(seen)))  # once along the chain
+            seen.update(points)
+        assert seen == _history(client, reference, name), name  # the undisturbed run's, at every step
+    assert (out / "loss_curves.png").is_file()
+
+    # F: an older checkpoint (A's first) into this OUT, whose last run reached the end: it logs the
+    # steps A did not, tagged as continuing A (not E).
+    a_first = Path(_own_checkpoints(out, 0)[0]).parent
+    a_logged = max(_history(client, chain[0], "reddit/loss"))
+    f = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume", str(a_first), steps=STEPS // 2)
+    f_out, f_err = f.communicate(timeout=600)
+    assert f.returncode == 0, f_err[-3000:]
+    f_run = client.get_run(json.loads((out / "train.json").read_text())["mlflow_run_id"])
+    assert f_run.data.tags["convsts.continues"] == chain[0]
+    logged = _history(client, f_run.info.run_id, "reddit/loss")
+    assert logged and min(logged) > a_logged and max(logged) == STEPS // 2, (a_logged, sorted(logged))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.0, 1.5])
+def test_a_sweep_killed_in_its_first_seconds_continues_with_the_same_command(ray_session, mlflow_uri, tmp_path, delay):
+    """SIGKILL once OUT/sweep.json exists (the parent run is open), at two moments before or around
+    Ray Tune's first state: the same command finishes the sweep under the same parent run, and
+    every trial is one of the space's (its parameters logged), none 'without custom configuration'."""
+    out, experiment = tmp_path / "sweep", f"chain-sweep-{delay}"
+    command = [*CLI, "tune", "--space", "sts_matrix", "--checkpoint", str(_tiny_checkpoint(tmp_path / "ckpt")),
+               "--out", str(out), "--num-samples", "2", "--max-concurrent", "1", "--param", "eval.tuned.epochs=[3]",
+               f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"]  # fmt: skip
+    first = subprocess.Popen(
+        command, cwd=REPO, env=_env(ray_session), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    _stop(first, (out / "sweep.json").is_file, signal.SIGKILL, delay)
+    parent = json.loads((out / "sweep.json").read_text())["parent_run_id"]
+    again = subprocess.run(command, cwd=REPO, env=_env(ray_session), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["mlflow_run_id"] == parent and results["trials"] == 2, results
+    client = tracking.client(mlflow_uri)
+    exp = client.get_experiment_by_name(experiment).experiment_id
+    children = [r for r in client.search_runs([exp]) if r.data.tags.get("mlflow.parentRunId") == parent]
+    finished = [r for r in children if r.info.status == "FINISHED"]
+    assert len(finished) == 2, [(r.info.status, r.data.params) for r in children]
+    assert all(r.data.params.get("eval.tuned.epochs") == "3" and "eval.tuned.lr" in r.data.params for r in children)
+    assert client.get_run(parent).info.status == "FINISHED"
