@@ -5,7 +5,8 @@ Layout of a checkpoint folder:
   tokenizer.json     the tokenizer (convsts.datasets.text)
   model.safetensors  encoder + task heads (safe to load: no pickle)
   train_state.pt     optimizer state, step, data position (loaded with weights_only=True)
-  manifest.json      written last: each file above with its size and sha256 (a checkpoint without
+  manifest.json      written last: each file above with its size and sha256, checked by every reader
+                     (verified_folder; a model folder has one too) (a checkpoint without
                      it, or with a file missing or of another size, is incomplete: an upload cut short)
   sts_transform.safetensors   optional: the tuned STS matrix written by `convsts evaluate`
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -152,12 +154,15 @@ def save_checkpoint(
     return path
 
 
-def write_manifest(path: Path) -> None:
-    """path/MANIFEST_FILE, after every other file of the checkpoint: their sizes and sha256 digests."""
+def write_manifest(path: Path, known: dict[str, dict[str, Any]] | None = None) -> None:
+    """path/MANIFEST_FILE, after every other file of the checkpoint: their sizes and sha256 digests
+    (`known`: entries of files copied from a checkpoint whose manifest holds them). The tuned STS
+    matrices, written later by `convsts evaluate`, are not listed."""
+    known = known or {}
     files = {
-        f.name: {"bytes": f.stat().st_size, "sha256": storage.file_sha256(f)}
+        f.name: known.get(f.name) or {"bytes": f.stat().st_size, "sha256": storage.file_sha256(f)}
         for f in sorted(path.iterdir())
-        if f.is_file() and f.name != MANIFEST_FILE and not f.name.startswith(".")
+        if f.is_file() and f.name != MANIFEST_FILE and not f.name.startswith(".") and not f.match(STS_PATTERN)
     }
     storage.write_text(path / MANIFEST_FILE, json.dumps({"files": files}, indent=1, sort_keys=True) + "\n")
 
@@ -206,10 +211,40 @@ def check_complete(path: str | Path) -> Path:
     if reason is not None:
         raise BadInputError(f"{redact(str(path))}: not a complete checkpoint ({reason}); resume another")
     local = checkpoint_folder(path)
+    _check_digests(local, str(path), _signature(local))
+    return local
+
+
+def verified_folder(path: str | Path) -> Path:
+    """A checkpoint or model folder on this machine (checkpoint_folder), as every reader takes it:
+    where it has a manifest, refused in one line unless each file it lists is there at its size
+    (always) and with its sha256 (once per version of the files in a process: a folder read again
+    unchanged is not hashed again). A folder without a manifest (made by hand) is read as it is."""
+    local = checkpoint_folder(path)
+    if not (local / MANIFEST_FILE).is_file():
+        return local
+    reason = incomplete_reason(local)
+    if reason is not None:
+        raise BadInputError(f"{redact(str(path))}: not a complete checkpoint or model folder ({reason})")
+    _check_digests(local, str(path), _signature(local))
+    return local
+
+
+def _signature(local: Path) -> tuple[tuple[str, int, int], ...]:
+    """Each listed file's (name, size, modification time): what the digests were checked for."""
+    return tuple(
+        (name, (local / name).stat().st_size, (local / name).stat().st_mtime_ns) for name in sorted(_manifest(local))
+    )
+
+
+@functools.lru_cache(maxsize=64)  # a check that raised is not kept: the next read checks again
+def _check_digests(local: Path, shown: str, signature: tuple[tuple[str, int, int], ...]) -> None:
     for name, entry in sorted(_manifest(local).items()):
         if storage.file_sha256(local / name) != entry["sha256"]:
-            raise BadInputError(f"{redact(str(path))}: {name} differs from its manifest's sha256; damaged")
-    return local
+            raise BadInputError(
+                f"{redact(shown)}: {name} differs from its manifest's sha256 (replaced or damaged after it was "
+                "written); refused"
+            )
 
 
 MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")  # + the STS matrices; not train_state.pt
@@ -255,12 +290,14 @@ def staged(out_dir: Path) -> Iterator[Path]:
 def save_model_folder(checkpoint: str | Path, out_dir: str | Path) -> Path:
     """The encoder without optimizer state: MODEL_FILES (the STS matrix when present) copied from
     `checkpoint`; written beside `out_dir` and renamed into place, replacing an older copy."""
-    checkpoint, out_dir = Path(checkpoint), Path(out_dir)
+    checkpoint, out_dir = verified_folder(checkpoint), Path(out_dir)
     read_meta(checkpoint)  # a convsts checkpoint of this format
+    known = _manifest(checkpoint) if (checkpoint / MANIFEST_FILE).is_file() else {}
     with staged(out_dir) as partial:
         for path in [*(checkpoint / n for n in MODEL_FILES), *sorted(checkpoint.glob(STS_PATTERN))]:
             if path.is_file():
                 shutil.copy2(path, partial / path.name)
+        write_manifest(partial, known)  # the model folder is verified as a checkpoint is
     return out_dir
 
 
@@ -305,8 +342,9 @@ def _load_weights(file: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(path: str | Path) -> tuple[MultitaskModel, Any, dict[str, Any]]:
-    """(model, tokenizer, meta) from a checkpoint folder (local or a URI); the model is in eval mode on CPU."""
-    path = checkpoint_folder(path)
+    """(model, tokenizer, meta) from a checkpoint or model folder (local or a URI), verified against
+    its manifest (verified_folder); the model is in eval mode on CPU."""
+    path = verified_folder(path)
     meta = read_meta(path)
     tokenizer_data = _read_json(path / "tokenizer.json")  # names the file when it is not JSON
     try:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from convsts.models.checkpoint import checkpoint_folder, load_model
+from convsts.models.checkpoint import load_model, verified_folder
 from convsts.models.heads import MultitaskModel
 from convsts.models.similarity import angular_score_from_cosine, cosine_matrix
 from convsts.models.sts_transform import file_name as sts_file
@@ -238,6 +238,6 @@ class SentenceEncoder:
 def load(path: str | Path) -> SentenceEncoder:
     """Load a checkpoint folder without Ray: `load(p).encode(["a sentence"])`; `p` local or a URI
     (`load("s3://bucket/run/ray_results/.../checkpoint_000003")`, read once into a local cache)."""
-    folder = checkpoint_folder(path)
+    folder = verified_folder(path)  # its manifest's sizes and digests, naming `path`
     model, tokenizer, meta = load_model(folder)
     return SentenceEncoder(model, tokenizer, meta, folder)

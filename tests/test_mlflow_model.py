@@ -77,6 +77,7 @@ def test_model_folder_has_no_optimizer_state_and_a_card(model_folder):
         "README.md",
         "card.json",
         "config.json",
+        "manifest.json",  # of the model's files: every reader checks them
         "model.safetensors",
         "sts_transform.safetensors",
         "tokenizer.json",

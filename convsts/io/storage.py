@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -201,6 +202,16 @@ def folder_stats(folder: str | Path) -> list[tuple[str, int, int]]:
         for i in infos
         if i.type == pafs.FileType.File and not i.base_name.startswith(".")
     )
+
+
+def writable(folder: str | Path) -> bool:
+    """Whether this process can create a file in a local `folder`, tried with a temporary file (a
+    read-only file system, an immutable folder or its permissions all refuse)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def has_entries(folder: str | Path) -> bool:

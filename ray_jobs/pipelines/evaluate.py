@@ -20,7 +20,7 @@ from convsts.io import storage
 from convsts.io.errors import BadInputError, TrackingError
 from convsts.io.redaction import redact
 from convsts.models import load
-from convsts.models.checkpoint import checkpoint_folder, read_meta
+from convsts.models.checkpoint import read_meta, verified_folder
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, write_items
@@ -261,9 +261,10 @@ def run_evaluation(
     )  # before the scoring
     out_dir.mkdir(parents=True, exist_ok=True)  # once the model loads: a refused checkpoint leaves no folder behind
     trained = training_info(checkpoint) if checkpoint else {}
-    cards = model_folders(checkpoint, trained) if checkpoint else []
-    # The tuned matrix goes beside a local checkpoint; for one read from a URI, to out_dir only.
-    beside = [local] if checkpoint and not storage.is_uri(checkpoint) else []
+    cards = [c for c in model_folders(checkpoint, trained) if _writable(c)] if checkpoint else []
+    # The tuned matrix goes beside a local checkpoint we may write into; else (a URI, a read-only
+    # folder) to out_dir only.
+    beside = [local] if local is not None and not storage.is_uri(checkpoint) and _writable(local) else []
     shutil.rmtree(
         out_dir / ITEMS_DIR, ignore_errors=True
     )  # an earlier evaluation's into this --out: never compared as this one's
@@ -303,7 +304,7 @@ def evaluation_scorer(cfg: RunConfig, checkpoint: str | None, baseline: str | No
     local: Path | None = None
     meta: dict[str, Any] = {}
     if checkpoint:
-        local = checkpoint_folder(checkpoint)  # a URI's files, copied to this machine once and read from there
+        local = verified_folder(checkpoint)  # a URI's files copied here once; checked against its manifest
         meta = read_meta(local)
     if prepared:
         for task in evaluated_tasks(cfg):
@@ -427,6 +428,15 @@ def training_info(checkpoint: str) -> dict[str, str]:
         raise BadInputError(f"{info}: not the JSON object `convsts train` writes; {again}")
     final = [Path(data[key]).resolve() for key in ("checkpoint", "model") if data.get(key)]
     return data if Path(checkpoint).resolve() in final else {}
+
+
+def _writable(folder: Path) -> bool:
+    """Whether this process may write into `folder` (tried: permissions, a read-only file system or
+    an immutable folder all say no); said once when it may not."""
+    if storage.writable(folder):
+        return True
+    log.info("%s is read-only: the tuned STS matrix and the model card's results go to --out only", folder)
+    return False
 
 
 def model_folders(checkpoint: str, trained: dict[str, str]) -> list[Path]:

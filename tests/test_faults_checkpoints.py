@@ -1,0 +1,90 @@
+"""Every reader of a checkpoint or model folder checks it against its manifest (load, evaluate,
+export, the model folder a run hands out), and a read-only checkpoint is evaluated with its tuned
+matrix written to --out only (real checkpoints, real evaluation on the embedded STS-B sample)."""
+
+import contextlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+from test_evaluate import tiny_checkpoint  # noqa: F401  (a fixture)
+from testkit.faults import tiny_checkpoint as faults_checkpoint
+
+from convsts.io.errors import BadInputError
+from convsts.models import load
+from convsts.models.checkpoint import MANIFEST_FILE, save_model_folder
+from convsts.models.export import to_onnx
+from convsts.models.sts_transform import FILE_NAME, load_sts_transform
+from convsts.ray_jobs.config.loader import load_config
+from convsts.ray_jobs.pipelines.evaluate import run_evaluation
+
+
+def test_a_checkpoint_whose_weights_were_replaced_is_refused_by_every_reader(tmp_path):
+    """model.safetensors of another checkpoint of the same shapes (the same size, other weights):
+    load, evaluate and export refuse it in one line naming the file; the untouched one loads."""
+    first = faults_checkpoint(tmp_path / "first")
+    other = faults_checkpoint(tmp_path / "other", embedding_dim=4)
+    shutil.copy(first / "model.safetensors", tmp_path / "kept.safetensors")
+    weights = {k: v + 1.0 for k, v in load_file(str(other / "model.safetensors")).items()}
+    save_file(weights, str(first / "model.safetensors"))  # another run's weights, of the same shapes
+    assert (first / "model.safetensors").stat().st_size == (tmp_path / "kept.safetensors").stat().st_size
+
+    for read in (
+        lambda: load(first),
+        lambda: run_evaluation(load_config(None, []), tmp_path / "eval", checkpoint=str(first), log_to_mlflow=False),
+        lambda: to_onnx(first, tmp_path / "st"),
+    ):
+        with pytest.raises(BadInputError) as refused:
+            read()
+        message = str(refused.value)
+        assert message == (
+            f"{first}: model.safetensors differs from its manifest's sha256 (replaced or damaged after it was "
+            "written); refused"
+        )
+    assert not (tmp_path / "eval").exists() and not (tmp_path / "st").exists()
+    shutil.copy(tmp_path / "kept.safetensors", first / "model.safetensors")
+    assert load(first).encode("a man plays a guitar").shape == (6,)
+
+
+def test_a_model_folder_has_a_manifest_and_a_cut_file_in_it_is_refused(tmp_path):
+    model = save_model_folder(faults_checkpoint(tmp_path / "ckpt"), tmp_path / "model")
+    assert (model / MANIFEST_FILE).is_file()
+    assert load(model).encode("a woman sings").shape == (6,)
+    data = (model / "tokenizer.json").read_bytes()
+    (model / "tokenizer.json").write_bytes(data[:-10])
+    with pytest.raises(BadInputError, match=r"not a complete checkpoint or model folder \(tokenizer.json has"):
+        load(model)
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """`folder` made read-only for this process: immutable for root (who writes through permissions),
+    else without write permission."""
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i is not available here: root writes through permissions")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        return
+    mode = folder.stat().st_mode
+    folder.chmod(0o555)
+    try:
+        yield
+    finally:
+        folder.chmod(mode)
+
+
+def test_a_read_only_checkpoint_is_evaluated_with_its_tuned_matrix_in_out(tiny_checkpoint, tmp_path):  # noqa: F811
+    cfg = load_config(None, ["eval.tuned.epochs=2"])
+    before = sorted(p.name for p in tiny_checkpoint.iterdir())
+    with read_only(tiny_checkpoint):
+        results = run_evaluation(cfg, tmp_path / "eval", checkpoint=str(tiny_checkpoint), log_to_mlflow=False)
+    assert -1 <= results["stsb_tuned/test/pearson"] <= 1
+    assert sorted(p.name for p in tiny_checkpoint.iterdir()) == before  # nothing written there
+    assert (tmp_path / "eval" / FILE_NAME).is_file() and (tmp_path / "eval" / "results.json").is_file()
+    assert load_sts_transform(tmp_path / "eval").dev_pearson == pytest.approx(results["stsb_tuned/dev/pearson"])
