@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,26 @@ def test_a_read_only_checkpoint_is_evaluated_with_its_tuned_matrix_in_out(tiny_c
     assert sorted(p.name for p in tiny_checkpoint.iterdir()) == before  # nothing written there
     assert (tmp_path / "eval" / FILE_NAME).is_file() and (tmp_path / "eval" / "results.json").is_file()
     assert load_sts_transform(tmp_path / "eval").dev_pearson == pytest.approx(results["stsb_tuned/dev/pearson"])
+
+
+def test_a_bucket_that_does_not_exist_is_one_line_before_any_work(tmp_path):
+    """trainer.storage_path in a bucket the store does not have: `convsts train` and `convsts tune`
+    refuse it in one line naming the bucket (no credentials), before preparing data or starting Ray."""
+    from testkit.s3_server import s3_endpoint
+
+    with s3_endpoint("convsts-exists") as env:
+        for command in (
+            ["train", "--out", str(tmp_path / "t")],
+            ["tune", "--space", "snli_fraction", "--out", str(tmp_path / "s")],
+        ):
+            done = subprocess.run(
+                [sys.executable, "-m", "convsts", *command, "trainer.storage_path=s3://key:hunter2@no-such-bucket/runs"],
+                env={**os.environ, **env}, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+            assert lines[0].startswith(
+                f"convsts {command[0]}: trainer.storage_path: the bucket 'no-such-bucket' of s3://"
+            )
+            assert "does not exist" in lines[0] and "hunter2" not in done.stderr + done.stdout
+        assert not (tmp_path / "t" / "prepared").exists() and not (tmp_path / "t" / "mlflow.db").exists()

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from convsts.io.errors import BadInputError, StorageError
+from convsts.io.errors import BadInputError, ConfigError, StorageError
 from convsts.io.redaction import (
     redact,
 )
@@ -202,6 +202,23 @@ def folder_stats(folder: str | Path) -> list[tuple[str, int, int]]:
         for i in infos
         if i.type == pafs.FileType.File and not i.base_name.startswith(".")
     )
+
+
+def check_bucket(uri: str | Path, key: str) -> None:
+    """A bucket URI's bucket exists (one request; a local path or a store without buckets passes):
+    else a ConfigError naming `key` and the bucket, credentials redacted, before any work."""
+    if not is_uri(uri):
+        return
+    fs, inner = resolve(uri)
+    if fs.type_name not in ("s3", "gcs"):
+        return
+    bucket = inner.split("/", 1)[0]
+    with reaching(uri):
+        found = fs.get_file_info(bucket).type != pafs.FileType.NotFound
+    if not found:
+        raise ConfigError(
+            f"{key}: the bucket {bucket!r} of {redact(str(uri))} does not exist; create it or name another"
+        )
 
 
 def writable(folder: str | Path) -> bool:

@@ -13,6 +13,7 @@ import argparse
 import json
 from collections.abc import Sequence
 
+from convsts.io import storage
 from convsts.io.redaction import redact
 from convsts.ray_jobs.config.loader import is_override, load_config
 from convsts.ray_jobs.config.schema import RESUME_LATEST
@@ -75,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.out:
         build_parser().error("the following arguments are required: --out")
+    storage.check_bucket(cfg.trainer.storage_path, "trainer.storage_path")  # before the data is prepared
     with output_lock(args.out, "train"):  # before anything is written there: the store, the prepared data
         uri = tracking_uri(
             cfg.mlflow.tracking_uri, args.out

@@ -248,6 +248,7 @@ def check_sweep_inputs(request: SweepRequest) -> None:
     """Refuse a sweep that cannot run, before any work. A train sweep's trials warm-start from
     --reddit-checkpoint when it is given (else from trainer.warm_start, or from scratch)."""
     space, cfg = request.space, request.cfg
+    storage.check_bucket(cfg.trainer.storage_path, "trainer.storage_path")
     check_space_keys(space, cfg, request.param_overrides)
     if space.objective == "sts_matrix" and not request.checkpoint:
         raise ConfigError(f"space {space.name} needs --checkpoint (the encoder whose embeddings are tuned)")

@@ -163,6 +163,7 @@ def run_training(
     `mlflow_uri`: the tracking URI as the caller resolved (and checked) it; None resolves it here.
     `storage_key`: this run's own folder under an explicit trainer.storage_path (run_storage)."""
     out_dir = Path(out_dir).resolve()
+    storage.check_bucket(cfg.trainer.storage_path, "trainer.storage_path")  # before any work
     prepared = prepared_location(cfg, out_dir, prepared_dir)
     if cfg.trainer.eval_every:
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
