@@ -34,32 +34,72 @@ _URL_RE = re.compile(r"https?://\S+|www\.\S+")
 
 
 def normalize(text: str, lowercase: bool = True) -> str:
-    """Unescape HTML entities (Reddit keeps `&gt;`, `&amp;`), replace URLs by a marker, squeeze spaces."""
+    """Unescape character references (Reddit keeps `&gt;`, `&amp;`: unescape), replace URLs by a
+    marker, squeeze spaces."""
     text = text or ""
-    if "&" in text:  # unescape is the slowest step; most texts have no entity
-        text = html.unescape(text)
+    if "&" in text:  # the slowest step; most texts have no reference
+        text = unescape(text)
     text = _URL_RE.sub(" <url> ", text)
     if lowercase:
         text = text.lower()
     return " ".join(text.split())
 
 
-# The character references a normalizer of the Hugging Face `tokenizers` library unescapes as
-# html.unescape does: HTML 4's named entities (and &apos;), and the numeric references Reddit text
-# holds most (quotes, dashes, the ellipsis, no-break and zero-width spaces). Each is one pass over the
-# text, so the rarer HTML5-only names and other numeric references are left out.
+# Character references where html.unescape finds them: numeric, or a name of up to 32 characters.
+_CHARREF = re.compile(r"&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)")
+# The numeric references that are unescaped, each written with ";" (those Reddit text holds most:
+# quotes, the ampersand, angle brackets, dashes, the ellipsis, no-break and zero-width spaces);
+# other numeric references stay as written. A normalizer of the `tokenizers` library (hf_normalizer)
+# replaces fixed strings, so it can hold these but not every number.
 NUMERIC_REFERENCES = (34, 38, 39, 60, 62, 160, 8211, 8212, 8216, 8217, 8220, 8221, 8230, 0x200B)
+_NUMERIC = {form: chr(code) for code in NUMERIC_REFERENCES for form in (f"&#{code};", f"&#x{code:x};", f"&#x{code:X};")}
+
+
+def unescape(text: str) -> str:
+    """html.unescape for every named reference HTML5 defines (with its `;`, and the legacy names a
+    browser also reads without it: `&ampfoo` is `&foo`), and for NUMERIC_REFERENCES; one pass from
+    left to right (`&amp;gt;` is `&gt;`). hf_normalizer does exactly this."""
+    return _CHARREF.sub(_reference, text)
+
+
+def _reference(found: re.Match) -> str:
+    ref = found.group(1)
+    if ref[0] == "#":
+        return _NUMERIC.get(found.group(0), found.group(0))
+    if ref in html.entities.html5:
+        return html.entities.html5[ref]
+    for end in range(len(ref) - 1, 1, -1):  # the longest legacy name before the rest (html.unescape's rule)
+        if ref[:end] in html.entities.html5:
+            return html.entities.html5[ref[:end]] + ref[end:]
+    return found.group(0)
+
+
+# Three Unicode noncharacters that hf_normalizer writes while it works: the ampersand that a
+# reference stands for is held as HELD_AMP until every other reference is replaced (so that it
+# starts none), and a literal HOLD in the text as HOLD + KEPT.
+HOLD, HELD_AMP_MARK, KEPT = "\ufdd0", "\ufdd1", "\ufdd2"
 
 
 def hf_normalizer(lowercase: bool = False):
     """`normalize` as a `tokenizers` normalizer, for exports whose tokenizer runs without this package
-    (the sentence-transformers folder): character references unescaped ("&amp;" last, so that
-    "&amp;gt;" stays "&gt;" as html.unescape leaves it), URLs to the marker, spaces squeezed."""
-    references = {f"&{name};": chr(code) for name, code in html.entities.name2codepoint.items()} | {"&apos;": "'"}
-    for code in NUMERIC_REFERENCES:
-        references |= {f"&#{code};": chr(code), f"&#x{code:x};": chr(code), f"&#x{code:X};": chr(code)}
-    ordered = sorted(references, key=lambda ref: ref == "&amp;")  # &amp; last
-    steps: list[normalizers.Normalizer] = [normalizers.Replace(ref, references[ref]) for ref in ordered]
+    (the sentence-transformers folder): it gives what `normalize` gives on any text. Each step
+    replaces one fixed string (a pass over the text), in an order that makes the passes one
+    left-to-right scan: the named references with `;` and the numeric ones, then the legacy names
+    without `;`, longest first (a `;` form is whole, a prefix is not), then `&semi;`; the references
+    to `&` are held until the end, so that none of them starts another reference."""
+    html5 = html.entities.html5
+    amp = [f"&{name}" for name, value in html5.items() if value == "&"]
+    amp += [form for form, value in _NUMERIC.items() if value == "&"]
+    plain = {f"&{name}": value for name, value in html5.items() if name.endswith(";") and value not in ("&", ";")}
+    plain |= {form: value for form, value in _NUMERIC.items() if value != "&"}
+    legacy = sorted((name for name in html5 if not name.endswith(";") and html5[name] != "&"), key=len, reverse=True)
+    held = HOLD + HELD_AMP_MARK
+    steps: list[normalizers.Normalizer] = [normalizers.Replace(HOLD, HOLD + KEPT)]
+    steps += [normalizers.Replace(Regex("|".join(re.escape(a) for a in sorted(amp, key=len, reverse=True))), held)]
+    steps += [normalizers.Replace(ref, value) for ref, value in plain.items()]
+    steps += [normalizers.Replace(f"&{name}", html5[name]) for name in legacy]
+    steps += [normalizers.Replace("&semi;", ";")]
+    steps += [normalizers.Replace(held, "&"), normalizers.Replace(HOLD + KEPT, HOLD)]
     steps += [normalizers.Replace(Regex(_URL_RE.pattern), " <url> ")]
     steps += [normalizers.Lowercase()] if lowercase else []
     steps += [normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]

@@ -15,8 +15,9 @@
 
 The checkpoint normalizes text before tokenizing (HTML entities unescaped, URLs replaced by a
 marker, spaces squeezed: convsts.datasets.text.normalize); the sentence-transformers folder's tokenizer
-does the same as its first normalizer (convsts.datasets.text.hf_normalizer: HTML 4's named entities
-and the common numeric references; rarer ones stay escaped there).
+does the same as its first normalizer (convsts.datasets.text.hf_normalizer: every HTML5 named
+reference and the numeric references `normalize` unescapes), so the two give the same text on any
+input.
 """
 
 from __future__ import annotations

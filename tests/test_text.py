@@ -117,3 +117,27 @@ def test_subword_tokenizer_trains_and_round_trips(tmp_path):
     assert np.array_equal(
         load_tokenizer(tmp_path / "sub.json").encode(["quick foxes"], width=ids.shape[1])["ids"], ids[:1]
     )
+
+
+def test_the_exported_normalizer_gives_what_normalize_gives_on_any_text():
+    """hf_normalizer (in the sentence-transformers folder's tokenizer.json) against `normalize` on
+    texts built at random from every HTML5 name, legacy names without ";", numeric references,
+    ampersands and semicolons that meet, URLs, spaces and the normalizer's own held characters;
+    `unescape` is html.unescape wherever a numeric reference is not involved."""
+    import html
+    import random
+
+    from convsts.datasets.text import HOLD, KEPT, hf_normalizer, unescape
+
+    names = sorted(html.entities.html5)
+    fragments = ["&", ";", "#", "x", "26", "38", "39", "3939", "x27", "8217", "200B", "amp", "AMP", "semi", "not",
+                 "a", " ", "\t\n", "http://x.y/", "é", HOLD, KEPT, "\ufdd1"]  # fmt: skip
+    exported, rng = hf_normalizer(), random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(fragments + rng.sample(names, 5)) for _ in range(rng.randint(1, 10)))
+        assert exported.normalize_str(text) == normalize(text, lowercase=False), text
+        if "#" not in text:
+            assert unescape(text) == html.unescape(text), text
+    for name in names:  # each name alone, and followed by text that could lengthen it
+        for text in (f"&{name}", f"&{name}x;", f"a&{name}&{name}"):
+            assert exported.normalize_str(text) == normalize(text, lowercase=False), text

@@ -28,6 +28,8 @@ EXPORT_PROBES = [
     "fish &amp; chips &gt; salad &lt;3 &quot;ok&quot; it&#39;s &#x27;fine&#x27; &eacute;t&eacute; &amp;gt; no",
     "a\u200b zero&#x200B;width and&nbsp;no-break   spaces\t\tand\nlines",
     "emoji 😀🎉 and a cut one \ufffd here",
+    # HTML5-only names, legacy names without ";", references that meet (&amp;semi; &amp&semi;)
+    "done &check; &starf; &NotLessLess; &ampfoo &notin &notit; &amp;semi; &amp&semi; &lt&semi; &#38;lt; &#3939;",
     "",
     "   ",
 ]
