@@ -11,20 +11,25 @@ comment, 0.5% of lines repeated, 0.1% malformed; zstd), then on that same file r
   hash split (`split_of`), one parquet file;
 - `convsts prepare reddit --input DUMP --out DIR` as a user runs it, in a fresh process: a dump up to
   `data.dump_local_bytes` (4 GiB) goes through the streaming engine in that process, without Ray;
-- with --ray-data, also the same command with `data.dump_local_bytes=0`: through Ray Data on a local Ray
-  instance the command starts (Ray's start-up included), the path a larger input takes on a cluster.
+- with --ray, also the same command with `data.dump_local_bytes=0`: the distributed path (Ray tasks)
+  a larger input takes on a cluster, joined to a Ray instance started first (`ray start --head
+  --num-cpus C --object-store-memory M`, with --cpus and --object-store-gib; its start-up is not
+  counted), the dump cut into --files files.
 
 Prints, per size: both rates (lines/s), their ratio (prepare / reference; >= 1 means prepare is the
 faster), both pair counts and whether the pairs are the same rows (order-insensitive), and the peak
-memory of all processes of the prepare (the command and every process under it, Ray's included,
-sampled every 0.2 s; memory-mapped spill files count as they are touched) and of the reference, and
-the worker crashes the logs of the prepare's own Ray instance report (a signal, a fatal error, a
-worker that died; 0 where no Ray was started).
+memory of all processes of the prepare (the command and every process under it, sampled every 0.2 s;
+memory-mapped spill files count as they are touched) and of the reference, and the worker crashes the
+logs of the Ray instance report (a signal, a fatal error, a worker that died; 0 where no Ray ran).
+With --ray, one more table: the distributed path against the streaming engine on the same dump
+(lines/s, lines/s per CPU, engine / distributed), the same pairs and shards, the object store's peak
+use and what Ray spilled to disk.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -164,25 +169,18 @@ def crashes(ray_tmp: Path) -> int:
     return sum(len(CRASHES.findall(f.read_bytes())) for f in ray_tmp.rglob("logs/*") if f.is_file())
 
 
-def run_prepare(dump: Path, out: Path, overrides: tuple[str, ...] = ()) -> tuple[float, int, int]:
-    """`convsts prepare reddit` in a fresh process: (seconds, peak bytes of its process tree, worker
-    crashes in the logs of the Ray instance it started, if any)."""
+def run_prepare(
+    inputs: list[Path], out: Path, overrides: tuple[str, ...] = (), address: str | None = None
+) -> tuple[float, int, int]:
+    """`convsts prepare reddit` in a fresh process, joined to the Ray instance at `address` when given:
+    (seconds, peak bytes of its process tree, worker crashes in the logs of a Ray instance it started)."""
     ray_tmp = Path(tempfile.mkdtemp(prefix="rb", dir="/tmp"))  # short: Ray's socket paths must fit
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": str(ray_tmp)}
+    env |= {"RAY_ADDRESS": address} if address else {}
     env.setdefault("RAY_AUTH_MODE", "disabled")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    command = [
-        sys.executable,
-        "-m",
-        "convsts.ray_jobs.cli",
-        "prepare",
-        "reddit",
-        "--input",
-        str(dump),
-        "--out",
-        str(out),
-        *overrides,
-    ]
+    command = [sys.executable, "-m", "convsts", "prepare", "reddit", "--input",
+               *map(str, inputs), "--out", str(out), *overrides]  # fmt: skip
     started = time.perf_counter()
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak = [0]
@@ -204,6 +202,52 @@ def run_prepare(dump: Path, out: Path, overrides: tuple[str, ...] = ()) -> tuple
     return seconds, peak[0], crashed
 
 
+def split_dump(dump: Path, files: int) -> list[Path]:
+    """The dump's lines cut into `files` zstd files of consecutive lines (a thread may span two: its
+    parents are then in another file), named so that their order is the dump's."""
+    import zstandard
+
+    if files == 1:
+        return [dump]
+    with zstandard.open(dump, "rb") as src:
+        lines = src.read().splitlines(keepends=True)
+    paths = [dump.with_name(f"{dump.stem}_part{i:02d}.zst") for i in range(files)]
+    for i, path in enumerate(paths):
+        with zstandard.open(path, "wb") as out:
+            out.write(b"".join(lines[len(lines) * i // files : len(lines) * (i + 1) // files]))
+    return paths
+
+
+class StoreWatch:
+    """The object store of the Ray instance at `gcs` while a command runs: its peak use (sampled) and
+    the bytes Ray spilled to disk (from `ray memory --stats-only`)."""
+
+    USED = re.compile(r"Plasma memory usage (\d+) MiB")
+    SPILLED = re.compile(r"Spilled (\d+) MiB")
+
+    def __init__(self, gcs: str):
+        self.gcs, self.peak, self._stop = gcs, 0, threading.Event()
+        self.spilled_before = self._stats()[1]
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _stats(self) -> tuple[int, int]:
+        out = subprocess.run([str(Path(sys.executable).parent / "ray"), "memory", "--stats-only", f"--address={self.gcs}"],
+                             capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+        used, spilled = self.USED.search(out), self.SPILLED.search(out)
+        return int(used.group(1)) if used else 0, int(spilled.group(1)) if spilled else 0
+
+    def _sample(self) -> None:
+        while not self._stop.wait(1.0):
+            self.peak = max(self.peak, self._stats()[0])
+
+    def stop(self) -> tuple[int, int]:
+        """(peak MiB in the store, MiB spilled while watched)."""
+        self._stop.set()
+        self._thread.join()
+        return self.peak, self._stats()[1] - self.spilled_before
+
+
 def prepared_rows(out: Path) -> set:
     import pandas as pd
 
@@ -218,37 +262,83 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", type=int, default=[100_000, 400_000, 1_600_000])
     parser.add_argument("--keep", help="write the dumps and outputs here (default: a temporary folder)")
-    parser.add_argument("--ray-data", action="store_true", help="also time the Ray Data path (data.dump_local_bytes=0)")
+    parser.add_argument("--ray", action="store_true", help="also time the distributed path on a running Ray instance")
+    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1, help="the Ray instance's CPUs (--ray)")
+    parser.add_argument("--object-store-gib", type=float, default=1.0, help="its object store (--ray)")
+    parser.add_argument("--files", type=int, default=1, help="the dump cut into this many files (--ray)")
+    parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference script")
     args = parser.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-pushshift-"))
     root.mkdir(parents=True, exist_ok=True)
-    print(
-        "| comments | path | reference lines/s | prepare lines/s | prepare / reference | pairs (ref, prepare) "
-        "| same rows | peak memory, prepare's processes | peak memory, reference | worker crashes |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    paths = {"this process": ()} | ({"Ray Data": ("data.dump_local_bytes=0",)} if args.ray_data else {})
-    for n in args.sizes:
-        dump = root / f"RC_synthetic_{n}.zst"
-        if not dump.exists():
-            write_dump(dump, n)
+    with contextlib.ExitStack() as stack:
+        head = None
+        if args.ray:
+            sys.path.insert(0, str(REPO / "tests"))
+            from testkit.local_cluster import ray_head
+
+            store = f"--object-store-memory={int(args.object_store_gib * 2**30)}"
+            head = stack.enter_context(ray_head({"RAY_AUTH_MODE": "disabled"}, args.cpus, [store]))
+        if not args.no_reference:
+            print(
+                "| comments | path | reference lines/s | prepare lines/s | prepare / reference | pairs (ref, prepare) "
+                "| same rows | peak memory, prepare's processes | peak memory, reference | worker crashes |"
+            )
+            print("|---|---|---|---|---|---|---|---|---|---|")
+        rows = []
+        for n in args.sizes:
+            dump = root / f"RC_synthetic_{n}.zst"
+            if not dump.exists():
+                write_dump(dump, n)
+            rows.append(_bench_size(root, dump, n, args, head))
+        if args.ray:
+            print(f"\nThe distributed path on a running instance ({args.cpus} CPUs, object store "
+                  f"{args.object_store_gib:g} GiB, {args.files} file(s)) against the streaming engine:\n")  # fmt: skip
+            print("| comments | engine lines/s | distributed lines/s | per CPU | distributed / engine | same shards "
+                  "| object store peak | spilled |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|---|")
+            for n, engine_s, ray_s, same, peak, spilled in rows:
+                print(f"| {n:,} | {n / engine_s:,.0f} | {n / ray_s:,.0f} | {n / ray_s / args.cpus:,.0f} "
+                      f"| {engine_s / ray_s:.2f} | {'yes' if same else 'NO'} | {peak:,} MiB | {spilled:,} MiB |")  # fmt: skip
+    return 0
+
+
+def _bench_size(root: Path, dump: Path, n: int, args, head) -> tuple:
+    """One size: the reference (unless --no-reference), the streaming engine and, with --ray, the
+    distributed path; prints a row for each and returns (n, engine s, distributed s, same shards,
+    store peak MiB, spilled MiB)."""
+    if not args.no_reference:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         ref_pairs, ref_s, ref_rows = reference(dump, root / f"reference_{n}.parquet")
         ref_peak = max(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-        for path, overrides in paths.items():
-            out = root / f"prepared_{n}"
-            if out.exists():
-                shutil.rmtree(out)
-            prep_s, prep_peak, crashed = run_prepare(dump, out, overrides)
-            manifest = json.loads((out / "manifest.json").read_text())
-            same = prepared_rows(out) == ref_rows
-            print(
-                f"| {n:,} | {path} | {n / ref_s:,.0f} ({ref_s:.1f} s) | {n / prep_s:,.0f} ({prep_s:.1f} s) "
-                f"| {ref_s / prep_s:.2f} | {ref_pairs:,}, {manifest['pairs']:,} | {'yes' if same else 'NO'} "
-                f"| {prep_peak / 2**20:,.0f} MiB | {ref_peak / 2**20:,.0f} MiB (this process) | {crashed} |",
-                flush=True,
-            )
-    return 0
+    timed = {}
+    inputs = {"this process": [dump], "Ray tasks": split_dump(dump, args.files)}
+    for path in ["this process"] + (["Ray tasks"] if head else []):
+        out = root / f"prepared_{n}_{'ray' if head and path != 'this process' else 'local'}"
+        if out.exists():
+            shutil.rmtree(out)
+        watch = StoreWatch(head["gcs"]) if path != "this process" else None
+        overrides = ("data.dump_local_bytes=0",) if path != "this process" else ()
+        prep_s, prep_peak, crashed = run_prepare(inputs[path], out, overrides, head["gcs"] if watch else None)
+        store = watch.stop() if watch else (0, 0)
+        crashed += crashes(Path(head["temp_dir"])) if watch else 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        timed[path] = (prep_s, out, manifest, store)
+        if args.no_reference:
+            print(f"{n:,} comments, {path}: {n / prep_s:,.0f} lines/s ({prep_s:.1f} s), {manifest['pairs']:,} pairs, "
+                  f"peak memory {prep_peak / 2**20:,.0f} MiB, worker crashes {crashed}", flush=True)  # fmt: skip
+            continue
+        same = prepared_rows(out) == ref_rows
+        print(
+            f"| {n:,} | {path} | {n / ref_s:,.0f} ({ref_s:.1f} s) | {n / prep_s:,.0f} ({prep_s:.1f} s) "
+            f"| {ref_s / prep_s:.2f} | {ref_pairs:,}, {manifest['pairs']:,} | {'yes' if same else 'NO'} "
+            f"| {prep_peak / 2**20:,.0f} MiB | {ref_peak / 2**20:,.0f} MiB (this process) | {crashed} |",
+            flush=True,
+        )
+    if not head:
+        return n, timed["this process"][0], 0.0, False, 0, 0
+    (engine_s, _, engine_m, _), (ray_s, _, dist_m, (peak, spilled)) = timed["this process"], timed["Ray tasks"]
+    same = engine_m["shards"] == dist_m["shards"] and engine_m["pairs"] == dist_m["pairs"]
+    return n, engine_s, ray_s, same, peak, spilled
 
 
 if __name__ == "__main__":

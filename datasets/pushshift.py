@@ -13,8 +13,9 @@ Two engines run those steps on the same columns:
     Arrow's JSON reader, the filters vectorized; comments are spilled to local disk in hash partitions
     (a comment by its id as a parent, by its parent's id as a reply), so that the duplicate ids and the
     parent join need one partition in memory at a time, not the input (a grace hash join);
-  * `pushshift_dataset`, on Ray Data across a cluster: the same per-chunk reader and filters, the
-    duplicate ids as a hash aggregate and the parent join as a hash join over Arrow blocks.
+  * `prepare_distributed`, as Ray tasks across a cluster: the same steps on the same columns, a read
+    task per dump streaming its partitions into Ray's object store (which spills to disk past its
+    memory), then a task per partition for the repeated ids and one for the parent join.
 Both give the same counts and the same pairs (tests/test_prepare.py compares their shards byte for byte).
 """
 
@@ -39,7 +40,6 @@ from convsts.datasets.reddit import (
     DUPLICATE,
     MAX_EXAMPLES,
     ORDER_KEY,
-    PAIR_COLUMNS,
     RULES,
     WRITTEN_COLUMNS,
     json_record,
@@ -354,43 +354,20 @@ class _Spill:
 
     def add_comments(self, comments) -> None:
         """A chunk of well-formed comments (COMMENT_COLUMNS, filter rules in `status`)."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        body = pc.if_else(pc.equal(comments["status"], ""), comments["body"], None)
-        is_comment = pc.starts_with(comments["parent_id"], PARENT)
-        parent_key = pc.if_else(is_comment, pc.utf8_slice_codeunits(comments["parent_id"], len(PARENT)), None)
-        columns = {"id": comments["id"], "parent_key": parent_key, "body": body}
-        columns |= {name: comments[name] for name in ("order", "status", "link_id", "subreddit")}
-        node = pa.table({name: columns[name] for name in self.NODE})
-        self._write("node", node, self._hashed(comments["id"]))
-        edge = pa.table({name: columns[name] for name in self.EDGE})
-        self._write("edge", edge, self._hashed(pc.coalesce(parent_key, comments["id"])))
+        for kind, table, part in partitioned_comments(comments, self.parts):
+            self._write(kind, table, part)
 
     def add_pairs(self, split: str, pairs) -> None:
         """Pairs of one split (WRITTEN_COLUMNS and ORDER_KEY), by ranges of their key."""
-        keys = pairs[ORDER_KEY].to_numpy()
-        ranges = np.minimum((keys / 2.0**64 * self.parts).astype(np.int64), self.parts - 1)  # monotone in the key
-        self._write(f"pairs-{split}", pairs, ranges)
-
-    def _hashed(self, keys) -> np.ndarray:
-        if self.parts == 1:
-            return np.zeros(len(keys), np.int64)
-        import polars as pl
-
-        return (pl.Series(keys).hash(seed=0).to_numpy() % self.parts).astype(np.int64)
+        self._write(f"pairs-{split}", pairs, key_ranges(pairs, self.parts))
 
     def _write(self, kind: str, table, part: np.ndarray) -> None:
         import pyarrow as pa
 
-        if self.parts > 1:
-            ranked = np.argsort(part, kind="stable")
-            part, table = part[ranked], table.take(pa.array(ranked))
-        edges = np.searchsorted(part, np.arange(self.parts + 1))
-        for p in np.flatnonzero(edges[1:] > edges[:-1]).tolist():
+        for p, rows in partition_slices(table, part, self.parts):
             if (kind, p) not in self._writers:
                 self._writers[kind, p] = pa.ipc.new_stream(str(self.folder / f"{kind}-{p}.arrow"), table.schema)
-            self._writers[kind, p].write_table(table.slice(edges[p], edges[p + 1] - edges[p]))
+            self._writers[kind, p].write_table(rows)
 
     def close(self, kind: str) -> None:
         """The end of `kind`'s rows: its partitions can be read."""
@@ -412,19 +389,12 @@ class _Spill:
         """The orders of the lines whose comment id was on an earlier line too (an Arrow array): the
         duplicates. Memory: one partition's (id, order), and the repeated lines."""
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         later = [pa.array([], pa.int64())]
         for part in range(self.parts):
             nodes = self.read("node", part)
-            if nodes is None:
-                continue
-            nodes = nodes.select(["id", "order"])
-            firsts = nodes.group_by("id").aggregate([("order", "min"), ("order", "count")])
-            firsts = firsts.filter(pc.greater(firsts["order_count"], 1))
-            if firsts.num_rows:
-                repeated = nodes.join(firsts, "id", join_type="inner")
-                later += repeated.filter(pc.not_equal(repeated["order"], repeated["order_min"]))["order"].chunks
+            if nodes is not None:
+                later.append(later_lines_of(nodes))
         return pa.concat_arrays(later)
 
     def write_split(self, split: str, out_dir: str | Path, rows: int, rows_per_shard: int) -> list:
@@ -451,14 +421,92 @@ def _statuses(joined):
 def _pairs_of(spill: _Spill, part: int, later, test_share: float, salt: str):
     """One partition's replies joined to their parents: ({(status, split): lines}, {split: pairs as
     WRITTEN_COLUMNS and ORDER_KEY})."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     edges, nodes = spill.read("edge", part), spill.read("node", part)
     if edges is None:
         return {}, {}
+    return joined_pairs(edges, parents_of(nodes, later), later, test_share, salt)
+
+
+# ---------------------------------------------------------------------------------------------
+# The steps on columns, shared by both engines
+
+
+def partitioned_comments(comments, parts: int) -> list[tuple[str, Any, np.ndarray]]:
+    """A chunk of well-formed comments (COMMENT_COLUMNS, filter rules in `status`) as [(kind, rows,
+    each row's partition)]: "node", each comment as a possible parent by a hash of its id; "edge",
+    each as a reply by a hash of its parent's id (a reply to a submission by its own id); a body is
+    kept only where its comment passed the filters."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    body = pc.if_else(pc.equal(comments["status"], ""), comments["body"], None)
+    is_comment = pc.starts_with(comments["parent_id"], PARENT)
+    parent_key = pc.if_else(is_comment, pc.utf8_slice_codeunits(comments["parent_id"], len(PARENT)), None)
+    columns = {"id": comments["id"], "parent_key": parent_key, "body": body}
+    columns |= {name: comments[name] for name in ("order", "status", "link_id", "subreddit")}
+    node = pa.table({name: columns[name] for name in _Spill.NODE})
+    edge = pa.table({name: columns[name] for name in _Spill.EDGE})
+    return [
+        ("node", node, _hashed(comments["id"], parts)),
+        ("edge", edge, _hashed(pc.coalesce(parent_key, comments["id"]), parts)),
+    ]
+
+
+def _hashed(keys, parts: int) -> np.ndarray:
+    if parts == 1:
+        return np.zeros(len(keys), np.int64)
+    import polars as pl
+
+    return (pl.Series(keys).hash(seed=0).to_numpy() % parts).astype(np.int64)
+
+
+def key_ranges(pairs, parts: int) -> np.ndarray:
+    """Each pair's range of ORDER_KEY among `parts` (monotone in the key: the ranges written one after
+    the other, each sorted, are in_fixed_order's order)."""
+    keys = pairs[ORDER_KEY].to_numpy()
+    return np.minimum((keys / 2.0**64 * parts).astype(np.int64), parts - 1)
+
+
+def partition_slices(table, part: np.ndarray, parts: int) -> Iterator[tuple[int, Any]]:
+    """(partition, its rows) for each partition that has rows, rows in their order."""
+    import pyarrow as pa
+
+    if parts > 1:
+        ranked = np.argsort(part, kind="stable")
+        part, table = part[ranked], table.take(pa.array(ranked))
+    edges = np.searchsorted(part, np.arange(parts + 1))
+    for p in np.flatnonzero(edges[1:] > edges[:-1]).tolist():
+        yield p, table.slice(edges[p], edges[p + 1] - edges[p])
+
+
+def later_lines_of(nodes):
+    """The orders of one node partition's lines whose comment id was on an earlier line too."""
+    import pyarrow.compute as pc
+
+    nodes = nodes.select(["id", "order"])
+    firsts = nodes.group_by("id").aggregate([("order", "min"), ("order", "count")])
+    firsts = firsts.filter(pc.greater(firsts["order_count"], 1))
+    if not firsts.num_rows:
+        return nodes["order"].slice(0, 0).combine_chunks()
+    repeated = nodes.join(firsts, "id", join_type="inner")
+    return repeated.filter(pc.not_equal(repeated["order"], repeated["order_min"]))["order"].combine_chunks()
+
+
+def parents_of(nodes, later):
+    """A node partition's comments that can be a parent (not a later line of a repeated id)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     parents = nodes.filter(pc.invert(pc.is_in(nodes["order"], later)))
-    parents = pa.table({"parent_key": parents["id"], "parent_status": parents["status"], "context": parents["body"]})
+    return pa.table({"parent_key": parents["id"], "parent_status": parents["status"], "context": parents["body"]})
+
+
+def joined_pairs(edges, parents, later, test_share: float, salt: str):
+    """A partition's replies joined to their parents: ({(status, split): lines}, {split: pairs as
+    WRITTEN_COLUMNS and ORDER_KEY})."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     status = pc.if_else(pc.is_in(edges["order"], later), DUPLICATE, edges["status"])
     joined = edges.set_column(edges.schema.get_field_index("status"), "status", status)
     joined = joined.join(parents, "parent_key", join_type="left outer")
@@ -589,114 +637,142 @@ def prepare_local(
 
 
 # ---------------------------------------------------------------------------------------------
-# On Ray Data, across a cluster
+# On a Ray cluster: the engine's steps as Ray tasks, its partitions in Ray's object store
+
+FLUSH_BYTES = 64 << 20  # a read task hands its rows to the object store, by partition, every this many bytes
 
 
-def _read_dump_batch(batch: dict[str, np.ndarray]) -> Iterator[Any]:
-    for path, rank in zip(batch["path"], batch["rank"]):
-        yield from read_dump_chunks(str(path), int(rank))
+def _read_partitioned(path: str, rank: int, cfg: RedditFilterConfig, parts: int, flush_bytes: int) -> Iterator[Any]:
+    """A Ray streaming-generator task: one dump read, filtered and cut into `parts` hash partitions
+    (partitioned_comments). It yields, every `flush_bytes` of rows and at its end, 2 x `parts` tables
+    in a fixed order (node 0..parts-1, then edge 0..parts-1; None for one without rows), then its counts:
+    (lines read, malformed lines, the first MAX_EXAMPLES of them, the largest table's bytes). Memory:
+    `flush_bytes` and a chunk."""
+    import pyarrow.compute as pc
+
+    held: dict[tuple[str, int], list] = {}
+    size, largest, lines_read, malformed_lines, examples = 0, 0, 0, 0, list[int]()
+    for chunk in _ruled_chunks(path, rank, cfg):
+        lines_read += chunk.num_rows
+        malformed = pc.equal(chunk["status"], "malformed").to_numpy(zero_copy_only=False)
+        if malformed.any():
+            malformed_lines += int(malformed.sum())
+            examples += np.sort(chunk["order"].to_numpy()[malformed])[: MAX_EXAMPLES - len(examples)].tolist()
+            chunk = chunk.filter(~malformed)
+        for kind, table, part in partitioned_comments(chunk, parts):
+            for p, rows in partition_slices(table, part, parts):
+                held.setdefault((kind, p), []).append(rows)
+                size += rows.nbytes
+        if size >= flush_bytes:
+            largest = max(largest, *(sum(t.nbytes for t in tables) for tables in held.values()))
+            yield from _flush(held, parts)
+            held, size = {}, 0
+    if held or lines_read == 0:
+        largest = max(largest, 0, *(sum(t.nbytes for t in tables) for tables in held.values()))
+        yield from _flush(held, parts)
+    yield lines_read, malformed_lines, examples, largest
 
 
-def _repeated_ids(comments) -> pd.Series:
-    """{comment id: order of its first line} for the ids on more than one well-formed line (dumps
-    repeat comments): a hash aggregate over (id, order) only, so memory grows with the repeated ids,
-    not with the input."""
-    from ray.data.aggregate import (
-        Count,
-        Min,
-    )
-    from ray.data.expressions import col
+def _flush(held: dict[tuple[str, int], list], parts: int) -> Iterator[Any]:
+    import pyarrow as pa
 
-    firsts = (
-        comments.filter(expr=col("status") != "malformed")
-        .select_columns(["id", "order"])
-        .groupby("id")
-        .aggregate(Count(alias_name="lines"), Min("order", alias_name="first"))
-        .filter(expr=col("lines") > 1)
-        .to_pandas()
-    )
-    if firsts.empty:  # no id repeated (an empty result may come without its columns)
-        return pd.Series([], dtype=np.int64)
-    return pd.Series(firsts["first"].to_numpy(), index=firsts["id"].to_numpy(), dtype=np.int64)
+    for kind in ("node", "edge"):
+        for p in range(parts):
+            yield pa.concat_tables(held[kind, p]) if (kind, p) in held else None
 
 
-def _mark_duplicates(batch: pd.DataFrame, repeated: pd.Series) -> pd.DataFrame:
-    """A repeated id's lines after its first become duplicate_id (malformed lines have no id)."""
-    first = batch["id"].map(repeated)
-    later = first.notna().to_numpy() & (batch["order"].to_numpy() != first.fillna(-1).to_numpy())
-    later &= batch["status"].to_numpy() != "malformed"
-    batch = batch.copy()
-    batch.loc[later, "status"] = DUPLICATE
-    return batch
+def _parents_task(*nodes):
+    """One node partition, from every read task: (its later lines, its possible parents or None,
+    its comments)."""
+    import pyarrow as pa
+
+    kept = [n for n in nodes if n is not None]
+    if not kept:
+        return pa.array([], pa.int64()), None, 0
+    table = pa.concat_tables(kept)
+    later = later_lines_of(table)
+    return later, parents_of(table, later), table.num_rows
 
 
-def _as_parent(batch: pd.DataFrame) -> pd.DataFrame:
-    """Comments that can be a parent: neither malformed nor a repeated id."""
-    batch = batch[~batch["status"].isin(["malformed", DUPLICATE])]
-    return pd.DataFrame(
-        {"parent_key": PARENT + batch["id"], "parent_body": batch["body"], "parent_status": batch["status"]}
-    )
+def _pairs_task(test_share: float, salt: str, parts: int, parents, later, *edges) -> list[Any]:
+    """One edge partition joined to its parents: [its counts, then the train pairs by key range
+    0..parts-1, then the test pairs by range (None where a range has none)]."""
+    import pyarrow as pa
+
+    kept = [e for e in edges if e is not None]
+    if not kept:
+        return [{}] + [None] * (2 * parts)
+    if parents is None:  # no comment hashed here: every reply's parent is missing
+        parents = pa.table({name: pa.array([], pa.string()) for name in ("parent_key", "parent_status", "context")})
+    counts, pairs = joined_pairs(pa.concat_tables(kept), parents, later, test_share, salt)
+    out: list[Any] = [counts]
+    for split in ("train", "test"):
+        ranges = dict(partition_slices(pairs[split], key_ranges(pairs[split], parts), parts))
+        out += [ranges.get(r) for r in range(parts)]
+    return out
 
 
-def _classify_child(batch: pd.DataFrame, test_share: float, salt: str, paths: Sequence[str]) -> pd.DataFrame:
-    """After the join: each comment line becomes a pair (as the response) or gets a named status;
-    a malformed line's `source` is FILE:LINE (`paths` by rank)."""
-    status = batch["status"].fillna("").astype(str).to_numpy()
-    parent_status = batch["parent_status"] if "parent_status" in batch else pd.Series([None] * len(batch))
-    missing = parent_status.isna().to_numpy()
-    statuses = np.select(
-        [
-            status != "",
-            ~batch["parent_id"].astype(str).str.startswith(PARENT).to_numpy(),
-            missing,
-            parent_status.fillna("").astype(str).to_numpy() != "",
-        ],
-        [status, SUBMISSION, MISSING, FILTERED],
-        "",
-    )
-    links = batch["link_id"].astype(str).to_numpy()
-    threads = np.unique(links[statuses == ""])  # the split is hashed once per thread, not per pair
-    split_by_thread = dict(zip(threads.tolist(), [split_of(t, test_share, salt) for t in threads.tolist()]))
-    splits = [split_by_thread[link] if not s else "" for link, s in zip(links, statuses)]
-    malformed = statuses == "malformed"
-    source = np.full(len(batch), "", dtype=object)
-    if malformed.any():
-        source[malformed] = [_source(int(o), paths) for o in batch["order"].to_numpy()[malformed]]
-    return pd.DataFrame(
-        {
-            "context": batch["parent_body"].fillna("").astype(str) if "parent_body" in batch else "",
-            "response": batch["body"].astype(str),
-            "thread_key": links,
-            "subreddit": batch["subreddit"].astype(str),
-            "source": source,
-            "status": statuses,
-            "split": splits,
-        }
-    )[PAIR_COLUMNS]
+def cluster_partitions(stored: int, cpus: int) -> int:
+    """The partitions of a distributed prepare of `stored` bytes on `cpus` CPUs: one per
+    PARTITION_INPUT_BYTES (as prepare_local cuts them: one fits a task's memory), at least one per CPU."""
+    return max(spill_partitions(stored), cpus)
 
 
-def pushshift_dataset(
-    paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, num_partitions: int = 8
-):
-    """(Ray Dataset of annotated pairs, lines read) from comment dumps: each comment is joined to
-    its parent comment (`parent_id` = "t1_" + parent id) with a distributed hash join; the split is
-    by a hash of the thread (`link_id`). A comment id seen twice keeps its first line only
-    (`duplicate_id`; first by file path, then line), so a repeated comment makes neither a second
-    pair nor a second parent. Lines are parsed by Arrow's JSON reader and every step works on
-    columns: no Python call per comment id."""
-    import ray.data
+def prepare_distributed(
+    paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, out_dir: str | Path,
+    rows_per_shard: int, parts: int, flush_bytes: int = FLUSH_BYTES,
+) -> dict[str, Any]:  # fmt: skip
+    """prepare_local's steps as Ray tasks on the cluster this process joined: a read task per dump
+    (its rows partitioned by hash as they stream, handed to Ray's object store, which spills to disk
+    past its memory), a task per partition for the repeated ids, a task per partition for the parent
+    join; then the pairs written as prepare_local writes them, key range after key range. The same
+    counts, the same shards. Memory: the object store's (configured), a partition per task."""
+    import pyarrow as pa
+    import ray
 
     ranked = sorted(paths)
-    files = ray.data.from_items(
-        [{"path": p, "rank": ranked.index(p)} for p in paths], override_num_blocks=max(1, len(paths))
+    read = ray.remote(num_returns="streaming")(_read_partitioned)
+    streams = [read.remote(path, ranked.index(path), cfg, parts, flush_bytes) for path in paths]
+    nodes: list[list] = [[] for _ in range(parts)]
+    edges: list[list] = [[] for _ in range(parts)]
+    stats = []
+    for stream in streams:
+        refs = list(stream)  # type: ignore[call-overload]  # a streaming generator's refs (the stubs: one ref)
+        for i, ref in enumerate(refs[:-1]):
+            j = i % (2 * parts)
+            (nodes if j < parts else edges)[j % parts].append(ref)
+        stats.append(refs[-1])
+    found = [ray.remote(num_returns=3)(_parents_task).remote(*nodes[p]) for p in range(parts)]
+    later = ray.put(pa.concat_arrays([pa.array([], pa.int64()), *ray.get([f[0] for f in found])]))
+    pairs_task = ray.remote(num_returns=1 + 2 * parts)(_pairs_task)
+    joined = [pairs_task.remote(test_share, salt, parts, found[p][1], later, *edges[p]) for p in range(parts)]
+
+    counts: dict[tuple[str, str], int] = {}
+    lines_read, examples, largest = 0, list[str](), 0
+    for read_lines, malformed_lines, orders, table_bytes in ray.get(stats):
+        lines_read, largest = lines_read + read_lines, max(largest, table_bytes)
+        counts[("malformed", "")] = counts.get(("malformed", ""), 0) + malformed_lines
+        examples += [_source(int(o), ranked) for o in orders][: MAX_EXAMPLES - len(examples)]
+    sizes = ray.get([f[2] for f in found])
+    log.info(
+        "reddit: %d lines of %d file(s) in %d partitions (the largest %d comments); read tasks handed over "
+        "tables of at most %.1f MiB",
+        lines_read,
+        len(paths),
+        parts,
+        max(sizes, default=0),
+        largest / 2**20,
     )
-    lines = files.map_batches(_read_dump_batch, batch_size=1, batch_format="numpy").materialize()
-    read = lines.count()  # one row per line read, malformed ones included
-    ruled = lines.map_batches(with_rules, fn_args=(cfg,), batch_format="pyarrow").materialize()
-    comments = ruled.map_batches(_mark_duplicates, fn_args=(_repeated_ids(ruled),), batch_format="pandas")
-    comments = comments.materialize()
-    parents = comments.map_batches(_as_parent, batch_format="pandas")
-    joined = comments.join(
-        parents, join_type="left_outer", num_partitions=num_partitions, on=("parent_id",), right_on=("parent_key",)
-    )
-    return joined.map_batches(_classify_child, fn_args=(test_share, salt, ranked), batch_format="pandas"), read
+    for part_counts in ray.get([j[0] for j in joined]):
+        for key, n in part_counts.items():
+            counts[key] = counts.get(key, 0) + n
+    manifest = manifest_counts([(s, split, n) for (s, split), n in counts.items()], lines_read, examples)
+    shards = {}
+    for index, split in enumerate(("train", "test")):
+        writer = ShardWriter(storage.join(out_dir, split), manifest[f"{split}_pairs"], rows_per_shard)
+        for r in range(parts):
+            tables = [t for t in ray.get([j[1 + index * parts + r] for j in joined]) if t is not None]
+            if tables:
+                writer.add(pa.concat_tables(tables).sort_by([(ORDER_KEY, "ascending")]).drop_columns([ORDER_KEY]))
+        shards[split] = writer.close()
+    return {"shards": shards, **manifest}

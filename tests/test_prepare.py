@@ -211,6 +211,33 @@ def test_prepare_through_ray_data_writes_the_shards_the_streaming_engine_writes(
     assert bench.prepared_rows(tmp_path / "out" / "driver") == rows | edge_rows
 
 
+def test_the_distributed_prepare_holds_partitions_and_tables_not_the_input(ray_session, tmp_path, caplog):
+    """The synthetic dump and the edge cases as Ray tasks in 16 partitions, each read task handing its
+    rows over every 32 KiB: the engine's manifest and shards byte for byte, no partition holds more
+    than a quarter of the comments and no table handed over more than a few flushes' worth."""
+    import logging
+    import re
+
+    from test_pushshift import _bench
+
+    from convsts.datasets import pushshift
+
+    bench = _bench()
+    dump = tmp_path / "RC_synthetic.zst"
+    bench.write_dump(dump, 6000)
+    inputs = [str(dump), *map(str, _edge_case_dumps(tmp_path))]
+    cfg = load_config(None, ["data.rows_per_shard=300"])
+    args = (inputs, cfg.filters, cfg.data.test_share, cfg.data.split_salt)
+    engine = pushshift.prepare_local(*args, tmp_path / "engine", 300, parts=1)
+    with caplog.at_level(logging.INFO, logger="convsts"):
+        spread = pushshift.prepare_distributed(*args, tmp_path / "tasks", 300, parts=16, flush_bytes=32 << 10)
+    assert spread == engine
+    line = next(r.getMessage() for r in caplog.records if "partitions (the largest" in r.getMessage())
+    largest, table_mib = re.search(r"the largest (\d+) comments\); .* at most ([\d.]+) MiB", line).groups()
+    assert 0 < int(largest) < engine["lines_read"] / 4, line
+    assert float(table_mib) < 0.5, line  # 32 KiB a flush, 2 x 16 tables each: never the input (several MiB)
+
+
 def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(tmp_path):
     """pushshift's months before 2017-12 ship as .bz2 and .xz: a thread across four months, each
     compressed its own way, pairs across files as plain dumps do."""

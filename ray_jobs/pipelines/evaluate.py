@@ -264,7 +264,7 @@ def run_evaluation(
     cards = [c for c in model_folders(checkpoint, trained) if _writable(c)] if checkpoint else []
     # The tuned matrix goes beside a local checkpoint we may write into; else (a URI, a read-only
     # folder) to out_dir only.
-    beside = [local] if local is not None and not storage.is_uri(checkpoint) and _writable(local) else []
+    beside = [local] if checkpoint and local is not None and not storage.is_uri(checkpoint) and _writable(local) else []
     shutil.rmtree(
         out_dir / ITEMS_DIR, ignore_errors=True
     )  # an earlier evaluation's into this --out: never compared as this one's

@@ -148,3 +148,8 @@ def alive_nodes() -> list[Node]:
     import ray
 
     return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
+
+
+def cluster_cpus() -> int:
+    """The CPUs of the connected Ray cluster's live nodes, together (at least 1)."""
+    return max(1, int(sum(node.get("CPU", 0) for node in alive_nodes())))

@@ -10,6 +10,7 @@ from convsts.datasets import pushshift, reddit
 from convsts.io import storage
 from convsts.io.errors import BadInputError
 from convsts.ray_jobs.runtime.process import ensure_ray, log
+from convsts.ray_jobs.runtime.resources import cluster_cpus
 from convsts.ray_jobs.tasks.base import Task, fields
 from convsts.ray_jobs.tasks.prepared_folder import shard_files, write_manifest
 
@@ -50,7 +51,7 @@ class RedditTask(Task):
             len(files),
             kind,
             out_dir,
-            "in this process" if in_driver else "Ray Data",
+            "in this process" if in_driver else ("Ray tasks" if kind == "pushshift" else "Ray Data"),
         )
         args = (files, cfg.filters, cfg.data.test_share, cfg.data.split_salt)
         if in_driver and kind == "pushshift":
@@ -59,9 +60,13 @@ class RedditTask(Task):
         elif in_driver:
             annotated, lines_read = reddit.pairs_frame(*args)
             counts = reddit.write_pairs_frame(annotated, lines_read, out_dir, cfg.data.rows_per_shard)
+        elif kind == "pushshift":
+            ensure_ray()
+            parts = pushshift.cluster_partitions(stored, cluster_cpus())
+            counts = pushshift.prepare_distributed(*args, out_dir, cfg.data.rows_per_shard, parts=parts)
         else:
             ensure_ray()
-            annotated, lines_read = (reddit.pairs_dataset if kind == "pairs" else pushshift.pushshift_dataset)(*args)
+            annotated, lines_read = reddit.pairs_dataset(*args)
             counts = reddit.write_pairs(annotated, lines_read, out_dir, cfg.data.rows_per_shard)
         manifest = {
             "format": kind,

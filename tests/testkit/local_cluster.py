@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
@@ -181,9 +181,9 @@ def kill_node(node: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def ray_head(env: dict[str, str], num_cpus: int = 2) -> Iterator[dict[str, str]]:
-    """`ray start --head` with a private temp dir; yields {"address": dashboard URL, "gcs": the
-    address worker nodes and drivers join, "temp_dir": ...}."""
+def ray_head(env: dict[str, str], num_cpus: int = 2, options: Sequence[str] = ()) -> Iterator[dict[str, str]]:
+    """`ray start --head` with a private temp dir (and `options`, e.g. --object-store-memory=N); yields
+    {"address": dashboard URL, "gcs": the address worker nodes and drivers join, "temp_dir": ...}."""
     temp_dir = tempfile.mkdtemp(prefix="cvray", dir="/tmp")  # short: Ray's unix sockets live under it
     gcs = ""
     dashboard_port = free_port()
@@ -211,6 +211,7 @@ def ray_head(env: dict[str, str], num_cpus: int = 2) -> Iterator[dict[str, str]]
         f"--metrics-export-port={free_port()}",
         f"--runtime-env-agent-port={free_port()}",
         f"--ray-client-server-port={free_port()}",
+        *options,
     ]
     try:
         done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=180)
