@@ -63,8 +63,9 @@ def _b36(n: int) -> str:
             return out
 
 
-def write_dump(path: Path, comments: int, seed: int = 0) -> None:
-    """A zstd NDJSON dump of `comments` lines in the pushshift comment schema."""
+def write_dump(path: Path, comments: int, seed: int = 0, first: int = 0) -> None:
+    """A zstd NDJSON dump of `comments` lines in the pushshift comment schema (comment and thread ids
+    from `first` on: dumps written with first far apart share none)."""
     import pandas as pd
     import zstandard
 
@@ -74,7 +75,7 @@ def write_dump(path: Path, comments: int, seed: int = 0) -> None:
     pool = [str(t) for t in texts["question"]] + [str(t) for t in texts["answer"]]
     subs = sorted({str(s) for s in texts["subreddit"]}) or ["AskReddit"]
     rng = random.Random(seed)
-    written, next_id, link = 0, 10**8, 10**6
+    written, next_id, link = 0, 10**8 + first, 10**6 + first
     with open(path, "wb") as raw, zstandard.ZstdCompressor(level=3).stream_writer(raw) as out:
         while written < comments:
             link += 1
@@ -219,8 +220,8 @@ def split_dump(dump: Path, files: int) -> list[Path]:
 
 
 class StoreWatch:
-    """The object store of the Ray instance at `gcs` while a command runs: its peak use (sampled) and
-    the bytes Ray spilled to disk (from `ray memory --stats-only`)."""
+    """The object store of the Ray instance at `gcs` while a command runs: its peak use (sampled every
+    second, one request to the instance: the bench adds no process) and the bytes Ray spilled to disk."""
 
     USED = re.compile(r"Plasma memory usage (\d+) MiB")
     SPILLED = re.compile(r"Spilled (\d+) MiB")
@@ -232,8 +233,9 @@ class StoreWatch:
         self._thread.start()
 
     def _stats(self) -> tuple[int, int]:
-        out = subprocess.run([str(Path(sys.executable).parent / "ray"), "memory", "--stats-only", f"--address={self.gcs}"],
-                             capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+        from ray._private.internal_api import memory_summary
+
+        out = memory_summary(address=self.gcs, stats_only=True)
         used, spilled = self.USED.search(out), self.SPILLED.search(out)
         return int(used.group(1)) if used else 0, int(spilled.group(1)) if spilled else 0
 
@@ -246,16 +248,6 @@ class StoreWatch:
         self._stop.set()
         self._thread.join()
         return self.peak, self._stats()[1] - self.spilled_before
-
-
-def prepared_rows(out: Path) -> set:
-    import pandas as pd
-
-    rows = set()
-    for split in ("train", "test"):
-        frame = pd.read_parquet(out / split)
-        rows |= set(zip(frame["context"], frame["response"], [split] * len(frame)))
-    return rows
 
 
 def main() -> int:

@@ -642,12 +642,16 @@ def prepare_local(
 FLUSH_BYTES = 64 << 20  # a read task hands its rows to the object store, by partition, every this many bytes
 
 
+KINDS = ("key", "node", "edge")  # what a read task hands over per partition: ids, possible parents, replies
+
+
 def _read_partitioned(path: str, rank: int, cfg: RedditFilterConfig, parts: int, flush_bytes: int) -> Iterator[Any]:
     """A Ray streaming-generator task: one dump read, filtered and cut into `parts` hash partitions
-    (partitioned_comments). It yields, every `flush_bytes` of rows and at its end, 2 x `parts` tables
-    in a fixed order (node 0..parts-1, then edge 0..parts-1; None for one without rows), then its counts:
-    (lines read, malformed lines, the first MAX_EXAMPLES of them, the largest table's bytes). Memory:
-    `flush_bytes` and a chunk."""
+    (partitioned_comments). It yields, every `flush_bytes` of rows and at its end, 3 x `parts` tables
+    in a fixed order (KINDS, each partition 0..parts-1; None for one without rows): "key", the node
+    rows' (id, order) alone, for the repeated ids; "node"; "edge". Then its counts: (lines read,
+    malformed lines, the first MAX_EXAMPLES of them, the largest table's bytes). Memory: `flush_bytes`
+    and a chunk."""
     import pyarrow.compute as pc
 
     held: dict[tuple[str, int], list] = {}
@@ -662,6 +666,8 @@ def _read_partitioned(path: str, rank: int, cfg: RedditFilterConfig, parts: int,
         for kind, table, part in partitioned_comments(chunk, parts):
             for p, rows in partition_slices(table, part, parts):
                 held.setdefault((kind, p), []).append(rows)
+                if kind == "node":
+                    held.setdefault(("key", p), []).append(rows.select(["id", "order"]))
                 size += rows.nbytes
         if size >= flush_bytes:
             largest = max(largest, *(sum(t.nbytes for t in tables) for tables in held.values()))
@@ -676,33 +682,37 @@ def _read_partitioned(path: str, rank: int, cfg: RedditFilterConfig, parts: int,
 def _flush(held: dict[tuple[str, int], list], parts: int) -> Iterator[Any]:
     import pyarrow as pa
 
-    for kind in ("node", "edge"):
+    for kind in KINDS:
         for p in range(parts):
             yield pa.concat_tables(held[kind, p]) if (kind, p) in held else None
 
 
-def _parents_task(*nodes):
-    """One node partition, from every read task: (its later lines, its possible parents or None,
-    its comments)."""
+def _later_task(*keys):
+    """One partition's (id, order) rows, from every read task: (the orders of its later lines of a
+    repeated id, its comments)."""
     import pyarrow as pa
 
-    kept = [n for n in nodes if n is not None]
+    kept = [k for k in keys if k is not None]
     if not kept:
-        return pa.array([], pa.int64()), None, 0
+        return pa.array([], pa.int64()), 0
     table = pa.concat_tables(kept)
-    later = later_lines_of(table)
-    return later, parents_of(table, later), table.num_rows
+    return later_lines_of(table), table.num_rows
 
 
-def _pairs_task(test_share: float, salt: str, parts: int, parents, later, *edges) -> list[Any]:
-    """One edge partition joined to its parents: [its counts, then the train pairs by key range
-    0..parts-1, then the test pairs by range (None where a range has none)]."""
+def _pairs_task(test_share: float, salt: str, parts: int, later, nodes: list, *edges) -> list[Any]:
+    """One partition's replies joined to its possible parents: [its counts, then the train pairs by
+    key range 0..parts-1, then the test pairs by range (None where a range has none)]. `nodes`: the
+    partition's node tables (refs inside a list: fetched here, after the edges)."""
     import pyarrow as pa
+    import ray
 
     kept = [e for e in edges if e is not None]
     if not kept:
         return [{}] + [None] * (2 * parts)
-    if parents is None:  # no comment hashed here: every reply's parent is missing
+    found = [n for n in ray.get(nodes) if n is not None]
+    if found:
+        parents = parents_of(pa.concat_tables(found), later)
+    else:  # no comment hashed here: every reply's parent is missing
         parents = pa.table({name: pa.array([], pa.string()) for name in ("parent_key", "parent_status", "context")})
     counts, pairs = joined_pairs(pa.concat_tables(kept), parents, later, test_share, salt)
     out: list[Any] = [counts]
@@ -730,22 +740,25 @@ def prepare_distributed(
     import pyarrow as pa
     import ray
 
-    ranked = sorted(paths)
+    ranked, started = sorted(paths), time.monotonic()
     read = ray.remote(num_returns="streaming")(_read_partitioned)
     streams = [read.remote(path, ranked.index(path), cfg, parts, flush_bytes) for path in paths]
-    nodes: list[list] = [[] for _ in range(parts)]
-    edges: list[list] = [[] for _ in range(parts)]
+    handed: dict[str, list[list]] = {kind: [[] for _ in range(parts)] for kind in KINDS}
     stats = []
     for stream in streams:
         refs = list(stream)  # type: ignore[call-overload]  # a streaming generator's refs (the stubs: one ref)
         for i, ref in enumerate(refs[:-1]):
-            j = i % (2 * parts)
-            (nodes if j < parts else edges)[j % parts].append(ref)
+            handed[KINDS[(i // parts) % len(KINDS)]][i % parts].append(ref)
         stats.append(refs[-1])
-    found = [ray.remote(num_returns=3)(_parents_task).remote(*nodes[p]) for p in range(parts)]
+    ray.wait(stats, num_returns=len(stats))
+    log.info("reddit: %d file(s) read and partitioned in %.1f s", len(paths), time.monotonic() - started)
+    found = [ray.remote(num_returns=2)(_later_task).remote(*handed["key"][p]) for p in range(parts)]
     later = ray.put(pa.concat_arrays([pa.array([], pa.int64()), *ray.get([f[0] for f in found])]))
+    log.info("reddit: repeated ids found in %.1f s", time.monotonic() - started)
     pairs_task = ray.remote(num_returns=1 + 2 * parts)(_pairs_task)
-    joined = [pairs_task.remote(test_share, salt, parts, found[p][1], later, *edges[p]) for p in range(parts)]
+    joined = [
+        pairs_task.remote(test_share, salt, parts, later, handed["node"][p], *handed["edge"][p]) for p in range(parts)
+    ]
 
     counts: dict[tuple[str, str], int] = {}
     lines_read, examples, largest = 0, list[str](), 0
@@ -753,7 +766,7 @@ def prepare_distributed(
         lines_read, largest = lines_read + read_lines, max(largest, table_bytes)
         counts[("malformed", "")] = counts.get(("malformed", ""), 0) + malformed_lines
         examples += [_source(int(o), ranked) for o in orders][: MAX_EXAMPLES - len(examples)]
-    sizes = ray.get([f[2] for f in found])
+    sizes = ray.get([f[1] for f in found])
     log.info(
         "reddit: %d lines of %d file(s) in %d partitions (the largest %d comments); read tasks handed over "
         "tables of at most %.1f MiB",
@@ -766,6 +779,7 @@ def prepare_distributed(
     for part_counts in ray.get([j[0] for j in joined]):
         for key, n in part_counts.items():
             counts[key] = counts.get(key, 0) + n
+    log.info("reddit: replies joined to their parents in %.1f s", time.monotonic() - started)
     manifest = manifest_counts([(s, split, n) for (s, split), n in counts.items()], lines_read, examples)
     shards = {}
     for index, split in enumerate(("train", "test")):
