@@ -250,6 +250,16 @@ class StoreWatch:
         return self.peak, self._stats()[1] - self.spilled_before
 
 
+def prepared_rows(out: Path) -> set:
+    import pandas as pd
+
+    rows = set()
+    for split in ("train", "test"):
+        frame = pd.read_parquet(out / split)
+        rows |= set(zip(frame["context"], frame["response"], [split] * len(frame)))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", type=int, default=[100_000, 400_000, 1_600_000])
