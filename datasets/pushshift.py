@@ -639,7 +639,11 @@ def prepare_local(
 # ---------------------------------------------------------------------------------------------
 # On a Ray cluster: the engine's steps as Ray tasks, its partitions in Ray's object store
 
-FLUSH_BYTES = 64 << 20  # a read task hands its rows to the object store, by partition, every this many bytes
+# A read task hands its rows to the object store, by partition, every this many bytes: with 3 kinds
+# of table per partition, objects of FLUSH_BYTES / (3 x partitions) each (a restore from Ray's spill
+# costs per object: thousands of small ones made a 25.6M-comment prepare crawl).
+FLUSH_BYTES = 256 << 20
+TASK_PARTITION_BYTES = 256 << 20  # input bytes (as stored) per partition of the distributed path
 
 
 KINDS = ("key", "node", "edge")  # what a read task hands over per partition: ids, possible parents, replies
@@ -724,8 +728,9 @@ def _pairs_task(test_share: float, salt: str, parts: int, later, nodes: list, *e
 
 def cluster_partitions(stored: int, cpus: int) -> int:
     """The partitions of a distributed prepare of `stored` bytes on `cpus` CPUs: one per
-    PARTITION_INPUT_BYTES (as prepare_local cuts them: one fits a task's memory), at least one per CPU."""
-    return max(spill_partitions(stored), cpus)
+    TASK_PARTITION_BYTES (about 0.6 GiB in a task's memory: fewer, larger objects than the engine's
+    spill partitions), at least one per CPU."""
+    return max(1, -(-stored // TASK_PARTITION_BYTES), cpus)
 
 
 def prepare_distributed(

@@ -133,7 +133,7 @@ def test_the_local_engine_finds_the_reference_rows_with_any_number_of_spill_part
 
 
 def test_the_distributed_prepare_cuts_more_partitions_as_the_input_grows():
-    """One partition per 64 MiB of input as stored (one fits a task's memory), at least one per CPU."""
-    step = pushshift.PARTITION_INPUT_BYTES
+    """One partition per 256 MiB of input as stored (one fits a task's memory), at least one per CPU."""
+    step = pushshift.TASK_PARTITION_BYTES
     assert [pushshift.cluster_partitions(n * step, cpus=2) for n in (0, 1, 2, 3, 40, 400)] == [2, 2, 2, 3, 40, 400]
     assert pushshift.cluster_partitions(step, cpus=16) == 16
