@@ -184,7 +184,9 @@ def run_training(
     log.info("checkpoints: %s", redact(storage.join(storage_root, storage_name)))
     params = flatten(cfg.to_dict())
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
-    continues = start.continues  # the run that wrote the checkpoint this one resumes
+    # The run that wrote the checkpoint this one resumes, where this store has it (a checkpoint of
+    # another store's run: every step is this run's to log).
+    continues = start.continues if start.continues and tracking.run_status(uri, start.continues) else None
     if run_id is None:
         tags = {"convsts.job": "train"} | ({CONTINUES_TAG: continues} if continues else {})  # as MLflow shows it
         run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name, params, tags=tags)
