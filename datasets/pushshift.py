@@ -765,27 +765,15 @@ def prepare_distributed(
         pairs_task.remote(test_share, salt, parts, later, handed["node"][p], *handed["edge"][p]) for p in range(parts)
     ]
 
-    counts: dict[tuple[str, str], int] = {}
-    lines_read, examples, largest = 0, list[str](), 0
-    for read_lines, malformed_lines, orders, table_bytes in ray.get(stats):
-        lines_read, largest = lines_read + read_lines, max(largest, table_bytes)
-        counts[("malformed", "")] = counts.get(("malformed", ""), 0) + malformed_lines
-        examples += [_source(int(o), ranked) for o in orders][: MAX_EXAMPLES - len(examples)]
-    sizes = ray.get([f[1] for f in found])
+    manifest = _distributed_manifest(ray.get(stats), ray.get([j[0] for j in joined]), ranked)
     log.info(
-        "reddit: %d lines of %d file(s) in %d partitions (the largest %d comments); read tasks handed over "
-        "tables of at most %.1f MiB",
-        lines_read,
+        "reddit: %d lines of %d file(s) in %d partitions (the largest %d comments), joined in %.1f s",
+        manifest["lines_read"],
         len(paths),
         parts,
-        max(sizes, default=0),
-        largest / 2**20,
+        max(ray.get([f[1] for f in found]), default=0),
+        time.monotonic() - started,
     )
-    for part_counts in ray.get([j[0] for j in joined]):
-        for key, n in part_counts.items():
-            counts[key] = counts.get(key, 0) + n
-    log.info("reddit: replies joined to their parents in %.1f s", time.monotonic() - started)
-    manifest = manifest_counts([(s, split, n) for (s, split), n in counts.items()], lines_read, examples)
     shards = {}
     for index, split in enumerate(("train", "test")):
         writer = ShardWriter(storage.join(out_dir, split), manifest[f"{split}_pairs"], rows_per_shard)
@@ -795,3 +783,19 @@ def prepare_distributed(
                 writer.add(pa.concat_tables(tables).sort_by([(ORDER_KEY, "ascending")]).drop_columns([ORDER_KEY]))
         shards[split] = writer.close()
     return {"shards": shards, **manifest}
+
+
+def _distributed_manifest(stats: list, part_counts: list[dict], ranked: list[str]) -> dict[str, Any]:
+    """The manifest's counts from the read tasks' stats (in the inputs' order) and each partition's
+    counts; logs the largest table a read task handed over."""
+    counts: dict[tuple[str, str], int] = {}
+    lines_read, examples, largest = 0, list[str](), 0
+    for read_lines, malformed_lines, orders, table_bytes in stats:
+        lines_read, largest = lines_read + read_lines, max(largest, table_bytes)
+        counts[("malformed", "")] = counts.get(("malformed", ""), 0) + malformed_lines
+        examples += [_source(int(o), ranked) for o in orders][: MAX_EXAMPLES - len(examples)]
+    for part in part_counts:
+        for key, n in part.items():
+            counts[key] = counts.get(key, 0) + n
+    log.info("reddit: read tasks handed over tables of at most %.1f MiB", largest / 2**20)
+    return manifest_counts([(s, split, n) for (s, split), n in counts.items()], lines_read, examples)

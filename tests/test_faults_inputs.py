@@ -13,6 +13,7 @@ from testkit.faults import ENV, REPO, cut_zst, dump_lines, run_convsts, run_pyth
 
 from convsts.io.compression import open_lines
 from convsts.io.errors import BadInputError
+from convsts.models.checkpoint import write_manifest
 from convsts.ray_jobs.config.loader import load_config
 
 
@@ -133,16 +134,24 @@ def _damage(case: str, root: Path) -> tuple:
     checkpoint = tiny_checkpoint(root / "ckpt")
     if case == "checkpoint_uri_not_there":
         checkpoint, message = f"file://{root}/nothing_here", f"file://{root}/nothing_here: no files there"
-    elif case == "truncated_safetensors":
+    elif case == "truncated_safetensors":  # cut after its manifest was written: the manifest tells
+        weights = checkpoint / "model.safetensors"
+        size = weights.stat().st_size
+        weights.write_bytes(weights.read_bytes()[: size // 2])
+        message = f"not a complete checkpoint or model folder (model.safetensors has {size // 2:,} bytes, its manifest {size:,})"
+    elif case == "truncated_safetensors_listed":  # written cut, its manifest made over it (another program)
         weights = checkpoint / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        write_manifest(checkpoint)
         message = "model.safetensors: not a readable safetensors file"
     elif case == "unknown_bigram_hash":
         tokenizer = json.loads((checkpoint / "tokenizer.json").read_text())
         (checkpoint / "tokenizer.json").write_text(json.dumps({**tokenizer, "bigram_hash": "md5"}))
+        write_manifest(checkpoint)
         message = "tokenizer.json: not a tokenizer this version reads (bigram_hash: expected codes|crc32, got 'md5')"
     else:
         (checkpoint / "config.json").write_text("{not json")
+        write_manifest(checkpoint)
         message = "config.json: not valid JSON"
     return [
         "-m",
@@ -165,6 +174,7 @@ def _damage(case: str, root: Path) -> tuple:
         "non_utf8_sts",
         "checkpoint_uri_not_there",
         "truncated_safetensors",
+        "truncated_safetensors_listed",
         "unknown_bigram_hash",
         "config_not_json",
     ],

@@ -212,13 +212,14 @@ def test_a_nan_loss_stops_training_naming_the_step_and_task_and_saves_nothing():
     ],
 )
 def test_damaged_checkpoint_metadata_is_one_line_naming_the_key_before_anything_is_built(tmp_path, edit, message):
-    from convsts.models.checkpoint import load_model
+    from convsts.models.checkpoint import load_model, write_manifest
 
     checkpoint = tiny_checkpoint(tmp_path / "c")
     load_model(checkpoint)  # intact: loads
     meta = json.loads((checkpoint / "config.json").read_text())
     edit(meta)
     (checkpoint / "config.json").write_text(json.dumps(meta))
+    write_manifest(checkpoint)  # written whole so, as by another program: the manifest matches
     with pytest.raises(BadInputError, match=message) as refused:
         load_model(checkpoint)
     assert "\n" not in str(refused.value) and "the checkpoint is damaged" in str(refused.value)

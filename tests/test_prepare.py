@@ -232,10 +232,11 @@ def test_the_distributed_prepare_holds_partitions_and_tables_not_the_input(ray_s
     with caplog.at_level(logging.INFO, logger="convsts"):
         spread = pushshift.prepare_distributed(*args, tmp_path / "tasks", 300, parts=16, flush_bytes=32 << 10)
     assert spread == engine
-    line = next(r.getMessage() for r in caplog.records if "partitions (the largest" in r.getMessage())
-    largest, table_mib = re.search(r"the largest (\d+) comments\); .* at most ([\d.]+) MiB", line).groups()
-    assert 0 < int(largest) < engine["lines_read"] / 4, line
-    assert float(table_mib) < 0.5, line  # 32 KiB a flush, 2 x 16 tables each: never the input (several MiB)
+    lines = " ".join(r.getMessage() for r in caplog.records if r.getMessage().startswith("reddit: "))
+    largest = re.search(r"partitions \(the largest (\d+) comments\)", lines).group(1)
+    table_mib = re.search(r"tables of at most ([\d.]+) MiB", lines).group(1)
+    assert 0 < int(largest) < engine["lines_read"] / 4, lines
+    assert float(table_mib) < 0.5, lines  # 32 KiB a flush, 3 x 16 tables each: never the input (several MiB)
 
 
 def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(tmp_path):

@@ -260,6 +260,7 @@ def test_a_checkpoint_records_its_heads_and_one_without_them_is_refused(tmp_path
     """config.json names the task heads (every checkpoint of this format writes them); one without
     is damaged, refused in one line rather than given a guessed pair of heads."""
     from convsts.io.errors import BadInputError
+    from convsts.models.checkpoint import write_manifest
 
     cfg = load_config(None, TINY)
     model = build_model(cfg.model, _tokenizer(cfg))
@@ -269,6 +270,7 @@ def test_a_checkpoint_records_its_heads_and_one_without_them_is_refused(tmp_path
     meta = json.loads((tmp_path / "c" / "config.json").read_text())
     del meta["heads"]
     (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
+    write_manifest(tmp_path / "c")  # written whole so, as by another program: the manifest matches
     with pytest.raises(BadInputError, match="config.json: no task heads recorded; the checkpoint is damaged"):
         load(tmp_path / "c")
 

@@ -184,8 +184,7 @@ def run_training(
     log.info("checkpoints: %s", redact(storage.join(storage_root, storage_name)))
     params = flatten(cfg.to_dict())
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
-    # The run that wrote the checkpoint this one resumes, where this store has it (a checkpoint of
-    # another store's run: every step is this run's to log).
+    # The checkpoint's run, where this store has it (of another store's: every step is this run's to log)
     continues = start.continues if start.continues and tracking.run_status(uri, start.continues) else None
     if run_id is None:
         tags = {"convsts.job": "train"} | ({CONTINUES_TAG: continues} if continues else {})  # as MLflow shows it
