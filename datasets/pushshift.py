@@ -526,10 +526,22 @@ def joined_pairs(edges, parents, later, test_share: float, salt: str):
     return counts, pairs
 
 
-def spill_partitions(stored: int) -> int:
-    """How many spill partitions prepare_local cuts inputs of `stored` bytes (as stored) into: one per
-    PARTITION_INPUT_BYTES."""
-    return max(1, -(-stored // PARTITION_INPUT_BYTES))
+def spill_partitions(stored: int, per: int = PARTITION_INPUT_BYTES) -> int:
+    """How many partitions inputs of `stored` bytes (as stored) are cut into: one per `per` bytes
+    (prepare_local's spill: PARTITION_INPUT_BYTES)."""
+    return max(1, -(-stored // per))
+
+
+def _without_malformed(chunk, room: int) -> tuple[Any, int, list[int]]:
+    """(the chunk's well-formed lines, how many were malformed, the orders of the first `room` of
+    those): the manifest's malformed count and examples."""
+    import pyarrow.compute as pc
+
+    malformed = pc.equal(chunk["status"], "malformed").to_numpy(zero_copy_only=False)
+    if not malformed.any():
+        return chunk, 0, []
+    orders = np.sort(chunk["order"].to_numpy()[malformed])[:room].tolist()
+    return chunk.filter(~malformed), int(malformed.sum()), orders
 
 
 def _ruled_chunks(path: str, rank: int, cfg: RedditFilterConfig) -> Generator[Any, None, None]:
@@ -541,8 +553,6 @@ def _ruled_chunks(path: str, rank: int, cfg: RedditFilterConfig) -> Generator[An
 def _spill_comments(spill: _Spill, paths: Sequence[str], cfg: RedditFilterConfig) -> tuple[int, dict, list[str]]:
     """Every line of `paths` read, filtered and spilled: (lines read, {(malformed, ""): lines}, examples).
     Logs its progress every PROGRESS_SECONDS (a month's dump reads for minutes)."""
-    import pyarrow.compute as pc
-
     ranked = sorted(paths)
     lines_read, malformed_lines, examples = 0, 0, list[str]()
     started = reported = time.monotonic()
@@ -560,12 +570,9 @@ def _spill_comments(spill: _Spill, paths: Sequence[str], cfg: RedditFilterConfig
                     redact(path),
                     rate,
                 )
-            malformed = pc.equal(chunk["status"], "malformed").to_numpy(zero_copy_only=False)
-            if malformed.any():
-                malformed_lines += int(malformed.sum())
-                orders = np.sort(chunk["order"].to_numpy()[malformed])[: MAX_EXAMPLES - len(examples)]
-                examples += [_source(int(o), ranked) for o in orders]
-                chunk = chunk.filter(~malformed)
+            chunk, malformed, orders = _without_malformed(chunk, MAX_EXAMPLES - len(examples))
+            malformed_lines += malformed
+            examples += [_source(o, ranked) for o in orders]
             spill.add_comments(chunk)
     spill.close("node")
     spill.close("edge")
@@ -656,17 +663,12 @@ def _read_partitioned(path: str, rank: int, cfg: RedditFilterConfig, parts: int,
     rows' (id, order) alone, for the repeated ids; "node"; "edge". Then its counts: (lines read,
     malformed lines, the first MAX_EXAMPLES of them, the largest table's bytes). Memory: `flush_bytes`
     and a chunk."""
-    import pyarrow.compute as pc
-
     held: dict[tuple[str, int], list] = {}
     size, largest, lines_read, malformed_lines, examples = 0, 0, 0, 0, list[int]()
     for chunk in _ruled_chunks(path, rank, cfg):
         lines_read += chunk.num_rows
-        malformed = pc.equal(chunk["status"], "malformed").to_numpy(zero_copy_only=False)
-        if malformed.any():
-            malformed_lines += int(malformed.sum())
-            examples += np.sort(chunk["order"].to_numpy()[malformed])[: MAX_EXAMPLES - len(examples)].tolist()
-            chunk = chunk.filter(~malformed)
+        chunk, malformed, orders = _without_malformed(chunk, MAX_EXAMPLES - len(examples))
+        malformed_lines, examples = malformed_lines + malformed, examples + orders
         for kind, table, part in partitioned_comments(chunk, parts):
             for p, rows in partition_slices(table, part, parts):
                 held.setdefault((kind, p), []).append(rows)
@@ -674,16 +676,17 @@ def _read_partitioned(path: str, rank: int, cfg: RedditFilterConfig, parts: int,
                     held.setdefault(("key", p), []).append(rows.select(["id", "order"]))
                 size += rows.nbytes
         if size >= flush_bytes:
-            largest = max(largest, *(sum(t.nbytes for t in tables) for tables in held.values()))
+            largest = max(largest, max(sum(t.nbytes for t in tables) for tables in held.values()))
             yield from _flush(held, parts)
             held, size = {}, 0
-    if held or lines_read == 0:
-        largest = max(largest, 0, *(sum(t.nbytes for t in tables) for tables in held.values()))
+    if held:
+        largest = max(largest, max(sum(t.nbytes for t in tables) for tables in held.values()))
         yield from _flush(held, parts)
     yield lines_read, malformed_lines, examples, largest
 
 
 def _flush(held: dict[tuple[str, int], list], parts: int) -> Iterator[Any]:
+    """3 x `parts` tables, KINDS in order, each partition 0..parts-1 (None for one with no rows)."""
     import pyarrow as pa
 
     for kind in KINDS:
@@ -730,7 +733,7 @@ def cluster_partitions(stored: int, cpus: int) -> int:
     """The partitions of a distributed prepare of `stored` bytes on `cpus` CPUs: one per
     TASK_PARTITION_BYTES (about 0.6 GiB in a task's memory: fewer, larger objects than the engine's
     spill partitions), at least one per CPU."""
-    return max(1, -(-stored // TASK_PARTITION_BYTES), cpus)
+    return max(spill_partitions(stored, TASK_PARTITION_BYTES), cpus)
 
 
 def prepare_distributed(

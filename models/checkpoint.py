@@ -211,7 +211,7 @@ def check_complete(path: str | Path) -> Path:
     if reason is not None:
         raise BadInputError(f"{redact(str(path))}: not a complete checkpoint ({reason}); resume another")
     local = checkpoint_folder(path)
-    _check_digests(local, str(path), _signature(local))
+    _check_digests(local, path)
     return local
 
 
@@ -226,25 +226,30 @@ def verified_folder(path: str | Path) -> Path:
     reason = incomplete_reason(local)
     if reason is not None:
         raise BadInputError(f"{redact(str(path))}: not a complete checkpoint or model folder ({reason})")
-    _check_digests(local, str(path), _signature(local))
+    _check_digests(local, path)
     return local
 
 
-def _signature(local: Path) -> tuple[tuple[str, int, int], ...]:
-    """Each listed file's (name, size, modification time): what the digests were checked for."""
-    return tuple(
+def _check_digests(local: Path, shown: str | Path) -> None:
+    """Refused in one line naming `shown` unless every file the manifest lists has its sha256."""
+    signature = tuple(
         (name, (local / name).stat().st_size, (local / name).stat().st_mtime_ns) for name in sorted(_manifest(local))
     )
+    differs = _first_differing(local, signature)
+    if differs is not None:
+        raise BadInputError(
+            f"{redact(str(shown))}: {differs} differs from its manifest's sha256 (replaced or damaged after it was "
+            "written); refused"
+        )
 
 
-@functools.lru_cache(maxsize=64)  # a check that raised is not kept: the next read checks again
-def _check_digests(local: Path, shown: str, signature: tuple[tuple[str, int, int], ...]) -> None:
+@functools.lru_cache(maxsize=64)  # per folder and version of its files (sizes and times): hashed once
+def _first_differing(local: Path, signature: tuple[tuple[str, int, int], ...]) -> str | None:
+    """The first listed file whose sha256 is not its manifest's, or None."""
     for name, entry in sorted(_manifest(local).items()):
         if storage.file_sha256(local / name) != entry["sha256"]:
-            raise BadInputError(
-                f"{redact(shown)}: {name} differs from its manifest's sha256 (replaced or damaged after it was "
-                "written); refused"
-            )
+            return name
+    return None
 
 
 MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")  # + the STS matrices; not train_state.pt
@@ -344,7 +349,11 @@ def _load_weights(file: Path) -> dict[str, torch.Tensor]:
 def load_model(path: str | Path) -> tuple[MultitaskModel, Any, dict[str, Any]]:
     """(model, tokenizer, meta) from a checkpoint or model folder (local or a URI), verified against
     its manifest (verified_folder); the model is in eval mode on CPU."""
-    path = verified_folder(path)
+    return model_from_folder(verified_folder(path))
+
+
+def model_from_folder(path: Path) -> tuple[MultitaskModel, Any, dict[str, Any]]:
+    """load_model's work on a folder on this machine that verified_folder has checked."""
     meta = read_meta(path)
     tokenizer_data = _read_json(path / "tokenizer.json")  # names the file when it is not JSON
     try:

@@ -101,7 +101,7 @@ def run_demo(
 def claim_demo_output(cfg: RunConfig, out_dir: Path, fresh: bool) -> str:
     """out_dir for this demo (an earlier demo there is refused unless `fresh`, which removes its
     training outputs); Ray started; returns the tracking store's URI."""
-    earlier = run_outputs(out_dir, cfg)
+    earlier = run_outputs(out_dir)
     if earlier and not fresh:
         raise FileExistsError(
             f"{out_dir} already holds a demo run ({', '.join(p.name for p in earlier)}): pass "
@@ -109,9 +109,8 @@ def claim_demo_output(cfg: RunConfig, out_dir: Path, fresh: bool) -> str:
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
-    claim(
-        out_dir, decide_start(out_dir, cfg, fresh)
-    )  # with --fresh: the earlier run's checkpoints go before this run starts
+    # With --fresh: the earlier run's checkpoints go before this run starts.
+    claim(out_dir, decide_start(out_dir, cfg, fresh))
     ensure_ray()
     return uri
 

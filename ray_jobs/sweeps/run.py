@@ -190,13 +190,14 @@ def _resuming(experiment_path: Path, state_file: Path, fresh: bool) -> tuple[boo
     from Tune's first file alone restarts without the search space. With `fresh` both are removed."""
     from ray import tune
 
-    restorable = tune.Tuner.can_restore(str(experiment_path)) and any(experiment_path.glob(TUNE_STATE))
-    if fresh or not state_file.is_file() or not restorable:
+    recorded = state_file.is_file() and not fresh
+    restorable = recorded and tune.Tuner.can_restore(str(experiment_path)) and any(experiment_path.glob(TUNE_STATE))
+    if not restorable:
         if experiment_path.exists():  # --fresh, or Tune's partial state of a sweep killed in its first seconds
             shutil.rmtree(experiment_path)
-        if state_file.is_file() and not fresh:
+        if recorded:
             log.info("%s: Ray Tune had saved no trial state yet; the sweep starts its trials over", state_file)
-    return state_file.is_file() and not fresh, restorable and state_file.is_file() and not fresh
+    return recorded, restorable
 
 
 def _sweep_store(cfg: RunConfig, out_dir: Path) -> str:

@@ -172,8 +172,8 @@ def run_training(
     close_abandoned_runs(out_dir, uri, run_id)  # a killed run's MLflow run, left RUNNING, ends KILLED
     start = decide_start(out_dir, cfg, fresh, storage_key)  # fresh, continuing which checkpoint, or refused
     cfg = start.config(cfg)
-    if start.resume_from and Path(start.resume_from).is_relative_to(out_dir):  # OUT's lock is ours: nobody logs there
-        close_abandoned_runs(out_dir, uri, run_id, also=start.continues)
+    if start.continues and Path(start.resume_from).is_relative_to(out_dir):  # OUT's lock is ours: nobody logs there
+        close_abandoned_runs(out_dir, uri, run_id, runs=[start.continues])
     claim(out_dir, start)
     storage.write_text(out_dir / CONFIG_FILE, redact(cfg.to_yaml()))  # the resolved config, as run
     digests = data_digests(manifests)
@@ -237,7 +237,7 @@ def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, continues: str | Non
     path = out_dir / "loss_curves.png"
     path.unlink(missing_ok=True)  # an earlier run's plot is never shown as this run's
     names = [f"{task}/{m}" for task in cfg.trainer.task_weights for m in ("loss", "batch_accuracy")]
-    earlier = continues if continues and continues != run_id and tracking.run_status(uri, continues) else None
+    earlier = continues if continues != run_id else None  # a run of this store (run_training checked)
     histories = {}
     for n in names:
         points = {m.step: m.value for m in c.get_metric_history(earlier, n)} if earlier else {}

@@ -23,6 +23,7 @@ import re
 import secrets
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -271,9 +272,8 @@ def chain_checkpoints(out_dir: Path, cfg: RunConfig, links: list[Link]) -> tuple
     if final.is_dir() and incomplete_reason(final) is None:
         step, owner = checkpoint_owner(str(final))
         found.append(Found(str(final), step, owner or _finished_run(out_dir)))
-    # By step; at a tie OUT/checkpoint (local, last in the list) comes last: it is the one resumed.
-    order = {id(f): i for i, f in enumerate(found)}
-    return sorted(found, key=lambda f: (f.step, order[id(f)])), seen
+    # By step (a stable sort): at a tie OUT/checkpoint (local, last in the list) comes last, the one resumed.
+    return sorted(found, key=lambda f: f.step), seen
 
 
 def _finished_run(out_dir: Path) -> str | None:
@@ -284,17 +284,14 @@ def _finished_run(out_dir: Path) -> str | None:
         return None
 
 
-def _count_local(out_dir: Path, links: list[Link]) -> tuple[int, int | None]:
-    """(complete checkpoints in OUT, the highest step among them): what --fresh removes."""
+def _count_local(out_dir: Path) -> tuple[int, int | None]:
+    """(complete checkpoints in OUT, the highest step among them): what --fresh removes (OUT's final
+    and best checkpoints, and every run folder in OUT/ray_results, recorded or not)."""
     paths = [str(out_dir / n) for n in (FINAL_CHECKPOINT, BEST_FOLDER) if (out_dir / n).is_dir()]
     paths = [p for p in paths if incomplete_reason(p) is None]
-    for folder in {str(out_dir / k.folder) for k in links if k.base == IN_OUT}:
-        paths += complete_checkpoints(folder)
     local = out_dir / LOCAL_RESULTS
-    if local.is_dir():  # a run folder no record names (one made by hand, or a record started over)
-        for run in local.iterdir():
-            if str(run) not in {str(out_dir / k.folder) for k in links}:
-                paths += complete_checkpoints(str(run))
+    for run in sorted(local.iterdir()) if local.is_dir() else []:
+        paths += complete_checkpoints(str(run))
     steps = [checkpoint_owner(p)[0] for p in paths]
     return len(paths), max(steps, default=None)
 
@@ -303,7 +300,7 @@ def _count_local(out_dir: Path, links: list[Link]) -> tuple[int, int | None]:
 # The decision
 
 
-def run_outputs(out_dir: Path, cfg: RunConfig) -> list[Path]:
+def run_outputs(out_dir: Path) -> list[Path]:
     """What earlier training runs left in out_dir: their record, train.json, checkpoints and model
     folder, Ray Train's own run folders (when they are local)."""
     candidates = [out_dir / n for n in (RUN_RECORD, TRAIN_SUMMARY, FINAL_CHECKPOINT, MODEL_FOLDER, BEST_FOLDER)]
@@ -317,7 +314,7 @@ def decide_start(out_dir: Path, cfg: RunConfig, fresh: bool = False, storage_key
     written or removed here."""
     asked = cfg.trainer.resume_from
     if storage_key:  # a sweep's trial, run again: the newest complete checkpoint of its own folder
-        removes = run_outputs(out_dir, cfg) if fresh else []
+        removes = run_outputs(out_dir) if fresh else []
         own = None if asked else newest_complete(storage.join(*run_storage(cfg, out_dir, storage_key)))
         if own is not None:
             log.info("continuing from %s, the newest complete checkpoint of this run", redact(own.path))
@@ -344,7 +341,7 @@ def decide_start(out_dir: Path, cfg: RunConfig, fresh: bool = False, storage_key
     if asked:
         known = {f.path: f.run_id for f in found}
         return RunStart(asked, known.get(asked) or _owner(asked), tuple(links))
-    used = run_outputs(out_dir, cfg)
+    used = run_outputs(out_dir)
     elsewhere = [k.storage for k in links if k.base != IN_OUT]
     if not (used or found or links):
         return RunStart("", None)
@@ -386,11 +383,8 @@ def claim(out_dir: Path, start: RunStart) -> None:
     step) go; a run's own folder in a bucket stays."""
     if not start.fresh_removes:
         return
-    try:
-        links = read_chain(out_dir)
-    except DamagedRecord:
-        links = []
-    count, step = _count_local(out_dir, links)
+    links = _readable_chain(out_dir)
+    count, step = _count_local(out_dir)
     for path in start.fresh_removes:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     upto = f", up to step {step}" if step is not None else ""
@@ -406,12 +400,12 @@ def claim(out_dir: Path, start: RunStart) -> None:
 
 
 def close_abandoned_runs(
-    out_dir: Path, tracking_uri: str, going_on: str | None = None, also: str | None = None
+    out_dir: Path, tracking_uri: str, going_on: str | None = None, runs: Sequence[str] | None = None
 ) -> None:
-    """Every run of OUT's chain (and `also`: the run of the checkpoint a run continues) still RUNNING
-    in MLflow ended without closing it (killed: this process holds OUT's lock), so it ends KILLED,
-    saying why, unless it is `going_on` (a sweep's trial run again logs to its own run)."""
-    for run_id in dict.fromkeys([k.run_id for k in _readable_chain(out_dir)] + ([also] if also else [])):
+    """Every run of OUT's chain (or `runs`: the run of a checkpoint in OUT that a run continues)
+    still RUNNING in MLflow ended without closing it (killed: this process holds OUT's lock), so it
+    ends KILLED, saying why, unless it is `going_on` (a sweep's trial run again logs to its own run)."""
+    for run_id in [k.run_id for k in _readable_chain(out_dir)] if runs is None else runs:
         if run_id == going_on or tracking.run_status(tracking_uri, run_id) != "RUNNING":
             continue
         tracking.set_tags(
