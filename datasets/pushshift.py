@@ -648,7 +648,7 @@ def prepare_local(
 
 # A read task hands its rows to the object store, by partition, every this many bytes: with 3 kinds
 # of table per partition, objects of FLUSH_BYTES / (3 x partitions) each (a restore from Ray's spill
-# costs per object: thousands of small ones made a 25.6M-comment prepare crawl).
+# costs per object, so fewer, larger ones).
 FLUSH_BYTES = 256 << 20
 TASK_PARTITION_BYTES = 256 << 20  # input bytes (as stored) per partition of the distributed path
 
