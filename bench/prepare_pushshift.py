@@ -14,7 +14,8 @@ comment, 0.5% of lines repeated, 0.1% malformed; zstd), then on that same file r
 - with --ray, also the same command with `data.dump_local_bytes=0`: the distributed path (Ray tasks)
   a larger input takes on a cluster, joined to a Ray instance started first (`ray start --head
   --num-cpus C --object-store-memory M`, with --cpus and --object-store-gib; its start-up is not
-  counted), the dump cut into --files files.
+  counted), the dump cut into --files files; with --nodes N, a cluster of N nodes on this host (a
+  head and N-1 worker nodes, each its own raylet and loopback address) sharing out --cpus.
 
 Prints, per size: both rates (lines/s), their ratio (prepare / reference; >= 1 means prepare is the
 faster), both pair counts and whether the pairs are the same rows (order-insensitive), and the peak
@@ -268,6 +269,9 @@ def main() -> int:
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1, help="the Ray instance's CPUs (--ray)")
     parser.add_argument("--object-store-gib", type=float, default=1.0, help="its object store (--ray)")
     parser.add_argument("--files", type=int, default=1, help="the dump cut into this many files (--ray)")
+    parser.add_argument(
+        "--nodes", type=int, default=1, help="--cpus spread over this many Ray nodes on this host (--ray)"
+    )
     parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference script")
     args = parser.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-pushshift-"))
@@ -275,11 +279,7 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         head = None
         if args.ray:
-            sys.path.insert(0, str(REPO / "tests"))
-            from testkit.local_cluster import ray_head
-
-            store = f"--object-store-memory={int(args.object_store_gib * 2**30)}"
-            head = stack.enter_context(ray_head({"RAY_AUTH_MODE": "disabled"}, args.cpus, [store]))
+            head = stack.enter_context(_cluster(args))
         if not args.no_reference:
             print(
                 "| comments | path | reference lines/s | prepare lines/s | prepare / reference | pairs (ref, prepare) "
@@ -293,8 +293,8 @@ def main() -> int:
                 write_dump(dump, n)
             rows.append(_bench_size(root, dump, n, args, head))
         if args.ray:
-            print(f"\nThe distributed path on a running instance ({args.cpus} CPUs, object store "
-                  f"{args.object_store_gib:g} GiB, {args.files} file(s)) against the streaming engine:\n")  # fmt: skip
+            print(f"\nThe distributed path on a running instance ({args.cpus} CPUs on {args.nodes} node(s), object "
+                  f"store {args.object_store_gib:g} GiB a node, {args.files} file(s)) against the streaming engine:\n")  # fmt: skip
             print("| comments | engine lines/s | distributed lines/s | per CPU | distributed / engine | same shards "
                   "| object store peak | spilled |")  # fmt: skip
             print("|---|---|---|---|---|---|---|---|")
@@ -302,6 +302,23 @@ def main() -> int:
                 print(f"| {n:,} | {n / engine_s:,.0f} | {n / ray_s:,.0f} | {n / ray_s / args.cpus:,.0f} "
                       f"| {engine_s / ray_s:.2f} | {'yes' if same else 'NO'} | {peak:,} MiB | {spilled:,} MiB |")  # fmt: skip
     return 0
+
+
+@contextlib.contextmanager
+def _cluster(args):
+    """A Ray instance started first: one head, or with --nodes N a head and N-1 worker nodes on
+    this host (each its own raylet, temp dir and loopback address), --cpus shared out among them."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from testkit.local_cluster import ray_head, ray_worker_node
+
+    env = {"RAY_AUTH_MODE": "disabled"}
+    store = f"--object-store-memory={int(args.object_store_gib * 2**30)}"
+    cpus = [args.cpus // args.nodes + (i < args.cpus % args.nodes) for i in range(args.nodes)]
+    with contextlib.ExitStack() as stack:
+        head = stack.enter_context(ray_head(env, cpus[0], [store]))
+        for i, n in enumerate(cpus[1:], start=2):
+            stack.enter_context(ray_worker_node(head["gcs"], env, n, ip=f"127.0.0.{i}", options=[store]))
+        yield head
 
 
 def _bench_size(root: Path, dump: Path, n: int, args, head) -> tuple:

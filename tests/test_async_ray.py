@@ -73,6 +73,7 @@ def test_async_groups_train_both_tasks_and_resume_after_killing_the_holder_and_a
         holders = ray_processes(b"ray::ParameterHolder")
         assert len(holders) == 1, holders
         os.kill(holders[0], signal.SIGKILL)
+        killed = [holders[0]]
         # 2. Once the group has restarted and passed another checkpoint, a worker dies.
         assert _wait_for(lambda: (p := progress()) and p[2] == 1 and p[1] >= 2 * EVERY + 60, proc, 300), (
             "no restart after the holder died"
@@ -80,11 +81,17 @@ def test_async_groups_train_both_tasks_and_resume_after_killing_the_holder_and_a
         workers = ray_processes(b"ray::RayTrainWorker")
         assert len(workers) == 2, workers
         os.kill(workers[0], signal.SIGKILL)
+        killed.append(workers[0])
         log = proc.communicate(timeout=600)[0]
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, log[-4000:]
+    # Each killed process is named in one line that says the run went on without it.
+    for pid, actor in zip(killed, ("ParameterHolder", "RayTrainWorker"), strict=True):
+        died = [line for line in log.splitlines() if f"a Ray worker process died: pid {pid} " in line]
+        assert len(died) == 1 and f"running {actor} (SYSTEM_ERROR: " in died[0], (pid, log[-4000:])
+        assert died[0].endswith("Ray started another worker in its place and the work went on"), died
 
     train = json.loads((out / "train.json").read_text())
     assert train["task_split_mode"] == "async"

@@ -23,6 +23,7 @@ from convsts.ray_jobs.pipelines.inputs import ensure_prepared
 from convsts.ray_jobs.runtime.output_lock import output_lock
 from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri
 from convsts.ray_jobs.runtime.resources import TRIAL_FUNCTION_CPU, alive_nodes, trials_at_once
+from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
 from convsts.ray_jobs.sweeps.results import close_trial_runs, log_sweep, sweep_results
 from convsts.ray_jobs.sweeps.trials import (
     ParentRun,
@@ -94,7 +95,8 @@ def _sweep(request: SweepRequest) -> dict[str, Any]:
     trainable = tune.with_resources(trainable, resources)
     tuner = _tuner(request, trainable, param_space, concurrency, restore)
     log.info("sweep %s: %s trials at once, %s per trial function", space.name, concurrency, resources)
-    grid = tuner.fit()
+    with reporting_worker_deaths():
+        grid = tuner.fit()
     _check_finished(grid, expected, request.experiment_path)
     failed = close_trial_runs(grid, parent, space.max_t)
     if len(failed) == len(grid):

@@ -53,21 +53,7 @@ class RedditTask(Task):
             out_dir,
             "in this process" if in_driver else ("Ray tasks" if kind == "pushshift" else "Ray Data"),
         )
-        args = (files, cfg.filters, cfg.data.test_share, cfg.data.split_salt)
-        if in_driver and kind == "pushshift":
-            parts = pushshift.spill_partitions(stored)
-            counts = pushshift.prepare_local(*args, out_dir, cfg.data.rows_per_shard, parts=parts)
-        elif in_driver:
-            annotated, lines_read = reddit.pairs_frame(*args)
-            counts = reddit.write_pairs_frame(annotated, lines_read, out_dir, cfg.data.rows_per_shard)
-        elif kind == "pushshift":
-            ensure_ray()
-            parts = pushshift.cluster_partitions(stored, cluster_cpus())
-            counts = pushshift.prepare_distributed(*args, out_dir, cfg.data.rows_per_shard, parts=parts)
-        else:
-            ensure_ray()
-            annotated, lines_read = reddit.pairs_dataset(*args)
-            counts = reddit.write_pairs(annotated, lines_read, out_dir, cfg.data.rows_per_shard)
+        counts = _prepare_pairs(kind, in_driver, files, stored, out_dir, cfg)
         manifest = {
             "format": kind,
             "inputs": files,
@@ -145,3 +131,24 @@ class RedditTask(Task):
 
 
 TASK = RedditTask()
+
+
+def _prepare_pairs(kind: str, in_driver: bool, files: list[str], stored: int, out_dir: str, cfg) -> dict[str, Any]:
+    """The pairs of `files` into out_dir's shards, by the path chosen for their format and size: the
+    streaming engine or a pandas frame in this process, Ray tasks or Ray Data on the cluster."""
+    args = (files, cfg.filters, cfg.data.test_share, cfg.data.split_salt)
+    if in_driver and kind == "pushshift":
+        parts = pushshift.spill_partitions(stored)
+        return pushshift.prepare_local(*args, out_dir, cfg.data.rows_per_shard, parts=parts)
+    if in_driver:
+        annotated, lines_read = reddit.pairs_frame(*args)
+        return reddit.write_pairs_frame(annotated, lines_read, out_dir, cfg.data.rows_per_shard)
+    ensure_ray()
+    if kind == "pushshift":
+        from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
+
+        parts = pushshift.cluster_partitions(stored, cluster_cpus())
+        with reporting_worker_deaths():
+            return pushshift.prepare_distributed(*args, out_dir, cfg.data.rows_per_shard, parts=parts)
+    annotated, lines_read = reddit.pairs_dataset(*args)
+    return reddit.write_pairs(annotated, lines_read, out_dir, cfg.data.rows_per_shard)

@@ -32,6 +32,7 @@ from convsts.ray_jobs.evaluation.sts import read_stsb_split
 from convsts.ray_jobs.runtime.output_lock import holds_output
 from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri, train_log_level
 from convsts.ray_jobs.runtime.resources import alive_nodes, check_training_fits
+from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
 from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.tracking.mlflow_model import log_model
@@ -294,7 +295,7 @@ def _train(
         holder = loop_config["holder"] = start_holder(cfg)
     trainer = _torch_trainer(cfg, location, loop_config, datasets, plan, extra_callbacks)
     try:
-        with tracking.system_metrics(uri, run_id):
+        with tracking.system_metrics(uri, run_id), reporting_worker_deaths():
             result = trainer.fit()
     finally:
         if holder is not None:

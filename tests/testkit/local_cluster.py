@@ -144,17 +144,19 @@ def _own_ports(ip: str) -> list[str]:
 
 @contextlib.contextmanager
 def ray_worker_node(
-    gcs_address: str, env: dict[str, str], num_cpus: int = 1, ip: str = "127.0.0.2"
+    gcs_address: str, env: dict[str, str], num_cpus: int = 1, ip: str = "127.0.0.2", options: Sequence[str] = ()
 ) -> Iterator[dict[str, str]]:
     """One more node of a cluster on this host: `ray start --address=GCS` with its own temp dir,
-    ports and loopback address `ip` (a driver on this host then joins the head's raylet, never a
+    ports and loopback address `ip` (and `options`, as ray_head's; a driver on this host then joins the head's raylet, never a
     worker node's, as on a real cluster); yields {"temp_dir": ...}. kill_node(node) SIGKILLs its
     raylet, as a lost machine."""
     temp_dir = tempfile.mkdtemp(prefix="cvnode", dir="/tmp")
     cmd = [str(BIN / "ray"), "start", f"--address={gcs_address}", f"--num-cpus={num_cpus}", f"--temp-dir={temp_dir}"]
     cmd.append(f"--node-ip-address={ip}")
     try:
-        done = subprocess.run(cmd + _own_ports(ip), env=_ray_env(env), capture_output=True, text=True, timeout=180)
+        done = subprocess.run(
+            [*cmd, *_own_ports(ip), *options], env=_ray_env(env), capture_output=True, text=True, timeout=180
+        )
         if done.returncode != 0:
             raise RuntimeError(f"ray start (worker node) failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         yield {"temp_dir": temp_dir}

@@ -1,0 +1,56 @@
+"""A Ray worker process that dies unexpectedly while a command's Ray work runs is named in one line,
+with whether the work went on without it (the end-to-end case, a Train worker and the parameter
+holder killed during a run, is in test_async_ray.py)."""
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+import ray
+
+from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
+
+LOGGER = "convsts.ray_jobs.runtime.worker_deaths"
+
+
+@ray.remote(num_cpus=0, max_restarts=1, max_task_retries=-1)
+class Victim:
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _abort(victim) -> int:
+    """Abort the actor's process as a native crash would (SIGABRT), and wait until Ray has a new one."""
+    pid = ray.get(victim.pid.remote())
+    os.kill(pid, signal.SIGABRT)
+    deadline = time.time() + 60
+    while ray.get(victim.pid.remote()) == pid and time.time() < deadline:
+        time.sleep(0.2)
+    return pid
+
+
+def _died(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and "worker process died" in r.getMessage()]
+
+
+def test_a_worker_that_dies_while_the_work_goes_on_is_one_line_saying_it_was_replaced(ray_session, caplog):
+    with caplog.at_level(logging.WARNING, logger=LOGGER), reporting_worker_deaths():
+        victim = Victim.remote()
+        pid = _abort(victim)
+        assert ray.get(victim.pid.remote()) != pid  # the actor answers from its replacement
+    (line,) = _died(caplog)
+    assert f"pid {pid} on " in line and "running Victim" in line and "(SYSTEM_ERROR: " in line, line
+    assert line.endswith("Ray started another worker in its place and the work went on"), line
+
+
+def test_a_worker_death_in_work_that_fails_says_the_work_ended_and_earlier_deaths_are_not_named(ray_session, caplog):
+    earlier = _abort(Victim.remote())  # before the work: not its death
+    with caplog.at_level(logging.WARNING, logger=LOGGER), pytest.raises(RuntimeError):
+        with reporting_worker_deaths():
+            pid = _abort(Victim.remote())
+            raise RuntimeError("the work failed")
+    (line,) = _died(caplog)
+    assert f"pid {pid} on " in line and f"pid {earlier} " not in line
+    assert line.endswith("the work ended with it"), line
