@@ -16,7 +16,7 @@ Two engines run those steps on the same columns:
   * `prepare_distributed`, as Ray tasks across a cluster: the same steps on the same columns, a read
     task per dump streaming its partitions into Ray's object store (which spills to disk past its
     memory), then a task per partition for the repeated ids and one for the parent join.
-Both give the same counts and the same pairs (tests/test_prepare.py compares their shards byte for byte).
+Both give the same counts and the same pairs (tests/data/test_prepare.py compares their shards byte for byte).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 #   slow tier:  `pytest --slow -m slow`, Ray, Ray Train / Tune jobs, servers, end to end
 # Both tiers run in two pytest-xdist processes (-n 2): a test waiting on Ray, a subprocess or a
 # server leaves a core to the other. Each test file runs whole in one process (--dist loadfile), so a
-# module fixture (the four-node cluster of test_cluster_ray.py) is made once. xdist hands out the
+# module fixture (the four-node cluster of test_cluster.py) is made once. xdist hands out the
 # unit tier's files with the most tests first, the slow tier's in collection order, which
 # conftest.py begins with its longest files (LONGEST_FIRST). (--dist loadgroup would group by
 # `xdist_group` marks, but pytest-xdist 3.8 does not apply them under pytest 9: the cluster tests

@@ -35,8 +35,10 @@ def ray_session(tmp_path_factory):
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
     from ray.data import DataContext
 
-    # Worker processes import test modules by name (functions defined in tests are pickled by reference).
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))}
+    # Worker processes import test modules by name (functions defined in tests are pickled by
+    # reference), as pytest does: each from its own folder, testkit from tests/.
+    folders = [REPO / "tests", *sorted(p for p in (REPO / "tests").iterdir() if p.is_dir() and p.name != "testkit")]
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [*map(str, folders), os.environ.get("PYTHONPATH")]))}
     ray.init(num_cpus=2, include_dashboard=True, logging_level="WARNING", runtime_env={"env_vars": env})
     DataContext.get_current().enable_progress_bars = False
     yield ray
@@ -56,6 +58,14 @@ def sample_prepared(ray_session, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sample_prepared")
     prepare_all(load_config(None, SAMPLE_PREPARE), str(out))
     return out
+
+
+@pytest.fixture
+def sample_checkpoint(tmp_path) -> Path:
+    """An untrained small DAN checkpoint on the sample STS-B vocabulary (testkit.checkpoints)."""
+    from testkit.checkpoints import sample_dan_checkpoint
+
+    return sample_dan_checkpoint(tmp_path / "ckpt")
 
 
 @pytest.fixture(scope="session")
@@ -104,36 +114,39 @@ def _unit_tier_starts_no_ray(request):
 
 # The slow tier's longest files, longest first: scripts/test.sh hands the files to its two
 # pytest-xdist processes in collection order (--no-loadscope-reorder), so that the longest start
-# first and the two processes end close together (by test count, the cluster file started third,
-# and its process ended two minutes after the other's).
+# first and the two processes end close together.
 LONGEST_FIRST = (
-    "test_cluster_ray.py",
-    "test_tune_ray.py",
-    "test_tune_resume_ray.py",
-    "test_run_chain_ray.py",
-    "test_demo.py",
-    "test_async_ray.py",
-    "test_submit_ray.py",
-    "test_prepare.py",
-    "test_storage.py",
+    "cluster/test_cluster.py",
+    "sweeps/test_sweeps.py",
+    "sweeps/test_sweep_resume.py",
+    "training/test_run_chain_resume.py",
+    "cli/test_demo.py",
+    "training/test_async_groups.py",
+    "cluster/test_submit.py",
+    "data/test_prepare.py",
+    "data/test_storage.py",
 )
+TESTS = Path(__file__).resolve().parent
 
 
 def _file_rank(item) -> int:
-    name = item.path.name
+    name = item.path.relative_to(TESTS).as_posix()
     return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
+@pytest.fixture(autouse=True)
+def _gpu_tests_need_cuda(request):
+    """A test marked gpu is skipped where torch sees no CUDA device (torch is imported when such a
+    test runs, not at collection)."""
+    if request.node.get_closest_marker("gpu") is not None:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("gpu: torch sees no CUDA device here")
+
+
 def pytest_collection_modifyitems(config, items):
-    import torch
-
     items.sort(key=_file_rank)  # stable: each file keeps its own order
-
-    if not torch.cuda.is_available():
-        no_gpu = pytest.mark.skip(reason="gpu: torch sees no CUDA device here")
-        for item in items:
-            if "gpu" in item.keywords:
-                item.add_marker(no_gpu)
     for item in items:
         if "ray_session" in item.fixturenames:  # it starts Ray: the slow tier
             item.add_marker(pytest.mark.slow)

@@ -1,6 +1,6 @@
 """The run config's reference (docs/config.md), made from the config dataclasses themselves: every
 key with its type, its default and the comment beside (or above) its field in the source, so the
-reference cannot fall behind the code (tests/test_config_reference.py)."""
+reference cannot fall behind the code (tests/config/test_config_reference.py)."""
 
 from __future__ import annotations
 

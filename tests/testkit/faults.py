@@ -1,4 +1,4 @@
-"""Helpers of the fault tests (tests/test_faults_*.py): a command run as a user runs it, dumps
+"""Helpers of the tests of faults and refusals: a command run as a user runs it, dumps
 written in the pushshift schema, a zstd file cut short, a tiny checkpoint to damage."""
 
 import json

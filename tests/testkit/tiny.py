@@ -1,5 +1,5 @@
 """Tiny run-config overrides shared by the tests that start real training jobs (dotted, as on the
-command line): small vocabularies and a small DAN so that a job takes seconds."""
+command line): small vocabularies and a small DAN so that a job takes seconds; a sweep's trial runs."""
 
 TINY_DAN = [
     "tokenizer.word_vocab_size=3000",
@@ -10,6 +10,17 @@ TINY_DAN = [
     "model.response_hidden=16",
     "model.nli_hidden=16",
     "trainer.stages=[{start_step: 0, batch_size: 32, lr: 0.001}]",
+]
+
+# A sweep's trials: the tiny DAN with Adam, a loss point every 2 steps, no STS-B evaluation during
+# training, a small Reddit evaluation, no CQA.
+TINY_SWEEP_MODEL = [
+    *TINY_DAN,
+    "trainer.optimizer=adam",
+    "trainer.log_every=2",
+    "trainer.eval_every=0",
+    "eval.reddit_pairs=200",
+    "data.cqa_test=''",
 ]
 
 # A 4-step job that checkpoints twice.
@@ -33,3 +44,10 @@ EXPORT_PROBES = [
     "",
     "   ",
 ]
+
+
+def trial_runs(uri: str, experiment: str, parent) -> dict:
+    """A sweep's trial runs in MLflow by their trial id."""
+    from convsts.ray_jobs.tracking import runs as tracking
+
+    return {r.data.tags["convsts.trial_id"]: r for r in tracking.child_runs(uri, experiment, parent)}

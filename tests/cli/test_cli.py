@@ -76,7 +76,7 @@ def test_version_and_print_config():
         ],
         capture_output=True,
         text=True,
-        cwd=str(__import__("pathlib").Path(__file__).parents[1]),
+        cwd=str(__import__("pathlib").Path(__file__).parents[2]),
     )
     assert proc.returncode == 0, proc.stderr
     import yaml

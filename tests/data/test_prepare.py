@@ -196,7 +196,7 @@ def test_prepare_through_ray_data_writes_the_shards_the_streaming_engine_writes(
     from convsts.datasets.reddit import split_of
 
     spec = importlib.util.spec_from_file_location(
-        "prepare_pushshift", Path(__file__).resolve().parent.parent / "bench" / "prepare_pushshift.py"
+        "prepare_pushshift", Path(__file__).resolve().parents[2] / "bench" / "prepare_pushshift.py"
     )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -6,7 +6,7 @@ from convsts.io.nested import flatten
 from convsts.ray_jobs.config.reference import entries, render
 from convsts.ray_jobs.config.schema import RunConfig
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 
 def test_every_key_of_the_run_config_is_documented():

@@ -14,7 +14,7 @@ from convsts.datasets.config import RedditFilterConfig
 from convsts.datasets.reddit import failing_rule
 
 CFG = RedditFilterConfig()
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "prepare_pushshift.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "prepare_pushshift.py"
 
 
 def _line(cid="a1", **fields):

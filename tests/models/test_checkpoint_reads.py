@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
-from test_evaluate import tiny_checkpoint  # noqa: F401  (a fixture)
 from testkit.faults import tiny_checkpoint as faults_checkpoint
 
 from convsts.io.errors import BadInputError
@@ -80,13 +79,13 @@ def read_only(folder: Path):
         folder.chmod(mode)
 
 
-def test_a_read_only_checkpoint_is_evaluated_with_its_tuned_matrix_in_out(tiny_checkpoint, tmp_path):  # noqa: F811
+def test_a_read_only_checkpoint_is_evaluated_with_its_tuned_matrix_in_out(sample_checkpoint, tmp_path):  # noqa: F811
     cfg = load_config(None, ["eval.tuned.epochs=2"])
-    before = sorted(p.name for p in tiny_checkpoint.iterdir())
-    with read_only(tiny_checkpoint):
-        results = run_evaluation(cfg, tmp_path / "eval", checkpoint=str(tiny_checkpoint), log_to_mlflow=False)
+    before = sorted(p.name for p in sample_checkpoint.iterdir())
+    with read_only(sample_checkpoint):
+        results = run_evaluation(cfg, tmp_path / "eval", checkpoint=str(sample_checkpoint), log_to_mlflow=False)
     assert -1 <= results["stsb_tuned/test/pearson"] <= 1
-    assert sorted(p.name for p in tiny_checkpoint.iterdir()) == before  # nothing written there
+    assert sorted(p.name for p in sample_checkpoint.iterdir()) == before  # nothing written there
     assert (tmp_path / "eval" / FILE_NAME).is_file() and (tmp_path / "eval" / "results.json").is_file()
     assert load_sts_transform(tmp_path / "eval").dev_pearson == pytest.approx(results["stsb_tuned/dev/pearson"])
 

@@ -1,6 +1,6 @@
 """`convsts submit` / `convsts jobs` against a real Ray head started with `ray start --head` on
 127.0.0.1 (own temp dir) with Ray's token authentication, logging to a real MLflow server. A head
-without authentication is the multi-node cluster's (test_cluster_ray.py), where a submitted
+without authentication is the multi-node cluster's (test_cluster.py), where a submitted
 training job survives a lost node."""
 
 import json
@@ -15,7 +15,7 @@ import pytest
 from testkit.local_cluster import mlflow_server, pids_matching, ray_head
 from testkit.tiny import TINY_TRAIN
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def convsts(args, env, timeout=600):

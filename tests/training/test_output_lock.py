@@ -12,7 +12,7 @@ import pytest
 
 from convsts.ray_jobs.runtime.output_lock import LOCK_FILE, OutputInUse, output_lock
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HOLD = (
     "import sys, time; from convsts.ray_jobs.runtime.output_lock import output_lock\n"
     "with output_lock(sys.argv[1], 'train'):\n    print('held', flush=True); time.sleep(120)\n"

@@ -12,7 +12,7 @@ from convsts.models.encoders import TransformerSentenceEncoder
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tracking import runs as tracking
 
-REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SAMPLE_DATA = [
     "data.reddit_inputs=['{sample}/reddit_pairs.parquet']",
     "data.snli_train='{sample}/snli_train.parquet'",

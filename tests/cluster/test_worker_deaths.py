@@ -1,6 +1,6 @@
 """A Ray worker process that dies unexpectedly while a command's Ray work runs is named in one line,
 with whether the work went on without it (the end-to-end case, a Train worker and the parameter
-holder killed during a run, is in test_async_ray.py)."""
+holder killed during a run, is in test_async_groups.py)."""
 
 import logging
 import os

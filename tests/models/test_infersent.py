@@ -14,7 +14,7 @@ from convsts.ray_jobs.evaluation.nli import nli_metrics
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 from convsts.ray_jobs.tracking import runs as tracking
 
-REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 TINY = [
     "data.snli_train='{sample}/snli_train.parquet'",

@@ -26,7 +26,7 @@ from testkit.tiny import TINY_DAN, TINY_TRAIN
 
 from convsts.ray_jobs.runtime.process import PREEMPTION_WATCHER_ENV
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BUCKET = "s3://convsts-cluster"
 PASSWORD = "Pl4ntedPassw0rd"  # made up: the user-info of the drivers' tracking URI
 

@@ -1,7 +1,7 @@
 """Asynchronous task groups without Ray: the async plan and its config keys, the worker's update as
 (indices, values) for the DAN's tables, and the parameter holder (applying pushes, sparse pulls,
 pacing to the task weights, the end of the run, generations). The holder's methods are called as
-Ray calls them, on one asyncio loop; tests/test_async_ray.py runs it as an actor under Ray Train."""
+Ray calls them, on one asyncio loop; tests/training/test_async_groups.py runs it as an actor under Ray Train."""
 
 import asyncio
 

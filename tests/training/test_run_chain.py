@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_previous_run import _checkpoint
+from testkit.checkpoints import chain_checkpoint
 from testkit.s3_server import s3_endpoint
 
 from convsts.io import storage
@@ -47,7 +47,7 @@ def _run(out: Path, cfg, run_id: str, steps: list[int], source: Path, chain=(), 
     join_chain(out, RunStart("", None, tuple(chain)), new_link(out, run_id, cfg, location))
     paths = []
     for step in [*steps, *([cut] if cut else [])]:
-        local = _checkpoint(source / f"{run_id}-{step}", step=step, run_id=run_id)
+        local = chain_checkpoint(source / f"{run_id}-{step}", step=step, run_id=run_id)
         target = storage.join(*location, _stamp(step))
         storage.copy_tree(local, target)
         paths.append(target)

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_tune_ray import TINY_MODEL, _runs
+from testkit.tiny import TINY_SWEEP_MODEL, trial_runs
 
 from convsts.models import save_checkpoint
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tracking import runs as tracking
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
@@ -31,7 +31,7 @@ def test_a_sweep_whose_driver_is_killed_mid_trial_restarts_the_trial_from_its_ow
     from testkit.local_cluster import ray_processes
 
     experiment = "tune-driver-killed"
-    reddit_cfg = load_config(None, [*TINY_MODEL, "trainer.steps=0", "trainer.task_weights={reddit: 1.0}"])
+    reddit_cfg = load_config(None, [*TINY_SWEEP_MODEL, "trainer.steps=0", "trainer.task_weights={reddit: 1.0}"])
     from convsts.ray_jobs.training.data import build_tokenizer
     from convsts.ray_jobs.training.state import initial_model
 
@@ -40,7 +40,7 @@ def test_a_sweep_whose_driver_is_killed_mid_trial_restarts_the_trial_from_its_ow
     out, store = tmp_path / "sweep", tmp_path / "store"
     cmd = [sys.executable, "-m", "convsts", "tune", "--space", "snli_fraction", "--out", str(out),
            "--reddit-checkpoint", str(reddit), "--prepared", str(sample_prepared), "--param",
-           "data.snli_fraction=[1.0]", "--param", "seed=[0]", "--max-concurrent", "1", *TINY_MODEL, "trainer.steps=60",
+           "data.snli_fraction=[1.0]", "--param", "seed=[0]", "--max-concurrent", "1", *TINY_SWEEP_MODEL, "trainer.steps=60",
            "trainer.checkpoint_every=20", "trainer.log_every=5", "trainer.cpus_per_worker=0.4", "name=killed",
            f"trainer.storage_path={store}", f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"]  # fmt: skip
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
@@ -71,7 +71,7 @@ def test_a_sweep_whose_driver_is_killed_mid_trial_restarts_the_trial_from_its_ow
     parent = results["mlflow_run_id"]
     # The trial's own time counts both sittings (Tune's time_total_s); `seconds` is the second command's.
     assert results["trial_seconds"] > 0 and results["seconds"] > 0, results
-    children = _runs(mlflow_uri, experiment, parent)
+    children = trial_runs(mlflow_uri, experiment, parent)
     assert list(children) == trial_folders and children[trial_folders[0]].info.status == "FINISHED"
     client = tracking.client(mlflow_uri)
     run_id = children[trial_folders[0]].info.run_id
@@ -100,7 +100,7 @@ def test_the_documented_custom_space_runs_as_written(ray_session, sample_prepare
     # cost (a TorchTrainer starting) is most of a minute here.
     one = "trainer.stages=[[{start_step: 0, batch_size: 128, lr: 0.001}]]"
     cmd = [sys.executable, "-m", "convsts", "tune", "--space", "my_spaces:SPACE", "--out", str(out),
-           "--param", one, "--prepared", str(sample_prepared), "--max-concurrent", "1", *TINY_MODEL, "trainer.steps=4",
+           "--param", one, "--prepared", str(sample_prepared), "--max-concurrent", "1", *TINY_SWEEP_MODEL, "trainer.steps=4",
            "trainer.checkpoint_every=4", "trainer.cpus_per_worker=0.4", f"mlflow.tracking_uri={mlflow_uri}",
            "mlflow.experiment=tune-custom-space"]  # fmt: skip
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,

@@ -226,7 +226,7 @@ def test_registries_list_the_built_in_tasks_and_encoders():
         load_config(None, ["trainer.task_weights={mnli: 1.0}"])
     # Named first, before the settings keyed by task (the demo's head_lr_scale.snli) are checked.
     with pytest.raises(ConfigError, match="trainer.task_weights.mnli: unknown task 'mnli'"):
-        load_config(Path(__file__).parents[1] / "configs" / "demo.yaml", ["trainer.task_weights={mnli: 1.0}"])
+        load_config(Path(__file__).parents[2] / "configs" / "demo.yaml", ["trainer.task_weights={mnli: 1.0}"])
     with pytest.raises(ConfigError, match="model.encoder: expected dan\\|transformer\\|bilstm\\|pretrained"):
         load_config(None, ["model.encoder=gpt"])
 

@@ -13,7 +13,7 @@ from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.job_api import build_runtime_env, entrypoint
 from convsts.ray_jobs.training.task_groups import plan_tasks
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "cluster"
 
 

@@ -22,7 +22,7 @@ from convsts.models.config import DanConfig, ModelConfig, TransformerConfig  # n
 from convsts.models.export import ONNX_FILE, ONNX_OUTPUT, OnnxEncoder, to_onnx  # noqa: E402
 from convsts.ray_jobs.cli import main as cli  # noqa: E402
 
-SAMPLE = Path(__file__).resolve().parents[1] / "datasets" / "sample" / "stsb_test.parquet"
+SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample" / "stsb_test.parquet"
 HEADS = {"reddit": "response", "snli": "nli"}
 
 

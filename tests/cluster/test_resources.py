@@ -10,7 +10,7 @@ from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.resources import Ask, check_training_fits, trials_at_once, unplaced
 from convsts.ray_jobs.training.run_record import run_storage
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_requests_are_placed_whole_on_one_node():
@@ -74,7 +74,7 @@ def test_trials_at_once_counts_whole_trials_per_node():
         trials_at_once(cfg, [{"CPU": 1.0}, {"CPU": 1.0}])
     packed = load_config(None, ["trainer.cpus_per_worker=0.4", "trainer.placement_strategy=PACK"])
     assert trials_at_once(packed, [{"CPU": 1.0}, {"CPU": 1.0}]) == 1
-    # The cluster of tests/test_cluster_ray.py: 1 CPU on each of 4 nodes holds one default trial at a time
+    # The cluster of tests/cluster/test_cluster.py: 1 CPU on each of 4 nodes holds one default trial at a time
     # (on 3 nodes, the trial function, the two workers and Ray Data's whole CPU need a node each).
     assert trials_at_once(load_config(None), [{"CPU": 1.0}] * 4) == 1
     with pytest.raises(ConfigError, match="does not fit"):

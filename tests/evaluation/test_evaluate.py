@@ -19,18 +19,7 @@ from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.pipelines.evaluate import run_evaluation
 
 
-@pytest.fixture
-def tiny_checkpoint(tmp_path):
-    stsb = read_stsb(stsb_split_path(resolve_path("{sample}"), "train"))
-    texts = list(stsb["sentence1"]) + list(stsb["sentence2"])
-    tokenizer = DanTokenizer.build(count_words(texts), TokenizerConfig(word_vocab_size=5000, bigram_buckets=500))
-    config = ModelConfig(
-        dan=DanConfig(embedding_dim=24, hidden_sizes=[24], output_dim=16), response_hidden=16, nli_hidden=8
-    )
-    return save_checkpoint(tmp_path / "ckpt", build_model(config, tokenizer).eval(), tokenizer, {})
-
-
-def test_evaluate_checkpoint(tiny_checkpoint, tmp_path, mlflow_uri, caplog):
+def test_evaluate_checkpoint(sample_checkpoint, tmp_path, mlflow_uri, caplog):
     sts_file = tmp_path / "my_sts.tsv"
     pd.DataFrame(
         {
@@ -43,7 +32,7 @@ def test_evaluate_checkpoint(tiny_checkpoint, tmp_path, mlflow_uri, caplog):
     out = tmp_path / "eval"
     with caplog.at_level(logging.INFO, logger="convsts"):
         results = run_evaluation(
-            cfg, out, checkpoint=str(tiny_checkpoint), sts_files=[str(sts_file)], mlflow_uri=mlflow_uri
+            cfg, out, checkpoint=str(sample_checkpoint), sts_files=[str(sts_file)], mlflow_uri=mlflow_uri
         )
     # Never silent: a line as each benchmark starts (STS-B, the tuned matrix, the --sts file, the
     # two tasks, CQA), numbered, then the total.
@@ -71,10 +60,10 @@ def test_evaluate_checkpoint(tiny_checkpoint, tmp_path, mlflow_uri, caplog):
     assert saved["stsb_tuned/dev/pearson"] >= saved["stsb/dev/pearson"] - 1e-6
 
     # The matrix sits beside the checkpoint's weights and in the output folder, and encode(tuned=True) uses it.
-    transform = load_sts_transform(tiny_checkpoint)
+    transform = load_sts_transform(sample_checkpoint)
     assert (out / FILE_NAME).is_file() and transform.matrix.shape == (16, 16)
     assert transform.dev_pearson == pytest.approx(saved["stsb_tuned/dev/pearson"], abs=1e-6)
-    encoder = load(tiny_checkpoint)
+    encoder = load(sample_checkpoint)
     plain = encoder.encode(["a man is playing a guitar"])
     assert np.allclose(encoder.encode(["a man is playing a guitar"], tuned=True), plain @ transform.matrix)
 
@@ -83,7 +72,7 @@ def test_evaluate_checkpoint(tiny_checkpoint, tmp_path, mlflow_uri, caplog):
     run = MlflowClient(mlflow_uri).get_run(saved["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.metrics["stsb_tuned/dev/pearson"] == pytest.approx(saved["stsb_tuned/dev/pearson"])
-    assert run.data.params["checkpoint"] == str(tiny_checkpoint)
+    assert run.data.params["checkpoint"] == str(sample_checkpoint)
 
 
 def test_baseline_has_no_tuned_metrics(tmp_path):
@@ -97,14 +86,12 @@ def test_baseline_has_no_tuned_metrics(tmp_path):
     assert not stale.exists()  # this evaluation scored no queries: nothing of the earlier one's is left to compare
 
 
-def test_tuned_without_checkpoint_matrix_is_a_clear_error(tiny_checkpoint):
+def test_tuned_without_checkpoint_matrix_is_a_clear_error(sample_checkpoint):
     with pytest.raises(FileNotFoundError, match="sts_transform.safetensors"):
-        load(tiny_checkpoint).encode(["x"], tuned=True)
+        load(sample_checkpoint).encode(["x"], tuned=True)
 
 
 def test_fraction_curve_from_checkpoints(tmp_path):
-    from convsts.datasets.config import TokenizerConfig
-    from convsts.datasets.text import DanTokenizer, count_words
     from convsts.ray_jobs.evaluation.curve import CURVE_METRICS, fraction_curve
 
     stsb = read_stsb(stsb_split_path(resolve_path("{sample}"), "dev"))
@@ -187,7 +174,7 @@ def test_results_table_groups_metrics_in_reading_order_with_systems_in_columns()
     assert document.endswith(results_table({"model": model, "tfidf": {"stsb/dev/pearson": 0.74}}))
 
 
-def test_stsb_sample_written_by_pandas_scores_by_genre(tiny_checkpoint, tmp_path):
+def test_stsb_sample_written_by_pandas_scores_by_genre(sample_checkpoint, tmp_path):
     """An STS-B file that pandas wrote from a sample keeps its row labels; genre metrics use positions."""
     from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
     from convsts.ray_jobs.evaluation.sts import sts_metrics
@@ -197,7 +184,7 @@ def test_stsb_sample_written_by_pandas_scores_by_genre(tiny_checkpoint, tmp_path
     sample.to_parquet(tmp_path / "stsb_dev.parquet")  # index kept in the file
     read = read_stsb(stsb_split_path(tmp_path, "dev"))
     assert list(read.index) == list(range(200))
-    scorer = EmbeddingScorer(load(tiny_checkpoint))
+    scorer = EmbeddingScorer(load(sample_checkpoint))
     metrics = sts_metrics(scorer, read, "stsb/dev")
     assert metrics == sts_metrics(scorer, sample, "stsb/dev")  # the labelled frame scores the same
     assert {f"stsb/dev/{g}/pearson" for g in sample["genre"].unique()} <= metrics.keys()
@@ -206,7 +193,7 @@ def test_stsb_sample_written_by_pandas_scores_by_genre(tiny_checkpoint, tmp_path
     assert metrics["stsb/dev/news/pearson"] == pytest.approx(sts_metrics(scorer, news, "x")["x/pearson"], abs=1e-9)
 
 
-def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tmp_path):
+def test_other_sts_sets_are_read_as_their_releases_ship_them(sample_checkpoint, tmp_path):
     """The same 40 STS-B pairs written the ways STS releases ship: parquet and JSON lines (MTEB),
     SICK's tab-separated table, a comma-separated table with quoting, the STS Benchmark's own
     headerless file, and an STS 2012-2016 input file with its gold file (3 pairs without gold)."""
@@ -274,7 +261,7 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     results = run_evaluation(
         cfg,
         tmp_path / "eval",
-        checkpoint=str(tiny_checkpoint),
+        checkpoint=str(sample_checkpoint),
         log_to_mlflow=False,
         sts_files=[str(tmp_path / f) for f in files.values()],
     )
@@ -287,7 +274,7 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     results = run_evaluation(
         cfg,
         tmp_path / "eval2",
-        checkpoint=str(tiny_checkpoint),
+        checkpoint=str(sample_checkpoint),
         log_to_mlflow=False,
         sts_files=[str(tmp_path / "overlap.tsv"), str(tmp_path / "set_parquet.parquet")],
     )
@@ -307,7 +294,7 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(tiny_checkpoint, tm
     ):
         with pytest.raises(BadInputError, match=message):
             run_evaluation(
-                cfg, tmp_path / "refused", checkpoint=str(tiny_checkpoint), log_to_mlflow=False, sts_files=entries
+                cfg, tmp_path / "refused", checkpoint=str(sample_checkpoint), log_to_mlflow=False, sts_files=entries
             )
         assert not (tmp_path / "refused").exists()
 
@@ -386,7 +373,7 @@ def test_an_sts_file_that_cannot_be_read_as_scored_pairs_is_refused_naming_it(tm
             read_sts_file(tmp_path / file)
 
 
-def test_an_sts_file_of_several_splits_is_scored_whole_and_split_by_split(tiny_checkpoint, tmp_path):
+def test_an_sts_file_of_several_splits_is_scored_whole_and_split_by_split(sample_checkpoint, tmp_path):
     """sentence-transformers' stsbenchmark.tsv.gz ships STS-B's train, dev and test in one table with a
     `split` column, SICK.txt its TRAIN/TRIAL/TEST in `SemEval_set`: each split is scored on its own
     as well (a test split read this way scores as STS-B test does), not only the mix of all."""
@@ -432,7 +419,7 @@ def test_an_sts_file_of_several_splits_is_scored_whole_and_split_by_split(tiny_c
     results = run_evaluation(
         cfg,
         tmp_path / "eval",
-        checkpoint=str(tiny_checkpoint),
+        checkpoint=str(sample_checkpoint),
         log_to_mlflow=False,
         sts_files=[str(tmp_path / "stsbenchmark.tsv.gz"), str(tmp_path / "SICK.txt")],
     )
@@ -460,7 +447,7 @@ def test_an_sts_file_of_several_splits_is_scored_whole_and_split_by_split(tiny_c
     )
 
 
-def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoint, tmp_path, mlflow_uri):
+def test_cli_evaluates_a_training_runs_model_folder_into_that_run(sample_checkpoint, tmp_path, mlflow_uri):
     """`convsts evaluate --checkpoint OUT/model` (the folder users take away) logs into the run that
     trained it, as OUT/checkpoint does, and re-logs the run's model with the results on its card;
     OUT/best_checkpoint holds other weights and gets a run of its own."""
@@ -475,8 +462,8 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
     from convsts.ray_jobs.tracking.model_card import CARD_FILE, run_facts, write_card
 
     run = tmp_path / "run"
-    shutil.copytree(tiny_checkpoint, run / "checkpoint")
-    shutil.copytree(tiny_checkpoint, run / "best_checkpoint")
+    shutil.copytree(sample_checkpoint, run / "checkpoint")
+    shutil.copytree(sample_checkpoint, run / "best_checkpoint")
     model = save_model_folder(run / "checkpoint", run / "model")
     run_id = tracking.start_run(mlflow_uri, "convsts", "train")
     write_card(model, run_facts({"name": "tiny", "trainer": {"steps": 0}}, {}, {}, run_id, mlflow_uri, 1.0))
@@ -529,7 +516,7 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(tiny_checkpoin
         assert not (tmp_path / "e_damaged").exists()
 
 
-def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path):
+def test_compare_pairs_two_evaluations_query_by_query(sample_checkpoint, tmp_path):
     """`convsts evaluate --compare A B`: the P@N difference of two evaluations on the same queries and
     candidates, with the paired standard error; evaluations of other queries are refused in one line."""
     from convsts.io.errors import BadInputError
@@ -541,7 +528,7 @@ def test_compare_pairs_two_evaluations_query_by_query(tiny_checkpoint, tmp_path)
     pairs = pd.read_parquet(resolve_path("{sample}/reddit_pairs.parquet")).head(400)
     pairs = pd.DataFrame({"context": pairs["question"], "response": pairs["answer"]})
     scorers = {
-        "model": EmbeddingScorer(load(tiny_checkpoint)),
+        "model": EmbeddingScorer(load(sample_checkpoint)),
         "tfidf": LexicalScorer("tfidf", list(pairs["context"]) + list(pairs["response"])),
     }
     folders = {}

@@ -3,7 +3,7 @@ real checkpoints, the local S3 server): a MLflow run left RUNNING ends KILLED, a
 complete or it is not resumed, the refusal names the newest complete checkpoint wherever the runs
 kept theirs (OUT, or their own folders in a bucket that OUT/run.json records), `--resume latest`
 finds it, and a checkpoint in a bucket is read in a few large requests. The chain of runs itself:
-tests/test_run_chain.py."""
+tests/training/test_run_chain.py."""
 
 import json
 import math
@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from testkit.checkpoints import chain_checkpoint
 from testkit.s3_server import keys, request_log, s3_endpoint
 
 from convsts.io import storage
@@ -31,22 +32,6 @@ from convsts.ray_jobs.training.run_record import (
 )
 
 STAMPS = ("2026-11-26_04-17-30.539163", "2026-11-26_04-17-31.105457")  # Ray Train names checkpoints by time
-
-
-def _checkpoint(path, bigram_buckets: int = 64, step: int = 3, run_id: str | None = None):
-    """A real tiny DAN checkpoint (weights, tokenizer, run config, train state at `step`, the MLflow
-    run that wrote it, manifest)."""
-    from convsts.datasets.text import DanTokenizer, count_words
-    from convsts.models import save_checkpoint
-    from convsts.models.checkpoint import build_model
-
-    cfg = load_config(None, ["model.dan.output_dim=6", "model.dan.embedding_dim=16", "model.dan.hidden_sizes=[4]"])
-    cfg.tokenizer.bigram_buckets = bigram_buckets
-    tok = DanTokenizer.build(count_words(["a man plays a guitar", "a woman sings"]), cfg.tokenizer)
-    provenance = {"run_id": run_id} if run_id else None
-    return save_checkpoint(
-        path, build_model(cfg.model, tok).eval(), tok, cfg.to_dict(), train_state={"step": step}, provenance=provenance
-    )
 
 
 def _record(out: Path, run_id: str, cfg, folder: str, chain=()) -> None:
@@ -78,7 +63,7 @@ def _killed_run(out: Path, folder: str, cfg, source: Path) -> list[str]:
 def test_a_checkpoint_is_complete_only_with_its_manifest_and_every_file_it_lists(tmp_path):
     from convsts.models.checkpoint import MANIFEST_FILE, check_complete, incomplete_reason
 
-    ckpt = _checkpoint(tmp_path / "ckpt")
+    ckpt = chain_checkpoint(tmp_path / "ckpt")
     listed = json.loads((ckpt / MANIFEST_FILE).read_text())["files"]
     assert sorted(listed) == ["config.json", "model.safetensors", "tokenizer.json", "train_state.pt"]
     assert incomplete_reason(ckpt) is None and check_complete(ckpt) == ckpt
@@ -112,7 +97,7 @@ def test_a_killed_runs_mlflow_run_ends_killed_and_the_refusal_names_a_complete_c
     out = tmp_path / "out"
     cfg = load_config(None)
     root, name = run_storage(cfg, out)
-    kept = _killed_run(out, storage.join(root, name), cfg, _checkpoint(tmp_path / "src"))
+    kept = _killed_run(out, storage.join(root, name), cfg, chain_checkpoint(tmp_path / "src"))
     run_id = tracking.start_run(uri, "previous-test", "killed")
     _record(out, run_id, cfg, storage.join(root, name))
 
@@ -149,7 +134,7 @@ def test_a_killed_runs_mlflow_run_ends_killed_and_the_refusal_names_a_complete_c
 def test_a_finished_runs_checkpoint_comes_first_and_a_folder_without_one_says_so(tmp_path):
     out = tmp_path / "out"
     cfg = load_config(None)
-    source = _checkpoint(tmp_path / "src")
+    source = chain_checkpoint(tmp_path / "src")
     _killed_run(out, storage.join(*run_storage(cfg, out)), cfg, source)
     shutil.copytree(source, out / "checkpoint")
     (out / "train.json").write_text("{}")
@@ -183,7 +168,7 @@ def test_a_killed_run_in_a_bucket_is_found_from_its_record_and_read_in_large_req
         cfg = load_config(None, ["trainer.storage_path=s3://convsts-resume/runs", "name=long"])
         out = tmp_path / "out"
         root, key = run_storage(cfg, out)
-        source = _checkpoint(tmp_path / "src", bigram_buckets=400_000)  # 400k x 16 floats: a 25.6 MB table
+        source = chain_checkpoint(tmp_path / "src", bigram_buckets=400_000)  # 400k x 16 floats: a 25.6 MB table
         kept = _killed_run(out, storage.join(root, key), cfg, source)
         record = json.loads((out / RUN_RECORD).read_text())["runs"]
         assert [(r["storage"], r["base"], r["folder"]) for r in record] == [

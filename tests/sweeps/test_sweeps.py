@@ -12,56 +12,27 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from testkit.tiny import TINY_DAN
+from testkit.checkpoints import sample_dan_checkpoint
+from testkit.tiny import TINY_SWEEP_MODEL, trial_runs
 
-from convsts.datasets.config import TokenizerConfig
-from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.datasets.snli import fraction_rank
-from convsts.datasets.text import DanTokenizer, count_words
 from convsts.io.errors import ConfigError
-from convsts.io.storage import resolve_path
 from convsts.models import load, save_checkpoint
-from convsts.models.checkpoint import build_model
-from convsts.models.config import DanConfig, ModelConfig
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.sweeps.results import SWEEP_MATRIX
 from convsts.ray_jobs.tracking import runs as tracking
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TRIALS = 10
 # A Pearson score of the same float32 embeddings, computed again in another process (another
 # summation order): one CI run differed by 5.3e-7; ten times that still tells a wrong matrix apart.
 FLOAT32_RESCORE = 5e-6
-TINY_MODEL = [
-    *TINY_DAN,
-    "trainer.optimizer=adam",
-    "trainer.log_every=2",
-    "trainer.eval_every=0",
-    "eval.reddit_pairs=200",
-    "data.cqa_test=''",
-]
-
-
-def _tiny_checkpoint(path):
-    stsb = read_stsb(stsb_split_path(resolve_path("{sample}"), "train"))
-    tokenizer = DanTokenizer.build(
-        count_words(list(stsb["sentence1"]) + list(stsb["sentence2"])),
-        TokenizerConfig(word_vocab_size=5000, bigram_buckets=500),
-    )
-    config = ModelConfig(
-        dan=DanConfig(embedding_dim=24, hidden_sizes=[24], output_dim=16), response_hidden=16, nli_hidden=8
-    )
-    return save_checkpoint(path, build_model(config, tokenizer).eval(), tokenizer, {})
-
-
-def _runs(uri, experiment, parent):
-    return {r.data.tags["convsts.trial_id"]: r for r in tracking.child_runs(uri, experiment, parent)}
 
 
 @pytest.mark.slow
 def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_path):
-    checkpoint = _tiny_checkpoint(tmp_path / "ckpt")
+    checkpoint = sample_dan_checkpoint(tmp_path / "ckpt")
     out = tmp_path / "sweep"
     experiment = "tune-sts-matrix-test"
     cmd = [
@@ -95,7 +66,7 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
         if (out / "sweep.json").is_file():
             parent = json.loads((out / "sweep.json").read_text())["parent_run_id"]
             finished_before = {
-                t: r for t, r in _runs(mlflow_uri, experiment, parent).items() if r.info.status == "FINISHED"
+                t: r for t, r in trial_runs(mlflow_uri, experiment, parent).items() if r.info.status == "FINISHED"
             }
             if len(finished_before) >= 2:
                 break
@@ -141,7 +112,7 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
     assert parent.info.status == "FINISHED" and parent.data.params["tune.space"] == "sts_matrix"
     assert parent.data.metrics["stsb_tuned/dev/pearson"] == pytest.approx(results["stsb_tuned/dev/pearson"])
     assert {"best_config.yaml", "results.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
-    children = _runs(mlflow_uri, experiment, parent.info.run_id)
+    children = trial_runs(mlflow_uri, experiment, parent.info.run_id)
     assert len(children) == TRIALS and all(r.info.status == "FINISHED" for r in children.values())
     assert all("eval.tuned.lr" in r.data.params for r in children.values())
     # A trial names the command that started the sweep, not the Ray worker that ran it.
@@ -168,7 +139,7 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
     from convsts.tune_spaces import get_space
 
     experiment = "tune-snli-fraction-test"
-    base = TINY_MODEL + [
+    base = TINY_SWEEP_MODEL + [
         f"mlflow.tracking_uri={mlflow_uri}",
         f"mlflow.experiment={experiment}",
         "trainer.num_workers=2",
@@ -229,7 +200,7 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
     parent = client.get_run(results["mlflow_run_id"])
     assert parent.info.status == "FINISHED"
     assert {"curve.png", "curve.csv", "best_config.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
-    children = _runs(mlflow_uri, experiment, parent.info.run_id)
+    children = trial_runs(mlflow_uri, experiment, parent.info.run_id)
     assert len(children) == 2
     # Each trial trained from step 0 in a checkpoint folder of its own (before: the second trial
     # restored the first's last checkpoint and trained no step).
@@ -254,20 +225,20 @@ def test_a_trial_that_ran_to_max_t_is_not_tagged_as_stopped_early(ray_session, m
     from convsts.tune_spaces import get_space
 
     experiment = "tune-max-t-test"
-    cfg = load_config(None, [*TINY_MODEL, f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"])
+    cfg = load_config(None, [*TINY_SWEEP_MODEL, f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"])
     space = get_space("testkit.small_spaces:STS_MATRIX_MAX_T_6")  # max_t = the trials' 6 epochs; ASHA rungs at 1 and 3
     results = run_sweep(
         SweepRequest(
             space,
             cfg,
             tmp_path / "sweep",
-            checkpoint=str(_tiny_checkpoint(tmp_path / "ckpt")),
+            checkpoint=str(sample_dan_checkpoint(tmp_path / "ckpt")),
             num_samples=6,
             max_concurrent=1,
             param_overrides=grid_overrides(["eval.tuned.epochs=[6]"]),
         )
     )
-    children = _runs(mlflow_uri, experiment, results["mlflow_run_id"])
+    children = trial_runs(mlflow_uri, experiment, results["mlflow_run_id"])
     client = tracking.client(mlflow_uri)
     ran = {
         t: max(m.step for m in client.get_metric_history(r.info.run_id, "stsb_tuned/dev/pearson_epoch"))
@@ -292,7 +263,7 @@ def test_the_task_mix_sweep_tabulates_a_mix_over_its_seeds(ray_session, sample_p
     space = get_space("task_mix")
     cfg = load_config(
         None,
-        TINY_MODEL
+        TINY_SWEEP_MODEL
         + [f"mlflow.tracking_uri={mlflow_uri}", "mlflow.experiment=tune-task-mix-test", "trainer.num_workers=1"]
         + ["trainer.steps=4", "trainer.checkpoint_every=4", "eval.tuned.epochs=2"],
     )

@@ -21,7 +21,7 @@ from convsts.io.storage import expand_inputs
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import get_task
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "datasets" / "sample"
 
 

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_tune_ray import _tiny_checkpoint
+from testkit.checkpoints import sample_dan_checkpoint
 from testkit.tiny import TINY_DAN
 
 from convsts.ray_jobs.tracking import runs as tracking
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "convsts"]
 STEPS, EVERY = 120, 20
 CHAIN = [
@@ -178,7 +178,7 @@ def test_a_sweep_killed_in_its_first_seconds_continues_with_the_same_command(ray
     Ray Tune's first state: the same command finishes the sweep under the same parent run, and
     every trial is one of the space's (its parameters logged), none 'without custom configuration'."""
     out, experiment = tmp_path / "sweep", f"chain-sweep-{delay}"
-    command = [*CLI, "tune", "--space", "sts_matrix", "--checkpoint", str(_tiny_checkpoint(tmp_path / "ckpt")),
+    command = [*CLI, "tune", "--space", "sts_matrix", "--checkpoint", str(sample_dan_checkpoint(tmp_path / "ckpt")),
                "--out", str(out), "--num-samples", "2", "--max-concurrent", "1", "--param", "eval.tuned.epochs=[3]",
                f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"]  # fmt: skip
     first = subprocess.Popen(

@@ -6,7 +6,7 @@ reason), or of a module of ours that loads a slow one (torch, MLflow, SciPy, Ray
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FOLDERS = ("convsts/io", "datasets", "models", "ray_jobs", "tune_spaces")
 # The layers, lowest first: a module imports (at any level of its code, `if TYPE_CHECKING:` aside)
 # only modules of its own layer or of the layers before it. docs/design.md draws the same list.
