@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from convsts.datasets.evalsets import read_stsb, stsb_split_path  # noqa: E402
 from convsts.io.storage import resolve_path  # noqa: E402
-from convsts.models import load  # noqa: E402
+from convsts.models.sentence_encoder import load  # noqa: E402
 from convsts.models.sts_transform import StsTransformConfig, fit_sts_transform  # noqa: E402
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer  # noqa: E402
 from convsts.ray_jobs.evaluation.sts import sts_metrics, stsb_embeddings  # noqa: E402

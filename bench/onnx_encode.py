@@ -1,4 +1,4 @@
-"""Encode throughput through torch (`convsts.models.load(C).encode`) and through onnxruntime (the graph
+"""Encode throughput through torch (`convsts.models.sentence_encoder.load(C).encode`) and through onnxruntime (the graph
 `convsts export --format onnx` writes, run by `convsts.models.export.OnnxEncoder`), on the same sentences
 in one run: sentences/s of each, their ratio, and the largest difference between the embeddings.
 
@@ -48,11 +48,11 @@ def main() -> int:
     from convsts.datasets.reddit import read_pairs_file
     from convsts.datasets.text import fit_tokenizer
     from convsts.io.storage import resolve_path
-    from convsts.models import load, save_checkpoint
-    from convsts.models.checkpoint import build_model
+    from convsts.models.checkpoint import build_model, save_checkpoint
     from convsts.models.config import ModelConfig
     from convsts.models.encoders import encoder_class
     from convsts.models.export import OnnxEncoder, to_onnx
+    from convsts.models.sentence_encoder import load
 
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))
     texts = [t for t in list(pairs["context"]) + list(pairs["response"]) if isinstance(t, str)]

@@ -6,7 +6,7 @@ Writes a checkpoint-shaped folder of `--mib` MiB (a third as model.safetensors, 
 train_state.pt, plus config.json, tokenizer.json and manifest.json) to the local S3 server (moto, on
 127.0.0.1, as the tests use it), then reads it whole to local disk, alternately through the
 project's reader (`datasets.cache.local_copy`, what `--resume s3://...`, `evaluate --checkpoint`
-and `models.load` use) and through boto3's `download_file` (its managed parallel download), and
+and `sentence_encoder.load` use) and through boto3's `download_file` (its managed parallel download), and
 prints the median time of each, their ratio (boto3 / ours: >= 0.8 is the target) and the requests
 each made per file (from the server's request log). The bound per file of S bytes: about S / 8 MiB + 2.
 """

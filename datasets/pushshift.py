@@ -34,6 +34,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
 
 from convsts.datasets.config import RedditFilterConfig
 from convsts.datasets.reddit import (
@@ -90,9 +94,6 @@ def parse_comment(raw: bytes, first_line: bool = False) -> dict[str, str] | None
 def _comment_table(table):
     """Arrow's rows (TEXT_FIELDS, nulls where absent) -> the same with `status`: "malformed" for a row
     missing a required field, whose fields become ""."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     complete = pa.array(np.ones(table.num_rows, bool))
     for name in DUMP_FIELDS:
         complete = pc.and_(complete, pc.is_valid(table[name]))
@@ -107,9 +108,6 @@ def _arrow_comments(data: bytes, count: int):
     when a line is not a JSON object, has a field of another type or is not UTF-8: the caller then
     parses those lines one by one, as parse_comment does. Arrow would take two objects on one line as
     two rows and skip a blank line: as many rows as lines means one object a line."""
-    import pyarrow as pa
-    import pyarrow.json as pajson
-
     schema = pa.schema([(name, pa.string()) for name in TEXT_FIELDS])
     options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     try:
@@ -121,8 +119,6 @@ def _arrow_comments(data: bytes, count: int):
 
 
 def _line_by_line(lines: list[bytes]):
-    import pyarrow as pa
-
     rows = []
     for raw in lines:
         comment = parse_comment(raw)
@@ -135,8 +131,6 @@ def _line_by_line(lines: list[bytes]):
 def _parse_lines(lines: list[bytes]):
     """Well-shaped lines ({ to }) as rows, in order: Arrow's JSON reader on the run, a run it refuses (a
     malformed line inside) halved until the bad lines are parsed one by one."""
-    import pyarrow as pa
-
     table = _arrow_comments(b"\n".join(lines) + b"\n", len(lines)) if lines else None
     if table is not None:
         return table
@@ -166,8 +160,6 @@ def parse_chunk(chunk: bytes) -> tuple[Any, np.ndarray]:
     (COMMENT_COLUMNS but line and order), each row's line index in the chunk). The well-shaped lines go
     to Arrow's JSON reader in one call, as the runs of bytes between the others; the others are parsed one
     by one (they are malformed, or valid JSON with spaces around)."""
-    import pyarrow as pa
-
     starts, ends, shaped = _line_bounds(np.frombuffer(chunk, np.uint8))
     if shaped.all():
         table = _arrow_comments(chunk if chunk.endswith(b"\n") else chunk + b"\n", len(starts))
@@ -249,8 +241,6 @@ def read_dump_chunks(path: str, rank: int = 0, chunk_bytes: int = CHUNK_BYTES) -
     about `chunk_bytes` decompressed bytes cut at a line's end: each line's number and place in the input
     (`order`, with the file's `rank`); malformed lines kept with status "malformed". Within a chunk the
     malformed lines come last (rows are in no fixed order: `line` says where each was)."""
-    import pyarrow as pa
-
     first = 1
     for chunk in _read_ahead(_whole_lines(path, chunk_bytes)):
         table, at = parse_chunk(chunk)
@@ -289,9 +279,6 @@ def rule_status(body, author, cfg: RedditFilterConfig) -> np.ndarray:
     """failing_rule of each (body, author) pair (Arrow string arrays without nulls), in columns: the
     same answer, string for string. ASCII texts are decided in columns; a non-ASCII body (its letter
     share and its stripped form) or author goes through the same Python string methods failing_rule uses."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     banned = pa.array(list(cfg.banned_bodies), pa.string())
     deleted = pc.is_in(pc.ascii_trim(body, characters=ASCII_SPACE), value_set=banned).to_numpy(zero_copy_only=False)
     length = pc.utf8_length(body).to_numpy(zero_copy_only=False)
@@ -316,8 +303,6 @@ def rule_status(body, author, cfg: RedditFilterConfig) -> np.ndarray:
 
 def with_rules(table, cfg: RedditFilterConfig):
     """A chunk of comments with each well-formed line's filter rule in `status`."""
-    import pyarrow as pa
-
     status = table["status"].to_numpy(zero_copy_only=False).astype(object)
     ok = pa.array(np.flatnonzero(status == ""))
     if len(ok):
@@ -362,7 +347,6 @@ class _Spill:
         self._write(f"pairs-{split}", pairs, key_ranges(pairs, self.parts))
 
     def _write(self, kind: str, table, part: np.ndarray) -> None:
-        import pyarrow as pa
 
         for p, rows in partition_slices(table, part, self.parts):
             if (kind, p) not in self._writers:
@@ -376,8 +360,6 @@ class _Spill:
 
     def read(self, kind: str, part: int):
         """One partition's rows (memory-mapped), or None when it has none."""
-        import pyarrow as pa
-
         path = self.folder / f"{kind}-{part}.arrow"
         return pa.ipc.open_stream(pa.memory_map(str(path))).read_all() if path.exists() else None
 
@@ -388,8 +370,6 @@ class _Spill:
     def later_lines(self):
         """The orders of the lines whose comment id was on an earlier line too (an Arrow array): the
         duplicates. Memory: one partition's (id, order), and the repeated lines."""
-        import pyarrow as pa
-
         later = [pa.array([], pa.int64())]
         for part in range(self.parts):
             nodes = self.read("node", part)
@@ -409,8 +389,6 @@ class _Spill:
 
 def _statuses(joined):
     """Each reply's bucket after the parent join (own status first, then its parent's), "" for a pair."""
-    import pyarrow.compute as pc
-
     parent_status = joined["parent_status"]
     pair_or_filtered = pc.if_else(pc.equal(parent_status, ""), "", FILTERED)
     with_parent = pc.if_else(pc.is_null(parent_status), MISSING, pair_or_filtered)
@@ -436,9 +414,6 @@ def partitioned_comments(comments, parts: int) -> list[tuple[str, Any, np.ndarra
     each row's partition)]: "node", each comment as a possible parent by a hash of its id; "edge",
     each as a reply by a hash of its parent's id (a reply to a submission by its own id); a body is
     kept only where its comment passed the filters."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     body = pc.if_else(pc.equal(comments["status"], ""), comments["body"], None)
     is_comment = pc.starts_with(comments["parent_id"], PARENT)
     parent_key = pc.if_else(is_comment, pc.utf8_slice_codeunits(comments["parent_id"], len(PARENT)), None)
@@ -455,7 +430,6 @@ def partitioned_comments(comments, parts: int) -> list[tuple[str, Any, np.ndarra
 def _hashed(keys, parts: int) -> np.ndarray:
     if parts == 1:
         return np.zeros(len(keys), np.int64)
-    import polars as pl
 
     return (pl.Series(keys).hash(seed=0).to_numpy() % parts).astype(np.int64)
 
@@ -469,8 +443,6 @@ def key_ranges(pairs, parts: int) -> np.ndarray:
 
 def partition_slices(table, part: np.ndarray, parts: int) -> Iterator[tuple[int, Any]]:
     """(partition, its rows) for each partition that has rows, rows in their order."""
-    import pyarrow as pa
-
     if parts > 1:
         ranked = np.argsort(part, kind="stable")
         part, table = part[ranked], table.take(pa.array(ranked))
@@ -481,8 +453,6 @@ def partition_slices(table, part: np.ndarray, parts: int) -> Iterator[tuple[int,
 
 def later_lines_of(nodes):
     """The orders of one node partition's lines whose comment id was on an earlier line too."""
-    import pyarrow.compute as pc
-
     nodes = nodes.select(["id", "order"])
     firsts = nodes.group_by("id").aggregate([("order", "min"), ("order", "count")])
     firsts = firsts.filter(pc.greater(firsts["order_count"], 1))
@@ -494,9 +464,6 @@ def later_lines_of(nodes):
 
 def parents_of(nodes, later):
     """A node partition's comments that can be a parent (not a later line of a repeated id)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     parents = nodes.filter(pc.invert(pc.is_in(nodes["order"], later)))
     return pa.table({"parent_key": parents["id"], "parent_status": parents["status"], "context": parents["body"]})
 
@@ -504,9 +471,6 @@ def parents_of(nodes, later):
 def joined_pairs(edges, parents, later, test_share: float, salt: str):
     """A partition's replies joined to their parents: ({(status, split): lines}, {split: pairs as
     WRITTEN_COLUMNS and ORDER_KEY})."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     status = pc.if_else(pc.is_in(edges["order"], later), DUPLICATE, edges["status"])
     joined = edges.set_column(edges.schema.get_field_index("status"), "status", status)
     joined = joined.join(parents, "parent_key", join_type="left outer")
@@ -535,8 +499,6 @@ def spill_partitions(stored: int, per: int = PARTITION_INPUT_BYTES) -> int:
 def _without_malformed(chunk, room: int) -> tuple[Any, int, list[int]]:
     """(the chunk's well-formed lines, how many were malformed, the orders of the first `room` of
     those): the manifest's malformed count and examples."""
-    import pyarrow.compute as pc
-
     malformed = pc.equal(chunk["status"], "malformed").to_numpy(zero_copy_only=False)
     if not malformed.any():
         return chunk, 0, []
@@ -687,8 +649,6 @@ def _read_partitioned(path: str, rank: int, cfg: RedditFilterConfig, parts: int,
 
 def _flush(held: dict[tuple[str, int], list], parts: int) -> Iterator[Any]:
     """3 x `parts` tables, KINDS in order, each partition 0..parts-1 (None for one with no rows)."""
-    import pyarrow as pa
-
     for kind in KINDS:
         for p in range(parts):
             yield pa.concat_tables(held[kind, p]) if (kind, p) in held else None
@@ -697,8 +657,6 @@ def _flush(held: dict[tuple[str, int], list], parts: int) -> Iterator[Any]:
 def _later_task(*keys):
     """One partition's (id, order) rows, from every read task: (the orders of its later lines of a
     repeated id, its comments)."""
-    import pyarrow as pa
-
     kept = [k for k in keys if k is not None]
     if not kept:
         return pa.array([], pa.int64()), 0
@@ -710,7 +668,6 @@ def _pairs_task(test_share: float, salt: str, parts: int, later, nodes: list, *e
     """One partition's replies joined to its possible parents: [its counts, then the train pairs by
     key range 0..parts-1, then the test pairs by range (None where a range has none)]. `nodes`: the
     partition's node tables (refs inside a list: fetched here, after the edges)."""
-    import pyarrow as pa
     import ray
 
     kept = [e for e in edges if e is not None]
@@ -745,7 +702,6 @@ def prepare_distributed(
     past its memory), a task per partition for the repeated ids, a task per partition for the parent
     join; then the pairs written as prepare_local writes them, key range after key range. The same
     counts, the same shards. Memory: the object store's (configured), a partition per task."""
-    import pyarrow as pa
     import ray
 
     ranked, started = sorted(paths), time.monotonic()

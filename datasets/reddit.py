@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from convsts.datasets.config import RedditFilterConfig
 from convsts.datasets.shards import write_shards, write_table
@@ -329,16 +330,12 @@ def write_pairs(annotated, lines_read: int, out_dir: str | Path, rows_per_shard:
 
 def keyed_table(kept: pd.DataFrame):
     """Kept pairs (WRITTEN_COLUMNS) as an Arrow table with their ORDER_KEY, as write_ordered takes them."""
-    import pyarrow as pa
-
     return pa.Table.from_pandas(_with_order_key(kept[WRITTEN_COLUMNS].reset_index(drop=True)), preserve_index=False)
 
 
 def write_ordered(keyed: dict[str, list], out_dir: str | Path, rows_per_shard: int) -> dict[str, Any]:
     """Each split's kept pairs (keyed_table pieces, in any order) in the order of in_fixed_order, cut as it
     cuts them, written from this process: {split: shard records}."""
-    import pyarrow as pa
-
     shards = {}
     for split in ("train", "test"):
         pieces = keyed.get(split) or [keyed_table(pd.DataFrame({c: pd.Series([], dtype=str) for c in WRITTEN_COLUMNS}))]

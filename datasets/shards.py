@@ -10,6 +10,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from convsts.io import storage
 
 ShardRecord = dict[str, Any]
@@ -27,9 +30,6 @@ def shard_name(index: int) -> str:
 
 def write_shard(folder: str | Path, index: int, table) -> ShardRecord:
     """A pyarrow table as the `index`-th shard of `folder`; its record."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     buffer = pa.BufferOutputStream()
     # Without pandas' schema metadata (Ray Data's blocks carry theirs, a frame its own): a shard's
     # bytes are its rows, whether written in the driver or by a Ray Data task.
@@ -42,8 +42,6 @@ def write_shard(folder: str | Path, index: int, table) -> ShardRecord:
 
 def write_frame(frame, folder: str | Path, rows_per_shard: int) -> list[ShardRecord]:
     """A pandas frame as parquet shards in `folder`, written from this process (no Ray): write_table."""
-    import pyarrow as pa
-
     return write_table(pa.Table.from_pandas(frame, preserve_index=False), folder, rows_per_shard)
 
 
@@ -71,7 +69,6 @@ class ShardWriter:
         self.records: list[ShardRecord] = []
 
     def add(self, table) -> None:
-        import pyarrow as pa
 
         self._held.append(table)
         held = sum(t.num_rows for t in self._held)
@@ -104,7 +101,6 @@ def write_shards(ds, folder: str | Path, rows_per_shard: int) -> list[ShardRecor
 def _shard_sink(folder: str, rows_per_shard: int):
     """A ray.data Datasink that writes each task's blocks as one shard (made here so that importing
     this module does not import Ray)."""
-    import pyarrow as pa
     from ray.data import Datasink
     from ray.data.block import BlockAccessor
 

@@ -3,7 +3,7 @@
 Heads are named by kind (`HEADS`: "response", "nli") or by an importable "package.module:Class"
 for a head defined outside this file. A head is built as `Head(dim, model_config)`. Which task uses
 which head kind is the task's declaration (ray_jobs/tasks/); the model only stores {task: kind},
-which each checkpoint's config.json keeps so that `convsts.models.load` rebuilds the same heads.
+which each checkpoint's config.json keeps so that `convsts.models.sentence_encoder.load` rebuilds the same heads.
 """
 
 from __future__ import annotations

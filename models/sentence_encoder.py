@@ -30,7 +30,7 @@ def resolve_device(device: str | None) -> torch.device:
 class SentenceEncoder:
     """A loaded checkpoint with `encode` as SentenceTransformer has it, plus the task heads' scores:
 
-    encoder = models.load("runs/demo/checkpoint")
+    encoder = load("runs/demo/checkpoint")
     encoder.encode("a man is playing a guitar")            # (dim,) float32, unit length
     encoder.encode(["one", "two"], batch_size=64)           # (2, dim)
     encoder.encode(texts, device="cuda", convert_to_tensor=True, show_progress_bar=True)

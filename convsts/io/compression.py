@@ -17,6 +17,8 @@ import lzma
 import zlib
 from pathlib import Path
 
+import zstandard
+
 from convsts.io import storage
 from convsts.io.errors import BadInputError
 from convsts.io.redaction import redact
@@ -89,8 +91,6 @@ class _ZstdLines(io.RawIOBase):
     ending early as zstandard's stream reader does."""
 
     def __init__(self, raw, path: str):
-        import zstandard
-
         self._zstd = zstandard
         self._raw, self._path = raw, path
         self._new_frame()

@@ -25,10 +25,7 @@ import pandas as pd
 from convsts.io.errors import BadInputError
 from convsts.io.storage import resolve_path
 from convsts.ray_jobs.config.loader import load_config, parse_with_overrides
-from convsts.ray_jobs.evaluation.compare import write_comparison
-from convsts.ray_jobs.evaluation.curve import fraction_curve
-from convsts.ray_jobs.evaluation.scorers import LexicalScorer
-from convsts.ray_jobs.pipelines.evaluate import results_table, run_evaluation, training_run
+from convsts.ray_jobs.evaluation import BASELINES
 from convsts.ray_jobs.runtime.process import setup_logging
 
 
@@ -38,7 +35,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--checkpoint")
-    group.add_argument("--baseline", choices=LexicalScorer.KINDS)
+    group.add_argument("--baseline", choices=BASELINES)
     group.add_argument(
         "--fraction-curve",
         nargs="+",
@@ -77,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.compare:
         return compare(args)
     cfg = load_config(args.config, args.overrides)
+    from convsts.ray_jobs.evaluation.curve import fraction_curve
+    from convsts.ray_jobs.pipelines.evaluate import results_table, run_evaluation, training_run
+
     if args.fraction_curve:
         rows = fraction_curve(args.fraction_curve, cfg, Path(args.out))
         print(pd.DataFrame(rows).to_string(index=False))
@@ -111,5 +111,7 @@ def compare(args: argparse.Namespace) -> int:
     ]
     if unused:
         raise BadInputError(f"--compare reads two finished evaluations; {', '.join(unused)} would do nothing")
+    from convsts.ray_jobs.evaluation.compare import write_comparison
+
     print(write_comparison(Path(args.compare[0]), Path(args.compare[1]), Path(args.out)))
     return 0

@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from convsts.models.export import to_onnx, to_sentence_transformers
 from convsts.ray_jobs.runtime.process import log, setup_logging
 
-FORMATS = {"onnx": to_onnx, "sentence-transformers": to_sentence_transformers}
+FORMATS = {"onnx": "to_onnx", "sentence-transformers": "to_sentence_transformers"}  # convsts.models.export
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -33,6 +32,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
-    out = FORMATS[args.format](args.checkpoint, args.out)
+    from convsts.models import export
+
+    out = getattr(export, FORMATS[args.format])(args.checkpoint, args.out)
     log.info("wrote %s (%s)", out, args.format)
     return 0

@@ -20,7 +20,6 @@ from convsts.ray_jobs.config.schema import RESUME_LATEST
 from convsts.ray_jobs.pipelines.inputs import ensure_prepared
 from convsts.ray_jobs.runtime.output_lock import output_lock
 from convsts.ray_jobs.runtime.process import setup_logging, tracking_uri
-from convsts.ray_jobs.training.run import prepared_location, run_training
 
 # A stopped run is continued from its newest complete checkpoint, not started again.
 GO_ON = f"add --resume {RESUME_LATEST} to the same command to go on from its newest complete checkpoint"
@@ -77,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.out:
         build_parser().error("the following arguments are required: --out")
     storage.check_bucket(cfg.trainer.storage_path, "trainer.storage_path")  # before the data is prepared
+    from convsts.ray_jobs.training.run import prepared_location, run_training
+
     with output_lock(args.out, "train"):  # before anything is written there: the store, the prepared data
         uri = tracking_uri(
             cfg.mlflow.tracking_uri, args.out

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from convsts.models import load
+from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.evaluation.plots import fraction_curve_plot
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 from convsts.ray_jobs.evaluation.sts import read_stsb_split, sts_metrics

@@ -11,6 +11,7 @@ from scipy import sparse
 
 from convsts.datasets.text import words
 from convsts.models.similarity import cosine
+from convsts.ray_jobs.evaluation import BASELINES
 
 
 class EmbeddingScorer:
@@ -34,7 +35,7 @@ class EmbeddingScorer:
 class LexicalScorer:
     """The STS 2017 baseline (binary bag of words) or TF-IDF, as sparse vectors; cosine everywhere."""
 
-    KINDS = ("bow", "tfidf")
+    KINDS = BASELINES
 
     def __init__(self, kind: str, fit_texts: Sequence[str]):
         if kind not in self.KINDS:

@@ -19,8 +19,8 @@ from convsts.datasets.evalsets import check_sts_entries, pair_keys
 from convsts.io import storage
 from convsts.io.errors import BadInputError, TrackingError
 from convsts.io.redaction import redact
-from convsts.models import load
 from convsts.models.checkpoint import read_meta, verified_folder
+from convsts.models.sentence_encoder import load
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, write_items

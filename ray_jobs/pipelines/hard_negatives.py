@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from convsts import models
 from convsts.datasets.negatives import MiningConfig, mine
 from convsts.io import redaction, storage
 from convsts.io.errors import BadInputError
+from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.runtime.process import ensure_ray, log
 from convsts.ray_jobs.tasks.prepared_folder import verify_prepared, write_manifest, write_train_frame
 from convsts.ray_jobs.tasks.reddit import NEGATIVE
@@ -227,7 +227,7 @@ def mine_prepared(
     if storage.has_entries(out):
         raise FileExistsError(f"{out} is not empty; choose a new --out folder")
     started = time.time()
-    encoder = models.load(checkpoint)  # a wrong checkpoint fails before the data is read
+    encoder = load(checkpoint)  # a wrong checkpoint fails before the data is read
     manifest = verify_prepared(REDDIT, prepared)
     frame, total = sampled_training_pairs(prepared, pairs, mining)
     log.info("mine-negatives: encoding %d contexts and %d responses with %s", len(frame), len(frame), checkpoint)

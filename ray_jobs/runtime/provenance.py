@@ -12,8 +12,6 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-import torch
-
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 COMMIT_ENV = "CONVSTS_GIT_COMMIT"
 LIBRARIES = ("convsts", "torch", "ray", "mlflow", "transformers", "tokenizers", "onnxruntime")
@@ -51,6 +49,8 @@ def library_versions() -> dict[str, str]:
 
 
 def machine() -> dict[str, str]:
+    import torch
+
     info = {"python": platform.python_version(), "platform": platform.platform(), "cpu_count": str(os.cpu_count())}
     try:
         if torch.cuda.is_available():

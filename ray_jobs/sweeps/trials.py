@@ -14,7 +14,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from convsts.io.errors import ConfigError
-from convsts.models import load
+from convsts.models.sentence_encoder import load
 from convsts.models.sts_transform import StsTransform, fit_sts_transform
 from convsts.ray_jobs.config.loader import from_dict, merge_layer
 from convsts.ray_jobs.config.schema import RunConfig

@@ -1,5 +1,5 @@
 """The trained encoder as an MLflow model (`pyfunc` flavor): a column `text` of strings in,
-embeddings (n, dim) out, as `convsts.models.load(folder).encode` gives them.
+embeddings (n, dim) out, as `convsts.models.sentence_encoder.load(folder).encode` gives them.
 
     mlflow.pyfunc.load_model("runs:/<run id>/model").predict(pd.DataFrame({"text": ["a sentence"]}))
     mlflow models serve -m runs:/<run id>/model --env-manager local --host 127.0.0.1 --port 5001
@@ -20,10 +20,13 @@ from pathlib import Path
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
-from mlflow.models import Model
+from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric
+from mlflow.models import Model, ModelSignature
+from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
 
-from convsts.models import load
 from convsts.models.quiet_logging import quiet_loggers
+from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.tracking import runs as tracking
 
 ARTIFACT = "model"  # runs:/<id>/model
@@ -61,15 +64,6 @@ def _texts(model_input) -> list[str]:
 
 
 def signature(dim: int):
-    from mlflow.models import ModelSignature
-    from mlflow.types import (
-        ColSpec,
-        ParamSchema,
-        ParamSpec,
-        Schema,
-        TensorSpec,
-    )
-
     return ModelSignature(
         inputs=Schema([ColSpec("string", INPUT_COLUMN)]),
         outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, dim))]),
@@ -105,8 +99,6 @@ def log_model(tracking_uri: str, run_id: str, folder: str | Path, register_as: s
     model. A run holds one such model: logged again (after its evaluation), the run's model gets the
     new folder (its card now with the results) and the new metrics, keeping its id and any registered
     version. Returns the run-relative URI `runs:/<run id>/model`."""
-    from mlflow.entities import LoggedModelOutput
-
     c = tracking.client(tracking_uri)
     run = c.get_run(run_id)
     logged = _run_model(c, run)
@@ -132,8 +124,6 @@ def _run_model(c, run):
 
 def _new_model(c, run, folder: str | Path):
     """A new LoggedModel of `run` holding `folder`, finalized READY (FAILED if saving it fails)."""
-    from mlflow.entities import LoggedModelStatus
-
     logged = c.create_logged_model(
         run.info.experiment_id,
         name=ARTIFACT,
@@ -168,8 +158,6 @@ def _save_artifacts(c, run_id: str, logged, folder: str | Path) -> None:
 
 def _link_metrics(c, run_id: str, keys, model_id: str, step: int) -> None:
     """The run's metrics `keys` at `step` (its final evaluation) shown on the model's page too."""
-    from mlflow.entities import Metric
-
     linked = [
         Metric(m.key, m.value, m.timestamp, m.step, run_id=run_id, model_id=model_id)
         for key in keys
@@ -183,10 +171,6 @@ def _link_metrics(c, run_id: str, keys, model_id: str, step: int) -> None:
 def register(tracking_uri: str, run_id: str, model_id: str, name: str) -> str:
     """A new version of registered model `name` (created when missing) from run `run_id`'s logged
     model `model_id`; returns the version."""
-    from mlflow.tracking._tracking_service.utils import (
-        _use_tracking_uri,
-    )
-
     c = tracking.client(tracking_uri)
     try:
         c.get_registered_model(name)

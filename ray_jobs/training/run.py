@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
+
 from convsts.io import storage
 from convsts.io.errors import ConfigError
 from convsts.io.nested import changed_values, flatten
@@ -276,8 +278,6 @@ def _train(
     extra_callbacks: Sequence[Any],
     location: tuple[str, str],
 ) -> TrainResult:
-    import ray
-
     started, (uri, run_id, continues), (manifests, digests) = time.time(), tracked, data
     tokenizer = _tokenizer(cfg, prepared)
     datasets = task_datasets(cfg, prepared, tokenizer)

@@ -13,8 +13,8 @@ from testkit.tiny import TINY_DAN
 
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.io.storage import resolve_path
-from convsts.models import load
 from convsts.models.checkpoint import load_model
+from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.cli.demo import build_parser
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.evaluation.sts import sts_metrics

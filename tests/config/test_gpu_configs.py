@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from convsts.models import load
 from convsts.models.encoders import TransformerSentenceEncoder
+from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tracking import runs as tracking
 

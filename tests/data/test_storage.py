@@ -14,10 +14,10 @@ import pytest
 from testkit.s3_server import keys, s3_endpoint, upload
 from testkit.tiny import TINY_TRAIN
 
-from convsts import models
 from convsts.datasets import evalsets, pushshift, reddit, snli
 from convsts.io import cache, storage
 from convsts.io.storage import expand_inputs
+from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import get_task
 
@@ -253,7 +253,7 @@ def test_train_with_data_and_checkpoints_on_s3(trained_on_s3):
     # The bucket's last checkpoint loads from its URI as the copy in --out does.
     uri = _last_checkpoint_uri(bucket)
     texts = ["a man is playing a guitar", "how do I cook rice"]
-    assert np.array_equal(models.load(uri).encode(texts), models.load(out / "checkpoint").encode(texts))
+    assert np.array_equal(load(uri).encode(texts), load(out / "checkpoint").encode(texts))
     # In-training evaluation on: the best checkpoint by STS-B dev is kept beside the last.
     train_info = json.loads((out / "train.json").read_text())
     assert train_info["best_checkpoint"] == str(out / "best_checkpoint")

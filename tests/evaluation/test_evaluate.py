@@ -11,9 +11,9 @@ from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.datasets.text import DanTokenizer, count_words
 from convsts.io.storage import resolve_path
-from convsts.models import load, save_checkpoint
-from convsts.models.checkpoint import build_model
+from convsts.models.checkpoint import build_model, save_checkpoint
 from convsts.models.config import DanConfig, ModelConfig
+from convsts.models.sentence_encoder import load
 from convsts.models.sts_transform import FILE_NAME, load_sts_transform
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.pipelines.evaluate import run_evaluation

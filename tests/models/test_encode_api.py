@@ -10,9 +10,9 @@ import torch
 
 from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.text import DanTokenizer, SubwordTokenizer, count_words
-from convsts.models import load, save_checkpoint
-from convsts.models.checkpoint import build_model
+from convsts.models.checkpoint import build_model, save_checkpoint
 from convsts.models.config import DanConfig, ModelConfig, TransformerConfig
+from convsts.models.sentence_encoder import load
 
 TEXTS = ["the cat sat on the mat", "a dog", "cats and dogs living together in one small house", "", "the end"]
 HEADS = {"reddit": "response", "snli": "nli"}

@@ -16,10 +16,13 @@ pytest.importorskip("onnxruntime")
 from convsts.datasets.config import TokenizerConfig  # noqa: E402
 from convsts.datasets.text import DanTokenizer, SubwordTokenizer, count_words
 from convsts.io.errors import BadInputError
-from convsts.models import load, save_checkpoint  # noqa: E402
-from convsts.models.checkpoint import build_model  # noqa: E402
+from convsts.models.checkpoint import (
+    build_model,  # noqa: E402
+    save_checkpoint,  # noqa: E402
+)
 from convsts.models.config import DanConfig, ModelConfig, TransformerConfig  # noqa: E402
 from convsts.models.export import ONNX_FILE, ONNX_OUTPUT, OnnxEncoder, to_onnx  # noqa: E402
+from convsts.models.sentence_encoder import load  # noqa: E402
 from convsts.ray_jobs.cli import main as cli  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample" / "stsb_test.parquet"

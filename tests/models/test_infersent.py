@@ -7,8 +7,8 @@ import pytest
 
 from convsts.datasets.snli import read_snli
 from convsts.io.storage import resolve_path
-from convsts.models import load
 from convsts.models.encoders import BiLstmMaxEncoder
+from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.evaluation.nli import nli_metrics
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer

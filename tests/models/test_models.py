@@ -6,11 +6,11 @@ import torch
 
 from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.text import DanTokenizer, count_words
-from convsts.models import load, save_checkpoint
-from convsts.models.checkpoint import build_model
+from convsts.models.checkpoint import build_model, save_checkpoint
 from convsts.models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig
 from convsts.models.encoders import timing_signal
 from convsts.models.losses import in_batch_softmax_loss, nli_loss
+from convsts.models.sentence_encoder import load
 
 TEXTS = ["the cat sat on the mat", "a dog", "cats and dogs living together", "the end"]
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from testkit.tiny import TINY_SWEEP_MODEL, trial_runs
 
-from convsts.models import save_checkpoint
+from convsts.models.checkpoint import save_checkpoint
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tracking import runs as tracking
 

@@ -17,7 +17,8 @@ from testkit.tiny import TINY_SWEEP_MODEL, trial_runs
 
 from convsts.datasets.snli import fraction_rank
 from convsts.io.errors import ConfigError
-from convsts.models import load, save_checkpoint
+from convsts.models.checkpoint import save_checkpoint
+from convsts.models.sentence_encoder import load
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.sweeps.results import SWEEP_MATRIX

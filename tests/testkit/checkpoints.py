@@ -5,8 +5,7 @@ from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.datasets.text import DanTokenizer, count_words
 from convsts.io.storage import resolve_path
-from convsts.models import save_checkpoint
-from convsts.models.checkpoint import build_model
+from convsts.models.checkpoint import build_model, save_checkpoint
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.ray_jobs.config.loader import load_config
 

@@ -57,8 +57,7 @@ def run_python(*args, cwd=None, env=None):
 def tiny_checkpoint(path: Path, embedding_dim: int = 4) -> Path:
     """A tiny DAN checkpoint with a run config and a train state (step 3)."""
     from convsts.datasets.text import DanTokenizer, count_words
-    from convsts.models import save_checkpoint
-    from convsts.models.checkpoint import build_model
+    from convsts.models.checkpoint import build_model, save_checkpoint
 
     cfg = load_config(
         None, ["model.dan.output_dim=6", f"model.dan.embedding_dim={embedding_dim}", "model.dan.hidden_sizes=[4]"]

@@ -1,6 +1,6 @@
 """The trained encoder as a model folder with a model card and as an MLflow pyfunc model: loaded
 with mlflow.pyfunc, registered on the sqlite store, and served by `mlflow models serve` on
-127.0.0.1 (real HTTP; the vectors equal convsts.models.load(...).encode); the card takes evaluation results."""
+127.0.0.1 (real HTTP; the vectors equal convsts.models.sentence_encoder.load(...).encode); the card takes evaluation results."""
 
 import json
 import os
@@ -19,9 +19,9 @@ from testkit.tiny import EXPORT_PROBES
 
 from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.text import DanTokenizer, count_words
-from convsts.models import load, save_checkpoint
-from convsts.models.checkpoint import build_model, save_model_folder
+from convsts.models.checkpoint import build_model, save_checkpoint, save_model_folder
 from convsts.models.config import DanConfig, ModelConfig
+from convsts.models.sentence_encoder import load
 from convsts.models.sts_transform import StsTransform, StsTransformConfig
 from convsts.ray_jobs.pipelines.evaluate import trained_step
 from convsts.ray_jobs.tracking import runs as tracking
@@ -96,8 +96,8 @@ def test_model_folder_has_no_optimizer_state_and_a_card(model_folder):
         "90 training pairs" in card
         and "snli: 40 training pairs" in card
         and "`snli/train.parquet`" in card
-        and "from convsts import models" in card
-        and "models.load(" in card
+        and "from convsts.models.sentence_encoder import load" in card
+        and "encoder = load(" in card
         and "runs:/RUNID/model" in card
     )
     assert "secret" not in card and "secret" not in (model_folder / "card.json").read_text()

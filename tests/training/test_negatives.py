@@ -100,7 +100,7 @@ def test_reddit_loss_runs_over_the_batch_responses_and_its_negatives():
 
 @pytest.mark.slow
 def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(ray_session, sample_prepared, tmp_path):
-    from convsts.models import save_checkpoint
+    from convsts.models.checkpoint import save_checkpoint
     from convsts.ray_jobs.cli.mine import main as mine_main
     from convsts.ray_jobs.training.data import build_tokenizer
     from convsts.ray_jobs.training.run import run_training
@@ -173,7 +173,8 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
     """--embeddings: a run writes each chunk's embeddings, a run killed mid-way resumes from its
     whole chunks to the same negatives, a re-run with other ranges encodes nothing, and a folder
     made by another checkpoint or for other pairs is refused."""
-    from convsts.models import load, save_checkpoint
+    from convsts.models.checkpoint import save_checkpoint
+    from convsts.models.sentence_encoder import load
     from convsts.ray_jobs.pipelines.hard_negatives import EncodePool, mine_prepared
     from convsts.ray_jobs.training.data import build_tokenizer
 

@@ -159,10 +159,10 @@ def test_a_run_record_that_is_not_ours_is_refused_naming_it(tmp_path):
 def test_a_killed_run_in_a_bucket_is_found_from_its_record_and_read_in_large_requests(tmp_path):
     """The case of a cluster run: OUT holds only run.json, the checkpoints are in the run's own folder
     in a bucket. The plain rerun is refused naming the newest complete one; `--resume latest` finds
-    it; reading it (as `--resume`, `evaluate --checkpoint` and `models.load` do) costs about one
+    it; reading it (as `--resume`, `evaluate --checkpoint` and `load` do) costs about one
     request per 8 MiB of each file."""
-    from convsts.models import load
     from convsts.models.checkpoint import check_complete, load_train_state
+    from convsts.models.sentence_encoder import load
 
     with s3_endpoint("convsts-resume"):
         cfg = load_config(None, ["trainer.storage_path=s3://convsts-resume/runs", "name=long"])

@@ -34,8 +34,7 @@ def test_a_second_run_into_a_used_out_is_refused_unless_resumed_or_fresh(tmp_pat
 
 def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
     from convsts.datasets.text import DanTokenizer, count_words
-    from convsts.models import save_checkpoint
-    from convsts.models.checkpoint import build_model
+    from convsts.models.checkpoint import build_model, save_checkpoint
     from convsts.ray_jobs.training.run import resume_mismatches
 
     cfg = load_config(

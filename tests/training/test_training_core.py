@@ -14,10 +14,10 @@ from testkit import toy_task
 
 from convsts.datasets.text import DanTokenizer, count_words
 from convsts.io.errors import ConfigError
-from convsts.models import load, save_checkpoint
-from convsts.models.checkpoint import build_model
+from convsts.models.checkpoint import build_model, save_checkpoint
 from convsts.models.encoders import ENCODERS
 from convsts.models.losses import in_batch_softmax_loss
+from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import builtin_tasks, get_task, model_heads, trained_tasks
 from convsts.ray_jobs.tasks.base import fields
@@ -249,7 +249,7 @@ def test_a_toy_task_is_one_module_plus_config_entries(tmp_path):
     loop, model, _ = _loop(cfg, hooks=LoopHooks(log=lambda m, s: logged.update(m), progress=lambda line: None))
     loop.run()
     assert "toy/loss" in logged and np.isfinite(logged["toy/loss"])
-    # The checkpoint records the head kinds; convsts.models.load rebuilds the toy head without the task registry.
+    # The checkpoint records the head kinds; convsts.models.sentence_encoder.load rebuilds the toy head without the task registry.
     save_checkpoint(tmp_path / "c", model, _tokenizer(cfg), cfg.to_dict())
     loaded = load(tmp_path / "c")
     assert set(loaded.model.heads) == {"reddit", "snli", "toy"}
