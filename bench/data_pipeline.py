@@ -1,7 +1,7 @@
 """Data pipeline throughput: `prepare reddit` on a corpus, and the tokenized Ray Data feed against
 what one DAN training process consumes.
 
-  .venv/bin/python bench/data_pipeline.py [--input ../shared/data/reddit] [--rows 100000] [--bigram-hash codes|crc32]
+  .venv/bin/python bench/data_pipeline.py [--input ../shared/data/reddit] [--rows 100000]
 
 Prints: prepare rows/s (lines read / wall time, Ray start-up excluded); the DAN tokenizer's rows/s in
 one process; the feed's rows/s (Ray Data
@@ -31,12 +31,6 @@ def main() -> int:
     parser.add_argument("--input", nargs="+", default=[str(Path(__file__).resolve().parents[2] / "shared/data/reddit")])
     parser.add_argument("--rows", type=int, default=100_000, help="rows of the feed to stream")
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument(
-        "--bigram-hash",
-        default="codes",
-        choices=DanTokenizer.BIGRAM_HASHES,
-        help="the DAN tokenizer's bigram ids: codes (vectorized, the default) or crc32 (per bigram, the format before)",
-    )
     parser.add_argument(
         "--config", default=None, help="run config (filters, tokenizer, optimizer); default: the defaults"
     )
@@ -73,8 +67,9 @@ def main() -> int:
     import pyarrow.parquet as pq
 
     train_text = pq.read_table(str(work / "reddit" / "train"), columns=["context", "response"]).to_pandas()
-    built = DanTokenizer.build(count_words(list(train_text["context"]) + list(train_text["response"])), cfg.tokenizer)
-    tokenizer = DanTokenizer(built.vocab, cfg.tokenizer, args.bigram_hash)
+    tokenizer = DanTokenizer.build(
+        count_words(list(train_text["context"]) + list(train_text["response"])), cfg.tokenizer
+    )
     texts = train_text.iloc[:20_000]
     best = 0.0
     for _ in range(3):  # one process, one core: both columns of each row, batches of 1024 as the feed tokenizes
@@ -83,7 +78,7 @@ def main() -> int:
             for column in ("context", "response"):
                 tokenizer.encode(list(texts[column].iloc[i : i + 1024]), width=cfg.tokenizer.max_words)
         best = max(best, len(texts) / (time.perf_counter() - start))
-    print(f"DAN tokenizer ({args.bigram_hash} bigrams), one process: {best:,.0f} rows/s")
+    print(f"DAN tokenizer, one process: {best:,.0f} rows/s")
     ds = tokenized(reddit, storage.read_shards(str(work / "reddit" / "train")), tokenizer, cfg.tokenizer.max_words)
     ds.context.execution_options.preserve_order = cfg.trainer.preserve_order  # as the trainer's DataConfig sets it
     started = time.perf_counter()

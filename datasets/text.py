@@ -2,7 +2,7 @@
 checkpoint alone can encode new text.
 
 DAN: word ids from a frequency vocabulary built on the training data, and bigram ids hashed into
-a fixed number of buckets (crc32, stable across machines, unlike Python's `hash`).
+a fixed number of buckets (crc32 and a fixed mix, stable across machines, unlike Python's `hash`).
 Transformer: a WordPiece vocabulary trained with Hugging Face `tokenizers`.
 Pretrained: the pretrained model's own tokenizer.json, loaded with Hugging Face `tokenizers`.
 """
@@ -117,10 +117,6 @@ def count_words(texts: Iterable[str], lowercase: bool = True) -> Counter:
     return counts
 
 
-def _bigram_id(w1: str, w2: str, buckets: int) -> int:
-    return 1 + zlib.crc32(f"{w1}\x00{w2}".encode()) % (buckets - 1)
-
-
 OOV_CODES = 1 << 24  # an out-of-vocabulary word's code: num_words + crc32(word) mod this
 
 
@@ -136,25 +132,20 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 class DanTokenizer:
     """text -> (word ids, hashed bigram ids), each padded with 0 to the longest text in the batch.
 
-    Bigram ids ("codes", the default): each token gets a code, its word id when in the vocabulary,
-    else num_words + crc32(word) mod 2^24 (so unknown words still make distinct bigrams); the ids
-    of a whole batch are then hashed at once in numpy from neighbouring codes. Tokenizers saved
-    before this (no "bigram_hash" in their JSON) keep their per-bigram crc32 of the two strings
-    ("crc32"), so old checkpoints see the ids they were trained with."""
+    Bigram ids: each token gets a code, its word id when in the vocabulary, else num_words +
+    crc32(word) mod 2^24 (so unknown words still make distinct bigrams); the ids of a whole batch
+    are then hashed at once in numpy from neighbouring codes. The JSON names this scheme
+    (BIGRAM_HASH); a tokenizer of any other is refused."""
 
     kind = "dan"
     fits_from_counts = True  # the vocabulary comes from word counts (counted in parallel by Ray Data)
     pad_id = PAD_ID
-    BIGRAM_HASHES = ("codes", "crc32")
+    BIGRAM_HASH = "codes"
 
-    def __init__(self, vocab: Sequence[str], config: TokenizerConfig, bigram_hash: str = "codes"):
-        if bigram_hash not in self.BIGRAM_HASHES:
-            raise ValueError(f"bigram_hash: expected {'|'.join(self.BIGRAM_HASHES)}, got {bigram_hash!r}")
+    def __init__(self, vocab: Sequence[str], config: TokenizerConfig):
         self.config = config
         self.vocab = list(vocab)  # index i + 2 is the id of vocab[i]; 0 = pad, 1 = <unk>
-        self.bigram_hash = bigram_hash
         self._ids = {w: i + 2 for i, w in enumerate(self.vocab)}
-        self._bigram_cache: dict[tuple, int] = {}  # "crc32" only: bigram hashing is half of its time
 
     @classmethod
     def build(cls, counts: Counter, config: TokenizerConfig) -> DanTokenizer:
@@ -174,8 +165,6 @@ class DanTokenizer:
         token_lists = [self.tokens(t) for t in texts]
         longest = max([len(t) for t in token_lists] + [1])
         width = width or longest
-        if self.bigram_hash == "crc32":
-            return self._encode_crc32(token_lists, width)
         num_words, get = self.num_words, self._ids.get
         codes = np.zeros((len(texts), width), dtype=np.uint64)  # (B, L); 0 = padding
         for row, toks in enumerate(token_lists):
@@ -188,34 +177,14 @@ class DanTokenizer:
         bigram_ids[:, :-1] = np.where(right > 0, hashed, 0)
         return {"words": word_ids, "bigrams": bigram_ids}
 
-    def _encode_crc32(self, token_lists: list[list[str]], width: int) -> dict[str, np.ndarray]:
-        word_ids = np.zeros((len(token_lists), width), dtype=np.int64)  # (B, L)
-        bigram_ids = np.zeros((len(token_lists), width), dtype=np.int64)  # (B, L); at most L-1 used
-        buckets = self.config.bigram_buckets
-        for row, toks in enumerate(token_lists):
-            toks = toks[:width]
-            word_ids[row, : len(toks)] = [self._ids.get(w, UNK_ID) for w in toks]
-            bigrams = [self._bigram(pair, buckets) for pair in zip(toks, toks[1:])]
-            bigram_ids[row, : len(bigrams)] = bigrams
-        return {"words": word_ids, "bigrams": bigram_ids}
-
-    def _bigram(self, pair: tuple, buckets: int) -> int:
-        found = self._bigram_cache.get(pair)
-        if found is None:
-            if len(self._bigram_cache) >= 1_000_000:  # bounded: a long stream of rare bigrams
-                self._bigram_cache.clear()
-            found = self._bigram_cache[pair] = _bigram_id(pair[0], pair[1], buckets)
-        return found
-
-    def __getstate__(self) -> dict[str, Any]:  # pickled into Ray Data tasks: without the bigram cache
-        return {**self.__dict__, "_bigram_cache": {}}
-
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "config": asdict(self.config), "vocab": self.vocab, "bigram_hash": self.bigram_hash}
+        return {"kind": self.kind, "config": asdict(self.config), "vocab": self.vocab, "bigram_hash": self.BIGRAM_HASH}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DanTokenizer:
-        return cls(data["vocab"], TokenizerConfig(**data["config"]), data.get("bigram_hash", "crc32"))
+        if data.get("bigram_hash") != cls.BIGRAM_HASH:
+            raise ValueError(f"bigram_hash: expected {cls.BIGRAM_HASH}, got {data.get('bigram_hash')!r}")
+        return cls(data["vocab"], TokenizerConfig(**data["config"]))
 
 
 def padded_ids(id_lists: Sequence[Sequence[int]], width: int | None, pad_id: int) -> np.ndarray:

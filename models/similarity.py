@@ -46,7 +46,7 @@ def angular_score(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def pearson(pred, gold) -> float:
     """Pearson r; NaN when fewer than 2 values, either side is constant, or a value is not finite.
     Each side is scaled by its largest magnitude first (r does not change): values near 1e306 would
-    overflow the squares (before: r = 0.0 instead of the true value)."""
+    overflow the squares."""
     x, y = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
     if len(x) < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()):
         return float("nan")

@@ -95,7 +95,7 @@ def quiet_ray_logs() -> None:
     font cache and says so); deprecation warnings that Ray raises inside its own code
     (a user cannot act on them). Ray Train's own lines are set by its LoggingConfig
     (train_log_level). Ray Data is not imported here: a worker that never uses it starts without
-    it (importing it took about 1 s a worker, enough for the raylet to warn about slow starts)."""
+    it (importing it takes about 1 s a worker, enough for the raylet to warn about slow starts)."""
 
     if verbose():
         return

@@ -118,7 +118,7 @@ def tokenized(task: Task, rows, tokenizer, width: int, cfg: RunConfig | None = N
     (the text columns the run trains on: `task.text_columns(cfg)`)."""
     passthrough = (task.label,) if task.label else ()
     # The tokenizer object travels once per Ray Data task and serves every batch of it (rebuilding
-    # a 50k-word vocabulary from its dict per batch cost a quarter of the DAN tokenizer's time).
+    # a 50k-word vocabulary from its dict per batch would cost a quarter of the DAN tokenizer's time).
     return rows.map_batches(
         _tokenize_batch, fn_args=(tokenizer, task.text_columns(cfg), width, passthrough), batch_size=1024
     )

@@ -24,7 +24,7 @@ from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
 
 def print_once(line: str) -> None:
     """One progress line on the worker's real stdout (Ray forwards it to the driver). Ray Train
-    patches `print` in workers to also log each line through the root logger, which printed every
+    patches `print` in workers to also log each line through the root logger, which would print every
     line twice."""
     out = sys.__stdout__ or sys.stdout  # None only where Python started without a stdout
     out.write(line + "\n")

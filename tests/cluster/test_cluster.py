@@ -103,7 +103,7 @@ def _history(client, run_id: str, name: str) -> dict[int, float]:
 def _registered_checkpoint(storage_uri: str) -> bool:
     """Whether Ray Train's controller has registered a checkpoint of the run (its checkpoint manager's
     snapshot names a latest one): the files of a reported checkpoint land in the bucket a moment
-    before, and a node lost in between restarts the run from the checkpoint before that."""
+    earlier, and a node lost in between restarts the run from the checkpoint before that."""
     from convsts.io import storage
 
     for key in keys(storage_uri):
@@ -211,7 +211,7 @@ def test_runs_on_a_cluster_spread_own_their_checkpoints_and_survive_a_lost_node(
 
     # A second run with the same name and storage path, submitted as a job to the head's dashboard
     # (its driver runs on the head), trains from step 0 in a folder of its own and leaves the first
-    # run's files as they were (before: it restored them and trained 0 steps). Past a checkpoint it
+    # run's files as they were. Past a checkpoint it
     # loses a worker node; a replacement node joins, the run goes on from there and the job SUCCEEDS.
     submit = ["submit", "--address", cluster["dashboard"], "--submission-id", "convsts-cluster-train"]
     log = _run_losing_a_node(

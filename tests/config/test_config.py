@@ -100,7 +100,7 @@ def test_task_weights_are_replaced_not_merged(tmp_path):
 
 
 def test_an_override_that_is_not_valid_yaml_is_one_line_naming_the_key_and_the_quoted_value():
-    # Unquoted braces inside a list: PyYAML reads `{sample}` as a mapping and fails (before: its traceback).
+    # Unquoted braces inside a list: PyYAML reads `{sample}` as a mapping and fails.
     with pytest.raises(ConfigError) as err:
         load_config(None, ["data.reddit_inputs=[{sample}/reddit_pairs.parquet, b:c]"])
     message = str(err.value)
@@ -115,7 +115,7 @@ def test_an_override_that_is_not_valid_yaml_is_one_line_naming_the_key_and_the_q
 
 
 def test_an_error_inside_a_list_item_names_the_full_key(tmp_path):
-    """Before: OmegaConf named the item's own key ('lr'); the full path is what the user edits."""
+    """The full path, not the item's own key ('lr'): the path is what the user edits."""
     stages = "[{start_step: 0, batch_size: 8, lr: 0.1}, {start_step: 10, batch_size: 8, lr: abc}]"
     with pytest.raises(ConfigError, match=r"^config key 'trainer.stages\[1\].lr' in command-line overrides: "):
         load_config(None, [f"trainer.stages={stages}"])
@@ -129,7 +129,7 @@ def test_an_error_inside_a_list_item_names_the_full_key(tmp_path):
 
 def test_a_long_yaml_list_loads_and_an_alias_bomb_is_still_refused(tmp_path):
     long = tmp_path / "long.yaml"
-    # 1,500 stages are 10,500 YAML nodes: before, refused as "YAML node expansion exceeds ... 10000"
+    # 1,500 stages are 10,500 YAML nodes, past PyYAML's guard against alias bombs ("exceeds ... 10000")
     stages = "".join(f"    - {{start_step: {i * 10}, batch_size: 8, lr: 0.1}}\n" for i in range(1500))
     long.write_text("trainer:\n  stages:\n" + stages)
     assert len(load_config(long).trainer.stages) == 1500

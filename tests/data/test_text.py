@@ -10,7 +10,6 @@ from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.text import (
     DanTokenizer,
     SubwordTokenizer,
-    _bigram_id,
     count_words,
     fit_tokenizer,
     load_tokenizer,
@@ -84,18 +83,12 @@ def test_bigram_ids_are_the_same_in_another_process(tmp_path):
     assert other == tok.encode(["the zebra sat on a mat"])["bigrams"].tolist()
 
 
-def test_a_tokenizer_saved_before_bigram_codes_keeps_its_crc32_ids(tmp_path):
-    cfg = TokenizerConfig(bigram_buckets=1000)
-    old = DanTokenizer.build(count_words(["the cat sat"]), cfg).to_dict()
-    del old["bigram_hash"]  # the JSON a checkpoint from before the change holds
-    (tmp_path / "tok.json").write_text(json.dumps(old))
-    tok = load_tokenizer(tmp_path / "tok.json")
-    assert tok.bigram_hash == "crc32"
-    out = tok.encode(["the cat sat", "the zebra"])
-    assert out["bigrams"][0, :2].tolist() == [_bigram_id("the", "cat", 1000), _bigram_id("cat", "sat", 1000)]
-    assert out["bigrams"][1, 0] == _bigram_id("the", "zebra", 1000) and out["words"][1, 1] == 1
-    with pytest.raises(ValueError, match="bigram_hash"):
-        DanTokenizer(["a"], cfg, "md5")
+def test_a_tokenizer_of_another_bigram_scheme_is_refused(tmp_path):
+    other = DanTokenizer.build(count_words(["the cat sat"]), TokenizerConfig(bigram_buckets=1000)).to_dict()
+    del other["bigram_hash"]  # a JSON that does not name the scheme its bigram ids were hashed with
+    (tmp_path / "tok.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="bigram_hash: expected codes, got None"):
+        load_tokenizer(tmp_path / "tok.json")
 
 
 def test_vocab_limit_and_round_trip(tmp_path):

@@ -584,7 +584,7 @@ def test_compare_pairs_two_evaluations_query_by_query(sample_checkpoint, tmp_pat
 
 def test_an_sts_row_whose_gold_is_null_is_left_out_and_counted(tmp_path):
     """JSON null (and a NaN in parquet) is a missing gold score, as an empty one is: left out and
-    counted (before: refused as "None is not a number"); a score that is text is still refused."""
+    counted; a score that is text is still refused."""
     from convsts.datasets.evalsets import read_sts_file
     from convsts.io.errors import BadInputError
 

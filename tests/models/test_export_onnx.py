@@ -80,7 +80,7 @@ def test_onnx_graph_gives_the_torch_embeddings(kind, sentences, tmp_path):
     with pytest.raises(BadInputError, match="already exists and is not empty"):
         to_onnx(ckpt, tmp_path / "onnx")
     assert not list(tmp_path.glob(".onnx.*.partial"))  # the export's own staging folder is gone
-    # A folder of the user's named like a staging folder is never removed (before: <out>.partial was).
+    # A folder of the user's named like a staging folder is never removed.
     mine = tmp_path / "again.partial"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
@@ -102,8 +102,7 @@ def test_onnx_export_of_the_pretrained_encoder(sentences, tmp_path):
 
 
 def test_export_into_the_working_folder_is_refused_in_one_line(sentences, tmp_path, monkeypatch):
-    """`convsts export --out .` (an empty working folder): refused, nothing written (before: it staged a
-    folder inside the working folder and ended in an OSError traceback from rmdir('.'))."""
+    """`convsts export --out .` (an empty working folder): refused, nothing written."""
     checkpoint = _checkpoint("dan", sentences, tmp_path / "ckpt")
     here = tmp_path / "here"
     here.mkdir()

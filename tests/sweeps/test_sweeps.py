@@ -203,8 +203,7 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
     assert {"curve.png", "curve.csv", "best_config.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
     children = trial_runs(mlflow_uri, experiment, parent.info.run_id)
     assert len(children) == 2
-    # Each trial trained from step 0 in a checkpoint folder of its own (before: the second trial
-    # restored the first's last checkpoint and trained no step).
+    # Each trial trained from step 0 in a checkpoint folder of its own.
     assert sorted(p.name for p in (tmp_path / "store" / cfg.name).iterdir()) == sorted(children)
     for trial_id, run in children.items():
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "reddit/loss")]
@@ -220,7 +219,7 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
 @pytest.mark.slow
 def test_a_trial_that_ran_to_max_t_is_not_tagged_as_stopped_early(ray_session, mlflow_uri, tmp_path):
     """ASHA stops a trial at a rung (stopped early) and also at max_t (its end: it ran whole); only the
-    first is tagged `convsts.stopped_early=true` (before: every trial ASHA stopped was)."""
+    first is tagged `convsts.stopped_early=true`."""
     from convsts.ray_jobs.sweeps.run import SweepRequest, run_sweep
     from convsts.ray_jobs.sweeps.trials import grid_overrides
     from convsts.tune_spaces import get_space

@@ -131,7 +131,7 @@ def test_mlflow_model_loads_registers_and_serves_over_http(model_folder, tmp_pat
     assert [o.model_id for o in client.get_run(run_id).outputs.model_outputs] == [logged.model_id]
     assert client.get_model_version("convsts-tiny", "1").source == f"models:/{logged.model_id}"
     # Logged again after an evaluation: still the run's one model (same id, same registered version),
-    # now with the evaluated card and the new metrics (before: a second model also named `model`).
+    # now with the evaluated card and the new metrics.
     add_results(model_folder, {"stsb/test/pearson": 0.5})
     tracking.log_metrics(uri, run_id, {"stsb/test/pearson": 0.5}, step=3)
     assert log_model(uri, run_id, model_folder, register_as="convsts-tiny", step=3) == model_uri

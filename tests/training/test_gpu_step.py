@@ -1,4 +1,4 @@
-"""The two GPU defects of issue #16 where CUDA is present (skipped without it): the sparse-gradient
+"""Two GPU paths where CUDA is present (skipped without it): the sparse-gradient
 exchange runs under NCCL with every buffer on the GPU, and the in-training STS-B probe encodes on
 the model's device. One process: an NCCL group of one rank still refuses CPU tensors, which is what
 stopped a multi-GPU DAN run at its first step."""

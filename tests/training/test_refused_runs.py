@@ -244,7 +244,7 @@ def test_a_damaged_train_state_is_one_line_in_the_driver(tmp_path):
 
 def test_a_full_disk_is_one_line_naming_the_file_even_under_the_error_it_caused(tmp_path):
     """ENOSPC (here: /dev/full, a device that is always full) prints one line and exits 2, also when a
-    store's write failed while handling it (before: sqlite's 'database or disk is full' traceback hid it)."""
+    store's write failed while handling it."""
     code = (
         "import shutil, sqlite3, sys\n"
         "from convsts.ray_jobs.runtime.process import run_main\n"
