@@ -1,25 +1,29 @@
-"""Every Python block of README.md and docs/*.md runs as written: in a working folder laid out as
+"""Every Python block of README.md and docs/ runs as written: in a working folder laid out as
 `convsts demo --out runs/demo` leaves it (the demo's pretrained encoder as a checkpoint and a model
 folder, an MLflow sqlite store whose run holds the model, results.json naming that run), each block
 in a fresh process. The bash blocks that use only that folder (exports, serving the MLflow model and
-a curl) run there too, `OUT` and `RUN_ID` filled in as the demo fills them; every `convsts COMMAND
-...` line of the others (clusters, full-data training, sweeps) parses: the command and its options
-exist."""
+a curl) run there too, `OUT` and `RUN_ID` filled in as the demo fills them. Every other command line
+of a bash block parses with its own program's parser: `convsts ...` (the command reference's
+synopses included: each `[optional]` part left out and put in, each `a|b` alternative taken, the
+reader's placeholders in capitals filled in), `python bench/...`, `ray start`, `mlflow server`; a
+line of any other program fails the check of what the docs hold."""
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^( *)```(\w+)\n(.*?)^\1```", re.M | re.S)
 
 
@@ -67,35 +71,163 @@ def test_every_python_block_runs_as_written(where, code, demo_folder):
     assert done.returncode == 0, f"{where}:\n{code}\n{done.stderr[-3000:]}"
 
 
-def _convsts_lines() -> list[tuple[str, list[str]]]:
-    """(page:line, argv after `convsts`) of each `convsts ...` command in a bash block (continued lines
-    joined; comments, placeholders in capitals and `|`-separated alternatives are the reader's)."""
+def command_lines() -> list[tuple[str, str]]:
+    """(page:line, command) of each command of a bash block: continued lines joined, comments, the
+    `.venv/bin/` prefix and a `for ...; do` head taken off; a shell variable is the reader's value."""
     found = []
     for where, code in blocks("bash"):
         for line in code.replace("\\\n", " ").splitlines():
-            line = line.split(" #", 1)[0].strip()
-            if line.startswith(".venv/bin/"):
-                line = line[len(".venv/bin/") :]
-            if not line.startswith("convsts ") or any(mark in line for mark in ("|", "...")):
-                continue  # a synopsis (alternatives, repeated parts), not a command to run
-            if line.split()[1].startswith("-"):  # convsts --version, --help: the entry point's own
-                continue
-            argv = shlex.split(line)[1:]
-            if any(token.startswith("[") for token in argv):  # optional parts; `seed=[0]` is a value
-                continue
-            found.append((where, argv))
+            line = re.sub(r"\s+#.*$|^#.*$", "", line).strip()
+            line = re.sub(r"^for \w+ in [^;]*; do\s*|;\s*done$", "", line).removeprefix(".venv/bin/")
+            line = re.sub(r"\$\(basename \"?\$\w+\"?\)|\$\w+", "x", line)
+            if line and line not in ("done",):
+                found.append((where, line))
     return found
 
 
-@pytest.mark.parametrize("where,argv", _convsts_lines(), ids=[" ".join(a[:2]) for _, a in _convsts_lines()])
-def test_every_convsts_command_in_the_docs_parses(where, argv):
+NUMERIC = {"N", "M", "G", "K"}  # placeholders of counts (--pairs N, --margin M, --gpus-per-worker G)
+PLACEHOLDER = re.compile(r"(?<![\w.$/-])[A-Z][A-Z0-9_]*(?![\w(])")
+
+
+def _tokens(line: str) -> list[str]:
+    """shlex's words, with synopsis marks as words of their own: `[`, `]`, `(`, `)`, `|` (a value
+    such as `seed=[0]` or `'[7]'` stays whole; `[NAME=]FILE` is the choice `(NAME=FILE | FILE)`)."""
+    out = []
+    for word in shlex.split(line):
+        if "=[" in word or "={" in word or word.startswith(("'", '"')):
+            out.append(word)
+            continue
+        head = re.match(r"^[\[(]*", word).group()
+        tail = re.search(r"[\])]*$", word[len(head) :]).group()
+        core = word[len(head) : len(word) - len(tail)]
+        named = re.fullmatch(r"(\w+=)\](.+)", core)  # the `[` of [NAME=] went to head
+        if named and head.endswith("["):
+            out += [*head[:-1], "(", named.group(1) + named.group(2), "|", named.group(2), ")", *tail]
+        else:
+            out += [*head, *([core] if core else []), *tail]
+    return [w for w in out if w != "..."]
+
+
+def _parse_group(tokens: list[str], i: int, closing: str | None):
+    """(alternatives: a list of sequences of items, next index) from tokens[i], up to `closing`."""
+    alternatives, sequence = [], []
+    while i < len(tokens) and tokens[i] != closing:
+        word = tokens[i]
+        if word == "|":
+            alternatives.append(sequence)
+            sequence = []
+        elif word in "[(":
+            inner, i = _parse_group(tokens, i + 1, "]" if word == "[" else ")")
+            sequence.append(("optional" if word == "[" else "group", inner))
+        else:
+            sequence.append(("word", word.removesuffix("...")))
+        i += 1
+    return [*alternatives, sequence], i
+
+
+def _choices(word: str) -> list[str]:
+    """`bow|tfidf` -> its alternatives (a URL or a value with `=` is one word)."""
+    return word.split("|") if "|" in word and "=" not in word and "://" not in word else [word]
+
+
+def _points(alternatives) -> list[int]:
+    """The number of ways of each choice of a synopsis, in the order _render meets them."""
+    sizes = [len(alternatives)] if len(alternatives) > 1 else []
+    for sequence in alternatives:
+        for kind, value in sequence:
+            if kind == "word":
+                sizes += [len(_choices(value))] if len(_choices(value)) > 1 else []
+            else:
+                sizes += ([2] if kind == "optional" else []) + _points(value)
+    return sizes
+
+
+def _render(alternatives, pick: Iterator[int], emit: bool = True) -> list[str]:
+    """The words of one variant: each choice takes the next of `pick` (every choice is met, chosen
+    or not, so that a variant is one tuple of picks)."""
+    chosen = next(pick) if len(alternatives) > 1 else 0
+    out = []
+    for index, sequence in enumerate(alternatives):
+        for kind, value in sequence:
+            on = emit and index == chosen
+            if kind == "word":
+                choices = _choices(value)
+                word = choices[next(pick) if len(choices) > 1 else 0]
+                out += [word] if on else []
+            else:
+                included = next(pick) == 1 if kind == "optional" else True
+                out += _render(value, pick, on and included)
+    return out
+
+
+def synopsis_variants(line: str) -> list[list[str]]:
+    """The command lines a synopsis stands for, each as argv, placeholders filled in: `convsts jobs
+    list | logs JOB_ID [--follow]` -> [convsts, jobs, list], [convsts, jobs, logs, x, --follow]. An
+    alternative after ` | ` that does not start with the program continues its first words."""
+    line = PLACEHOLDER.sub(lambda m: "1" if m.group() in NUMERIC else "x", line)
+    tokens = _tokens(line)
+    top = [[]]
+    for word in tokens:  # a top-level | separates whole commands: each gets the program and command
+        if word == "|" and top[-1].count("[") == top[-1].count("]") and top[-1].count("(") == top[-1].count(")"):
+            top.append([])
+        else:
+            top[-1].append(word)
+    head = top[0][:2]
+    variants = []
+    for part in top:
+        part = part if part[:1] == head[:1] else head + part
+        tree, _ = _parse_group(part, 0, None)
+        for picks in itertools.product(*(range(n) for n in _points(tree))):
+            argv = _render(tree, iter(picks))
+            if argv not in variants:
+                variants.append(argv)
+    return variants
+
+
+def _lines_of(program: str) -> list[tuple[str, list[str]]]:
+    """(page:line, argv) of each variant of each command line that runs `program`."""
+    return [
+        (where, argv)
+        for where, line in command_lines()
+        if line == program or line.startswith(program + " ")
+        for argv in synopsis_variants(line)
+    ]
+
+
+CONVSTS = _lines_of("convsts")
+
+
+def test_the_synopsis_expansion_takes_every_part():
+    assert synopsis_variants("convsts jobs list | logs JOB_ID [--follow] | stop JOB_ID") == [
+        ["convsts", "jobs", "list"], ["convsts", "jobs", "logs", "x"], ["convsts", "jobs", "logs", "x", "--follow"],
+        ["convsts", "jobs", "stop", "x"],
+    ]  # fmt: skip
+    assert synopsis_variants("convsts evaluate --out DIR (--checkpoint C [--sts [NAME=]FILE ...] | --baseline bow|tfidf)") == [
+        ["convsts", "evaluate", "--out", "x", "--checkpoint", "x"],
+        ["convsts", "evaluate", "--out", "x", "--checkpoint", "x", "--sts", "x=x"],
+        ["convsts", "evaluate", "--out", "x", "--checkpoint", "x", "--sts", "x"],
+        ["convsts", "evaluate", "--out", "x", "--baseline", "bow"],
+        ["convsts", "evaluate", "--out", "x", "--baseline", "tfidf"],
+    ]  # fmt: skip
+    assert synopsis_variants("convsts mine-negatives --pairs N seed=[0] 'a b'") == [
+        ["convsts", "mine-negatives", "--pairs", "1", "seed=[0]", "a b"]
+    ]
+
+
+@pytest.mark.parametrize("where,argv", CONVSTS, ids=[f"{w} {' '.join(a[1:3])}" for w, a in CONVSTS])
+def test_every_convsts_line_in_the_docs_parses(where, argv):
     """The command's own parser takes the line (its options exist and have their values); nothing runs."""
+    from convsts.ray_jobs.cli import main
     from convsts.ray_jobs.cli.commands import COMMANDS
 
     def command_parser(name: str):
         return importlib.import_module(COMMANDS[name][0]).build_parser()
 
-    assert argv and argv[0] in COMMANDS, (where, argv)
+    argv = argv[1:]
+    if argv[0].startswith("-"):  # convsts --version, --help: the entry point's own
+        assert main(argv) == 0
+        return
+    assert argv[0] in COMMANDS, (where, argv)
     parser = command_parser(argv[0])
     if argv[0] == "submit":  # submit's own options, then the job's: the job's parser checks the rest
         from convsts.ray_jobs.cli.submit import own_options_first
@@ -108,6 +240,73 @@ def test_every_convsts_command_in_the_docs_parses(where, argv):
         parse(argv[1:])
     except SystemExit as exc:
         pytest.fail(f"{where}: `convsts {' '.join(argv)}` does not parse (exit {exc.code})")
+
+
+# A bench script's parser is built inside its main(): each line runs the script with parse_args
+# stopping the script right after it has parsed (one interpreter for all, so torch and Ray load once).
+BENCH_PARSE = """
+import argparse, json, runpy, sys
+class Parsed(Exception): pass
+parse = argparse.ArgumentParser.parse_args
+def parse_then_stop(self, args=None, namespace=None):
+    parse(self, args, namespace)
+    raise Parsed
+argparse.ArgumentParser.parse_args = parse_then_stop
+failed = []
+for where, argv in json.loads(sys.argv[1]):
+    sys.argv = argv
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+        failed.append([where, argv, "ran without parsing its arguments"])
+    except Parsed:
+        pass
+    except SystemExit as exc:
+        failed.append([where, argv, f"exit {exc.code}"])
+print(json.dumps(failed))
+"""
+
+
+def test_every_bench_line_in_the_docs_parses():
+    lines = [(where, argv[1:]) for where, argv in _lines_of("python") if argv[1:2] and argv[1].startswith("bench/")]
+    assert len({tuple(argv[:1]) for _, argv in lines}) >= 6, lines  # the benches docs/performance.md cites
+    probe = ["the check itself", ["bench/startup.py", "--no-such-option"]]  # must be reported
+    done = subprocess.run(
+        [sys.executable, "-c", BENCH_PARSE, json.dumps([*lines, probe])],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    failed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert failed == [[*probe, "exit 2"]], "bench lines that do not parse:\n" + "\n".join(map(str, failed[:-1]))
+
+
+def test_every_ray_start_and_mlflow_server_line_in_the_docs_parses():
+    """Ray's and MLflow's own command-line parsers (click) take each line; nothing starts."""
+    from mlflow.cli import server
+    from ray.scripts.scripts import start
+
+    lines = [(w, a[2:], start) for w, a in _lines_of("ray start")] + [
+        (w, a[2:], server) for w, a in _lines_of("mlflow server")
+    ]
+    assert {cmd for _, _, cmd in lines} == {start, server}, lines
+    for where, args, command in lines:
+        try:
+            command.make_context(command.name, list(args))
+        except Exception as err:  # click's UsageError / BadParameter
+            pytest.fail(f"{where}: `{command.name} {' '.join(args)}` does not parse: {err}")
+
+
+# What else a bash block of the docs may hold: the README's two set-up commands and CI's, the lines
+# the demo folder runs (below), and the shell around them.
+OTHER_PROGRAMS = ("bash scripts/", "bash .ci/run", "export ", "curl ", "MLFLOW_TRACKING_URI=", "python -c ")
+
+
+def test_every_command_line_of_the_docs_is_checked():
+    unchecked = [
+        f"{where}: {line}"
+        for where, line in command_lines()
+        if not line.startswith(("convsts", "python bench/", "ray start", "mlflow server", *OTHER_PROGRAMS))
+    ]
+    assert not unchecked, "command lines no test parses or runs:\n" + "\n".join(unchecked)
 
 
 # Bash lines that run as written in the demo's working folder, the reader's placeholders (in capitals)
