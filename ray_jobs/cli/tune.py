@@ -21,8 +21,7 @@ from convsts.io.errors import ConfigError
 from convsts.io.redaction import redact
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.process import setup_logging
-from convsts.ray_jobs.sweeps.run import SweepInterrupted, SweepRequest, SweepTrialsFailed, run_sweep
-from convsts.ray_jobs.sweeps.trials import grid_overrides
+from convsts.ray_jobs.sweeps.request import SweepInterrupted, SweepRequest, SweepTrialsFailed, sweep_inputs
 from convsts.tune_spaces import get_space
 
 
@@ -66,15 +65,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     cfg = load_config(args.config, args.overrides)
+    from convsts.ray_jobs.sweeps.run import run_sweep
+    from convsts.ray_jobs.sweeps.trials import grid_overrides
+
     try:
+        inputs = sweep_inputs(space, args.checkpoint, args.reddit_checkpoint, args.prepared)
         results = run_sweep(
             SweepRequest(
                 space,
                 cfg,
                 args.out,
-                checkpoint=args.checkpoint,
-                reddit_checkpoint=args.reddit_checkpoint,
-                prepared_dir=args.prepared,
+                inputs,
                 param_overrides=grid_overrides(args.param),
                 num_samples=args.num_samples or 0,
                 fresh=args.fresh,

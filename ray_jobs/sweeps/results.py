@@ -9,7 +9,7 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -29,13 +29,23 @@ SEED_KEYS = ("seed", "data.snli_fraction_seed")  # a curve's points: one per val
 SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_transform_sweep.safetensors
 
 
-def sweep_results(grid, best, space: TuneSpace, base: dict, out_dir: Path, sts_inputs) -> dict[str, Any]:
+class EncodedStsb(NamedTuple):
+    """An sts_matrix sweep's STS-B, encoded once: the splits' frames, their embeddings, and the
+    checkpoint that encoded them (the tuned matrix is written beside it)."""
+
+    frames: dict
+    embeddings: dict
+    checkpoint: str
+
+
+def sweep_results(
+    grid, best, space: TuneSpace, base: dict, out_dir: Path, encoded: EncodedStsb | None
+) -> dict[str, Any]:
     """The best trial's results (and out_dir/best_config.yaml; the fitted matrix or the curve)."""
     best_params = dict(best.config.items())
     storage.write_text(out_dir / "best_config.yaml", redact(trial_config(base, best_params, space.fixed).to_yaml()))
-    if space.objective == "sts_matrix":
-        frames, embeddings, checkpoint = sts_inputs
-        results = _sts_matrix_results(best, frames, embeddings, checkpoint, out_dir)
+    if encoded is not None:
+        results = _sts_matrix_results(best, encoded, out_dir)
     else:
         results = {k: v for k, v in best.metrics.items() if isinstance(v, (int, float)) and "/" in k}
         results["checkpoint"] = best.metrics.get("checkpoint_dir", "")
@@ -54,20 +64,20 @@ def sweep_results(grid, best, space: TuneSpace, base: dict, out_dir: Path, sts_i
     return results
 
 
-def _sts_matrix_results(best, frames, embeddings, checkpoint: str, out_dir: Path) -> dict[str, Any]:
+def _sts_matrix_results(best, encoded: EncodedStsb, out_dir: Path) -> dict[str, Any]:
     """Test is scored for the chosen trial only, with the matrix that its best dev epoch produced."""
 
     with best.checkpoint.as_directory() as folder:
         transform = load_sts_transform(folder)
     if transform is None:
         raise RuntimeError(f"the best trial's checkpoint {best.checkpoint.path} holds no STS matrix")
-    results: dict[str, Any] = dict(transformed_sts_metrics(transform, frames, embeddings))
+    results: dict[str, Any] = dict(transformed_sts_metrics(transform, encoded.frames, encoded.embeddings))
     transform.save(out_dir)
     # Beside the checkpoint under its own name (evaluate's matrix stays): encode(tuned=SWEEP_MATRIX).
-    replaced = (Path(checkpoint) / sts_file(SWEEP_MATRIX)).is_file()
-    saved = transform.save(checkpoint, SWEEP_MATRIX)
+    replaced = (Path(encoded.checkpoint) / sts_file(SWEEP_MATRIX)).is_file()
+    saved = transform.save(encoded.checkpoint, SWEEP_MATRIX)
     log.info("%s %s (encode(tuned=%r) applies it)", "replaced" if replaced else "saved", saved, SWEEP_MATRIX)
-    results["checkpoint"] = str(checkpoint)
+    results["checkpoint"] = str(encoded.checkpoint)
     return results
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
 
 from convsts.io import storage
 from convsts.io.errors import ConfigError
@@ -24,7 +26,14 @@ from convsts.ray_jobs.runtime.output_lock import output_lock
 from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri
 from convsts.ray_jobs.runtime.resources import TRIAL_FUNCTION_CPU, alive_nodes, trials_at_once
 from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
-from convsts.ray_jobs.sweeps.results import close_trial_runs, log_sweep, sweep_results
+from convsts.ray_jobs.sweeps.request import (
+    MatrixInputs,
+    SweepInterrupted,
+    SweepRequest,
+    SweepTrialsFailed,
+    TrainInputs,
+)
+from convsts.ray_jobs.sweeps.results import EncodedStsb, close_trial_runs, log_sweep, sweep_results
 from convsts.ray_jobs.sweeps.trials import (
     ParentRun,
     check_space_keys,
@@ -39,35 +48,6 @@ from convsts.tune_spaces import TuneSpace
 STATE_FILE = "sweep.json"  # OUT/sweep.json: the parent run id and what defines the sweep (sweep_record), for resumption
 
 
-@dataclass
-class SweepRequest:
-    """One `convsts tune`: the space over the base config into out_dir. `checkpoint`: the encoder an
-    sts_matrix sweep tunes; `reddit_checkpoint`: a train sweep's warm start; `param_overrides`: the
-    --param dimensions (Tune domains); `num_samples`: of the random dimensions; `fresh`: start over
-    rather than resume; a failed trial is retried `max_failures` times from its own last checkpoint."""
-
-    space: TuneSpace
-    cfg: RunConfig
-    out_dir: Path
-    checkpoint: str | None = None
-    reddit_checkpoint: str | None = None
-    prepared_dir: str | None = None
-    param_overrides: dict[str, Any] = field(default_factory=dict)
-    num_samples: int = 0  # 0: the space's own
-    fresh: bool = False
-    max_concurrent: int | None = None
-    max_failures: int = 2
-
-    def __post_init__(self) -> None:
-        self.out_dir = Path(self.out_dir).resolve()
-        self.num_samples = self.num_samples or self.space.num_samples
-
-    @property
-    def experiment_path(self) -> Path:
-        """Ray Tune's own state of the sweep."""
-        return self.out_dir / "ray_tune" / self.space.name
-
-
 def run_sweep(request: SweepRequest) -> dict[str, Any]:
     """The sweep `request` asks for (resumed when out_dir holds the same sweep, unless `fresh`);
     returns the best trial's results (also out_dir/results.json). A trial that still fails after its
@@ -78,7 +58,6 @@ def run_sweep(request: SweepRequest) -> dict[str, Any]:
 
 
 def _sweep(request: SweepRequest) -> dict[str, Any]:
-    from ray import tune
 
     started, space, cfg, out_dir = time.time(), request.space, request.cfg, request.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -91,7 +70,7 @@ def _sweep(request: SweepRequest) -> dict[str, Any]:
     parent, expected, concurrency = open_sweep(
         request, uri, resume, expected_trials(param_space, request.num_samples), concurrency
     )
-    trainable, frames, embeddings = sweep_trainable(request, parent)
+    trainable, encoded = sweep_trainable(request, parent)
     trainable = tune.with_resources(trainable, resources)
     tuner = _tuner(request, trainable, param_space, concurrency, restore)
     log.info("sweep %s: %s trials at once, %s per trial function", space.name, concurrency, resources)
@@ -102,7 +81,7 @@ def _sweep(request: SweepRequest) -> dict[str, Any]:
     if len(failed) == len(grid):
         raise SweepTrialsFailed(f"every trial failed ({', '.join(failed)}); see {request.experiment_path}")
     best = grid.get_best_result(metric=space.metric, mode=space.mode, scope="last")
-    results = sweep_results(grid, best, space, cfg.to_dict(), out_dir, (frames, embeddings, request.checkpoint))
+    results = sweep_results(grid, best, space, cfg.to_dict(), out_dir, encoded)
     results.update(mlflow_run_id=parent.run_id, failed_trials=failed, seconds=round(time.time() - started, 1))
     storage.write_results(out_dir / "results.json", results)
     log_sweep(parent, best, space, results, out_dir, failed)
@@ -145,8 +124,8 @@ def sweep_record(request: SweepRequest) -> dict[str, Any]:
             "space": request.space.name,
             "param": request.param_overrides,
             "num_samples": request.num_samples,
-            "checkpoint": where(request.checkpoint),
-            "prepared": where(request.prepared_dir),
+            "checkpoint": where(request.inputs.checkpoint if isinstance(request.inputs, MatrixInputs) else None),
+            "prepared": where(request.inputs.prepared_dir if isinstance(request.inputs, TrainInputs) else None),
             "config": request.cfg.to_dict(),
         }
     )
@@ -190,8 +169,6 @@ def _resuming(experiment_path: Path, state_file: Path, fresh: bool) -> tuple[boo
     defines it), whether Ray Tune restores its trials from experiment_path). A sweep killed before
     Tune wrote its trials' state continues with its parent run and starts Tune over: a restore
     from Tune's first file alone restarts without the search space. With `fresh` both are removed."""
-    from ray import tune
-
     recorded = state_file.is_file() and not fresh
     restorable = recorded and tune.Tuner.can_restore(str(experiment_path)) and any(experiment_path.glob(TUNE_STATE))
     if not restorable:
@@ -220,8 +197,6 @@ def _check_finished(grid, expected: int, experiment_path: Path) -> None:
 
 
 def _tuner(request: SweepRequest, trainable, param_space: dict, concurrency: int, resume: bool):
-    from ray import tune
-
     if resume:
         return tune.Tuner.restore(
             str(request.experiment_path), trainable=trainable, resume_unfinished=True, resume_errored=True
@@ -253,11 +228,11 @@ def check_sweep_inputs(request: SweepRequest) -> None:
     space, cfg = request.space, request.cfg
     storage.check_bucket(cfg.trainer.storage_path, "trainer.storage_path")
     check_space_keys(space, cfg, request.param_overrides)
-    if space.objective == "sts_matrix" and not request.checkpoint:
-        raise ConfigError(f"space {space.name} needs --checkpoint (the encoder whose embeddings are tuned)")
-    if space.objective == "train" and request.reddit_checkpoint:
-        cfg.trainer.warm_start = str(Path(request.reddit_checkpoint).resolve())
-    if space.objective == "train":
+    if isinstance(request.inputs, MatrixInputs) != (space.objective == "sts_matrix"):
+        raise ConfigError(f"space {space.name} ({space.objective}) cannot take {request.inputs}")
+    if isinstance(request.inputs, TrainInputs) and request.inputs.reddit_checkpoint:
+        cfg.trainer.warm_start = str(Path(request.inputs.reddit_checkpoint).resolve())
+    if isinstance(request.inputs, TrainInputs):
         log.info("sweep %s: every trial starts from %s", space.name, cfg.trainer.warm_start or "scratch (seeded)")
 
 
@@ -299,7 +274,7 @@ def open_sweep(
             "tune.space": space.name,
             "tune.objective": space.objective,
             "tune.metric": space.metric,
-            "tune.checkpoint": request.checkpoint or request.reddit_checkpoint or "",
+            "tune.checkpoint": request.inputs.starts_from,
             "tune.param_overrides": repr(record["param"]),
         },
         tags={"convsts.job": "tune", "convsts.space": space.name},
@@ -315,29 +290,25 @@ def open_sweep(
     return ParentRun(uri, cfg.mlflow.experiment, parent_run_id), expected, concurrency
 
 
-def sweep_trainable(request: SweepRequest, parent: ParentRun):
-    """(the trial function with its shared inputs bound, STS-B frames, embeddings): an sts_matrix
-    sweep encodes STS-B once here; a train sweep prepares its data once here."""
-    from ray import tune
-
+def sweep_trainable(request: SweepRequest, parent: ParentRun) -> tuple[Any, EncodedStsb | None]:
+    """The trial function with its shared inputs bound, and for an sts_matrix sweep its STS-B,
+    encoded once here (a train sweep prepares its data once here instead)."""
     space, cfg = request.space, request.cfg
     shared = dict(base=cfg.to_dict(), fixed=space.fixed, parent=parent)
-    if space.objective == "sts_matrix":
-        log.info("encoding STS-B train/dev/test once with %s", request.checkpoint)
-        frames, embeddings = stsb_embeddings_of(str(request.checkpoint), cfg)  # check_sweep_inputs: it is given
-        return tune.with_parameters(sts_matrix_trial, embeddings=embeddings, **shared), frames, embeddings
-    prepared = prepared_location(cfg, request.out_dir, request.prepared_dir)
+    if isinstance(request.inputs, MatrixInputs):
+        log.info("encoding STS-B train/dev/test once with %s", request.inputs.checkpoint)
+        frames, embeddings = stsb_embeddings_of(request.inputs.checkpoint, cfg)
+        encoded = EncodedStsb(frames, embeddings, request.inputs.checkpoint)
+        return tune.with_parameters(sts_matrix_trial, embeddings=embeddings, **shared), encoded
+    prepared = prepared_location(cfg, request.out_dir, request.inputs.prepared_dir)
     ensure_prepared(cfg, prepared)
     trials_dir = str(request.out_dir / "trials")
-    return tune.with_parameters(train_trial, prepared=str(prepared), trials_dir=trials_dir, **shared), None, None
+    return tune.with_parameters(train_trial, prepared=str(prepared), trials_dir=trials_dir, **shared), None
 
 
 def _scheduler(space: TuneSpace):
     if space.scheduler != "asha":
         return None
-    from ray.tune.schedulers import (
-        ASHAScheduler,
-    )
 
     return ASHAScheduler(
         time_attr="training_iteration",
@@ -347,11 +318,3 @@ def _scheduler(space: TuneSpace):
         grace_period=max(1, min(5, space.max_t // 4)),
         reduction_factor=3,
     )
-
-
-class SweepInterrupted(RuntimeError):
-    """Trials left unfinished (the sweep was stopped): the same command resumes it."""
-
-
-class SweepTrialsFailed(RuntimeError):
-    """Trials that failed after every retry; the others' results are written."""

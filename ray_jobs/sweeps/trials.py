@@ -12,6 +12,9 @@ from typing import Any, cast
 
 import numpy as np
 from omegaconf import OmegaConf
+from ray import tune
+from ray.tune import Checkpoint
+from ray.tune.integration.ray_train import TuneReportCallback
 
 from convsts.io.errors import ConfigError
 from convsts.models.sentence_encoder import load
@@ -61,8 +64,6 @@ def check_space_keys(space: TuneSpace, base: RunConfig, extra: dict[str, Any]) -
 
 def grid_overrides(items: Sequence[str]) -> dict[str, Any]:
     """--param key=[v1,v2] -> {key: tune.grid_search([v1, v2])}; key=v -> a fixed value."""
-    from ray import tune
-
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -81,8 +82,6 @@ def plain_params(params: dict[str, Any]) -> dict[str, Any]:
 
 def _trial_run(parent: ParentRun, params: dict[str, Any]) -> str:
     """The trial's child run: reused when a restored sweep restarts the trial, else created."""
-    from ray import tune
-
     trial_id = tune.get_context().get_trial_id()
     run_id = tracking.find_run(
         parent.uri, parent.experiment, {"mlflow.parentRunId": parent.run_id, "convsts.trial_id": trial_id}
@@ -109,9 +108,6 @@ def sts_matrix_trial(
     parent: ParentRun,
 ) -> None:
     """One fit of the tuned STS matrix on embeddings computed once; each epoch reported to Tune."""
-    import ray.tune
-    from ray.tune import Checkpoint
-
     cfg = trial_config(base, params, fixed)
     run_id = _trial_run(parent, params)
 
@@ -119,11 +115,11 @@ def sts_matrix_trial(
         metrics = {"stsb_tuned/dev/pearson": best, "stsb_tuned/dev/pearson_epoch": dev_r, "epoch": epoch}
         tracking.log_metrics(parent.uri, run_id, metrics, step=epoch)
         if new_best is None:
-            ray.tune.report(metrics)
+            tune.report(metrics)
             return
         with tempfile.TemporaryDirectory() as tmp:  # the best matrix so far travels with the report
             StsTransform(new_best, cfg.eval.tuned, best, epoch).save(tmp)
-            ray.tune.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
+            tune.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
 
     fitted = fit_sts_transform(embeddings["train"], embeddings["dev"], cfg.eval.tuned, on_epoch=on_epoch)
     tracking.log_metrics(
@@ -144,14 +140,9 @@ def train_trial(
     trials_dir: str,
 ) -> None:
     """One multitask training (a TorchTrainer inside the trial, Train V2 style), then evaluation."""
-    import ray.tune
-    from ray.tune.integration.ray_train import (
-        TuneReportCallback,
-    )
-
     cfg = trial_config(base, params, fixed)
     run_id = _trial_run(parent, params)
-    trial_id = ray.tune.get_context().get_trial_id()
+    trial_id = tune.get_context().get_trial_id()
     # Under the sweep's output folder (Ray's own trial folder lives in its temporary session dir).
     trial_dir = Path(trials_dir) / trial_id
     # The trial's checkpoints: its own folder, keyed by its id, under trainer.storage_path (shared by
@@ -176,12 +167,11 @@ def train_trial(
     results.update({f"data/{name}_train_pairs": float(n) for name, n in trained.train_rows.items()})
     tracking.log_metrics(parent.uri, run_id, results, step=cfg.trainer.steps)
     tracking.end_run(parent.uri, run_id)
-    ray.tune.report({**results, "checkpoint_dir": str(trained.checkpoint)})
+    tune.report({**results, "checkpoint_dir": str(trained.checkpoint)})
 
 
 def stsb_embeddings_of(checkpoint: str, cfg: RunConfig) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
     """(STS-B frames, their embeddings) for train, dev and test."""
-
     scorer = EmbeddingScorer(load(checkpoint), cfg.eval.batch_size)
     frames = {split: read_stsb_split(cfg, split) for split in ("train", "dev", "test")}
     return frames, {split: stsb_embeddings(scorer, frame) for split, frame in frames.items()}

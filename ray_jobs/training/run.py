@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 
@@ -48,6 +48,7 @@ from convsts.ray_jobs.training.run_record import (
     FINAL_CHECKPOINT,
     MODEL_FOLDER,
     TRAIN_SUMMARY,
+    RunStorage,
     claim,
     close_abandoned_runs,
     decide_start,
@@ -183,8 +184,8 @@ def run_training(
     check_initial_weights(cfg, digests)
     ensure_ray()
     check_training_fits(cfg, alive_nodes())  # a layout that fits no node is refused, not left waiting
-    storage_root, storage_name = run_storage(cfg, out_dir, storage_key)
-    log.info("checkpoints: %s", redact(storage.join(storage_root, storage_name)))
+    location = run_storage(cfg, out_dir, storage_key)
+    log.info("checkpoints: %s", redact(location.uri))
     params = flatten(cfg.to_dict())
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
     # The checkpoint's run, where this store has it (of another store's: every step is this run's to log)
@@ -194,13 +195,13 @@ def run_training(
         run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name, params, tags=tags)
     elif continues != run_id:  # a trial run again keeps the params of its first start (MLflow's are write-once)
         tracking.log_params(uri, run_id, params)
-    join_chain(out_dir, start, new_link(out_dir, run_id, cfg, (storage_root, storage_name)))  # before the first step
+    join_chain(out_dir, start, new_link(out_dir, run_id, cfg, location))  # before the first step
 
     try:
         _log_prepared_datasets(cfg, prepared, manifests, digests, uri, run_id)
-        tracking.set_tags(uri, run_id, {"convsts.storage": redact(storage.join(storage_root, storage_name))})
-        tracked, location = (uri, run_id, continues), (storage_root, storage_name)
-        result = _train(cfg, out_dir, prepared, tracked, (manifests, digests), extra_callbacks, location)
+        tracking.set_tags(uri, run_id, {"convsts.storage": redact(location.uri)})
+        tracked, data = TrackedRun(uri, run_id, continues), PreparedData(manifests, digests)
+        result = _train(cfg, out_dir, prepared, tracked, data, extra_callbacks, location)
     except BaseException as err:
         status = tracking.ended_status(err)  # never left RUNNING (a caller's run ends with it)
         try:
@@ -269,14 +270,30 @@ def checkpoint_config(cfg: RunConfig):
     )
 
 
+class TrackedRun(NamedTuple):
+    """The MLflow run a fit logs to: its store, its id, and the run its checkpoint came from (None
+    when it starts fresh or that run is in another store)."""
+
+    uri: str
+    run_id: str
+    continues: str | None
+
+
+class PreparedData(NamedTuple):
+    """What the run trains on: each task's prepared manifest and its data digest."""
+
+    manifests: dict[str, dict[str, Any]]
+    digests: dict[str, str]
+
+
 def _train(
     cfg: RunConfig,
     out_dir: Path,
     prepared: str,
-    tracked: tuple[str, str, str | None],
-    data: tuple[dict[str, dict[str, Any]], dict[str, str]],
+    tracked: TrackedRun,
+    data: PreparedData,
     extra_callbacks: Sequence[Any],
-    location: tuple[str, str],
+    location: RunStorage,
 ) -> TrainResult:
     started, (uri, run_id, continues), (manifests, digests) = time.time(), tracked, data
     tokenizer = _tokenizer(cfg, prepared)
@@ -320,7 +337,7 @@ def _train(
         "tracking_uri": redact(uri),
         "seconds": round(seconds, 1),
         "task_split_mode": plan.mode,
-        "storage": redact(storage.join(*location)),
+        "storage": redact(location.uri),
     }
     storage.write_text(out_dir / TRAIN_SUMMARY, json.dumps(train_json, indent=2))
     mark_checkpoint(out_dir, run_id, cfg.trainer.steps)
@@ -340,7 +357,7 @@ def _tokenizer(cfg: RunConfig, prepared: str):
 
 
 def _torch_trainer(
-    cfg: RunConfig, location: tuple[str, str], loop_config: dict, datasets: dict, plan, extra_callbacks: Sequence[Any]
+    cfg: RunConfig, location: RunStorage, loop_config: dict, datasets: dict, plan, extra_callbacks: Sequence[Any]
 ):
     import ray.train
     from ray.train.torch import TorchTrainer
@@ -366,8 +383,8 @@ def _torch_trainer(
         datasets=datasets,
         dataset_config=task_split_data_config(plan, cfg.trainer.preserve_order),
         run_config=ray.train.RunConfig(  # type: ignore[call-arg]  # Train V2's (RAY_TRAIN_V2_ENABLED); stubs: V1's
-            storage_path=location[0],
-            name=location[1],
+            storage_path=location.root,
+            name=location.name,
             checkpoint_config=checkpoint_config(cfg),
             failure_config=ray.train.FailureConfig(max_failures=cfg.trainer.max_failures),
             callbacks=list(extra_callbacks) or None,
@@ -376,7 +393,15 @@ def _torch_trainer(
     )
 
 
-def _keep_checkpoints(cfg: RunConfig, result, out_dir: Path) -> tuple[Path, Path | None]:
+class KeptCheckpoints(NamedTuple):
+    """OUT's copies of a fit's checkpoints: the last one, and the best by STS-B dev (None without
+    in-training evaluation)."""
+
+    final: Path
+    best: Path | None
+
+
+def _keep_checkpoints(cfg: RunConfig, result, out_dir: Path) -> KeptCheckpoints:
     """The fit's last checkpoint as OUT/checkpoint and, with in-training evaluation, the best one by
     STS-B dev beside it."""
     if result.checkpoint is None:
@@ -388,7 +413,7 @@ def _keep_checkpoints(cfg: RunConfig, result, out_dir: Path) -> tuple[Path, Path
         if chosen is not None:
             best = _copy_whole(chosen, out_dir / BEST_FOLDER)
             log.info("best checkpoint by %s: %s", SCORE_METRIC, best)
-    return final, best
+    return KeptCheckpoints(final, best)
 
 
 def _copy_whole(checkpoint, target: Path) -> Path:

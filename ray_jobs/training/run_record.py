@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from convsts.io import storage
 from convsts.io.errors import BadInputError, ConfigError
@@ -102,8 +102,19 @@ class DamagedRecord(ConfigError):
     """OUT/run.json cannot be read."""
 
 
-def run_storage(cfg: RunConfig, out_dir: Path, key: str | None = None) -> tuple[str, str]:
-    """(Ray Train's storage_path, the run's folder name there): where this run's checkpoints go.
+class RunStorage(NamedTuple):
+    """Where a run's checkpoints go: Ray Train's storage_path and the run's folder name there."""
+
+    root: str
+    name: str
+
+    @property
+    def uri(self) -> str:
+        return storage.join(self.root, self.name)
+
+
+def run_storage(cfg: RunConfig, out_dir: Path, key: str | None = None) -> RunStorage:
+    """Where this run's checkpoints go.
 
     Every run owns its location. By default that is OUT/ray_results/<name> (<name>-<key> for a run
     that resumes another). An explicit trainer.storage_path (a bucket every node reaches) is shared
@@ -115,8 +126,8 @@ def run_storage(cfg: RunConfig, out_dir: Path, key: str | None = None) -> tuple[
     if not cfg.trainer.storage_path:
         if cfg.trainer.resume_from and key is None:
             key = new_run_key()  # a folder of its own: Ray Train would restore the resumed run's own checkpoint
-        return str(out_dir / LOCAL_RESULTS), cfg.name if key is None else f"{cfg.name}-{key}"
-    return storage.join(cfg.trainer.storage_path, cfg.name), key or new_run_key()
+        return RunStorage(str(out_dir / LOCAL_RESULTS), cfg.name if key is None else f"{cfg.name}-{key}")
+    return RunStorage(storage.join(cfg.trainer.storage_path, cfg.name), key or new_run_key())
 
 
 def new_run_key() -> str:
@@ -124,11 +135,11 @@ def new_run_key() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
-def new_link(out_dir: Path, run_id: str, cfg: RunConfig, location: tuple[str, str]) -> Link:
+def new_link(out_dir: Path, run_id: str, cfg: RunConfig, location: RunStorage) -> Link:
     """The link of a run whose checkpoints go to `location` (run_storage)."""
-    where = storage.join(*location)
+    where = location.uri
     if cfg.trainer.storage_path:
-        return Link(run_id, redact(where), IN_STORAGE_PATH, storage.join(cfg.name, location[1]))
+        return Link(run_id, redact(where), IN_STORAGE_PATH, storage.join(cfg.name, location.name))
     return Link(run_id, redact(where), IN_OUT, str(Path(where).relative_to(out_dir)))
 
 
@@ -315,7 +326,7 @@ def decide_start(out_dir: Path, cfg: RunConfig, fresh: bool = False, storage_key
     asked = cfg.trainer.resume_from
     if storage_key:  # a sweep's trial, run again: the newest complete checkpoint of its own folder
         removes = run_outputs(out_dir) if fresh else []
-        own = None if asked else newest_complete(storage.join(*run_storage(cfg, out_dir, storage_key)))
+        own = None if asked else newest_complete(run_storage(cfg, out_dir, storage_key).uri)
         if own is not None:
             log.info("continuing from %s, the newest complete checkpoint of this run", redact(own.path))
             return RunStart(own.path, own.run_id, tuple(_readable_chain(out_dir)), removes)

@@ -133,7 +133,8 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
 
 @pytest.mark.slow
 def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path):
-    from convsts.ray_jobs.sweeps.run import SweepRequest, run_sweep
+    from convsts.ray_jobs.sweeps.request import SweepRequest, TrainInputs
+    from convsts.ray_jobs.sweeps.run import run_sweep
     from convsts.ray_jobs.sweeps.trials import grid_overrides
     from convsts.ray_jobs.training.data import build_tokenizer
     from convsts.ray_jobs.training.state import initial_model
@@ -162,8 +163,7 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
                 get_space("snli_fraction"),
                 cfg,
                 tmp_path / "infeasible",
-                reddit_checkpoint=str(reddit_checkpoint),
-                prepared_dir=str(prepared),
+                TrainInputs(str(reddit_checkpoint), str(prepared)),
             )
         )
     cfg.trainer.cpus_per_worker = 0.4
@@ -174,8 +174,7 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
             get_space("snli_fraction"),
             cfg,
             tmp_path / "sweep",
-            reddit_checkpoint=str(reddit_checkpoint),
-            prepared_dir=str(prepared),
+            TrainInputs(str(reddit_checkpoint), str(prepared)),
             param_overrides=grid_overrides(["data.snli_fraction=[0.5,1.0]", "seed=[0]"]),
         )
     )
@@ -220,7 +219,8 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
 def test_a_trial_that_ran_to_max_t_is_not_tagged_as_stopped_early(ray_session, mlflow_uri, tmp_path):
     """ASHA stops a trial at a rung (stopped early) and also at max_t (its end: it ran whole); only the
     first is tagged `convsts.stopped_early=true`."""
-    from convsts.ray_jobs.sweeps.run import SweepRequest, run_sweep
+    from convsts.ray_jobs.sweeps.request import MatrixInputs, SweepRequest
+    from convsts.ray_jobs.sweeps.run import run_sweep
     from convsts.ray_jobs.sweeps.trials import grid_overrides
     from convsts.tune_spaces import get_space
 
@@ -232,7 +232,7 @@ def test_a_trial_that_ran_to_max_t_is_not_tagged_as_stopped_early(ray_session, m
             space,
             cfg,
             tmp_path / "sweep",
-            checkpoint=str(sample_dan_checkpoint(tmp_path / "ckpt")),
+            MatrixInputs(str(sample_dan_checkpoint(tmp_path / "ckpt"))),
             num_samples=6,
             max_concurrent=1,
             param_overrides=grid_overrides(["eval.tuned.epochs=[6]"]),
@@ -256,7 +256,8 @@ def test_the_task_mix_sweep_tabulates_a_mix_over_its_seeds(ray_session, sample_p
     """Table 4's sweep at a tiny size (its 95/5 mix x two seeds, from scratch; a column per mix is
     test_tune_spaces.py's): every trial reports STS-B by genre, raw and tuned; table.md holds the mix's
     mean ± sd over its seeds and is the parent run's description."""
-    from convsts.ray_jobs.sweeps.run import SweepRequest, run_sweep
+    from convsts.ray_jobs.sweeps.request import SweepRequest, TrainInputs
+    from convsts.ray_jobs.sweeps.run import run_sweep
     from convsts.ray_jobs.sweeps.trials import grid_overrides
     from convsts.tune_spaces import get_space
 
@@ -269,7 +270,9 @@ def test_the_task_mix_sweep_tabulates_a_mix_over_its_seeds(ray_session, sample_p
     )
     mix = grid_overrides(["trainer.task_weights=[{reddit: 0.95, snli: 0.05}]", "seed=[0,1]"])
     out = tmp_path / "mix"
-    results = run_sweep(SweepRequest(space, cfg, out, prepared_dir=str(sample_prepared), param_overrides=mix))
+    results = run_sweep(
+        SweepRequest(space, cfg, out, TrainInputs(prepared_dir=str(sample_prepared)), param_overrides=mix)
+    )
     assert results["trials"] == 2 and results["failed_trials"] == []
 
     trials = pd.read_csv(out / "trials.csv")

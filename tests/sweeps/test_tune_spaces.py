@@ -82,13 +82,14 @@ def test_a_sweep_is_resumed_only_by_the_command_that_started_it(tmp_path):
     """Guards: a rerun into a sweep's --out resumed the recorded sweep whatever the command said;
     its unfinished trials then trained with this command's base config and the recorded
     parameters. sweep_record keeps what defines the sweep; every difference is named."""
-    from convsts.ray_jobs.sweeps.run import SweepRequest, resume_differences, sweep_record
+    from convsts.ray_jobs.sweeps.request import SweepRequest, TrainInputs
+    from convsts.ray_jobs.sweeps.run import resume_differences, sweep_record
 
     space = get_space("snli_fraction")
     cfg = load_config(None, ["trainer.steps=10"])
 
     def record(cfg, param, num_samples, prepared):
-        return sweep_record(SweepRequest(space, cfg, tmp_path / "s", None, None, prepared, param, num_samples))
+        return sweep_record(SweepRequest(space, cfg, tmp_path / "s", TrainInputs(None, prepared), param, num_samples))
 
     first = record(cfg, grid_overrides(["data.snli_fraction=[0.1,1.0]"]), 1, str(tmp_path / "p"))
     state = {"parent_run_id": "x", "sweep": first}
@@ -187,10 +188,11 @@ def test_a_resumed_sweep_says_it_keeps_the_concurrency_it_started_with(tmp_path,
     import json
     import logging
 
-    from convsts.ray_jobs.sweeps.run import STATE_FILE, SweepRequest, open_sweep
+    from convsts.ray_jobs.sweeps.request import SweepRequest, TrainInputs
+    from convsts.ray_jobs.sweeps.run import STATE_FILE, open_sweep
 
     cfg = load_config(None, ["trainer.steps=10", "mlflow.experiment=resume-concurrency"])
-    request = SweepRequest(get_space("snli_fraction"), cfg, tmp_path / "s", None, None, None, {}, 1)
+    request = SweepRequest(get_space("snli_fraction"), cfg, tmp_path / "s", TrainInputs(), {}, 1)
     request.out_dir.mkdir()
     parent, expected, at_once = open_sweep(request, mlflow_uri, False, 10, 1)
     assert (expected, at_once) == (10, 1)
@@ -199,3 +201,17 @@ def test_a_resumed_sweep_says_it_keeps_the_concurrency_it_started_with(tmp_path,
         resumed, _, at_once = open_sweep(request, mlflow_uri, True, 10, 3)
     assert resumed.run_id == parent.run_id and at_once == 1
     assert "resumed with the 1 trial(s) at once it was started with, not 3" in caplog.text
+
+
+def test_a_sweep_takes_the_inputs_its_objective_uses_and_refuses_the_others():
+    from convsts.ray_jobs.sweeps.request import MatrixInputs, TrainInputs, sweep_inputs
+
+    matrix, train = get_space("sts_matrix"), get_space("snli_fraction")
+    assert sweep_inputs(matrix, "C", None, None) == MatrixInputs("C")
+    assert sweep_inputs(train, None, "R", "P") == TrainInputs("R", "P") and TrainInputs("R").starts_from == "R"
+    with pytest.raises(ConfigError, match="space sts_matrix needs --checkpoint"):
+        sweep_inputs(matrix, None, None, None)
+    with pytest.raises(ConfigError, match="--reddit-checkpoint, --prepared would do nothing"):
+        sweep_inputs(matrix, "C", "R", "P")
+    with pytest.raises(ConfigError, match="space snli_fraction trains: --checkpoint names an sts_matrix sweep"):
+        sweep_inputs(train, "C", None, None)
