@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "tests")]
 
 
 def main() -> int:
@@ -39,13 +39,14 @@ def main() -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
     import ray.data
+    from testkit.frames import frame_batch
 
     from convsts.io import storage
     from convsts.models.checkpoint import build_model
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.runtime.process import ensure_ray
     from convsts.ray_jobs.tasks import get_task
-    from convsts.ray_jobs.training.data import frame_batch, tokenized
+    from convsts.ray_jobs.training.data import tokenized
     from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
     from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks
 

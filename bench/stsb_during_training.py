@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "tests")]
 
 
 def main() -> int:
@@ -34,13 +34,13 @@ def main() -> int:
 
     import pyarrow.parquet as pq
     import torch
+    from testkit.frames import FrameStream
 
     from convsts.datasets.text import load_tokenizer
     from convsts.models.checkpoint import build_model
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.evaluation.sts import StsDevProbe
     from convsts.ray_jobs.tasks import get_task
-    from convsts.ray_jobs.training.data import FrameStream
     from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
     from convsts.ray_jobs.training.task_groups import GradientCombiner, draw_task, plan_tasks
 

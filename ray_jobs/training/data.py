@@ -1,7 +1,6 @@
 """The training feed: the tokenizer counted or trained from the prepared text, one tokenized Ray
 Dataset per task, the DataConfig that splits each over its task's ranks, and the endless per-task
-batch streams a worker draws from. `FrameStream` is the same stream over an in-memory frame (no
-Ray), for single-process loops."""
+batch streams a worker draws from."""
 
 from __future__ import annotations
 
@@ -250,60 +249,3 @@ class TaskStream:
     def close(self) -> None:
         """Stop reading the shard (while Ray is still up: the iterator reports its stats on close)."""
         self._it.close()
-
-
-def frame_batch(
-    tokenizer, task: Task, part, width: int, device=None, cfg: RunConfig | None = None
-) -> dict[str, torch.Tensor]:
-    """One task's batch from rows of a pandas frame, tokenized as the Ray Data feed does (the text
-    columns a run with `cfg` trains on: `task.text_columns(cfg)`)."""
-    columns = task.text_columns(cfg)
-    ids = encode_columns(tokenizer, {c: part[c].to_numpy() for c in columns}, columns, width)
-    batch = {k: torch.from_numpy(v) for k, v in ids.items()}
-    if task.label:
-        batch[task.label] = torch.tensor(part[task.label].to_numpy())
-    return {k: v.to(device) for k, v in batch.items()} if device is not None else batch
-
-
-class FrameStream:
-    """TaskStream's contract over an in-memory frame (no Ray): consecutive batches in the frame's
-    order, epoch after epoch, each epoch's rows shuffled with seed + epoch; with `cfg`, the text
-    columns that run trains on (a mined Reddit folder's negatives with data.reddit_hard_negatives)."""
-
-    def __init__(
-        self,
-        task: Task,
-        frame,
-        tokenizer,
-        batch_size: int,
-        width: int,
-        seed: int = 0,
-        epoch: int = 0,
-        skip: int = 0,
-        device=None,
-        cfg: RunConfig | None = None,
-    ):
-        if len(frame) < batch_size:
-            raise RuntimeError(f"{task.name}: {len(frame)} rows, fewer than one batch ({batch_size})")
-        self.task, self.frame, self.tokenizer, self.batch_size, self.width = task, frame, tokenizer, batch_size, width
-        self.seed, self.device, self.cfg = seed, device, cfg
-        self.epoch, self.batch_in_epoch = epoch, skip
-        self._order = self._shuffled()
-
-    def _shuffled(self) -> np.ndarray:
-        return np.random.default_rng(self.seed + self.epoch).permutation(len(self.frame))
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        if (self.batch_in_epoch + 1) * self.batch_size > len(self.frame):
-            self.epoch += 1
-            self.batch_in_epoch = 0
-            self._order = self._shuffled()
-        rows = self._order[self.batch_in_epoch * self.batch_size : (self.batch_in_epoch + 1) * self.batch_size]
-        self.batch_in_epoch += 1
-        return frame_batch(self.tokenizer, self.task, self.frame.iloc[rows], self.width, self.device, self.cfg)
-
-    def position(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "batch_size": self.batch_size}

@@ -8,12 +8,12 @@ import asyncio
 import pytest
 import test_training_core as core
 import torch
+from testkit.frames import FrameStream
 
 from convsts.io.errors import ConfigError
 from convsts.models.checkpoint import build_model
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import model_heads, trained_tasks
-from convsts.ray_jobs.training.data import FrameStream
 from convsts.ray_jobs.training.parameter_holder import HolderReset, HolderUpdate, ParameterHolder
 from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
 from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_for, plan_tasks

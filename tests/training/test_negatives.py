@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from testkit.frames import frame_batch
 from testkit.tiny import TINY_DAN
 
 from convsts.datasets.negatives import MiningConfig, mine
@@ -18,7 +19,6 @@ from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import get_task, model_heads
 from convsts.ray_jobs.tasks.base import fields
 from convsts.ray_jobs.tasks.prepared_folder import verify_prepared
-from convsts.ray_jobs.training.data import frame_batch
 from convsts.ray_jobs.training.step import seed_everything
 
 

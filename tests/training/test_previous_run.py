@@ -23,6 +23,7 @@ from convsts.ray_jobs.training.run_record import (
     RUN_RECORD,
     DamagedRecord,
     RunStart,
+    RunStorage,
     claim,
     close_abandoned_runs,
     decide_start,
@@ -37,7 +38,7 @@ STAMPS = ("2026-11-26_04-17-30.539163", "2026-11-26_04-17-31.105457")  # Ray Tra
 def _record(out: Path, run_id: str, cfg, folder: str, chain=()) -> None:
     """OUT/run.json as a run whose checkpoints go to `folder` writes it before its first step."""
     out.mkdir(parents=True, exist_ok=True)
-    join_chain(out, RunStart("", None, tuple(chain)), new_link(out, run_id, cfg, tuple(folder.rsplit("/", 1))))
+    join_chain(out, RunStart("", None, tuple(chain)), new_link(out, run_id, cfg, RunStorage(*folder.rsplit("/", 1))))
 
 
 def _killed_run(out: Path, folder: str, cfg, source: Path) -> list[str]:

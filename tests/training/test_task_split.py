@@ -118,9 +118,10 @@ def _nan_worker(config):
         ],
     )
     tokenizer = core._tokenizer(cfg)
+    from testkit.frames import FrameStream
+
     from convsts.models.checkpoint import build_model
     from convsts.ray_jobs.tasks import model_heads, trained_tasks
-    from convsts.ray_jobs.training.data import FrameStream
     from convsts.ray_jobs.training.loop import TrainLoop
     from convsts.ray_jobs.training.step import seed_everything
 

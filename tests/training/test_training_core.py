@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from testkit import toy_task
+from testkit.frames import FrameStream
 
 from convsts.datasets.text import DanTokenizer, count_words
 from convsts.io.errors import ConfigError
@@ -21,7 +22,6 @@ from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import builtin_tasks, get_task, model_heads, trained_tasks
 from convsts.ray_jobs.tasks.base import fields
-from convsts.ray_jobs.training.data import FrameStream
 from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
 from convsts.ray_jobs.training.state import StageSchedule, resume_skip
 from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
