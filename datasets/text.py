@@ -197,76 +197,21 @@ def padded_ids(id_lists: Sequence[Sequence[int]], width: int | None, pad_id: int
     return ids
 
 
-class SubwordTokenizer:
-    """WordPiece ids for the Transformer, trained with Hugging Face `tokenizers` on training text."""
+class _HuggingFaceTokenizer:
+    """A Hugging Face `tokenizers` tokenizer saved as its JSON: ids, at most `max_words` of them (its
+    truncation, so a pretrained model's [SEP] stays last), padded with its pad id."""
 
-    kind = "subword"
-    fits_from_counts = False  # trained from the texts themselves
-    pad_id = PAD_ID  # [PAD]
-
-    def __init__(self, hf_json: str, config: TokenizerConfig):
-        self.config = config
-        self._hf_json = hf_json
-        self._tok = Tokenizer.from_str(hf_json)
-
-    @classmethod
-    def train(cls, texts: Iterable[str], config: TokenizerConfig) -> SubwordTokenizer:
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=config.lowercase)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=config.subword_vocab_size, special_tokens=["[PAD]", "[UNK]"], min_frequency=config.min_count
-        )
-        tok.train_from_iterator((normalize(t, lowercase=False) for t in texts), trainer=trainer)
-        return cls(tok.to_str(), config)
-
-    @property
-    def num_words(self) -> int:
-        return self._tok.get_vocab_size()
-
-    def encode(self, texts: Sequence[str], width: int | None = None) -> dict[str, np.ndarray]:
-        encodings = self._tok.encode_batch([normalize(t, lowercase=False) for t in texts])
-        limit = self.config.max_words
-        return {"ids": padded_ids([e.ids[:limit] for e in encodings], width, self.pad_id)}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "config": asdict(self.config), "hf_tokenizer": self._hf_json}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SubwordTokenizer:
-        return cls(data["hf_tokenizer"], TokenizerConfig(**data["config"]))
-
-
-class PretrainedTokenizer:
-    """A pretrained model's own tokenizer (its tokenizer.json, Hugging Face `tokenizers`): ids with
-    the model's special tokens ([CLS] ... [SEP]), at most `max_words` of them, padded with its pad id."""
-
-    kind = "pretrained"
+    kind = ""
     fits_from_counts = False
 
     def __init__(self, hf_json: str, config: TokenizerConfig):
         self.config = config
         self._hf_json = hf_json
         self._tok = Tokenizer.from_str(hf_json)
-        padding = self._tok.padding or {}  # the model's own padding settings, read before turning them off
-        self.pad_id = int(padding.get("pad_id", self._tok.token_to_id("[PAD]") or 0))
+        padding = self._tok.padding or {}  # a model's own padding settings, read before turning them off
+        self.pad_id = int(padding.get("pad_id", self._tok.token_to_id("[PAD]") or PAD_ID))
         self._tok.no_padding()
         self._tok.enable_truncation(max_length=config.max_words)
-
-    @classmethod
-    def from_model(cls, model_config, config: TokenizerConfig) -> PretrainedTokenizer:
-        """The tokenizer of the weights that `model.pretrained.path` names."""
-
-        folder = pretrained_folder(model_config.pretrained.path)
-        if (folder / "tokenizer.json").is_file():
-            return cls((folder / "tokenizer.json").read_text(encoding="utf-8"), config)
-        # A release with only a WordPiece vocab.txt (plain BERT, MiniLM): `transformers` builds the
-        # fast tokenizer it describes (lower-casing as its tokenizer_config.json says).
-        from transformers import (
-            AutoTokenizer,
-        )
-
-        return cls(AutoTokenizer.from_pretrained(str(folder), use_fast=True).backend_tokenizer.to_str(), config)
 
     @property
     def num_words(self) -> int:
@@ -280,8 +225,44 @@ class PretrainedTokenizer:
         return {"kind": self.kind, "config": asdict(self.config), "hf_tokenizer": self._hf_json}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PretrainedTokenizer:
+    def from_dict(cls, data: dict[str, Any]):
         return cls(data["hf_tokenizer"], TokenizerConfig(**data["config"]))
+
+
+class SubwordTokenizer(_HuggingFaceTokenizer):
+    """WordPiece ids for the Transformer, trained with Hugging Face `tokenizers` on training text."""
+
+    kind = "subword"
+
+    @classmethod
+    def train(cls, texts: Iterable[str], config: TokenizerConfig) -> SubwordTokenizer:
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=config.lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=config.subword_vocab_size, special_tokens=["[PAD]", "[UNK]"], min_frequency=config.min_count
+        )
+        tok.train_from_iterator((normalize(t, lowercase=False) for t in texts), trainer=trainer)
+        return cls(tok.to_str(), config)
+
+
+class PretrainedTokenizer(_HuggingFaceTokenizer):
+    """A pretrained model's own tokenizer (its tokenizer.json): ids with the model's special tokens
+    ([CLS] ... [SEP])."""
+
+    kind = "pretrained"
+
+    @classmethod
+    def from_model(cls, model_config, config: TokenizerConfig) -> PretrainedTokenizer:
+        """The tokenizer of the weights that `model.pretrained.path` names."""
+        folder = pretrained_folder(model_config.pretrained.path)
+        if (folder / "tokenizer.json").is_file():
+            return cls((folder / "tokenizer.json").read_text(encoding="utf-8"), config)
+        # A release with only a WordPiece vocab.txt (plain BERT, MiniLM): `transformers` builds the
+        # fast tokenizer it describes (lower-casing as its tokenizer_config.json says).
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(str(folder), use_fast=True).backend_tokenizer.to_str(), config)
 
 
 # Tokenizer kind (an encoder's `tokenizer_kind`) -> class.

@@ -111,6 +111,8 @@ class SentenceEncoder:
         emb = emb[0] if single else emb
         return emb if convert_to_tensor else emb.cpu().numpy().astype(np.float32)
 
+    SIDES = ("context", "response")
+
     @torch.no_grad()
     def encode(
         self,
@@ -121,6 +123,7 @@ class SentenceEncoder:
         device: str | None = None,
         normalize_embeddings: bool = True,
         tuned: bool | str = False,
+        side: str = "context",
     ):
         """One string -> (dim,), a list -> (n, dim): numpy float32, or a torch tensor on the model's
         device with `convert_to_tensor=True`. Sentences are encoded longest first and returned in
@@ -131,13 +134,23 @@ class SentenceEncoder:
           show_progress_bar     a tqdm bar over batches; None = on for 8+ batches when stderr is a
                                 terminal, cleared when done
           tuned                 True: apply the STS matrix `convsts evaluate` saved in the checkpoint;
-                                a name ("sweep"): the matrix of that name (`convsts tune --space sts_matrix`)"""
+                                a name ("sweep"): the matrix of that name (`convsts tune --space sts_matrix`)
+          side                  "context": the shared encoder (STS, a Reddit context); "response": then
+                                the response-side network (encode_responses)"""
+        if side not in self.SIDES:
+            raise ValueError(f"side={side!r}: use one of {', '.join(self.SIDES)}")
         texts, single = self._texts(sentences, device)
-        if tuned and not normalize_embeddings:
+        if tuned and (side != "context" or not normalize_embeddings):
             raise ValueError(
-                "tuned=True applies a matrix fit on unit-length embeddings: keep normalize_embeddings=True"
+                "tuned=True applies a matrix fit on unit-length context-side embeddings: keep "
+                "normalize_embeddings=True and side='context'"
             )
-        emb = self._embed(texts, batch_size, normalize_embeddings, show_progress_bar)  # (n, dim)
+        if side == "response":
+            head = self.model.heads[self.model.task_of_head("response")]
+            emb = head(self._embed(texts, batch_size, True, show_progress_bar, "encode responses"))  # (n, dim)
+            emb = torch.nn.functional.normalize(emb, dim=-1) if normalize_embeddings else emb
+        else:
+            emb = self._embed(texts, batch_size, normalize_embeddings, show_progress_bar)  # (n, dim)
         if tuned:
             name = "" if tuned is True else str(tuned)
             transform = load_sts_transform(self.path, name) if self.path else None
@@ -193,24 +206,11 @@ class SentenceEncoder:
             cos.device
         )  # the evaluation's own score
 
-    @torch.no_grad()
-    def encode_responses(
-        self,
-        sentences: str | Sequence[str],
-        batch_size: int = 256,
-        show_progress_bar: bool | None = None,
-        convert_to_tensor: bool = False,
-        device: str | None = None,
-        normalize_embeddings: bool = False,
-    ):
+    def encode_responses(self, sentences: str | Sequence[str], **options):
         """Response embeddings after the response-side network (the right side of the Reddit score:
-        context . response); the same options as `encode`, unnormalized by default as the score uses them."""
-        texts, single = self._texts(sentences, device)
-        head = self.model.heads[self.model.task_of_head("response")]
-        emb = head(self._embed(texts, batch_size, True, show_progress_bar, "encode responses"))  # (n, dim)
-        if normalize_embeddings:
-            emb = torch.nn.functional.normalize(emb, dim=-1)
-        return self._output(emb, single, convert_to_tensor)
+        context . response): `encode(sentences, side="response", ...)`, with `encode`'s options,
+        unnormalized by default as the score uses them."""
+        return self.encode(sentences, **{"normalize_embeddings": False, **options}, side="response")
 
     @torch.no_grad()
     def classify_nli(

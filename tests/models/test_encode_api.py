@@ -88,6 +88,11 @@ def test_responses_and_nli_take_the_same_options(encoder):
     torch.testing.assert_close(responses[1], torch.from_numpy(encoder.encode_responses("a dog")), atol=1e-5, rtol=0)
     unit = encoder.encode_responses(TEXTS, normalize_embeddings=True)
     np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_array_equal(unit, encoder.encode(TEXTS, side="response"))  # encode's response side
+    with pytest.raises(ValueError, match="side='left': use one of context, response"):
+        encoder.encode(TEXTS, side="left")
+    with pytest.raises(ValueError, match="context-side embeddings"):
+        encoder.encode_responses(TEXTS, normalize_embeddings=True, tuned=True)
     assert encoder.classify_nli("a dog", "an animal").shape == (3,)
     logits = encoder.classify_nli(TEXTS, TEXTS[::-1], batch_size=2)
     assert logits.shape == (5, 3)
