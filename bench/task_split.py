@@ -45,7 +45,7 @@ def main() -> int:
     from convsts.ray_jobs.pipelines.evaluate import run_evaluation
     from convsts.ray_jobs.runtime.process import ensure_ray
     from convsts.ray_jobs.tracking import runs as tracking
-    from convsts.ray_jobs.training.run import run_training
+    from convsts.ray_jobs.training.driver import run_training
 
     ensure_ray()
     out = Path(args.out)

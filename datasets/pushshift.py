@@ -582,7 +582,7 @@ def prepare_local(
     remove_abandoned_spills()
     with (
         tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{os.getpid()}-") as folder,
-        storage.writing(f"{folder} (the spill folder, in TMPDIR)"),  # a full disk names it
+        storage.write_errors(f"{folder} (the spill folder, in TMPDIR)"),  # a full disk names it
     ):
         spill = _Spill(Path(folder), parts)
         lines_read, counts, examples = _spill_comments(spill, paths, cfg)

@@ -263,7 +263,7 @@ def staging_folder(out_dir: Path) -> Path:
 
 
 @contextlib.contextmanager
-def staged(out_dir: Path) -> Iterator[Path]:
+def replaced_whole(out_dir: Path) -> Iterator[Path]:
     """A folder written whole or not at all: the caller writes into a new staging folder beside
     `out_dir` (staging_folder), which then replaces `out_dir`; on any error it is removed (this call's
     own folder only) and `out_dir` stays as it was. An OSError without a file name (a full disk) names
@@ -298,7 +298,7 @@ def save_model_folder(checkpoint: str | Path, out_dir: str | Path) -> Path:
     checkpoint, out_dir = verified_folder(checkpoint), Path(out_dir)
     read_meta(checkpoint)  # a convsts checkpoint of this format
     known = _manifest(checkpoint) if (checkpoint / MANIFEST_FILE).is_file() else {}
-    with staged(out_dir) as partial:
+    with replaced_whole(out_dir) as partial:
         for path in [*(checkpoint / n for n in MODEL_FILES), *sorted(checkpoint.glob(STS_PATTERN))]:
             if path.is_file():
                 shutil.copy2(path, partial / path.name)

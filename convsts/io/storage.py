@@ -39,7 +39,7 @@ from convsts.io.redaction import (
 
 
 @contextlib.contextmanager
-def reaching(path: str | Path, error: type | None = None, what: str = ""):
+def path_errors(path: str | Path, error: type | None = None, what: str = ""):
     """Turns a filesystem's own error while reaching `path` (pyarrow's OSError, or its ArrowInvalid for
     a URI it cannot parse or a file it cannot decode) into one line naming the path, credentials
     redacted: a StorageError, or `error` with `what` before the detail (a file that was reached but
@@ -77,7 +77,7 @@ def _split_query(uri: str) -> tuple[str, str]:
 def resolve(path: str | Path) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for a local path or a URI."""
     if is_uri(path):
-        with reaching(path):
+        with path_errors(path):
             return pafs.FileSystem.from_uri(str(path))
     return pafs.LocalFileSystem(), os.path.abspath(str(path))
 
@@ -147,7 +147,7 @@ def name(path: str | Path) -> str:
 
 def _info(path: str | Path) -> pafs.FileInfo:
     fs, inner = resolve(path)
-    with reaching(path):
+    with path_errors(path):
         return fs.get_file_info(inner)
 
 
@@ -195,7 +195,7 @@ def folder_stats(folder: str | Path) -> list[tuple[str, int, int]]:
     if not is_uri(folder):
         return [(name(f), *stat) for f in list_files(folder) if (stat := file_stat(f)) is not None]
     fs, inner = resolve(folder)
-    with reaching(folder):
+    with path_errors(folder):
         infos = fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False))
     return sorted(
         (i.base_name, int(i.size), int(i.mtime_ns or 0))
@@ -213,7 +213,7 @@ def check_bucket(uri: str | Path, key: str) -> None:
     if fs.type_name not in ("s3", "gcs"):
         return
     bucket = inner.split("/", 1)[0]
-    with reaching(uri):
+    with path_errors(uri):
         found = fs.get_file_info(bucket).type != pafs.FileType.NotFound
     if not found:
         raise ConfigError(
@@ -236,7 +236,7 @@ def has_entries(folder: str | Path) -> bool:
     if not is_uri(folder):
         return Path(folder).exists() and any(Path(folder).iterdir())
     fs, inner = resolve(folder)
-    with reaching(folder):
+    with path_errors(folder):
         if fs.get_file_info(inner).type != pafs.FileType.Directory:
             return False
         return bool(fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False)))
@@ -247,7 +247,7 @@ def entry_names(folder: str | Path) -> list[str]:
     if not is_uri(folder):
         return sorted(p.name for p in Path(folder).iterdir())
     fs, inner = resolve(folder)
-    with reaching(folder):
+    with path_errors(folder):
         return sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(inner.rstrip("/"), recursive=False)))
 
 
@@ -256,9 +256,9 @@ def copy_tree(source: str | Path, target: str | Path) -> None:
     src, src_fs = path_and_filesystem(source)
     dst, dst_fs = path_and_filesystem(target)
     dst_fs = dst_fs or pafs.LocalFileSystem()
-    with reaching(target):
+    with path_errors(target):
         dst_fs.create_dir(dst, recursive=True)
-    with reaching(source):
+    with path_errors(source):
         pafs.copy_files(src, dst, source_filesystem=src_fs or pafs.LocalFileSystem(), destination_filesystem=dst_fs)
 
 
@@ -268,7 +268,7 @@ def delete_folder(folder: str | Path) -> None:
         shutil.rmtree(folder)
         return
     fs, inner = resolve(folder)
-    with reaching(folder):
+    with path_errors(folder):
         fs.delete_dir(inner.rstrip("/"))
 
 
@@ -278,7 +278,7 @@ def delete_file(path: str | Path) -> None:
         Path(path).unlink(missing_ok=True)
         return
     fs, inner = resolve(path)
-    with contextlib.suppress(FileNotFoundError), reaching(path):
+    with contextlib.suppress(FileNotFoundError), path_errors(path):
         fs.delete_file(inner)
 
 
@@ -320,7 +320,7 @@ class _StoreReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:
-        with reaching(self._path, what=f"reading stopped at byte {self._offset:,}: "):
+        with path_errors(self._path, what=f"reading stopped at byte {self._offset:,}: "):
             n = self._stream.readinto(buffer)
         self._offset += n
         return n
@@ -342,7 +342,7 @@ def open_binary(path: str | Path) -> io.BufferedReader:
         return open(path, "rb")
     fs, inner = resolve(path)
     # compression=None: the bytes as stored (callers decompress, e.g. .zst with a large window).
-    with reaching(path):
+    with path_errors(path):
         return io.BufferedReader(_StoreReader(fs.open_input_stream(inner, compression=None), path), READ_PART)
 
 
@@ -351,18 +351,18 @@ def copy_file(path: str | Path, target: str | Path) -> int:
     From a store the file is read in READ_PART ranges, READ_THREADS at a time: one HEAD and about
     size / READ_PART GETs, at the store's speed (a stream read in small pieces is a request each)."""
     if not is_uri(path):
-        with reaching(path):
+        with path_errors(path):
             shutil.copyfile(path, target)
         return os.path.getsize(target)
     fs, inner = resolve(path)
-    with reaching(path), fs.open_input_file(inner) as src:
+    with path_errors(path), fs.open_input_file(inner) as src:
         size = src.size()
-        with writing(target), open(target, "wb") as out:
+        with write_errors(target), open(target, "wb") as out:
             out.truncate(size)
             fd = out.fileno()
 
             def part(offset: int) -> None:
-                with reaching(path, what=f"reading stopped at byte {offset:,}: "):
+                with path_errors(path, what=f"reading stopped at byte {offset:,}: "):
                     data = src.read_at(min(READ_PART, size - offset), offset)
                 os.pwrite(fd, data, offset)
 
@@ -389,7 +389,7 @@ def _reading_parquet(path: str | Path):
     StorageError (checked first for a URI), anything else as BadInputError (a corrupt or truncated file)."""
     if is_uri(path):
         _info(path)
-    with reaching(path, BadInputError, "not a readable parquet file: "):
+    with path_errors(path, BadInputError, "not a readable parquet file: "):
         yield
 
 
@@ -408,7 +408,7 @@ def read_parquet_schema(path: str | Path):
 
 
 @contextlib.contextmanager
-def writing(path: str | Path):
+def write_errors(path: str | Path):
     """Names `path` in an OSError raised inside that names no file: a write() or close() that fails
     on a full disk (ENOSPC) or quota says only "No space left on device"."""
     try:
@@ -425,7 +425,7 @@ def write_bytes(path: str | Path, data: bytes | memoryview) -> None:
     if not is_uri(path):
         partial = Path(path).with_name(Path(path).name + ".partial")
         try:
-            with writing(path):
+            with write_errors(path):
                 partial.write_bytes(data)
         except BaseException:
             partial.unlink(missing_ok=True)  # this call's own file: nothing half-written is left
@@ -433,7 +433,7 @@ def write_bytes(path: str | Path, data: bytes | memoryview) -> None:
         partial.replace(path)
         return
     fs, inner = resolve(path)
-    with reaching(path), writing(path), fs.open_output_stream(inner, compression=None) as out:
+    with path_errors(path), write_errors(path), fs.open_output_stream(inner, compression=None) as out:
         out.write(data)
 
 
@@ -527,7 +527,7 @@ def read_shards(path: str, **kwargs):
     import ray.data
 
     inner, fs = path_and_filesystem(path)
-    with reaching(path):
+    with path_errors(path):
         return ray.data.read_parquet(inner, filesystem=fs, **kwargs)
 
 

@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.out:
         build_parser().error("the following arguments are required: --out")
     storage.check_bucket(cfg.trainer.storage_path, "trainer.storage_path")  # before the data is prepared
-    from convsts.ray_jobs.training.run import prepared_location, run_training
+    from convsts.ray_jobs.training.driver import prepared_location, run_training
 
     with output_lock(args.out, "train"):  # before anything is written there: the store, the prepared data
         uri = tracking_uri(

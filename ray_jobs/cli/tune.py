@@ -65,8 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     cfg = load_config(args.config, args.overrides)
-    from convsts.ray_jobs.sweeps.run import run_sweep
     from convsts.ray_jobs.sweeps.trials import grid_overrides
+    from convsts.ray_jobs.sweeps.tuner import run_sweep
 
     try:
         inputs = sweep_inputs(space, args.checkpoint, args.reddit_checkpoint, args.prepared)

@@ -28,7 +28,7 @@ RANKS = (1, 3, 10)
 def write_items(items_dir: Path, task: str, items: pd.DataFrame) -> Path:
     items_dir.mkdir(parents=True, exist_ok=True)
     path = items_dir / f"{task}.parquet"
-    with storage.writing(path):  # a full disk names the file
+    with storage.write_errors(path):  # a full disk names the file
         items.to_parquet(path, index=False)
     return path
 

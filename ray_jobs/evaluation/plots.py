@@ -47,7 +47,7 @@ def scatter_plot(predicted: np.ndarray, frame: pd.DataFrame, path: Path, title: 
     ax.set_title(f"{title}\nPearson r = {pearson(predicted, gold):.3f}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    with storage.writing(path):  # a full disk names the file
+    with storage.write_errors(path):  # a full disk names the file
         fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -71,7 +71,7 @@ def loss_curves_plot(histories: Mapping[str, Sequence[tuple]], path: Path, title
             ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    with storage.writing(path):  # a full disk names the file
+    with storage.write_errors(path):  # a full disk names the file
         fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -117,6 +117,6 @@ def fraction_curve_plot(rows: Sequence[dict[str, Any]], metrics: Sequence[str], 
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    with storage.writing(path):  # a full disk names the file
+    with storage.write_errors(path):  # a full disk names the file
         fig.savefig(path, dpi=100)
     plt.close(fig)

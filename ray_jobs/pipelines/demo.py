@@ -14,8 +14,8 @@ from typing import Any
 
 from convsts.datasets.text import load_tokenizer
 from convsts.io import storage
+from convsts.io.dotted import flatten
 from convsts.io.errors import BadInputError
-from convsts.io.nested import flatten
 from convsts.io.redaction import redact_tree
 from convsts.models.checkpoint import save_checkpoint
 from convsts.models.encoders import DanEncoder, PretrainedEncoder
@@ -28,7 +28,7 @@ from convsts.ray_jobs.runtime.output_lock import holds_output
 from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri
 from convsts.ray_jobs.tasks import prepared_tasks
 from convsts.ray_jobs.tracking import runs as tracking
-from convsts.ray_jobs.training.run import run_training
+from convsts.ray_jobs.training.driver import run_training
 from convsts.ray_jobs.training.run_record import claim, decide_start, run_outputs
 from convsts.ray_jobs.training.state import initial_model
 

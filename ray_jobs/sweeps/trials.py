@@ -25,7 +25,7 @@ from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 from convsts.ray_jobs.evaluation.sts import read_stsb_split, stsb_embeddings
 from convsts.ray_jobs.pipelines.evaluate import evaluate
 from convsts.ray_jobs.tracking import runs as tracking
-from convsts.ray_jobs.training.run import run_training
+from convsts.ray_jobs.training.driver import run_training
 from convsts.tune_spaces import TuneSpace
 
 

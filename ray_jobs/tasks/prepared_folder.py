@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from convsts.datasets.shards import ShardRecord, write_frame
 from convsts.io import redaction, storage
+from convsts.io.dotted import changed_values, flatten
 from convsts.io.errors import BadInputError
-from convsts.io.nested import changed_values, flatten
 from convsts.io.redaction import redact_tree
 from convsts.ray_jobs.runtime.output_lock import LOCK_FILE, output_lock
 from convsts.ray_jobs.runtime.process import log

@@ -353,11 +353,11 @@ def decide_start(out_dir: Path, cfg: RunConfig, fresh: bool = False, storage_key
         known = {f.path: f.run_id for f in found}
         return RunStart(asked, known.get(asked) or _owner(asked), tuple(links))
     used = run_outputs(out_dir)
-    elsewhere = [k.storage for k in links if k.base != IN_OUT]
+    bucket_folders = [k.storage for k in links if k.base != IN_OUT]
     if not (used or found or links):
         return RunStart("", None)
     if not fresh:
-        what = ", ".join([p.name for p in used] + [f"checkpoints in {where}" for where in elsewhere])
+        what = ", ".join([p.name for p in used] + [f"checkpoints in {where}" for where in bucket_folders])
         stopped = "a training run" if (out_dir / TRAIN_SUMMARY).exists() else "an interrupted training run"
         if found:
             newest = found[-1]
@@ -411,13 +411,13 @@ def claim(out_dir: Path, start: RunStart) -> None:
 
 
 def close_abandoned_runs(
-    out_dir: Path, tracking_uri: str, going_on: str | None = None, runs: Sequence[str] | None = None
+    out_dir: Path, tracking_uri: str, own_run: str | None = None, runs: Sequence[str] | None = None
 ) -> None:
     """Every run of OUT's chain (or `runs`: the run of a checkpoint in OUT that a run continues)
     still RUNNING in MLflow ended without closing it (killed: this process holds OUT's lock), so it
-    ends KILLED, saying why, unless it is `going_on` (a sweep's trial run again logs to its own run)."""
+    ends KILLED, saying why, unless it is `own_run` (a sweep's trial run again logs to its own run)."""
     for run_id in [k.run_id for k in _readable_chain(out_dir)] if runs is None else runs:
-        if run_id == going_on or tracking.run_status(tracking_uri, run_id) != "RUNNING":
+        if run_id == own_run or tracking.run_status(tracking_uri, run_id) != "RUNNING":
             continue
         tracking.set_tags(
             tracking_uri,

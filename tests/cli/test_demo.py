@@ -257,7 +257,7 @@ def test_a_used_demo_out_is_refused_then_replaced_with_fresh(tiny_demo):
 @pytest.mark.slow
 def test_untrained_column_is_what_trainer_steps_0_saves(ray_session, sample_prepared, mlflow_uri, tmp_path):
     """The demo's untrained encoder (built in-process) has the weights a `trainer.steps=0` job saves."""
-    from convsts.ray_jobs.training.run import run_training
+    from convsts.ray_jobs.training.driver import run_training
 
     cfg = load_config(
         DEMO_CONFIGS["dan"],

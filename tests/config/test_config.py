@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
+from convsts.io.dotted import flatten
 from convsts.io.errors import ConfigError
-from convsts.io.nested import flatten
 from convsts.io.storage import resolve_path, sample_dir
 from convsts.ray_jobs.config.loader import from_dict, load_config
 

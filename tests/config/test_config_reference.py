@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from convsts.io.nested import flatten
+from convsts.io.dotted import flatten
 from convsts.ray_jobs.config.reference import entries, render
 from convsts.ray_jobs.config.schema import RunConfig
 

@@ -53,7 +53,7 @@ def test_gpu_configs_ask_for_what_a_gpu_run_needs():
 
 @pytest.mark.slow
 def test_transformer_gpu_config_trains_on_cpu_at_a_tiny_size(ray_session, sample_prepared, mlflow_uri, tmp_path):
-    from convsts.ray_jobs.training.run import run_training
+    from convsts.ray_jobs.training.driver import run_training
 
     cfg = load_config(REPO_CONFIGS / "transformer_gpu.yaml", SAMPLE_DATA + TINY + [f"mlflow.tracking_uri={mlflow_uri}"])
     result = run_training(cfg, tmp_path / "run", prepared_dir=sample_prepared)

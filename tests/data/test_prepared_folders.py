@@ -125,7 +125,7 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
     import shutil
 
     from convsts.ray_jobs.tasks import get_task
-    from convsts.ray_jobs.training.run import run_training
+    from convsts.ray_jobs.training.driver import run_training
 
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -35,7 +35,7 @@ TINY = [
 @pytest.mark.slow
 def test_infersent_trains_on_snli_alone(ray_session, mlflow_uri, tmp_path):
     from convsts.ray_jobs.pipelines.inputs import ensure_prepared
-    from convsts.ray_jobs.training.run import run_training
+    from convsts.ray_jobs.training.driver import run_training
 
     cfg = load_config(REPO_CONFIGS / "infersent.yaml", TINY + [f"mlflow.tracking_uri={mlflow_uri}"])
     assert cfg.trainer.task_weights == {"snli": 1.0} and cfg.model.encoder == "bilstm"

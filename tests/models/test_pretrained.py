@@ -257,7 +257,7 @@ PRETRAINED_TINY = [
 
 @pytest.mark.slow
 def test_pretrained_encoder_trains_through_ray_train_and_reloads(ray_session, sample_prepared, tmp_path):
-    from convsts.ray_jobs.training.run import run_training
+    from convsts.ray_jobs.training.driver import run_training
 
     cfg = load_config(
         None,

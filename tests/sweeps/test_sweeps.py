@@ -134,8 +134,8 @@ def test_sts_matrix_sweep_interrupted_and_resumed(ray_session, mlflow_uri, tmp_p
 @pytest.mark.slow
 def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path):
     from convsts.ray_jobs.sweeps.request import SweepRequest, TrainInputs
-    from convsts.ray_jobs.sweeps.run import run_sweep
     from convsts.ray_jobs.sweeps.trials import grid_overrides
+    from convsts.ray_jobs.sweeps.tuner import run_sweep
     from convsts.ray_jobs.training.data import build_tokenizer
     from convsts.ray_jobs.training.state import initial_model
     from convsts.tune_spaces import get_space
@@ -220,8 +220,8 @@ def test_a_trial_that_ran_to_max_t_is_not_tagged_as_stopped_early(ray_session, m
     """ASHA stops a trial at a rung (stopped early) and also at max_t (its end: it ran whole); only the
     first is tagged `convsts.stopped_early=true`."""
     from convsts.ray_jobs.sweeps.request import MatrixInputs, SweepRequest
-    from convsts.ray_jobs.sweeps.run import run_sweep
     from convsts.ray_jobs.sweeps.trials import grid_overrides
+    from convsts.ray_jobs.sweeps.tuner import run_sweep
     from convsts.tune_spaces import get_space
 
     experiment = "tune-max-t-test"
@@ -257,8 +257,8 @@ def test_the_task_mix_sweep_tabulates_a_mix_over_its_seeds(ray_session, sample_p
     test_tune_spaces.py's): every trial reports STS-B by genre, raw and tuned; table.md holds the mix's
     mean ± sd over its seeds and is the parent run's description."""
     from convsts.ray_jobs.sweeps.request import SweepRequest, TrainInputs
-    from convsts.ray_jobs.sweeps.run import run_sweep
     from convsts.ray_jobs.sweeps.trials import grid_overrides
+    from convsts.ray_jobs.sweeps.tuner import run_sweep
     from convsts.tune_spaces import get_space
 
     space = get_space("task_mix")

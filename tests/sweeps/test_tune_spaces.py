@@ -83,7 +83,7 @@ def test_a_sweep_is_resumed_only_by_the_command_that_started_it(tmp_path):
     its unfinished trials then trained with this command's base config and the recorded
     parameters. sweep_record keeps what defines the sweep; every difference is named."""
     from convsts.ray_jobs.sweeps.request import SweepRequest, TrainInputs
-    from convsts.ray_jobs.sweeps.run import resume_differences, sweep_record
+    from convsts.ray_jobs.sweeps.tuner import resume_differences, sweep_record
 
     space = get_space("snli_fraction")
     cfg = load_config(None, ["trainer.steps=10"])
@@ -189,7 +189,7 @@ def test_a_resumed_sweep_says_it_keeps_the_concurrency_it_started_with(tmp_path,
     import logging
 
     from convsts.ray_jobs.sweeps.request import SweepRequest, TrainInputs
-    from convsts.ray_jobs.sweeps.run import STATE_FILE, open_sweep
+    from convsts.ray_jobs.sweeps.tuner import STATE_FILE, open_sweep
 
     cfg = load_config(None, ["trainer.steps=10", "mlflow.experiment=resume-concurrency"])
     request = SweepRequest(get_space("snli_fraction"), cfg, tmp_path / "s", TrainInputs(), {}, 1)

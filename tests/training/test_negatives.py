@@ -103,7 +103,7 @@ def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(r
     from convsts.models.checkpoint import save_checkpoint
     from convsts.ray_jobs.cli.mine import main as mine_main
     from convsts.ray_jobs.training.data import build_tokenizer
-    from convsts.ray_jobs.training.run import run_training
+    from convsts.ray_jobs.training.driver import run_training
 
     base = TINY_DAN + [
         "trainer.log_every=1",

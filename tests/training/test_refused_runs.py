@@ -35,7 +35,7 @@ def test_a_second_run_into_a_used_out_is_refused_unless_resumed_or_fresh(tmp_pat
 def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
     from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models.checkpoint import build_model, save_checkpoint
-    from convsts.ray_jobs.training.run import resume_mismatches
+    from convsts.ray_jobs.training.driver import resume_mismatches
 
     cfg = load_config(
         None,
@@ -258,18 +258,18 @@ def test_a_full_disk_is_one_line_naming_the_file_even_under_the_error_it_caused(
     result = run_python("-c", code)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
-    # shutil's write names no file; the library's own writes do (storage.writing, below).
+    # shutil's write names no file; the library's own writes do (storage.write_errors, below).
     assert lines[0].startswith("convsts x: [Errno 28] No space left on device")
 
 
 def test_a_write_that_fails_on_a_full_disk_names_its_file(tmp_path, capsys):
-    """A write() or close() that fails for space says only "No space left on device": storage.writing
+    """A write() or close() that fails for space says only "No space left on device": storage.write_errors
     names the file (here a real ENOSPC from /dev/full), and run_main prints it in one line."""
     from convsts.io import storage
     from convsts.ray_jobs.runtime.process import run_main
 
     def main(argv):
-        with storage.writing(tmp_path / "out" / "results.json"), open("/dev/full", "wb") as full:
+        with storage.write_errors(tmp_path / "out" / "results.json"), open("/dev/full", "wb") as full:
             full.write(b"x" * 65536)
 
     assert run_main("x", main, []) == 2
@@ -308,7 +308,7 @@ def test_the_final_checkpoint_is_placed_whole_or_not_at_all(tmp_path):
 
     from ray.train import Checkpoint
 
-    from convsts.ray_jobs.training.run import _copy_whole
+    from convsts.ray_jobs.training.driver import _copy_whole
 
     source, target = tmp_path / "ray" / "checkpoint_1", tmp_path / "out" / "checkpoint"
     source.mkdir(parents=True)
@@ -350,7 +350,7 @@ def test_a_missing_file_or_checkpoint_folder_says_it_is_not_there(tmp_path):
 
 def test_a_warm_start_that_does_not_fit_the_model_is_refused_in_the_driver(tmp_path):
     from convsts.io.errors import ConfigError
-    from convsts.ray_jobs.training.run import check_warm_start
+    from convsts.ray_jobs.training.driver import check_warm_start
 
     dan = tiny_checkpoint(tmp_path / "dan")  # a DAN, embedding_dim 4
     other = load_config(None, [f"trainer.warm_start={dan}", "model.encoder=transformer"])
@@ -399,14 +399,14 @@ def test_ctrl_c_during_the_final_copy_leaves_the_earlier_checkpoint(tmp_path):
     import os
     import signal
 
-    from convsts.models.checkpoint import staged
+    from convsts.models.checkpoint import replaced_whole
 
     target = tmp_path / "out" / "checkpoint"
     target.mkdir(parents=True)
     (target / "model.safetensors").write_bytes(b"old weights")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with pytest.raises(KeyboardInterrupt):
-        with staged(target) as partial:
+        with replaced_whole(target) as partial:
             (partial / "model.safetensors").write_bytes(b"new weights, half")
             os.kill(os.getpid(), signal.SIGINT)
             (partial / "config.json").write_text("{}")  # never reached

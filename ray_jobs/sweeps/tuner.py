@@ -16,8 +16,8 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from convsts.io import storage
+from convsts.io.dotted import changed_values, flatten
 from convsts.io.errors import ConfigError
-from convsts.io.nested import changed_values, flatten
 from convsts.io.redaction import redact_tree
 from convsts.io.storage import is_uri, resolve_path
 from convsts.ray_jobs.config.schema import RunConfig
@@ -42,7 +42,7 @@ from convsts.ray_jobs.sweeps.trials import (
     train_trial,
 )
 from convsts.ray_jobs.tracking import runs as tracking
-from convsts.ray_jobs.training.run import prepared_location
+from convsts.ray_jobs.training.driver import prepared_location
 from convsts.tune_spaces import TuneSpace
 
 STATE_FILE = "sweep.json"  # OUT/sweep.json: the parent run id and what defines the sweep (sweep_record), for resumption

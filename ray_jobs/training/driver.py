@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 import ray
 
 from convsts.io import storage
+from convsts.io.dotted import changed_values, flatten
 from convsts.io.errors import ConfigError
-from convsts.io.nested import changed_values, flatten
 from convsts.io.redaction import redact, redact_tree
 from convsts.io.storage import resolve_path
 from convsts.models.checkpoint import (
@@ -25,8 +25,8 @@ from convsts.models.checkpoint import (
     load_model,
     load_train_state,
     read_meta,
+    replaced_whole,
     save_model_folder,
-    staged,
 )
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.plots import loss_curves_plot
@@ -200,8 +200,8 @@ def run_training(
     try:
         _log_prepared_datasets(cfg, prepared, manifests, digests, uri, run_id)
         tracking.set_tags(uri, run_id, {"convsts.storage": redact(location.uri)})
-        tracked, data = TrackedRun(uri, run_id, continues), PreparedData(manifests, digests)
-        result = _train(cfg, out_dir, prepared, tracked, data, extra_callbacks, location)
+        mlflow_run, data = TrackedRun(uri, run_id, continues), PreparedData(manifests, digests)
+        result = _train(cfg, out_dir, prepared, mlflow_run, data, extra_callbacks, location)
     except BaseException as err:
         status = tracking.ended_status(err)  # never left RUNNING (a caller's run ends with it)
         try:
@@ -290,12 +290,12 @@ def _train(
     cfg: RunConfig,
     out_dir: Path,
     prepared: str,
-    tracked: TrackedRun,
+    mlflow_run: TrackedRun,
     data: PreparedData,
     extra_callbacks: Sequence[Any],
     location: RunStorage,
 ) -> TrainResult:
-    started, (uri, run_id, continues), (manifests, digests) = time.time(), tracked, data
+    started, (uri, run_id, continues), (manifests, digests) = time.time(), mlflow_run, data
     tokenizer = _tokenizer(cfg, prepared)
     datasets = task_datasets(cfg, prepared, tokenizer)
     materialized = [n for n in datasets if trained_tasks(cfg)[n].materialize]
@@ -417,8 +417,8 @@ def _keep_checkpoints(cfg: RunConfig, result, out_dir: Path) -> KeptCheckpoints:
 
 
 def _copy_whole(checkpoint, target: Path) -> Path:
-    """A Ray checkpoint copied whole to `target` (staged: a copy that fails, as on a full disk, leaves
+    """A Ray checkpoint copied whole to `target` (replaced_whole: a copy that fails, as on a full disk, leaves
     no half checkpoint there)."""
-    with staged(target) as partial:
+    with replaced_whole(target) as partial:
         checkpoint.to_directory(str(partial))
     return target
