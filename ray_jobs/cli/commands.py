@@ -1,7 +1,9 @@
 """The commands of `convsts`: name -> (the module that runs it, its one-line help).
 
-Each module is a recipe: `build_parser`, `main` and one library call; it also runs as
-`python -m MODULE`, which is what a Ray job's entrypoint runs (job_api.entrypoint)."""
+Each module is a recipe: `build_parser`, `main` and one library call. A Ray job's entrypoint runs
+the same command as `python -m convsts COMMAND ...` (job_api.entrypoint). A command whose library
+loads Ray, torch or MLflow imports it in `main`, once its arguments and config are checked, so that
+`--help` and a config error answer in a fraction of a second (docs/performance.md "Start-up")."""
 
 COMMANDS = {
     "prepare": ("convsts.ray_jobs.cli.prepare", "raw Reddit / SNLI inputs -> parquet shards + manifest (Ray Data)"),

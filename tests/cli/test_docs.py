@@ -382,3 +382,26 @@ def test_every_export_and_serve_command_runs_in_the_demo_folder(where, lines, de
 
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=30)
+
+
+def test_every_test_the_docs_name_exists():
+    """`tests/PATH.py` and `tests/PATH.py::test_name` (and `::test_name` after one) in README.md and
+    docs/ name a test file and a test function of it that exist."""
+    import ast
+
+    missing = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        current = None
+        for m in re.finditer(r"`(tests/[\w/]+\.py)?(?:::(\w+))?(?:\[[^\]`]*\])?`", text):
+            path, name = m.group(1), m.group(2)
+            if path:
+                current = REPO / path
+                if not current.is_file():
+                    missing.append(f"{page.relative_to(REPO)}: {path}")
+                    continue
+            if name and current is not None and current.is_file():
+                tree = ast.parse(current.read_text(encoding="utf-8"))
+                if name not in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}:
+                    missing.append(f"{page.relative_to(REPO)}: {current.relative_to(REPO)}::{name}")
+    assert not missing, "tests the docs name that do not exist:\n" + "\n".join(missing)

@@ -193,17 +193,15 @@ def test_stsb_sample_written_by_pandas_scores_by_genre(sample_checkpoint, tmp_pa
     assert metrics["stsb/dev/news/pearson"] == pytest.approx(sts_metrics(scorer, news, "x")["x/pearson"], abs=1e-9)
 
 
-def test_other_sts_sets_are_read_as_their_releases_ship_them(sample_checkpoint, tmp_path):
+def _sts_releases(folder):
     """The same 40 STS-B pairs written the ways STS releases ship: parquet and JSON lines (MTEB),
     SICK's tab-separated table, a comma-separated table with quoting, the STS Benchmark's own
-    headerless file, and an STS 2012-2016 input file with its gold file (3 pairs without gold)."""
-    from convsts.datasets.evalsets import read_sts_file
-    from convsts.io.errors import BadInputError
-
+    headerless file, and an STS 2012-2016 input file with its gold file (3 pairs without gold).
+    Returns (the 40 pairs, {set name: file name})."""
     pairs = read_stsb(stsb_split_path(resolve_path("{sample}"), "test")).iloc[:40].reset_index(drop=True)
     plain = pairs[["sentence1", "sentence2", "score"]]
-    plain.to_parquet(tmp_path / "set_parquet.parquet")
-    plain.to_json(tmp_path / "set_jsonl.jsonl", orient="records", lines=True)
+    plain.to_parquet(folder / "set_parquet.parquet")
+    plain.to_json(folder / "set_jsonl.jsonl", orient="records", lines=True)
     pd.DataFrame(
         {
             "pair_ID": range(1, 41),
@@ -212,8 +210,8 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(sample_checkpoint, 
             "relatedness_score": pairs["score"],
             "entailment_judgment": "NEUTRAL",
         }
-    ).to_csv(tmp_path / "SICK_trial.txt", sep="\t", index=False)
-    plain.assign(sentence1=plain["sentence1"] + ", and so on").to_csv(tmp_path / "commas.csv", index=False)
+    ).to_csv(folder / "SICK_trial.txt", sep="\t", index=False)
+    plain.assign(sentence1=plain["sentence1"] + ", and so on").to_csv(folder / "commas.csv", index=False)
     official = [
         "\t".join(
             ["main-captions", "MSRvid", "2012test", f"{i:04d}", f"{r.score:.3f}", r.sentence1, r.sentence2]
@@ -221,35 +219,30 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(sample_checkpoint, 
         )
         for i, r in enumerate(plain.itertuples())
     ]
-    (tmp_path / "sts-test.csv").write_text("\n".join(official) + "\n")
+    (folder / "sts-test.csv").write_text("\n".join(official) + "\n")
     extra = [("a man is cutting a tomato", "a woman plays a flute")] * 3  # gold left empty, as some years' files do
-    (tmp_path / "STS.input.demo.txt").write_text(
+    (folder / "STS.input.demo.txt").write_text(
         "\n".join(f"{a}\t{b}" for a, b in list(zip(plain["sentence1"], plain["sentence2"])) + extra) + "\n"
     )
-    (tmp_path / "STS.gs.demo.txt").write_text("\n".join([f"{s:.3f}" for s in plain["score"]] + ["", "", ""]) + "\n")
-
-    # 10 STS-B train pairs (which fit the tuned matrix), re-cased, re-punctuated and swapped, beside the 40.
-    seen = read_stsb(stsb_split_path(resolve_path("{sample}"), "train")).iloc[:10]
-    pd.concat(
-        [
-            plain,
-            pd.DataFrame(
-                {
-                    "sentence1": seen["sentence2"].str.upper() + " !",
-                    "sentence2": seen["sentence1"],
-                    "score": seen["score"],
-                }
-            ),
-        ]
-    ).to_csv(tmp_path / "overlap.tsv", sep="\t", index=False)
+    (folder / "STS.gs.demo.txt").write_text("\n".join([f"{s:.3f}" for s in plain["score"]] + ["", "", ""]) + "\n")
     files = {
         "set_parquet": "set_parquet.parquet",
         "set_jsonl": "set_jsonl.jsonl",
         "SICK_trial": "SICK_trial.txt",
         "commas": "commas.csv",
         "sts-test": "sts-test.csv",
-        f"{tmp_path.name}.demo": "STS.input.demo.txt",
+        f"{folder.name}.demo": "STS.input.demo.txt",
     }
+    return plain, files
+
+
+TUNED_SHORT = ["eval.tuned.epochs=2", "data.cqa_test=''", "data.snli_dev=''"]
+
+
+def test_other_sts_sets_are_read_as_their_releases_ship_them(tmp_path):
+    from convsts.datasets.evalsets import read_sts_file
+
+    plain, files = _sts_releases(tmp_path)
     for name, file in files.items():
         frame = read_sts_file(tmp_path / file)
         assert list(frame.columns) == ["sentence1", "sentence2", "score"], name
@@ -257,9 +250,11 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(sample_checkpoint, 
         pd.testing.assert_frame_equal(frame, expected, check_exact=False, atol=1e-3, obj=name)
     assert read_sts_file(tmp_path / "STS.input.demo.txt").attrs["without_gold"] == 3
 
-    cfg = load_config(None, ["eval.tuned.epochs=2", "data.cqa_test=''", "data.snli_dev=''"])
+
+def test_the_same_pairs_score_the_same_in_every_release_format(sample_checkpoint, tmp_path):
+    _, files = _sts_releases(tmp_path)
     results = run_evaluation(
-        cfg,
+        load_config(None, TUNED_SHORT),
         tmp_path / "eval",
         checkpoint=str(sample_checkpoint),
         log_to_mlflow=False,
@@ -270,10 +265,21 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(sample_checkpoint, 
         assert -1 <= scores[0] <= 1 and max(scores) - min(scores) < 1e-6, (kind, scores)
     counts = {results[f"sts_tuned/{name}/pairs"] for name in files if name != "commas"}  # not in STS-B train or dev
     assert len(counts) == 1 and 30 <= counts.pop() <= 40
-    # The tuned matrix is scored without the pairs it was fitted on: the 10 added ones are left out.
+    assert "other STS sets, STS-B's tuned matrix" in (tmp_path / "eval" / "results.md").read_text()
+
+
+def test_the_tuned_matrix_is_scored_without_the_pairs_it_was_fitted_on(sample_checkpoint, tmp_path):
+    """10 STS-B train pairs (which fit the tuned matrix), re-cased, re-punctuated and swapped, beside
+    the 40: the tuned score leaves them out, the raw one does not."""
+    plain, _ = _sts_releases(tmp_path)
+    seen = read_stsb(stsb_split_path(resolve_path("{sample}"), "train")).iloc[:10]
+    swapped = pd.DataFrame(
+        {"sentence1": seen["sentence2"].str.upper() + " !", "sentence2": seen["sentence1"], "score": seen["score"]}
+    )
+    pd.concat([plain, swapped]).to_csv(tmp_path / "overlap.tsv", sep="\t", index=False)
     results = run_evaluation(
-        cfg,
-        tmp_path / "eval2",
+        load_config(None, TUNED_SHORT),
+        tmp_path / "eval",
         checkpoint=str(sample_checkpoint),
         log_to_mlflow=False,
         sts_files=[str(tmp_path / "overlap.tsv"), str(tmp_path / "set_parquet.parquet")],
@@ -281,22 +287,35 @@ def test_other_sts_sets_are_read_as_their_releases_ship_them(sample_checkpoint, 
     assert results["sts_tuned/overlap/pairs"] == results["sts_tuned/set_parquet/pairs"]
     assert results["sts_tuned/overlap/pearson"] == pytest.approx(results["sts_tuned/set_parquet/pearson"], abs=1e-6)
     assert results["sts/overlap/pearson"] != pytest.approx(results["sts/set_parquet/pearson"], abs=1e-6)  # all 50
-    assert "other STS sets, STS-B's tuned matrix" in (tmp_path / "eval" / "results.md").read_text()
 
-    # Refused before the evaluation makes anything: a missing file, or a NAME=FILE without its file.
-    for entries, message in (
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
         (
-            [f"y={tmp_path / 'set_jsonl.jsonl'}", "trainr.steps=5"],
+            "trainr.steps=5",
             r"--sts trainr.steps=5: no file 5 to name 'trainr.steps' \(as a config override, "
             r"'trainr.steps' is not a run config key\)",
         ),
-        ([str(tmp_path / "gone.tsv")], r"--sts .*gone.tsv: no such file"),
-    ):
-        with pytest.raises(BadInputError, match=message):
-            run_evaluation(
-                cfg, tmp_path / "refused", checkpoint=str(sample_checkpoint), log_to_mlflow=False, sts_files=entries
-            )
-        assert not (tmp_path / "refused").exists()
+        ("gone.tsv", r"--sts .*gone.tsv: no such file"),
+    ],
+)
+def test_an_sts_entry_without_its_file_is_refused_before_the_evaluation_makes_anything(
+    sample_checkpoint, tmp_path, entry, message
+):
+    from convsts.io.errors import BadInputError
+
+    _sts_releases(tmp_path)
+    entries = [f"y={tmp_path / 'set_jsonl.jsonl'}", entry if "=" in entry else str(tmp_path / entry)]
+    with pytest.raises(BadInputError, match=message):
+        run_evaluation(
+            load_config(None, TUNED_SHORT),
+            tmp_path / "refused",
+            checkpoint=str(sample_checkpoint),
+            log_to_mlflow=False,
+            sts_files=entries,
+        )
+    assert not (tmp_path / "refused").exists()
 
 
 def test_sts_sets_are_named_by_their_release_folder_or_their_own_name(tmp_path, monkeypatch):
