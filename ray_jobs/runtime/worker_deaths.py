@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import ray
 from ray.util.state import list_tasks, list_workers
 
 log = logging.getLogger(__name__)
@@ -57,9 +58,11 @@ def _first_sentences(text: str) -> str:
     return text[: cut + 1] if cut > 0 else text[:DETAIL_CHARS] + "..."
 
 
-def _what_it_ran(worker_id: str) -> str:
+def _what_it_ran(address: str, worker_id: str) -> str:
     """The actor class a worker process ran, else the last task it ran, else ""."""
-    tasks = list_tasks(filters=[("worker_id", "=", worker_id)], detail=True, limit=1_000, timeout=STATE_API_TIMEOUT_S)
+    tasks = list_tasks(
+        address, filters=[("worker_id", "=", worker_id)], detail=True, limit=1_000, timeout=STATE_API_TIMEOUT_S
+    )
     # An actor task's function is "Class.method" whatever name it was given (Train names its own).
     actors = [t.func_or_class_name.split(".")[0] for t in tasks if t.actor_id and t.func_or_class_name]
     if actors:
@@ -69,9 +72,13 @@ def _what_it_ran(worker_id: str) -> str:
 
 def worker_deaths(since_s: float) -> list[WorkerDeath]:
     """The cluster's worker processes that ended unexpectedly since `since_s` (a time.time()), oldest
-    first. Needs the state API (the dashboard); without it, none is found and that is logged at debug."""
+    first. Needs the state API (the dashboard); without it, none is found and that is logged at debug.
+    The cluster is the one this process is connected to (named by its GCS address: with several Ray
+    instances on a machine, Ray's own lookup finds the one started last)."""
     try:
+        address = ray.get_runtime_context().gcs_address
         workers = list_workers(
+            address,
             filters=[("is_alive", "=", "False")], detail=True, limit=10_000, timeout=STATE_API_TIMEOUT_S,
             raise_on_missing_output=False,
         )  # fmt: skip
@@ -81,7 +88,8 @@ def worker_deaths(since_s: float) -> list[WorkerDeath]:
             if w.worker_type == "WORKER" and w.exit_type in UNEXPECTED_EXITS and (w.end_time_ms or 0) >= since_s * 1000
         ]
         return [
-            WorkerDeath(w.pid, w.ip, w.exit_type or "", w.exit_detail or "", _what_it_ran(w.worker_id)) for w in dead
+            WorkerDeath(w.pid, w.ip, w.exit_type or "", w.exit_detail or "", _what_it_ran(address, w.worker_id))
+            for w in dead
         ]
     except Exception as err:  # no dashboard, or it did not answer: the work's own outcome stands
         log.debug("worker deaths not checked: the state API did not answer (%s)", err)

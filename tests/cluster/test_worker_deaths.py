@@ -9,6 +9,7 @@ import time
 
 import pytest
 import ray
+from testkit.local_cluster import ray_head
 
 from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
 
@@ -36,10 +37,13 @@ def _died(caplog) -> list[str]:
 
 
 def test_a_worker_that_dies_while_the_work_goes_on_is_one_line_saying_it_was_replaced(ray_session, caplog):
-    with caplog.at_level(logging.WARNING, logger=LOGGER), reporting_worker_deaths():
-        victim = Victim.remote()
-        pid = _abort(victim)
-        assert ray.get(victim.pid.remote()) != pid  # the actor answers from its replacement
+    """With another Ray instance started on the machine after this process's (Ray's own lookup of
+    "the" cluster would find that one), the deaths are this process's cluster's."""
+    with ray_head({"RAY_AUTH_MODE": "disabled"}, 1), caplog.at_level(logging.WARNING, logger=LOGGER):
+        with reporting_worker_deaths():
+            victim = Victim.remote()
+            pid = _abort(victim)
+            assert ray.get(victim.pid.remote()) != pid  # the actor answers from its replacement
     (line,) = _died(caplog)
     assert f"pid {pid} on " in line and "running Victim" in line and "(SYSTEM_ERROR: " in line, line
     assert line.endswith("Ray started another worker in its place and the work went on"), line
