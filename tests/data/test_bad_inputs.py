@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import zstandard
-from testkit.faults import ENV, REPO, cut_zst, dump_lines, run_convsts, run_python, tiny_checkpoint
+from testkit.faults import ENV, REPO, cut_zst, dump_lines, run_convsts, start_python, tiny_checkpoint
 
 from convsts.io.compression import open_lines
 from convsts.io.errors import BadInputError
@@ -165,30 +165,46 @@ def _damage(case: str, root: Path) -> tuple:
     ], message
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "empty_file",
-        "first_line_not_json",
-        "readme_beside_dumps",
-        "non_utf8_sts",
-        "checkpoint_uri_not_there",
-        "truncated_safetensors",
-        "truncated_safetensors_listed",
-        "unknown_bigram_hash",
-        "config_not_json",
-    ],
+CASES = (
+    "empty_file",
+    "first_line_not_json",
+    "readme_beside_dumps",
+    "non_utf8_sts",
+    "checkpoint_uri_not_there",
+    "truncated_safetensors",
+    "truncated_safetensors_listed",
+    "unknown_bigram_hash",
+    "config_not_json",
 )
-def test_unreadable_inputs_give_one_line_naming_the_file(tmp_path, case):
-    args, expected = _damage(case, tmp_path)
-    result = run_python(*args)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr and expected in result.stderr, result.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def refused_commands(tmp_path_factory):
+    """Every case's command, each a fresh process as a user runs it, all started at once (they
+    spend their time importing; together they keep both cores busy): {case: (args, expected
+    message, its folder, the process)}."""
+    started = {}
+    for case in CASES:
+        root = tmp_path_factory.mktemp(case)
+        args, expected = _damage(case, root)
+        started[case] = (args, expected, root, start_python(*args))
+    yield started
+    for *_, process in started.values():
+        if process.poll() is None:
+            process.kill()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_unreadable_inputs_give_one_line_naming_the_file(refused_commands, case):
+    args, expected, root, process = refused_commands[case]
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2, stderr[-2000:]
+    assert "Traceback" not in stderr and expected in stderr, stderr[-2000:]
     # One line, after any progress line of the work done before the file was reached.
-    lines = [line for line in result.stderr.strip().splitlines() if " INFO convsts: [eval] " not in line]
-    assert len(lines) == 1, result.stderr
+    lines = [line for line in stderr.strip().splitlines() if " INFO convsts: [eval] " not in line]
+    assert len(lines) == 1, stderr
     if "--checkpoint" in args:  # a checkpoint that does not load is refused before --out is made
-        assert not (tmp_path / "o").exists()
+        assert not (root / "o").exists()
 
 
 def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
@@ -370,12 +386,14 @@ def test_a_full_spill_disk_names_the_spill_folder_and_an_unwritable_out_is_one_l
     read_only = OSError(errno.EROFS, "Read-only file system", "/mnt/ro/out")
     assert find_user_error(RuntimeError("the store's write failed too")) is None
     assert find_user_error(read_only) is read_only
-    for command in (["prepare", "reddit", "--input", str(tmp_path / "RC"), "--out", "/sys/convsts-out/p"],
-                    ["train", "--out", "/sys/convsts-out/t", "trainer.steps=0"],
-                    ["evaluate", "--baseline", "bow", "--out", "/sys/convsts-out/e"]):  # fmt: skip
-        result = run_convsts(*command)
-        lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
-        assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    started = [start_python("-m", "convsts", *command)  # each a fresh process, all at once
+               for command in (["prepare", "reddit", "--input", str(tmp_path / "RC"), "--out", "/sys/convsts-out/p"],
+                               ["train", "--out", "/sys/convsts-out/t", "trainer.steps=0"],
+                               ["evaluate", "--baseline", "bow", "--out", "/sys/convsts-out/e"])]  # fmt: skip
+    for process in started:
+        stderr = process.communicate(timeout=300)[1]
+        lines = [line for line in stderr.splitlines() if line.startswith("convsts ")]
+        assert process.returncode == 2 and len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
         assert "/sys/convsts-out" in lines[0], lines
 
 

@@ -96,18 +96,32 @@ def test_a_bucket_that_does_not_exist_is_one_line_before_any_work(tmp_path):
     from testkit.s3_server import s3_endpoint
 
     with s3_endpoint("convsts-exists") as env:
-        for command in (
+        commands = (
             ["train", "--out", str(tmp_path / "t")],
             ["tune", "--space", "snli_fraction", "--out", str(tmp_path / "s")],
-        ):
-            done = subprocess.run(
-                [sys.executable, "-m", "convsts", *command, "trainer.storage_path=s3://key:hunter2@no-such-bucket/runs"],
-                env={**os.environ, **env}, capture_output=True, text=True, timeout=300,
+        )
+        started = [  # each a fresh process, both at once
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "convsts",
+                    *command,
+                    "trainer.storage_path=s3://key:hunter2@no-such-bucket/runs",
+                ],
+                env={**os.environ, **env},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )  # fmt: skip
-            lines = [line for line in done.stderr.splitlines() if line.strip()]
-            assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+            for command in commands
+        ]
+        for command, process in zip(commands, started, strict=True):
+            stdout, stderr = process.communicate(timeout=300)
+            lines = [line for line in stderr.splitlines() if line.strip()]
+            assert process.returncode == 2 and len(lines) == 1, stderr[-3000:]
             assert lines[0].startswith(
                 f"convsts {command[0]}: trainer.storage_path: the bucket 'no-such-bucket' of s3://"
             )
-            assert "does not exist" in lines[0] and "hunter2" not in done.stderr + done.stdout
+            assert "does not exist" in lines[0] and "hunter2" not in stderr + stdout
         assert not (tmp_path / "t" / "prepared").exists() and not (tmp_path / "t" / "mlflow.db").exists()

@@ -54,6 +54,18 @@ def run_python(*args, cwd=None, env=None):
     )
 
 
+def start_python(*args, cwd=None, env=None) -> subprocess.Popen:
+    """run_python started, not waited for: `.communicate()` gives (stdout, stderr)."""
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**ENV, **(env or {})},
+        cwd=cwd or REPO,
+    )
+
+
 def tiny_checkpoint(path: Path, embedding_dim: int = 4) -> Path:
     """A tiny DAN checkpoint with a run config and a train state (step 3)."""
     from convsts.datasets.text import DanTokenizer, count_words

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import zstandard
-from testkit.faults import ENV, REPO, run_convsts, run_python
+from testkit.faults import ENV, REPO, run_convsts, run_python, start_python
 
 from convsts.io import errors
 from convsts.io.errors import ConfigError
@@ -66,19 +66,24 @@ def test_job_commands_print_no_password_of_the_ray_address(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     address = f"http://alice:p@ss'W0rd@127.0.0.1:{port}"
-    for args, env in (
-        (["jobs", "list", "--address", address], {}),
-        (["jobs", "logs", "some-job", "--address", address], {}),
-        (["submit", "--address", address, "train", "--out", str(tmp_path / "o")], {}),
-        (["jobs", "list"], {"RAY_ADDRESS": address}),
-    ):
-        result = run_convsts(*args, env=env)
-        assert result.returncode == 2, result.stderr[-2000:]
-        assert "ss'W0rd" not in result.stdout + result.stderr and "p@ss" not in result.stdout + result.stderr
-        assert f"http://***@127.0.0.1:{port}" in result.stderr, result.stderr[-2000:]
-    config = run_convsts("train", "--config", "s3://KEY:PlAnTeDsEcReT@bucket/x.yaml",
-                  "--out", str(tmp_path / "c"), env={"AWS_EC2_METADATA_DISABLED": "true"})  # fmt: skip
-    assert config.returncode == 2 and "s3://***@bucket/x.yaml" in config.stderr and "PlAnTeD" not in config.stderr
+    started = [  # each a fresh process, all at once
+        start_python("-m", "convsts", *args, env=env)
+        for args, env in (
+            (["jobs", "list", "--address", address], {}),
+            (["jobs", "logs", "some-job", "--address", address], {}),
+            (["submit", "--address", address, "train", "--out", str(tmp_path / "o")], {}),
+            (["jobs", "list"], {"RAY_ADDRESS": address}),
+        )
+    ]
+    config = start_python("-m", "convsts", "train", "--config", "s3://KEY:PlAnTeDsEcReT@bucket/x.yaml",
+                          "--out", str(tmp_path / "c"), env={"AWS_EC2_METADATA_DISABLED": "true"})  # fmt: skip
+    for process in started:
+        stdout, stderr = process.communicate(timeout=300)
+        assert process.returncode == 2, stderr[-2000:]
+        assert "ss'W0rd" not in stdout + stderr and "p@ss" not in stdout + stderr
+        assert f"http://***@127.0.0.1:{port}" in stderr, stderr[-2000:]
+    stderr = config.communicate(timeout=300)[1]
+    assert config.returncode == 2 and "s3://***@bucket/x.yaml" in stderr and "PlAnTeD" not in stderr
 
 
 def test_log_lines_and_error_lines_are_redacted(tmp_path):
@@ -195,30 +200,22 @@ def test_a_store_that_fails_in_the_middle_of_a_read_is_one_line_and_the_same_com
 
 
 def test_an_unreachable_tracking_server_is_refused_before_any_work(tmp_path):
-    """Guards: with MLFLOW_TRACKING_URI at a server that is not there, `evaluate` did all its work,
-    then spent MLflow's retries (4 minutes here) and ended in a traceback that printed the URI's
-    password. Each command now makes one request first and refuses in one line, credentials redacted."""
+    """With MLFLOW_TRACKING_URI at a server that is not there, each command makes one request before
+    any work and refuses in one line, credentials redacted (MLflow's own client would retry for
+    minutes after the work, then print the URI's password in a traceback)."""
     url = f"http://alice:PlAnTeDsEcReT@127.0.0.1:{_closed_port()}"
-    env = {**ENV, "MLFLOW_TRACKING_URI": url}
-    for command in (
-        ["evaluate", "--baseline", "bow", "--out", str(tmp_path / "e")],
-        ["train", "--out", str(tmp_path / "t"), "trainer.steps=0"],
-    ):
-        result = subprocess.run(
-            [sys.executable, "-m", "convsts", *command],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO,
-            timeout=120,
-        )
-        lines = [line for line in result.stderr.splitlines() if line.startswith("convsts ")]
-        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    commands = (["evaluate", "--baseline", "bow", "--out", str(tmp_path / "e")],
+                ["train", "--out", str(tmp_path / "t"), "trainer.steps=0"])  # fmt: skip
+    started = [start_python("-m", "convsts", *command, env={"MLFLOW_TRACKING_URI": url}) for command in commands]
+    for command, process in zip(commands, started, strict=True):
+        stdout, stderr = process.communicate(timeout=120)
+        lines = [line for line in stderr.splitlines() if line.startswith("convsts ")]
+        assert process.returncode == 2 and "Traceback" not in stderr, stderr[-2000:]
         assert (
             len(lines) == 1
             and "MLFLOW_TRACKING_URI: no MLflow tracking server answers at http://***@127.0.0.1" in lines[0]
         )
-        assert not _leaks(result.stderr + result.stdout)
+        assert not _leaks(stderr + stdout)
         assert not (tmp_path / command[command.index("--out") + 1] / "prepared").exists()  # refused before prepare
     from convsts.ray_jobs.runtime.process import check_tracking_server
 
