@@ -21,9 +21,17 @@ BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports free now: each socket stays bound until all are chosen (one at a time, the
+    kernel may hand out a port it has just handed out, and two Ray components then collide)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def _procs() -> dict[int, tuple[int, str]]:
@@ -130,13 +138,14 @@ def _own_ports(ip: str) -> list[str]:
     The single ports are free ones the kernel hands out (32768 and up); the workers' range lies
     below them, 400 ports per loopback address, so it never holds one of them."""
     low = 20000 + int(ip.rsplit(".", 1)[1]) % 25 * 400
+    agent, agent_grpc, metrics, runtime_env, node_manager, object_manager = free_ports(6)
     return [
-        f"--dashboard-agent-listen-port={free_port()}",
-        f"--dashboard-agent-grpc-port={free_port()}",
-        f"--metrics-export-port={free_port()}",
-        f"--runtime-env-agent-port={free_port()}",
-        f"--node-manager-port={free_port()}",
-        f"--object-manager-port={free_port()}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--metrics-export-port={metrics}",
+        f"--runtime-env-agent-port={runtime_env}",
+        f"--node-manager-port={node_manager}",
+        f"--object-manager-port={object_manager}",
         f"--min-worker-port={low}",
         f"--max-worker-port={low + 399}",
     ]
@@ -188,7 +197,7 @@ def ray_head(env: dict[str, str], num_cpus: int = 2, options: Sequence[str] = ()
     {"address": dashboard URL, "gcs": the address worker nodes and drivers join, "temp_dir": ...}."""
     temp_dir = tempfile.mkdtemp(prefix="cvray", dir="/tmp")  # short: Ray's unix sockets live under it
     gcs = ""
-    dashboard_port = free_port()
+    dashboard_port, gcs_port, agent, agent_grpc, metrics, runtime_env, client_server = free_ports(7)
     full_env = {
         **os.environ,
         **env,
@@ -200,7 +209,7 @@ def ray_head(env: dict[str, str], num_cpus: int = 2, options: Sequence[str] = ()
         str(BIN / "ray"),
         "start",
         "--head",
-        f"--port={free_port()}",
+        f"--port={gcs_port}",
         "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard_port}",
         f"--num-cpus={num_cpus}",
@@ -208,11 +217,11 @@ def ray_head(env: dict[str, str], num_cpus: int = 2, options: Sequence[str] = ()
         "--disable-usage-stats",
         "--include-dashboard=true",
         # Fixed default ports (agent 52365, metrics, ...) collide with another Ray on the machine.
-        f"--dashboard-agent-listen-port={free_port()}",
-        f"--dashboard-agent-grpc-port={free_port()}",
-        f"--metrics-export-port={free_port()}",
-        f"--runtime-env-agent-port={free_port()}",
-        f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--metrics-export-port={metrics}",
+        f"--runtime-env-agent-port={runtime_env}",
+        f"--ray-client-server-port={client_server}",
         *options,
     ]
     try:
