@@ -25,7 +25,9 @@ from convsts.ray_jobs.sweeps.results import SWEEP_MATRIX
 from convsts.ray_jobs.tracking import runs as tracking
 
 REPO = Path(__file__).resolve().parents[2]
-TRIALS = 10
+# Trials of the interrupted sts_matrix sweep: on an idle machine a trial takes about 0.4 s, and
+# the Ctrl+C must land while some are left (ten all finished before a poll of MLflow saw two).
+TRIALS = 30
 # A Pearson score of the same float32 embeddings, computed again in another process (another
 # summation order): one CI run differed by 5.3e-7; ten times that still tells a wrong matrix apart.
 FLOAT32_RESCORE = 5e-6
@@ -42,8 +44,7 @@ def resumed_matrix_sweep(ray_session, mlflow_uri, tmp_path_factory) -> dict:
            f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"]  # fmt: skip
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    # Interrupt once two trials have finished; trials run one at a time, so the other eight leave
-    # a wide margin (the sweep once finished its six trials before a slow MLflow poll saw two).
+    # Interrupt once two trials have finished; trials run one at a time, so the others leave a margin.
     finished_before = {}
     deadline = time.time() + 300
     while time.time() < deadline and first.poll() is None:
