@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from convsts.models.checkpoint import model_from_folder, verified_folder
+from convsts.models.checkpoint import model_from_files
+from convsts.models.checkpoint_files import read_model_files
 from convsts.models.heads import MultitaskModel
 from convsts.models.similarity import angular_score_from_cosine, cosine_matrix
 from convsts.models.sts_transform import file_name as sts_file
@@ -238,6 +239,6 @@ class SentenceEncoder:
 def load(path: str | Path) -> SentenceEncoder:
     """Load a checkpoint folder without Ray: `load(p).encode(["a sentence"])`; `p` local or a URI
     (`load("s3://bucket/run/ray_results/.../checkpoint_000003")`, read once into a local cache)."""
-    folder = verified_folder(path)  # its manifest's sizes and digests, naming `path`
-    model, tokenizer, meta = model_from_folder(folder)
-    return SentenceEncoder(model, tokenizer, meta, folder)
+    files = read_model_files(path)  # its manifest's sizes and digests, naming `path`; its config and tokenizer
+    model, tokenizer, meta = model_from_files(files)
+    return SentenceEncoder(model, tokenizer, meta, files.folder)

@@ -24,6 +24,7 @@ import pandas as pd
 
 from convsts.io.errors import BadInputError
 from convsts.io.storage import resolve_path
+from convsts.models.checkpoint_files import read_model_files
 from convsts.ray_jobs.config.loader import load_config, parse_with_overrides
 from convsts.ray_jobs.evaluation import BASELINES
 from convsts.ray_jobs.runtime.process import setup_logging
@@ -74,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.compare:
         return compare(args)
     cfg = load_config(args.config, args.overrides)
+    for checkpoint in [args.checkpoint] if args.checkpoint else args.fraction_curve or []:
+        read_model_files(checkpoint)  # a damaged or foreign folder is refused before the library loads
     from convsts.ray_jobs.evaluation.curve import fraction_curve
     from convsts.ray_jobs.pipelines.evaluate import results_table, run_evaluation, training_run
 

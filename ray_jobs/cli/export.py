@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from convsts.models.checkpoint_files import read_model_files
 from convsts.ray_jobs.runtime.process import log, setup_logging
 
 FORMATS = {"onnx": "to_onnx", "sentence-transformers": "to_sentence_transformers"}  # convsts.models.export
@@ -32,6 +33,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
+    read_model_files(args.checkpoint)  # a damaged or foreign folder is refused before the library loads
     from convsts.models import export
 
     out = getattr(export, FORMATS[args.format])(args.checkpoint, args.out)

@@ -76,12 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.out:
         build_parser().error("the following arguments are required: --out")
     storage.check_bucket(cfg.trainer.storage_path, "trainer.storage_path")  # before the data is prepared
-    from convsts.ray_jobs.training.driver import prepared_location, run_training
-
     with output_lock(args.out, "train"):  # before anything is written there: the store, the prepared data
-        uri = tracking_uri(
-            cfg.mlflow.tracking_uri, args.out
-        )  # a tracking server that is not there fails before prepare
+        # A tracking server that is not there fails before prepare, and before the library loads.
+        uri = tracking_uri(cfg.mlflow.tracking_uri, args.out)
+        from convsts.ray_jobs.training.driver import prepared_location, run_training
+
         prepared = prepared_location(cfg, args.out, args.prepared)
         ensure_prepared(cfg, prepared)
         result = run_training(cfg, args.out, prepared_dir=prepared, fresh=args.fresh, mlflow_uri=uri)

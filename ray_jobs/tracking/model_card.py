@@ -18,7 +18,7 @@ from safetensors import safe_open
 
 from convsts.io import storage
 from convsts.io.redaction import redact, redact_tree
-from convsts.models.checkpoint import read_meta
+from convsts.models.checkpoint_files import read_meta
 from convsts.models.encoders import PretrainedEncoder
 from convsts.ray_jobs.runtime.provenance import git_commit, library_versions, machine
 

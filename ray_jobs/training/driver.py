@@ -19,15 +19,8 @@ from convsts.io.dotted import changed_values, flatten
 from convsts.io.errors import ConfigError
 from convsts.io.redaction import redact, redact_tree
 from convsts.io.storage import resolve_path
-from convsts.models.checkpoint import (
-    build_model,
-    check_complete,
-    load_model,
-    load_train_state,
-    read_meta,
-    replaced_whole,
-    save_model_folder,
-)
+from convsts.models.checkpoint import build_model, load_model, load_train_state
+from convsts.models.checkpoint_files import check_complete, read_meta, replaced_whole, save_model_folder
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.plots import loss_curves_plot
 from convsts.ray_jobs.evaluation.sts import read_stsb_split

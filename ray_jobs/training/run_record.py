@@ -12,7 +12,7 @@ killed before its first checkpoint leaves every earlier link in place.
 by MLflow run R), or refuse in one line naming what it found. `--resume latest` is the newest
 complete checkpoint by step across the chain, OUT/checkpoint (a finished run's last) one candidate
 among them. A checkpoint is complete when its manifest, written last, and every file it lists are
-there (models.checkpoint.incomplete_reason): the newest folder of a run killed during an upload is
+there (models.checkpoint_files.incomplete_reason): the newest folder of a run killed during an upload is
 skipped, not resumed. A run.json that cannot be read is refused, naming it, never ignored.
 """
 
@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 from convsts.io import storage
 from convsts.io.errors import BadInputError, ConfigError
 from convsts.io.redaction import REDACTED, redact
-from convsts.models.checkpoint import incomplete_reason
+from convsts.models.checkpoint_files import incomplete_reason
 from convsts.ray_jobs.config.schema import RESUME_LATEST, RunConfig
 from convsts.ray_jobs.runtime.process import log
 from convsts.ray_jobs.tracking import runs as tracking

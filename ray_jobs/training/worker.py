@@ -11,7 +11,8 @@ import torch
 
 from convsts.datasets.text import tokenizer_from_dict
 from convsts.io.redaction import redact_tree
-from convsts.models.checkpoint import read_meta, save_checkpoint
+from convsts.models.checkpoint import save_checkpoint
+from convsts.models.checkpoint_files import read_meta
 from convsts.ray_jobs.config.loader import from_dict
 from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.tracking import runs as tracking

@@ -334,6 +334,31 @@ def test_the_prepare_command_and_the_run_config_load_no_slow_library():
     assert _loaded_after(code, sorted(SLOW_UNITS)) == []
 
 
+def test_refusals_that_need_no_model_answer_before_the_library_loads(tmp_path, monkeypatch):
+    """A damaged checkpoint (evaluate, export), an unwritable --out and an unreachable tracking server
+    (train) are refused in one line each before the command loads torch, MLflow or Ray: a fresh
+    interpreter runs the commands and has loaded none of them."""
+    from testkit.faults import tiny_checkpoint
+    from testkit.local_cluster import free_ports
+
+    checkpoint = tiny_checkpoint(tmp_path / "ckpt")
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # cut after its manifest was written
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
+    commands = [
+        ["evaluate", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "e")],
+        ["export", "--checkpoint", str(checkpoint), "--format", "onnx", "--out", str(tmp_path / "x")],
+        ["train", "--out", "/proc/no-such-folder/out"],
+        ["train", "--out", str(tmp_path / "t"), f"mlflow.tracking_uri=http://127.0.0.1:{free_ports(1)[0]}"],
+    ]
+    code = (
+        "from convsts.ray_jobs.cli import main; "
+        f"codes = [main(c) for c in {commands!r}]; assert codes == [2, 2, 2, 2], codes"
+    )
+    assert _loaded_after(code, sorted(SLOW_UNITS)) == []
+    assert not (tmp_path / "e").exists() and not (tmp_path / "x").exists()
+
+
 def test_reading_a_run_config_imports_no_data_pipeline():
     """The run config is a pure schema plus a loader: reading one (task names checked against the
     registry by name) loads no data pipeline, tokenizer or task module."""

@@ -16,10 +16,7 @@ pytest.importorskip("onnxruntime")
 from convsts.datasets.config import TokenizerConfig  # noqa: E402
 from convsts.datasets.text import DanTokenizer, SubwordTokenizer, count_words
 from convsts.io.errors import BadInputError
-from convsts.models.checkpoint import (
-    build_model,  # noqa: E402
-    save_checkpoint,  # noqa: E402
-)
+from convsts.models.checkpoint import build_model, save_checkpoint  # noqa: E402
 from convsts.models.config import DanConfig, ModelConfig, TransformerConfig  # noqa: E402
 from convsts.models.export import ONNX_FILE, ONNX_OUTPUT, OnnxEncoder, to_onnx  # noqa: E402
 from convsts.models.sentence_encoder import load  # noqa: E402
@@ -118,7 +115,7 @@ def test_an_encoder_with_nan_weights_is_refused_in_one_line_naming_the_tensor(se
     from safetensors.torch import load_file, save_file
 
     from convsts.io.errors import BadInputError
-    from convsts.models.checkpoint import write_manifest
+    from convsts.models.checkpoint_files import write_manifest
     from convsts.models.export import to_onnx
 
     checkpoint = _checkpoint("dan", sentences, tmp_path / "ckpt")

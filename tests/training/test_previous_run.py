@@ -62,7 +62,7 @@ def _killed_run(out: Path, folder: str, cfg, source: Path) -> list[str]:
 
 
 def test_a_checkpoint_is_complete_only_with_its_manifest_and_every_file_it_lists(tmp_path):
-    from convsts.models.checkpoint import MANIFEST_FILE, check_complete, incomplete_reason
+    from convsts.models.checkpoint_files import MANIFEST_FILE, check_complete, incomplete_reason
 
     ckpt = chain_checkpoint(tmp_path / "ckpt")
     listed = json.loads((ckpt / MANIFEST_FILE).read_text())["files"]
@@ -162,7 +162,8 @@ def test_a_killed_run_in_a_bucket_is_found_from_its_record_and_read_in_large_req
     in a bucket. The plain rerun is refused naming the newest complete one; `--resume latest` finds
     it; reading it (as `--resume`, `evaluate --checkpoint` and `load` do) costs about one
     request per 8 MiB of each file."""
-    from convsts.models.checkpoint import check_complete, load_train_state
+    from convsts.models.checkpoint import load_train_state
+    from convsts.models.checkpoint_files import check_complete
     from convsts.models.sentence_encoder import load
 
     with s3_endpoint("convsts-resume"):

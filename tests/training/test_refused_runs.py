@@ -211,7 +211,8 @@ def test_a_nan_loss_stops_training_naming_the_step_and_task_and_saves_nothing():
     ],
 )
 def test_damaged_checkpoint_metadata_is_one_line_naming_the_key_before_anything_is_built(tmp_path, edit, message):
-    from convsts.models.checkpoint import load_model, write_manifest
+    from convsts.models.checkpoint import load_model
+    from convsts.models.checkpoint_files import write_manifest
 
     checkpoint = tiny_checkpoint(tmp_path / "c")
     load_model(checkpoint)  # intact: loads
@@ -337,7 +338,7 @@ def test_a_missing_file_or_checkpoint_folder_says_it_is_not_there(tmp_path):
     """Not only the path (pyarrow's FileNotFoundError is the path alone), and not a missing
     config.json for a folder that is not there at all."""
     from convsts.datasets import snli
-    from convsts.models.checkpoint import read_meta
+    from convsts.models.checkpoint_files import read_meta
 
     with pytest.raises(FileNotFoundError, match=r"none\.parquet: no such file or folder$"):
         snli.read_snli(tmp_path / "none.parquet")
@@ -381,7 +382,7 @@ def test_a_checkpoint_config_is_held_to_the_run_configs_size_rules():
     import dataclasses
 
     from convsts.io.errors import ConfigError
-    from convsts.models.checkpoint import model_config_from_dict
+    from convsts.models.checkpoint_files import model_config_from_dict
     from convsts.models.config import ModelConfig
 
     meta = dataclasses.asdict(ModelConfig(encoder="transformer"))
@@ -399,7 +400,7 @@ def test_ctrl_c_during_the_final_copy_leaves_the_earlier_checkpoint(tmp_path):
     import os
     import signal
 
-    from convsts.models.checkpoint import replaced_whole
+    from convsts.models.checkpoint_files import replaced_whole
 
     target = tmp_path / "out" / "checkpoint"
     target.mkdir(parents=True)
