@@ -66,10 +66,11 @@ def demo_folder(tmp_path_factory) -> Path:
     return cwd
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def python_blocks(demo_folder):
-    """Every Python block started at once, each in a fresh process in the demo's folder (they spend
-    their time importing; together they keep both cores busy): {page:line: process}."""
+    """Every Python block started at once, each in a fresh process in the demo's folder, when this
+    module starts: they spend their time importing, beside the module's other tests, and are checked
+    by its last test. {page:line: process}"""
     started = {
         where: subprocess.Popen(
             [sys.executable, "-c", code], cwd=demo_folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -80,12 +81,6 @@ def python_blocks(demo_folder):
     for process in started.values():
         if process.poll() is None:
             process.kill()
-
-
-@pytest.mark.parametrize("where,code", blocks("python"), ids=[w for w, _ in blocks("python")])
-def test_every_python_block_runs_as_written(where, code, python_blocks):
-    _, stderr = python_blocks[where].communicate(timeout=300)
-    assert python_blocks[where].returncode == 0, f"{where}:\n{code}\n{stderr[-3000:]}"
 
 
 def command_lines() -> list[tuple[str, str]]:
@@ -422,3 +417,10 @@ def test_every_test_the_docs_name_exists():
                 if name not in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}:
                     missing.append(f"{page.relative_to(REPO)}: {current.relative_to(REPO)}::{name}")
     assert not missing, "tests the docs name that do not exist:\n" + "\n".join(missing)
+
+
+# Last in this module: the blocks' processes ran beside the tests above.
+@pytest.mark.parametrize("where,code", blocks("python"), ids=[w for w, _ in blocks("python")])
+def test_every_python_block_runs_as_written(where, code, python_blocks):
+    _, stderr = python_blocks[where].communicate(timeout=300)
+    assert python_blocks[where].returncode == 0, f"{where}:\n{code}\n{stderr[-3000:]}"

@@ -178,11 +178,11 @@ CASES = (
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def refused_commands(tmp_path_factory):
-    """Every case's command, each a fresh process as a user runs it, all started at once (they
-    spend their time importing; together they keep both cores busy): {case: (args, expected
-    message, its folder, the process)}."""
+    """Every case's command, each a fresh process as a user runs it, all started at once when this
+    module starts (they spend their time importing, beside the module's other tests) and checked by
+    its last test: {case: (args, expected message, its folder, the process)}."""
     started = {}
     for case in CASES:
         root = tmp_path_factory.mktemp(case)
@@ -192,19 +192,6 @@ def refused_commands(tmp_path_factory):
     for *_, process in started.values():
         if process.poll() is None:
             process.kill()
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_unreadable_inputs_give_one_line_naming_the_file(refused_commands, case):
-    args, expected, root, process = refused_commands[case]
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 2, stderr[-2000:]
-    assert "Traceback" not in stderr and expected in stderr, stderr[-2000:]
-    # One line, after any progress line of the work done before the file was reached.
-    lines = [line for line in stderr.strip().splitlines() if " INFO convsts: [eval] " not in line]
-    assert len(lines) == 1, stderr
-    if "--checkpoint" in args:  # a checkpoint that does not load is refused before --out is made
-        assert not (root / "o").exists()
 
 
 def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
@@ -408,3 +395,17 @@ def test_an_interrupted_prepare_behind_a_symlinked_out_is_prepared_again(tmp_pat
     assert result.returncode == 0, result.stderr[-2000:]
     assert "removed, prepared again" in result.stderr and link.is_symlink()
     assert json.loads((real / "manifest.json").read_text())["pairs"] > 0 and not (real / ".convsts-prepare").exists()
+
+
+# Last in this module: the commands ran beside the tests above.
+@pytest.mark.parametrize("case", CASES)
+def test_unreadable_inputs_give_one_line_naming_the_file(refused_commands, case):
+    args, expected, root, process = refused_commands[case]
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2, stderr[-2000:]
+    assert "Traceback" not in stderr and expected in stderr, stderr[-2000:]
+    # One line, after any progress line of the work done before the file was reached.
+    lines = [line for line in stderr.strip().splitlines() if " INFO convsts: [eval] " not in line]
+    assert len(lines) == 1, stderr
+    if "--checkpoint" in args:  # a checkpoint that does not load is refused before --out is made
+        assert not (root / "o").exists()
