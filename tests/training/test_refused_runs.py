@@ -405,12 +405,17 @@ def test_ctrl_c_during_the_final_copy_leaves_the_earlier_checkpoint(tmp_path):
     target = tmp_path / "out" / "checkpoint"
     target.mkdir(parents=True)
     (target / "model.safetensors").write_bytes(b"old weights")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with pytest.raises(KeyboardInterrupt):
-        with replaced_whole(target) as partial:
-            (partial / "model.safetensors").write_bytes(b"new weights, half")
-            os.kill(os.getpid(), signal.SIGINT)
-            (partial / "config.json").write_text("{}")  # never reached
+    # Python's own handler, as a command starts with it (pytest run as a background job of a shell
+    # without job control starts with SIGINT ignored instead).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with replaced_whole(target) as partial:
+                (partial / "model.safetensors").write_bytes(b"new weights, half")
+                os.kill(os.getpid(), signal.SIGINT)
+                (partial / "config.json").write_text("{}")  # never reached
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert sorted(p.name for p in target.iterdir()) == ["model.safetensors"]
     assert (target / "model.safetensors").read_bytes() == b"old weights"
     assert sorted(p.name for p in target.parent.iterdir()) == ["checkpoint"]
