@@ -25,10 +25,11 @@ import logging
 import os
 import queue
 import shutil
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -241,13 +242,34 @@ def read_dump_chunks(path: str, rank: int = 0, chunk_bytes: int = CHUNK_BYTES) -
     about `chunk_bytes` decompressed bytes cut at a line's end: each line's number and place in the input
     (`order`, with the file's `rank`); malformed lines kept with status "malformed". Within a chunk the
     malformed lines come last (rows are in no fixed order: `line` says where each was)."""
-    first = 1
-    for chunk in _read_ahead(_whole_lines(path, chunk_bytes)):
-        table, at = parse_chunk(chunk)
-        line = first + at.astype(np.int64)
-        table = table.append_column("line", pa.array(line))
-        yield table.append_column("order", pa.array((np.int64(rank) << LINE_BITS) + line)).select(COMMENT_COLUMNS)
-        first += len(at)
+    for first, chunk in _numbered(_read_ahead(_whole_lines(path, chunk_bytes))):
+        yield numbered_table(chunk, first, rank)
+
+
+def _numbered(pieces: Iterable[bytes], first: int = 1) -> Iterator[tuple[int, bytes]]:
+    """(the number of its first line, piece) for consecutive whole-line pieces of a file."""
+    for piece in pieces:
+        yield first, piece
+        first += piece.count(b"\n") + (1 if piece and not piece.endswith(b"\n") else 0)
+
+
+def _line_pieces(data: bytes, size: int) -> Iterator[bytes]:
+    """Whole-line pieces of `data` of about `size` bytes (the last may end without a newline)."""
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start + size - 1)
+        end = len(data) if end < 0 else end + 1
+        yield data[start:end]
+        start = end
+
+
+def numbered_table(chunk: bytes, first: int, rank: int):
+    """parse_chunk's rows of `chunk`, whose first line is line `first` of the input of `rank`, with
+    each row's line and order (COMMENT_COLUMNS)."""
+    table, at = parse_chunk(chunk)
+    line = first + at.astype(np.int64)  # (rows,)
+    table = table.append_column("line", pa.array(line))
+    return table.append_column("order", pa.array((np.int64(rank) << LINE_BITS) + line)).select(COMMENT_COLUMNS)
 
 
 def read_dump_file(path: str, chunk_bytes: int = CHUNK_BYTES, rank: int = 0) -> Iterator[pd.DataFrame]:
@@ -620,14 +642,39 @@ KINDS = ("key", "node", "edge")  # what a read task hands over per partition: id
 
 def _read_partitioned(path: str, rank: int, cfg: RedditFilterConfig, parts: int, flush_bytes: int) -> Iterator[Any]:
     """A Ray streaming-generator task: one dump read, filtered and cut into `parts` hash partitions
-    (partitioned_comments). It yields, every `flush_bytes` of rows and at its end, 3 x `parts` tables
-    in a fixed order (KINDS, each partition 0..parts-1; None for one without rows): "key", the node
-    rows' (id, order) alone, for the repeated ids; "node"; "edge". Then its counts: (lines read,
-    malformed lines, the first MAX_EXAMPLES of them, the largest table's bytes). Memory: `flush_bytes`
-    and a chunk."""
+    (partitioned_comments), handed over as _partitioned hands them. Memory: `flush_bytes` and a chunk."""
+    yield from _partitioned(_ruled_chunks(path, rank, cfg), parts, flush_bytes)
+
+
+def _cut_dump(path: str, piece_bytes: int) -> Iterator[tuple[int, bytes] | None]:
+    """A Ray streaming-generator task: one dump's decompressed bytes in whole-line pieces of about
+    `piece_bytes`, each with the number of its first line, for _read_piece tasks to parse side by side
+    (a compressed stream cannot be split, but decompressing is a small part of the work); then None,
+    the end (a read that fails ends the stream with its error instead)."""
+    yield from _numbered(_read_ahead(_whole_lines(path, piece_bytes)))
+    yield None
+
+
+def _read_piece(piece: tuple[int, bytes], rank: int, cfg: RedditFilterConfig, parts: int) -> list[Any]:
+    """A Ray task: one piece of a dump (_cut_dump) read as _read_partitioned reads a dump, its rows
+    handed over at once: 3 x `parts` tables, then its counts."""
+    first, data = piece
+    chunks = (
+        with_rules(numbered_table(chunk, line, rank), cfg)
+        for line, chunk in _numbered(_line_pieces(data, CHUNK_BYTES), first)
+    )
+    return list(_partitioned(chunks, parts, flush_bytes=sys.maxsize))
+
+
+def _partitioned(chunks: Iterable[Any], parts: int, flush_bytes: int) -> Iterator[Any]:
+    """Ruled chunks of one input (_ruled_chunks) cut into `parts` hash partitions
+    (partitioned_comments): every `flush_bytes` of rows and at the end (at least once), 3 x `parts`
+    tables in a fixed order (KINDS, each partition 0..parts-1; None for one without rows): "key", the
+    node rows' (id, order) alone, for the repeated ids; "node"; "edge". Then the counts: (lines read,
+    malformed lines, the first MAX_EXAMPLES of them, the largest table's bytes)."""
     held: dict[tuple[str, int], list] = {}
-    size, largest, lines_read, malformed_lines, examples = 0, 0, 0, 0, list[int]()
-    for chunk in _ruled_chunks(path, rank, cfg):
+    size, largest, lines_read, malformed_lines, examples, flushed = 0, 0, 0, 0, list[int](), False
+    for chunk in chunks:
         lines_read += chunk.num_rows
         chunk, malformed, orders = _without_malformed(chunk, MAX_EXAMPLES - len(examples))
         malformed_lines, examples = malformed_lines + malformed, examples + orders
@@ -640,9 +687,9 @@ def _read_partitioned(path: str, rank: int, cfg: RedditFilterConfig, parts: int,
         if size >= flush_bytes:
             largest = max(largest, max(sum(t.nbytes for t in tables) for tables in held.values()))
             yield from _flush(held, parts)
-            held, size = {}, 0
-    if held:
-        largest = max(largest, max(sum(t.nbytes for t in tables) for tables in held.values()))
+            held, size, flushed = {}, 0, True
+    if held or not flushed:
+        largest = max([largest, *(sum(t.nbytes for t in tables) for tables in held.values())])
         yield from _flush(held, parts)
     yield lines_read, malformed_lines, examples, largest
 
@@ -652,6 +699,42 @@ def _flush(held: dict[tuple[str, int], list], parts: int) -> Iterator[Any]:
     for kind in KINDS:
         for p in range(parts):
             yield pa.concat_tables(held[kind, p]) if (kind, p) in held else None
+
+
+def _read_tasks(
+    paths: Sequence[str], cfg: RedditFilterConfig, parts: int, flush_bytes: int, cpus: int
+) -> Iterator[list]:
+    """Each read task's refs, the inputs in order and a dump's pieces in line order: its tables (3 x
+    `parts` per hand-over, KINDS in order), then its counts. A read task per dump; with fewer dumps
+    than the cluster's `cpus`, each dump is cut into pieces of `flush_bytes` (_cut_dump, a task that
+    decompresses and holds a tenth of a CPU) parsed by a task each, at most 2 x `cpus` pieces at a time."""
+    import ray
+
+    ranked = sorted(paths)
+    if len(paths) >= cpus:
+        read = ray.remote(num_returns="streaming")(_read_partitioned)
+        streams = [read.remote(path, ranked.index(path), cfg, parts, flush_bytes) for path in paths]
+        for stream in streams:
+            yield list(stream)  # type: ignore[call-overload]  # a streaming generator's refs (the stubs: one ref)
+        return
+    cut = ray.remote(num_returns="streaming", num_cpus=0.1, _generator_backpressure_num_objects=cpus)(_cut_dump)
+    parse = ray.remote(num_returns=len(KINDS) * parts + 1)(_read_piece)
+    cutters = [cut.remote(path, flush_bytes) for path in paths]
+    running: list = []
+    pieces = 0
+    for path, cutter in zip(paths, cutters):
+        held = None  # a piece is handed to a task once the next item comes: the last is the end or an error
+        for item in cutter:  # type: ignore[attr-defined]  # a streaming generator's refs
+            if held is not None:
+                if len(running) >= 2 * cpus:
+                    running = ray.wait(running, num_returns=1)[1]
+                refs = parse.remote(held, ranked.index(path), cfg, parts)
+                running.append(refs[-1])
+                pieces += 1
+                yield refs
+            held = item
+        ray.get(held)  # the end mark, or the read's error raised here, before a task is given it
+    log.info("reddit: %d file(s) on %d CPUs, read in %d pieces", len(paths), cpus, pieces)
 
 
 def _later_task(*keys):
@@ -695,22 +778,19 @@ def cluster_partitions(stored: int, cpus: int) -> int:
 
 def prepare_distributed(
     paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, out_dir: str | Path,
-    rows_per_shard: int, parts: int, flush_bytes: int = FLUSH_BYTES,
+    rows_per_shard: int, parts: int, flush_bytes: int = FLUSH_BYTES, cpus: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
-    """prepare_local's steps as Ray tasks on the cluster this process joined: a read task per dump
-    (its rows partitioned by hash as they stream, handed to Ray's object store, which spills to disk
+    """prepare_local's steps as Ray tasks on the cluster this process joined: the dumps read (_read_tasks:
+    their rows partitioned by hash as they stream, handed to Ray's object store, which spills to disk
     past its memory), a task per partition for the repeated ids, a task per partition for the parent
     join; then the pairs written as prepare_local writes them, key range after key range. The same
     counts, the same shards. Memory: the object store's (configured), a partition per task."""
     import ray
 
     ranked, started = sorted(paths), time.monotonic()
-    read = ray.remote(num_returns="streaming")(_read_partitioned)
-    streams = [read.remote(path, ranked.index(path), cfg, parts, flush_bytes) for path in paths]
     handed: dict[str, list[list]] = {kind: [[] for _ in range(parts)] for kind in KINDS}
     stats = []
-    for stream in streams:
-        refs = list(stream)  # type: ignore[call-overload]  # a streaming generator's refs (the stubs: one ref)
+    for refs in _read_tasks(paths, cfg, parts, flush_bytes, cpus):
         for i, ref in enumerate(refs[:-1]):
             handed[KINDS[(i // parts) % len(KINDS)]][i % parts].append(ref)
         stats.append(refs[-1])

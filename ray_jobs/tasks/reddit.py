@@ -147,8 +147,9 @@ def _prepare_pairs(kind: str, in_driver: bool, files: list[str], stored: int, ou
     if kind == "pushshift":
         from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
 
-        parts = pushshift.cluster_partitions(stored, cluster_cpus())
+        cpus = cluster_cpus()
+        parts = pushshift.cluster_partitions(stored, cpus)
         with reporting_worker_deaths():
-            return pushshift.prepare_distributed(*args, out_dir, cfg.data.rows_per_shard, parts=parts)
+            return pushshift.prepare_distributed(*args, out_dir, cfg.data.rows_per_shard, parts=parts, cpus=cpus)
     annotated, lines_read = reddit.pairs_dataset(*args)
     return reddit.write_pairs(annotated, lines_read, out_dir, cfg.data.rows_per_shard)

@@ -237,6 +237,13 @@ def test_the_distributed_prepare_holds_partitions_and_tables_not_the_input(ray_s
     table_mib = re.search(r"tables of at most ([\d.]+) MiB", lines).group(1)
     assert 0 < int(largest) < engine["lines_read"] / 4, lines
     assert float(table_mib) < 0.5, lines  # 32 KiB a flush, 3 x 16 tables each: never the input (several MiB)
+    # Fewer dumps than CPUs: each dump cut into pieces of 32 KiB, a task each; the same folder again.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="convsts"):
+        cut = pushshift.prepare_distributed(*args, tmp_path / "pieces", 300, parts=16, flush_bytes=32 << 10, cpus=64)
+    assert cut == engine
+    pieces = re.search(r"(\d+) file\(s\) on 64 CPUs, read in (\d+) pieces", caplog.text)
+    assert pieces and int(pieces.group(1)) == len(inputs) and int(pieces.group(2)) > 2 * len(inputs), caplog.text
 
 
 def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(tmp_path):
