@@ -634,6 +634,7 @@ def prepare_local(
 # of table per partition, objects of FLUSH_BYTES / (3 x partitions) each (a restore from Ray's spill
 # costs per object, so fewer, larger ones).
 FLUSH_BYTES = 256 << 20
+PIECE_BYTES = 64 << 20  # decompressed bytes of a dump per task, where the dumps are fewer than the CPUs
 TASK_PARTITION_BYTES = 256 << 20  # input bytes (as stored) per partition of the distributed path
 
 
@@ -702,11 +703,11 @@ def _flush(held: dict[tuple[str, int], list], parts: int) -> Iterator[Any]:
 
 
 def _read_tasks(
-    paths: Sequence[str], cfg: RedditFilterConfig, parts: int, flush_bytes: int, cpus: int
+    paths: Sequence[str], cfg: RedditFilterConfig, parts: int, flush_bytes: int, piece_bytes: int, cpus: int
 ) -> Iterator[list]:
     """Each read task's refs, the inputs in order and a dump's pieces in line order: its tables (3 x
     `parts` per hand-over, KINDS in order), then its counts. A read task per dump; with fewer dumps
-    than the cluster's `cpus`, each dump is cut into pieces of `flush_bytes` (_cut_dump, a task that
+    than the cluster's `cpus`, each dump is cut into pieces of `piece_bytes` (_cut_dump, a task that
     decompresses and holds a tenth of a CPU) parsed by a task each, at most 2 x `cpus` pieces at a time."""
     import ray
 
@@ -719,7 +720,7 @@ def _read_tasks(
         return
     cut = ray.remote(num_returns="streaming", num_cpus=0.1, _generator_backpressure_num_objects=cpus)(_cut_dump)
     parse = ray.remote(num_returns=len(KINDS) * parts + 1)(_read_piece)
-    cutters = [cut.remote(path, flush_bytes) for path in paths]
+    cutters = [cut.remote(path, piece_bytes) for path in paths]
     running: list = []
     pieces = 0
     for path, cutter in zip(paths, cutters):
@@ -778,7 +779,7 @@ def cluster_partitions(stored: int, cpus: int) -> int:
 
 def prepare_distributed(
     paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, out_dir: str | Path,
-    rows_per_shard: int, parts: int, flush_bytes: int = FLUSH_BYTES, cpus: int = 0,
+    rows_per_shard: int, parts: int, flush_bytes: int = FLUSH_BYTES, piece_bytes: int = PIECE_BYTES, cpus: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """prepare_local's steps as Ray tasks on the cluster this process joined: the dumps read (_read_tasks:
     their rows partitioned by hash as they stream, handed to Ray's object store, which spills to disk
@@ -790,7 +791,7 @@ def prepare_distributed(
     ranked, started = sorted(paths), time.monotonic()
     handed: dict[str, list[list]] = {kind: [[] for _ in range(parts)] for kind in KINDS}
     stats = []
-    for refs in _read_tasks(paths, cfg, parts, flush_bytes, cpus):
+    for refs in _read_tasks(paths, cfg, parts, flush_bytes, piece_bytes, cpus):
         for i, ref in enumerate(refs[:-1]):
             handed[KINDS[(i // parts) % len(KINDS)]][i % parts].append(ref)
         stats.append(refs[-1])

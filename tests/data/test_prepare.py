@@ -240,7 +240,7 @@ def test_the_distributed_prepare_holds_partitions_and_tables_not_the_input(ray_s
     # Fewer dumps than CPUs: each dump cut into pieces of 32 KiB, a task each; the same folder again.
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="convsts"):
-        cut = pushshift.prepare_distributed(*args, tmp_path / "pieces", 300, parts=16, flush_bytes=32 << 10, cpus=64)
+        cut = pushshift.prepare_distributed(*args, tmp_path / "pieces", 300, parts=16, piece_bytes=32 << 10, cpus=64)
     assert cut == engine
     pieces = re.search(r"(\d+) file\(s\) on 64 CPUs, read in (\d+) pieces", caplog.text)
     assert pieces and int(pieces.group(1)) == len(inputs) and int(pieces.group(2)) > 2 * len(inputs), caplog.text
