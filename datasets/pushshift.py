@@ -718,18 +718,20 @@ def _read_tasks(
         for stream in streams:
             yield list(stream)  # type: ignore[call-overload]  # a streaming generator's refs (the stubs: one ref)
         return
-    cut = ray.remote(num_returns="streaming", num_cpus=0.1, _generator_backpressure_num_objects=cpus)(_cut_dump)
+    # Ray's private option (the stubs do not list it): the cutter waits while `cpus` pieces are not taken.
+    backpressure: dict[str, Any] = {"_generator_backpressure_num_objects": cpus}
+    cut = ray.remote(num_returns="streaming", num_cpus=0.1, **backpressure)(_cut_dump)
     parse = ray.remote(num_returns=len(KINDS) * parts + 1)(_read_piece)
     cutters = [cut.remote(path, piece_bytes) for path in paths]
     running: list = []
     pieces = 0
     for path, cutter in zip(paths, cutters):
-        held = None  # a piece is handed to a task once the next item comes: the last is the end or an error
-        for item in cutter:  # type: ignore[attr-defined]  # a streaming generator's refs
+        held: Any = None  # a piece is handed to a task once the next item comes: the last is the end or an error
+        for item in cutter:  # type: ignore[attr-defined]  # a streaming generator's refs (the stubs: one ref)
             if held is not None:
                 if len(running) >= 2 * cpus:
                     running = ray.wait(running, num_returns=1)[1]
-                refs = parse.remote(held, ranked.index(path), cfg, parts)
+                refs: list = parse.remote(held, ranked.index(path), cfg, parts)  # type: ignore[assignment]  # num_returns > 1: a list
                 running.append(refs[-1])
                 pieces += 1
                 yield refs
