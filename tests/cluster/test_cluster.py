@@ -11,6 +11,7 @@ the credentials of a tracking URI are printed by no driver or worker."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -49,9 +50,10 @@ def cluster(tmp_path_factory):
         env = {**s3_env, **health, "RAY_AUTH_MODE": "disabled", PREEMPTION_WATCHER_ENV: "1"}
         head = stack.enter_context(ray_head(env, num_cpus=1))
         nodes: list[dict[str, str]] = []
+        addresses = itertools.count(2)  # a node's loopback address is never another's, live or lost
 
         def add_node() -> dict[str, str]:
-            nodes.append(stack.enter_context(ray_worker_node(head["gcs"], env, ip=f"127.0.0.{len(nodes) + 2}")))
+            nodes.append(stack.enter_context(ray_worker_node(head["gcs"], env, ip=f"127.0.0.{next(addresses)}")))
             return nodes[-1]
 
         add_node(), add_node(), add_node()  # 4 nodes of 1 CPU: a sweep's trial needs a node each (runtime/resources.py)
