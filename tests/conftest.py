@@ -89,6 +89,11 @@ def _slow_tier(config) -> bool:
 
 
 def pytest_configure(config):
+    # Ray Train's controller polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by
+    # default; the driver passes it on to the controller): a checkpoint reported while the previous
+    # one is still queued waits for the next poll, and a run's start and end wait for one each. The
+    # tests' runs checkpoint every few steps, so they poll four times as often.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     if not _slow_tier(config):  # the unit tier: a Ray instance started anywhere below shows up here
         os.environ["RAY_TMPDIR"] = config.convsts_ray_tmp = tempfile.mkdtemp(prefix="convsts-unit-")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import ray
+from mlflow.exceptions import MlflowException
 
 from convsts.io import storage
 from convsts.io.dotted import changed_values, flatten
@@ -227,18 +228,31 @@ def _log_prepared_datasets(
     )
 
 
+def _chain_runs(c, run_id: str, continues: str | None) -> list[str]:
+    """This run and the runs before it along the chain, oldest first: the run it continues, the run
+    that one continued (its CONTINUES_TAG), and so on, each once, as far as this store has them."""
+    runs, earlier = [run_id], continues
+    while earlier and earlier not in runs:
+        runs.append(earlier)
+        try:
+            earlier = c.get_run(earlier).data.tags.get(CONTINUES_TAG)
+        except MlflowException:  # deleted from the store: the chain is shown from the run after it
+            runs.pop()
+            break
+    return runs[::-1]
+
+
 def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, continues: str | None, out_dir: Path) -> None:
-    """OUT/loss_curves.png from the per-task metric history along the chain (the run this one
-    continues logged the steps before it, and those it replayed), logged under plots/."""
+    """OUT/loss_curves.png from the per-task metric history along the whole chain (each run logged
+    the steps after its checkpoint that the runs before it had not), logged under plots/."""
     c = tracking.client(uri)
     path = out_dir / "loss_curves.png"
     path.unlink(missing_ok=True)  # an earlier run's plot is never shown as this run's
     names = [f"{task}/{m}" for task in cfg.trainer.task_weights for m in ("loss", "batch_accuracy")]
-    earlier = continues if continues != run_id else None  # a run of this store (run_training checked)
+    chain = _chain_runs(c, run_id, continues)
     histories = {}
     for n in names:
-        points = {m.step: m.value for m in c.get_metric_history(earlier, n)} if earlier else {}
-        points.update({m.step: m.value for m in c.get_metric_history(run_id, n)})
+        points = {m.step: m.value for earlier in chain for m in c.get_metric_history(earlier, n)}  # newest last
         histories[n] = sorted((step, value) for step, value in points.items() if step <= cfg.trainer.steps)
     if not any(histories.values()):
         return

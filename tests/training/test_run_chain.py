@@ -17,7 +17,9 @@ from convsts.io.errors import ConfigError
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.process import tracking_uri
 from convsts.ray_jobs.tracking import runs as tracking
+from convsts.ray_jobs.training.driver import _chain_runs, _log_loss_curves
 from convsts.ray_jobs.training.run_record import (
+    CONTINUES_TAG,
     RUN_RECORD,
     DamagedRecord,
     RunStart,
@@ -173,3 +175,21 @@ def test_a_moved_out_resumes_and_a_copied_out_reads_and_writes_only_itself(tmp_p
         tracking.client(moved_uri).get_run(run_id).info.artifact_uri
         == (out / "mlartifacts" / run_id / "artifacts").as_uri()
     )
+
+
+def test_the_loss_curves_follow_the_chain_back_through_runs_that_logged_nothing(tmp_path):
+    """A run resumed from its chain's last step logs no point, and so does the run that continues it:
+    OUT/loss_curves.png still shows the chain's steps, from the runs before them."""
+    out = tmp_path / "out"
+    uri = tracking_uri("", out)
+    cfg = load_config(None, ["name=long", "trainer.steps=40"])
+    first = tracking.start_run(uri, "chain", "a")
+    for step in (10, 20, 30, 40):
+        tracking.log_metrics(uri, first, {"reddit/loss": 4.0 - step / 40, "snli/loss": 1.1}, step)
+    middle = tracking.start_run(uri, "chain", "b", tags={CONTINUES_TAG: first})
+    last = tracking.start_run(uri, "chain", "c", tags={CONTINUES_TAG: middle})
+    assert _chain_runs(tracking.client(uri), last, middle) == [first, middle, last]
+    _log_loss_curves(cfg, uri, last, middle, out)
+    assert (out / "loss_curves.png").stat().st_size > 0
+    logged = tracking.client(uri).list_artifacts(last, "plots")
+    assert [a.path for a in logged] == ["plots/loss_curves.png"]

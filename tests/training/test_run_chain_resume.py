@@ -22,7 +22,10 @@ from convsts.ray_jobs.tracking import runs as tracking
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "convsts"]
-STEPS, EVERY = 120, 20
+# A checkpoint reported while the previous one is queued waits for the controller's next poll
+# (conftest: every 0.5 s), so a run goes on by a few checkpoints at most in the second after a
+# trigger: each stop below falls before the last step.
+STEPS, EVERY = 240, 20
 CHAIN = [
     *TINY_DAN,
     f"trainer.checkpoint_every={EVERY}",
@@ -128,6 +131,7 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
     )  # fmt: skip
     b_newest = Path(_own_checkpoints(out, 1)[-1]).parent
     b_step = json.loads((b_newest / "config.json").read_text())["step"]
+    assert b_step < STEPS, b_step
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert f"its newest complete checkpoint is {b_newest} (step {b_step})" in refused.stderr.splitlines()[-1]
     # D: continues B's checkpoint; SIGKILLed two seconds after its own first one.
@@ -137,6 +141,7 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
     _idle(ray_session)
     d_newest = Path(_own_checkpoints(out, 3)[-1]).parent
     d_step = json.loads((d_newest / "config.json").read_text())["step"]
+    assert b_step < d_step < STEPS, (b_step, d_step)
     # E: continues D's newest checkpoint to the end.
     e = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume", "latest")
     e_out, e_err = e.communicate(timeout=600)
