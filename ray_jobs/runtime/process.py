@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import traceback
+import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,7 @@ def tracking_uri(configured: str, out_dir: str | Path | None) -> str:
         uri = env or configured
         check_tracking_server(uri, "MLFLOW_TRACKING_URI" if env else "mlflow.tracking_uri")
         check_database_driver(uri, "MLFLOW_TRACKING_URI" if env else "mlflow.tracking_uri")
+        check_file_store(uri, "MLFLOW_TRACKING_URI" if env else "mlflow.tracking_uri")
         return uri
     if out_dir is None:
         raise ValueError("no MLflow tracking URI: set mlflow.tracking_uri or MLFLOW_TRACKING_URI, or give --out")
@@ -269,6 +271,25 @@ def check_database_driver(uri: str, where: str) -> None:
             f"{where}: the store {redact(uri)} needs the database driver {err.name or err} (not installed here): "
             f"install it (postgresql://: psycopg or psycopg2-binary; mysql://: mysqlclient or PyMySQL; or name one: postgresql+DRIVER://)"
         ) from None
+
+
+MLFLOW_NAMED_STORES = ("databricks", "databricks-uc", "uc")  # URIs without a scheme that are not a folder
+FILE_STORE_OPT_IN = "MLFLOW_ALLOW_FILE_STORE"  # MLflow's own switch: its file store is refused unless true
+
+
+def check_file_store(uri: str, where: str) -> None:
+    """A folder (a path, or file://) as the tracking store is a ConfigError before any work: this
+    MLflow refuses its file store unless MLFLOW_ALLOW_FILE_STORE is true, and would say so in a
+    traceback when the run opens its MLflow run."""
+    scheme = urllib.parse.urlparse(uri).scheme
+    if scheme not in ("", "file") or uri in MLFLOW_NAMED_STORES:
+        return
+    if os.environ.get(FILE_STORE_OPT_IN, "").lower() in ("true", "1"):
+        return
+    raise ConfigError(
+        f"{where}: {redact(uri)} is a folder, MLflow's file store, which this MLflow no longer opens: "
+        f"use a sqlite file (sqlite:///PATH/mlflow.db) or a tracking server, or set {FILE_STORE_OPT_IN}=true"
+    )
 
 
 # Expected user errors: one line and exit 2 (run_main), never a traceback.

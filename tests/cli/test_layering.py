@@ -335,9 +335,9 @@ def test_the_prepare_command_and_the_run_config_load_no_slow_library():
 
 
 def test_refusals_that_need_no_model_answer_before_the_library_loads(tmp_path, monkeypatch):
-    """A damaged checkpoint (evaluate, export), an unwritable --out and an unreachable tracking server
-    (train) are refused in one line each before the command loads torch, MLflow or Ray: a fresh
-    interpreter runs the commands and has loaded none of them."""
+    """A damaged checkpoint (evaluate, export), an unwritable --out, an unreachable tracking server
+    and a folder as the tracking store (train) are refused in one line each before the command
+    loads torch, MLflow or Ray: a fresh interpreter runs the commands and has loaded none of them."""
     from testkit.faults import tiny_checkpoint
     from testkit.local_cluster import free_ports
 
@@ -350,10 +350,11 @@ def test_refusals_that_need_no_model_answer_before_the_library_loads(tmp_path, m
         ["export", "--checkpoint", str(checkpoint), "--format", "onnx", "--out", str(tmp_path / "x")],
         ["train", "--out", "/proc/no-such-folder/out"],
         ["train", "--out", str(tmp_path / "t"), f"mlflow.tracking_uri=http://127.0.0.1:{free_ports(1)[0]}"],
+        ["train", "--out", str(tmp_path / "f"), f"mlflow.tracking_uri=file://{tmp_path}/mlruns"],
     ]
     code = (
         "from convsts.ray_jobs.cli import main; "
-        f"codes = [main(c) for c in {commands!r}]; assert codes == [2, 2, 2, 2], codes"
+        f"codes = [main(c) for c in {commands!r}]; assert codes == [2] * 5, codes"
     )
     assert _loaded_after(code, sorted(SLOW_UNITS)) == []
     assert not (tmp_path / "e").exists() and not (tmp_path / "x").exists()

@@ -435,3 +435,6 @@ def test_a_store_that_fails_after_the_work_loses_no_results_and_what_can_be_chec
     with pytest.raises(ConfigError, match="needs the database driver .* \\(not installed here\\)") as refused:
         tracking_uri("postgresql://alice:PlAnTeDsEcReT@127.0.0.1:5432/mlflow", None)
     assert "PlAnTeD" not in str(refused.value)
+    for folder in ("file:///tmp/mlruns", "./mlruns", "/tmp/mlruns"):
+        with pytest.raises(ConfigError, match="is a folder, MLflow's file store, which this MLflow no longer opens"):
+            tracking_uri(folder, None)
