@@ -199,10 +199,10 @@ def tracking_uri(configured: str, out_dir: str | Path | None) -> str:
     MLflow's retries (minutes) on a server that is not there."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env or configured:
-        uri = env or configured
-        check_tracking_server(uri, "MLFLOW_TRACKING_URI" if env else "mlflow.tracking_uri")
-        check_database_driver(uri, "MLFLOW_TRACKING_URI" if env else "mlflow.tracking_uri")
-        check_file_store(uri, "MLFLOW_TRACKING_URI" if env else "mlflow.tracking_uri")
+        uri, where = (env, "MLFLOW_TRACKING_URI") if env else (configured, "mlflow.tracking_uri")
+        check_tracking_server(uri, where)
+        check_database_driver(uri, where)
+        check_file_store(uri, where)
         return uri
     if out_dir is None:
         raise ValueError("no MLflow tracking URI: set mlflow.tracking_uri or MLFLOW_TRACKING_URI, or give --out")

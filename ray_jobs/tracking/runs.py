@@ -270,14 +270,26 @@ def describe_run(tracking_uri: str, run_id: str, markdown: str, full: str = "res
     set_tags(tracking_uri, run_id, {NOTE_TAG: markdown})
 
 
-def run_status(tracking_uri: str, run_id: str) -> str | None:
-    """A run's status (RUNNING, FINISHED, FAILED, KILLED), or None where the store has no such run."""
+def _stored_run(tracking_uri: str, run_id: str):
+    """The run, or None where the store has no such run."""
     from mlflow.exceptions import MlflowException
 
     try:
-        return client(tracking_uri).get_run(run_id).info.status
+        return client(tracking_uri).get_run(run_id)
     except MlflowException:
         return None
+
+
+def run_status(tracking_uri: str, run_id: str) -> str | None:
+    """A run's status (RUNNING, FINISHED, FAILED, KILLED), or None where the store has no such run."""
+    run = _stored_run(tracking_uri, run_id)
+    return run.info.status if run else None
+
+
+def run_tags(tracking_uri: str, run_id: str) -> dict[str, str] | None:
+    """A run's tags, or None where the store has no such run."""
+    run = _stored_run(tracking_uri, run_id)
+    return dict(run.data.tags) if run else None
 
 
 def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import ray
-from mlflow.exceptions import MlflowException
 
 from convsts.io import storage
 from convsts.io.dotted import changed_values, flatten
@@ -228,17 +227,16 @@ def _log_prepared_datasets(
     )
 
 
-def _chain_runs(c, run_id: str, continues: str | None) -> list[str]:
+def _chain_runs(uri: str, run_id: str, continues: str | None) -> list[str]:
     """This run and the runs before it along the chain, oldest first: the run it continues, the run
     that one continued (its CONTINUES_TAG), and so on, each once, as far as this store has them."""
     runs, earlier = [run_id], continues
     while earlier and earlier not in runs:
-        runs.append(earlier)
-        try:
-            earlier = c.get_run(earlier).data.tags.get(CONTINUES_TAG)
-        except MlflowException:  # deleted from the store: the chain is shown from the run after it
-            runs.pop()
+        tags = tracking.run_tags(uri, earlier)
+        if tags is None:  # deleted from the store: the chain is shown from the run after it
             break
+        runs.append(earlier)
+        earlier = tags.get(CONTINUES_TAG)
     return runs[::-1]
 
 
@@ -249,7 +247,7 @@ def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, continues: str | Non
     path = out_dir / "loss_curves.png"
     path.unlink(missing_ok=True)  # an earlier run's plot is never shown as this run's
     names = [f"{task}/{m}" for task in cfg.trainer.task_weights for m in ("loss", "batch_accuracy")]
-    chain = _chain_runs(c, run_id, continues)
+    chain = _chain_runs(uri, run_id, continues)
     histories = {}
     for n in names:
         points = {m.step: m.value for earlier in chain for m in c.get_metric_history(earlier, n)}  # newest last

@@ -188,7 +188,7 @@ def test_the_loss_curves_follow_the_chain_back_through_runs_that_logged_nothing(
         tracking.log_metrics(uri, first, {"reddit/loss": 4.0 - step / 40, "snli/loss": 1.1}, step)
     middle = tracking.start_run(uri, "chain", "b", tags={CONTINUES_TAG: first})
     last = tracking.start_run(uri, "chain", "c", tags={CONTINUES_TAG: middle})
-    assert _chain_runs(tracking.client(uri), last, middle) == [first, middle, last]
+    assert _chain_runs(uri, last, middle) == [first, middle, last]
     _log_loss_curves(cfg, uri, last, middle, out)
     assert (out / "loss_curves.png").stat().st_size > 0
     logged = tracking.client(uri).list_artifacts(last, "plots")
