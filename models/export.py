@@ -37,7 +37,7 @@ from torch import nn
 
 from convsts.datasets.text import hf_normalizer, save_tokenizer, tokenizer_from_dict
 from convsts.io.errors import BadInputError
-from convsts.models.checkpoint_files import staging_folder
+from convsts.models.checkpoint import TOKENIZER_FILE, staging_folder
 from convsts.models.encoders import PretrainedEncoder
 from convsts.models.heads import MultitaskModel
 from convsts.models.quiet_logging import quiet_loggers
@@ -93,7 +93,7 @@ class OnnxEncoder:
         import onnxruntime as ort
 
         folder = Path(folder)
-        self.tokenizer = tokenizer_from_dict(json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")))
+        self.tokenizer = tokenizer_from_dict(json.loads((folder / TOKENIZER_FILE).read_text(encoding="utf-8")))
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads  # 0: onnxruntime's default (one per core)
         self.session = ort.InferenceSession(str(folder / ONNX_FILE), options, providers=["CPUExecutionProvider"])
@@ -157,7 +157,7 @@ def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
                 external_data=False,
                 verbose=False,
             )
-        save_tokenizer(loaded.tokenizer, partial / "tokenizer.json")
+        save_tokenizer(loaded.tokenizer, partial / TOKENIZER_FILE)
         got = OnnxEncoder(partial).encode(CHECK_TEXTS, batch_size=2)  # (n, dim); batches of other widths
         diff = float(np.abs(got - loaded.encode(CHECK_TEXTS)).max())
         if not diff <= ONNX_TOLERANCE:

@@ -13,8 +13,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from convsts.models.checkpoint import model_from_files
-from convsts.models.checkpoint_files import read_model_files
+from convsts.models.checkpoint import model_from_files, read_model_files
 from convsts.models.heads import MultitaskModel
 from convsts.models.similarity import angular_score_from_cosine, cosine_matrix
 from convsts.models.sts_transform import file_name as sts_file

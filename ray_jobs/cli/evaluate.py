@@ -24,7 +24,7 @@ import pandas as pd
 
 from convsts.io.errors import BadInputError
 from convsts.io.storage import resolve_path
-from convsts.models.checkpoint_files import read_model_files
+from convsts.models.checkpoint import read_model_files
 from convsts.ray_jobs.config.loader import load_config, parse_with_overrides
 from convsts.ray_jobs.evaluation import BASELINES
 from convsts.ray_jobs.runtime.process import setup_logging

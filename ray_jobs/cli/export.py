@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from convsts.models.checkpoint_files import read_model_files
+from convsts.models.checkpoint import read_model_files
 from convsts.ray_jobs.runtime.process import log, setup_logging
 
 FORMATS = {"onnx": "to_onnx", "sentence-transformers": "to_sentence_transformers"}  # convsts.models.export

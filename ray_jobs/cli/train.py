@@ -82,8 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from convsts.ray_jobs.training.driver import prepared_location, run_training
 
         prepared = prepared_location(cfg, args.out, args.prepared)
-        ensure_prepared(cfg, prepared)
-        result = run_training(cfg, args.out, prepared_dir=prepared, fresh=args.fresh, mlflow_uri=uri)
+        result = run_training(
+            cfg, args.out, prepared_dir=prepared, fresh=args.fresh, mlflow_uri=uri, prepare_missing=ensure_prepared
+        )
     print(
         json.dumps(
             {

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from convsts.models.checkpoint import CONFIG_FILE
 from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.evaluation.plots import fraction_curve_plot
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
@@ -27,7 +28,7 @@ def fraction_curve(checkpoints: Sequence[str], cfg: RunConfig, out_dir: Path) ->
         data = encoder.meta.get("run_config", {}).get("data", {})
         if "snli_fraction" not in data:
             raise ValueError(
-                f"{checkpoint}: its config.json has no data.snli_fraction (not a convsts training checkpoint)"
+                f"{checkpoint}: its {CONFIG_FILE} has no data.snli_fraction (not a convsts training checkpoint)"
             )
         scorer = EmbeddingScorer(encoder, cfg.eval.batch_size)
         row: dict[str, Any] = {

@@ -12,12 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from convsts.datasets.text import load_tokenizer
 from convsts.io import storage
 from convsts.io.dotted import flatten
 from convsts.io.errors import BadInputError
 from convsts.io.redaction import redact_tree
-from convsts.models.checkpoint import save_checkpoint
+from convsts.models.checkpoint import read_model_files, save_checkpoint
 from convsts.models.encoders import DanEncoder, PretrainedEncoder
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, compare_evaluations
@@ -29,7 +28,7 @@ from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri
 from convsts.ray_jobs.tasks import prepared_tasks
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.driver import run_training
-from convsts.ray_jobs.training.run_record import claim, decide_start, run_outputs
+from convsts.ray_jobs.training.lineage import decide_start, remove_earlier_outputs, run_outputs
 from convsts.ray_jobs.training.state import initial_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -110,7 +109,7 @@ def claim_demo_output(cfg: RunConfig, out_dir: Path, fresh: bool) -> str:
     out_dir.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(cfg.mlflow.tracking_uri, out_dir)
     # With --fresh: the earlier run's checkpoints go before this run starts.
-    claim(out_dir, decide_start(out_dir, cfg, fresh))
+    remove_earlier_outputs(decide_start(out_dir, cfg, fresh))
     ensure_ray()
     return uri
 
@@ -218,6 +217,6 @@ UNTRAINED = "untrained"  # results.json key prefix and table column of the encod
 def save_untrained(cfg: RunConfig, trained_checkpoint: str | Path, path: Path) -> Path:
     """The checkpoint `trainer.steps=0` would save, without a second Ray Train job: the run's own
     initial weights (seeded, or pretrained) with the trained checkpoint's tokenizer."""
-    tokenizer = load_tokenizer(Path(trained_checkpoint) / "tokenizer.json")
+    tokenizer = read_model_files(trained_checkpoint).tokenizer
     untrained = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, steps=0))
     return save_checkpoint(path, initial_model(cfg, tokenizer), tokenizer, redact_tree(untrained.to_dict()))

@@ -19,7 +19,7 @@ from convsts.datasets.evalsets import check_sts_entries, pair_keys
 from convsts.io import storage
 from convsts.io.errors import BadInputError, TrackingError
 from convsts.io.redaction import redact
-from convsts.models.checkpoint_files import read_meta, verified_folder
+from convsts.models.checkpoint import read_meta, save_sts_matrix, verified_folder
 from convsts.models.sentence_encoder import load
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.config.schema import RunConfig
@@ -101,7 +101,7 @@ def evaluate(
             results.update(tuned)
             for folder in transform_dirs:
                 replaced = load_sts_transform(folder) is not None
-                path = transform.save(folder)
+                path = save_sts_matrix(folder, transform)
                 if replaced:
                     log.info("replaced the tuned STS matrix in %s (dev r %.4f)", path, transform.dev_pearson)
     # The pairs the matrix was fitted and selected on, once for every --sts file.
@@ -381,7 +381,7 @@ def log_evaluation(
 def check_held_out(task, manifest: dict[str, object], prepared: str, checkpoint: str, meta: dict[str, Any]) -> None:
     """A checkpoint is scored on held-out rows split as in its own training run (Task.split_keys):
     a folder split otherwise may hold out rows the checkpoint trained on, so it is refused. `meta`:
-    the checkpoint's config.json (convsts.models.checkpoint_files.read_meta)."""
+    the checkpoint's config.json (convsts.models.checkpoint.read_meta)."""
     trained = meta.get("run_config", {})
     if task.name not in trained.get("trainer", {}).get("task_weights", {}):
         return

@@ -23,6 +23,7 @@ import torch
 from convsts.datasets.negatives import MiningConfig, mine
 from convsts.io import redaction, storage
 from convsts.io.errors import BadInputError
+from convsts.models.checkpoint import EMBEDDING_FILES
 from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.runtime.process import ensure_ray, log
 from convsts.ray_jobs.tasks.prepared_folder import verify_prepared, write_manifest, write_train_frame
@@ -32,13 +33,10 @@ from convsts.ray_jobs.tasks.reddit import TASK as REDDIT
 EMBEDDING_CHUNK = 4096  # sentences per cached file: a killed run loses at most one chunk of encoding
 
 
-CHECKPOINT_WEIGHTS = ("model.safetensors", "tokenizer.json")  # what a checkpoint's embeddings depend on
-
-
 def embeddings_key(checkpoint: str, frame, chunk: int) -> dict[str, str]:
     """What cached embeddings are of: the checkpoint's weights and tokenizer, the pairs' text, the chunking."""
     weights = hashlib.sha1()
-    for file in CHECKPOINT_WEIGHTS:
+    for file in EMBEDDING_FILES:
         with storage.open_binary(storage.join(checkpoint, file)) as fh:
             for block in iter(lambda: fh.read(1 << 22), b""):
                 weights.update(block)

@@ -15,6 +15,7 @@ import numpy as np
 
 from convsts.io import storage
 from convsts.io.redaction import redact
+from convsts.models.checkpoint import save_sts_matrix
 from convsts.models.sts_transform import file_name as sts_file
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.evaluation.curve import write_curve
@@ -75,7 +76,7 @@ def _sts_matrix_results(best, encoded: EncodedStsb, out_dir: Path) -> dict[str, 
     transform.save(out_dir)
     # Beside the checkpoint under its own name (evaluate's matrix stays): encode(tuned=SWEEP_MATRIX).
     replaced = (Path(encoded.checkpoint) / sts_file(SWEEP_MATRIX)).is_file()
-    saved = transform.save(encoded.checkpoint, SWEEP_MATRIX)
+    saved = save_sts_matrix(encoded.checkpoint, transform, SWEEP_MATRIX)
     log.info("%s %s (encode(tuned=%r) applies it)", "replaced" if replaced else "saved", saved, SWEEP_MATRIX)
     results["checkpoint"] = str(encoded.checkpoint)
     return results

@@ -7,7 +7,7 @@ embeddings (n, dim) out, as `convsts.models.sentence_encoder.load(folder).encode
          -d '{"dataframe_records": [{"text": "a man is playing a guitar"}]}'
 
 Params (per request): batch_size, normalize_embeddings, tuned (the STS matrix, when the model has one).
-The model's artifacts are the model folder (convsts.models.checkpoint_files.save_model_folder); loading it needs
+The model's artifacts are the model folder (convsts.models.checkpoint.save_model_folder); loading it needs
 this project installed (`models`, `datasets`), as the pip requirements say.
 """
 

@@ -18,7 +18,7 @@ from safetensors import safe_open
 
 from convsts.io import storage
 from convsts.io.redaction import redact, redact_tree
-from convsts.models.checkpoint_files import read_meta
+from convsts.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_meta
 from convsts.models.encoders import PretrainedEncoder
 from convsts.ray_jobs.runtime.provenance import git_commit, library_versions, machine
 
@@ -76,7 +76,7 @@ def run_facts(
 
 def parameter_counts(folder: Path) -> dict[str, int]:
     counts = {"encoder": 0, "heads": 0}
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+    with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as f:
         for key in f.keys():
             n = 1
             for d in f.get_slice(key).get_shape():
@@ -191,7 +191,7 @@ def _data_and_training_section(facts: dict[str, Any]) -> list[str]:
         f"- code: convsts commit `{facts.get('commit') or 'unknown (not a git checkout)'}`",
         f"- libraries: {', '.join(f'{k} {v}' for k, v in facts.get('libraries', {}).items())}",
         f"- machine: {', '.join(f'{k} {v}' for k, v in facts.get('machine', {}).items())}",
-        "- the full run config is in `config.json` (`run_config`)",
+        f"- the full run config is in `{CONFIG_FILE}` (`run_config`)",
         "",
         "## Evaluation",
         "",

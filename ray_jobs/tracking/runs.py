@@ -231,12 +231,13 @@ def log_metrics(tracking_uri: str, run_id: str, metrics: Mapping[str, float], st
 
 
 def last_logged_steps(tracking_uri: str, run_id: str) -> dict[str, int]:
-    """{metric: the highest step logged} of a run: what a restarted training has already logged."""
+    """{metric: the highest step logged} of a run: what a restarted training has already logged
+    ({} where the store has no such run)."""
+    run = _stored_run(tracking_uri, run_id)
+    if run is None:
+        return {}
     c = client(tracking_uri)
-    return {
-        key: max((m.step for m in c.get_metric_history(run_id, key)), default=-1)
-        for key in c.get_run(run_id).data.metrics
-    }
+    return {key: max((m.step for m in c.get_metric_history(run_id, key)), default=-1) for key in run.data.metrics}
 
 
 def metric_name(name: str) -> str:

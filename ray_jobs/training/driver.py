@@ -7,7 +7,7 @@ import copy
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,8 +19,17 @@ from convsts.io.dotted import changed_values, flatten
 from convsts.io.errors import ConfigError
 from convsts.io.redaction import redact, redact_tree
 from convsts.io.storage import resolve_path
-from convsts.models.checkpoint import build_model, load_model, load_train_state
-from convsts.models.checkpoint_files import check_complete, read_meta, replaced_whole, save_model_folder
+from convsts.models.checkpoint import CONFIG_FILE as CHECKPOINT_CONFIG
+from convsts.models.checkpoint import (
+    build_model,
+    head_changes,
+    load_model,
+    load_train_state,
+    read_meta,
+    replaced_whole,
+    save_model_folder,
+    verified_folder,
+)
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.plots import loss_curves_plot
 from convsts.ray_jobs.evaluation.sts import read_stsb_split
@@ -28,32 +37,30 @@ from convsts.ray_jobs.runtime.output_lock import holds_output
 from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri, train_log_level
 from convsts.ray_jobs.runtime.resources import alive_nodes, check_training_fits
 from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
-from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
+from convsts.ray_jobs.tasks import model_heads, prepared_tasks, trained_tasks
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.tracking.mlflow_model import log_model
 from convsts.ray_jobs.tracking.model_card import run_facts, write_card
 from convsts.ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
-from convsts.ray_jobs.training.loop import SCORE_METRIC
-from convsts.ray_jobs.training.parameter_holder import start_holder
-from convsts.ray_jobs.training.run_record import (
+from convsts.ray_jobs.training.lineage import (
     BEST_FOLDER,
     CONTINUES_TAG,
     FINAL_CHECKPOINT,
     MODEL_FOLDER,
     TRAIN_SUMMARY,
+    RunStart,
     RunStorage,
-    claim,
-    close_abandoned_runs,
+    begin,
+    chain_runs,
     decide_start,
     join_chain,
     mark_checkpoint,
     new_link,
-    run_storage,
 )
+from convsts.ray_jobs.training.loop import SCORE_METRIC
+from convsts.ray_jobs.training.parameter_holder import start_holder
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
 from convsts.ray_jobs.training.worker import train_loop_per_worker
-
-CONFIG_FILE = "config.yaml"  # OUT/config.yaml: the resolved run config
 
 
 @dataclass
@@ -82,9 +89,10 @@ def data_digests(manifests: dict[str, dict[str, Any]]) -> dict[str, str]:
     }
 
 
-def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: dict[str, str]) -> list[str]:
+def resume_mismatches(checkpoint: str, cfg: RunConfig) -> list[str]:
     """What differs between a checkpoint and the run that would resume it: the model, the
-    tokenizer settings, the tasks, the prepared data."""
+    tokenizer settings, the tasks, a task head of another kind. A built-in head the checkpoint lacks
+    is not a difference: it starts fresh (said by check_resumable)."""
     meta = read_meta(checkpoint)
     old = meta.get("run_config", {})
     new = redact_tree(cfg.to_dict())  # the checkpoint's copy is redacted
@@ -98,18 +106,26 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig, digests: dict[str, str]) 
         )
     if sorted(old.get("trainer", {}).get("task_weights", {})) != sorted(cfg.trainer.task_weights):
         out.append(f"tasks={sorted(old['trainer']['task_weights'])} (this run: {sorted(cfg.trainer.task_weights)})")
-    trained_on = meta.get("provenance", {}).get("data", {})
-    for task, digest in digests.items():
-        if task in trained_on and trained_on[task] != digest:
-            out.append(f"the prepared {task} data differs from the data the checkpoint was trained on")
+    out += [f"the {d}" for d in head_changes(meta.get("heads") or {}, model_heads(cfg)).other_kind]
     return out
 
 
-def check_initial_weights(cfg: RunConfig, digests: dict[str, str]) -> None:
+def data_mismatches(checkpoint: str, digests: dict[str, str]) -> list[str]:
+    """The prepared data of the run that would resume a checkpoint, where it differs from the data
+    the checkpoint was trained on."""
+    trained_on = read_meta(checkpoint).get("provenance", {}).get("data", {})
+    return [
+        f"the prepared {task} data differs from the data the checkpoint was trained on"
+        for task, digest in digests.items()
+        if task in trained_on and trained_on[task] != digest
+    ]
+
+
+def check_initial_weights(cfg: RunConfig) -> None:
     """The checkpoint a run resumes or warm-starts from, checked here, once, in one line, not in
-    every worker after Ray has started."""
+    every worker after Ray has started (the prepared data is compared later: check_resume_data)."""
     if cfg.trainer.resume_from:
-        check_resumable(cfg, digests)
+        check_resumable(cfg)
     elif cfg.trainer.warm_start:
         check_warm_start(cfg)
 
@@ -130,18 +146,35 @@ def check_warm_start(cfg: RunConfig) -> None:
             shape = tuple(mine[name].shape) if name in mine else "no such tensor"
             raise ConfigError(
                 f"{where}: its encoder's {name} is {tuple(tensor.shape)}, this run's model makes {shape}; "
-                f"set model.{ours}.* as the checkpoint's config.json has them"
+                f"set model.{ours}.* as the checkpoint's {CHECKPOINT_CONFIG} has them"
             )
 
 
-def check_resumable(cfg: RunConfig, digests: dict[str, str]) -> None:
-    """The checkpoint to resume, refused in one line unless it is complete (not an upload that
-    stopped midway), of this run's model, tokenizer, tasks and data, and its train state readable."""
-    check_complete(cfg.trainer.resume_from)
-    differs = resume_mismatches(cfg.trainer.resume_from, cfg, digests)
+def check_resumable(cfg: RunConfig) -> None:
+    """The checkpoint to resume, refused in one line unless it is complete and verified (not an
+    upload that stopped midway), of this run's model, tokenizer, tasks and head kinds, and its train
+    state readable. A head this run's model has that the checkpoint lacks is one line: it starts
+    fresh."""
+    checkpoint = cfg.trainer.resume_from
+    verified_folder(checkpoint)
+    differs = resume_mismatches(checkpoint, cfg)
     if differs:
-        raise ConfigError(f"cannot resume {redact(cfg.trainer.resume_from)}: " + "; ".join(differs))
-    load_train_state(cfg.trainer.resume_from)
+        raise ConfigError(f"cannot resume {redact(checkpoint)}: " + "; ".join(differs))
+    load_train_state(checkpoint)
+    changes = head_changes(read_meta(checkpoint).get("heads") or {}, model_heads(cfg))
+    if changes.fresh:
+        log.info("%s has no %s head: it starts from its initial weights", redact(checkpoint), ", ".join(changes.fresh))
+    if changes.dropped:
+        log.info(
+            "%s: its %s head is not loaded: this run has no such task", redact(checkpoint), ", ".join(changes.dropped)
+        )
+
+
+def check_resume_data(cfg: RunConfig, digests: dict[str, str]) -> None:
+    if cfg.trainer.resume_from:
+        differs = data_mismatches(cfg.trainer.resume_from, digests)
+        if differs:
+            raise ConfigError(f"cannot resume {redact(cfg.trainer.resume_from)}: " + "; ".join(differs))
 
 
 @holds_output("train")  # one run at a time in out_dir, for the whole run
@@ -154,57 +187,69 @@ def run_training(
     fresh: bool = False,
     mlflow_uri: str | None = None,
     storage_key: str | None = None,
+    prepare_missing: Callable[[RunConfig, str], Any] | None = None,
 ) -> TrainResult:
-    """Check the inputs, then build datasets and the TorchTrainer, fit, copy the final checkpoint to
-    out_dir/checkpoint. The MLflow run is created after the checks and ends FAILED on any error.
+    """A run's start is checks -> decision -> actions: every refusal comes before anything in OUT
+    or in MLflow is removed, written or changed (docs/reliability.md). Then the datasets and the
+    TorchTrainer, fit, OUT/checkpoint and OUT/model. The MLflow run ends FAILED on any error.
     `mlflow_uri`: the tracking URI as the caller resolved (and checked) it; None resolves it here.
-    `storage_key`: this run's own folder under an explicit trainer.storage_path (run_storage)."""
+    `storage_key`: this run's own folder under an explicit trainer.storage_path (run_storage).
+    `prepare_missing(cfg, prepared)`: prepares the tasks' data that `prepared` lacks (the run's
+    input, which --fresh keeps; pipelines.inputs.ensure_prepared), called once every check that
+    needs no data has passed."""
     out_dir = Path(out_dir).resolve()
-    storage.check_bucket(cfg.trainer.storage_path, "trainer.storage_path")  # before any work
+    # Checks that read only
+    storage.check_bucket(cfg.trainer.storage_path, "trainer.storage_path")
     prepared = prepared_location(cfg, out_dir, prepared_dir)
     if cfg.trainer.eval_every:
         read_stsb_split(cfg, "dev")  # fail here, naming the folder, rather than inside a worker
-    manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders, before any run exists
     uri = mlflow_uri or tracking_uri(cfg.mlflow.tracking_uri, out_dir)  # a server that is not there, before any work
-    close_abandoned_runs(out_dir, uri, run_id)  # a killed run's MLflow run, left RUNNING, ends KILLED
-    start = decide_start(out_dir, cfg, fresh, storage_key)  # fresh, continuing which checkpoint, or refused
+    # The decision: fresh, continuing which checkpoint, or refused
+    start = decide_start(out_dir, cfg, fresh, storage_key)
     cfg = start.config(cfg)
-    if start.continues and Path(start.resume_from).is_relative_to(out_dir):  # OUT's lock is ours: nobody logs there
-        close_abandoned_runs(out_dir, uri, run_id, runs=[start.continues])
-    claim(out_dir, start)
-    storage.write_text(out_dir / CONFIG_FILE, redact(cfg.to_yaml()))  # the resolved config, as run
-    digests = data_digests(manifests)
-    check_initial_weights(cfg, digests)
+    check_initial_weights(cfg)
     ensure_ray()
     check_training_fits(cfg, alive_nodes())  # a layout that fits no node is refused, not left waiting
-    location = run_storage(cfg, out_dir, storage_key)
-    log.info("checkpoints: %s", redact(location.uri))
-    params = flatten(cfg.to_dict())
+    if prepare_missing is not None:
+        prepare_missing(cfg, prepared)
+    manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders
+    digests = data_digests(manifests)
+    check_resume_data(cfg, digests)
+    # The actions
+    begin(out_dir, start, uri, run_id, redact(cfg.to_yaml()))
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
-    # The checkpoint's run, where this store has it (of another store's: every step is this run's to log)
+    mlflow_run = _open_run(cfg, out_dir, uri, run_id, start)
+    log.info("checkpoints: %s", redact(start.storage.uri))
+    try:
+        _log_prepared_datasets(cfg, prepared, manifests, digests, uri, mlflow_run.run_id)
+        tracking.set_tags(uri, mlflow_run.run_id, {"convsts.storage": redact(start.storage.uri)})
+        data = PreparedData(manifests, digests)
+        result = _train(cfg, out_dir, prepared, mlflow_run, data, extra_callbacks, start)
+    except BaseException as err:
+        status = tracking.ended_status(err)  # never left RUNNING (a caller's run ends with it)
+        try:
+            tracking.end_run(uri, mlflow_run.run_id, status)
+        except Exception as closing:  # a full disk fails the store's write too: the run's own error comes first
+            log.warning("could not mark MLflow run %s %s (%s) after: %s", mlflow_run.run_id, status, closing, err)
+        raise
+    if own_run:
+        tracking.end_run(uri, mlflow_run.run_id)
+    return result
+
+
+def _open_run(cfg: RunConfig, out_dir: Path, uri: str, run_id: str | None, start: RunStart) -> TrackedRun:
+    """The MLflow run this run logs to (a new one, or the caller's), with the run it continues
+    (where this store has it: of another store's, every step is this run's to log), joined to OUT's
+    chain before the first step."""
+    params = flatten(cfg.to_dict())
     continues = start.continues if start.continues and tracking.run_status(uri, start.continues) else None
     if run_id is None:
         tags = {"convsts.job": "train"} | ({CONTINUES_TAG: continues} if continues else {})  # as MLflow shows it
         run_id = tracking.start_run(uri, cfg.mlflow.experiment, cfg.mlflow.run_name or cfg.name, params, tags=tags)
     elif continues != run_id:  # a trial run again keeps the params of its first start (MLflow's are write-once)
         tracking.log_params(uri, run_id, params)
-    join_chain(out_dir, start, new_link(out_dir, run_id, cfg, location))  # before the first step
-
-    try:
-        _log_prepared_datasets(cfg, prepared, manifests, digests, uri, run_id)
-        tracking.set_tags(uri, run_id, {"convsts.storage": redact(location.uri)})
-        mlflow_run, data = TrackedRun(uri, run_id, continues), PreparedData(manifests, digests)
-        result = _train(cfg, out_dir, prepared, mlflow_run, data, extra_callbacks, location)
-    except BaseException as err:
-        status = tracking.ended_status(err)  # never left RUNNING (a caller's run ends with it)
-        try:
-            tracking.end_run(uri, run_id, status)
-        except Exception as closing:  # a full disk fails the store's write too: the run's own error comes first
-            log.warning("could not mark MLflow run %s %s (%s) after: %s", run_id, status, closing, err)
-        raise
-    if own_run:
-        tracking.end_run(uri, run_id)
-    return result
+    join_chain(out_dir, start, new_link(out_dir, run_id, cfg, start.storage))  # before the first step
+    return TrackedRun(uri, run_id, continues)
 
 
 def _log_prepared_datasets(
@@ -227,27 +272,15 @@ def _log_prepared_datasets(
     )
 
 
-def _chain_runs(uri: str, run_id: str, continues: str | None) -> list[str]:
-    """This run and the runs before it along the chain, oldest first: the run it continues, the run
-    that one continued (its CONTINUES_TAG), and so on, each once, as far as this store has them."""
-    runs, earlier = [run_id], continues
-    while earlier and earlier not in runs:
-        tags = tracking.run_tags(uri, earlier)
-        if tags is None:  # deleted from the store: the chain is shown from the run after it
-            break
-        runs.append(earlier)
-        earlier = tags.get(CONTINUES_TAG)
-    return runs[::-1]
-
-
-def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, continues: str | None, out_dir: Path) -> None:
-    """OUT/loss_curves.png from the per-task metric history along the whole chain (each run logged
-    the steps after its checkpoint that the runs before it had not), logged under plots/."""
+def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, out_dir: Path) -> None:
+    """OUT/loss_curves.png from the per-task metric history along OUT's chain up to this run
+    (lineage.chain_runs: each run logged the steps no run before it had), logged under plots/. A run
+    the store no longer has adds no points."""
     c = tracking.client(uri)
     path = out_dir / "loss_curves.png"
     path.unlink(missing_ok=True)  # an earlier run's plot is never shown as this run's
     names = [f"{task}/{m}" for task in cfg.trainer.task_weights for m in ("loss", "batch_accuracy")]
-    chain = _chain_runs(uri, run_id, continues)
+    chain = [r for r in chain_runs(out_dir, run_id) if tracking.run_status(uri, r)]
     histories = {}
     for n in names:
         points = {m.step: m.value for earlier in chain for m in c.get_metric_history(earlier, n)}  # newest last
@@ -298,9 +331,10 @@ def _train(
     mlflow_run: TrackedRun,
     data: PreparedData,
     extra_callbacks: Sequence[Any],
-    location: RunStorage,
+    start: RunStart,
 ) -> TrainResult:
-    started, (uri, run_id, continues), (manifests, digests) = time.time(), mlflow_run, data
+    started, location = time.time(), start.storage
+    uri, run_id, manifests, digests = mlflow_run.uri, mlflow_run.run_id, data.manifests, data.digests
     tokenizer = _tokenizer(cfg, prepared)
     datasets = task_datasets(cfg, prepared, tokenizer)
     materialized = [n for n in datasets if trained_tasks(cfg)[n].materialize]
@@ -310,7 +344,8 @@ def _train(
     plan = plan_for(cfg.trainer, cfg.trainer.num_workers)
     log.info("%s", plan.describe())
     loop_config = {"run": cfg.to_dict(), "tokenizer": tokenizer.to_dict(), "datasets": sorted(datasets)}
-    loop_config.update(tracking_uri=uri, run_id=run_id, continues=continues)
+    # Every step a run of OUT's chain logged is not logged again (a fallback to an older checkpoint too).
+    loop_config.update(tracking_uri=uri, run_id=run_id, continues=mlflow_run.continues, earlier_runs=start.earlier_runs)
     loop_config["provenance"] = {"data": digests, "run_id": run_id}  # a checkpoint names the run that wrote it
     holder = None
     if plan.mode is SplitMode.ASYNC:  # the shared encoder's parameter holder, for this fit only
@@ -325,7 +360,7 @@ def _train(
     final, best = _keep_checkpoints(cfg, result, out_dir)
     seconds = time.time() - started
     tracking.log_metrics(uri, run_id, {"train/seconds": seconds}, cfg.trainer.steps)
-    _log_loss_curves(cfg, uri, run_id, continues, out_dir)
+    _log_loss_curves(cfg, uri, run_id, out_dir)
     # What users take away: the encoder without optimizer state, with its model card, as the run's
     # MLflow model (the full checkpoint stays in OUT/checkpoint for --resume).
     model_dir = save_model_folder(final, out_dir / MODEL_FOLDER)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from convsts.models.checkpoint import build_model, load_model, load_train_state
+from convsts.models.checkpoint import build_model, load_model, load_train_state, load_weights
 from convsts.ray_jobs.config.schema import RunConfig, StageConfig
 from convsts.ray_jobs.tasks import model_heads, trained_tasks
 from convsts.ray_jobs.training.step import seed_everything
@@ -49,7 +49,7 @@ def restore(
       warm_start      a checkpoint whose encoder (and the heads of `warm_heads`) initialise a new run."""
     source = checkpoint_dir or resume_from
     if source:
-        model.load_state_dict(load_model(source)[0].state_dict())
+        load_weights(model, source)  # a head the checkpoint lacks keeps its initial weights (said by the driver)
         raw = load_train_state(source)
         return TrainState.from_dict(raw) if raw else None
     if warm_start:

@@ -11,8 +11,7 @@ import torch
 
 from convsts.datasets.text import tokenizer_from_dict
 from convsts.io.redaction import redact_tree
-from convsts.models.checkpoint import save_checkpoint
-from convsts.models.checkpoint_files import read_meta
+from convsts.models.checkpoint import checkpoint_owner, folder_name, save_checkpoint
 from convsts.ray_jobs.config.loader import from_dict
 from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.tracking import runs as tracking
@@ -87,7 +86,8 @@ def restored_model(cfg, tokenizer, checkpoint):
     model = initial_model(cfg, tokenizer, warm_start=fresh)
     if checkpoint is not None:
         with checkpoint.as_directory() as ckpt_dir:
-            if not cfg.trainer.resume_from or read_meta(ckpt_dir)["step"] >= read_meta(cfg.trainer.resume_from)["step"]:
+            resumed = checkpoint_owner(cfg.trainer.resume_from).step if cfg.trainer.resume_from else -1
+            if checkpoint_owner(ckpt_dir).step >= resumed:
                 return model, restore(model, checkpoint_dir=ckpt_dir)
     return model, restore(model, resume_from=cfg.trainer.resume_from or None)
 
@@ -100,10 +100,12 @@ def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int, 
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
     # After a restart (a lost node, FailureConfig) the loop replays the steps since its checkpoint:
     # each metric is logged once per step, so the points the run already holds are not logged again.
-    # A run that continues a killed one (--resume latest) replays the steps that one logged after its
-    # checkpoint: across the two MLflow runs each step is logged once.
+    # A run that continues an earlier one of OUT's chain replays the steps the chain logged after its
+    # checkpoint (a fallback to an older run's checkpoint, an older checkpoint named): across the
+    # chain's MLflow runs each step is logged once (exact resume makes the values equal).
     logged: dict[str, int] = {}
-    for earlier in (loop_config.get("continues"), run_id if restarted else None):
+    earlier_runs = [loop_config.get("continues"), *loop_config.get("earlier_runs", ()), run_id if restarted else None]
+    for earlier in dict.fromkeys(earlier_runs):
         if uri and earlier:
             for key, step in tracking.last_logged_steps(uri, earlier).items():
                 logged[key] = max(step, logged.get(key, -1))
@@ -120,14 +122,15 @@ def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int, 
         run, provenance = redact_tree(loop_config["run"]), redact_tree(loop_config["provenance"])
         with tempfile.TemporaryDirectory() as tmp:
             save_checkpoint(tmp, model, tokenizer, run, train_state.to_dict(), provenance)
-            ray.train.report({**metrics, "step": step}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+            checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report({**metrics, "step": step}, checkpoint=checkpoint, checkpoint_dir_name=folder_name(step))
 
     evaluate = StsDevProbe(cfg, tokenizer).evaluate if rank == 0 and cfg.trainer.eval_every else None
     return LoopHooks(log=log, checkpoint=report, evaluate=evaluate, progress=print_once)
 
 
 def _announce(loop_config: dict[str, Any], plan, world: int, device, step: int, restarted: bool) -> None:
-    """Rank 0's line of what only a worker knows (the task split itself is the driver's line, run.py),
+    """Rank 0's line of what only a worker knows (the task split itself is the driver's line),
     the run's tags at a first start, the restart step after a restart (FailureConfig)."""
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
     threads = torch.get_num_threads()

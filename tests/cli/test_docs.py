@@ -46,8 +46,7 @@ def demo_folder(tmp_path_factory) -> Path:
     MiniLM), untrained here."""
     from convsts.datasets.config import TokenizerConfig
     from convsts.datasets.text import PretrainedTokenizer
-    from convsts.models.checkpoint import build_model, save_checkpoint
-    from convsts.models.checkpoint_files import save_model_folder
+    from convsts.models.checkpoint import build_model, save_checkpoint, save_model_folder
     from convsts.models.config import ModelConfig
     from convsts.ray_jobs.tracking import runs as tracking
     from convsts.ray_jobs.tracking.mlflow_model import log_model

@@ -35,9 +35,15 @@ SLOW_UNITS = {
 RAY_UNITS = ("ray.data", "ray.train", "ray.tune")
 
 
+# Submodules of a light package that load a slow one: safetensors' torch API imports torch.
+LOADS_TORCH = ("safetensors.torch",)
+
+
 def _unit(name: str) -> str:
-    """What importing `name` loads, as far as deferring goes: the top-level package, or one of Ray's
-    own heavy subpackages."""
+    """What importing `name` loads, as far as deferring goes: the top-level package, one of Ray's
+    own heavy subpackages, or torch for a light package's torch API."""
+    if any(name == m or name.startswith(m + ".") for m in LOADS_TORCH):
+        return "torch"
     return next((u for u in RAY_UNITS if name == u or name.startswith(u + ".")), name.split(".")[0])
 
 
@@ -383,3 +389,49 @@ def test_every_package_of_the_tree_is_listed_for_the_wheel():
     assert listed == packages, (
         f"not listed: {sorted(packages - listed)}; listed, not in the tree: {sorted(listed - packages)}"
     )
+
+
+# A checkpoint's files are named by convsts.models.checkpoint alone (its layout's one owner). The
+# other modules that name a file of the same name name another layout's, each said here.
+CHECKPOINT_FILES = ("train_state", "model.safetensors", "manifest.json", "config.json", "tokenizer.json")
+OTHER_LAYOUTS = {
+    "convsts.models.checkpoint": CHECKPOINT_FILES,  # the owner
+    "convsts.datasets.pretrained": ("model.safetensors", "config.json", "tokenizer.json"),  # a Hugging Face folder
+    "convsts.datasets.text": ("tokenizer.json",),  # a Hugging Face model's own tokenizer
+    "convsts.ray_jobs.tasks.prepared_folder": ("manifest.json",),  # a prepared data folder's manifest
+}
+
+
+def names_of_checkpoint_files(modules=None) -> list[str]:
+    """Each string (docstrings aside) of a module that names a checkpoint's file, where the module
+    is not the checkpoint module and names no other layout's file of that name (OTHER_LAYOUTS)."""
+    found = []
+    for module, path in (modules or MODULES).items():
+        if path is None:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                for name in CHECKPOINT_FILES:
+                    if name in node.value and name not in OTHER_LAYOUTS.get(module, ()):
+                        found.append(f"{path.name}:{node.lineno} names {name}")
+    return found
+
+
+def test_only_the_checkpoint_module_names_a_checkpoints_files(tmp_path):
+    assert names_of_checkpoint_files() == []
+    # The check itself: a module that names one is found; a docstring that mentions one is not.
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""Reads train_state.pt."""\nSTATE = "train_state.pt"\nWEIGHTS = f"{1}/model.safetensors"\n')
+    assert names_of_checkpoint_files({"convsts.probe": probe}) == [
+        "probe.py:2 names train_state",
+        "probe.py:3 names model.safetensors",
+    ]

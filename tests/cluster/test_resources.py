@@ -1,5 +1,5 @@
 """Node-by-node resource checks (ray_jobs/runtime/resources.py) and where each run keeps its checkpoints
-(training/run_record.py: run_storage): the Ray-free rules behind the cluster tests."""
+(training/lineage.py: run_storage): the Ray-free rules behind the cluster tests."""
 
 from pathlib import Path
 
@@ -8,7 +8,7 @@ import pytest
 from convsts.io.errors import ConfigError
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.resources import Ask, check_training_fits, trials_at_once, unplaced
-from convsts.ray_jobs.training.run_record import run_storage
+from convsts.ray_jobs.training.lineage import run_storage
 
 REPO = Path(__file__).resolve().parents[2]
 

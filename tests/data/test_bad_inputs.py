@@ -13,7 +13,7 @@ from testkit.faults import ENV, REPO, cut_zst, dump_lines, run_convsts, start_py
 
 from convsts.io.compression import open_lines
 from convsts.io.errors import BadInputError
-from convsts.models.checkpoint_files import write_manifest
+from convsts.models.checkpoint import write_manifest
 from convsts.ray_jobs.config.loader import load_config
 
 

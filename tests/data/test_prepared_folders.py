@@ -196,8 +196,7 @@ def test_a_folder_prepared_from_other_raw_inputs_is_refused_before_any_run(ray_s
 @pytest.mark.slow
 def test_a_checkpoint_is_not_scored_on_a_folder_split_otherwise_than_its_training_run(sample_prepared, tmp_path):
     from convsts.datasets.text import DanTokenizer, count_words
-    from convsts.models.checkpoint import build_model, save_checkpoint
-    from convsts.models.checkpoint_files import read_meta
+    from convsts.models.checkpoint import build_model, read_meta, save_checkpoint
     from convsts.ray_jobs.pipelines.evaluate import check_held_out, run_evaluation
     from convsts.ray_jobs.tasks import get_task
 

@@ -475,7 +475,7 @@ def test_cli_evaluates_a_training_runs_model_folder_into_that_run(sample_checkpo
     from mlflow.tracking import MlflowClient
 
     from convsts.io.errors import BadInputError
-    from convsts.models.checkpoint_files import save_model_folder
+    from convsts.models.checkpoint import save_model_folder
     from convsts.ray_jobs.cli.evaluate import main
     from convsts.ray_jobs.tracking import runs as tracking
     from convsts.ray_jobs.tracking.model_card import CARD_FILE, run_facts, write_card

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from testkit.faults import tiny_checkpoint as faults_checkpoint
 
 from convsts.io.errors import BadInputError
-from convsts.models.checkpoint_files import MANIFEST_FILE, save_model_folder
+from convsts.models.checkpoint import MANIFEST_FILE, save_model_folder
 from convsts.models.export import to_onnx
 from convsts.models.sentence_encoder import load
 from convsts.models.sts_transform import FILE_NAME, load_sts_transform

@@ -115,7 +115,7 @@ def test_an_encoder_with_nan_weights_is_refused_in_one_line_naming_the_tensor(se
     from safetensors.torch import load_file, save_file
 
     from convsts.io.errors import BadInputError
-    from convsts.models.checkpoint_files import write_manifest
+    from convsts.models.checkpoint import write_manifest
     from convsts.models.export import to_onnx
 
     checkpoint = _checkpoint("dan", sentences, tmp_path / "ckpt")

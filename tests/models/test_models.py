@@ -6,6 +6,7 @@ import torch
 
 from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.text import DanTokenizer, count_words
+from convsts.io.errors import BadInputError
 from convsts.models.checkpoint import build_model, save_checkpoint
 from convsts.models.config import BiLstmConfig, DanConfig, ModelConfig, TransformerConfig
 from convsts.models.encoders import timing_signal
@@ -188,8 +189,8 @@ def test_checkpoint_round_trip_gives_identical_embeddings(encoder, tokenizer, tm
 
 
 def test_load_rejects_a_folder_that_is_not_a_checkpoint(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
-        load(tmp_path)
+    with pytest.raises(BadInputError, match="not a complete checkpoint or model folder \\(no manifest.json"):
+        load(tmp_path)  # a folder without a manifest is refused: nothing tells it from one cut short
 
 
 def test_untrained_response_head_is_the_identity(tokenizer):

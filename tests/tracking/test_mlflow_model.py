@@ -19,8 +19,7 @@ from testkit.tiny import EXPORT_PROBES
 
 from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.text import DanTokenizer, count_words
-from convsts.models.checkpoint import build_model, save_checkpoint
-from convsts.models.checkpoint_files import save_model_folder
+from convsts.models.checkpoint import build_model, save_checkpoint, save_model_folder
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.models.sentence_encoder import load
 from convsts.models.sts_transform import StsTransform, StsTransformConfig

@@ -16,39 +16,39 @@ from testkit.s3_server import keys, request_log, s3_endpoint
 
 from convsts.io import storage
 from convsts.io.errors import BadInputError, ConfigError
+from convsts.models.checkpoint import folder_name
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tracking import runs as tracking
-from convsts.ray_jobs.training.run_record import (
+from convsts.ray_jobs.training.lineage import (
     ENDED_BY_TAG,
     RUN_RECORD,
     DamagedRecord,
     RunStart,
     RunStorage,
-    claim,
     close_abandoned_runs,
     decide_start,
     join_chain,
     new_link,
+    remove_earlier_outputs,
     run_storage,
 )
-
-STAMPS = ("2026-11-26_04-17-30.539163", "2026-11-26_04-17-31.105457")  # Ray Train names checkpoints by time
 
 
 def _record(out: Path, run_id: str, cfg, folder: str, chain=()) -> None:
     """OUT/run.json as a run whose checkpoints go to `folder` writes it before its first step."""
     out.mkdir(parents=True, exist_ok=True)
-    join_chain(out, RunStart("", None, tuple(chain)), new_link(out, run_id, cfg, RunStorage(*folder.rsplit("/", 1))))
+    location = RunStorage(*folder.rsplit("/", 1))
+    join_chain(out, RunStart("", None, location, tuple(chain)), new_link(out, run_id, cfg, location))
 
 
 def _killed_run(out: Path, folder: str, cfg, source: Path) -> list[str]:
     """What a `convsts train` killed during its third checkpoint's upload leaves: OUT/run.json, two
-    complete checkpoints in the run's folder (local or in a bucket), and a newest one without its
-    train state (the upload stopped there)."""
+    complete checkpoints in the run's folder (local or in a bucket: checkpoint-2, checkpoint-3), and a
+    newest one without its train state (the upload stopped there)."""
     _record(out, "0123456789abcdef", cfg, folder)
     kept = []
-    for stamp in (*STAMPS, "2026-11-26_04-17-32.000001"):
-        target = storage.join(folder, f"checkpoint_{stamp}")
+    for step in (2, 3, 4):
+        target = storage.join(folder, folder_name(step))
         storage.copy_tree(source, target)
         kept.append(target)
     storage.write_text(storage.join(folder, "checkpoint_manager_snapshot.json"), "{}")  # Ray Train's, beside them
@@ -62,12 +62,12 @@ def _killed_run(out: Path, folder: str, cfg, source: Path) -> list[str]:
 
 
 def test_a_checkpoint_is_complete_only_with_its_manifest_and_every_file_it_lists(tmp_path):
-    from convsts.models.checkpoint_files import MANIFEST_FILE, check_complete, incomplete_reason
+    from convsts.models.checkpoint import MANIFEST_FILE, incomplete_reason, verified_folder
 
     ckpt = chain_checkpoint(tmp_path / "ckpt")
     listed = json.loads((ckpt / MANIFEST_FILE).read_text())["files"]
     assert sorted(listed) == ["config.json", "model.safetensors", "tokenizer.json", "train_state.pt"]
-    assert incomplete_reason(ckpt) is None and check_complete(ckpt) == ckpt
+    assert incomplete_reason(ckpt) is None and verified_folder(ckpt) == ckpt
 
     cut = tmp_path / "cut"  # a copy stopped during its largest file
     shutil.copytree(ckpt, cut)
@@ -79,8 +79,8 @@ def test_a_checkpoint_is_complete_only_with_its_manifest_and_every_file_it_lists
     (cut / MANIFEST_FILE).unlink()  # the manifest is written last: before it, nothing is complete
     assert incomplete_reason(cut).startswith(f"no {MANIFEST_FILE}")
     with pytest.raises(BadInputError) as refused:
-        check_complete(cut)
-    assert str(refused.value).startswith(f"{cut}: not a complete checkpoint (no {MANIFEST_FILE}")
+        verified_folder(cut)  # no folder is read without its manifest
+    assert str(refused.value).startswith(f"{cut}: not a complete checkpoint or model folder (no {MANIFEST_FILE}")
     assert "\n" not in str(refused.value)
 
     damaged = tmp_path / "damaged"  # the same size, other bytes: the digest tells
@@ -90,7 +90,7 @@ def test_a_checkpoint_is_complete_only_with_its_manifest_and_every_file_it_lists
     (damaged / "train_state.pt").write_bytes(bytes(state))
     assert incomplete_reason(damaged) is None
     with pytest.raises(BadInputError, match="train_state.pt differs from its manifest's sha256"):
-        check_complete(damaged)
+        verified_folder(damaged)
 
 
 def test_a_killed_runs_mlflow_run_ends_killed_and_the_refusal_names_a_complete_checkpoint(tmp_path):
@@ -112,14 +112,14 @@ def test_a_killed_runs_mlflow_run_ends_killed_and_the_refusal_names_a_complete_c
 
     # The next run into OUT closes the run the killed process left RUNNING, saying why.
     assert tracking.run_status(uri, run_id) == "RUNNING"
-    close_abandoned_runs(out, uri)
+    close_abandoned_runs(out, uri, None, [run_id])
     run = tracking.client(uri).get_run(run_id)
     assert run.info.status == "KILLED" and "its process ended with the run open" in run.data.tags[ENDED_BY_TAG]
     # A run that ended is left as it is.
     finished = tracking.start_run(uri, "previous-test", "finished")
     tracking.end_run(uri, finished)
     _record(out, finished, cfg, storage.join(root, name))
-    close_abandoned_runs(out, uri)
+    close_abandoned_runs(out, uri, None, [run_id, finished])
     assert tracking.run_status(uri, finished) == "FINISHED"
 
     # --resume latest takes the newest complete checkpoint; with --fresh the local outputs go.
@@ -128,7 +128,7 @@ def test_a_killed_runs_mlflow_run_ends_killed_and_the_refusal_names_a_complete_c
     start = decide_start(out, latest)
     assert start.resume_from == kept[1] and start.config(latest).trainer.resume_from == kept[1]
     assert latest.trainer.resume_from == "latest"  # the decision changes no config in place
-    claim(out, decide_start(out, cfg, fresh=True))
+    remove_earlier_outputs(decide_start(out, cfg, fresh=True))
     assert not (out / "ray_results").exists() and not (out / RUN_RECORD).exists()
 
 
@@ -152,9 +152,8 @@ def test_a_finished_runs_checkpoint_comes_first_and_a_folder_without_one_says_so
 
 def test_a_run_record_that_is_not_ours_is_refused_naming_it(tmp_path):
     (tmp_path / RUN_RECORD).write_text("[1, 2]")
-    with pytest.raises(DamagedRecord, match=f"{tmp_path / RUN_RECORD}: not a convsts run record"):
+    with pytest.raises(DamagedRecord, match=f"{tmp_path / RUN_RECORD}: not a run record this version reads"):
         decide_start(tmp_path, load_config(None))
-    close_abandoned_runs(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")  # nothing to close, nothing raised
 
 
 def test_a_killed_run_in_a_bucket_is_found_from_its_record_and_read_in_large_requests(tmp_path):
@@ -162,8 +161,7 @@ def test_a_killed_run_in_a_bucket_is_found_from_its_record_and_read_in_large_req
     in a bucket. The plain rerun is refused naming the newest complete one; `--resume latest` finds
     it; reading it (as `--resume`, `evaluate --checkpoint` and `load` do) costs about one
     request per 8 MiB of each file."""
-    from convsts.models.checkpoint import load_train_state
-    from convsts.models.checkpoint_files import check_complete
+    from convsts.models.checkpoint import load_train_state, verified_folder
     from convsts.models.sentence_encoder import load
 
     with s3_endpoint("convsts-resume"):
@@ -186,8 +184,10 @@ def test_a_killed_run_in_a_bucket_is_found_from_its_record_and_read_in_large_req
             None, ["trainer.storage_path=s3://convsts-resume/runs", "name=long", "trainer.resume_from=latest"]
         )
         assert decide_start(out, latest).resume_from == kept[1]
-        with pytest.raises(BadInputError, match="not a complete checkpoint \\(train_state.pt is missing\\)"):
-            check_complete(kept[2])  # the one cut short, named by hand
+        with pytest.raises(
+            BadInputError, match="not a complete checkpoint or model folder \\(train_state.pt is missing\\)"
+        ):
+            verified_folder(kept[2])  # the one cut short, named by hand
 
         sizes = {name: size for name, size, _ in storage.folder_stats(kept[1])}
         assert sizes["model.safetensors"] > 3 * 8 * 2**20

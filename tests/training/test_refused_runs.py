@@ -16,7 +16,7 @@ from convsts.ray_jobs.config.loader import load_config
 
 
 def test_a_second_run_into_a_used_out_is_refused_unless_resumed_or_fresh(tmp_path):
-    from convsts.ray_jobs.training.run_record import claim, decide_start
+    from convsts.ray_jobs.training.lineage import decide_start, remove_earlier_outputs
 
     cfg = load_config(None, [])
     assert decide_start(tmp_path, cfg).resume_from == ""  # empty: fine
@@ -28,14 +28,19 @@ def test_a_second_run_into_a_used_out_is_refused_unless_resumed_or_fresh(tmp_pat
         decide_start(tmp_path, cfg)
     resumed = load_config(None, [f"trainer.resume_from={tmp_path / 'checkpoint'}"])
     assert decide_start(tmp_path, resumed).resume_from == str(tmp_path / "checkpoint")
-    claim(tmp_path, decide_start(tmp_path, cfg, fresh=True))
+    with pytest.raises(
+        ConfigError, match="^--fresh starts over and --resume .* continues a checkpoint: pass one of them$"
+    ):
+        decide_start(tmp_path, resumed, fresh=True)  # refused, nothing removed
+    assert (tmp_path / "checkpoint").is_dir()
+    remove_earlier_outputs(decide_start(tmp_path, cfg, fresh=True))
     assert not (tmp_path / "checkpoint").exists() and not (tmp_path / "train.json").exists()
 
 
 def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
     from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models.checkpoint import build_model, save_checkpoint
-    from convsts.ray_jobs.training.driver import resume_mismatches
+    from convsts.ray_jobs.training.driver import data_mismatches, resume_mismatches
 
     cfg = load_config(
         None,
@@ -50,11 +55,11 @@ def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
     save_checkpoint(
         tmp_path / "c", build_model(cfg.model, tok), tok, cfg.to_dict(), provenance={"data": {"reddit": "aaa"}}
     )
-    assert resume_mismatches(str(tmp_path / "c"), cfg, {"reddit": "aaa"}) == []
+    assert resume_mismatches(str(tmp_path / "c"), cfg) == data_mismatches(str(tmp_path / "c"), {"reddit": "aaa"}) == []
     meta = json.loads((tmp_path / "c" / "config.json").read_text())
     del meta["run_config"]["model"]["symmetric_loss"]  # a checkpoint written before that setting existed
     (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
-    assert resume_mismatches(str(tmp_path / "c"), cfg, {"reddit": "aaa"}) == []
+    assert resume_mismatches(str(tmp_path / "c"), cfg) == data_mismatches(str(tmp_path / "c"), {"reddit": "aaa"}) == []
     other = load_config(
         None,
         [
@@ -65,10 +70,52 @@ def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
             "tokenizer.word_vocab_size=10",
         ],
     )
-    differs = resume_mismatches(str(tmp_path / "c"), other, {"reddit": "bbb"})
+    differs = resume_mismatches(str(tmp_path / "c"), other)
     assert "model.dan.output_dim=6 (this run: 8)" in differs
     assert "tokenizer.word_vocab_size=50000 (this run: 10)" in differs
-    assert "the prepared reddit data differs from the data the checkpoint was trained on" in differs
+    assert data_mismatches(str(tmp_path / "c"), {"reddit": "bbb"}) == [
+        "the prepared reddit data differs from the data the checkpoint was trained on"
+    ]
+
+
+def test_a_checkpoint_without_a_new_builtin_head_resumes_with_that_head_fresh_in_one_line(tmp_path, caplog):
+    """Every model has every built-in head; a checkpoint written before a head existed resumes: its
+    encoder and the heads it has load, the new head keeps its initial weights, and the driver says so
+    in one line. A head of another kind is a difference, refused in the driver's one line."""
+    import logging
+
+    from convsts.datasets.text import DanTokenizer, count_words
+    from convsts.models.checkpoint import build_model, load_weights, save_checkpoint
+    from convsts.ray_jobs.tasks import model_heads
+    from convsts.ray_jobs.training.driver import check_resumable, resume_mismatches
+
+    overrides = ["model.dan.output_dim=6", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]"]
+    cfg = load_config(None, overrides)
+    tok = DanTokenizer.build(count_words(["a b c"]), cfg.tokenizer)
+    heads = model_heads(cfg)
+    older = dict(list(heads.items())[:-1])  # written before the last built-in head existed
+    new_head = list(heads)[-1]
+    trained = build_model(cfg.model, tok, older)
+    save_checkpoint(tmp_path / "old", trained, tok, cfg.to_dict(), train_state={"step": 7})
+    resumed = load_config(None, [*overrides, f"trainer.resume_from={tmp_path / 'old'}"])
+    with caplog.at_level(logging.INFO, logger="convsts"):
+        check_resumable(resumed)
+    said = [r.getMessage() for r in caplog.records if "head" in r.getMessage()]
+    assert said == [f"{tmp_path / 'old'} has no {new_head} head: it starts from its initial weights"]
+
+    model = build_model(cfg.model, tok, heads)
+    initial = {k: v.clone() for k, v in model.heads[new_head].state_dict().items()}
+    changes = load_weights(model, tmp_path / "old")
+    assert changes.fresh == [new_head] and changes.dropped == [] and changes.other_kind == []
+    for name, tensor in trained.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    for name, tensor in model.heads[new_head].state_dict().items():
+        assert torch.equal(tensor, initial[name]), name
+
+    other = {t: ("response" if kind != "response" else "nli") for t, kind in list(heads.items())[:1]}
+    save_checkpoint(tmp_path / "other", build_model(cfg.model, tok, heads | other), tok, cfg.to_dict())
+    task = next(iter(other))
+    assert resume_mismatches(str(tmp_path / "other"), cfg) == [f"the {task}: {heads[task]} (checkpoint: {other[task]})"]
 
 
 @pytest.mark.parametrize(
@@ -211,8 +258,7 @@ def test_a_nan_loss_stops_training_naming_the_step_and_task_and_saves_nothing():
     ],
 )
 def test_damaged_checkpoint_metadata_is_one_line_naming_the_key_before_anything_is_built(tmp_path, edit, message):
-    from convsts.models.checkpoint import load_model
-    from convsts.models.checkpoint_files import write_manifest
+    from convsts.models.checkpoint import load_model, write_manifest
 
     checkpoint = tiny_checkpoint(tmp_path / "c")
     load_model(checkpoint)  # intact: loads
@@ -338,7 +384,7 @@ def test_a_missing_file_or_checkpoint_folder_says_it_is_not_there(tmp_path):
     """Not only the path (pyarrow's FileNotFoundError is the path alone), and not a missing
     config.json for a folder that is not there at all."""
     from convsts.datasets import snli
-    from convsts.models.checkpoint_files import read_meta
+    from convsts.models.checkpoint import read_meta
 
     with pytest.raises(FileNotFoundError, match=r"none\.parquet: no such file or folder$"):
         snli.read_snli(tmp_path / "none.parquet")
@@ -382,7 +428,7 @@ def test_a_checkpoint_config_is_held_to_the_run_configs_size_rules():
     import dataclasses
 
     from convsts.io.errors import ConfigError
-    from convsts.models.checkpoint_files import model_config_from_dict
+    from convsts.models.checkpoint import model_config_from_dict
     from convsts.models.config import ModelConfig
 
     meta = dataclasses.asdict(ModelConfig(encoder="transformer"))
@@ -400,7 +446,7 @@ def test_ctrl_c_during_the_final_copy_leaves_the_earlier_checkpoint(tmp_path):
     import os
     import signal
 
-    from convsts.models.checkpoint_files import replaced_whole
+    from convsts.models.checkpoint import replaced_whole
 
     target = tmp_path / "out" / "checkpoint"
     target.mkdir(parents=True)

@@ -14,43 +14,39 @@ from testkit.s3_server import s3_endpoint
 
 from convsts.io import storage
 from convsts.io.errors import ConfigError
+from convsts.models.checkpoint import folder_name
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.process import tracking_uri
 from convsts.ray_jobs.tracking import runs as tracking
-from convsts.ray_jobs.training.driver import _chain_runs, _log_loss_curves
-from convsts.ray_jobs.training.run_record import (
-    CONTINUES_TAG,
+from convsts.ray_jobs.training.driver import _log_loss_curves
+from convsts.ray_jobs.training.lineage import (
     RUN_RECORD,
     DamagedRecord,
     RunStart,
-    claim,
+    chain_runs,
     decide_start,
     join_chain,
     new_link,
     read_chain,
+    remove_earlier_outputs,
     run_storage,
 )
 
 BUCKET = "s3://convsts-chain/runs"
 
 
-def _stamp(step: int) -> str:
-    """Ray Train's checkpoint folder name for a checkpoint reported at second `step` (sorts by time)."""
-    return f"checkpoint_2026-11-27_10-{step // 60:02d}-{step % 60:02d}.000001"
-
-
 def _run(out: Path, cfg, run_id: str, steps: list[int], source: Path, chain=(), cut: int | None = None) -> list[str]:
     """A run into OUT as `convsts train` makes it: it joins OUT's chain before its first step, then
     reports a complete checkpoint at each of `steps` (`cut`: one more whose upload stopped, no
     manifest). Returns the complete checkpoints' paths."""
-    resumed = RunStart("x" if chain else "", None).config(cfg)  # a resumed run gets a folder of its own
-    location = run_storage(resumed, out)
+    resumed = cfg.trainer.resume_from or ("x" if chain else "")  # a resumed run gets a folder of its own
+    location = run_storage(RunStart(resumed, None, None).config(cfg), out)  # type: ignore[arg-type]
     out.mkdir(parents=True, exist_ok=True)
-    join_chain(out, RunStart("", None, tuple(chain)), new_link(out, run_id, cfg, location))
+    join_chain(out, RunStart("", None, location, tuple(chain)), new_link(out, run_id, cfg, location))
     paths = []
     for step in [*steps, *([cut] if cut else [])]:
         local = chain_checkpoint(source / f"{run_id}-{step}", step=step, run_id=run_id)
-        target = storage.join(*location, _stamp(step))
+        target = storage.join(*location, folder_name(step))
         storage.copy_tree(local, target)
         paths.append(target)
     if cut:
@@ -110,18 +106,20 @@ def test_a_run_killed_before_its_first_checkpoint_leaves_the_earlier_ones_resuma
     assert (start.resume_from, start.continues) == (a[-1], "run-a")
 
     with caplog.at_level(logging.INFO, logger="convsts"):
-        claim(out, decide_start(out, where, fresh=True))
+        remove_earlier_outputs(decide_start(out, where, fresh=True))
     assert not (out / RUN_RECORD).exists()
     if not where.trainer.storage_path:
         assert "--fresh: removed 2 complete checkpoint(s), up to step 10" in caplog.text
         assert not (out / "ray_results").exists()
-    else:  # the runs' own folders in the bucket stay, and the log says where
+    else:  # the runs' own folders in the bucket stay: --fresh reads no link
         assert "--fresh: removed 0 complete checkpoint(s)" in caplog.text
-        assert "the earlier run's own checkpoints stay in s3://convsts-chain/runs/long/" in caplog.text
         assert storage.is_file(storage.join(a[-1], "manifest.json"))
 
 
-@pytest.mark.parametrize("damage", ["{}", '{"format": 2, "runs": [{"run_id": "a", "sto', "\xff\xfe"])
+@pytest.mark.parametrize(
+    "damage",
+    ["{}", '{"format": 3, "runs": [{"run_id": "a", "sto', "\xff\xfe", '{"format": 2, "runs": [{"run_id": "a"}]}'],
+)
 def test_a_damaged_run_record_is_refused_in_one_line_naming_it(tmp_path, damage):
     out, source = tmp_path / "out", tmp_path / "src"
     cfg = load_config(None, ["name=long"])
@@ -131,12 +129,12 @@ def test_a_damaged_run_record_is_refused_in_one_line_naming_it(tmp_path, damage)
         with pytest.raises(DamagedRecord) as refused:
             decide_start(out, asked)
         message = str(refused.value)
-        assert message.startswith(f"{out / RUN_RECORD}: not a convsts run record") and "\n" not in message
+        assert message.startswith(f"{out / RUN_RECORD}: not a run record this version reads") and "\n" not in message
         assert "--resume CHECKPOINT" in message and "--fresh" in message
         assert isinstance(refused.value, ConfigError)  # the commands' one line, exit 2
     named = load_config(None, ["name=long", f"trainer.resume_from={a[-1]}"])
     assert (decide_start(out, named).resume_from, decide_start(out, named).continues) == (a[-1], "run-a")
-    claim(out, decide_start(out, cfg, fresh=True))
+    remove_earlier_outputs(decide_start(out, cfg, fresh=True))
     assert not (out / RUN_RECORD).exists() and not (out / "ray_results").exists()
 
 
@@ -156,12 +154,12 @@ def test_a_moved_out_resumes_and_a_copied_out_reads_and_writes_only_itself(tmp_p
     shutil.copytree(out, copied)
     moved = tmp_path / "moved"
     out.rename(moved)
-    assert decide_start(moved, _latest(cfg)).resume_from == str(moved / "ray_results" / "long" / _stamp(10))
+    assert decide_start(moved, _latest(cfg)).resume_from == str(moved / "ray_results" / "long" / folder_name(10))
 
     out = moved
     shutil.rmtree(copied)
     shutil.copytree(out, copied)
-    assert decide_start(copied, _latest(cfg)).resume_from == str(copied / "ray_results" / "long" / _stamp(10))
+    assert decide_start(copied, _latest(cfg)).resume_from == str(copied / "ray_results" / "long" / folder_name(10))
     copy_uri = tracking_uri("", copied)
     new = tracking.start_run(copy_uri, "chain", "b")
     tracking.log_artifact(copy_uri, new, str(tmp_path / "plot.txt"))
@@ -186,10 +184,14 @@ def test_the_loss_curves_follow_the_chain_back_through_runs_that_logged_nothing(
     first = tracking.start_run(uri, "chain", "a")
     for step in (10, 20, 30, 40):
         tracking.log_metrics(uri, first, {"reddit/loss": 4.0 - step / 40, "snli/loss": 1.1}, step)
-    middle = tracking.start_run(uri, "chain", "b", tags={CONTINUES_TAG: first})
-    last = tracking.start_run(uri, "chain", "c", tags={CONTINUES_TAG: middle})
-    assert _chain_runs(uri, last, middle) == [first, middle, last]
-    _log_loss_curves(cfg, uri, last, middle, out)
+    middle = tracking.start_run(uri, "chain", "b")
+    last = tracking.start_run(uri, "chain", "c")
+    chain = []
+    for run_id in (first, middle, last):  # each joins OUT/run.json, the one record of the chain
+        chain = [*chain, new_link(out, run_id, cfg, run_storage(cfg, out, run_id))]
+        join_chain(out, RunStart("", None, run_storage(cfg, out), tuple(chain[:-1])), chain[-1])
+    assert chain_runs(out, last) == [first, middle, last] and chain_runs(out, middle) == [first, middle]
+    _log_loss_curves(cfg, uri, last, out)
     assert (out / "loss_curves.png").stat().st_size > 0
     logged = tracking.client(uri).list_artifacts(last, "plots")
     assert [a.path for a in logged] == ["plots/loss_curves.png"]

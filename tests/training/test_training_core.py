@@ -260,7 +260,7 @@ def test_a_checkpoint_records_its_heads_and_one_without_them_is_refused(tmp_path
     """config.json names the task heads (every checkpoint of this format writes them); one without
     is damaged, refused in one line rather than given a guessed pair of heads."""
     from convsts.io.errors import BadInputError
-    from convsts.models.checkpoint_files import write_manifest
+    from convsts.models.checkpoint import write_manifest
 
     cfg = load_config(None, TINY)
     model = build_model(cfg.model, _tokenizer(cfg))

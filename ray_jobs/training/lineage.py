@@ -1,0 +1,434 @@
+"""An --out folder's lineage: the chain of training runs into it, and what the next run into it is.
+
+OUT/run.json (written whole, atomically) is the one record of the chain: every run into OUT since it
+was last started over, oldest first, each with its MLflow run, the folder its checkpoints go to and
+the step of its newest complete checkpoint as last seen. A folder is kept relative to OUT
+(OUT/ray_results/...: a moved OUT still finds it, a copied OUT reads its own copy) or relative to
+trainer.storage_path (<name>/<key> in a bucket, which the next run's config completes with whatever
+credentials it carries; the record itself holds none); a folder that would lie outside them is
+refused. What MLflow shows of the chain (the `convsts.continues` tag, the loss plot across runs) is
+derived from it. A new run joins the chain before its first step, so a run killed before its first
+checkpoint leaves every earlier link in place.
+
+A run's start is checks -> decision -> actions. `decide_start` is the decision, and reads only:
+start, continue checkpoint X (written by MLflow run R), or refuse in one line naming what it found;
+every choice it makes that the user did not spell out is one line. `begin` carries it out once
+every check has passed. `--resume latest` is the newest complete checkpoint by step across the
+chain, OUT/checkpoint (a finished run's last) one candidate among them. The checkpoints of a run's
+folder are listed by convsts.models.checkpoint (complete_checkpoints: step from the folder's name,
+incomplete ones skipped with a line).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
+from typing import Any, NamedTuple
+
+from convsts.io import storage
+from convsts.io.errors import ConfigError
+from convsts.io.redaction import redact
+from convsts.models.checkpoint import checkpoint_owner, complete_checkpoints, incomplete_reason, newest_complete
+from convsts.ray_jobs.config.schema import RESUME_LATEST, RunConfig
+from convsts.ray_jobs.runtime.process import log
+from convsts.ray_jobs.tracking import runs as tracking
+
+RUN_RECORD = "run.json"
+RECORD_FORMAT = 3  # 3: checkpoints named checkpoint-<step>; a record of another format is refused
+CONTINUES_TAG = "convsts.continues"
+ENDED_BY_TAG = "convsts.ended_by"
+FINAL_CHECKPOINT = "checkpoint"  # OUT/checkpoint: a finished run's last checkpoint
+MODEL_FOLDER = "model"  # OUT/model
+BEST_FOLDER = "best_checkpoint"  # OUT/best_checkpoint: the best in-training STS-B dev (trainer.eval_every)
+TRAIN_SUMMARY = "train.json"  # OUT/train.json: written when a run finishes
+CONFIG_FILE = "config.yaml"  # OUT/config.yaml: the resolved run config, as run
+LOCAL_RESULTS = "ray_results"  # OUT/ray_results: Ray Train's run folders without a trainer.storage_path
+
+# Where a link's folder is kept relative to
+IN_OUT = "out"  # OUT itself
+IN_STORAGE_PATH = "storage_path"  # trainer.storage_path
+
+
+@dataclass(frozen=True)
+class Link:
+    """One run of OUT's chain."""
+
+    run_id: str  # its MLflow run
+    storage: str  # its checkpoint folder, redacted: for people
+    base: str  # IN_OUT or IN_STORAGE_PATH: what `folder` is relative to
+    folder: str  # relative, never leaving its base (read_chain refuses one that does)
+    checkpoint_step: int | None = None  # its newest complete checkpoint's step, as last seen
+
+    def location(self, out_dir: Path, cfg: RunConfig) -> str | None:
+        """The folder on this machine or at its URI, or None, said in one line, where this run
+        cannot rebuild it (a folder under another trainer.storage_path than this run's)."""
+        if self.base == IN_OUT:
+            return str(out_dir / self.folder)
+        if cfg.trainer.storage_path:
+            here = storage.join(cfg.trainer.storage_path, self.folder)
+            if redact(here) == self.storage:
+                return here
+        where = f"trainer.storage_path={redact(cfg.trainer.storage_path)}" if cfg.trainer.storage_path else "none"
+        log.warning(
+            "%s: run %s's checkpoints (%s) are not looked at: they are under another trainer.storage_path than "
+            "this run's (%s)",
+            out_dir / RUN_RECORD,
+            self.run_id,
+            self.storage,
+            where,
+        )
+        return None
+
+
+@dataclass(frozen=True)
+class Found:
+    """A complete checkpoint of the chain."""
+
+    path: str
+    step: int
+    run_id: str | None  # the MLflow run that wrote it
+
+
+class RunStorage(NamedTuple):
+    """Where a run's checkpoints go: Ray Train's storage_path and the run's folder name there."""
+
+    root: str
+    name: str
+
+    @property
+    def uri(self) -> str:
+        return storage.join(self.root, self.name)
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What a run into OUT is, decided once (decide_start) before any side effect."""
+
+    resume_from: str  # the checkpoint it continues; "" starts from step 0 (or trainer.warm_start)
+    continues: str | None  # the MLflow run that wrote that checkpoint
+    storage: RunStorage  # where its own checkpoints go
+    chain: tuple[Link, ...] = ()  # the runs before it, kept in run.json before its own link
+    fresh_removes: tuple[Path, ...] = ()  # --fresh: OUT's earlier outputs, removed by `begin`
+    fresh_counts: tuple[int, int | None] = (0, None)  # --fresh: (complete checkpoints removed, their highest step)
+
+    def config(self, cfg: RunConfig) -> RunConfig:
+        """The run config as this run trains it: trainer.resume_from the decided checkpoint."""
+        return replace(cfg, trainer=replace(cfg.trainer, resume_from=self.resume_from))
+
+    @property
+    def earlier_runs(self) -> tuple[str, ...]:
+        """The MLflow runs of the chain before this run, oldest first, each once: every step they
+        logged is not logged again."""
+        return tuple(dict.fromkeys(k.run_id for k in self.chain))
+
+
+class DamagedRecord(ConfigError):
+    """OUT/run.json cannot be read."""
+
+
+def run_storage(cfg: RunConfig, out_dir: Path, key: str | None = None) -> RunStorage:
+    """Where this run's checkpoints go.
+
+    Every run owns its location. By default that is OUT/ray_results/<name> (<name>-<key> for a run
+    that resumes another). An explicit trainer.storage_path (a bucket every node reaches) is shared
+    by runs and sweeps, so the run's folder is <storage_path>/<name>/<key>: `key` a trial's own id
+    (a sweep's rerun or retry finds that trial's checkpoints, and only those), else new for each run
+    (a second run with the same name never restores the first's checkpoints). Ray Train's restarts
+    within the run (node loss, trainer.max_failures) stay in it; OUT/run.json, train.json and the
+    MLflow tag `convsts.storage` record it. decide_start calls it once per run (RunStart.storage)."""
+    if not cfg.trainer.storage_path:
+        if cfg.trainer.resume_from and key is None:
+            key = new_run_key()  # a folder of its own: Ray Train would restore the resumed run's own checkpoint
+        return RunStorage(str(out_dir / LOCAL_RESULTS), cfg.name if key is None else f"{cfg.name}-{key}")
+    return RunStorage(storage.join(cfg.trainer.storage_path, cfg.name), key or new_run_key())
+
+
+def new_run_key() -> str:
+    """A run's own folder name under a shared storage path: UTC start time and 6 random hex digits."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def new_link(out_dir: Path, run_id: str, cfg: RunConfig, location: RunStorage) -> Link:
+    """The link of a run whose checkpoints go to `location` (run_storage)."""
+    where = location.uri
+    if cfg.trainer.storage_path:
+        return Link(run_id, redact(where), IN_STORAGE_PATH, storage.join(cfg.name, location.name))
+    return Link(run_id, redact(where), IN_OUT, str(Path(where).relative_to(out_dir)))
+
+
+# ---------------------------------------------------------------------------------------------
+# run.json
+
+
+def read_chain(out_dir: Path) -> list[Link]:
+    """OUT's chain, oldest first; [] when OUT has no run.json. DamagedRecord (one line naming the
+    file and the ways on) when it cannot be read, is of another format, or names a folder outside
+    OUT or trainer.storage_path."""
+    path = out_dir / RUN_RECORD
+    if not path.is_file():
+        return []
+    try:
+        return _links(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DamagedRecord(
+            f"{path}: not a run record this version reads ({reason}): its runs' checkpoints cannot be found from "
+            f"it; pass --resume CHECKPOINT to continue one, or --fresh to start over"
+        ) from None
+
+
+def _links(record: Any) -> list[Link]:
+    if not isinstance(record, dict):
+        raise TypeError(f"expected a JSON object, got {type(record).__name__}")
+    if record.get("format") != RECORD_FORMAT:
+        raise ValueError(f"format {record.get('format')!r}, expected {RECORD_FORMAT}")
+    runs = record["runs"]
+    if not isinstance(runs, list) or not runs:
+        raise ValueError("no runs")
+    links = []
+    for i, entry in enumerate(runs):
+        step = entry.get("checkpoint_step")
+        link = Link(entry["run_id"], entry["storage"], entry["base"], entry["folder"], step)
+        if not all(isinstance(v, str) and v for v in (link.run_id, link.storage, link.folder)):
+            raise ValueError(f"runs[{i}]: run_id, storage and folder are non-empty strings")
+        if link.base not in (IN_OUT, IN_STORAGE_PATH) or not (step is None or isinstance(step, int)):
+            raise ValueError(
+                f"runs[{i}]: base {link.base!r} or checkpoint_step {step!r} is not one this version writes"
+            )
+        folder = PurePosixPath(link.folder)
+        if storage.is_uri(link.folder) or folder.is_absolute() or ".." in folder.parts:
+            base = "OUT" if link.base == IN_OUT else "trainer.storage_path"
+            raise ValueError(f"runs[{i}].folder {link.folder!r} lies outside {base}")
+        links.append(link)
+    return links
+
+
+def write_chain(out_dir: Path, links: list[Link] | tuple[Link, ...]) -> None:
+    """OUT/run.json with `links`, written whole (a run killed while writing it leaves the old one)."""
+    runs = [
+        {
+            "run_id": k.run_id,
+            "storage": k.storage,
+            "base": k.base,
+            "folder": k.folder,
+            "checkpoint_step": k.checkpoint_step,
+        }
+        for k in links
+    ]
+    storage.write_text(out_dir / RUN_RECORD, json.dumps({"format": RECORD_FORMAT, "runs": runs}, indent=1) + "\n")
+
+
+def join_chain(out_dir: Path, start: RunStart, link: Link) -> None:
+    """Before the run's first step: the chain it continues, then its own link (a run again, as a
+    sweep's trial is, keeps its one link)."""
+    write_chain(out_dir, [k for k in start.chain if k.run_id != link.run_id] + [link])
+
+
+def mark_checkpoint(out_dir: Path, run_id: str, step: int) -> None:
+    """The run's link records `step` as its newest complete checkpoint (a finished run's last)."""
+    links = read_chain(out_dir)
+    write_chain(out_dir, [replace(k, checkpoint_step=step) if k.run_id == run_id else k for k in links])
+
+
+def chain_runs(out_dir: Path, run_id: str) -> list[str]:
+    """The MLflow runs of OUT's chain up to and including `run_id`, oldest first, each once: the
+    runs whose logged metrics make up this run's curves."""
+    runs = list(dict.fromkeys(k.run_id for k in _readable_chain(out_dir)))
+    return runs[: runs.index(run_id) + 1] if run_id in runs else [*runs, run_id]
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints of the chain
+
+
+def chain_checkpoints(out_dir: Path, cfg: RunConfig, links: list[Link]) -> tuple[list[Found], list[Link]]:
+    """(the newest complete checkpoint of each run of the chain and OUT/checkpoint, oldest step
+    first; the links with the steps seen)."""
+    found, seen = [], []
+    for link in links:
+        folder = link.location(out_dir, cfg)
+        newest = newest_complete(folder) if folder else None
+        if newest is not None:
+            found.append(Found(newest.path, newest.step, checkpoint_owner(newest.path).run_id or link.run_id))
+        seen.append(replace(link, checkpoint_step=newest.step if newest else link.checkpoint_step))
+    final = out_dir / FINAL_CHECKPOINT
+    if final.is_dir():
+        reason = incomplete_reason(final)
+        if reason is None:
+            owner = checkpoint_owner(final)
+            found.append(Found(str(final), owner.step, owner.run_id or _finished_run(out_dir)))
+        else:
+            log.warning("%s: skipped, not a complete checkpoint (%s)", final, reason)
+    # By step (a stable sort): at a tie OUT/checkpoint (local, last in the list) comes last, the one resumed.
+    return sorted(found, key=lambda f: f.step), seen
+
+
+def _finished_run(out_dir: Path) -> str | None:
+    """The MLflow run of OUT's finished run (train.json), for a checkpoint that does not name it."""
+    try:
+        return json.loads((out_dir / TRAIN_SUMMARY).read_text(encoding="utf-8")).get("mlflow_run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _count_local(out_dir: Path) -> tuple[int, int | None]:
+    """(complete checkpoints in OUT, the highest step among them): what --fresh removes (OUT's final
+    and best checkpoints, and every run folder in OUT/ray_results, recorded or not)."""
+    paths = [out_dir / n for n in (FINAL_CHECKPOINT, BEST_FOLDER) if (out_dir / n).is_dir()]
+    steps = [checkpoint_owner(p).step for p in paths if incomplete_reason(p) is None]
+    local = out_dir / LOCAL_RESULTS
+    for run in sorted(local.iterdir()) if local.is_dir() else []:
+        steps += [c.step for c in complete_checkpoints(str(run))]
+    return len(steps), max(steps, default=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision
+
+
+def run_outputs(out_dir: Path) -> list[Path]:
+    """What earlier training runs left in out_dir: their record, train.json, checkpoints and model
+    folder, Ray Train's own run folders (when they are local)."""
+    names = (RUN_RECORD, TRAIN_SUMMARY, FINAL_CHECKPOINT, MODEL_FOLDER, BEST_FOLDER, LOCAL_RESULTS)
+    return [out_dir / n for n in names if (out_dir / n).exists()]
+
+
+def decide_start(out_dir: Path, cfg: RunConfig, fresh: bool = False, storage_key: str | None = None) -> RunStart:
+    """What a run into OUT is: a fresh start, or the checkpoint it continues (and whose run that
+    is); refused in one line (FileExistsError, ConfigError, BadInputError) naming what OUT holds.
+    Nothing is written or removed here, and no folder is read that the decision does not need."""
+    asked = cfg.trainer.resume_from
+    if fresh and asked:
+        raise ConfigError(f"--fresh starts over and --resume {redact(asked)} continues a checkpoint: pass one of them")
+    if storage_key:  # a sweep's trial, run again: the newest complete checkpoint of its own folder
+        location = run_storage(cfg, out_dir, storage_key)
+        own = None if asked else newest_complete(location.uri)
+        # fresh: the trial's earlier outputs in OUT go (they are its own restart's), its checkpoints stay
+        cleared = _fresh(out_dir, location) if fresh else RunStart("", None, location)
+        chain = tuple(_readable_chain(out_dir))
+        if own is not None:
+            log.info("continuing from %s, the newest complete checkpoint of this run", redact(own.path))
+            return replace(cleared, resume_from=own.path, continues=checkpoint_owner(own.path).run_id, chain=chain)
+        continues = checkpoint_owner(asked).run_id if asked else None
+        return replace(cleared, resume_from=asked, continues=continues, chain=chain)
+    if fresh:
+        return _fresh(out_dir, run_storage(cfg, out_dir))
+    try:
+        links = read_chain(out_dir)
+    except DamagedRecord as damaged:
+        if asked == RESUME_LATEST or not asked:
+            raise
+        log.warning("%s; continuing %s in a new chain", damaged, redact(asked))
+        links = []
+    if asked and asked != RESUME_LATEST:  # the checkpoint named: no link's folder is read
+        return RunStart(asked, checkpoint_owner(asked).run_id, run_storage(cfg, out_dir), tuple(links))
+    found, links = chain_checkpoints(out_dir, cfg, links)
+    if asked == RESUME_LATEST:
+        return _latest(out_dir, cfg, found, links)
+    used = run_outputs(out_dir)
+    if not (used or found or links):
+        return RunStart("", None, run_storage(cfg, out_dir))
+    bucket_folders = [k.storage for k in links if k.base != IN_OUT]
+    what = ", ".join([p.name for p in used] + [f"checkpoints in {where}" for where in bucket_folders])
+    stopped = "a training run" if (out_dir / TRAIN_SUMMARY).exists() else "an interrupted training run"
+    if found:
+        newest = found[-1]
+        advice = (
+            f"its newest complete checkpoint is {redact(newest.path)} (step {newest.step}); "
+            f"pass --resume {RESUME_LATEST} to continue it,"
+        )
+    else:
+        advice = "it left no complete checkpoint to resume:"
+    raise FileExistsError(
+        f"{out_dir} already holds {stopped} ({what}): {advice} --fresh to start over, or another --out"
+    )
+
+
+def _latest(out_dir: Path, cfg: RunConfig, found: list[Found], links: list[Link]) -> RunStart:
+    """--resume latest: the newest complete checkpoint by step across the chain, said in one line,
+    with a second where it is not the last run's own newest (a fallback to an earlier run's)."""
+    if not found:
+        raise ConfigError(
+            f"--resume {RESUME_LATEST}: {out_dir} records no run with a complete checkpoint"
+            + (f" (looked in {', '.join(k.storage for k in links)})" if links else "")
+            + "; pass --resume CHECKPOINT, or train without --resume"
+        )
+    newest = found[-1]
+    log.info("--resume %s: %s (step %d)", RESUME_LATEST, redact(newest.path), newest.step)
+    last = links[-1] if links else None
+    if last is not None and newest.run_id != last.run_id and Path(newest.path) != out_dir / FINAL_CHECKPOINT:
+        log.warning(
+            "--resume %s: the last run into %s (%s) left no newer complete checkpoint; continuing run %s's at step %d",
+            RESUME_LATEST,
+            out_dir,
+            last.run_id,
+            newest.run_id,
+            newest.step,
+        )
+    return RunStart(newest.path, newest.run_id, run_storage(cfg, out_dir), tuple(links))
+
+
+def _fresh(out_dir: Path, location: RunStorage) -> RunStart:
+    """--fresh: OUT's earlier outputs, to be removed by `begin`, counted now (no link is read)."""
+    return RunStart("", None, location, (), tuple(run_outputs(out_dir)), _count_local(out_dir))
+
+
+def _readable_chain(out_dir: Path) -> list[Link]:
+    try:
+        return read_chain(out_dir)
+    except DamagedRecord:
+        return []
+
+
+# ---------------------------------------------------------------------------------------------
+# The actions, once every check has passed
+
+
+def begin(out_dir: Path, start: RunStart, tracking_uri: str, own_run: str | None, config_yaml: str) -> None:
+    """What a decided run does to OUT and MLflow before its MLflow run starts: the runs of OUT's
+    chain (and of the checkpoint it continues, where that is in OUT) that a killed process left
+    RUNNING end KILLED, --fresh removes OUT's earlier outputs, OUT/config.yaml is the config as run."""
+    runs = [k.run_id for k in _readable_chain(out_dir)] + list(start.earlier_runs)
+    if start.continues and not storage.is_uri(start.resume_from) and Path(start.resume_from).is_relative_to(out_dir):
+        runs.append(start.continues)  # OUT's lock is ours: nobody logs there
+    close_abandoned_runs(out_dir, tracking_uri, own_run, runs)
+    remove_earlier_outputs(start)
+    storage.write_text(out_dir / CONFIG_FILE, config_yaml)
+
+
+def remove_earlier_outputs(start: RunStart) -> None:
+    """--fresh: OUT's earlier outputs removed, saying how many complete checkpoints (up to which
+    step) go; a run's own folder in a bucket stays."""
+    if not start.fresh_removes:
+        return
+    for path in start.fresh_removes:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    count, step = start.fresh_counts
+    upto = f", up to step {step}" if step is not None else ""
+    removed = ", ".join(str(p) for p in start.fresh_removes)
+    log.info("--fresh: removed %d complete checkpoint(s)%s: %s", count, upto, removed)
+
+
+def close_abandoned_runs(out_dir: Path, tracking_uri: str, own_run: str | None, runs: Sequence[str]) -> None:
+    """Each of `runs` (the chain's, and the run of the checkpoint continued) still RUNNING in MLflow
+    ended without closing it (killed: this process holds OUT's lock), so it ends KILLED, saying why,
+    unless it is `own_run` (a sweep's trial run again logs to its own run)."""
+    for run_id in dict.fromkeys(runs):
+        if run_id == own_run or tracking.run_status(tracking_uri, run_id) != "RUNNING":
+            continue
+        tracking.set_tags(
+            tracking_uri,
+            run_id,
+            {ENDED_BY_TAG: f"its process ended with the run open; found by the next run into {out_dir}"},
+        )
+        tracking.end_run(tracking_uri, run_id, "KILLED")
+        log.info(
+            "MLflow run %s of an earlier run into %s was left RUNNING (its process was killed): now KILLED",
+            run_id,
+            out_dir,
+        )
