@@ -209,7 +209,7 @@ def test_runs_on_a_cluster_spread_own_their_checkpoints_and_survive_a_lost_node(
     assert len({w.node_id for w in workers}) == 2, workers
     # Checkpoints in the bucket, under the run's own folder.
     first_keys = set(keys(info["storage"]))
-    assert any("/checkpoint_" in k and k.endswith("model.safetensors") for k in first_keys), sorted(first_keys)[:5]
+    assert any("/checkpoint-" in k and k.endswith("model.safetensors") for k in first_keys), sorted(first_keys)[:5]
 
     # A second run with the same name and storage path, submitted as a job to the head's dashboard
     # (its driver runs on the head), trains from step 0 in a folder of its own and leaves the first
@@ -243,8 +243,9 @@ def test_runs_on_a_cluster_spread_own_their_checkpoints_and_survive_a_lost_node(
 
 
 def _complete_checkpoints(folder_uri: str) -> list[str]:
-    """The checkpoint folders under a bucket prefix whose manifest (written last) is there, oldest first."""
-    return sorted(k.rsplit("/", 1)[0] for k in keys(folder_uri) if k.endswith("/manifest.json"))
+    """The checkpoint folders under a bucket prefix whose manifest (written last) is there, oldest step first."""
+    folders = [k.rsplit("/", 1)[0] for k in keys(folder_uri) if k.endswith("/manifest.json")]
+    return sorted(folders, key=lambda f: int(f.rsplit("-", 1)[1]))
 
 
 def test_a_run_whose_driver_is_killed_goes_on_from_its_newest_complete_checkpoint(

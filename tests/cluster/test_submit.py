@@ -63,7 +63,7 @@ def test_submitted_jobs_with_token_auth_train_stream_list_and_stop(sample_prepar
         started = convsts(["submit", "--no-wait", "--submission-id", "convsts-test-long", *long_job], env)
         assert started.returncode == 0, started.stderr
         deadline = time.time() + 180
-        while len(list(out.glob("ray_results/*/checkpoint_*/manifest.json"))) < 2:
+        while len(list(out.glob("ray_results/*/checkpoint-*/manifest.json"))) < 2:
             assert time.time() < deadline, convsts(["jobs", "logs", "convsts-test-long"], env).stdout[-3000:]
             time.sleep(0.5)
         stopped = convsts(["jobs", "stop", "convsts-test-long"], env)
@@ -81,7 +81,8 @@ def test_submitted_jobs_with_token_auth_train_stream_list_and_stop(sample_prepar
         again = convsts(["submit", "--submission-id", "convsts-test-long-again", *long_job], env)
         assert again.returncode == 1 and "already holds an interrupted training run" in again.stdout, again.stdout
         assert "pass --resume latest to continue it" in again.stdout
-        newest = sorted(out.glob("ray_results/*/checkpoint_*/manifest.json"))[-1].parent
+        kept = out.glob("ray_results/*/checkpoint-*/manifest.json")
+        newest = max(kept, key=lambda m: int(m.parent.name.rsplit("-", 1)[1])).parent  # by step
         at = json.loads((newest / "config.json").read_text())["step"]
         from mlflow.tracking import MlflowClient
 

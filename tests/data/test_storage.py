@@ -247,7 +247,7 @@ def test_train_with_data_and_checkpoints_on_s3(trained_on_s3):
     assert manifest["inputs"] == [f"{bucket}/raw/reddit/reddit_pairs.parquet"]
     assert manifest["pairs"] == manifest["train_pairs"] + manifest["test_pairs"] > 0
     # Ray Train kept its checkpoints in the bucket; the final one was copied to --out.
-    assert any("/checkpoint_" in k and k.endswith("model.safetensors") for k in keys(f"{bucket}/ray_results"))
+    assert any("/checkpoint-" in k and k.endswith("model.safetensors") for k in keys(f"{bucket}/ray_results"))
     assert not (out / "ray_results").exists()
     assert (out / "checkpoint" / "model.safetensors").is_file()
     # The bucket's last checkpoint loads from its URI as the copy in --out does.

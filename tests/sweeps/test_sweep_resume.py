@@ -47,7 +47,7 @@ def test_a_sweep_whose_driver_is_killed_mid_trial_restarts_the_trial_from_its_ow
     first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 300
-        while len(list(store.glob("killed/*/checkpoint_*/manifest.json"))) < 2 and first.poll() is None:
+        while len(list(store.glob("killed/*/checkpoint-*/manifest.json"))) < 2 and first.poll() is None:
             assert time.time() < deadline, "the trial never checkpointed twice"
             time.sleep(0.2)
         assert first.poll() is None, first.communicate()[0][-3000:]
