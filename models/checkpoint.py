@@ -525,13 +525,21 @@ def _read_weights(file: Path) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def load_model(path: str | Path) -> tuple[MultitaskModel, Any, dict[str, Any]]:
+class LoadedModel(NamedTuple):
+    """A checkpoint or model folder loaded: the model (eval mode, CPU), its tokenizer, its config.json."""
+
+    model: MultitaskModel
+    tokenizer: Any
+    meta: dict[str, Any]
+
+
+def load_model(path: str | Path) -> LoadedModel:
     """(model, tokenizer, meta) from a checkpoint or model folder (local or a URI), verified against
     its manifest and checked readable first (read_model_files); the model is in eval mode on CPU."""
     return model_from_files(read_model_files(path))
 
 
-def model_from_files(files: ModelFiles) -> tuple[MultitaskModel, Any, dict[str, Any]]:
+def model_from_files(files: ModelFiles) -> LoadedModel:
     """load_model's work once read_model_files has checked the folder: the tensors."""
     model = build_model(files.config, files.tokenizer, files.heads)
     weights = files.folder / WEIGHTS_FILE
@@ -542,7 +550,7 @@ def model_from_files(files: ModelFiles) -> tuple[MultitaskModel, Any, dict[str, 
             f"{weights}: does not match {files.folder / CONFIG_FILE} ({str(err).splitlines()[0]})"
         ) from None
     model.eval()
-    return model, files.tokenizer, files.meta
+    return LoadedModel(model, files.tokenizer, files.meta)
 
 
 def load_weights(model: MultitaskModel, path: str | Path) -> HeadChanges:

@@ -237,7 +237,7 @@ class SentenceEncoder:
 
 def load(path: str | Path) -> SentenceEncoder:
     """Load a checkpoint folder without Ray: `load(p).encode(["a sentence"])`; `p` local or a URI
-    (`load("s3://bucket/run/ray_results/.../checkpoint_000003")`, read once into a local cache)."""
+    (`load("s3://bucket/run/ray_results/.../checkpoint-3000")`, read once into a local cache)."""
     files = read_model_files(path)  # its manifest's sizes and digests, naming `path`; its config and tokenizer
-    model, tokenizer, meta = model_from_files(files)
-    return SentenceEncoder(model, tokenizer, meta, files.folder)
+    loaded = model_from_files(files)
+    return SentenceEncoder(loaded.model, loaded.tokenizer, loaded.meta, files.folder)

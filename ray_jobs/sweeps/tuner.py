@@ -10,7 +10,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
@@ -65,14 +65,13 @@ def _sweep(request: SweepRequest) -> dict[str, Any]:
     uri = _sweep_store(cfg, out_dir)
     resources, concurrency = _concurrency(space, cfg)
     concurrency = min(concurrency, request.max_concurrent) if request.max_concurrent else concurrency
-    resume, restore = _resuming(request.experiment_path, out_dir / STATE_FILE, request.fresh)
+    resuming = _resuming(request.experiment_path, out_dir / STATE_FILE, request.fresh)
     param_space = {**space.params(), **request.param_overrides}
-    parent, expected, concurrency = open_sweep(
-        request, uri, resume, expected_trials(param_space, request.num_samples), concurrency
-    )
+    opened = open_sweep(request, uri, resuming.sweep, expected_trials(param_space, request.num_samples), concurrency)
+    parent, expected, concurrency = opened.parent, opened.expected_trials, opened.trials_at_once
     trainable, encoded = sweep_trainable(request, parent)
     trainable = tune.with_resources(trainable, resources)
-    tuner = _tuner(request, trainable, param_space, concurrency, restore)
+    tuner = _tuner(request, trainable, param_space, concurrency, resuming.tune_state)
     log.info("sweep %s: %s trials at once, %s per trial function", space.name, concurrency, resources)
     with reporting_worker_deaths():
         grid = tuner.fit()
@@ -164,9 +163,23 @@ def _unfinished(result_grid, expected: int) -> int:
 TUNE_STATE = "experiment_state-*.json"  # Ray Tune's state of a sweep's trials, written after its first seconds
 
 
-def _resuming(experiment_path: Path, state_file: Path, fresh: bool) -> tuple[bool, bool]:
-    """(whether this sweep continues the one OUT records (its sweep.json: the parent run and what
-    defines it), whether Ray Tune restores its trials from experiment_path). A sweep killed before
+class Resuming(NamedTuple):
+    """What a sweep into OUT continues."""
+
+    sweep: bool  # the sweep OUT records (its sweep.json: the parent run and what defines it)
+    tune_state: bool  # Ray Tune restores its trials from the experiment path
+
+
+class OpenedSweep(NamedTuple):
+    """The MLflow parent run of a sweep, its number of trials and the trials it runs at once."""
+
+    parent: ParentRun
+    expected_trials: int
+    trials_at_once: int
+
+
+def _resuming(experiment_path: Path, state_file: Path, fresh: bool) -> Resuming:
+    """What this sweep continues (Resuming). A sweep killed before
     Tune wrote its trials' state continues with its parent run and starts Tune over: a restore
     from Tune's first file alone restarts without the search space. With `fresh` both are removed."""
     recorded = state_file.is_file() and not fresh
@@ -176,7 +189,7 @@ def _resuming(experiment_path: Path, state_file: Path, fresh: bool) -> tuple[boo
             shutil.rmtree(experiment_path)
         if recorded:
             log.info("%s: Ray Tune had saved no trial state yet; the sweep starts its trials over", state_file)
-    return recorded, restorable
+    return Resuming(recorded, restorable)
 
 
 def _sweep_store(cfg: RunConfig, out_dir: Path) -> str:
@@ -236,10 +249,8 @@ def check_sweep_inputs(request: SweepRequest) -> None:
         log.info("sweep %s: every trial starts from %s", space.name, cfg.trainer.warm_start or "scratch (seeded)")
 
 
-def open_sweep(
-    request: SweepRequest, uri: str, resume: bool, expected: int, concurrency: int
-) -> tuple[ParentRun, int, int]:
-    """(the MLflow parent run, the number of trials, trials at once): the recorded ones of the sweep
+def open_sweep(request: SweepRequest, uri: str, resume: bool, expected: int, concurrency: int) -> OpenedSweep:
+    """The MLflow parent run, the number of trials and trials at once: the recorded ones of the sweep
     resumed (refused when this command's sweep differs from it), else a new parent run and
     OUT/sweep.json. Ray Tune restores a sweep with the concurrency it was started with, so a
     resumed sweep says so where this command would run a different number at once."""
@@ -264,7 +275,9 @@ def open_sweep(
                 started,
                 concurrency,
             )
-        return ParentRun(uri, cfg.mlflow.experiment, state["parent_run_id"]), state["expected_trials"], started
+        return OpenedSweep(
+            ParentRun(uri, cfg.mlflow.experiment, state["parent_run_id"]), state["expected_trials"], started
+        )
     parent_run_id = tracking.start_run(
         uri,
         cfg.mlflow.experiment,
@@ -287,7 +300,7 @@ def open_sweep(
         "sweep": record,
     }
     storage.write_text(state_file, json.dumps(state, indent=2))
-    return ParentRun(uri, cfg.mlflow.experiment, parent_run_id), expected, concurrency
+    return OpenedSweep(ParentRun(uri, cfg.mlflow.experiment, parent_run_id), expected, concurrency)
 
 
 def sweep_trainable(request: SweepRequest, parent: ParentRun) -> tuple[Any, EncodedStsb | None]:

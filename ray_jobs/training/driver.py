@@ -133,15 +133,15 @@ def check_initial_weights(cfg: RunConfig) -> None:
 def check_warm_start(cfg: RunConfig) -> None:
     """trainer.warm_start's encoder fits this run's model (the same encoder, every tensor the same
     shape), as every worker will load it."""
-    warm, tokenizer, meta = load_model(cfg.trainer.warm_start)
-    theirs, ours = meta.get("model", {}).get("encoder"), cfg.model.encoder
+    warm = load_model(cfg.trainer.warm_start)
+    theirs, ours = warm.meta.get("model", {}).get("encoder"), cfg.model.encoder
     where = f"trainer.warm_start: {redact(cfg.trainer.warm_start)}"
     if theirs != ours:
         raise ConfigError(
             f"{where} holds a {theirs} encoder; this run's model.encoder is {ours}: warm-start from a {ours} checkpoint"
         )
-    mine = build_model(copy.deepcopy(cfg.model), tokenizer).encoder.state_dict()  # building fills hf_config
-    for name, tensor in warm.encoder.state_dict().items():
+    mine = build_model(copy.deepcopy(cfg.model), warm.tokenizer).encoder.state_dict()  # building fills hf_config
+    for name, tensor in warm.model.encoder.state_dict().items():
         if name not in mine or mine[name].shape != tensor.shape:
             shape = tuple(mine[name].shape) if name in mine else "no such tensor"
             raise ConfigError(
@@ -388,7 +388,7 @@ def _tokenizer(cfg: RunConfig, prepared: str):
     """The checkpoint's tokenizer when the run resumes or warm-starts, else one built from the data."""
     init = cfg.trainer.resume_from or cfg.trainer.warm_start
     if init:
-        _, tokenizer, _ = load_model(init)
+        tokenizer = load_model(init).tokenizer
         log.info("tokenizer and initial weights from %s", init)
     else:
         tokenizer = build_tokenizer(cfg, prepared)

@@ -105,6 +105,13 @@ class RunStorage(NamedTuple):
         return storage.join(self.root, self.name)
 
 
+class Counted(NamedTuple):
+    """Complete checkpoints, and the highest step among them."""
+
+    checkpoints: int
+    newest_step: int | None
+
+
 @dataclass(frozen=True)
 class RunStart:
     """What a run into OUT is, decided once (decide_start) before any side effect."""
@@ -114,7 +121,7 @@ class RunStart:
     storage: RunStorage  # where its own checkpoints go
     chain: tuple[Link, ...] = ()  # the runs before it, kept in run.json before its own link
     fresh_removes: tuple[Path, ...] = ()  # --fresh: OUT's earlier outputs, removed by `begin`
-    fresh_counts: tuple[int, int | None] = (0, None)  # --fresh: (complete checkpoints removed, their highest step)
+    fresh_counts: Counted | None = None  # --fresh: the complete checkpoints it removes
 
     def config(self, cfg: RunConfig) -> RunConfig:
         """The run config as this run trains it: trainer.resume_from the decided checkpoint."""
@@ -276,15 +283,15 @@ def _finished_run(out_dir: Path) -> str | None:
         return None
 
 
-def _count_local(out_dir: Path) -> tuple[int, int | None]:
-    """(complete checkpoints in OUT, the highest step among them): what --fresh removes (OUT's final
-    and best checkpoints, and every run folder in OUT/ray_results, recorded or not)."""
+def _count_local(out_dir: Path) -> Counted:
+    """What --fresh removes of OUT's complete checkpoints (OUT's final and best checkpoints, and
+    every run folder in OUT/ray_results, recorded or not)."""
     paths = [out_dir / n for n in (FINAL_CHECKPOINT, BEST_FOLDER) if (out_dir / n).is_dir()]
     steps = [checkpoint_owner(p).step for p in paths if incomplete_reason(p) is None]
     local = out_dir / LOCAL_RESULTS
     for run in sorted(local.iterdir()) if local.is_dir() else []:
         steps += [c.step for c in complete_checkpoints(str(run))]
-    return len(steps), max(steps, default=None)
+    return Counted(len(steps), max(steps, default=None))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,14 +411,14 @@ def begin(out_dir: Path, start: RunStart, tracking_uri: str, own_run: str | None
 def remove_earlier_outputs(start: RunStart) -> None:
     """--fresh: OUT's earlier outputs removed, saying how many complete checkpoints (up to which
     step) go; a run's own folder in a bucket stays."""
-    if not start.fresh_removes:
+    if not start.fresh_removes or start.fresh_counts is None:
         return
     for path in start.fresh_removes:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    count, step = start.fresh_counts
-    upto = f", up to step {step}" if step is not None else ""
+    counted = start.fresh_counts
+    upto = f", up to step {counted.newest_step}" if counted.newest_step is not None else ""
     removed = ", ".join(str(p) for p in start.fresh_removes)
-    log.info("--fresh: removed %d complete checkpoint(s)%s: %s", count, upto, removed)
+    log.info("--fresh: removed %d complete checkpoint(s)%s: %s", counted.checkpoints, upto, removed)
 
 
 def close_abandoned_runs(out_dir: Path, tracking_uri: str, own_run: str | None, runs: Sequence[str]) -> None:

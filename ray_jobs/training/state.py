@@ -53,7 +53,7 @@ def restore(
         raw = load_train_state(source)
         return TrainState.from_dict(raw) if raw else None
     if warm_start:
-        warm, _, _ = load_model(warm_start)
+        warm = load_model(warm_start).model
         model.encoder.load_state_dict(warm.encoder.state_dict())
         for task in warm_heads:
             if task in warm.heads and task in model.heads:

@@ -265,5 +265,5 @@ def test_untrained_column_is_what_trainer_steps_0_saves(ray_session, sample_prep
     )
     job = run_training(cfg, tmp_path / "run", prepared_dir=sample_prepared).checkpoint
     ours = save_untrained(cfg, job, tmp_path / "untrained")
-    a, b = load_model(job)[0].state_dict(), load_model(ours)[0].state_dict()
+    a, b = load_model(job).model.state_dict(), load_model(ours).model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

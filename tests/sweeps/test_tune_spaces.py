@@ -194,11 +194,13 @@ def test_a_resumed_sweep_says_it_keeps_the_concurrency_it_started_with(tmp_path,
     cfg = load_config(None, ["trainer.steps=10", "mlflow.experiment=resume-concurrency"])
     request = SweepRequest(get_space("snli_fraction"), cfg, tmp_path / "s", TrainInputs(), {}, 1)
     request.out_dir.mkdir()
-    parent, expected, at_once = open_sweep(request, mlflow_uri, False, 10, 1)
+    opened = open_sweep(request, mlflow_uri, False, 10, 1)
+    parent, expected, at_once = opened.parent, opened.expected_trials, opened.trials_at_once
     assert (expected, at_once) == (10, 1)
     assert json.loads((tmp_path / "s" / STATE_FILE).read_text())["trials_at_once"] == 1
     with caplog.at_level(logging.WARNING, logger="convsts"):
-        resumed, _, at_once = open_sweep(request, mlflow_uri, True, 10, 3)
+        reopened = open_sweep(request, mlflow_uri, True, 10, 3)
+        resumed, at_once = reopened.parent, reopened.trials_at_once
     assert resumed.run_id == parent.run_id and at_once == 1
     assert "resumed with the 1 trial(s) at once it was started with, not 3" in caplog.text
 

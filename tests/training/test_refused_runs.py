@@ -465,3 +465,25 @@ def test_ctrl_c_during_the_final_copy_leaves_the_earlier_checkpoint(tmp_path):
     assert sorted(p.name for p in target.iterdir()) == ["model.safetensors"]
     assert (target / "model.safetensors").read_bytes() == b"old weights"
     assert sorted(p.name for p in target.parent.iterdir()) == ["checkpoint"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("refused", ["trainer.warm_start={missing}", "trainer.num_workers=64"])
+def test_fresh_that_cannot_fit_or_warm_start_deletes_nothing(ray_session, tmp_path, refused):
+    """`--fresh` over an earlier run, refused for a warm start that is not there or a layout no node
+    holds: every refusal comes before the actions, so OUT's checkpoints, run.json and config.yaml
+    stay as they were and MLflow is not touched (its store is not even created)."""
+    from convsts.ray_jobs.training.driver import run_training
+
+    out = tmp_path / "out"
+    tiny_checkpoint(out / "checkpoint")
+    (out / "train.json").write_text("{}")
+    (out / "config.yaml").write_text("name: the earlier run\n")
+    before = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*"))
+    store = tmp_path / "mlflow.db"
+    cfg = load_config(None, [refused.format(missing=tmp_path / "no-such-checkpoint"), "trainer.steps=4"])
+    with pytest.raises((ConfigError, FileNotFoundError, BadInputError)) as err:
+        run_training(cfg, out, prepared_dir=tmp_path / "prepared", fresh=True, mlflow_uri=f"sqlite:///{store}")
+    assert ("no-such-checkpoint" if "warm_start" in refused else "do not fit") in str(err.value)
+    assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+    assert not store.exists()
