@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from testkit.checkpoints import chain_checkpoint
-from testkit.s3_server import s3_endpoint
+from testkit.s3_server import request_log, s3_endpoint
 
 from convsts.io import storage
-from convsts.io.errors import ConfigError
+from convsts.io.errors import BadInputError, ConfigError
 from convsts.models.checkpoint import folder_name
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.process import tracking_uri
@@ -195,3 +195,77 @@ def test_the_loss_curves_follow_the_chain_back_through_runs_that_logged_nothing(
     assert (out / "loss_curves.png").stat().st_size > 0
     logged = tracking.client(uri).list_artifacts(last, "plots")
     assert [a.path for a in logged] == ["plots/loss_curves.png"]
+
+
+def test_a_link_outside_out_or_the_storage_path_is_refused_in_one_line(tmp_path):
+    """A record whose folder leaves its base (another run's OUT, an absolute path, a URI) is refused
+    naming the entry: a run resumes only checkpoints of its own chain."""
+    out, source = tmp_path / "out", tmp_path / "src"
+    cfg = load_config(None, ["name=long"])
+    _run(out, cfg, "run-a", [5], source)
+    record = json.loads((out / RUN_RECORD).read_text())
+    for folder in ("../other/ray_results/long", str(tmp_path / "other"), "s3://elsewhere/long/k"):
+        record["runs"][0]["folder"] = folder
+        (out / RUN_RECORD).write_text(json.dumps(record))
+        with pytest.raises(DamagedRecord) as refused:
+            decide_start(out, _latest(cfg))
+        message = str(refused.value)
+        assert f"runs[0].folder {folder!r} lies outside OUT" in message and "\n" not in message
+
+
+def test_a_fallback_an_incomplete_final_checkpoint_and_a_damaged_config_are_each_one_line(tmp_path, caplog):
+    """--resume latest says where it does not take the last run's newest (its checkpoints cut short)
+    and that it skipped an incomplete OUT/checkpoint; a named checkpoint whose config.json is not
+    JSON is refused in one line naming the file."""
+    out, source = tmp_path / "out", tmp_path / "src"
+    cfg = load_config(None, ["name=long"])
+    a = _run(out, cfg, "run-a", [10, 20], source)
+    _run(out, cfg, "run-b", [], source, chain=read_chain(out), cut=30)  # B's only checkpoint: cut short
+    storage.copy_tree(a[-1], str(out / "checkpoint"))
+    (out / "checkpoint" / "manifest.json").unlink()  # a final copy that stopped
+    with caplog.at_level(logging.INFO, logger="convsts"):
+        start = decide_start(out, _latest(cfg))
+    assert (start.resume_from, start.continues) == (a[-1], "run-a")
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        m.startswith(f"{out / 'checkpoint'}: skipped, not a complete checkpoint (no manifest.json") for m in warned
+    )
+    assert any(
+        m.endswith(
+            "skipped, not a complete checkpoint (no manifest.json (written last, once every file of the checkpoint is in place))"
+        )
+        and "checkpoint-30" in m
+        for m in warned
+    )
+    assert [m for m in warned if "falls" in m or "continuing run" in m] == [
+        f"--resume latest: the last run into {out} (run-b) left no newer complete checkpoint; "
+        "continuing run run-a's at step 20"
+    ]
+    assert start.earlier_runs == ("run-a", "run-b")  # neither's logged steps are logged again
+
+    damaged = Path(a[0])
+    (damaged / "config.json").write_text("{not json")
+    named = load_config(None, ["name=long", f"trainer.resume_from={damaged}"])
+    with pytest.raises(BadInputError) as refused:
+        decide_start(out, named)
+    assert str(refused.value).startswith(f"{damaged / 'config.json'}: not a checkpoint's config")
+    assert "\n" not in str(refused.value)
+
+
+def test_fresh_and_a_named_checkpoint_read_no_links_folder(tmp_path):
+    """--fresh and --resume CHECKPOINT decide without reading any run's folder: an old run's bucket
+    (unreachable, say) is never asked; --resume latest reads it."""
+    out, source = tmp_path / "out", tmp_path / "src"
+    with s3_endpoint("convsts-chain"):
+        cfg = load_config(None, [f"trainer.storage_path={BUCKET}", "name=long"])
+        a = _run(out, cfg, "run-a", [5, 10], source)
+        local = chain_checkpoint(tmp_path / "mine", step=4)
+        named = load_config(None, [f"trainer.storage_path={BUCKET}", "name=long", f"trainer.resume_from={local}"])
+        with request_log() as seen:
+            fresh = decide_start(out, cfg, fresh=True)
+            chosen = decide_start(out, named)
+        assert seen == [] and fresh.chain == () and fresh.fresh_removes == (out / RUN_RECORD,)
+        assert chosen.resume_from == str(local) and [k.run_id for k in chosen.chain] == ["run-a"]
+        with request_log() as seen:
+            assert decide_start(out, _latest(cfg)).resume_from == a[-1]
+        assert seen
