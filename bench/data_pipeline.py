@@ -44,7 +44,7 @@ def main() -> int:
     from convsts.io import storage
     from convsts.models.checkpoint import build_model
     from convsts.ray_jobs.config.loader import load_config
-    from convsts.ray_jobs.runtime.process import ensure_ray
+    from convsts.ray_jobs.runtime.ray_start import ensure_ray
     from convsts.ray_jobs.tasks import get_task
     from convsts.ray_jobs.training.data import tokenized
     from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step

@@ -43,7 +43,7 @@ def main() -> int:
     from convsts.models.checkpoint import load_train_state
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.pipelines.evaluate import run_evaluation
-    from convsts.ray_jobs.runtime.process import ensure_ray
+    from convsts.ray_jobs.runtime.ray_start import ensure_ray
     from convsts.ray_jobs.tracking import runs as tracking
     from convsts.ray_jobs.training.driver import run_training
 

@@ -94,7 +94,7 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from convsts.ray_jobs.runtime.process import ensure_ray
+    from convsts.ray_jobs.runtime.ray_start import ensure_ray
 
     cfg = load_config(args.config, args.overrides)
     work = Path(tempfile.mkdtemp(prefix="convsts-bench-"))

@@ -25,12 +25,12 @@ def ray_session(tmp_path_factory):
     """A real local Ray instance on this machine, started once (it takes seconds) and shut down at the end."""
     import ray
 
-    from convsts.ray_jobs.runtime.process import PREEMPTION_WATCHER_ENV
+    from convsts.ray_jobs.runtime.ray_start import PREEMPTION_WATCHER_ENV
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # This one-node instance is never drained: as on a local instance that `convsts` starts
-    # (runtime/process.py), a run's drivers joined to it start no preemption-watcher actor. The
+    # (runtime/ray_start.py), a run's drivers joined to it start no preemption-watcher actor. The
     # multi-node cluster tests keep Ray's default.
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
     from ray.data import DataContext

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from importlib.metadata import version
 
 from convsts.ray_jobs.cli.commands import COMMANDS
-from convsts.ray_jobs.runtime.process import GO_ON, run_main
+from convsts.ray_jobs.runtime.entry import GO_ON, run_main
 
 
 def usage() -> str:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.pipelines.demo import DEFAULT_ENCODER, DEMO_CONFIGS, run_demo
-from convsts.ray_jobs.runtime.process import setup_logging
+from convsts.ray_jobs.runtime.logs import setup_logging
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

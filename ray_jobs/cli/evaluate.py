@@ -27,7 +27,7 @@ from convsts.io.storage import resolve_path
 from convsts.models.checkpoint import read_model_files
 from convsts.ray_jobs.config.loader import load_config, parse_with_overrides
 from convsts.ray_jobs.evaluation import BASELINES
-from convsts.ray_jobs.runtime.process import setup_logging
+from convsts.ray_jobs.runtime.logs import setup_logging
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

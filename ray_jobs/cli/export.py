@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Sequence
 
 from convsts.models.checkpoint import read_model_files
-from convsts.ray_jobs.runtime.process import log, setup_logging
+from convsts.ray_jobs.runtime.logs import log, setup_logging
 
 FORMATS = {"onnx": "to_onnx", "sentence-transformers": "to_sentence_transformers"}  # convsts.models.export
 

@@ -36,7 +36,7 @@ from convsts.ray_jobs.pipelines.hard_negatives import (
     EncodePool,
     mine_prepared,
 )
-from convsts.ray_jobs.runtime.process import log, setup_logging
+from convsts.ray_jobs.runtime.logs import log, setup_logging
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from convsts.io.redaction import redact
 from convsts.ray_jobs.config.loader import load_config, parse_with_overrides
 from convsts.ray_jobs.pipelines.inputs import prepare_all
-from convsts.ray_jobs.runtime.process import setup_logging
+from convsts.ray_jobs.runtime.logs import setup_logging
 from convsts.ray_jobs.tasks import builtin_tasks, get_task
 from convsts.ray_jobs.tasks.prepared_folder import prepare_into
 

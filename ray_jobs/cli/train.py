@@ -18,8 +18,9 @@ from convsts.io.redaction import redact
 from convsts.ray_jobs.config.loader import is_override, load_config
 from convsts.ray_jobs.config.schema import RESUME_LATEST
 from convsts.ray_jobs.pipelines.inputs import ensure_prepared
+from convsts.ray_jobs.runtime.logs import setup_logging
 from convsts.ray_jobs.runtime.output_lock import output_lock
-from convsts.ray_jobs.runtime.process import setup_logging, tracking_uri
+from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 
 # A stopped run is continued from its newest complete checkpoint, not started again.
 GO_ON = f"add --resume {RESUME_LATEST} to the same command to go on from its newest complete checkpoint"

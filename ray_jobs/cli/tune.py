@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from convsts.io.errors import ConfigError
 from convsts.io.redaction import redact
 from convsts.ray_jobs.config.loader import load_config
-from convsts.ray_jobs.runtime.process import setup_logging
+from convsts.ray_jobs.runtime.logs import setup_logging
 from convsts.ray_jobs.sweeps.request import SweepInterrupted, SweepRequest, SweepTrialsFailed, sweep_inputs
 from convsts.tune_spaces import get_space
 

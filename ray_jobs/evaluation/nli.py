@@ -7,7 +7,7 @@ import pandas as pd
 from convsts.datasets.snli import read_snli
 from convsts.io.storage import resolve_path
 from convsts.ray_jobs.evaluation.metrics import accuracy
-from convsts.ray_jobs.runtime.process import log
+from convsts.ray_jobs.runtime.logs import log
 
 
 def nli_metrics(scorer, frame: pd.DataFrame, prefix: str) -> dict[str, float]:

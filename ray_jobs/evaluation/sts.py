@@ -16,7 +16,7 @@ from convsts.models.similarity import angular_score_from_cosine, pearson
 from convsts.models.sts_transform import StsTransform, fit_sts_transform
 from convsts.ray_jobs.evaluation.metrics import spearman
 from convsts.ray_jobs.evaluation.scorers import pair_cosine
-from convsts.ray_jobs.runtime.process import log
+from convsts.ray_jobs.runtime.logs import log
 
 if TYPE_CHECKING:
     from convsts.ray_jobs.config.schema import RunConfig

@@ -23,8 +23,10 @@ from convsts.ray_jobs.evaluation.compare import ITEMS_DIR, compare_evaluations
 from convsts.ray_jobs.evaluation.scorers import LexicalScorer
 from convsts.ray_jobs.pipelines.evaluate import PRIMARY_METRIC, results_document, results_table, run_evaluation
 from convsts.ray_jobs.pipelines.inputs import prepare_all
+from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.output_lock import holds_output
-from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri
+from convsts.ray_jobs.runtime.ray_start import ensure_ray
+from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.tasks import prepared_tasks
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.driver import run_training

@@ -35,7 +35,8 @@ from convsts.ray_jobs.evaluation.sts import (
     stsb_embeddings,
     tuned_sts_metrics,
 )
-from convsts.ray_jobs.runtime.process import log, tracking_uri
+from convsts.ray_jobs.runtime.logs import log
+from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.tasks import get_task, model_heads
 from convsts.ray_jobs.tasks.prepared_folder import MANIFEST, config_value, settings_mismatches, verify_prepared
 from convsts.ray_jobs.tracking import runs as tracking

@@ -25,7 +25,8 @@ from convsts.io import redaction, storage
 from convsts.io.errors import BadInputError
 from convsts.models.checkpoint import EMBEDDING_FILES
 from convsts.models.sentence_encoder import load
-from convsts.ray_jobs.runtime.process import ensure_ray, log
+from convsts.ray_jobs.runtime.logs import log
+from convsts.ray_jobs.runtime.ray_start import ensure_ray
 from convsts.ray_jobs.tasks.prepared_folder import verify_prepared, write_manifest, write_train_frame
 from convsts.ray_jobs.tasks.reddit import NEGATIVE
 from convsts.ray_jobs.tasks.reddit import TASK as REDDIT

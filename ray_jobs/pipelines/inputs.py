@@ -9,7 +9,7 @@ from typing import Any
 
 from convsts.io import storage
 from convsts.ray_jobs.config.schema import RunConfig
-from convsts.ray_jobs.runtime.process import log
+from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.tasks import prepared_tasks
 from convsts.ray_jobs.tasks.prepared_folder import MANIFEST, prepare_into, verify_prepared
 

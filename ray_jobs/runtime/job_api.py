@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from convsts.io.redaction import has_credentials, redact, strip_credentials
-from convsts.ray_jobs.runtime.process import log
+from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.provenance import COMMIT_ENV, git_commit
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"

@@ -21,7 +21,7 @@ from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.evaluation.curve import write_curve
 from convsts.ray_jobs.evaluation.plots import COUNT_PREFIX
 from convsts.ray_jobs.evaluation.sts import transformed_sts_metrics
-from convsts.ray_jobs.runtime.process import log
+from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.sweeps.trials import ParentRun, plain_params, trial_config
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.tune_spaces import TuneSpace

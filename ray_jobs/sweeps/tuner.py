@@ -22,9 +22,11 @@ from convsts.io.redaction import redact_tree
 from convsts.io.storage import is_uri, resolve_path
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.pipelines.inputs import ensure_prepared
+from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.output_lock import output_lock
-from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri
+from convsts.ray_jobs.runtime.ray_start import ensure_ray
 from convsts.ray_jobs.runtime.resources import TRIAL_FUNCTION_CPU, alive_nodes, trials_at_once
+from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
 from convsts.ray_jobs.sweeps.request import (
     MatrixInputs,

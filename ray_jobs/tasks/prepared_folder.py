@@ -17,8 +17,8 @@ from convsts.io import redaction, storage
 from convsts.io.dotted import changed_values, flatten
 from convsts.io.errors import BadInputError
 from convsts.io.redaction import redact_tree
+from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.output_lock import LOCK_FILE, output_lock
-from convsts.ray_jobs.runtime.process import log
 
 if TYPE_CHECKING:
     from convsts.ray_jobs.config.schema import RunConfig

@@ -9,7 +9,8 @@ from typing import Any
 from convsts.datasets import pushshift, reddit
 from convsts.io import storage
 from convsts.io.errors import BadInputError
-from convsts.ray_jobs.runtime.process import ensure_ray, log
+from convsts.ray_jobs.runtime.logs import log
+from convsts.ray_jobs.runtime.ray_start import ensure_ray
 from convsts.ray_jobs.runtime.resources import cluster_cpus
 from convsts.ray_jobs.tasks.base import Task, fields
 from convsts.ray_jobs.tasks.prepared_folder import shard_files, write_manifest

@@ -11,7 +11,7 @@ import pandas as pd
 from convsts.datasets import snli
 from convsts.datasets.snli import fraction_rank
 from convsts.io import storage
-from convsts.ray_jobs.runtime.process import log
+from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.tasks.base import Task, fields
 from convsts.ray_jobs.tasks.prepared_folder import write_manifest, write_train_frame
 

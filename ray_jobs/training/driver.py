@@ -33,9 +33,11 @@ from convsts.models.checkpoint import (
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.plots import loss_curves_plot
 from convsts.ray_jobs.evaluation.sts import read_stsb_split
+from convsts.ray_jobs.runtime.logs import log, train_log_level
 from convsts.ray_jobs.runtime.output_lock import holds_output
-from convsts.ray_jobs.runtime.process import ensure_ray, log, tracking_uri, train_log_level
+from convsts.ray_jobs.runtime.ray_start import ensure_ray
 from convsts.ray_jobs.runtime.resources import alive_nodes, check_training_fits
+from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
 from convsts.ray_jobs.tasks import model_heads, prepared_tasks, trained_tasks
 from convsts.ray_jobs.tracking import runs as tracking

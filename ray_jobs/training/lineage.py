@@ -35,7 +35,7 @@ from convsts.io.errors import ConfigError
 from convsts.io.redaction import redact
 from convsts.models.checkpoint import checkpoint_owner, complete_checkpoints, incomplete_reason, newest_complete
 from convsts.ray_jobs.config.schema import RESUME_LATEST, RunConfig
-from convsts.ray_jobs.runtime.process import log
+from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.tracking import runs as tracking
 
 RUN_RECORD = "run.json"

@@ -175,7 +175,7 @@ def test_ray_data_logs_to_the_console_at_warning_unless_verbose(verbose, tmp_pat
     (as the worker setup hook does in every Ray worker): its console shows warnings only, without
     the progress-bar hint; with --verbose, Ray's own config is left alone."""
     code = (
-        "import logging, os; from convsts.ray_jobs.runtime.process import quiet_ray_logs; quiet_ray_logs(); import ray.data; "
+        "import logging, os; from convsts.ray_jobs.runtime.logs import quiet_ray_logs; quiet_ray_logs(); import ray.data; "
         "lg = logging.getLogger('ray.data'); "
         "print(sorted((h.name, logging.getLevelName(h.level)) for h in lg.handlers)); "
         "lg.info('an info line'); lg.warning('Progress bars disabled. To enable, set ...'); lg.warning('a warning line')"
@@ -216,7 +216,7 @@ def test_ray_data_lists_parquet_with_one_footer_reader_unless_the_user_says(monk
     each); a user's own value stays. Checked on Ray Data's own indexer, as it reads the variable."""
     from ray.data._internal.datasource_v2.formats.parquet.footer_file_indexer import FooterFileIndexer
 
-    from convsts.ray_jobs.runtime.process import FOOTER_ACTORS_ENV, ray_data_defaults
+    from convsts.ray_jobs.runtime.ray_start import FOOTER_ACTORS_ENV, ray_data_defaults
 
     monkeypatch.delenv(FOOTER_ACTORS_ENV, raising=False)
     assert FooterFileIndexer(ignore_missing_paths=False)._num_actors == 32  # Ray's default, what this avoids

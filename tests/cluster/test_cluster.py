@@ -25,7 +25,7 @@ from testkit.local_cluster import kill_node, mlflow_server, node_processes, ray_
 from testkit.s3_server import keys, s3_endpoint
 from testkit.tiny import TINY_DAN, TINY_TRAIN
 
-from convsts.ray_jobs.runtime.process import PREEMPTION_WATCHER_ENV
+from convsts.ray_jobs.runtime.ray_start import PREEMPTION_WATCHER_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "s3://convsts-cluster"

@@ -356,7 +356,7 @@ def test_a_full_spill_disk_names_the_spill_folder_and_an_unwritable_out_is_one_l
 
     from convsts.datasets.config import RedditFilterConfig
     from convsts.datasets.pushshift import prepare_local
-    from convsts.ray_jobs.runtime.process import find_user_error
+    from convsts.ray_jobs.runtime.entry import find_user_error
 
     (tmp_path / "RC").write_bytes(dump_lines(20000))
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)

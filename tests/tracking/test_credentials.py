@@ -86,7 +86,7 @@ def test_log_lines_and_error_lines_are_redacted(tmp_path):
     import io
     import logging
 
-    from convsts.ray_jobs.runtime.process import RedactingFilter
+    from convsts.ray_jobs.runtime.logs import RedactingFilter
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -216,7 +216,7 @@ def test_an_unreachable_tracking_server_is_refused_before_any_work(tmp_path):
         )
         assert not _leaks(stderr + stdout)
         assert not (tmp_path / command[command.index("--out") + 1] / "prepared").exists()  # refused before prepare
-    from convsts.ray_jobs.runtime.process import check_tracking_server
+    from convsts.ray_jobs.runtime.tracking_store import check_tracking_server
 
     for broken in ("http://", "http://alice:PlAnTeDsEcReT@[bad", "https://host:notaport"):  # were requests' tracebacks
         with pytest.raises(ConfigError, match="is not a valid tracking server URL") as caught:
@@ -259,7 +259,7 @@ def test_a_tracking_server_behind_a_self_signed_certificate_is_not_refused(tmp_p
     import ssl
     import threading
 
-    from convsts.ray_jobs.runtime.process import check_tracking_server
+    from convsts.ray_jobs.runtime.tracking_store import check_tracking_server
 
     server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -280,7 +280,7 @@ def test_an_unexpected_error_prints_its_traceback_with_credentials_redacted():
     """Guards: an error run_main does not expect (not a user error) printed Python's own traceback,
     with whatever URI its message held. It prints the traceback redacted and exits 1."""
     code = (
-        "from convsts.ray_jobs.runtime.process import run_main\n"
+        "from convsts.ray_jobs.runtime.entry import run_main\n"
         "def main(argv):\n"
         f"    raise RuntimeError('request to {PLANTED} failed')\n"
         "raise SystemExit(run_main('x', main, []))\n"
@@ -405,7 +405,7 @@ def test_a_store_that_fails_after_the_work_loses_no_results_and_what_can_be_chec
     import http.server
     import threading
 
-    from convsts.ray_jobs.runtime.process import tracking_uri
+    from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 
     (tmp_path / "not_a_db.db").write_bytes(b"this is not an sqlite database, only bytes " * 100)
     out = tmp_path / "e"

@@ -294,7 +294,7 @@ def test_a_full_disk_is_one_line_naming_the_file_even_under_the_error_it_caused(
     store's write failed while handling it."""
     code = (
         "import shutil, sqlite3, sys\n"
-        "from convsts.ray_jobs.runtime.process import run_main\n"
+        "from convsts.ray_jobs.runtime.entry import run_main\n"
         "def main(argv):\n"
         "    try:\n"
         "        shutil.copyfile(sys.executable, '/dev/full')\n"
@@ -313,7 +313,7 @@ def test_a_write_that_fails_on_a_full_disk_names_its_file(tmp_path, capsys):
     """A write() or close() that fails for space says only "No space left on device": storage.write_errors
     names the file (here a real ENOSPC from /dev/full), and run_main prints it in one line."""
     from convsts.io import storage
-    from convsts.ray_jobs.runtime.process import run_main
+    from convsts.ray_jobs.runtime.entry import run_main
 
     def main(argv):
         with storage.write_errors(tmp_path / "out" / "results.json"), open("/dev/full", "wb") as full:

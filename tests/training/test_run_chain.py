@@ -16,7 +16,7 @@ from convsts.io import storage
 from convsts.io.errors import BadInputError, ConfigError
 from convsts.models.checkpoint import folder_name
 from convsts.ray_jobs.config.loader import load_config
-from convsts.ray_jobs.runtime.process import tracking_uri
+from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.driver import _log_loss_curves
 from convsts.ray_jobs.training.lineage import (
