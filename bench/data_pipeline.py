@@ -46,9 +46,9 @@ def main() -> int:
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.runtime.ray_start import ensure_ray
     from convsts.ray_jobs.tasks import get_task
-    from convsts.ray_jobs.training.data import tokenized
-    from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
+    from convsts.ray_jobs.training.data_feed import tokenized
     from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks
+    from convsts.ray_jobs.training.train_step import Optimizers, seed_everything, train_step
 
     ensure_ray()
     ray.data.DataContext.get_current().enable_progress_bars = False

@@ -66,8 +66,8 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
     from convsts.models.sentence_encoder import SentenceEncoder
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.tasks import get_task
-    from convsts.ray_jobs.training.step import Optimizers, train_step
     from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks
+    from convsts.ray_jobs.training.train_step import Optimizers, train_step
 
     # The same column detection as `convsts prepare` (question/answer here); rows kept as read.
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))

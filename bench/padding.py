@@ -35,7 +35,7 @@ def main() -> int:
     from convsts.datasets.text import SubwordTokenizer
     from convsts.io.storage import resolve_path
     from convsts.models.config import TransformerConfig
-    from convsts.ray_jobs.training.data import TaskStream
+    from convsts.ray_jobs.training.data_feed import TaskStream
 
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))
     pairs = pairs[pairs["status"] == ""]

@@ -41,8 +41,8 @@ def main() -> int:
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.evaluation.sts import StsDevProbe
     from convsts.ray_jobs.tasks import get_task
-    from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
     from convsts.ray_jobs.training.task_groups import GradientCombiner, draw_task, plan_tasks
+    from convsts.ray_jobs.training.train_step import Optimizers, seed_everything, train_step
 
     torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.overrides)

@@ -28,10 +28,10 @@ from convsts.models.checkpoint import build_model  # noqa: E402
 from convsts.ray_jobs.config.loader import load_config  # noqa: E402
 from convsts.ray_jobs.pipelines.inputs import prepare_all  # noqa: E402
 from convsts.ray_jobs.tasks import model_heads, trained_tasks  # noqa: E402
-from convsts.ray_jobs.training.data import build_tokenizer  # noqa: E402
+from convsts.ray_jobs.training.data_feed import build_tokenizer  # noqa: E402
 from convsts.ray_jobs.training.driver import run_training  # noqa: E402
-from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step  # noqa: E402
 from convsts.ray_jobs.training.task_groups import GradientCombiner, draw_task, plan_tasks  # noqa: E402
+from convsts.ray_jobs.training.train_step import Optimizers, seed_everything, train_step  # noqa: E402
 
 
 def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float:

@@ -273,7 +273,7 @@ def fit_tokenizer(kind: str, texts: Iterable[str], config: TokenizerConfig, mode
     """A tokenizer of `kind` (an encoder's `tokenizer_kind`) fitted on `texts`: the DAN's counted words,
     the Transformer's trained WordPiece, or the pretrained weights' own tokenizer (`model_config`'s
     `pretrained.path`; `texts` not read). The trainer passes its prepared training text
-    (convsts.ray_jobs.training.data.build_tokenizer, which counts the DAN's words itself, in Ray Data for a large folder);
+    (convsts.ray_jobs.training.data_feed.build_tokenizer, which counts the DAN's words itself, in Ray Data for a large folder);
     benches pass sample sentences."""
     cls: Any = TOKENIZERS[kind]  # the kinds fit differently: from counts, by training, from the model
     if hasattr(cls, "from_model"):

@@ -31,7 +31,7 @@ from convsts.ray_jobs.tasks import prepared_tasks
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.driver import run_training
 from convsts.ray_jobs.training.lineage import decide_start, remove_earlier_outputs, run_outputs
-from convsts.ray_jobs.training.state import initial_model
+from convsts.ray_jobs.training.start_weights import initial_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

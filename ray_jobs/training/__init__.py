@@ -1,2 +1,4 @@
-"""Training library: the Ray-free step and loop (step.py, state.py, loop.py), the Ray Data feed
-(data.py), the Ray Train worker (worker.py) and the driver that runs a training job (driver.py)."""
+"""Training library: the Ray-free step and loop (train_step.py, loop.py, with start_weights.py,
+schedule.py, train_state.py, metric_window.py), the Ray Data feed (data_feed.py), the Ray Train
+worker (worker.py), the driver that runs a training job (driver.py) and an --out folder's lineage
+(lineage.py)."""

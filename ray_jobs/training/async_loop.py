@@ -16,9 +16,9 @@ import torch
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.training.loop import NON_FINITE_ADVICE, LoopHooks, NonFiniteLossError, StreamFactory, TrainLoop
 from convsts.ray_jobs.training.parameter_holder import HolderUpdate, holder_stats_metrics
-from convsts.ray_jobs.training.state import TrainState
-from convsts.ray_jobs.training.step import Optimizers, train_step
 from convsts.ray_jobs.training.task_groups import TaskPlan
+from convsts.ray_jobs.training.train_state import TrainState
+from convsts.ray_jobs.training.train_step import Optimizers, train_step
 
 
 class AsyncTrainLoop(TrainLoop):

@@ -43,7 +43,7 @@ from convsts.ray_jobs.tasks import model_heads, prepared_tasks, trained_tasks
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.tracking.mlflow_model import log_model
 from convsts.ray_jobs.tracking.model_card import run_facts, write_card
-from convsts.ray_jobs.training.data import build_tokenizer, check_prepared, task_datasets, task_split_data_config
+from convsts.ray_jobs.training.data_feed import build_tokenizer, check_prepared, task_datasets, task_split_data_config
 from convsts.ray_jobs.training.lineage import (
     BEST_FOLDER,
     CONTINUES_TAG,

@@ -14,17 +14,11 @@ import torch
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.tasks import trained_tasks
-from convsts.ray_jobs.training.state import (
-    MetricWindow,
-    StageSchedule,
-    TrainState,
-    format_eta,
-    resume_skip,
-    rng_state,
-    set_rng_state,
-)
-from convsts.ray_jobs.training.step import Optimizers, train_step
+from convsts.ray_jobs.training.metric_window import MetricWindow, format_eta
+from convsts.ray_jobs.training.schedule import StageSchedule
 from convsts.ray_jobs.training.task_groups import GradientCombiner, SplitMode, TaskPlan, draw_task
+from convsts.ray_jobs.training.train_state import TrainState, resume_skip, rng_state, set_rng_state
+from convsts.ray_jobs.training.train_step import Optimizers, train_step
 
 # open_stream(task, batch_size, epoch, skip) -> an iterator of batches with .position()
 StreamFactory = Callable[[str, int, int, int], Iterator[dict[str, torch.Tensor]]]

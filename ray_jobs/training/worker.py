@@ -16,10 +16,11 @@ from convsts.ray_jobs.config.loader import from_dict
 from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
-from convsts.ray_jobs.training.data import TaskStream
+from convsts.ray_jobs.training.data_feed import TaskStream
 from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
-from convsts.ray_jobs.training.state import TrainState, initial_model, restore
+from convsts.ray_jobs.training.start_weights import initial_model, restore
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
+from convsts.ray_jobs.training.train_state import TrainState
 
 
 def print_once(line: str) -> None:

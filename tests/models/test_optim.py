@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from convsts.ray_jobs.config.loader import load_config
-from convsts.ray_jobs.training.step import make_optimizer, set_lr
+from convsts.ray_jobs.training.train_step import make_optimizer, set_lr
 
 
 def _params():
@@ -34,7 +34,7 @@ def test_sparse_parameters_come_from_the_model():
     from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models.checkpoint import build_model
     from convsts.models.config import DanConfig, ModelConfig
-    from convsts.ray_jobs.training.step import Optimizers
+    from convsts.ray_jobs.training.train_step import Optimizers
 
     tok = DanTokenizer.build(count_words(["a b c"]), TokenizerConfig(bigram_buckets=11))
     model = build_model(ModelConfig(dan=DanConfig(embedding_dim=4, hidden_sizes=[4], output_dim=3)), tok)
@@ -52,7 +52,7 @@ def test_head_lr_scale_applies_to_the_named_task_head_only_and_survives_stage_ch
     from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models.checkpoint import build_model
     from convsts.models.config import DanConfig, ModelConfig
-    from convsts.ray_jobs.training.step import Optimizers
+    from convsts.ray_jobs.training.train_step import Optimizers
 
     tok = DanTokenizer.build(count_words(["a b c"]), TokenizerConfig(bigram_buckets=11))
     model = build_model(ModelConfig(dan=DanConfig(embedding_dim=4, hidden_sizes=[4], output_dim=3)), tok)

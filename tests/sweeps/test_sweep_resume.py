@@ -32,8 +32,8 @@ def test_a_sweep_whose_driver_is_killed_mid_trial_restarts_the_trial_from_its_ow
 
     experiment = "tune-driver-killed"
     reddit_cfg = load_config(None, [*TINY_SWEEP_MODEL, "trainer.steps=0", "trainer.task_weights={reddit: 1.0}"])
-    from convsts.ray_jobs.training.data import build_tokenizer
-    from convsts.ray_jobs.training.state import initial_model
+    from convsts.ray_jobs.training.data_feed import build_tokenizer
+    from convsts.ray_jobs.training.start_weights import initial_model
 
     tokenizer = build_tokenizer(reddit_cfg, str(sample_prepared))
     reddit = save_checkpoint(tmp_path / "reddit", initial_model(reddit_cfg, tokenizer), tokenizer, reddit_cfg.to_dict())

@@ -132,8 +132,8 @@ def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path)
     from convsts.ray_jobs.sweeps.request import SweepRequest, TrainInputs
     from convsts.ray_jobs.sweeps.trials import grid_overrides
     from convsts.ray_jobs.sweeps.tuner import run_sweep
-    from convsts.ray_jobs.training.data import build_tokenizer
-    from convsts.ray_jobs.training.state import initial_model
+    from convsts.ray_jobs.training.data_feed import build_tokenizer
+    from convsts.ray_jobs.training.start_weights import initial_model
     from convsts.tune_spaces import get_space
 
     experiment = "tune-snli-fraction-test"

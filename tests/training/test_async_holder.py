@@ -15,8 +15,8 @@ from convsts.models.checkpoint import build_model
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import model_heads, trained_tasks
 from convsts.ray_jobs.training.parameter_holder import HolderReset, HolderUpdate, ParameterHolder
-from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
 from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_for, plan_tasks
+from convsts.ray_jobs.training.train_step import Optimizers, seed_everything, train_step
 
 W = {"reddit": 0.95, "snli": 0.05}
 

@@ -14,8 +14,8 @@ from convsts.models.checkpoint import build_model
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import get_task
-from convsts.ray_jobs.training.step import Optimizers, train_step
 from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks
+from convsts.ray_jobs.training.train_step import Optimizers, train_step
 
 WEIGHTS = {"reddit": 0.95, "snli": 0.05}
 REDDIT = (
@@ -123,7 +123,7 @@ def _nan_worker(config):
     from convsts.models.checkpoint import build_model
     from convsts.ray_jobs.tasks import model_heads, trained_tasks
     from convsts.ray_jobs.training.loop import TrainLoop
-    from convsts.ray_jobs.training.step import seed_everything
+    from convsts.ray_jobs.training.train_step import seed_everything
 
     seed_everything(cfg.seed)
     model = build_model(cfg.model, tokenizer, model_heads(cfg))

@@ -23,9 +23,10 @@ from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import builtin_tasks, get_task, model_heads, trained_tasks
 from convsts.ray_jobs.tasks.base import fields
 from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
-from convsts.ray_jobs.training.state import StageSchedule, resume_skip
-from convsts.ray_jobs.training.step import Optimizers, seed_everything, train_step
+from convsts.ray_jobs.training.schedule import StageSchedule
 from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks
+from convsts.ray_jobs.training.train_state import resume_skip
+from convsts.ray_jobs.training.train_step import Optimizers, seed_everything, train_step
 
 TINY = [
     "model.dan.embedding_dim=8",
@@ -347,7 +348,7 @@ def test_length_bucketing_groups_similar_lengths_and_keeps_every_row(ray_session
     import numpy as np
     import ray
 
-    from convsts.ray_jobs.training.data import TaskStream
+    from convsts.ray_jobs.training.data_feed import TaskStream
 
     rng = np.random.default_rng(0)
     items = []

@@ -1,0 +1,98 @@
+"""What a checkpoint adds to the weights to continue a run exactly: optimizers, step, each rank's stream positions and random generators (TrainState, saved as the checkpoint's train state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+def resume_skip(position: dict[str, int], batch_size: int) -> tuple[int, int]:
+    """(epoch, batches to skip) to continue a task stream from a saved position. A position saved
+    at another batch size (a stage change since) restarts its epoch."""
+    skip = position.get("batch_in_epoch", 0) if position.get("batch_size") == batch_size else 0
+    return position.get("epoch", 0), skip
+
+
+def rng_state() -> dict[str, Any]:
+    """torch's generators of this process: the CPU one (dropout on CPU) and, on a GPU, CUDA's."""
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    if "cpu" in state:
+        torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint adds to the weights to continue a run exactly (train_state.pt)."""
+
+    step: int
+    encoder_optimizers: list[dict[str, Any]] = field(default_factory=list)
+    head_optimizers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    positions: list[dict[str, dict[str, int]]] = field(default_factory=list)  # per rank: {task: position}
+    world_size: int = 1
+    mode: str = ""
+    # async (trainer.task_split=async): the parameter holder's applied updates per task, and per
+    # rank the updates it pushed that were applied; their sums are both `step`.
+    task_updates: dict[str, int] = field(default_factory=dict)
+    pushed: list[int] = field(default_factory=list)
+    # The random state that drives what comes next: the task draws' generator (the same on every
+    # rank) and per rank torch's own generators (dropout; CUDA's too on a GPU).
+    task_draws: torch.Tensor | None = None
+    rng: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainState:
+        return cls(
+            step=data["step"],
+            encoder_optimizers=data.get("encoder_optimizers", []),
+            head_optimizers=data.get("head_optimizers", {}),
+            positions=data.get("positions", []),
+            world_size=data.get("world_size", 1),
+            mode=data.get("mode", ""),
+            task_updates=data.get("task_updates", {}),
+            pushed=data.get("pushed", []),
+            task_draws=data.get("task_draws"),
+            rng=data.get("rng", []),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "encoder_optimizers": self.encoder_optimizers,
+            "head_optimizers": self.head_optimizers,
+            "positions": self.positions,
+            "world_size": self.world_size,
+            "mode": str(self.mode),
+            "task_updates": self.task_updates,
+            "pushed": self.pushed,
+            "task_draws": self.task_draws,
+            "rng": self.rng,
+        }
+
+    def load_optimizers(self, optimizers) -> None:
+        for opt, sd in zip(optimizers.encoder, self.encoder_optimizers):
+            opt.load_state_dict(sd)
+        for task, opts in optimizers.heads.items():
+            for opt, sd in zip(opts, self.head_optimizers.get(task, [])):
+                opt.load_state_dict(sd)
+
+    def positions_of(self, rank: int, world: int) -> dict[str, dict[str, int]]:
+        """This rank's saved stream positions; none when the worker count changed."""
+        return self.positions[rank] if len(self.positions) == world else {}
+
+    def rng_of(self, rank: int, world: int) -> dict[str, Any]:
+        """This rank's generator states; none when the worker count changed."""
+        return self.rng[rank] if len(self.rng) == world else {}
+
+    def pushed_of(self, rank: int, world: int) -> int:
+        """This rank's applied async updates so far; 0 when the worker count changed or the run was sync."""
+        return self.pushed[rank] if len(self.pushed) == world else 0
