@@ -18,7 +18,7 @@ from convsts.io.redaction import redact
 from convsts.ray_jobs.config.loader import is_override, load_config
 from convsts.ray_jobs.config.schema import RESUME_LATEST
 from convsts.ray_jobs.pipelines.inputs import ensure_prepared
-from convsts.ray_jobs.runtime.logs import setup_logging
+from convsts.ray_jobs.runtime.logs import log, setup_logging
 from convsts.ray_jobs.runtime.output_lock import output_lock
 from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 
@@ -81,11 +81,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A tracking server that is not there fails before prepare, and before the library loads.
         uri = tracking_uri(cfg.mlflow.tracking_uri, args.out)
         from convsts.ray_jobs.training.driver import prepared_location, run_training
+        from convsts.ray_jobs.training.lineage import AlreadyFinished
 
         prepared = prepared_location(cfg, args.out, args.prepared)
-        result = run_training(
-            cfg, args.out, prepared_dir=prepared, fresh=args.fresh, mlflow_uri=uri, prepare_missing=ensure_prepared
-        )
+        try:
+            result = run_training(
+                cfg, args.out, prepared_dir=prepared, fresh=args.fresh, mlflow_uri=uri, prepare_missing=ensure_prepared
+            )
+        except AlreadyFinished as finished:
+            log.info("%s", finished)
+            return 0
     print(
         json.dumps(
             {

@@ -112,6 +112,20 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig) -> list[str]:
     return out
 
 
+# What a resume may change without a word: where the checkpoint comes from and where the run logs.
+RESUME_UNSAID = ("trainer.resume_from", "trainer.warm_start", "mlflow.")
+
+
+def other_settings(checkpoint: str, cfg: RunConfig) -> list[str]:
+    """The settings outside resume_mismatches' checks in which this run differs from the run that
+    wrote the checkpoint (a batch size, a learning rate, trainer.steps): taken, and named."""
+    old = flatten(read_meta(checkpoint).get("run_config", {}))
+    new = flatten(redact_tree(cfg.to_dict()))  # the checkpoint's copy is redacted
+    checked = ("model.", "tokenizer.", "trainer.task_weights.", *RESUME_UNSAID)
+    keep = {k for k in old.keys() & new.keys() if not k.startswith(checked)}
+    return changed_values({k: old[k] for k in keep}, {k: new[k] for k in keep}, "this run")
+
+
 def data_mismatches(checkpoint: str, digests: dict[str, str]) -> list[str]:
     """The prepared data of the run that would resume a checkpoint, where it differs from the data
     the checkpoint was trained on."""
@@ -163,6 +177,9 @@ def check_resumable(cfg: RunConfig) -> None:
     if differs:
         raise ConfigError(f"cannot resume {redact(checkpoint)}: " + "; ".join(differs))
     load_train_state(checkpoint)
+    other = other_settings(checkpoint, cfg)
+    if other:
+        log.info("resuming %s with other settings than its run's: %s", redact(checkpoint), "; ".join(other))
     changes = head_changes(read_meta(checkpoint).get("heads") or {}, model_heads(cfg))
     if changes.fresh:
         log.info("%s has no %s head: it starts from its initial weights", redact(checkpoint), ", ".join(changes.fresh))

@@ -138,6 +138,11 @@ class DamagedRecord(ConfigError):
     """OUT/run.json cannot be read."""
 
 
+class AlreadyFinished(Exception):
+    """--resume latest into an OUT whose newest checkpoint is at trainer.steps already: nothing to
+    train (the command says so in one line and exits 0, without starting Ray)."""
+
+
 def run_storage(cfg: RunConfig, out_dir: Path, key: str | None = None) -> RunStorage:
     """Where this run's checkpoints go.
 
@@ -366,6 +371,10 @@ def _latest(out_dir: Path, cfg: RunConfig, found: list[Found], links: list[Link]
             + "; pass --resume CHECKPOINT, or train without --resume"
         )
     newest = found[-1]
+    if newest.step >= cfg.trainer.steps:
+        raise AlreadyFinished(
+            f"{out_dir}: already finished at step {newest.step} ({redact(newest.path)}); raise trainer.steps to go on"
+        )
     log.info("--resume %s: %s (step %d)", RESUME_LATEST, redact(newest.path), newest.step)
     last = links[-1] if links else None
     if last is not None and newest.run_id != last.run_id and Path(newest.path) != out_dir / FINAL_CHECKPOINT:

@@ -487,3 +487,29 @@ def test_fresh_that_cannot_fit_or_warm_start_deletes_nothing(ray_session, tmp_pa
     assert ("no-such-checkpoint" if "warm_start" in refused else "do not fit") in str(err.value)
     assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*")) == before
     assert not store.exists()
+
+
+def test_a_resume_that_changes_settings_outside_the_checks_names_them_in_one_line(tmp_path, caplog):
+    """Another seed or trainer.steps is taken (raising the steps is how a finished run goes on), and
+    named in one line; where the run resumes from and where it logs are not named."""
+    import logging
+
+    from convsts.ray_jobs.training.driver import check_resumable
+
+    checkpoint = tiny_checkpoint(tmp_path / "c")
+    model = ["model.dan.output_dim=6", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]"]
+    steps = load_config(None).trainer.steps
+    for overrides, said in [
+        (["mlflow.experiment=elsewhere"], []),
+        (
+            [f"trainer.steps={steps + 10}", "seed=7"],
+            [
+                f"resuming {checkpoint} with other settings than its run's: seed=0 (this run: 7); "
+                f"trainer.steps={steps} (this run: {steps + 10})"
+            ],
+        ),
+    ]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="convsts"):
+            check_resumable(load_config(None, [*model, *overrides, f"trainer.resume_from={checkpoint}"]))
+        assert [r.getMessage() for r in caplog.records if "other settings" in r.getMessage()] == said

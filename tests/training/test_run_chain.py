@@ -21,6 +21,7 @@ from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.driver import _log_loss_curves
 from convsts.ray_jobs.training.lineage import (
     RUN_RECORD,
+    AlreadyFinished,
     DamagedRecord,
     RunStart,
     chain_runs,
@@ -269,3 +270,30 @@ def test_fresh_and_a_named_checkpoint_read_no_links_folder(tmp_path):
         with request_log() as seen:
             assert decide_start(out, _latest(cfg)).resume_from == a[-1]
         assert seen
+
+
+def test_resume_latest_on_a_finished_out_says_so_and_exits_0_without_ray(tmp_path):
+    """A finished run's OUT, resumed to the same trainer.steps: one line naming the step and what
+    to raise, exit 0, nothing written and no Ray started (RAY_ADDRESS names a port where nothing
+    listens: joining it would fail)."""
+    from testkit.faults import run_python
+
+    out, source = tmp_path / "out", tmp_path / "src"
+    cfg = load_config(None, ["name=long"])
+    a = _run(out, cfg, "run-a", [10, 20], source)
+    storage.copy_tree(a[-1], str(out / "checkpoint"))
+    (out / "train.json").write_text(json.dumps({"mlflow_run_id": "run-a"}))
+    latest = load_config(None, ["trainer.resume_from=latest", "name=long", "trainer.steps=20"])
+    with pytest.raises(AlreadyFinished, match="already finished at step 20 .*; raise trainer.steps to go on"):
+        decide_start(out, latest)
+    before = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*") if p.suffix != ".lock")
+    done = run_python(
+        "-m", "convsts", "train", "--out", str(out), "--resume", "latest", "name=long", "trainer.steps=20",
+        env={"RAY_ADDRESS": "127.0.0.1:9"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if "already finished" in line]
+    assert len(said) == 1, done.stderr[-2000:]
+    assert said[0].endswith(f"{out}: already finished at step 20 ({out / 'checkpoint'}); raise trainer.steps to go on")
+    after = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*") if p.suffix != ".lock")
+    assert [p for p in after if p not in before and not str(p[0]).startswith(("mlflow.db", "mlartifacts"))] == []
