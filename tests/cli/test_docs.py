@@ -423,3 +423,88 @@ def test_every_test_the_docs_name_exists():
 def test_every_python_block_runs_as_written(where, code, python_blocks):
     _, stderr = python_blocks[where].communicate(timeout=300)
     assert python_blocks[where].returncode == 0, f"{where}:\n{code}\n{stderr[-3000:]}"
+
+
+# A dotted name in backticks that starts at one of our packages (or a module of one) names code:
+# `training.driver._copy_whole`, `convsts.models.checkpoint.verified_folder`, `lineage.begin`.
+CODE_ROOTS = ("convsts", "convsts.ray_jobs", "convsts.io", "convsts.models", "convsts.ray_jobs.training")
+FILE_SUFFIXES = (".json", ".py", ".md", ".yaml", ".safetensors", ".pt", ".png", ".csv", ".db", ".parquet", ".txt")
+PACKAGE_DIRS = {"convsts": REPO / "convsts", "io": REPO / "convsts" / "io", "datasets": REPO / "datasets",
+                "models": REPO / "models", "ray_jobs": REPO / "ray_jobs", "tune_spaces": REPO / "tune_spaces"}  # fmt: skip
+
+
+def _module_file(dotted: list[str]) -> Path | None:
+    """The source file of convsts module `dotted` (["convsts", "ray_jobs", "training", "driver"]), or None."""
+    if dotted[0] != "convsts" or len(dotted) < 2 or dotted[1] not in PACKAGE_DIRS:
+        return REPO / "convsts" / "__init__.py" if dotted == ["convsts"] else None
+    base = PACKAGE_DIRS[dotted[1]].joinpath(*dotted[2:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _defines(path: Path, attrs: list[str]) -> bool:
+    """`path` defines attrs[0] at its top level (a def, class, assignment or import), and each next
+    attribute inside the class before it where it is one."""
+    import ast
+
+    scope = ast.parse(path.read_text(encoding="utf-8")).body
+    for attr in attrs:
+        found = None
+        for node in scope:
+            names = []
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            elif isinstance(node, ast.ImportFrom | ast.Import):
+                names = [a.asname or a.name for a in node.names]
+            if attr in names:
+                found = node
+        if found is None:
+            return False
+        scope = found.body if isinstance(found, ast.ClassDef) else []
+    return True
+
+
+def code_name_exists(name: str) -> bool | None:
+    """Whether a backticked dotted name of the docs names our code that exists; None where it is not
+    a name of our code (a file, an MLflow tag, a config key, another library's name)."""
+    if name.endswith(FILE_SUFFIXES) or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+", name):
+        return None
+    parts = name.split(".")
+    module_found = False  # a module of ours is named, without what the name says it defines
+    for root in CODE_ROOTS:
+        full = [*root.split("."), *parts] if not name.startswith("convsts.") else parts
+        for i in range(len(full), 1, -1):
+            module = _module_file(full[:i])
+            if module is not None:
+                if i == len(full) or _defines(module, full[i:]):
+                    return True
+                module_found = module_found or i > len(full) - len(parts)
+                break
+    first = parts[1] if parts[0] == "convsts" else parts[0]
+    known = {p.stem for d in PACKAGE_DIRS.values() for p in d.rglob("*.py")} | set(PACKAGE_DIRS)
+    if module_found or (first in known and not (parts[0] == "convsts" and len(parts) == 2)):
+        return False
+    return None
+
+
+def test_every_code_name_in_the_docs_exists():
+    names = {
+        (page.relative_to(REPO), m.group(1))
+        for page in PAGES
+        for m in re.finditer(r"`([\w.]+)`", page.read_text(encoding="utf-8"))
+    }
+    missing = sorted((str(page), name) for page, name in names if code_name_exists(name) is False)
+    assert missing == [], missing
+    # The check itself: what exists, what does not, what is not a name of our code.
+    assert code_name_exists("training.driver._copy_whole") and code_name_exists("convsts.models.checkpoint.Listed")
+    assert code_name_exists("lineage.RunStart.earlier_runs")
+    assert (
+        code_name_exists("training.driver._place") is False and code_name_exists("checkpoint.check_complete") is False
+    )
+    assert code_name_exists("convsts.continues") is None and code_name_exists("train_state.pt") is None
