@@ -21,6 +21,7 @@ from convsts.ray_jobs.pipelines.inputs import ensure_prepared
 from convsts.ray_jobs.runtime.logs import log, setup_logging
 from convsts.ray_jobs.runtime.output_lock import output_lock
 from convsts.ray_jobs.runtime.tracking_store import tracking_uri
+from convsts.ray_jobs.training.lineage import AlreadyFinished
 
 # A stopped run is continued from its newest complete checkpoint, not started again.
 GO_ON = f"add --resume {RESUME_LATEST} to the same command to go on from its newest complete checkpoint"
@@ -81,26 +82,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A tracking server that is not there fails before prepare, and before the library loads.
         uri = tracking_uri(cfg.mlflow.tracking_uri, args.out)
         from convsts.ray_jobs.training.driver import prepared_location, run_training
-        from convsts.ray_jobs.training.lineage import AlreadyFinished
 
         prepared = prepared_location(cfg, args.out, args.prepared)
         try:
             result = run_training(
                 cfg, args.out, prepared_dir=prepared, fresh=args.fresh, mlflow_uri=uri, prepare_missing=ensure_prepared
             )
-        except AlreadyFinished as finished:
+        except AlreadyFinished as finished:  # --resume latest with nothing left to train: said, exit 0
             log.info("%s", finished)
             return 0
-    print(
-        json.dumps(
-            {
-                "checkpoint": str(result.checkpoint),
-                "model": str(result.model),
-                "mlflow_run_id": result.run_id,
-                "seconds": round(result.seconds, 1),
-                "task_split_mode": result.mode,
-            },
-            indent=2,
-        )
-    )
+    summary = {"checkpoint": str(result.checkpoint), "model": str(result.model), "mlflow_run_id": result.run_id}
+    summary.update(seconds=round(result.seconds, 1), task_split_mode=result.mode)
+    print(json.dumps(summary, indent=2))
     return 0
