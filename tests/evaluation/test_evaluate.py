@@ -2,6 +2,8 @@
 
 import json
 import logging
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -10,6 +12,7 @@ import pytest
 from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.datasets.text import DanTokenizer, count_words
+from convsts.io.errors import BadInputError
 from convsts.io.storage import resolve_path
 from convsts.models.checkpoint import build_model, save_checkpoint
 from convsts.models.config import DanConfig, ModelConfig
@@ -66,6 +69,18 @@ def test_evaluate_checkpoint(sample_checkpoint, tmp_path, mlflow_uri, caplog):
     encoder = load(sample_checkpoint)
     plain = encoder.encode(["a man is playing a guitar"])
     assert np.allclose(encoder.encode(["a man is playing a guitar"], tuned=True), plain @ transform.matrix)
+    # The matrix joined the checkpoint's manifest: every reader verifies it as it does the weights.
+    from convsts.models.checkpoint import MANIFEST_FILE, verified_folder
+
+    listed = json.loads((Path(sample_checkpoint) / MANIFEST_FILE).read_text())["files"]
+    assert listed[FILE_NAME]["bytes"] == (Path(sample_checkpoint) / FILE_NAME).stat().st_size
+    damaged = tmp_path / "damaged"
+    shutil.copytree(sample_checkpoint, damaged)
+    matrix = bytearray((damaged / FILE_NAME).read_bytes())
+    matrix[-1] ^= 0xFF
+    (damaged / FILE_NAME).write_bytes(bytes(matrix))
+    with pytest.raises(BadInputError, match=f"{FILE_NAME} differs from its manifest's sha256"):
+        verified_folder(damaged)
 
     from mlflow.tracking import MlflowClient
 

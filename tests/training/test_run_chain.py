@@ -297,3 +297,21 @@ def test_resume_latest_on_a_finished_out_says_so_and_exits_0_without_ray(tmp_pat
     assert said[0].endswith(f"{out}: already finished at step 20 ({out / 'checkpoint'}); raise trainer.steps to go on")
     after = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*") if p.suffix != ".lock")
     assert [p for p in after if p not in before and not str(p[0]).startswith(("mlflow.db", "mlartifacts"))] == []
+
+
+def test_a_link_under_another_storage_path_is_not_looked_at_and_says_so(tmp_path, caplog):
+    """A run recorded under one trainer.storage_path, resumed with another: its folder cannot be
+    rebuilt from this run's config, so it is not looked at, in one line naming the run."""
+    out, source = tmp_path / "out", tmp_path / "src"
+    with s3_endpoint("convsts-chain"):
+        cfg = load_config(None, [f"trainer.storage_path={BUCKET}", "name=long"])
+        _run(out, cfg, "run-a", [5], source)
+        moved = load_config(None, ["trainer.storage_path=s3://convsts-chain/elsewhere", "name=long"])
+        with caplog.at_level(logging.INFO, logger="convsts"), pytest.raises(ConfigError, match="records no run"):
+            decide_start(out, _latest(moved))
+    said = [r.getMessage() for r in caplog.records if "not looked at" in r.getMessage()]
+    assert said == [
+        f"{out / RUN_RECORD}: run run-a's checkpoints ({BUCKET}/long/{read_chain(out)[0].folder.split('/')[-1]}) "
+        "are not looked at: they are under another trainer.storage_path than this run's "
+        "(trainer.storage_path=s3://convsts-chain/elsewhere)"
+    ]
