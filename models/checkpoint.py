@@ -137,10 +137,18 @@ def write_manifest(path: Path, known: dict[str, dict[str, Any]] | None = None) -
     matrices written later are added by add_to_manifest."""
     known = known or {}
     files = {
-        f.name: known.get(f.name) or {"bytes": f.stat().st_size, "sha256": storage.file_sha256(f)}
+        f.name: known.get(f.name) or _manifest_entry(f)
         for f in sorted(path.iterdir())
         if f.is_file() and f.name != MANIFEST_FILE and not f.name.startswith(".")
     }
+    _write_manifest_files(path, files)
+
+
+def _manifest_entry(file: Path) -> dict[str, Any]:
+    return {"bytes": file.stat().st_size, "sha256": storage.file_sha256(file)}
+
+
+def _write_manifest_files(path: Path, files: dict[str, dict[str, Any]]) -> None:
     storage.write_text(path / MANIFEST_FILE, json.dumps({"files": files}, indent=1, sort_keys=True) + "\n")
 
 
@@ -207,8 +215,7 @@ def verified_folder(path: str | Path) -> Path:
 def add_to_manifest(folder: str | Path, file: Path) -> None:
     """`file`, just written into the verified local `folder` (a tuned STS matrix), listed in its
     manifest beside the entries it had, so every later read verifies it too."""
-    files = _manifest(folder) | {file.name: {"bytes": file.stat().st_size, "sha256": storage.file_sha256(file)}}
-    storage.write_text(Path(folder) / MANIFEST_FILE, json.dumps({"files": files}, indent=1, sort_keys=True) + "\n")
+    _write_manifest_files(Path(folder), _manifest(folder) | {file.name: _manifest_entry(file)})
 
 
 def _check_digests(local: Path, shown: str | Path) -> None:

@@ -91,11 +91,10 @@ def data_digests(manifests: dict[str, dict[str, Any]]) -> dict[str, str]:
     }
 
 
-def resume_mismatches(checkpoint: str, cfg: RunConfig) -> list[str]:
-    """What differs between a checkpoint and the run that would resume it: the model, the
-    tokenizer settings, the tasks, a task head of another kind. A built-in head the checkpoint lacks
-    is not a difference: it starts fresh (said by check_resumable)."""
-    meta = read_meta(checkpoint)
+def resume_mismatches(meta: dict[str, Any], cfg: RunConfig) -> list[str]:
+    """What differs between a checkpoint (its config.json, `meta`) and the run that would resume
+    it: the model, the tokenizer settings, the tasks, a task head of another kind. A built-in head
+    the checkpoint lacks is not a difference: it starts fresh (said by check_resumable)."""
     old = meta.get("run_config", {})
     new = redact_tree(cfg.to_dict())  # the checkpoint's copy is redacted
     out = []
@@ -116,20 +115,21 @@ def resume_mismatches(checkpoint: str, cfg: RunConfig) -> list[str]:
 RESUME_UNSAID = ("trainer.resume_from", "trainer.warm_start", "mlflow.")
 
 
-def other_settings(checkpoint: str, cfg: RunConfig) -> list[str]:
+def other_settings(meta: dict[str, Any], cfg: RunConfig) -> list[str]:
     """The settings outside resume_mismatches' checks in which this run differs from the run that
-    wrote the checkpoint (a batch size, a learning rate, trainer.steps): taken, and named."""
-    old = flatten(read_meta(checkpoint).get("run_config", {}))
+    wrote the checkpoint (its config.json, `meta`: a batch size, a learning rate, trainer.steps):
+    taken, and named."""
+    old = flatten(meta.get("run_config", {}))
     new = flatten(redact_tree(cfg.to_dict()))  # the checkpoint's copy is redacted
     checked = ("model.", "tokenizer.", "trainer.task_weights.", *RESUME_UNSAID)
     keep = {k for k in old.keys() & new.keys() if not k.startswith(checked)}
     return changed_values({k: old[k] for k in keep}, {k: new[k] for k in keep}, "this run")
 
 
-def data_mismatches(checkpoint: str, digests: dict[str, str]) -> list[str]:
-    """The prepared data of the run that would resume a checkpoint, where it differs from the data
-    the checkpoint was trained on."""
-    trained_on = read_meta(checkpoint).get("provenance", {}).get("data", {})
+def data_mismatches(meta: dict[str, Any], digests: dict[str, str]) -> list[str]:
+    """The prepared data of the run that would resume a checkpoint (its config.json, `meta`), where
+    it differs from the data the checkpoint was trained on."""
+    trained_on = meta.get("provenance", {}).get("data", {})
     return [
         f"the prepared {task} data differs from the data the checkpoint was trained on"
         for task, digest in digests.items()
@@ -172,15 +172,15 @@ def check_resumable(cfg: RunConfig) -> None:
     state readable. A head this run's model has that the checkpoint lacks is one line: it starts
     fresh."""
     checkpoint = cfg.trainer.resume_from
-    verified_folder(checkpoint)
-    differs = resume_mismatches(checkpoint, cfg)
+    meta = read_meta(verified_folder(checkpoint))  # read once, from the verified local copy
+    differs = resume_mismatches(meta, cfg)
     if differs:
         raise ConfigError(f"cannot resume {redact(checkpoint)}: " + "; ".join(differs))
     load_train_state(checkpoint)
-    other = other_settings(checkpoint, cfg)
+    other = other_settings(meta, cfg)
     if other:
         log.info("resuming %s with other settings than its run's: %s", redact(checkpoint), "; ".join(other))
-    changes = head_changes(read_meta(checkpoint).get("heads") or {}, model_heads(cfg))
+    changes = head_changes(meta.get("heads") or {}, model_heads(cfg))
     if changes.fresh:
         log.info("%s has no %s head: it starts from its initial weights", redact(checkpoint), ", ".join(changes.fresh))
     if changes.dropped:
@@ -191,7 +191,7 @@ def check_resumable(cfg: RunConfig) -> None:
 
 def check_resume_data(cfg: RunConfig, digests: dict[str, str]) -> None:
     if cfg.trainer.resume_from:
-        differs = data_mismatches(cfg.trainer.resume_from, digests)
+        differs = data_mismatches(read_meta(cfg.trainer.resume_from), digests)
         if differs:
             raise ConfigError(f"cannot resume {redact(cfg.trainer.resume_from)}: " + "; ".join(differs))
 

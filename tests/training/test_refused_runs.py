@@ -39,7 +39,7 @@ def test_a_second_run_into_a_used_out_is_refused_unless_resumed_or_fresh(tmp_pat
 
 def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
     from convsts.datasets.text import DanTokenizer, count_words
-    from convsts.models.checkpoint import build_model, save_checkpoint
+    from convsts.models.checkpoint import build_model, read_meta, save_checkpoint
     from convsts.ray_jobs.training.driver import data_mismatches, resume_mismatches
 
     cfg = load_config(
@@ -55,11 +55,19 @@ def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
     save_checkpoint(
         tmp_path / "c", build_model(cfg.model, tok), tok, cfg.to_dict(), provenance={"data": {"reddit": "aaa"}}
     )
-    assert resume_mismatches(str(tmp_path / "c"), cfg) == data_mismatches(str(tmp_path / "c"), {"reddit": "aaa"}) == []
+    assert (
+        resume_mismatches(read_meta(tmp_path / "c"), cfg)
+        == data_mismatches(read_meta(tmp_path / "c"), {"reddit": "aaa"})
+        == []
+    )
     meta = json.loads((tmp_path / "c" / "config.json").read_text())
     del meta["run_config"]["model"]["symmetric_loss"]  # a checkpoint written before that setting existed
     (tmp_path / "c" / "config.json").write_text(json.dumps(meta))
-    assert resume_mismatches(str(tmp_path / "c"), cfg) == data_mismatches(str(tmp_path / "c"), {"reddit": "aaa"}) == []
+    assert (
+        resume_mismatches(read_meta(tmp_path / "c"), cfg)
+        == data_mismatches(read_meta(tmp_path / "c"), {"reddit": "aaa"})
+        == []
+    )
     other = load_config(
         None,
         [
@@ -70,10 +78,10 @@ def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
             "tokenizer.word_vocab_size=10",
         ],
     )
-    differs = resume_mismatches(str(tmp_path / "c"), other)
+    differs = resume_mismatches(read_meta(tmp_path / "c"), other)
     assert "model.dan.output_dim=6 (this run: 8)" in differs
     assert "tokenizer.word_vocab_size=50000 (this run: 10)" in differs
-    assert data_mismatches(str(tmp_path / "c"), {"reddit": "bbb"}) == [
+    assert data_mismatches(read_meta(tmp_path / "c"), {"reddit": "bbb"}) == [
         "the prepared reddit data differs from the data the checkpoint was trained on"
     ]
 
@@ -85,7 +93,7 @@ def test_a_checkpoint_without_a_new_builtin_head_resumes_with_that_head_fresh_in
     import logging
 
     from convsts.datasets.text import DanTokenizer, count_words
-    from convsts.models.checkpoint import build_model, load_weights, save_checkpoint
+    from convsts.models.checkpoint import build_model, load_weights, read_meta, save_checkpoint
     from convsts.ray_jobs.tasks import model_heads
     from convsts.ray_jobs.training.driver import check_resumable, resume_mismatches
 
@@ -115,7 +123,9 @@ def test_a_checkpoint_without_a_new_builtin_head_resumes_with_that_head_fresh_in
     other = {t: ("response" if kind != "response" else "nli") for t, kind in list(heads.items())[:1]}
     save_checkpoint(tmp_path / "other", build_model(cfg.model, tok, heads | other), tok, cfg.to_dict())
     task = next(iter(other))
-    assert resume_mismatches(str(tmp_path / "other"), cfg) == [f"the {task}: {heads[task]} (checkpoint: {other[task]})"]
+    assert resume_mismatches(read_meta(tmp_path / "other"), cfg) == [
+        f"the {task}: {heads[task]} (checkpoint: {other[task]})"
+    ]
 
 
 @pytest.mark.parametrize(
