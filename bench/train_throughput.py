@@ -1,5 +1,5 @@
 """Training throughput: the Ray Train job against a plain single-process PyTorch loop on the same
-model, config and prepared data; and 2 workers against 1.
+model, config and prepared data; and larger groups (--workers) against 1 worker.
 
   .venv/bin/python bench/train_throughput.py [--config configs/demo_dan.yaml] [--prepared DIR] [--steps 300]
 
@@ -35,7 +35,8 @@ from convsts.ray_jobs.training.train_step import Optimizers, seed_everything, tr
 
 
 def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float:
-    """pairs/s of one process: parquet -> tokenize -> forward/backward/step, nothing else."""
+    """pairs/s of one process: parquet -> tokenize -> forward/backward/step, nothing else (on the GPU
+    when the config has trainer.use_gpu and one is there)."""
     import pyarrow.parquet as pq
 
     tasks = trained_tasks(cfg)
@@ -53,7 +54,8 @@ def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float
         for name, task in tasks.items()
     }
     seed_everything(cfg.seed)
-    model = build_model(cfg.model, tokenizer, model_heads(cfg))
+    device = torch.device("cuda" if cfg.trainer.use_gpu and torch.cuda.is_available() else "cpu")
+    model = build_model(cfg.model, tokenizer, model_heads(cfg)).to(device)
     plan = plan_tasks(cfg.trainer.task_weights, 1)
     combiner, draws = GradientCombiner(plan, 0), torch.Generator().manual_seed(cfg.seed)
     opts = Optimizers.build(cfg.trainer, model, list(tasks), lr)
@@ -61,9 +63,10 @@ def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float
     for _ in range(steps):
         start = time.perf_counter()
         name = draw_task(plan, draws)
-        train_step(
-            model, tasks[name], next(streams[name]), opts, combiner, cfg.trainer.grad_clip, cfg.trainer.precision
-        )  # tokenizes too
+        batch = {key: value.to(device) for key, value in next(streams[name]).items()}  # tokenizes too
+        train_step(model, tasks[name], batch, opts, combiner, cfg.trainer.grad_clip, cfg.trainer.precision)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return batch_size / statistics.median(times[warmup:])
 
@@ -91,6 +94,12 @@ def main() -> int:
     parser.add_argument("--prepared", default=None, help="prepared shards (default: prepare the config's data)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument(
+        "--workers",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 2],
+        help="Ray Train group sizes to time, comma-separated (default 1,2; 1 on a one-GPU node)",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -107,31 +116,30 @@ def main() -> int:
     torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_worker)) if cfg.trainer.cpus_per_worker >= 1 else 1)
 
     plain = plain_loop(cfg, prepared, tokenizer, args.steps, args.warmup)
-    torch.set_num_threads(os.cpu_count() or 1)
-    one, one_s = ray_job(
-        load_config(args.config, args.overrides + [f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}"]),
-        prepared,
-        1,
-        args.steps,
-        work / "ray1",
-    )
-    two, two_s = ray_job(
-        load_config(args.config, args.overrides + [f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}"]),
-        prepared,
-        2,
-        args.steps,
-        work / "ray2",
-    )
     print(
         f"config {args.config}, {args.steps} steps, batch {cfg.trainer.stages[0].batch_size}, "
         f"{os.cpu_count()} CPUs, torch threads in the plain loop: 1 (a Ray worker gets "
         f"{cfg.trainer.cpus_per_worker} CPU)"
     )
-    print(f"plain single-process loop   {plain:9.1f} pairs/s")
-    print(f"Ray Train, 1 worker         {one:9.1f} pairs/s   (whole fit incl. start-up {one_s:.0f} s)")
-    print(f"Ray Train, 2 workers        {two:9.1f} pairs/s   (whole fit incl. start-up {two_s:.0f} s)")
-    print(f"ratio Ray 1 worker / plain  {one / plain:9.2f}")
-    print(f"ratio 2 workers / 1 worker  {two / one:9.2f}")
+    print(f"plain single-process loop   {plain:9.1f} pairs/s", flush=True)
+    torch.set_num_threads(os.cpu_count() or 1)
+    rates = {}
+    for workers in args.workers:
+        rates[workers], fit_s = ray_job(
+            load_config(args.config, args.overrides + [f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}"]),
+            prepared,
+            workers,
+            args.steps,
+            work / f"ray{workers}",
+        )
+        print(
+            f"Ray Train, {workers} worker(s)      {rates[workers]:9.1f} pairs/s   (whole fit incl. start-up {fit_s:.0f} s)",
+            flush=True,
+        )
+    first = args.workers[0]
+    print(f"ratio Ray {first} worker(s) / plain  {rates[first] / plain:9.2f}")
+    for workers in args.workers[1:]:
+        print(f"ratio {workers} workers / {first} worker(s)  {rates[workers] / rates[first]:9.2f}")
     return 0
 
 
