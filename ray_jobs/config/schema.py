@@ -78,7 +78,12 @@ RESUME_LATEST = "latest"  # trainer.resume_from: the newest complete checkpoint 
 @dataclass
 class TrainerConfig:
     steps: int = 1000  # training steps; 0 saves the encoder untrained
-    num_workers: int = 2  # Ray Train workers, split over the tasks (task_workers)
+    # Ray Train workers, split over the tasks (task_workers): N, or [MIN, MAX] for an elastic group
+    # (Ray's own spelling) that starts with what fits, shrinks when nodes are lost and grows when
+    # they come back (docs/cluster.md).
+    num_workers: Any = 2
+    # Elastic groups: how often Ray looks for room to grow the group (Ray's elastic_resize_monitor_interval_s).
+    resize_interval_s: float = 60.0
     cpus_per_worker: float = 0.5  # below 1 so that Ray Data read tasks have room on small nodes
     # torch's intra-op threads in each worker; 0 = Ray's choice (the floor of cpus_per_worker, at
     # least 1). One CPU worker on a small node reserves 1 CPU (Ray Data needs one free) and
@@ -152,6 +157,34 @@ class TrainerConfig:
     # needs one that every node reaches: a URI (s3://, gs://) or a shared mount.
     storage_path: str = ""
 
+    @property
+    def worker_range(self) -> tuple[int, int]:
+        """(MIN, MAX) of the task worker group; MIN == MAX for a fixed-size group."""
+        n = self.num_workers
+        return (n[0], n[1]) if isinstance(n, (list, tuple)) else (n, n)
+
+    @property
+    def elastic(self) -> bool:
+        low, high = self.worker_range
+        return low < high
+
+    @property
+    def min_workers(self) -> int:
+        return self.worker_range[0]
+
+    @property
+    def max_workers(self) -> int:
+        return self.worker_range[1]
+
+    def workers_text(self) -> str:
+        """trainer.num_workers as a person reads it: "4", or "1-3" for an elastic group."""
+        low, high = self.worker_range
+        return f"{low}-{high}" if self.elastic else str(high)
+
+    def ray_num_workers(self) -> int | tuple[int, int]:
+        """ScalingConfig's num_workers: N, or (MIN, MAX) for an elastic group."""
+        return self.worker_range if self.elastic else self.max_workers
+
 
 @dataclass
 class EvalConfig:
@@ -214,8 +247,7 @@ class RunConfig:
             )
         if self.tokenizer.bigram_buckets < 2:  # id 0 is padding; hashing needs at least one more
             raise ConfigError(f"tokenizer.bigram_buckets: must be at least 2, got {self.tokenizer.bigram_buckets}")
-        if self.trainer.num_workers < 1:
-            raise ConfigError("trainer.num_workers: must be at least 1")
+        _validate_worker_count(self.trainer.num_workers)
         if not self.trainer.stages or self.trainer.stages[0].start_step != 0:
             raise ConfigError("trainer.stages: the first stage must start at step 0")
         starts = [s.start_step for s in self.trainer.stages]
@@ -264,6 +296,18 @@ def _finite_positive(key: str, value) -> None:
     _require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0, key, "finite and > 0", value)
 
 
+def _validate_worker_count(n: Any) -> None:
+    """trainer.num_workers: N >= 1, or [MIN, MAX] with 1 <= MIN <= MAX."""
+    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    pair = isinstance(n, (list, tuple)) and len(n) == 2 and all(whole(v) for v in n)
+    _require(
+        (whole(n) and n >= 1) or (pair and 1 <= n[0] <= n[1]),
+        "trainer.num_workers",
+        "a whole number >= 1, or [MIN, MAX] with 1 <= MIN <= MAX (an elastic group)",
+        list(n) if isinstance(n, (list, tuple)) else n,
+    )
+
+
 def _validate_trainer_numbers(t: TrainerConfig) -> None:
     _require(t.steps >= 0, "trainer.steps", ">= 0 (0 = save the untrained model)", t.steps)
     _require(t.cpus_per_worker > 0, "trainer.cpus_per_worker", "> 0", t.cpus_per_worker)
@@ -273,6 +317,14 @@ def _validate_trainer_numbers(t: TrainerConfig) -> None:
     _require(t.eval_every >= 0, "trainer.eval_every", ">= 0 (0 = off)", t.eval_every)
     _require(t.bucket_batches >= 0, "trainer.bucket_batches", ">= 0 (0 = off)", t.bucket_batches)
     _require(t.max_failures >= 0, "trainer.max_failures", ">= 0", t.max_failures)
+    _require(
+        isinstance(t.resize_interval_s, (int, float))
+        and math.isfinite(t.resize_interval_s)
+        and t.resize_interval_s > 0,
+        "trainer.resize_interval_s",
+        "finite and > 0",
+        t.resize_interval_s,
+    )
     _require(
         math.isfinite(t.grad_clip) and t.grad_clip >= 0,
         "trainer.grad_clip",
@@ -318,17 +370,39 @@ def _validate_task_layout(t: TrainerConfig) -> None:
             dict(t.task_workers),
         )
         _require(
-            sum(t.task_workers.values()) == t.num_workers,
+            not t.elastic,
             "trainer.task_workers",
-            f"counts summing to trainer.num_workers ({t.num_workers})",
+            f"{{}} with an elastic trainer.num_workers ({list(t.worker_range)}): the split is planned anew at each size",
+            dict(t.task_workers),
+        )
+        _require(
+            sum(t.task_workers.values()) == t.max_workers,
+            "trainer.task_workers",
+            f"counts summing to trainer.num_workers ({t.max_workers})",
             dict(t.task_workers),
         )
     if t.task_split == "async":
         _require(
-            t.num_workers >= len(t.task_weights),
+            not t.elastic,
+            "trainer.num_workers",
+            "one number with trainer.task_split=async (its parameter holder paces a fixed set of ranks; "
+            "docs/design.md)",
+            list(t.worker_range),
+        )
+        _require(
+            t.max_workers >= len(t.task_weights),
             "trainer.num_workers",
             f">= the number of tasks ({len(t.task_weights)}) with trainer.task_split=async",
-            t.num_workers,
+            t.max_workers,
+        )
+    else:  # every size the group takes is one rank (drawing each step's task) or at least one rank per task
+        tasks = len(t.task_weights)
+        _require(
+            max(t.min_workers, 2) > min(t.max_workers, tasks - 1),
+            "trainer.num_workers",
+            f"1 (one worker draws each step's task) or at least one per task ({tasks})"
+            + (" at every size from MIN to MAX" if t.elastic else ""),
+            list(t.worker_range) if t.elastic else t.num_workers,
         )
 
 

@@ -67,10 +67,10 @@ def run_demo(
     for name, manifest in manifests.items():
         tracking.log_metrics(uri, run_id, tasks[name].manifest_metrics(manifest))
     log.info(
-        "[2/4] training %s for %d steps with Ray Train (%d workers)",
+        "[2/4] training %s for %d steps with Ray Train (%s workers)",
         cfg.model.encoder,
         cfg.trainer.steps,
-        cfg.trainer.num_workers,
+        cfg.trainer.workers_text(),
     )
     try:
         trained = run_training(cfg, out_dir, run_id=run_id, prepared_dir=prepared, mlflow_uri=uri)

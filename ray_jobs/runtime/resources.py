@@ -3,7 +3,7 @@
 Ray places each task worker, each Ray Data task and each trial function whole on one node, and
 waits forever for a request that fits on no node ("Cluster resources are not enough to run any
 task"): 2.3 free CPUs spread 0.9/0.4/0.4 over three nodes hold no 1-CPU read task. So a run is
-checked against the nodes that exist, before any work: the workers (trainer.num_workers x
+checked against the nodes that exist, before any work: the workers (trainer.num_workers, the MIN of an elastic group, x
 trainer.cpus_per_worker CPUs, one GPU each with trainer.use_gpu), one whole CPU for Ray Data's
 tasks beside them (its file-listing task asks for a whole CPU, whatever the read asks), and for a
 sweep each trial's function too. The requests are placed in the order Ray reserves them, each as
@@ -54,13 +54,24 @@ STRICT_ADVICE = {
 Node = dict[str, float]  # a node's resources: {"CPU": 16.0, "GPU": 1.0, ...}
 
 
-def training_asks(cfg: RunConfig) -> list[Ask]:
-    """A training run's requests in the order Ray reserves them: its task workers (as its placement
+def training_asks(cfg: RunConfig, workers: int | None = None) -> list[Ask]:
+    """A training run's requests in the order Ray reserves them: its task workers (`workers`, else
+    trainer.num_workers' MIN: an elastic group starts with what fits, at least MIN; as its placement
     strategy places them), then a Ray Data task beside them."""
     t = cfg.trainer
     place = PLACES.get(t.placement_strategy, LEAST)
     worker = Ask("task worker", t.cpus_per_worker, 1.0 if t.use_gpu else 0.0, place)
-    return [worker] * t.num_workers + [Ask("Ray Data read task", DATA_TASK_CPU)]
+    return [worker] * (t.min_workers if workers is None else workers) + [Ask("Ray Data read task", DATA_TASK_CPU)]
+
+
+def workers_that_fit(cfg: RunConfig, nodes: list[Node]) -> int:
+    """The largest group size from trainer.num_workers' MIN to its MAX whose requests all fit on
+    `nodes` now (MIN - 1 when not even MIN fits)."""
+    t = cfg.trainer
+    for n in range(t.max_workers, t.min_workers - 1, -1):
+        if not unplaced(nodes, training_asks(cfg, n))[0]:
+            return n
+    return t.min_workers - 1
 
 
 def trial_asks(cfg: RunConfig) -> list[Ask]:
@@ -101,23 +112,26 @@ def _describe(nodes: list[Node]) -> str:
     return f"{len(nodes)} node(s): {', '.join(shown) or 'none'}"
 
 
-def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> None:
-    """Refuse, in one line, a training run whose requests cannot all be placed on `nodes`."""
+def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> int:
+    """Refuse, in one line, a training run whose requests cannot all be placed on `nodes` (an elastic
+    group's MIN); else the number of workers that fit now (workers_that_fit)."""
     left, _ = unplaced(nodes, training_asks(cfg))
     t = cfg.trainer
     if left and t.placement_strategy in STRICT_ADVICE and not unplaced(nodes, training_asks(_relaxed(cfg)))[0]:
         raise ConfigError(
-            f"trainer: {t.num_workers} task worker(s) do not fit on the cluster's {_describe(nodes)}: "
+            f"trainer: {t.min_workers} task worker(s) do not fit on the cluster's {_describe(nodes)}: "
             f"{STRICT_ADVICE[t.placement_strategy]}"
         )
     if left:
-        need = f"{t.num_workers} task worker(s) x {t.cpus_per_worker:g} CPU" + (" + 1 GPU" if t.use_gpu else "")
+        least = f"the elastic group's MIN, {t.min_workers}," if t.elastic else f"{t.min_workers}"
+        need = f"{least} task worker(s) x {t.cpus_per_worker:g} CPU" + (" + 1 GPU" if t.use_gpu else "")
         raise ConfigError(
             f"trainer: {need} and {DATA_TASK_CPU:g} CPU for Ray Data's reads do not fit on the cluster's "
             f"{_describe(nodes)} (each is placed whole on one node; {len(left)} would wait forever): lower "
             f"trainer.cpus_per_worker or trainer.num_workers{', or set trainer.use_gpu=false' if t.use_gpu else ''}, "
             f"or add nodes"
         )
+    return workers_that_fit(cfg, nodes)
 
 
 def _relaxed(cfg: RunConfig) -> RunConfig:
@@ -135,7 +149,7 @@ def trials_at_once(cfg: RunConfig, nodes: list[Node]) -> int:
     if not count:
         t = cfg.trainer
         raise ConfigError(
-            f"a trial ({TRIAL_FUNCTION_CPU:g} CPU for the trial function, {t.num_workers} task worker(s) x "
+            f"a trial ({TRIAL_FUNCTION_CPU:g} CPU for the trial function, {t.min_workers} task worker(s) x "
             f"{t.cpus_per_worker:g} CPU{' + 1 GPU' if t.use_gpu else ''}, {DATA_TASK_CPU:g} CPU for Ray Data) "
             f"does not fit on the cluster's {_describe(nodes)}: lower trainer.cpus_per_worker or "
             f"trainer.num_workers, or add nodes"

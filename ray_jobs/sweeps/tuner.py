@@ -243,6 +243,11 @@ def check_sweep_inputs(request: SweepRequest) -> None:
     space, cfg = request.space, request.cfg
     storage.check_bucket(cfg.trainer.storage_path, "trainer.storage_path")
     check_space_keys(space, cfg, request.param_overrides)
+    if cfg.trainer.elastic and space.objective != "sts_matrix":
+        raise ConfigError(
+            f"trainer.num_workers={list(cfg.trainer.worker_range)}: a sweep's trials are fixed-size groups side by side "
+            "(Ray Tune places each trial whole): give one number"
+        )
     if isinstance(request.inputs, MatrixInputs) != (space.objective == "sts_matrix"):
         raise ConfigError(f"space {space.name} ({space.objective}) cannot take {request.inputs}")
     if isinstance(request.inputs, TrainInputs) and request.inputs.reddit_checkpoint:

@@ -17,7 +17,7 @@ from convsts.models.encoders import encoder_class
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
 from convsts.ray_jobs.tasks.prepared_folder import shard_files, verify_prepared
-from convsts.ray_jobs.training.task_groups import TaskPlan
+from convsts.ray_jobs.training.task_groups import plan_for
 
 
 def check_prepared(prepared_root: str, tasks: dict[str, Task], cfg: RunConfig) -> dict[str, dict[str, Any]]:
@@ -136,14 +136,17 @@ def task_datasets(cfg: RunConfig, prepared_root: str, tokenizer) -> dict[str, An
     return out
 
 
-def task_split_data_config(plan: TaskPlan, preserve_order: bool):
-    """A DataConfig that splits each task's dataset over that task's ranks only; other ranks get None.
-    `preserve_order`: Ray Data hands each task's rows over in the order of its (seeded) file order
-    rather than as its read and tokenize tasks finish (trainer.preserve_order)."""
+def task_split_data_config(trainer):
+    """A DataConfig that splits each task's dataset over that task's ranks only (other ranks get
+    None), planned for the world size of each group Ray starts (an elastic group's size changes at
+    every restart; `trainer`: the run config's section, plan_for). trainer.preserve_order: Ray Data
+    hands each task's rows over in the order of its (seeded) file order rather than as its read and
+    tokenize tasks finish."""
     from ray.train import DataConfig
 
     class TaskSplitDataConfig(DataConfig):
         def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+            plan = plan_for(trainer, world_size)
             output: list[dict[str, Any]] = [{} for _ in range(world_size)]
             for name, ds in datasets.items():
                 if ds.name is None:
@@ -159,7 +162,7 @@ def task_split_data_config(plan: TaskPlan, preserve_order: bool):
             return output
 
     options = DataConfig.default_ingest_options()
-    options.preserve_order = preserve_order
+    options.preserve_order = trainer.preserve_order
     return TaskSplitDataConfig(execution_options=options)
 
 

@@ -228,7 +228,9 @@ def run_training(
     cfg = start.config(cfg)
     check_initial_weights(cfg)
     ensure_ray()
-    check_training_fits(cfg, alive_nodes())  # a layout that fits no node is refused, not left waiting
+    fit_now = check_training_fits(cfg, alive_nodes())  # a layout that fits no node is refused, not left waiting
+    if cfg.trainer.elastic:
+        log.info("elastic worker group %s: %d fit on the cluster now", list(cfg.trainer.worker_range), fit_now)
     if prepare_missing is not None:
         prepare_missing(cfg, prepared)
     manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders
@@ -310,7 +312,7 @@ def _log_loss_curves(cfg: RunConfig, uri: str, run_id: str, out_dir: Path) -> No
         histories,
         path,
         f"{cfg.name}: {cfg.model.encoder}, {cfg.trainer.steps} steps, "
-        f"{cfg.trainer.num_workers} workers, {cfg.trainer.task_split}",
+        f"{cfg.trainer.workers_text()} workers, {cfg.trainer.task_split}",
     )
     tracking.log_artifact(uri, run_id, str(path), "plots")
 
@@ -360,8 +362,7 @@ def _train(
     train_rows = {n: datasets[n].count() for n in materialized}  # materialized: counting is free
     if train_rows:  # the SNLI-fraction sweep plots against data/snli_train_pairs
         tracking.log_metrics(uri, run_id, {f"data/{name}_train_pairs": n for name, n in train_rows.items()})
-    plan = plan_for(cfg.trainer, cfg.trainer.num_workers)
-    log.info("%s", plan.describe())
+    plan = _said_plan(cfg)
     loop_config = {"run": cfg.to_dict(), "tokenizer": tokenizer.to_dict(), "datasets": sorted(datasets)}
     # Every step a run of OUT's chain logged is not logged again (a fallback to an older checkpoint too).
     loop_config.update(tracking_uri=uri, run_id=run_id, continues=mlflow_run.continues, earlier_runs=start.earlier_runs)
@@ -369,7 +370,7 @@ def _train(
     holder = None
     if plan.mode is SplitMode.ASYNC:  # the shared encoder's parameter holder, for this fit only
         holder = loop_config["holder"] = start_holder(cfg)
-    trainer = _torch_trainer(cfg, location, loop_config, datasets, plan, extra_callbacks)
+    trainer = _torch_trainer(cfg, location, loop_config, datasets, extra_callbacks)
     try:
         with tracking.system_metrics(uri, run_id), reporting_worker_deaths():
             result = trainer.fit()
@@ -377,6 +378,9 @@ def _train(
         if holder is not None:
             ray.kill(holder)
     final, best = _keep_checkpoints(cfg, result, out_dir)
+    mode = (
+        (load_train_state(final) or {}).get("mode", plan.mode) if cfg.trainer.elastic else plan.mode
+    )  # the last group's
     seconds = time.time() - started
     tracking.log_metrics(uri, run_id, {"train/seconds": seconds}, cfg.trainer.steps)
     _log_loss_curves(cfg, uri, run_id, out_dir)
@@ -395,12 +399,25 @@ def _train(
         "mlflow_run_id": run_id,
         "tracking_uri": redact(uri),
         "seconds": round(seconds, 1),
-        "task_split_mode": plan.mode,
+        "task_split_mode": mode,
         "storage": redact(location.uri),
     }
     storage.write_text(out_dir / TRAIN_SUMMARY, json.dumps(train_json, indent=2))
     mark_checkpoint(out_dir, run_id, cfg.trainer.steps)
-    return TrainResult(final, run_id, uri, seconds, plan.mode, train_rows, model_dir)
+    return TrainResult(final, run_id, uri, seconds, mode, train_rows, model_dir)
+
+
+def _said_plan(cfg: RunConfig):
+    """The task split at trainer.num_workers (an elastic group's MAX), said in one line; an elastic
+    group's at MIN beside it (each group Ray starts is planned anew: task_split_data_config, the
+    worker)."""
+    plan = plan_for(cfg.trainer, cfg.trainer.max_workers)
+    if cfg.trainer.elastic:
+        low = plan_for(cfg.trainer, cfg.trainer.min_workers)
+        log.info("at %d workers: %s; at %d: %s", low.world_size, low.describe(), plan.world_size, plan.describe())
+    else:
+        log.info("%s", plan.describe())
+    return plan
 
 
 def _tokenizer(cfg: RunConfig, prepared: str):
@@ -416,7 +433,7 @@ def _tokenizer(cfg: RunConfig, prepared: str):
 
 
 def _torch_trainer(
-    cfg: RunConfig, location: RunStorage, loop_config: dict, datasets: dict, plan, extra_callbacks: Sequence[Any]
+    cfg: RunConfig, location: RunStorage, loop_config: dict, datasets: dict, extra_callbacks: Sequence[Any]
 ):
     import ray.train
     from ray.train.torch import TorchTrainer
@@ -433,14 +450,15 @@ def _torch_trainer(
     return CommandsTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=cfg.trainer.num_workers,
+        scaling_config=ray.train.ScalingConfig(  # type: ignore[call-arg]  # Train V2's; stubs: V1's
+            num_workers=cfg.trainer.ray_num_workers(),  # type: ignore[arg-type]  # (MIN, MAX): V2's elastic group
+            elastic_resize_monitor_interval_s=cfg.trainer.resize_interval_s,
             use_gpu=cfg.trainer.use_gpu,
             resources_per_worker={"CPU": cfg.trainer.cpus_per_worker},
             placement_strategy=cfg.trainer.placement_strategy,
         ),
         datasets=datasets,
-        dataset_config=task_split_data_config(plan, cfg.trainer.preserve_order),
+        dataset_config=task_split_data_config(cfg.trainer),
         run_config=ray.train.RunConfig(  # type: ignore[call-arg]  # Train V2's (RAY_TRAIN_V2_ENABLED); stubs: V1's
             storage_path=location.root,
             name=location.name,

@@ -16,7 +16,7 @@ from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.tasks import trained_tasks
 from convsts.ray_jobs.training.metric_window import MetricWindow, format_eta
 from convsts.ray_jobs.training.schedule import StageSchedule
-from convsts.ray_jobs.training.task_groups import GradientCombiner, SplitMode, TaskPlan, draw_task
+from convsts.ray_jobs.training.task_groups import GradientCombiner, SplitMode, TaskPlan, draw_task, plan_tasks
 from convsts.ray_jobs.training.train_state import TrainState, resume_skip, rng_state, set_rng_state
 from convsts.ray_jobs.training.train_step import Optimizers, train_step
 
@@ -25,6 +25,7 @@ StreamFactory = Callable[[str, int, int, int], Iterator[dict[str, torch.Tensor]]
 
 
 SCORE_METRIC = StsDevProbe.METRIC  # ranks checkpoints when in-training evaluation is on
+WORKERS_METRIC = "train/workers"  # the group's size at each logged step (an elastic group's changes)
 NOT_EVALUATED = -1.0  # the score of a checkpoint written before the first evaluation (Pearson's floor)
 
 
@@ -51,6 +52,14 @@ class LoopHooks:
     )
     evaluate: Callable[[Any], dict[str, float]] | None = None  # rank 0, every trainer.eval_every steps
     progress: Callable[[str], None] = lambda line: print(line, flush=True)  # a progress line
+
+
+def saved_plan(cfg: RunConfig, state: TrainState, plan: TaskPlan) -> TaskPlan:
+    """The plan of the group that wrote `state`: `plan` at the same size, else the weights' plan at
+    its size (a group of another size: an elastic group resized, or a resume on another count)."""
+    if state.world_size == plan.world_size:
+        return plan
+    return plan_tasks(cfg.trainer.task_weights, state.world_size, split=cfg.trainer.task_split)
 
 
 class TrainLoop:
@@ -86,7 +95,7 @@ class TrainLoop:
             if optimizers is None:
                 state.load_optimizers(self.optimizers)
                 self.optimizers.set_lr(self.lr)
-            positions = state.positions_of(rank, plan.world_size)
+            positions = state.positions_of(rank, plan, saved_plan(cfg, state, plan))
         self.streams = self._open_streams(self.stage.batch_size, positions)
         self.task_gen = torch.Generator().manual_seed(cfg.seed)
         if state and state.task_draws is not None:  # the draws go on where they stopped
@@ -94,7 +103,7 @@ class TrainLoop:
         elif state:  # a checkpoint without the draws' state
             self.task_gen.manual_seed(cfg.seed + self.start)
         if state:
-            set_rng_state(state.rng_of(rank, plan.world_size))
+            set_rng_state(state.rng_of(rank, plan.world_size, cfg.seed))
         self.window = MetricWindow(plan.tasks)
         # Non-finite losses are flagged on the device (no sync per step) and checked at every log
         # line, evaluation and checkpoint: a diverged model is never saved or scored.
@@ -179,9 +188,10 @@ class TrainLoop:
         if self.rank == 0:
             metrics["step_time_s"] = self.window.seconds() / trainer.log_every
             metrics["lr"] = self.lr
+            metrics[WORKERS_METRIC] = self.plan.world_size
         if metrics:
             eta = (time.time() - run_start) / (self.step - self.start) * (trainer.steps - self.step)
-            shown = " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if "/" in k)
+            shown = " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if "/" in k and k != WORKERS_METRIC)
             self.hooks.progress(
                 f"[convsts rank {self.rank}] step {self.step}/{trainer.steps} {shown} eta {format_eta(eta)}"
             )

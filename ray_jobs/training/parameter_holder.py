@@ -63,7 +63,7 @@ class ParameterHolder:
         trainer = self.cfg.trainer
         self.model = initial_model(self.cfg, tokenizer_from_dict(tokenizer), warm_start=False)  # reset() loads it
         self.tasks = list(trained_tasks(self.cfg))
-        self.weights = plan_for(trainer, trainer.num_workers).weights
+        self.weights = plan_for(trainer, trainer.max_workers).weights  # async: a fixed-size group
         self.schedule = StageSchedule(trainer.stages, trainer.warmup_steps, trainer.lr_decay, trainer.steps)
         self.params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         sparse = {id(p) for p in self.model.sparse_parameters()}

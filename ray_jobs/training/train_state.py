@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from convsts.ray_jobs.training.task_groups import TaskPlan
+
 
 def resume_skip(position: dict[str, int], batch_size: int) -> tuple[int, int]:
     """(epoch, batches to skip) to continue a task stream from a saved position. A position saved
@@ -24,6 +26,9 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """A rank's saved generators, or {"seed": N}: every generator of the process seeded with N."""
+    if "seed" in state:
+        torch.manual_seed(state["seed"])
     if "cpu" in state:
         torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
@@ -85,13 +90,31 @@ class TrainState:
             for opt, sd in zip(opts, self.head_optimizers.get(task, [])):
                 opt.load_state_dict(sd)
 
-    def positions_of(self, rank: int, world: int) -> dict[str, dict[str, int]]:
-        """This rank's saved stream positions; none when the worker count changed."""
-        return self.positions[rank] if len(self.positions) == world else {}
+    def positions_of(self, rank: int, plan: TaskPlan, saved: TaskPlan) -> dict[str, dict[str, int]]:
+        """The stream positions of `rank` of `plan`: its own at the world size the checkpoint was
+        written at (`saved`: that group's plan). At another size (an elastic group resized, or a
+        resume on another count) ranks are not the same ranks: each of the rank's tasks goes on from
+        the task's position, taken from the task's first rank in `saved` (every rank of a task
+        draws one batch a step, so all hold the same): the same epoch, and the same share of it read
+        by the task's ranks together (batch_in_epoch x the task's ranks then / its ranks now; each
+        rank's split of the task's rows grows or shrinks by that factor)."""
+        if len(self.positions) == plan.world_size == saved.world_size:
+            return self.positions[rank]
+        out = {}
+        for task in plan.tasks_of(rank):
+            before = saved.ranks_of(task)
+            position = self.positions[before[0]].get(task) if before and before[0] < len(self.positions) else None
+            if position:
+                read = position.get("batch_in_epoch", 0) * len(before) // len(plan.ranks_of(task))
+                out[task] = {**position, "batch_in_epoch": read}
+        return out
 
-    def rng_of(self, rank: int, world: int) -> dict[str, Any]:
-        """This rank's generator states; none when the worker count changed."""
-        return self.rng[rank] if len(self.rng) == world else {}
+    def rng_of(self, rank: int, world: int, seed: int) -> dict[str, Any]:
+        """This rank's generator states; at another world size, torch's generators seeded from the
+        run's seed, the step and the rank (the same on every restart at that size)."""
+        if len(self.rng) == world:
+            return self.rng[rank]
+        return {"seed": seed * 1_000_003 + self.step * 1_009 + rank}
 
     def pushed_of(self, rank: int, world: int) -> int:
         """This rank's applied async updates so far; 0 when the worker count changed or the run was sync."""

@@ -76,7 +76,21 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
     if rank == 0:
         _announce(loop_config, plan, world, device, loop.step, restarted=restarted)
+        if state is not None and state.world_size != world:
+            print_once(resize_line(state.world_size, plan, state.step, by_ray=checkpoint is not None))
     loop.run()
+
+
+def resize_line(before: int, plan, step: int, by_ray: bool) -> str:
+    """The one line of a group that goes on at another size than the checkpoint's: from which size to
+    which, why, and the new task split."""
+    if not by_ray:
+        why = "this run's trainer.num_workers"
+    elif plan.world_size < before:
+        why = "fewer workers fit: a worker or its node was lost"
+    else:
+        why = "more workers fit: Ray's resize check found room"
+    return f"[convsts rank 0] worker group resized from {before} to {plan.world_size} at step {step} ({why}); {plan.describe()}"
 
 
 def restored_model(cfg, tokenizer, checkpoint):

@@ -1,0 +1,150 @@
+"""Elastic task groups (trainer.num_workers=[MIN, MAX]) on a real multi-node Ray cluster on this
+host: a head and three worker nodes of one CPU each, each its own `ray start` raylet with its own
+temp dir, ports and loopback address; checkpoints in an S3 bucket (the local S3 server), metrics in
+an MLflow server on 127.0.0.1; the driver is `convsts train` joined through RAY_ADDRESS. A lost
+machine is a worker node's raylet killed with SIGKILL, everything under it too, and no replacement
+joins until the group has shrunk twice; then one node joins and the group grows at Ray's next
+resize check. Covered: the run finishes every step, each step logged once across the restarts,
+the losses going on from each checkpoint (never from step 0), each resize said in one line and the
+group's size logged as train/workers."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+from testkit.local_cluster import kill_node, mlflow_server, node_processes, ray_head, ray_worker_node
+from testkit.s3_server import s3_endpoint
+from testkit.tiny import TINY_DAN
+
+REPO = Path(__file__).resolve().parents[2]
+BUCKET = "s3://convsts-elastic"
+CLI = [sys.executable, "-m", "convsts"]
+STEPS, EVERY, LOG = 1200, 40, 10
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """{"env": a driver's environment joined to the cluster, "mlflow": ..., "nodes": the worker
+    nodes, "add_node": a function that starts one more}."""
+    root = tmp_path_factory.mktemp("elastic")
+    with contextlib.ExitStack() as stack:
+        s3_env = stack.enter_context(s3_endpoint(BUCKET[len("s3://") :]))
+        mlflow_url = stack.enter_context(mlflow_server(root / "mlflow"))
+        health = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+        env = {**s3_env, **health, "RAY_AUTH_MODE": "disabled"}
+        head = stack.enter_context(ray_head(env, num_cpus=1))
+        nodes: list[dict[str, str]] = []
+        addresses = itertools.count(2)
+
+        def add_node() -> dict[str, str]:
+            nodes.append(stack.enter_context(ray_worker_node(head["gcs"], env, ip=f"127.0.0.{next(addresses)}")))
+            return nodes[-1]
+
+        add_node(), add_node(), add_node()
+        driver = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_"))}
+        # Ray Train waits this long for a group of the size it chose before it chooses again (its
+        # view of a lost node's resources lags; Ray's default is 60 s).
+        driver.update(env, RAY_ADDRESS=head["gcs"], MLFLOW_TRACKING_URI=mlflow_url, RAY_USAGE_STATS_ENABLED="0")
+        driver["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "20"
+        yield {"env": driver, "mlflow": mlflow_url, "nodes": nodes, "add_node": add_node}
+
+
+def _workers_at(client, run_id: str) -> dict[int, int]:
+    return {m.step: int(m.value) for m in client.get_metric_history(run_id, "train/workers")}
+
+
+def _past_checkpoints(client, run_id: str, size: int) -> list[int]:
+    """The steps logged at `size` workers, once the group at that size has gone past the second
+    checkpoint since its start (so that the first is registered: a restart goes on from a step > 0)."""
+    steps = sorted(s for s, n in _workers_at(client, run_id).items() if n == size)
+    first = steps[0] // EVERY if steps else 0
+    return steps if any(s // EVERY >= max(first + 1, 2) and s % EVERY >= LOG for s in steps) else []
+
+
+def _wait_for(what, check, proc: subprocess.Popen, timeout_s: float = 420.0):
+    """Poll `check()` until it returns something true (returned), the driver exits, or time runs out."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and proc.poll() is None:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not seen (driver exit code {proc.poll()})")
+
+
+def _run_id(client, out: Path) -> str | None:
+    record = out / "run.json"
+    if not record.exists():
+        return None
+    runs = json.loads(record.read_text()).get("runs", [])
+    return runs[-1]["run_id"] if runs else None
+
+
+def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_each_step_once(
+    cluster, sample_prepared, tmp_path
+):
+    from mlflow.tracking import MlflowClient
+
+    client, out = MlflowClient(cluster["mlflow"]), tmp_path / "run"
+    command = CLI + [
+        "train", "--out", str(out), "--prepared", str(sample_prepared), "name=elastic",
+        f"trainer.storage_path={BUCKET}/ray_results", "trainer.num_workers=[1,3]", "trainer.cpus_per_worker=1",
+        "trainer.resize_interval_s=5", "trainer.max_failures=6", f"trainer.steps={STEPS}",
+        f"trainer.checkpoint_every={EVERY}", f"trainer.log_every={LOG}", "trainer.eval_every=0",
+        "mlflow.experiment=elastic", *TINY_DAN,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        run_id = _wait_for("the run's MLflow id", lambda: _run_id(client, out), proc)
+        sizes_seen = []
+        for expected in (3, 2):  # lose a node that hosts a task worker at each size, no replacement
+            at = _wait_for(
+                f"steps past a checkpoint at {expected} workers",
+                partial(_past_checkpoints, client, run_id, expected),
+                proc,
+            )
+            sizes_seen.append((expected, at))
+            hosts = [n for n in cluster["nodes"] if node_processes(n, b"ray::RayTrainWorker")]
+            assert hosts, "no worker node hosts a task worker"
+            kill_node(hosts[0])
+            cluster["nodes"].remove(hosts[0])
+        _wait_for("steps at 1 worker", lambda: 1 in _workers_at(client, run_id).values(), proc)
+        cluster["add_node"]()  # room again: the group grows at Ray's next resize check
+        log = proc.communicate(timeout=900)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, log[-5000:]
+    workers = _workers_at(client, run_id)
+    sizes = [workers[s] for s in sorted(workers)]
+    shrunk_then_grew = [n for i, n in enumerate(sizes) if i == 0 or n != sizes[i - 1]]
+    assert shrunk_then_grew[:3] == [3, 2, 1] and shrunk_then_grew[3:4] == [2], (shrunk_then_grew, sizes_seen)
+    for before, after in ((3, 2), (2, 1), (1, 2)):
+        assert f"worker group resized from {before} to {after} at step" in log, log[-5000:]
+    assert "a worker or its node was lost" in log and "Ray's resize check found room" in log
+    # Every logged step once, none missing, across the restarts; the losses go on from each
+    # checkpoint (every restart starts at a checkpoint's step, never at 0).
+    expected_steps = set(range(LOG, STEPS + 1, LOG))
+    for name in ("reddit/loss", "snli/loss", "train/workers"):
+        points = client.get_metric_history(run_id, name)
+        steps = [m.step for m in points]
+        assert len(steps) == len(set(steps)) and set(steps) == expected_steps, (name, sorted(steps))
+    starts = [int(line.rsplit("start step ", 1)[1].split()[0]) for line in log.splitlines() if "start step " in line]
+    assert starts[0] == 0 and len(starts) >= 4 and all(s > 0 and s % EVERY == 0 for s in starts[1:]), starts
+    finished = json.loads((out / "train.json").read_text())
+    assert json.loads((out / "checkpoint" / "config.json").read_text())["step"] == STEPS
+    assert client.get_run(run_id).info.status == "FINISHED" and finished["mlflow_run_id"] == run_id
+    assert client.get_run(run_id).data.params["trainer.num_workers"] == "[1, 3]"

@@ -1,0 +1,134 @@
+"""Elastic task groups (trainer.num_workers=[MIN, MAX]), the Ray-free parts: the config's rules, the
+check that MIN fits and how many fit now, the task split and data positions at a new size, the
+generators seeded for it, and the one line a resize prints. tests/cluster/test_elastic.py runs
+a real elastic group on a multi-node cluster."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from convsts.io.errors import ConfigError
+from convsts.ray_jobs.config.loader import load_config
+from convsts.ray_jobs.runtime.resources import check_training_fits, workers_that_fit
+from convsts.ray_jobs.training.loop import saved_plan
+from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
+from convsts.ray_jobs.training.train_state import TrainState, set_rng_state
+from convsts.ray_jobs.training.worker import resize_line
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "configs" / "demo_dan.yaml"
+
+
+def test_num_workers_is_one_number_or_min_max_and_each_refusal_is_one_line():
+    fixed = load_config(DEMO, ["trainer.num_workers=3"]).trainer
+    assert (fixed.worker_range, fixed.elastic, fixed.ray_num_workers(), fixed.workers_text()) == ((3, 3), False, 3, "3")
+    elastic = load_config(DEMO, ["trainer.num_workers=[1,3]", "trainer.resize_interval_s=5"]).trainer
+    assert (elastic.worker_range, elastic.elastic, elastic.ray_num_workers()) == ((1, 3), True, (1, 3))
+    assert elastic.workers_text() == "1-3" and elastic.resize_interval_s == 5
+    same = load_config(DEMO, ["trainer.num_workers=[2,2]"]).trainer  # MIN == MAX: a fixed group
+    assert (same.elastic, same.ray_num_workers()) == (False, 2)
+    refused = {
+        "trainer.num_workers=[3,1]": "[MIN, MAX] with 1 <= MIN <= MAX",
+        "trainer.num_workers=[0,2]": "[MIN, MAX] with 1 <= MIN <= MAX",
+        "trainer.num_workers=[1,2,3]": "[MIN, MAX]",
+        "trainer.num_workers=0": "a whole number >= 1",
+        "trainer.resize_interval_s=0": "trainer.resize_interval_s",
+    }
+    for override, words in refused.items():
+        with pytest.raises(ConfigError) as err:
+            load_config(DEMO, [override])
+        assert words in str(err.value) and "\n" not in str(err.value), (override, str(err.value))
+    # What an elastic group cannot be, each in one line naming the key.
+    with pytest.raises(ConfigError, match="trainer.num_workers.*one number with trainer.task_split=async"):
+        load_config(DEMO, ["trainer.num_workers=[2,4]", "trainer.task_split=async"])
+    with pytest.raises(ConfigError, match="trainer.task_workers.*elastic"):
+        load_config(DEMO, ["trainer.num_workers=[2,4]", "trainer.task_workers={reddit: 3, snli: 1}"])
+    # Every size from MIN to MAX gives each task a rank, or is 1 (one rank draws each step's task).
+    load_config(DEMO, ["trainer.num_workers=[1,2]"])
+    three_tasks = ["task_modules=[testkit.toy_task]", "trainer.task_weights={reddit: 0.9, snli: 0.05, toy: 0.05}"]
+    load_config(DEMO, [*three_tasks, "trainer.num_workers=[3,5]"])
+    for sizes in ("[1,3]", "[2,4]"):
+        with pytest.raises(ConfigError, match="at least one per task .3. at every size from MIN to MAX"):
+            load_config(DEMO, [*three_tasks, f"trainer.num_workers={sizes}"])
+
+
+def test_the_check_places_min_workers_and_says_how_many_fit_now():
+    cfg = load_config(DEMO, ["trainer.num_workers=[2,4]", "trainer.cpus_per_worker=1"])
+    # Ray Data's read task takes a whole CPU beside the workers.
+    assert check_training_fits(cfg, [{"CPU": 3.0}]) == 2
+    assert check_training_fits(cfg, [{"CPU": 3.0}, {"CPU": 1.0}]) == 3
+    assert workers_that_fit(cfg, [{"CPU": 8.0}]) == 4
+    with pytest.raises(ConfigError) as err:  # MIN does not fit: refused, naming MIN
+        check_training_fits(cfg, [{"CPU": 2.0}])
+    assert "the elastic group's MIN, 2," in str(err.value) and "\n" not in str(err.value)
+    fixed = load_config(DEMO, ["trainer.num_workers=2", "trainer.cpus_per_worker=1"])
+    assert check_training_fits(fixed, [{"CPU": 8.0}]) == 2
+
+
+def test_each_size_is_planned_with_the_same_rules():
+    trainer = load_config(DEMO, ["trainer.num_workers=[1,20]"]).trainer
+    modes = {n: plan_for(trainer, n).mode for n in (1, 2, 3, 20)}
+    assert modes == {
+        1: SplitMode.TASK_SAMPLING,
+        2: SplitMode.GRADIENT_WEIGHTING,
+        3: SplitMode.GRADIENT_WEIGHTING,
+        20: SplitMode.HEAD_COUNT,
+    }
+    for n in (2, 3, 20):  # the encoder update's mix is the weights at every size
+        plan = plan_for(trainer, n)
+        mix = {t: sum(plan.encoder_grad_scale(r) for r in plan.ranks_of(t)) for t in plan.tasks}
+        assert mix == pytest.approx({"reddit": 0.95, "snli": 0.05}, abs=0.01), (n, mix)
+
+
+def _state(world: int, positions: list[dict], step: int = 480) -> TrainState:
+    rng = [{"cpu": torch.get_rng_state()} for _ in range(world)]
+    return TrainState(step, positions=positions, world_size=world, rng=rng)
+
+
+def test_a_checkpoint_of_another_size_gives_each_rank_its_tasks_position_and_seeded_generators():
+    cfg = load_config(DEMO, ["trainer.num_workers=[1,3]"])
+    # Written by 3 ranks (reddit 0-1, snli 2), every rank of a task at the same position.
+    reddit, snli = (
+        {"epoch": 2, "batch_in_epoch": 30, "batch_size": 32},
+        {"epoch": 5, "batch_in_epoch": 7, "batch_size": 32},
+    )
+    state = _state(3, [{"reddit": reddit}, {"reddit": reddit}, {"snli": snli}])
+    three = plan_for(cfg.trainer, 3)
+    assert saved_plan(cfg, state, three) is three
+    assert state.positions_of(1, three, three) == {"reddit": reddit}  # the same size: its own
+    # At 2 ranks (reddit 0, snli 1): reddit's one rank reads a split twice as long, as far in as
+    # its two ranks had read together.
+    two = plan_for(cfg.trainer, 2)
+    before = saved_plan(cfg, state, two)
+    assert before.ranks_of("reddit") == [0, 1]
+    assert state.positions_of(0, two, before) == {"reddit": {**reddit, "batch_in_epoch": 60}}
+    assert state.positions_of(1, two, before) == {"snli": snli}
+    # At 1 rank (each step's task drawn): both tasks on rank 0.
+    one = plan_for(cfg.trainer, 1)
+    assert state.positions_of(0, one, saved_plan(cfg, state, one)) == {
+        "reddit": {**reddit, "batch_in_epoch": 60},
+        "snli": snli,
+    }
+    # Back up from 1 rank to 3: reddit's 2 ranks each read half of it in their halves.
+    alone = _state(1, [{"reddit": {**reddit, "batch_in_epoch": 61}, "snli": snli}])
+    assert alone.positions_of(1, three, saved_plan(cfg, alone, three)) == {"reddit": {**reddit, "batch_in_epoch": 30}}
+    # Generators: each rank's own at the same size, seeded from (seed, step, rank) at another, the
+    # same on every restart at that size and different between ranks.
+    assert state.rng_of(2, 3, cfg.seed) is state.rng[2]
+    draws = []
+    for rank in (0, 0, 1):
+        set_rng_state(state.rng_of(rank, 2, cfg.seed))
+        draws.append(torch.rand(3))
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+
+
+def test_a_resize_is_one_line_saying_from_to_why_and_the_split():
+    cfg = load_config(DEMO, ["trainer.num_workers=[1,3]"])
+    lost = resize_line(3, plan_for(cfg.trainer, 2), 480, by_ray=True)
+    assert lost.startswith("[convsts rank 0] worker group resized from 3 to 2 at step 480 (fewer workers fit")
+    assert "task split mode=gradient_weighting" in lost and "\n" not in lost
+    grew = resize_line(1, plan_for(cfg.trainer, 2), 520, by_ray=True)
+    assert "from 1 to 2 at step 520 (more workers fit: Ray's resize check found room)" in grew
+    resumed = resize_line(2, plan_for(cfg.trainer, 3), 40, by_ray=False)
+    assert "(this run's trainer.num_workers)" in resumed
