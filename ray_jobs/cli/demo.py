@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from convsts.ray_jobs.config.loader import load_config
+from convsts.ray_jobs.config.loader import load_config, parse_with_overrides
 from convsts.ray_jobs.pipelines.demo import DEFAULT_ENCODER, DEMO_CONFIGS, run_demo
 from convsts.ray_jobs.runtime.logs import setup_logging
 
@@ -39,7 +39,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_with_overrides(build_parser(), argv)  # overrides anywhere on the line (after --resume latest too)
     setup_logging()
     run_demo(load_config(args.config or DEMO_CONFIGS[args.encoder], args.overrides), args.out, fresh=args.fresh)
     return 0

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from convsts.io import storage
 from convsts.io.redaction import redact
-from convsts.ray_jobs.config.loader import is_override, load_config
+from convsts.ray_jobs.config.loader import is_override, load_config, parse_with_overrides
 from convsts.ray_jobs.config.schema import RESUME_LATEST
 from convsts.ray_jobs.pipelines.inputs import ensure_prepared
 from convsts.ray_jobs.runtime.logs import log, setup_logging
@@ -65,7 +65,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_with_overrides(build_parser(), argv)  # overrides anywhere on the line (after --resume latest too)
     if args.resume and is_override(args.resume):  # `--resume trainer.steps=9`: --resume alone, then overrides
         args.overrides, args.resume = [args.resume, *args.overrides], RESUME_LATEST
     setup_logging()

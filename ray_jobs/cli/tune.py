@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from convsts.io.errors import ConfigError
 from convsts.io.redaction import redact
-from convsts.ray_jobs.config.loader import load_config
+from convsts.ray_jobs.config.loader import load_config, parse_with_overrides
 from convsts.ray_jobs.runtime.logs import setup_logging
 from convsts.ray_jobs.sweeps.request import SweepInterrupted, SweepRequest, SweepTrialsFailed, sweep_inputs
 from convsts.tune_spaces import get_space
@@ -56,7 +56,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_with_overrides(parser, argv)  # overrides anywhere on the line (after --resume latest too)
     if args.max_failures < 0:
         parser.error(f"--max-failures: must be >= 0, got {args.max_failures}")
     setup_logging()

@@ -1,8 +1,11 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_unknown_config_key_exits_2_naming_the_key(tmp_path):
@@ -158,6 +161,27 @@ def test_overrides_after_a_list_option_stay_overrides():
         prepare_parser(), ["reddit", "--input", "RC_1.zst", "RC_2.zst", "data.test_share=0.2", "--out", "P"], ("input",)
     )
     assert args.input == ["RC_1.zst", "RC_2.zst"] and args.overrides == ["data.test_share=0.2"] and args.out == "P"
+
+
+def test_overrides_are_taken_anywhere_on_the_command_line():
+    """Overrides before, between and after options, in every command that takes them: `train ...
+    --resume latest model.dan.output_dim=64` was refused by argparse ("unrecognized arguments")."""
+    import importlib
+
+    line = ["a.b=1", "--out", "O", "c.d=2", "--config", "C", "e.f=3"]
+    for command in ("train", "demo", "tune", "prepare", "evaluate"):
+        module = importlib.import_module(f"convsts.ray_jobs.cli.{command}")
+        own = {"tune": ["--space", "snli_fraction"], "prepare": ["reddit"], "evaluate": ["--checkpoint", "K"]}
+        argv = [*own.get(command, []), *line]
+        args = module.build_parser().parse_intermixed_args(argv)
+        assert args.overrides == ["a.b=1", "c.d=2", "e.f=3"], (command, args)
+    done = subprocess.run(
+        [sys.executable, "-m", "convsts", "train", "--config", "configs/demo_dan.yaml", "--resume", "latest",
+         "model.dan.output_dim=64", "--print-config"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "output_dim: 64" in done.stdout and "resume_from: latest" in done.stdout
 
 
 def test_jobs_takes_address_before_or_after_the_action():
