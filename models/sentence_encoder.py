@@ -17,7 +17,7 @@ from convsts.models.checkpoint import model_from_files, read_model_files
 from convsts.models.heads import MultitaskModel
 from convsts.models.similarity import angular_score_from_cosine, cosine_matrix
 from convsts.models.sts_transform import file_name as sts_file
-from convsts.models.sts_transform import load_sts_transform
+from convsts.models.sts_transform import load_sts_transform, read_sts_transform
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -134,7 +134,8 @@ class SentenceEncoder:
           show_progress_bar     a tqdm bar over batches; None = on for 8+ batches when stderr is a
                                 terminal, cleared when done
           tuned                 True: apply the STS matrix `convsts evaluate` saved in the checkpoint;
-                                a name ("sweep"): the matrix of that name (`convsts tune --space sts_matrix`)
+                                a name: the checkpoint's matrix of that name; a path to a .safetensors
+                                matrix file: that one (`convsts tune --space sts_matrix` writes DIR/sts_transform.safetensors)
           side                  "context": the shared encoder (STS, a Reddit context); "response": then
                                 the response-side network (encode_responses)"""
         if side not in self.SIDES:
@@ -152,15 +153,25 @@ class SentenceEncoder:
         else:
             emb = self._embed(texts, batch_size, normalize_embeddings, show_progress_bar)  # (n, dim)
         if tuned:
-            name = "" if tuned is True else str(tuned)
-            transform = load_sts_transform(self.path, name) if self.path else None
-            if transform is None:
-                raise FileNotFoundError(
-                    f"no {sts_file(name)} in checkpoint {self.path}; run `convsts evaluate` "
-                    f"(or, for a named matrix, `convsts tune --space sts_matrix`) on it first"
-                )
-            emb = torch.from_numpy(transform.apply(emb.cpu().numpy())).to(emb.device)  # (n, dim) or (n, rank)
+            emb = torch.from_numpy(self._sts_transform(tuned).apply(emb.cpu().numpy())).to(
+                emb.device
+            )  # (n, dim) or (n, rank)
         return self._output(emb, single, convert_to_tensor)
+
+    def _sts_transform(self, tuned: bool | str):
+        """encode's `tuned`: the checkpoint's matrix (True, or a name), or a matrix file (a path ending .safetensors)."""
+        if isinstance(tuned, str) and tuned.endswith(".safetensors"):
+            if not Path(tuned).is_file():
+                raise FileNotFoundError(f"tuned={tuned!r}: no such matrix file")
+            return read_sts_transform(tuned)
+        name = "" if tuned is True else str(tuned)
+        transform = load_sts_transform(self.path, name) if self.path else None
+        if transform is None:
+            raise FileNotFoundError(
+                f"no {sts_file(name)} in checkpoint {self.path}; run `convsts evaluate` on it first, or give "
+                "tuned= the sts_transform.safetensors that `convsts tune --space sts_matrix` wrote"
+            )
+        return transform
 
     SIMILARITY_SCORES = ("cosine", "sts")
 

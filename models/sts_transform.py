@@ -4,9 +4,10 @@ sentence embeddings, scored with 5 (1 - arccos(cos(uW, vW)) / pi) and selected o
 Pure torch and numpy: `fit_sts_transform` takes embeddings, so Tune trials can share them
 through the object store instead of re-encoding. The matrix is saved as `sts_transform.safetensors`
 in the checkpoint folder (by `convsts evaluate`), with its hyperparameters and dev score as
-metadata; a matrix of another origin has its own name, `sts_transform_<name>.safetensors`
-(`convsts tune --space sts_matrix` saves `sts_transform_sweep.safetensors`), so neither replaces
-the other; `encode(tuned=True)` applies the first, `encode(tuned="sweep")` the second.
+metadata; a matrix of another origin may have its own name there, `sts_transform_<name>.safetensors`,
+so neither replaces the other. `convsts tune --space sts_matrix` writes its matrix only into its
+own --out (the checkpoint is only read). `encode(tuned=True)` applies the checkpoint's,
+`encode(tuned=NAME)` a named one, `encode(tuned="DIR/sts_transform.safetensors")` a file.
 """
 
 from __future__ import annotations
@@ -63,10 +64,12 @@ class StsTransform:
 
 def load_sts_transform(folder: str | Path, name: str = "") -> StsTransform | None:
     """The matrix `name` saved in a checkpoint folder, or None when there is none."""
-
     path = Path(folder) / file_name(name)
-    if not path.is_file():
-        return None
+    return read_sts_transform(path) if path.is_file() else None
+
+
+def read_sts_transform(path: str | Path) -> StsTransform:
+    """A matrix file as StsTransform.save wrote it (a checkpoint's, or a sweep's DIR/sts_transform.safetensors)."""
     with safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
         matrix = f.get_tensor("matrix")

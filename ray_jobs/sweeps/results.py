@@ -15,7 +15,6 @@ import numpy as np
 
 from convsts.io import storage
 from convsts.io.redaction import redact
-from convsts.models.checkpoint import save_sts_matrix
 from convsts.models.sts_transform import file_name as sts_file
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.evaluation.curve import write_curve
@@ -27,12 +26,11 @@ from convsts.ray_jobs.tracking import runs as tracking
 from convsts.tune_spaces import TuneSpace
 
 SEED_KEYS = ("seed", "data.snli_fraction_seed")  # a curve's points: one per value of those searched
-SWEEP_MATRIX = "sweep"  # the sts_matrix sweep's matrix in the checkpoint: sts_transform_sweep.safetensors
 
 
 class EncodedStsb(NamedTuple):
     """An sts_matrix sweep's STS-B, encoded once: the splits' frames, their embeddings, and the
-    checkpoint that encoded them (the tuned matrix is written beside it)."""
+    checkpoint that encoded them (read only: the tuned matrix goes to the sweep's --out)."""
 
     frames: dict
     embeddings: dict
@@ -73,13 +71,21 @@ def _sts_matrix_results(best, encoded: EncodedStsb, out_dir: Path) -> dict[str, 
     if transform is None:
         raise RuntimeError(f"the best trial's checkpoint {best.checkpoint.path} holds no STS matrix")
     results: dict[str, Any] = dict(transformed_sts_metrics(transform, encoded.frames, encoded.embeddings))
-    transform.save(out_dir)
-    # Beside the checkpoint under its own name (evaluate's matrix stays): encode(tuned=SWEEP_MATRIX).
-    replaced = (Path(encoded.checkpoint) / sts_file(SWEEP_MATRIX)).is_file()
-    saved = save_sts_matrix(encoded.checkpoint, transform, SWEEP_MATRIX)
-    log.info("%s %s (encode(tuned=%r) applies it)", "replaced" if replaced else "saved", saved, SWEEP_MATRIX)
     results["checkpoint"] = str(encoded.checkpoint)
+    results["sts_matrix"] = str(out_dir / sts_file())  # written once results.json is (save_sweep_matrix)
     return results
+
+
+def save_sweep_matrix(best, out_dir: Path) -> Path:
+    """The chosen trial's matrix in the sweep's --out, beside results.json (written first); the
+    checkpoint is only read, whatever its folder or bucket allows: `encode(tuned=<this file>)`
+    applies it."""
+    with best.checkpoint.as_directory() as folder:
+        transform = load_sts_transform(folder)
+    assert transform is not None, "the chosen trial's matrix was read for its results"
+    path = transform.save(out_dir)
+    log.info("the tuned STS matrix: %s (encode(tuned=%r) applies it)", path, str(path))
+    return path
 
 
 def _trials_table(grid, space: TuneSpace, out_dir: Path) -> list[dict[str, Any]]:

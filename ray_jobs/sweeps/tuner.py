@@ -35,7 +35,7 @@ from convsts.ray_jobs.sweeps.request import (
     SweepTrialsFailed,
     TrainInputs,
 )
-from convsts.ray_jobs.sweeps.results import EncodedStsb, close_trial_runs, log_sweep, sweep_results
+from convsts.ray_jobs.sweeps.results import EncodedStsb, close_trial_runs, log_sweep, save_sweep_matrix, sweep_results
 from convsts.ray_jobs.sweeps.trials import (
     ParentRun,
     check_space_keys,
@@ -85,6 +85,8 @@ def _sweep(request: SweepRequest) -> dict[str, Any]:
     results = sweep_results(grid, best, space, cfg.to_dict(), out_dir, encoded)
     results.update(mlflow_run_id=parent.run_id, failed_trials=failed, seconds=round(time.time() - started, 1))
     storage.write_results(out_dir / "results.json", results)
+    if encoded is not None:
+        save_sweep_matrix(best, out_dir)
     log_sweep(parent, best, space, results, out_dir, failed)
     if failed:
         raise SweepTrialsFailed(

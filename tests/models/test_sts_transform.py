@@ -98,3 +98,9 @@ def test_named_matrices_live_beside_the_default_one(tmp_path):
     np.testing.assert_array_equal(load_sts_transform(tmp_path).matrix, first.matrix)  # not replaced
     np.testing.assert_array_equal(load_sts_transform(tmp_path, "sweep").matrix, second.matrix)
     assert load_sts_transform(tmp_path, "other") is None
+    # A matrix file read by its path (a sweep's DIR/sts_transform.safetensors; encode(tuned=PATH)).
+    from convsts.models.sts_transform import read_sts_transform
+
+    again = read_sts_transform(tmp_path / "sts_transform_sweep.safetensors")
+    np.testing.assert_array_equal(again.matrix, second.matrix)
+    assert (again.config, again.dev_pearson, again.best_epoch) == (second.config, 0.6, 2)

@@ -21,7 +21,6 @@ from convsts.models.checkpoint import save_checkpoint
 from convsts.models.sentence_encoder import load
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.config.loader import load_config
-from convsts.ray_jobs.sweeps.results import SWEEP_MATRIX
 from convsts.ray_jobs.tracking import runs as tracking
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,12 +32,18 @@ TRIALS = 30
 FLOAT32_RESCORE = 5e-6
 
 
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` and its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 @pytest.fixture(scope="module")
 def resumed_matrix_sweep(ray_session, mlflow_uri, tmp_path_factory) -> dict:
     """An sts_matrix sweep of TRIALS trials, one at a time, stopped by Ctrl+C once two have finished,
     then run again with the same command: the command, both outputs and what had finished."""
     root = tmp_path_factory.mktemp("matrix_sweep")
     checkpoint, out, experiment = sample_dan_checkpoint(root / "ckpt"), root / "sweep", "tune-sts-matrix-test"
+    checkpoint_files = _files(checkpoint)
     cmd = [sys.executable, "-m", "convsts", "tune", "--space", "sts_matrix", "--checkpoint", str(checkpoint),
            "--out", str(out), "--num-samples", str(TRIALS), "--max-concurrent", "1", "--param", "eval.tuned.epochs=[6]",
            f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"]  # fmt: skip
@@ -61,7 +66,8 @@ def resumed_matrix_sweep(ray_session, mlflow_uri, tmp_path_factory) -> dict:
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400
     )
     return dict(cmd=cmd, env=env, checkpoint=checkpoint, out=out, experiment=experiment, first=first,
-                log_first=log_first, finished_before=finished_before, second=second)  # fmt: skip
+                log_first=log_first, finished_before=finished_before, second=second,
+                checkpoint_files=checkpoint_files)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -85,17 +91,23 @@ def test_a_rerun_into_the_sweeps_out_with_another_dimension_is_refused_naming_it
 
 
 @pytest.mark.slow
-def test_the_resumed_matrix_sweep_saves_the_chosen_matrix_beside_the_checkpoint(resumed_matrix_sweep):
-    """Every trial finished; the chosen matrix is saved beside the checkpoint under its own name
-    (evaluate's matrix is not replaced); best_config.yaml is a loadable run config."""
+def test_the_resumed_matrix_sweep_writes_the_chosen_matrix_to_its_out_and_nothing_into_the_checkpoint(
+    resumed_matrix_sweep,
+):
+    """Every trial finished; the chosen matrix is in the sweep's --out beside results.json, and the
+    checkpoint is as it was before the sweep (every file, byte for byte: a read-only folder or a
+    bucket is never written); best_config.yaml is a loadable run config."""
     checkpoint, out = resumed_matrix_sweep["checkpoint"], resumed_matrix_sweep["out"]
     results = json.loads((out / "results.json").read_text())
     assert results["trials"] == TRIALS and results["trials_failed"] == 0
     for name in ("stsb_tuned/dev/pearson", "stsb_tuned/test/pearson", "stsb_tuned/test/news/pearson"):
         assert -1 <= results[name] <= 1, name
-    assert load_sts_transform(checkpoint) is None  # this checkpoint was never evaluated
-    transform = load_sts_transform(checkpoint, SWEEP_MATRIX)
-    assert load(checkpoint).encode("a man plays", tuned=SWEEP_MATRIX).shape == (transform.matrix.shape[1],)
+    assert _files(checkpoint) == resumed_matrix_sweep["checkpoint_files"]
+    assert results["sts_matrix"] == str(out / "sts_transform.safetensors")
+    transform = load_sts_transform(out)
+    assert transform is not None and load_sts_transform(checkpoint) is None
+    encoded = load(checkpoint).encode("a man plays", tuned=results["sts_matrix"])
+    assert encoded.shape == (transform.matrix.shape[1],)
     assert transform.dev_pearson == pytest.approx(results["stsb_tuned/dev/pearson"], abs=FLOAT32_RESCORE)
     assert load_config(out / "best_config.yaml").eval.tuned == transform.config
 
