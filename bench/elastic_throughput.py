@@ -1,6 +1,6 @@
 """One elastic run's pairs/s at each size it takes: `convsts train "trainer.num_workers=[1,N]"` on a
-cluster of one-CPU worker nodes on this host (a head and N nodes, each its own raylet, as the
-cluster tests do), losing one node each time the group has logged --windows windows at its size,
+cluster on this host (a head of one CPU, kept for Ray Data, and N worker nodes of two CPUs, one
+2-CPU task worker each; each node its own raylet, as the cluster tests do), losing one node each time the group has logged --windows windows at its size,
 down to one worker, then a node joining again so the group grows.
 
   .venv/bin/python bench/elastic_throughput.py [--nodes 3] [--steps 3000] [--windows 6]
@@ -47,7 +47,7 @@ def _run_id(out: Path) -> str | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, default=3, help="one-CPU worker nodes, and the group's MAX")
+    parser.add_argument("--nodes", type=int, default=3, help="two-CPU worker nodes, and the group's MAX")
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--windows", type=int, default=6, help="logged windows at each size before a node goes")
     args = parser.parse_args()
@@ -59,16 +59,17 @@ def main() -> int:
         uri = stack.enter_context(mlflow_server(work / "mlflow"))
         head = stack.enter_context(ray_head(env, num_cpus=1))
         addresses = itertools.count(2)
-        nodes = [
-            stack.enter_context(ray_worker_node(head["gcs"], env, ip=f"127.0.0.{next(addresses)}"))
-            for _ in range(args.nodes)
-        ]
+
+        def node():
+            return stack.enter_context(ray_worker_node(head["gcs"], env, num_cpus=2, ip=f"127.0.0.{next(addresses)}"))
+
+        nodes = [node() for _ in range(args.nodes)]
         driver = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_"))}
         driver.update(env, RAY_ADDRESS=head["gcs"], MLFLOW_TRACKING_URI=uri, RAY_USAGE_STATS_ENABLED="0")
         driver["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "20"
         out = work / "run"
         command = [sys.executable, "-m", "convsts", "train", "--out", str(out), "name=elastic-bench",
-                   f"trainer.num_workers=[1,{args.nodes}]", "trainer.cpus_per_worker=1", "trainer.resize_interval_s=5",
+                   f"trainer.num_workers=[1,{args.nodes}]", "trainer.cpus_per_worker=2", "trainer.torch_threads=1", "trainer.resize_interval_s=5",
                    f"trainer.max_failures={args.nodes + 2}", f"trainer.steps={args.steps}", "trainer.checkpoint_every=50",
                    f"trainer.log_every={LOG}", "trainer.eval_every=0", *TINY_DAN]  # fmt: skip
         started = time.time()
@@ -109,7 +110,7 @@ def main() -> int:
             continue
         segments[-1][1].append(BATCH * size / times[step])
     base = statistics.median(next(rates for size, rates in segments if size == 1 and rates))
-    print(f"one elastic run [1,{args.nodes}], tiny DAN, batch {BATCH} a rank, {args.steps} steps, one-CPU nodes")
+    print(f"one elastic run [1,{args.nodes}], tiny DAN, batch {BATCH} a rank, {args.steps} steps, two-CPU nodes")
     print("| group size | windows | pairs/s (median) | / 1 worker |")
     print("|---|---|---|---|")
     for size, rates in segments:

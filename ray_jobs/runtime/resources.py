@@ -112,6 +112,35 @@ def _describe(nodes: list[Node]) -> str:
     return f"{len(nodes)} node(s): {', '.join(shown) or 'none'}"
 
 
+def elastic_size(cfg: RunConfig, nodes: list[Node]) -> int:
+    """The size Ray Train's elastic policy starts a group at on `nodes`: as many workers as the
+    nodes hold by the workers' own requests (each node's CPUs and GPUs over a worker's), at most MAX.
+    It leaves no room for Ray Data on purpose: workers_that_fit is what fits beside Ray Data."""
+    t = cfg.trainer
+    held = 0
+    for node in nodes:
+        counts = [int(node.get("CPU", 0.0) / t.cpus_per_worker + EPSILON)]
+        if t.use_gpu:
+            counts.append(int(node.get("GPU", 0.0) + EPSILON))
+        held += min(counts)
+    return min(held, t.max_workers)
+
+
+def _check_elastic_leaves_data_room(cfg: RunConfig, nodes: list[Node], fit_now: int) -> None:
+    """An elastic group that Ray would size to take the CPU Ray Data's reads need is refused in one
+    line: its reads would wait forever (Ray sizes the group by the workers' requests alone)."""
+    t = cfg.trainer
+    size = elastic_size(cfg, nodes)
+    if size > fit_now:
+        raise ConfigError(
+            f"trainer.num_workers={list(t.worker_range)}: Ray sizes an elastic group by the workers' requests "
+            f"alone and would start {size} worker(s) x {t.cpus_per_worker:g} CPU on the cluster's "
+            f"{_describe(nodes)}, leaving no whole CPU for Ray Data's reads (they would wait forever): set "
+            f"trainer.cpus_per_worker so that some node keeps a CPU no worker fits in (a head with fewer CPUs "
+            f"than a worker asks for), or lower MAX to {fit_now}"
+        )
+
+
 def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> int:
     """Refuse, in one line, a training run whose requests cannot all be placed on `nodes` (an elastic
     group's MIN); else the number of workers that fit now (workers_that_fit)."""
@@ -131,7 +160,10 @@ def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> int:
             f"trainer.cpus_per_worker or trainer.num_workers{', or set trainer.use_gpu=false' if t.use_gpu else ''}, "
             f"or add nodes"
         )
-    return workers_that_fit(cfg, nodes)
+    fit_now = workers_that_fit(cfg, nodes)
+    if t.elastic:
+        _check_elastic_leaves_data_room(cfg, nodes, fit_now)
+    return fit_now
 
 
 def _relaxed(cfg: RunConfig) -> RunConfig:

@@ -3,6 +3,7 @@ checkpoint and the MLflow run. `run_training` is what `convsts train`, `demo` an
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -110,6 +111,8 @@ def resume_mismatches(meta: dict[str, Any], cfg: RunConfig) -> list[str]:
     out += [f"the {d}" for d in head_changes(meta.get("heads") or {}, model_heads(cfg)).other_kind]
     return out
 
+
+ABORT_TIMEOUT_S = 60.0  # Ray Train's controller stopping a stopped command's worker group
 
 # What a resume may change without a word: where the checkpoint comes from and where the run logs.
 RESUME_UNSAID = ("trainer.resume_from", "trainer.warm_start", "mlflow.")
@@ -374,6 +377,9 @@ def _train(
     try:
         with tracking.system_metrics(uri, run_id), reporting_worker_deaths():
             result = trainer.fit()
+    except BaseException:  # Ctrl+C, SIGTERM, an error: the workers stop before the run is marked KILLED or FAILED
+        trainer.abort_fit()
+        raise
     finally:
         if holder is not None:
             ray.kill(holder)
@@ -441,11 +447,21 @@ def _torch_trainer(
     class CommandsTrainer(TorchTrainer):
         """Ray Train's fit() installs a SIGINT handler of its own (and never puts the earlier one
         back), which exits 1 without a word, or 0 once the fit is over: Ctrl+C stays the
-        command's, a KeyboardInterrupt that ends the run KILLED in one line (exit 130). The fit's
-        actors go with the driver."""
+        command's, a KeyboardInterrupt that ends the run KILLED in one line (exit 130), once
+        abort_fit has stopped the workers."""
 
         def _register_sigint_handler(self, controller) -> None:
-            return None
+            self.controller = controller  # for abort_fit
+
+        def abort_fit(self) -> None:
+            """Stop the fit's worker group (Ray Train's controller aborts it, then ends itself) and
+            wait for that, so that no worker logs a step or writes a checkpoint after the command
+            has marked its MLflow run KILLED or FAILED."""
+            controller = getattr(self, "controller", None)
+            if controller is None:
+                return
+            with contextlib.suppress(ray.exceptions.RayError):  # its end (exit_actor), or a timeout
+                ray.get(controller.abort.remote(), timeout=ABORT_TIMEOUT_S)
 
     return CommandsTrainer(
         train_loop_per_worker,

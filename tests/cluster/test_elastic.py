@@ -1,5 +1,5 @@
 """Elastic task groups (trainer.num_workers=[MIN, MAX]) on a real multi-node Ray cluster on this
-host: a head and three worker nodes of one CPU each, each its own `ray start` raylet with its own
+host: a head of one CPU and three worker nodes of two, each its own `ray start` raylet with its own
 temp dir, ports and loopback address; checkpoints in an S3 bucket (the local S3 server), metrics in
 an MLflow server on 127.0.0.1; the driver is `convsts train` joined through RAY_ADDRESS. A lost
 machine is a worker node's raylet killed with SIGKILL, everything under it too, and no replacement
@@ -48,9 +48,13 @@ def cluster(tmp_path_factory):
         addresses = itertools.count(2)
 
         def add_node() -> dict[str, str]:
-            nodes.append(stack.enter_context(ray_worker_node(head["gcs"], env, ip=f"127.0.0.{next(addresses)}")))
+            node = ray_worker_node(head["gcs"], env, num_cpus=2, ip=f"127.0.0.{next(addresses)}")
+            nodes.append(stack.enter_context(node))
             return nodes[-1]
 
+        # A task worker asks for 2 CPUs: one a node, and the head's CPU stays Ray Data's (Ray sizes an
+        # elastic group by the workers' requests alone; runtime/resources.py refuses a layout where
+        # the group would take it).
         add_node(), add_node(), add_node()
         driver = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_"))}
         # Ray Train waits this long for a group of the size it chose before it chooses again (its
@@ -99,7 +103,7 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
     client, out = MlflowClient(cluster["mlflow"]), tmp_path / "run"
     command = CLI + [
         "train", "--out", str(out), "--prepared", str(sample_prepared), "name=elastic",
-        f"trainer.storage_path={BUCKET}/ray_results", "trainer.num_workers=[1,3]", "trainer.cpus_per_worker=1",
+        f"trainer.storage_path={BUCKET}/ray_results", "trainer.num_workers=[1,3]", "trainer.cpus_per_worker=2", "trainer.torch_threads=1",
         "trainer.resize_interval_s=5", "trainer.max_failures=6", f"trainer.steps={STEPS}",
         f"trainer.checkpoint_every={EVERY}", f"trainer.log_every={LOG}", "trainer.eval_every=0",
         "mlflow.experiment=elastic", *TINY_DAN,
@@ -141,7 +145,10 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
     for name in ("reddit/loss", "snli/loss", "train/workers"):
         points = client.get_metric_history(run_id, name)
         steps = [m.step for m in points]
-        assert len(steps) == len(set(steps)) and set(steps) == expected_steps, (name, sorted(steps))
+        assert len(steps) == len(set(steps)) and set(steps) <= expected_steps, (name, sorted(steps))
+        # At one worker each step's task is drawn (SNLI 5%): a window may hold no SNLI step.
+        at_two_or_more = {s for s in expected_steps if workers[s] >= 2}
+        assert set(steps) >= (expected_steps if name != "snli/loss" else at_two_or_more), (name, sorted(steps))
     starts = [int(line.rsplit("start step ", 1)[1].split()[0]) for line in log.splitlines() if "start step " in line]
     assert starts[0] == 0 and len(starts) >= 4 and all(s > 0 and s % EVERY == 0 for s in starts[1:]), starts
     finished = json.loads((out / "train.json").read_text())

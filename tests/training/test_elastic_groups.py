@@ -10,7 +10,7 @@ import torch
 
 from convsts.io.errors import ConfigError
 from convsts.ray_jobs.config.loader import load_config
-from convsts.ray_jobs.runtime.resources import check_training_fits, workers_that_fit
+from convsts.ray_jobs.runtime.resources import check_training_fits, elastic_size, workers_that_fit
 from convsts.ray_jobs.training.loop import saved_plan
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
 from convsts.ray_jobs.training.train_state import TrainState, set_rng_state
@@ -53,17 +53,30 @@ def test_num_workers_is_one_number_or_min_max_and_each_refusal_is_one_line():
             load_config(DEMO, [*three_tasks, f"trainer.num_workers={sizes}"])
 
 
-def test_the_check_places_min_workers_and_says_how_many_fit_now():
-    cfg = load_config(DEMO, ["trainer.num_workers=[2,4]", "trainer.cpus_per_worker=1"])
-    # Ray Data's read task takes a whole CPU beside the workers.
-    assert check_training_fits(cfg, [{"CPU": 3.0}]) == 2
-    assert check_training_fits(cfg, [{"CPU": 3.0}, {"CPU": 1.0}]) == 3
-    assert workers_that_fit(cfg, [{"CPU": 8.0}]) == 4
+def test_the_check_places_min_workers_says_how_many_fit_now_and_keeps_ray_datas_cpu():
+    cfg = load_config(DEMO, ["trainer.num_workers=[1,3]", "trainer.cpus_per_worker=2"])
+    head, node = {"CPU": 1.0}, {"CPU": 2.0}  # the head keeps a CPU no 2-CPU worker fits in: Ray Data's
+    assert check_training_fits(cfg, [head, node, node, node]) == 3
+    assert check_training_fits(cfg, [head, node]) == 1
+    assert workers_that_fit(cfg, [{"CPU": 16.0}]) == 3
+    # Ray sizes an elastic group by the workers' requests alone: on nodes that the workers fill
+    # exactly, the group would take the CPU Ray Data's reads need, which would wait forever.
+    assert elastic_size(cfg, [node, node]) == 2
+    with pytest.raises(ConfigError) as err:
+        check_training_fits(cfg, [node, node])
+    message = str(err.value)
+    assert "leaving no whole CPU for Ray Data's reads" in message and "lower MAX to 1" in message
+    assert "\n" not in message
     with pytest.raises(ConfigError) as err:  # MIN does not fit: refused, naming MIN
-        check_training_fits(cfg, [{"CPU": 2.0}])
+        check_training_fits(
+            load_config(DEMO, ["trainer.num_workers=[2,4]", "trainer.cpus_per_worker=2"]), [{"CPU": 3.0}]
+        )
     assert "the elastic group's MIN, 2," in str(err.value) and "\n" not in str(err.value)
     fixed = load_config(DEMO, ["trainer.num_workers=2", "trainer.cpus_per_worker=1"])
     assert check_training_fits(fixed, [{"CPU": 8.0}]) == 2
+    gpu = load_config(DEMO, ["trainer.num_workers=[1,4]", "trainer.use_gpu=true", "trainer.cpus_per_worker=4"])
+    assert elastic_size(gpu, [{"CPU": 8.0, "GPU": 1.0}] * 3) == 3  # one worker per GPU, CPUs left over
+    assert check_training_fits(gpu, [{"CPU": 8.0, "GPU": 1.0}] * 3) == 3
 
 
 def test_each_size_is_planned_with_the_same_rules():

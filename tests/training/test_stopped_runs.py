@@ -1,0 +1,92 @@
+"""A `convsts train` on its own local Ray instance, stopped by Ctrl+C (SIGINT to its process
+group), by SIGTERM, by SIGKILL, or run to its end: once the command has exited, nothing of the run
+goes on. No step is logged and no checkpoint written after the command marked its MLflow run KILLED
+(the driver stops the worker group first), and no process of the command's own Ray instance is left
+(the instance's temp dir under RAY_TMPDIR names every one of them)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from testkit.local_cluster import pids_matching
+from testkit.tiny import TINY_DAN
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def _run(out: Path) -> str | None:
+    try:
+        return json.loads((out / "run.json").read_text())["runs"][-1]["run_id"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def _last_step(client, run_id: str) -> int:
+    return max((m.step for m in client.get_metric_history(run_id, "reddit/loss")), default=-1)
+
+
+def _checkpoints(out: Path) -> list[str]:
+    return sorted(glob.glob(str(out / "ray_results" / "**" / "checkpoint-*"), recursive=True))
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM", "SIGKILL", "end"])
+def test_nothing_of_a_stopped_or_finished_run_goes_on_after_its_command(stop, sample_prepared, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    out, temp = tmp_path / "run", Path("/tmp") / f"cvstop{os.getpid()}{stop[-3:]}"  # short: Ray's sockets live under it
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_"))}
+    env["RAY_TMPDIR"] = str(temp)
+    steps = 60 if stop == "end" else 100_000
+    command = [sys.executable, "-m", "convsts", "train", "--out", str(out), "--prepared", str(sample_prepared),
+               f"trainer.steps={steps}", "trainer.log_every=5", "trainer.checkpoint_every=20", "trainer.eval_every=0",
+               *TINY_DAN]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        if stop != "end":
+            client, deadline = None, time.time() + 300
+            while time.time() < deadline and proc.poll() is None:
+                run_id = _run(out)
+                if run_id and (out / "mlflow.db").exists():
+                    client = client or MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+                    if _last_step(client, run_id) >= 25:  # past a checkpoint, still training
+                        break
+                time.sleep(0.3)
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            if stop == "SIGINT":
+                os.killpg(proc.pid, signal.SIGINT)  # Ctrl+C in a terminal
+            else:
+                proc.send_signal(getattr(signal, stop))
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    expected = {"SIGINT": 130, "SIGTERM": 143, "SIGKILL": -9, "end": 0}[stop]
+    assert proc.returncode == expected, err[-3000:]
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    run_id = _run(out)
+    assert run_id is not None
+    status, last, checkpoints = client.get_run(run_id).info.status, _last_step(client, run_id), _checkpoints(out)
+    time.sleep(8)  # what a worker left running would log or write meanwhile
+    assert _last_step(client, run_id) == last and _checkpoints(out) == checkpoints, (stop, last, checkpoints)
+    assert client.get_run(run_id).info.status == status
+    if stop in ("SIGINT", "SIGTERM"):
+        assert status == "KILLED", status
+    if stop == "end":
+        assert status == "FINISHED" and last == steps
+    deadline = time.time() + 30  # the instance's own processes end with its driver
+    while pids_matching(str(temp)) and time.time() < deadline:
+        time.sleep(0.5)
+    left = pids_matching(str(temp))
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left if Path(f"/proc/{p}").exists()]
