@@ -16,12 +16,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
 import pytest
-from testkit.local_cluster import kill_node, mlflow_server, node_processes, ray_head, ray_worker_node
+from testkit.local_cluster import kill_node, mlflow_server, node_processes, poll_until, ray_head, ray_worker_node
 from testkit.s3_server import s3_endpoint
 from testkit.tiny import TINY_DAN
 
@@ -76,15 +75,11 @@ def _past_checkpoints(client, run_id: str, size: int) -> list[int]:
     return steps if any(s // EVERY >= max(first + 1, 2) and s % EVERY >= LOG for s in steps) else []
 
 
-def _wait_for(what, check, proc: subprocess.Popen, timeout_s: float = 420.0):
-    """Poll `check()` until it returns something true (returned), the driver exits, or time runs out."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline and proc.poll() is None:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not seen (driver exit code {proc.poll()})")
+def _wait_for(what, check, proc: subprocess.Popen):
+    """`check()`'s first true value while the driver runs, else fail naming `what`."""
+    found = poll_until(check, proc, 420.0, every=0.5)
+    assert found, f"{what}: not seen (driver exit code {proc.poll()})"
+    return found
 
 
 def _run_id(client, out: Path) -> str | None:

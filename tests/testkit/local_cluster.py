@@ -92,6 +92,18 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # zombies are gone for our purposes (PID 1 here may not reap them)
 
 
+def poll_until(predicate, proc: subprocess.Popen, seconds: float, every: float = 0.3):
+    """`predicate()`'s first true value, polled every `every` seconds while `proc` runs; None when
+    `proc` exits or `seconds` pass first."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and proc.poll() is None:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    return None
+
+
 def stop_pids(pids: list[int], grace_s: float = 10.0) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:

@@ -7,10 +7,9 @@ a worker is killed, ending at exactly trainer.steps updates."""
 import json
 import os
 import signal
-import time
 
 import pytest
-from testkit.local_cluster import ray_processes, start_train
+from testkit.local_cluster import poll_until, ray_processes, start_train
 from testkit.tiny import TINY_DAN
 
 from convsts.models.checkpoint import load_model, load_train_state
@@ -32,16 +31,6 @@ ARGS = [
 ]
 # Each task's count stays within slack + its workers of its share (ray_jobs/training/parameter_holder.py); +1 for the rounding.
 TOLERANCE = SLACK + 2
-
-
-def _wait_for(predicate, proc, seconds):
-    deadline = time.time() + seconds
-    while time.time() < deadline and proc.poll() is None:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    return None
 
 
 @pytest.mark.slow
@@ -69,13 +58,13 @@ def test_async_groups_train_both_tasks_and_resume_after_killing_the_holder_and_a
 
     try:
         # 1. The parameter holder's process dies once a checkpoint exists and training has gone past it.
-        assert _wait_for(lambda: (p := progress()) and p[0] and p[1] >= EVERY + 60, proc, 300), "no checkpoint"
+        assert poll_until(lambda: (p := progress()) and p[0] and p[1] >= EVERY + 60, proc, 300), "no checkpoint"
         holders = ray_processes(b"ray::ParameterHolder")
         assert len(holders) == 1, holders
         os.kill(holders[0], signal.SIGKILL)
         killed = [holders[0]]
         # 2. Once the group has restarted and passed another checkpoint, a worker dies.
-        assert _wait_for(lambda: (p := progress()) and p[2] == 1 and p[1] >= 2 * EVERY + 60, proc, 300), (
+        assert poll_until(lambda: (p := progress()) and p[2] == 1 and p[1] >= 2 * EVERY + 60, proc, 300), (
             "no restart after the holder died"
         )
         workers = ray_processes(b"ray::RayTrainWorker")
