@@ -240,6 +240,12 @@ def last_logged_steps(tracking_uri: str, run_id: str) -> dict[str, int]:
     return {key: max((m.step for m in c.get_metric_history(run_id, key)), default=-1) for key in run.data.metrics}
 
 
+def latest_value(tracking_uri: str, run_id: str, key: str) -> float | None:
+    """A run's value of metric `key` at its highest step (None where the store has no such run or metric)."""
+    run = _stored_run(tracking_uri, run_id)
+    return None if run is None else run.data.metrics.get(key)
+
+
 def metric_name(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "_-./ " else "_" for ch in name)
 

@@ -17,7 +17,7 @@ from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
 from convsts.ray_jobs.training.data_feed import TaskStream
-from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
+from convsts.ray_jobs.training.loop import WORKERS_METRIC, LoopHooks, TrainLoop
 from convsts.ray_jobs.training.start_weights import initial_model, restore
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
 from convsts.ray_jobs.training.train_state import TrainState
@@ -76,9 +76,22 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
     if rank == 0:
         _announce(loop_config, plan, world, device, loop.step, restarted=restarted)
-        if state is not None and state.world_size != world:
-            print_once(resize_line(state.world_size, plan, state.step, by_ray=checkpoint is not None))
+        before = previous_size(loop_config, state, restarted)
+        if before is not None and before != world:
+            print_once(resize_line(before, plan, loop.step, by_ray=checkpoint is not None))
     loop.run()
+
+
+def previous_size(loop_config: dict[str, Any], state: TrainState | None, restarted: bool) -> int | None:
+    """The size of the group this one follows: after a restart the run's last logged train/workers
+    (a group may grow before it checkpoints, going on from a checkpoint of an earlier size), else the
+    checkpoint's world size; None for a fresh start."""
+    uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
+    if restarted and uri and run_id:
+        logged = tracking.latest_value(uri, run_id, WORKERS_METRIC)
+        if logged is not None:
+            return int(logged)
+    return state.world_size if state is not None else None
 
 
 def resize_line(before: int, plan, step: int, by_ray: bool) -> str:
