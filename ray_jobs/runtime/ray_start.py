@@ -11,6 +11,7 @@ from typing import Any
 
 from convsts.ray_jobs.runtime.entry import SigtermAsInterrupt
 from convsts.ray_jobs.runtime.logs import quiet_ray_logs, verbose
+from convsts.ray_jobs.runtime.reaper import start_reaper
 
 
 def worker_setup() -> None:
@@ -104,3 +105,7 @@ def _init_ray(ray, address: str | None, num_cpus: int | None, kwargs: dict[str, 
             _system_config={"worker_maximum_startup_concurrency": max(LOCAL_STARTUP_CONCURRENCY, cpus)},
             **kwargs,
         )
+        from ray._private.worker import _global_node
+
+        if _global_node is not None:  # no process of the instance outlives this command
+            start_reaper(_global_node.get_session_dir_path())

@@ -370,19 +370,7 @@ def _train(
     # Every step a run of OUT's chain logged is not logged again (a fallback to an older checkpoint too).
     loop_config.update(tracking_uri=uri, run_id=run_id, continues=mlflow_run.continues, earlier_runs=start.earlier_runs)
     loop_config["provenance"] = {"data": digests, "run_id": run_id}  # a checkpoint names the run that wrote it
-    holder = None
-    if plan.mode is SplitMode.ASYNC:  # the shared encoder's parameter holder, for this fit only
-        holder = loop_config["holder"] = start_holder(cfg)
-    trainer = _torch_trainer(cfg, location, loop_config, datasets, extra_callbacks)
-    try:
-        with tracking.system_metrics(uri, run_id), reporting_worker_deaths():
-            result = trainer.fit()
-    except BaseException:  # Ctrl+C, SIGTERM, an error: the workers stop before the run is marked KILLED or FAILED
-        trainer.abort_fit()
-        raise
-    finally:
-        if holder is not None:
-            ray.kill(holder)
+    result = _fit(cfg, location, loop_config, datasets, extra_callbacks, plan)
     final, best = _keep_checkpoints(cfg, result, out_dir)
     mode = (
         (load_train_state(final) or {}).get("mode", plan.mode) if cfg.trainer.elastic else plan.mode
@@ -411,6 +399,25 @@ def _train(
     storage.write_text(out_dir / TRAIN_SUMMARY, json.dumps(train_json, indent=2))
     mark_checkpoint(out_dir, run_id, cfg.trainer.steps)
     return TrainResult(final, run_id, uri, seconds, mode, train_rows, model_dir)
+
+
+def _fit(cfg: RunConfig, location: RunStorage, loop_config: dict, datasets: dict, extra_callbacks, plan):
+    """The TorchTrainer's fit, with the async split's parameter holder for this fit only. On Ctrl+C,
+    SIGTERM or an error the workers stop before the run is marked KILLED or FAILED (abort_fit)."""
+    uri, run_id = loop_config["tracking_uri"], loop_config["run_id"]
+    holder = None
+    if plan.mode is SplitMode.ASYNC:
+        holder = loop_config["holder"] = start_holder(cfg)
+    trainer = _torch_trainer(cfg, location, loop_config, datasets, extra_callbacks)
+    try:
+        with tracking.system_metrics(uri, run_id), reporting_worker_deaths():
+            return trainer.fit()
+    except BaseException:
+        trainer.abort_fit()
+        raise
+    finally:
+        if holder is not None:
+            ray.kill(holder)
 
 
 def _said_plan(cfg: RunConfig):

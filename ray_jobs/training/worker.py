@@ -3,6 +3,7 @@ checkpoints, reports) and to MLflow. Resumes from `ray.train.get_checkpoint()` a
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from typing import Any
@@ -138,12 +139,23 @@ def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int, 
             for key, step in tracking.last_logged_steps(uri, earlier).items():
                 logged[key] = max(step, logged.get(key, -1))
 
+    raylet = os.getppid()  # a Ray worker is its node's raylet's child
+
+    def stop_if_orphaned() -> None:
+        """A worker whose raylet has gone (its node lost, or its command SIGKILLed with its own local
+        instance) ends here, before it logs a step or writes a checkpoint for a run nobody drives;
+        Ray would end it only seconds later."""
+        if os.getppid() != raylet:
+            os._exit(1)
+
     def log(metrics: dict[str, float], step: int) -> None:
+        stop_if_orphaned()
         if uri and run_id:
             new = {k: v for k, v in metrics.items() if step > logged.get(tracking.metric_name(k), -1)}
             tracking.log_metrics(uri, run_id, new, step)
 
     def report(step: int, metrics: dict[str, float], train_state: TrainState | None) -> None:
+        stop_if_orphaned()
         if train_state is None:
             ray.train.report({**metrics, "step": step}, checkpoint=None)
             return

@@ -1,0 +1,84 @@
+"""The reaper of a command's own local Ray instance: a process of its own session that ends every
+process of the instance once the command is gone, however it went (SIGKILL, an OOM kill), so that
+no Ray process of the instance outlives the command. Ray ends them itself only after a minute or
+more (a dashboard agent notices its raylet is gone late).
+
+  python -m convsts.ray_jobs.runtime.reaper DRIVER_PID SESSION_DIR
+
+While the driver lives it notes, every POLL_S, the processes whose command line names the
+instance's session folder and their descendants (Ray renames its agents, so a descendant is only
+known while its parent lives); when the driver is gone it SIGKILLs each of them still there."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+POLL_S = 0.5
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line), from /proc."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                out[int(entry)] = (ppid, cmd)
+    return out
+
+
+def instance_processes(session_dir: str, known: set[int]) -> set[int]:
+    """The processes naming `session_dir`, the ones in `known` still there, and all their descendants."""
+    procs = _processes()
+    found = {pid for pid, (_, cmd) in procs.items() if session_dir in cmd} | (known & procs.keys())
+    found.discard(os.getpid())
+    while children := {pid for pid, (ppid, _) in procs.items() if ppid in found} - found - {os.getpid()}:
+        found |= children
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")  # a zombie is gone
+
+
+def reap(driver: int, session_dir: str) -> None:
+    known: set[int] = set()
+    while _alive(driver):
+        known = instance_processes(session_dir, known)
+        time.sleep(POLL_S)
+    for pid in instance_processes(session_dir, known):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def start_reaper(session_dir: str) -> None:
+    """The reaper of this process's local instance, in a session of its own (a Ctrl+C to the
+    command's process group does not stop it first). Linux only (/proc); elsewhere Ray's own
+    clean-up is all there is."""
+    if not Path("/proc/self/stat").exists():
+        return
+    subprocess.Popen(
+        [sys.executable, "-m", "convsts.ray_jobs.runtime.reaper", str(os.getpid()), session_dir],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+if __name__ == "__main__":
+    reap(int(sys.argv[1]), sys.argv[2])
