@@ -145,3 +145,18 @@ def test_a_resize_is_one_line_saying_from_to_why_and_the_split():
     assert "from 1 to 2 at step 520 (more workers fit: Ray's resize check found room)" in grew
     resumed = resize_line(2, plan_for(cfg.trainer, 3), 40, by_ray=False)
     assert "(this run's trainer.num_workers)" in resumed
+
+
+def test_a_sweep_with_an_elastic_group_is_refused_in_one_line_before_any_work(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "convsts", "tune", "--space", "snli_fraction", "--config", str(DEMO),
+         "--out", str(tmp_path / "sweep"), "trainer.num_workers=[1,2]"],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.startswith("convsts ")]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert "trainer.num_workers=[1, 2]: a sweep's trials are fixed-size groups" in lines[0]
+    assert not (tmp_path / "sweep" / "sweep.json").exists()
