@@ -112,7 +112,10 @@ def resume_mismatches(meta: dict[str, Any], cfg: RunConfig) -> list[str]:
     return out
 
 
-ABORT_TIMEOUT_S = 60.0  # Ray Train's controller stopping a stopped command's worker group
+# How long a stopped command waits for Ray Train's controller to abort its worker group before it
+# marks its run: inside the grace Ray gives a stopped job's driver (RAY_JOB_STOP_WAIT_TIME_S, 3 s)
+# before its SIGKILL, which would leave the run RUNNING. The abort goes on in the controller after.
+ABORT_TIMEOUT_S = 1.0
 
 # What a resume may change without a word: where the checkpoint comes from and where the run logs.
 RESUME_UNSAID = ("trainer.resume_from", "trainer.warm_start", "mlflow.")
