@@ -22,7 +22,7 @@ from pathlib import Path
 POLL_S = 0.5
 
 
-def _processes() -> dict[int, tuple[int, str]]:
+def processes() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, command line), from /proc."""
     out = {}
     for entry in os.listdir("/proc"):
@@ -36,7 +36,7 @@ def _processes() -> dict[int, tuple[int, str]]:
 
 def instance_processes(session_dir: str, known: set[int]) -> set[int]:
     """The processes naming `session_dir`, the ones in `known` still there, and all their descendants."""
-    procs = _processes()
+    procs = processes()
     found = {pid for pid, (_, cmd) in procs.items() if session_dir in cmd} | (known & procs.keys())
     found.discard(os.getpid())
     while children := {pid for pid, (ppid, _) in procs.items() if ppid in found} - found - {os.getpid()}:

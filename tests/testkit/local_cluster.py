@@ -17,6 +17,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from convsts.ray_jobs.runtime.reaper import instance_processes
+
 BIN = Path(sys.executable).parent
 
 
@@ -34,32 +36,9 @@ def free_ports(n: int) -> list[int]:
         return [s.getsockname()[1] for s in sockets]
 
 
-def _procs() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line), from /proc."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            out[int(entry)] = (ppid, cmd)
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
 def pids_matching(marker: str) -> list[int]:
-    """Processes whose command line contains `marker`, plus all their descendants."""
-    procs = _procs()
-    found = {pid for pid, (_, cmd) in procs.items() if marker in cmd and pid != os.getpid()}
-    grew = True
-    while grew:
-        children = {pid for pid, (ppid, _) in procs.items() if ppid in found} - found
-        grew = bool(children)
-        found |= children
-    return sorted(found)
+    """Processes whose command line contains `marker`, plus all their descendants (the reaper's own rule)."""
+    return sorted(instance_processes(marker, set()))
 
 
 def ray_processes(prefix: bytes) -> list[int]:
