@@ -119,14 +119,19 @@ def _arrow_comments(data: bytes, count: int):
     return _comment_table(table) if table.num_rows == count else None
 
 
+MALFORMED_ROW = {name: "" for name in TEXT_FIELDS} | {"status": "malformed"}
+
+
+def _rows_table(rows: list[dict[str, str]]):
+    return pa.table({name: pa.array([r[name] for r in rows], pa.string()) for name in [*TEXT_FIELDS, "status"]})
+
+
 def _line_by_line(lines: list[bytes]):
     rows = []
     for raw in lines:
         comment = parse_comment(raw)
-        rows.append(
-            {**comment, "status": ""} if comment else {name: "" for name in TEXT_FIELDS} | {"status": "malformed"}
-        )
-    return pa.table({name: pa.array([r[name] for r in rows], pa.string()) for name in [*TEXT_FIELDS, "status"]})
+        rows.append({**comment, "status": ""} if comment else MALFORMED_ROW)
+    return _rows_table(rows)
 
 
 def _parse_lines(lines: list[bytes]):
@@ -139,6 +144,13 @@ def _parse_lines(lines: list[bytes]):
         return _line_by_line(lines)
     half = len(lines) // 2
     return pa.concat_tables([_parse_lines(lines[:half]), _parse_lines(lines[half:])])
+
+
+# A line longer than this (its bytes before the newline) is no comment (Reddit caps a body at 10,000
+# characters): it is a malformed line, unparsed, wherever it falls (parse_chunk). One that crosses
+# the end of a read block is read past a piece at a time, never held whole, and shown as OVERSIZED_LINE.
+MAX_LINE_BYTES = 1 << 20
+OVERSIZED_LINE = b"<a line of over 1 MiB, skipped>\n"
 
 
 def _line_bounds(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -162,25 +174,22 @@ def parse_chunk(chunk: bytes) -> tuple[Any, np.ndarray]:
     to Arrow's JSON reader in one call, as the runs of bytes between the others; the others are parsed one
     by one (they are malformed, or valid JSON with spaces around)."""
     starts, ends, shaped = _line_bounds(np.frombuffer(chunk, np.uint8))
+    oversized = ends - starts > MAX_LINE_BYTES  # (L,) malformed unread, wherever the line falls
+    shaped &= ~oversized
     if shaped.all():
         table = _arrow_comments(chunk if chunk.endswith(b"\n") else chunk + b"\n", len(starts))
         if table is not None:
             return table, np.arange(len(starts))
     view = memoryview(chunk)
-    good_at, bad_at = np.flatnonzero(shaped), np.flatnonzero(~shaped)
+    good_at, bad_at, long_at = np.flatnonzero(shaped), np.flatnonzero(~shaped & ~oversized), np.flatnonzero(oversized)
     runs = np.split(good_at, np.flatnonzero(np.diff(good_at) != 1) + 1) if len(good_at) else []
     good = b"\n".join(view[starts[run[0]] : ends[run[-1]]] for run in runs) + b"\n"
     good_rows = _arrow_comments(good, len(good_at)) if len(good_at) else None
     if good_rows is None:
         good_rows = _parse_lines([bytes(view[starts[i] : ends[i]]) for i in good_at.tolist()])
     bad_rows = _line_by_line([bytes(view[starts[i] : ends[i]]) for i in bad_at.tolist()])
-    return pa.concat_tables([good_rows, bad_rows]), np.concatenate([good_at, bad_at])
-
-
-# A line longer than this is no comment (Reddit caps a body at 10,000 characters): it is read past a
-# piece at a time, never held whole, and counted as a malformed line, shown as OVERSIZED_LINE.
-MAX_LINE_BYTES = 1 << 20
-OVERSIZED_LINE = b"<a line of over 1 MiB, skipped>\n"
+    long_rows = _rows_table([MALFORMED_ROW] * len(long_at))
+    return pa.concat_tables([good_rows, bad_rows, long_rows]), np.concatenate([good_at, bad_at, long_at])
 
 
 def _whole_lines(path: str, chunk_bytes: int) -> Generator[bytes, None, None]:

@@ -246,6 +246,27 @@ def test_the_distributed_prepare_holds_partitions_and_tables_not_the_input(ray_s
     assert pieces and int(pieces.group(1)) == len(inputs) and int(pieces.group(2)) > 2 * len(inputs), caplog.text
 
 
+def test_a_line_over_the_limit_is_malformed_on_the_distributed_path_as_in_the_engine(ray_session, tmp_path):
+    """Long lines just before every piece edge (2 MiB) and the engine's block edge (8 MiB): one task
+    per file and pieces of 2 or 3 MiB give the engine's manifest and shards, each long line malformed."""
+    from test_pushshift import long_line_dump
+
+    from convsts.datasets import pushshift
+
+    dump = tmp_path / "RC_long"
+    long_at = long_line_dump(dump)
+    cfg = load_config(None, ["data.rows_per_shard=300"])
+    args = ([str(dump)], cfg.filters, cfg.data.test_share, cfg.data.split_salt)
+    engine = pushshift.prepare_local(*args, tmp_path / "engine", 300, parts=2)
+    assert engine["malformed"] == len(long_at) and engine["pairs"] > 1000
+    assert pushshift.prepare_distributed(*args, tmp_path / "file", 300, parts=2, cpus=1) == engine
+    for piece_bytes in (2 << 20, 3 << 20):
+        cut = pushshift.prepare_distributed(
+            *args, tmp_path / f"p{piece_bytes}", 300, parts=2, piece_bytes=piece_bytes, cpus=8
+        )
+        assert cut == engine, piece_bytes
+
+
 def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(tmp_path):
     """pushshift's months before 2017-12 ship as .bz2 and .xz: a thread across four months, each
     compressed its own way, pairs across files as plain dumps do."""

@@ -137,3 +137,51 @@ def test_the_distributed_prepare_cuts_more_partitions_as_the_input_grows():
     step = pushshift.TASK_PARTITION_BYTES
     assert [pushshift.cluster_partitions(n * step, cpus=2) for n in (0, 1, 2, 3, 40, 400)] == [2, 2, 2, 3, 40, 400]
     assert pushshift.cluster_partitions(step, cpus=16) == 16
+
+
+LONG_LINE_EDGES = [2 << 20, 4 << 20, 6 << 20, 8 << 20]  # piece edges at 2 MiB, the engine's block at 8 MiB
+
+
+def long_line_dump(path: Path) -> set[int]:
+    """Short comments with, 0.3 MB before each of LONG_LINE_EDGES, a comment of 1.5 MiB (valid JSON,
+    a reply to it after it), and a line of exactly MAX_LINE_BYTES and one of a byte more; returns
+    the numbers of the lines over MAX_LINE_BYTES, which are malformed wherever they fall."""
+    limit = pushshift.MAX_LINE_BYTES
+
+    def sized(cid: str, size: int) -> bytes:
+        empty = _line(cid, body="").encode()
+        return _line(cid, body="x" * (size - len(empty))).encode()
+
+    lines: list[bytes] = []
+    size, long_at, short = 0, set(), 0
+
+    def add(line: bytes) -> None:
+        nonlocal size
+        lines.append(line)
+        size += len(line) + 1
+
+    add(sized("exact", limit))
+    add(sized("over", limit + 1))
+    long_at.add(2)
+    for k, edge in enumerate(LONG_LINE_EDGES):
+        while size < edge - 300_000:
+            short += 1
+            add(_line(f"s{short}", body=f"short comment {short} with words", parent_id=f"t1_s{short - 1}").encode())
+        add(sized(f"long{k}", 3 * limit // 2))
+        long_at.add(len(lines))
+        add(_line(f"reply{k}", body="a reply to the long one", parent_id=f"t1_long{k}").encode())
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return long_at
+
+
+@pytest.mark.parametrize("chunk_bytes", [pushshift.CHUNK_BYTES, 2 << 20, 3 << 20, 1 << 20])
+def test_a_line_over_the_limit_is_malformed_wherever_it_falls(tmp_path, chunk_bytes):
+    """The one rule: a line of more than MAX_LINE_BYTES is malformed, inside a block or across its
+    end, at every block size; a line of exactly MAX_LINE_BYTES is read."""
+    dump = tmp_path / "RC_long"
+    long_at = long_line_dump(dump)
+    tables = list(pushshift.read_dump_chunks(str(dump), chunk_bytes=chunk_bytes))
+    rows = pa.concat_tables(tables).to_pandas()
+    malformed = set(rows.loc[rows["status"] == "malformed", "line"])
+    assert malformed == long_at and len(rows) == rows["line"].max()
+    assert rows.loc[rows["line"] == 1, "id"].item() == "exact"
