@@ -21,6 +21,7 @@ Both give the same counts and the same pairs (tests/data/test_prepare.py compare
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -394,6 +395,10 @@ class _Spill:
         path = self.folder / f"{kind}-{part}.arrow"
         return pa.ipc.open_stream(pa.memory_map(str(path))).read_all() if path.exists() else None
 
+    def read_all(self, kind: str, part: int) -> list:
+        """One partition's rows as a list of tables (as read tasks hand theirs over)."""
+        return [self.read(kind, part)]
+
     def drop(self, kind: str, part: int) -> None:
         """One partition of `kind` read for the last time: its file removed (the spill's disk peak)."""
         (self.folder / f"{kind}-{part}.arrow").unlink(missing_ok=True)
@@ -425,15 +430,6 @@ def _statuses(joined):
     with_parent = pc.if_else(pc.is_null(parent_status), MISSING, pair_or_filtered)
     parent = pc.if_else(pc.is_null(joined["parent_key"]), SUBMISSION, with_parent)
     return pc.if_else(pc.equal(joined["status"], ""), parent, joined["status"])
-
-
-def _pairs_of(spill: _Spill, part: int, later, test_share: float, salt: str):
-    """One partition's replies joined to their parents: ({(status, split): lines}, {split: pairs as
-    WRITTEN_COLUMNS and ORDER_KEY})."""
-    edges, nodes = spill.read("edge", part), spill.read("node", part)
-    if edges is None:
-        return {}, {}
-    return joined_pairs(edges, parents_of(nodes, later), later, test_share, salt)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,6 +517,38 @@ def joined_pairs(edges, parents, later, test_share: float, salt: str):
     return counts, pairs
 
 
+NO_PARENTS = pa.table({name: pa.array([], pa.string()) for name in ("parent_key", "parent_status", "context")})
+
+
+def partition_pairs(edges: list, nodes: Callable[[], list], later, test_share: float, salt: str):
+    """The pairs step of both engines: one partition's replies (its edge tables, None for none)
+    joined to its possible parents (its node tables, fetched only where there are replies; a
+    partition where no comment hashed has none: every reply's parent is missing): ({(status,
+    split): lines}, {split: pairs as WRITTEN_COLUMNS and ORDER_KEY}); ({}, {}) without replies."""
+    kept = [e for e in edges if e is not None]
+    if not kept:
+        return {}, {}
+    found = [n for n in nodes() if n is not None]
+    parents = parents_of(pa.concat_tables(found), later) if found else NO_PARENTS
+    return joined_pairs(pa.concat_tables(kept), parents, later, test_share, salt)
+
+
+def pairs_manifest(reads: Iterable[tuple], part_counts: Iterable[dict], ranked: Sequence[str]) -> dict[str, Any]:
+    """The count merge of both engines: the manifest's counts from each read's (lines read,
+    malformed lines, the orders of its first malformed lines, ...) in the inputs' order and each
+    partition's {(status, split): lines}."""
+    counts: dict[tuple[str, str], int] = {}
+    lines_read, examples = 0, list[str]()
+    for read_lines, malformed_lines, orders, *_ in reads:
+        lines_read += read_lines
+        counts[("malformed", "")] = counts.get(("malformed", ""), 0) + malformed_lines
+        examples += [_source(int(o), ranked) for o in orders][: MAX_EXAMPLES - len(examples)]
+    for part in part_counts:
+        for key, n in part.items():
+            counts[key] = counts.get(key, 0) + n
+    return manifest_counts([(s, split, n) for (s, split), n in counts.items()], lines_read, examples)
+
+
 def spill_partitions(stored: int, per: int = PARTITION_INPUT_BYTES) -> int:
     """How many partitions inputs of `stored` bytes (as stored) are cut into: one per `per` bytes
     (prepare_local's spill: PARTITION_INPUT_BYTES)."""
@@ -543,11 +571,12 @@ def _ruled_chunks(path: str, rank: int, cfg: RedditFilterConfig) -> Generator[An
         yield with_rules(chunk, cfg)
 
 
-def _spill_comments(spill: _Spill, paths: Sequence[str], cfg: RedditFilterConfig) -> tuple[int, dict, list[str]]:
-    """Every line of `paths` read, filtered and spilled: (lines read, {(malformed, ""): lines}, examples).
-    Logs its progress every PROGRESS_SECONDS (a month's dump reads for minutes)."""
+def _spill_comments(spill: _Spill, paths: Sequence[str], cfg: RedditFilterConfig) -> tuple[int, int, list[int]]:
+    """Every line of `paths` read, filtered and spilled: (lines read, malformed lines, the orders of
+    the first MAX_EXAMPLES of those). Logs its progress every PROGRESS_SECONDS (a month's dump reads
+    for minutes)."""
     ranked = sorted(paths)
-    lines_read, malformed_lines, examples = 0, 0, list[str]()
+    lines_read, malformed_lines, examples = 0, 0, list[int]()
     started = reported = time.monotonic()
     for number, path in enumerate(paths, start=1):
         for chunk in _ruled_chunks(path, ranked.index(path), cfg):
@@ -565,11 +594,11 @@ def _spill_comments(spill: _Spill, paths: Sequence[str], cfg: RedditFilterConfig
                 )
             chunk, malformed, orders = _without_malformed(chunk, MAX_EXAMPLES - len(examples))
             malformed_lines += malformed
-            examples += [_source(o, ranked) for o in orders]
+            examples += orders
             spill.add_comments(chunk)
     spill.close("node")
     spill.close("edge")
-    return lines_read, {("malformed", ""): malformed_lines}, examples
+    return lines_read, malformed_lines, examples
 
 
 SPILL_PREFIX = "convsts-pushshift-"  # + the pid of the process that spills there
@@ -616,19 +645,21 @@ def prepare_local(
         storage.write_errors(f"{folder} (the spill folder, in TMPDIR)"),  # a full disk names it
     ):
         spill = _Spill(Path(folder), parts)
-        lines_read, counts, examples = _spill_comments(spill, paths, cfg)
+        read = _spill_comments(spill, paths, cfg)
+        counts: list[dict] = []
         later = spill.later_lines()
         for part in range(spill.parts):
-            part_counts, pairs = _pairs_of(spill, part, later, test_share, salt)
+            part_counts, pairs = partition_pairs(
+                [spill.read("edge", part)], functools.partial(spill.read_all, "node", part), later, test_share, salt
+            )
             spill.drop("node", part)
             spill.drop("edge", part)
-            for key, n in part_counts.items():
-                counts[key] = counts.get(key, 0) + n
+            counts.append(part_counts)
             for split, table in pairs.items():
                 spill.add_pairs(split, table)
         spill.close("pairs-train")
         spill.close("pairs-test")
-        manifest = manifest_counts([(s, split, n) for (s, split), n in counts.items()], lines_read, examples)
+        manifest = pairs_manifest([read], counts, sorted(paths))
         shards = {
             split: spill.write_split(split, out_dir, manifest[f"{split}_pairs"], rows_per_shard)
             for split in ("train", "test")
@@ -765,17 +796,12 @@ def _pairs_task(test_share: float, salt: str, parts: int, later, nodes: list, *e
     partition's node tables (refs inside a list: fetched here, after the edges)."""
     import ray
 
-    kept = [e for e in edges if e is not None]
-    if not kept:
-        return [{}] + [None] * (2 * parts)
-    found = [n for n in ray.get(nodes) if n is not None]
-    if found:
-        parents = parents_of(pa.concat_tables(found), later)
-    else:  # no comment hashed here: every reply's parent is missing
-        parents = pa.table({name: pa.array([], pa.string()) for name in ("parent_key", "parent_status", "context")})
-    counts, pairs = joined_pairs(pa.concat_tables(kept), parents, later, test_share, salt)
+    counts, pairs = partition_pairs(list(edges), lambda: ray.get(nodes), later, test_share, salt)
     out: list[Any] = [counts]
     for split in ("train", "test"):
+        if split not in pairs:
+            out += [None] * parts
+            continue
         ranges = dict(partition_slices(pairs[split], key_ranges(pairs[split], parts), parts))
         out += [ranges.get(r) for r in range(parts)]
     return out
@@ -839,14 +865,6 @@ def prepare_distributed(
 def _distributed_manifest(stats: list, part_counts: list[dict], ranked: list[str]) -> dict[str, Any]:
     """The manifest's counts from the read tasks' stats (in the inputs' order) and each partition's
     counts; logs the largest table a read task handed over."""
-    counts: dict[tuple[str, str], int] = {}
-    lines_read, examples, largest = 0, list[str](), 0
-    for read_lines, malformed_lines, orders, table_bytes in stats:
-        lines_read, largest = lines_read + read_lines, max(largest, table_bytes)
-        counts[("malformed", "")] = counts.get(("malformed", ""), 0) + malformed_lines
-        examples += [_source(int(o), ranked) for o in orders][: MAX_EXAMPLES - len(examples)]
-    for part in part_counts:
-        for key, n in part.items():
-            counts[key] = counts.get(key, 0) + n
+    largest = max((table_bytes for *_, table_bytes in stats), default=0)
     log.info("reddit: read tasks handed over tables of at most %.1f MiB", largest / 2**20)
-    return manifest_counts([(s, split, n) for (s, split), n in counts.items()], lines_read, examples)
+    return pairs_manifest(stats, part_counts, ranked)

@@ -185,3 +185,12 @@ def test_a_line_over_the_limit_is_malformed_wherever_it_falls(tmp_path, chunk_by
     malformed = set(rows.loc[rows["status"] == "malformed", "line"])
     assert malformed == long_at and len(rows) == rows["line"].max()
     assert rows.loc[rows["line"] == 1, "id"].item() == "exact"
+
+
+def test_the_engine_joins_a_partition_with_replies_and_no_comments(tmp_path):
+    """Replies whose parents are in no file, in partitions where no comment hashed: the one pairs
+    step (both engines') counts each parent missing."""
+    dump = tmp_path / "RC_orphans"
+    dump.write_text("\n".join(_line(f"r{i}", parent_id=f"t1_gone{i}", body=f"a reply number {i}") for i in range(3)))
+    m = pushshift.prepare_local([str(dump)], CFG, 0.1, "convsts", tmp_path / "out", 300, parts=64)
+    assert m["unpaired_by_reason"] == {"unpaired_parent_missing": 3} and m["pairs"] == 0
