@@ -270,6 +270,32 @@ def in_fixed_order(part, rows: int, rows_per_shard: int):
     return ordered
 
 
+BUCKETS = ("malformed", "duplicate_ids", "filtered_by_rule", "unpaired", "pairs")  # what a line read became
+
+
+def manifest_bucket_problem(manifest: dict[str, Any]) -> str | None:
+    """Where a prepared manifest's line counts do not add up as manifest_counts made them, as
+    'KEY=N but ...' (a hand-edited count), or None."""
+    if "lines_read" not in manifest:
+        return None
+    for key in ("filtered_by_rule", "unpaired_by_reason"):
+        values = manifest.get(key)
+        if not isinstance(values, dict) or any(type(n) is not int for n in values.values()):
+            return f"{key}: not a mapping of counts ({values!r})"
+    for key in ("lines_read", *BUCKETS):
+        if key != "filtered_by_rule" and type(manifest.get(key)) is not int:
+            return f"{key}: not a count ({manifest.get(key)!r})"
+    by_reason = sum(manifest["unpaired_by_reason"].values())
+    if manifest["unpaired"] != by_reason:
+        return f"unpaired={manifest['unpaired']} but unpaired_by_reason adds up to {by_reason}"
+    became = sum(sum(v.values()) if isinstance(v, dict) else v for v in (manifest[key] for key in BUCKETS))
+    if manifest["lines_read"] != became:
+        return (
+            f"lines_read={manifest['lines_read']} but what its lines became ({', '.join(BUCKETS)}) adds up to {became}"
+        )
+    return None
+
+
 def manifest_counts(counts, lines_read: int, examples: list[str]) -> dict[str, Any]:
     """The manifest's buckets from (status, split, rows) triples; they must add up to `lines_read`."""
     by_status: dict[str, int] = {}

@@ -91,6 +91,11 @@ class Task:
         manifest = {"inputs": list(inputs), "pairs": len(frame), "seconds": round(time.time() - started, 1)}
         return write_manifest(self, out_dir, {**manifest, "shards": shards}, inputs=files)
 
+    def count_problem(self, manifest: dict[str, Any]) -> str | None:
+        """Where the manifest's own counts (beyond its shards' rows, which verify_prepared checks)
+        disagree, as 'KEY=N but ...', or None. The default has none."""
+        return None
+
     def manifest_metrics(self, manifest: dict[str, Any]) -> dict[str, float]:
         """Counts from the prepare manifest logged to MLflow as data/... metrics."""
         return {f"data/{self.name}_train_pairs": float(manifest.get("pairs", 0))}

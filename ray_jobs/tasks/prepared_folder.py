@@ -276,6 +276,21 @@ def _other_bytes_elsewhere(recorded: list[dict], current: list[dict]) -> list[st
     return changed
 
 
+def count_problem(task: Task, manifest: dict[str, Any]) -> str | None:
+    """Where a manifest's counts disagree with its shard records (`pairs`: every shard's rows;
+    `SPLIT_pairs`: that split's) or with each other (Task.count_problem), as 'KEY=N but ...'."""
+    rows = {split: sum(shard["rows"] for shard in listed) for split, listed in manifest["shards"].items()}
+    recorded = {"pairs": sum(rows.values())} | {f"{split}_pairs": n for split, n in rows.items()}
+    for key, n in recorded.items():
+        if key not in manifest:
+            continue
+        if type(manifest[key]) is not int:
+            return f"{key}: not a count ({manifest[key]!r})"
+        if manifest[key] != n:
+            return f"{key}={manifest[key]} but its shards hold {n} rows"
+    return task.count_problem(manifest)
+
+
 def verify_prepared(task: Task, prepared_root: str, cfg: RunConfig | None = None) -> dict[str, Any]:
     """The task's prepared folder is complete and unchanged: its manifest exists and lists exactly
     the shard files present with their row counts, sizes and sha256 (shard_problem); with `cfg`, it was also prepared with the run's values
@@ -316,6 +331,9 @@ def verify_prepared(task: Task, prepared_root: str, cfg: RunConfig | None = None
                 raise BadInputError(f"{err}; {again}") from None
             if problem:
                 raise BadInputError(f"{path}: {problem}; {again}")
+    problem = count_problem(task, manifest)
+    if problem:
+        raise BadInputError(f"{manifest_path}: {problem}; {again}")
     differs = settings_mismatches(task, manifest, redact_tree(cfg.to_dict())) if cfg is not None else []
     new_folder = (
         "prepare this run's data into a new folder (`convsts prepare all --config ... --out NEW`, then --prepared NEW)"

@@ -77,6 +77,9 @@ class RedditTask(Task):
         )
         return manifest
 
+    def count_problem(self, manifest: dict[str, Any]) -> str | None:
+        return reddit.manifest_bucket_problem(manifest)
+
     def manifest_metrics(self, manifest: dict[str, Any]) -> dict[str, float]:
         return {
             "data/reddit_train_pairs": float(manifest["train_pairs"]),

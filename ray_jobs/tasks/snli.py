@@ -56,6 +56,14 @@ class SnliTask(Task):
         log.info("snli: %d pairs -> %s (%d without a gold label left out)", len(frame), out_dir, without_gold)
         return write_manifest(self, out_dir, manifest, inputs=files)
 
+    def count_problem(self, manifest: dict[str, Any]) -> str | None:
+        labels = manifest.get("labels")
+        if not isinstance(labels, dict) or any(type(n) is not int for n in labels.values()):
+            return f"labels: not a mapping of counts ({labels!r})"
+        if sum(labels.values()) != manifest["pairs"]:
+            return f"labels add up to {sum(labels.values())} but pairs={manifest['pairs']}"
+        return None
+
     def train_rows(self, cfg, prepared_root: str):
         """SNLI train shards, cut to the nested subset `data.snli_fraction` drawn with `data.snli_fraction_seed`."""
         ds = storage.read_shards(self.train_path(prepared_root))

@@ -16,13 +16,20 @@ from convsts.io import storage
 from convsts.models.encoders import encoder_class
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
-from convsts.ray_jobs.tasks.prepared_folder import shard_files, verify_prepared
+from convsts.ray_jobs.tasks.prepared_folder import MANIFEST, shard_files, verify_prepared
 from convsts.ray_jobs.training.task_groups import plan_for
 
 
-def check_prepared(prepared_root: str, tasks: dict[str, Task], cfg: RunConfig) -> dict[str, dict[str, Any]]:
-    """Every task's prepared folder is complete (its manifest matches its shards) and was prepared
-    with the run's settings (Task.prepared_keys); {task: manifest}."""
+def check_prepared(
+    prepared_root: str, tasks: dict[str, Task], cfg: RunConfig, present_only: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Every task's prepared folder is complete (its manifest matches its shards and counts) and was
+    prepared with the run's settings (Task.prepared_keys); {task: manifest}. `present_only`: the
+    tasks whose folder holds a manifest, the others left out."""
+    if present_only:
+        tasks = {
+            n: t for n, t in tasks.items() if storage.is_file(storage.join(t.prepared_dir(prepared_root), MANIFEST))
+        }
     return {name: verify_prepared(task, prepared_root, cfg) for name, task in tasks.items()}
 
 

@@ -233,13 +233,16 @@ def run_training(
     start = decide_start(out_dir, cfg, fresh, storage_key)
     cfg = start.config(cfg)
     check_initial_weights(cfg)
+    tasks = prepared_tasks(cfg)
+    manifests = check_prepared(prepared, tasks, cfg, present_only=True)  # the folders there, before Ray starts
     ensure_ray()
     fit_now = check_training_fits(cfg, alive_nodes())  # a layout that fits no node is refused, not left waiting
     if cfg.trainer.elastic:
         log.info("elastic worker group %s: %d fit on the cluster now", list(cfg.trainer.worker_range), fit_now)
     if prepare_missing is not None:
         prepare_missing(cfg, prepared)
-    manifests = check_prepared(prepared, prepared_tasks(cfg), cfg)  # complete prepared folders
+    rest = {name: task for name, task in tasks.items() if name not in manifests}
+    manifests |= check_prepared(prepared, rest, cfg)  # complete prepared folders
     digests = data_digests(manifests)
     check_resume_data(cfg, digests)
     # The actions

@@ -236,3 +236,63 @@ def test_a_checkpoint_is_not_scored_on_a_folder_split_otherwise_than_its_trainin
             log_to_mlflow=False,
         )
     assert not (tmp_path / "eval").exists()  # refused before anything is written
+
+
+def _counted_folder(root):
+    """A Reddit folder prepared in this process from a small pushshift dump (no Ray)."""
+    from testkit.faults import dump_lines
+
+    from convsts.ray_jobs.tasks import get_task
+    from convsts.ray_jobs.tasks.prepared_folder import prepare_into
+
+    (root / "raw").mkdir(parents=True)
+    (root / "raw" / "RC_2015-01").write_bytes(dump_lines(60) + b"not json\n")
+    prepare_into(get_task("reddit"), [str(root / "raw" / "RC_2015-01")], str(root / "p" / "reddit"), load_config(None))
+    return root / "p"
+
+
+@pytest.mark.parametrize(
+    "key, edit, message",
+    [
+        ("train_pairs", lambda n: n + 1, r"train_pairs=\d+ but its shards hold \d+ rows"),
+        ("pairs", lambda n: n - 1, r"pairs=\d+ but its shards hold \d+ rows"),
+        ("lines_read", lambda n: n + 5, r"lines_read=66 but what its lines became \(malformed, .*\) adds up to 61"),
+        ("malformed", lambda n: 0, r"lines_read=61 but what its lines became .* adds up to 60"),
+        (
+            "unpaired_by_reason",
+            lambda d: {**d, "unpaired_parent_missing": 9},
+            r"unpaired=\d+ but unpaired_by_reason adds up",
+        ),
+        ("lines_read", lambda n: str(n), r"lines_read: not a count \('61'\)"),
+    ],
+)
+def test_a_manifest_whose_counts_disagree_with_its_shards_is_refused_naming_the_key(tmp_path, key, edit, message):
+    from convsts.ray_jobs.tasks import get_task
+
+    prepared = _counted_folder(tmp_path)
+    reddit = get_task("reddit")
+    verify_prepared(reddit, str(prepared))  # as written: accepted
+    path = prepared / "reddit" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest[key] = edit(manifest[key])
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(BadInputError, match=f"manifest.json: {message}"):
+        verify_prepared(reddit, str(prepared))
+
+
+def test_train_and_evaluate_refuse_a_folder_whose_counts_were_edited_in_one_line(tmp_path):
+    from testkit.faults import tiny_checkpoint
+
+    prepared = _counted_folder(tmp_path)
+    path = prepared / "reddit" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "train_pairs": manifest["train_pairs"] + 1}))
+    checkpoint = tiny_checkpoint(tmp_path / "ckpt")
+    train = ("train", "--out", str(tmp_path / "run"), "--prepared", str(prepared), "trainer.task_weights={reddit: 1.0}")
+    evaluate = ("evaluate", "--checkpoint", str(checkpoint), "--prepared", str(prepared), "--out", str(tmp_path / "ev"))
+    for args in (train, evaluate):
+        result = run_convsts(*args)
+        lines = [line for line in result.stderr.splitlines() if line.startswith(f"convsts {args[0]}: ")]
+        assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+        assert f"{path}: train_pairs={manifest['train_pairs'] + 1} but its shards hold" in lines[0], lines
+        assert "Traceback" not in result.stderr
