@@ -18,15 +18,18 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from convsts.io.errors import ConfigError
 from convsts.models.sentence_encoder import load
-from convsts.models.sts_transform import StsTransform, fit_sts_transform
+from convsts.models.sts_transform import StsTransform, fit_sts_transform, load_sts_transform
 from convsts.ray_jobs.config.loader import from_dict, merge_layer
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 from convsts.ray_jobs.evaluation.sts import read_stsb_split, stsb_embeddings
 from convsts.ray_jobs.pipelines.evaluate import evaluate
+from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.driver import run_training
 from convsts.tune_spaces import TuneSpace
+
+STARTED_METRIC = "trial/started"  # a trial's starts: the time of each, at steps 0, 1, ...
 
 
 @dataclass(frozen=True)
@@ -80,24 +83,73 @@ def plain_params(params: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.item() if hasattr(v, "item") else v) for k, v in params.items()}
 
 
-def _trial_run(parent: ParentRun, params: dict[str, Any]) -> str:
-    """The trial's child run: reused when a restored sweep restarts the trial, else created."""
-    trial_id = tune.get_context().get_trial_id()
+@dataclass
+class TrialRun:
+    """A trial's MLflow child run and the highest step of each metric it holds. A trial that runs
+    again (restored by a resumed sweep, or re-created by it with the same seeded sample) logs only
+    the steps its run lacks: it refits or retrains deterministically to the same values, so each
+    metric step is in the run once."""
+
+    uri: str
+    run_id: str
+    logged: dict[str, int]
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        new = {k: v for k, v in metrics.items() if self.logged.get(tracking.metric_name(k), -1) < step}
+        tracking.log_metrics(self.uri, self.run_id, new, step=step)
+        self.logged.update({tracking.metric_name(k): step for k in new})
+
+    def reread(self) -> None:
+        """What the run holds now (after a training logged into it from other processes)."""
+        self.logged = tracking.last_logged_steps(self.uri, self.run_id)
+
+
+def _trial_run(parent: ParentRun, params: dict[str, Any]) -> TrialRun:
+    """The trial's child run: reused when a restored sweep restarts the trial, else created. A run
+    whose params are not this trial's (a sweep started before sweeps were seeded re-sampled it) is
+    deleted and replaced, so that each trial has one child run and it records what the trial ran."""
+    context = tune.get_context()
+    trial_id = context.get_trial_id()
+    values = plain_params(params)
     run_id = tracking.find_run(
         parent.uri, parent.experiment, {"mlflow.parentRunId": parent.run_id, "convsts.trial_id": trial_id}
     )
+    if run_id is not None:
+        stored = tracking.run_params(parent.uri, run_id) or {}
+        differs = sorted(k for k, v in tracking.param_values(values).items() if stored.get(k) != v)
+        if differs:
+            log.warning(
+                "trial %s: its MLflow run %s records other values of %s than this attempt runs with; "
+                "that run is deleted and a new one records this attempt",
+                trial_id,
+                run_id,
+                ", ".join(differs),
+            )
+            tracking.delete_run(parent.uri, run_id)
+            run_id = None
     if run_id is None:
         run_id = tracking.start_run(
             parent.uri,
             parent.experiment,
-            f"{tune.get_context().get_trial_name()}",
-            plain_params(params),
+            f"{context.get_trial_name()}",
+            values,
             tags={"convsts.job": "tune-trial", "convsts.trial_id": trial_id},
             parent_run_id=parent.run_id,
         )
-    # One point per start: a trial that a resumed sweep reruns shows two.
-    tracking.log_metrics(parent.uri, run_id, {"trial/started": time.time()})
-    return run_id
+    run = TrialRun(parent.uri, run_id, tracking.last_logged_steps(parent.uri, run_id))
+    # One point per start, at steps 0, 1, ...: a trial that a resumed sweep runs again shows two.
+    run.log({STARTED_METRIC: time.time()}, step=run.logged.get(STARTED_METRIC, -1) + 1)
+    return run
+
+
+def _reported_epochs(restored: Checkpoint | None) -> int:
+    """The epochs Tune already holds of a trial it restores: it goes on from the iteration of the
+    trial's checkpoint (the best epoch so far), so the refit reports only the epochs after it."""
+    if restored is None:
+        return 0
+    with restored.as_directory() as folder:
+        transform = load_sts_transform(folder)
+    return transform.best_epoch if transform is not None else 0
 
 
 def sts_matrix_trial(
@@ -109,11 +161,14 @@ def sts_matrix_trial(
 ) -> None:
     """One fit of the tuned STS matrix on embeddings computed once; each epoch reported to Tune."""
     cfg = trial_config(base, params, fixed)
-    run_id = _trial_run(parent, params)
+    run = _trial_run(parent, params)
+    reported = _reported_epochs(tune.get_checkpoint())
 
     def on_epoch(epoch: int, dev_r: float, best: float, new_best: np.ndarray | None) -> None:
         metrics = {"stsb_tuned/dev/pearson": best, "stsb_tuned/dev/pearson_epoch": dev_r, "epoch": epoch}
-        tracking.log_metrics(parent.uri, run_id, metrics, step=epoch)
+        run.log(metrics, step=epoch)
+        if epoch <= reported:
+            return
         if new_best is None:
             tune.report(metrics)
             return
@@ -122,13 +177,9 @@ def sts_matrix_trial(
             tune.report(metrics, checkpoint=Checkpoint.from_directory(tmp))
 
     fitted = fit_sts_transform(embeddings["train"], embeddings["dev"], cfg.eval.tuned, on_epoch=on_epoch)
-    tracking.log_metrics(
-        parent.uri,
-        run_id,
-        {"stsb_tuned/dev/pearson": fitted.dev_pearson, "stsb_tuned/best_epoch": fitted.best_epoch},
-        step=cfg.eval.tuned.epochs,
-    )
-    tracking.end_run(parent.uri, run_id)
+    # The last epoch logged the best dev score at this step already.
+    run.log({"stsb_tuned/best_epoch": fitted.best_epoch}, step=cfg.eval.tuned.epochs)
+    tracking.end_run(parent.uri, run.run_id)
 
 
 def train_trial(
@@ -141,7 +192,7 @@ def train_trial(
 ) -> None:
     """One multitask training (a TorchTrainer inside the trial, Train V2 style), then evaluation."""
     cfg = trial_config(base, params, fixed)
-    run_id = _trial_run(parent, params)
+    run = _trial_run(parent, params)
     trial_id = tune.get_context().get_trial_id()
     # Under the sweep's output folder (Ray's own trial folder lives in its temporary session dir).
     trial_dir = Path(trials_dir) / trial_id
@@ -154,7 +205,7 @@ def train_trial(
         trained = run_training(
             cfg,
             trial_dir / "run",
-            run_id=run_id,
+            run_id=run.run_id,
             prepared_dir=prepared,
             extra_callbacks=[TuneReportCallback()],
             fresh=True,
@@ -162,11 +213,12 @@ def train_trial(
         )
         results = evaluate(EmbeddingScorer(load(trained.checkpoint), cfg.eval.batch_size), cfg, prepared)
     except BaseException:
-        tracking.end_run(parent.uri, run_id, "FAILED")
+        tracking.end_run(parent.uri, run.run_id, "FAILED")
         raise
     results.update({f"data/{name}_train_pairs": float(n) for name, n in trained.train_rows.items()})
-    tracking.log_metrics(parent.uri, run_id, results, step=cfg.trainer.steps)
-    tracking.end_run(parent.uri, run_id)
+    run.reread()
+    run.log(results, step=cfg.trainer.steps)
+    tracking.end_run(parent.uri, run.run_id)
     tune.report({**results, "checkpoint_dir": str(trained.checkpoint)})
 
 

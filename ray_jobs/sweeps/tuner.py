@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search.basic_variant import BasicVariantGenerator
 
 from convsts.io import storage
 from convsts.io.dotted import changed_values, flatten
@@ -73,7 +74,7 @@ def _sweep(request: SweepRequest) -> dict[str, Any]:
     parent, expected, concurrency = opened.parent, opened.expected_trials, opened.trials_at_once
     trainable, encoded = sweep_trainable(request, parent)
     trainable = tune.with_resources(trainable, resources)
-    tuner = _tuner(request, trainable, param_space, concurrency, resuming.tune_state)
+    tuner = _tuner(request, trainable, param_space, SweepSearch(concurrency, cfg.seed, parent), resuming.tune_state)
     log.info("sweep %s: %s trials at once, %s per trial function", space.name, concurrency, resources)
     with reporting_worker_deaths():
         grid = tuner.fit()
@@ -213,7 +214,19 @@ def _check_finished(grid, expected: int, experiment_path: Path) -> None:
         )
 
 
-def _tuner(request: SweepRequest, trainable, param_space: dict, concurrency: int, resume: bool):
+class SweepSearch(BasicVariantGenerator):
+    """Tune's own sampler, seeded from the run's seed, its trials' ids named by the sweep's parent
+    run (`<5 characters of its id>_00000`, ...). Tune saves the sampler (its random state, the
+    trials it has made) with its trials' state, so a resumed sweep samples the trials it had not
+    yet saved exactly as the first sitting did, under the same ids; a sweep that Tune starts over
+    (killed before its first save) makes the same trials again too."""
+
+    def __init__(self, trials_at_once: int, seed: int, parent: ParentRun):
+        super().__init__(max_concurrent=trials_at_once, random_state=seed)
+        self._uuid_prefix = f"{parent.run_id[:5]}_"  # Tune's own prefix is random (uuid1)
+
+
+def _tuner(request: SweepRequest, trainable, param_space: dict, search: SweepSearch, resume: bool):
     if resume:
         return tune.Tuner.restore(
             str(request.experiment_path), trainable=trainable, resume_unfinished=True, resume_errored=True
@@ -224,8 +237,8 @@ def _tuner(request: SweepRequest, trainable, param_space: dict, concurrency: int
         param_space=param_space,
         tune_config=tune.TuneConfig(
             num_samples=request.num_samples,
+            search_alg=search,
             scheduler=_scheduler(space),
-            max_concurrent_trials=concurrency,
             # An STS-matrix trial is a short fit on the shared embeddings: starting a process for
             # each (importing torch) costs more than the fit. A train trial keeps its own process.
             reuse_actors=space.objective == "sts_matrix",

@@ -206,10 +206,15 @@ def log_datasets(
         client(tracking_uri).log_inputs(run_id, datasets=items)
 
 
+def param_values(params: Mapping[str, Any]) -> dict[str, str]:
+    """Params as a run stores them: text, credentials redacted, cut to MLflow's length."""
+    return {str(k): redact(str(v))[:MAX_PARAM_LENGTH] for k, v in params.items()}
+
+
 def log_params(tracking_uri: str, run_id: str, params: Mapping[str, Any]) -> None:
     from mlflow.entities import Param
 
-    items = [Param(str(k), redact(str(v))[:MAX_PARAM_LENGTH]) for k, v in params.items()]
+    items = [Param(k, v) for k, v in param_values(params).items()]
     c = client(tracking_uri)
     for start in range(0, len(items), 100):
         c.log_batch(run_id, params=items[start : start + 100])
@@ -291,6 +296,17 @@ def run_status(tracking_uri: str, run_id: str) -> str | None:
     """A run's status (RUNNING, FINISHED, FAILED, KILLED), or None where the store has no such run."""
     run = _stored_run(tracking_uri, run_id)
     return run.info.status if run else None
+
+
+def run_params(tracking_uri: str, run_id: str) -> dict[str, str] | None:
+    """A run's params, or None where the store has no such run."""
+    run = _stored_run(tracking_uri, run_id)
+    return dict(run.data.params) if run else None
+
+
+def delete_run(tracking_uri: str, run_id: str) -> None:
+    """Moves a run to MLflow's deleted lifecycle (searches and the UI leave it out; `mlflow gc` removes it)."""
+    client(tracking_uri).delete_run(run_id)
 
 
 def run_tags(tracking_uri: str, run_id: str) -> dict[str, str] | None:
