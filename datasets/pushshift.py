@@ -53,7 +53,7 @@ from convsts.datasets.reddit import (
     manifest_counts,
     split_of,
 )
-from convsts.datasets.shards import ShardWriter
+from convsts.datasets.shards import ShardPlan, ShardWriter, write_pieces, write_range
 from convsts.io import storage
 from convsts.io.compression import open_lines
 from convsts.io.redaction import redact
@@ -790,21 +790,74 @@ def _later_task(*keys):
     return later_lines_of(table), table.num_rows
 
 
+SPLITS = ("train", "test")
+
+
 def _pairs_task(test_share: float, salt: str, parts: int, later, nodes: list, *edges) -> list[Any]:
-    """One partition's replies joined to its possible parents: [its counts, then the train pairs by
-    key range 0..parts-1, then the test pairs by range (None where a range has none)]. `nodes`: the
+    """One partition's replies joined to its possible parents: [its counts, its pairs' rows in each
+    key range ({split: [rows of range 0..parts-1]}), then the train pairs by key range
+    0..parts-1, then the test pairs by range (None where a range has none)]. `nodes`: the
     partition's node tables (refs inside a list: fetched here, after the edges)."""
     import ray
 
     counts, pairs = partition_pairs(list(edges), lambda: ray.get(nodes), later, test_share, salt)
-    out: list[Any] = [counts]
-    for split in ("train", "test"):
-        if split not in pairs:
-            out += [None] * parts
-            continue
-        ranges = dict(partition_slices(pairs[split], key_ranges(pairs[split], parts), parts))
-        out += [ranges.get(r) for r in range(parts)]
-    return out
+    sizes: dict[str, list[int]] = {}
+    tables: list[Any] = []
+    for split in SPLITS:
+        ranges = dict(partition_slices(pairs[split], key_ranges(pairs[split], parts), parts)) if pairs else {}
+        sizes[split] = [ranges[r].num_rows if r in ranges else 0 for r in range(parts)]
+        tables += [ranges.get(r) for r in range(parts)]
+    return [counts, sizes, *tables]
+
+
+def _write_range_task(folder: str, plan: ShardPlan, start: int, *tables) -> tuple[dict, dict]:
+    """A Ray task: one key range of a split, from every partition's pairs task, sorted by its key and
+    written as the shards wholly within it (write_range): (their records, the rows of the shards
+    that cross its ends)."""
+    table = pa.concat_tables([t for t in tables if t is not None])
+    return write_range(folder, plan, start, table.sort_by([(ORDER_KEY, "ascending")]).drop_columns([ORDER_KEY]))
+
+
+def _write_pieces_task(folder: str, index: int, *pieces: dict) -> dict:
+    """A Ray task: shard `index` from the rows its key ranges' write tasks left of it, in order."""
+    return write_pieces(folder, index, [p[index] for p in pieces if index in p])
+
+
+def _write_split(joined: list, split: str, rows: int, out_dir: str | Path, rows_per_shard: int, parts: int) -> list:
+    """One split's shards written by tasks side by side, as ShardWriter writes them in one process:
+    a task per key range (its offset from the ranges' sizes), a task per shard that crosses a
+    range's end; the driver gathers the records alone."""
+    import ray
+
+    folder = storage.join(out_dir, split)
+    fs, inner = storage.resolve(folder)
+    fs.create_dir(inner, recursive=True)  # there even when there are no rows
+    plan, index = ShardPlan(rows, rows_per_shard), SPLITS.index(split)
+    sizes = [sum(s[split][r] for s in ray.get([j[1] for j in joined])) for r in range(parts)]
+    if sum(sizes) != rows:
+        raise RuntimeError(f"{folder}: the key ranges hold {sum(sizes)} rows, not {rows}")
+    write = ray.remote(num_returns=2)(_write_range_task)
+    starts = [sum(sizes[:r]) for r in range(parts)]
+    written = {
+        r: write.remote(folder, plan, starts[r], *[j[2 + index * parts + r] for j in joined])
+        for r in range(parts)
+        if sizes[r]
+    }
+    records: dict[int, dict] = {}
+    for recs in ray.get([refs[0] for refs in written.values()]):
+        records.update(recs)
+    join = ray.remote(_write_pieces_task)
+    crossing = [i for i in range(len(plan.edges) - 1) if plan.size(i) and i not in records]
+    joins = {
+        i: join.remote(
+            folder,
+            i,
+            *[refs[1] for r, refs in written.items() if i in plan.overlapping(starts[r], starts[r] + sizes[r])],
+        )
+        for i in crossing
+    }
+    records.update(zip(joins, ray.get(list(joins.values()))))
+    return [records[i] for i in sorted(records)]
 
 
 def cluster_partitions(stored: int, cpus: int) -> int:
@@ -821,8 +874,10 @@ def prepare_distributed(
     """prepare_local's steps as Ray tasks on the cluster this process joined: the dumps read (_read_tasks:
     their rows partitioned by hash as they stream, handed to Ray's object store, which spills to disk
     past its memory), a task per partition for the repeated ids, a task per partition for the parent
-    join; then the pairs written as prepare_local writes them, key range after key range. The same
-    counts, the same shards. Memory: the object store's (configured), a partition per task."""
+    join; then the shards written by tasks side by side, a task per key range (_write_split), as
+    prepare_local writes them range after range; the driver writes only the manifest, from the
+    tasks' records. The same counts, the same shards. Memory: the object store's (configured), a
+    partition per task."""
     import ray
 
     ranked, started = sorted(paths), time.monotonic()
@@ -832,17 +887,17 @@ def prepare_distributed(
         for i, ref in enumerate(refs[:-1]):
             handed[KINDS[(i // parts) % len(KINDS)]][i % parts].append(ref)
         stats.append(refs[-1])
-    ray.wait(stats, num_returns=len(stats))
+    read = ray.get(stats)  # a read that failed (a truncated file) raises here, before a word of what follows
     log.info("reddit: %d file(s) read and partitioned in %.1f s", len(paths), time.monotonic() - started)
     found = [ray.remote(num_returns=2)(_later_task).remote(*handed["key"][p]) for p in range(parts)]
     later = ray.put(pa.concat_arrays([pa.array([], pa.int64()), *ray.get([f[0] for f in found])]))
     log.info("reddit: repeated ids found in %.1f s", time.monotonic() - started)
-    pairs_task = ray.remote(num_returns=1 + 2 * parts)(_pairs_task)
+    pairs_task = ray.remote(num_returns=2 + 2 * parts)(_pairs_task)
     joined = [
         pairs_task.remote(test_share, salt, parts, later, handed["node"][p], *handed["edge"][p]) for p in range(parts)
     ]
 
-    manifest = _distributed_manifest(ray.get(stats), ray.get([j[0] for j in joined]), ranked)
+    manifest = _distributed_manifest(read, ray.get([j[0] for j in joined]), ranked)
     log.info(
         "reddit: %d lines of %d file(s) in %d partitions (the largest %d comments), joined in %.1f s",
         manifest["lines_read"],
@@ -851,14 +906,11 @@ def prepare_distributed(
         max(ray.get([f[1] for f in found]), default=0),
         time.monotonic() - started,
     )
-    shards = {}
-    for index, split in enumerate(("train", "test")):
-        writer = ShardWriter(storage.join(out_dir, split), manifest[f"{split}_pairs"], rows_per_shard)
-        for r in range(parts):
-            tables = [t for t in ray.get([j[1 + index * parts + r] for j in joined]) if t is not None]
-            if tables:
-                writer.add(pa.concat_tables(tables).sort_by([(ORDER_KEY, "ascending")]).drop_columns([ORDER_KEY]))
-        shards[split] = writer.close()
+    shards = {
+        split: _write_split(joined, split, manifest[f"{split}_pairs"], out_dir, rows_per_shard, parts)
+        for split in SPLITS
+    }
+    log.info("reddit: shards written by tasks in %.1f s", time.monotonic() - started)
     return {"shards": shards, **manifest}
 
 

@@ -6,6 +6,7 @@ its sha256 before training)."""
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -52,39 +53,75 @@ def write_table(table, folder: str | Path, rows_per_shard: int) -> list[ShardRec
     return writer.close()
 
 
+class ShardPlan:
+    """`rows` rows of a split cut into rows // rows_per_shard shards of equal size (within a row), as
+    write_shards cuts a dataset of as many equal blocks: shard i holds rows [edges[i], edges[i+1])."""
+
+    def __init__(self, rows: int, rows_per_shard: int):
+        count = max(1, rows // rows_per_shard)
+        self.rows = rows
+        self.edges = [rows * i // count for i in range(count + 1)]
+
+    def size(self, index: int) -> int:
+        return self.edges[index + 1] - self.edges[index]
+
+    def overlapping(self, start: int, stop: int) -> list[int]:
+        """The shards with rows among rows [start, stop)."""
+        first = bisect.bisect_right(self.edges, start) - 1
+        return [i for i in range(max(first, 0), len(self.edges) - 1) if self.edges[i] < stop and self.size(i)]
+
+
+def write_range(
+    folder: str | Path, plan: ShardPlan, start: int, table
+) -> tuple[dict[int, ShardRecord], dict[int, Any]]:
+    """Rows [start, start + table.num_rows) of a split, in order: the shards wholly among them
+    written ({index: record}), the rows of those that cross either end returned ({index: rows}) for
+    write_pieces. Both prepare engines write their shards with it: one range after another in one
+    process (ShardWriter), or a task per range side by side (pushshift.prepare_distributed)."""
+    stop = start + table.num_rows
+    records, pieces = {}, {}
+    for i in plan.overlapping(start, stop):
+        lo, hi = max(plan.edges[i], start), min(plan.edges[i + 1], stop)
+        rows = table.slice(lo - start, hi - lo)
+        if (lo, hi) == (plan.edges[i], plan.edges[i + 1]):
+            records[i] = write_shard(folder, i, rows.combine_chunks())
+        else:
+            pieces[i] = rows
+    return records, pieces
+
+
+def write_pieces(folder: str | Path, index: int, pieces: list) -> ShardRecord:
+    """Shard `index` from the rows write_range left of it, in order."""
+    return write_shard(folder, index, pa.concat_tables(pieces).combine_chunks())
+
+
 class ShardWriter:
     """`rows` rows, handed over in order in tables of any size, as parquet shards in `folder` written from
-    this process (no Ray): cut into rows // rows_per_shard shards of equal size (within a row), as
-    write_shards cuts a dataset of as many equal blocks. Memory: a shard. `close` returns their records, in
-    name order (no rows, no shard)."""
+    this process (no Ray), cut as ShardPlan cuts them (write_range). Memory: a shard. `close` returns
+    their records, in name order (no rows, no shard)."""
 
     def __init__(self, folder: str | Path, rows: int, rows_per_shard: int):
         fs, inner = storage.resolve(folder)
         fs.create_dir(inner, recursive=True)  # there even when there are no rows
-        count = max(1, rows // rows_per_shard)
-        self.folder, self.rows = folder, rows
-        self._edges = [rows * i // count for i in range(count + 1)]
-        self._held: list = []  # tables not yet written, in order
-        self._written = 0  # rows in shards so far
-        self.records: list[ShardRecord] = []
+        self.folder, self.plan = folder, ShardPlan(rows, rows_per_shard)
+        self._start = 0  # rows handed over so far
+        self._pending: dict[int, list] = {}  # rows of shards not yet whole, by index
+        self._records: dict[int, ShardRecord] = {}
 
     def add(self, table) -> None:
-
-        self._held.append(table)
-        held = sum(t.num_rows for t in self._held)
-        while len(self.records) < len(self._edges) - 1:
-            size = self._edges[len(self.records) + 1] - self._edges[len(self.records)]
-            if held < size or size == 0:
-                break
-            rows = pa.concat_tables(self._held)
-            self.records.append(write_shard(self.folder, len(self.records), rows.slice(0, size).combine_chunks()))
-            self._held, held, self._written = [rows.slice(size)], held - size, self._written + size
+        records, pieces = write_range(self.folder, self.plan, self._start, table)
+        self._start += table.num_rows
+        self._records.update(records)
+        for index, rows in pieces.items():
+            held = self._pending.setdefault(index, [])
+            held.append(rows)
+            if sum(t.num_rows for t in held) == self.plan.size(index):
+                self._records[index] = write_pieces(self.folder, index, self._pending.pop(index))
 
     def close(self) -> list[ShardRecord]:
-        held = sum(t.num_rows for t in self._held)
-        if self._written + held != self.rows:
-            raise RuntimeError(f"{self.folder}: {self._written + held} rows were handed over, not {self.rows}")
-        return self.records
+        if self._start != self.plan.rows:
+            raise RuntimeError(f"{self.folder}: {self._start} rows were handed over, not {self.plan.rows}")
+        return [self._records[i] for i in sorted(self._records)]
 
 
 def write_shards(ds, folder: str | Path, rows_per_shard: int) -> list[ShardRecord]:

@@ -45,6 +45,8 @@ def test_prepare_on_a_truncated_zst_fails_in_one_line_and_writes_no_shards(tmp_p
     assert last.startswith("convsts prepare: ") and "RC_2015-01.zst: truncated zstd file" in last
     assert "Traceback" not in result.stdout + result.stderr and "internal code" not in result.stdout + result.stderr
     assert not list(out.rglob("*.parquet")) and not (out / "manifest.json").exists()
+    # Nothing is said of steps after the read that failed.
+    assert "read and partitioned" not in result.stderr and "repeated ids" not in result.stderr
 
 
 def test_prepare_on_a_truncated_zst_in_the_local_engine_fails_in_one_line_and_leaves_nothing(tmp_path):

@@ -194,3 +194,28 @@ def test_the_engine_joins_a_partition_with_replies_and_no_comments(tmp_path):
     dump.write_text("\n".join(_line(f"r{i}", parent_id=f"t1_gone{i}", body=f"a reply number {i}") for i in range(3)))
     m = pushshift.prepare_local([str(dump)], CFG, 0.1, "convsts", tmp_path / "out", 300, parts=64)
     assert m["unpaired_by_reason"] == {"unpaired_parent_missing": 3} and m["pairs"] == 0
+
+
+@pytest.mark.parametrize("cuts", [[], [5], [0, 0, 7, 8, 9], [3, 250, 251, 600], list(range(0, 1000, 97))])
+def test_shards_written_range_by_range_with_their_pieces_joined_are_the_writers_bytes(tmp_path, cuts):
+    """The one shard writer: key ranges of any size (empty, smaller than a shard, crossing several)
+    written each on its own (write_range, as the distributed prepare's tasks do) with the pieces of
+    the shards that cross their ends joined (write_pieces) give ShardWriter's shards, byte for byte."""
+    from convsts.datasets.shards import ShardPlan, ShardWriter, write_pieces, write_range
+
+    table = pa.table({"context": [f"c{i}" for i in range(1000)], "response": [f"r{i}" * (i % 7) for i in range(1000)]})
+    whole = ShardWriter(tmp_path / "whole", table.num_rows, 300)
+    whole.add(table)
+    expected = whole.close()
+    plan, bounds = ShardPlan(table.num_rows, 300), [0, *cuts, table.num_rows]
+    (tmp_path / "ranges").mkdir()
+    records, pieces = {}, {}
+    for start, stop in zip(bounds, bounds[1:]):
+        written, left = write_range(tmp_path / "ranges", plan, start, table.slice(start, stop - start))
+        records.update(written)
+        for index, rows in left.items():
+            pieces.setdefault(index, []).append(rows)
+    records |= {index: write_pieces(tmp_path / "ranges", index, rows) for index, rows in pieces.items()}
+    assert [records[i] for i in sorted(records)] == expected and len(expected) == 3
+    for record in expected:
+        assert (tmp_path / "ranges" / record["file"]).read_bytes() == (tmp_path / "whole" / record["file"]).read_bytes()
