@@ -90,9 +90,7 @@ def main() -> int:
                         kill_node(hosts[0])
                         nodes.remove(hosts[0])
                 elif len(at_size) > args.windows and size == 1 and not grown:
-                    nodes.append(
-                        stack.enter_context(ray_worker_node(head["gcs"], env, ip=f"127.0.0.{next(addresses)}"))
-                    )
+                    nodes.append(node())
                     grown = True
             time.sleep(1.0)
         log = proc.communicate()[0]

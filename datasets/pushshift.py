@@ -828,6 +828,7 @@ def _write_split(joined: list, split: str, rows: int, out_dir: str | Path, rows_
     a task per key range (its offset from the ranges' sizes), a task per shard that crosses a
     range's end; the driver gathers the records alone."""
     import ray
+    import ray.util.scheduling_strategies
 
     folder = storage.join(out_dir, split)
     fs, inner = storage.resolve(folder)
@@ -836,7 +837,11 @@ def _write_split(joined: list, split: str, rows: int, out_dir: str | Path, rows_
     sizes = [sum(s[split][r] for s in ray.get([j[1] for j in joined])) for r in range(parts)]
     if sum(sizes) != rows:
         raise RuntimeError(f"{folder}: the key ranges hold {sum(sizes)} rows, not {rows}")
-    write = ray.remote(num_returns=2)(_write_range_task)
+    # A local folder is the command's machine's: the tasks write it there (on that node's CPUs); a
+    # bucket takes them from every node.
+    here = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), False)
+    place = {} if storage.is_uri(folder) else {"scheduling_strategy": here}
+    write = ray.remote(num_returns=2, **place)(_write_range_task)
     starts = [sum(sizes[:r]) for r in range(parts)]
     written = {
         r: write.remote(folder, plan, starts[r], *[j[2 + index * parts + r] for j in joined])
@@ -846,7 +851,7 @@ def _write_split(joined: list, split: str, rows: int, out_dir: str | Path, rows_
     records: dict[int, dict] = {}
     for recs in ray.get([refs[0] for refs in written.values()]):
         records.update(recs)
-    join = ray.remote(_write_pieces_task)
+    join = ray.remote(**place)(_write_pieces_task)
     crossing = [i for i in range(len(plan.edges) - 1) if plan.size(i) and i not in records]
     joins = {
         i: join.remote(
