@@ -77,21 +77,24 @@ def main() -> int:
             command, cwd=REPO, env=driver, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         client = MlflowClient(uri)
-        grown = False
+        grown, acted_at = False, -1  # the last logged step when a node was lost or added
         while proc.poll() is None:
             run_id = _run_id(out)
             workers = _history(client, run_id, "train/workers") if run_id else {}
-            if workers:
+            if workers and not grown:
                 size = workers[max(workers)]
-                at_size = [s for s, n in workers.items() if n == size]
-                if len(at_size) > args.windows and size > 1 and not grown:
+                # Windows logged at this size since the last change (until the group restarts, the
+                # last logged size is the one before it: nothing is done then).
+                at_size = [step for step, n in workers.items() if n == size and step > acted_at]
+                if len(at_size) > args.windows and size > 1:
                     hosts = [n for n in nodes if node_processes(n, b"ray::RayTrainWorker")]
                     if hosts:
                         kill_node(hosts[0])
                         nodes.remove(hosts[0])
-                elif len(at_size) > args.windows and size == 1 and not grown:
+                        acted_at = max(workers)
+                elif len(at_size) > args.windows:
                     nodes.append(node())
-                    grown = True
+                    grown, acted_at = True, max(workers)
             time.sleep(1.0)
         log = proc.communicate()[0]
         whole = time.time() - started

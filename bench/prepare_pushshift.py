@@ -64,9 +64,28 @@ def _b36(n: int) -> str:
             return out
 
 
-def write_dump(path: Path, comments: int, seed: int = 0, first: int = 0) -> None:
+def monthly_fields(rng: random.Random, cid: str, link: str, sub: str, author: str, created: int) -> dict:
+    """The other fields of a comment as a 2019-2020 monthly dump writes them: mostly the same value
+    line after line (nulls, empty lists, false), a timestamp that grows, a small score; with the
+    texts, about 1.1 kB a line that zstd's long mode compresses about 8x (the monthly files: 8-10x)."""
+    return {
+        "all_awardings": [], "associated_award": None, "author_flair_background_color": None,
+        "author_flair_css_class": None, "author_flair_richtext": [], "author_flair_template_id": None,
+        "author_flair_text": None, "author_flair_text_color": None, "author_flair_type": "text",
+        "author_fullname": f"t2_{author.lower()}", "author_patreon_flair": False, "author_premium": False, "awarders": [],
+        "collapsed_because_crowd_control": None, "created_utc": created, "gildings": {}, "is_submitter": False,
+        "locked": False, "no_follow": rng.random() < 0.7, "permalink": f"/r/{sub}/comments/{link}/{link}_slug/{cid}/",
+        "retrieved_on": created + 2_500_000 + rng.randint(0, 9), "score": max(1, int(rng.expovariate(0.3))), "send_replies": True,
+        "stickied": False, "subreddit_id": "t5_2qh1i", "top_awarded_type": None, "total_awards_received": 0,
+        "treatment_tags": [],
+    }  # fmt: skip
+
+
+def write_dump(path: Path, comments: int, seed: int = 0, first: int = 0, kind: str = "synthetic") -> None:
     """A zstd NDJSON dump of `comments` lines in the pushshift comment schema (comment and thread ids
-    from `first` on: dumps written with first far apart share none)."""
+    from `first` on: dumps written with first far apart share none). `kind`: "synthetic", its other
+    fields random numbers (it compresses about 3x), or "monthly", as a monthly dump writes them,
+    compressed with zstd's long window as those are (about 8x)."""
     import pandas as pd
     import zstandard
 
@@ -74,10 +93,24 @@ def write_dump(path: Path, comments: int, seed: int = 0, first: int = 0) -> None
 
     texts = pd.read_parquet(sample_dir() / "reddit_pairs.parquet")
     pool = [str(t) for t in texts["question"]] + [str(t) for t in texts["answer"]]
+    words = [w for t in pool for w in t.split()]  # as often as the texts use them
+
+    def body() -> str:
+        """A real text; in a monthly dump, every body its own, as there: words of the sample's texts
+        drawn as often as they use them (its few thousand texts, repeated, would compress far
+        better than a month's)."""
+        return rng.choice(pool) if kind != "monthly" else " ".join(rng.choices(words, k=len(rng.choice(pool).split())))
+
     subs = sorted({str(s) for s in texts["subreddit"]}) or ["AskReddit"]
     rng = random.Random(seed)
     written, next_id, link = 0, 10**8 + first, 10**6 + first
-    with open(path, "wb") as raw, zstandard.ZstdCompressor(level=3).stream_writer(raw) as out:
+    if kind == "monthly":  # zstd --long=27, as the monthly files are written
+        params = zstandard.ZstdCompressionParameters.from_level(3, window_log=27, enable_ldm=True)
+        compressor = zstandard.ZstdCompressor(compression_params=params)
+    else:
+        compressor = zstandard.ZstdCompressor(level=3)
+    created = 1_577_836_800
+    with open(path, "wb") as raw, compressor.stream_writer(raw) as out:
         while written < comments:
             link += 1
             sub = rng.choice(subs)
@@ -88,15 +121,20 @@ def write_dump(path: Path, comments: int, seed: int = 0, first: int = 0) -> None
                 next_id += 1
                 cid = _b36(next_id)
                 parent = f"t1_{rng.choice(thread)}" if thread and rng.random() < 0.8 else f"t3_{_b36(link)}"
+                author = rng.choice(["alice", "bob", "carol", "dave", "AutoModerator", "erin"])
                 record = {
                     "id": cid,
                     "parent_id": parent,
                     "link_id": f"t3_{_b36(link)}",
-                    "author": rng.choice(["alice", "bob", "carol", "dave", "AutoModerator", "erin"]),
-                    "body": rng.choice(pool),
+                    "author": author,
+                    "body": body(),
                     "subreddit": sub,
-                    **{name: rng.randint(0, 10**9) for name in FIELDS_EXTRA},
                 }
+                created += rng.randint(0, 3)
+                if kind == "monthly":
+                    record |= monthly_fields(rng, cid, _b36(link), sub, author, created)
+                else:
+                    record |= {name: rng.randint(0, 10**9) for name in FIELDS_EXTRA}
                 line = json.dumps(record).encode() + b"\n"
                 roll = rng.random()
                 if roll < 0.001:
@@ -204,6 +242,16 @@ def run_prepare(
     return seconds, peak[0], crashed
 
 
+def _decompressed(dump: Path) -> int:
+    import zstandard
+
+    total = 0
+    with zstandard.open(dump, "rb") as src:
+        while block := src.read(64 << 20):
+            total += len(block)
+    return total
+
+
 def split_dump(dump: Path, files: int) -> list[Path]:
     """The dump's lines cut into `files` zstd files of consecutive lines (a thread may span two: its
     parents are then in another file), named so that their order is the dump's."""
@@ -220,18 +268,32 @@ def split_dump(dump: Path, files: int) -> list[Path]:
     return paths
 
 
+def _ray_workers_rss() -> dict[int, int]:
+    """Resident bytes of each Ray worker process on this host (command line `ray::...`)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::"):
+                out[int(entry.name)] = int((entry / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
 class StoreWatch:
     """The object store of the Ray instance at `gcs` while a command runs: its peak use (sampled every
-    second, one request to the instance: the bench adds no process) and the bytes Ray spilled to disk."""
+    second, one request to the instance: the bench adds no process), the bytes Ray spilled to disk,
+    and the largest peak of one Ray worker process (its tasks; sampled every 0.2 s)."""
 
     USED = re.compile(r"Plasma memory usage (\d+) MiB")
     SPILLED = re.compile(r"Spilled (\d+) MiB")
 
     def __init__(self, gcs: str):
-        self.gcs, self.peak, self._stop = gcs, 0, threading.Event()
+        self.gcs, self.peak, self.worker_peak, self._stop = gcs, 0, 0, threading.Event()
         self.spilled_before = self._stats()[1]
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._sample, self._sample_workers)]
+        for thread in self._threads:
+            thread.start()
 
     def _stats(self) -> tuple[int, int]:
         from ray._private.internal_api import memory_summary
@@ -244,11 +306,16 @@ class StoreWatch:
         while not self._stop.wait(1.0):
             self.peak = max(self.peak, self._stats()[0])
 
-    def stop(self) -> tuple[int, int]:
-        """(peak MiB in the store, MiB spilled while watched)."""
+    def _sample_workers(self) -> None:
+        while not self._stop.wait(0.2):
+            self.worker_peak = max([self.worker_peak, *_ray_workers_rss().values()])
+
+    def stop(self) -> tuple[int, int, int]:
+        """(peak MiB in the store, MiB spilled while watched, the largest worker's peak MiB)."""
         self._stop.set()
-        self._thread.join()
-        return self.peak, self._stats()[1] - self.spilled_before
+        for thread in self._threads:
+            thread.join()
+        return self.peak, self._stats()[1] - self.spilled_before, self.worker_peak >> 20
 
 
 def prepared_rows(out: Path) -> set:
@@ -273,6 +340,12 @@ def main() -> int:
         "--nodes", type=int, default=1, help="--cpus spread over this many Ray nodes on this host (--ray)"
     )
     parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference script")
+    parser.add_argument(
+        "--kind",
+        choices=["synthetic", "monthly"],
+        default="synthetic",
+        help="the dump's other fields: random numbers (about 3x in zstd) or as a monthly dump's (about 9-10x)",
+    )
     args = parser.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-pushshift-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -288,19 +361,22 @@ def main() -> int:
             print("|---|---|---|---|---|---|---|---|---|---|")
         rows = []
         for n in args.sizes:
-            dump = root / f"RC_synthetic_{n}.zst"
+            dump = root / f"RC_{args.kind}_{n}.zst"
             if not dump.exists():
-                write_dump(dump, n)
+                write_dump(dump, n, kind=args.kind)
+            ratio = _decompressed(dump) / dump.stat().st_size
+            print(f"{dump.name}: {dump.stat().st_size / 2**20:,.0f} MiB, {ratio:.1f}x in zstd", flush=True)
             rows.append(_bench_size(root, dump, n, args, head))
         if args.ray:
             print(f"\nThe distributed path on a running instance ({args.cpus} CPUs on {args.nodes} node(s), object "
                   f"store {args.object_store_gib:g} GiB a node, {args.files} file(s)) against the streaming engine:\n")  # fmt: skip
             print("| comments | engine lines/s | distributed lines/s | per CPU | distributed / engine | same shards "
-                  "| object store peak | spilled |")  # fmt: skip
-            print("|---|---|---|---|---|---|---|---|")
-            for n, engine_s, ray_s, same, peak, spilled in rows:
+                  "| object store peak | spilled | largest worker's peak |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|---|---|")
+            for n, engine_s, ray_s, same, peak, spilled, worker in rows:
                 print(f"| {n:,} | {n / engine_s:,.0f} | {n / ray_s:,.0f} | {n / ray_s / args.cpus:,.0f} "
-                      f"| {engine_s / ray_s:.2f} | {'yes' if same else 'NO'} | {peak:,} MiB | {spilled:,} MiB |")  # fmt: skip
+                      f"| {engine_s / ray_s:.2f} | {'yes' if same else 'NO'} | {peak:,} MiB | {spilled:,} MiB "
+                      f"| {worker:,} MiB |")  # fmt: skip
     return 0
 
 
@@ -338,7 +414,7 @@ def _bench_size(root: Path, dump: Path, n: int, args, head) -> tuple:
         watch = StoreWatch(head["gcs"]) if path != "this process" else None
         overrides = ("data.dump_local_bytes=0",) if path != "this process" else ()
         prep_s, prep_peak, crashed = run_prepare(inputs[path], out, overrides, head["gcs"] if watch else None)
-        store = watch.stop() if watch else (0, 0)
+        store = watch.stop() if watch else (0, 0, 0)
         crashed += crashes(Path(head["temp_dir"])) if watch else 0
         manifest = json.loads((out / "manifest.json").read_text())
         timed[path] = (prep_s, out, manifest, store)
@@ -354,10 +430,10 @@ def _bench_size(root: Path, dump: Path, n: int, args, head) -> tuple:
             flush=True,
         )
     if not head:
-        return n, timed["this process"][0], 0.0, False, 0, 0
-    (engine_s, _, engine_m, _), (ray_s, _, dist_m, (peak, spilled)) = timed["this process"], timed["Ray tasks"]
+        return n, timed["this process"][0], 0.0, False, 0, 0, 0
+    (engine_s, _, engine_m, _), (ray_s, _, dist_m, (peak, spilled, worker)) = timed["this process"], timed["Ray tasks"]
     same = engine_m["shards"] == dist_m["shards"] and engine_m["pairs"] == dist_m["pairs"]
-    return n, engine_s, ray_s, same, peak, spilled
+    return n, engine_s, ray_s, same, peak, spilled, worker
 
 
 if __name__ == "__main__":

@@ -67,7 +67,11 @@ LINE_BITS = 40
 BOM = b"\xef\xbb\xbf"
 NEWLINE, OPEN, CLOSE, CR = (ord(c) for c in "\n{}\r")
 CHUNK_BYTES = 8 << 20  # decompressed bytes parsed at once: the reader's memory, whatever the input's size
-PARTITION_INPUT_BYTES = 64 << 20  # input bytes (as stored) per spill partition of prepare_local
+PARTITION_INPUT_BYTES = 64 << 20  # input bytes (as stored) per spill partition of prepare_local, at first
+# A partition's rows (Arrow bytes, as decompressed and parsed) joined at once, at most: one larger is
+# cut again by another hash before its join, however well its input compressed (split_key).
+PARTITION_ROW_BYTES = 128 << 20
+MAX_SPLITS = 3  # cuts of a partition at most: one whose rows share a few keys cannot shrink
 ARROW_MIN_LINES = 2048  # a run of lines Arrow refuses is halved down to this size, then parsed line by line
 PARENT = "t1_"  # a parent_id that names a comment (t3_ names a submission)
 # A reply's bucket when it makes no pair although it passed the filters (the manifest's unpaired_by_reason).
@@ -372,34 +376,63 @@ class _Spill:
     def add_comments(self, comments) -> None:
         """A chunk of well-formed comments (COMMENT_COLUMNS, filter rules in `status`)."""
         for kind, table, part in partitioned_comments(comments, self.parts):
-            self._write(kind, table, part)
+            self._write_parts(kind, table, part)
 
     def add_pairs(self, split: str, pairs) -> None:
         """Pairs of one split (WRITTEN_COLUMNS and ORDER_KEY), by ranges of their key."""
-        self._write(f"pairs-{split}", pairs, key_ranges(pairs, self.parts))
+        self._write_parts(f"pairs-{split}", pairs, key_ranges(pairs, self.parts))
 
-    def _write(self, kind: str, table, part: np.ndarray) -> None:
-
+    def _write_parts(self, kind: str, table, part: np.ndarray) -> None:
         for p, rows in partition_slices(table, part, self.parts):
-            if (kind, p) not in self._writers:
-                self._writers[kind, p] = pa.ipc.new_stream(str(self.folder / f"{kind}-{p}.arrow"), table.schema)
-            self._writers[kind, p].write_table(rows)
+            self._write(kind, rows, p)
+
+    def _write(self, kind: str, rows, part: int | str) -> None:
+        if (kind, part) not in self._writers:
+            self._writers[kind, part] = pa.ipc.new_stream(str(self.folder / f"{kind}-{part}.arrow"), rows.schema)
+        self._writers[kind, part].write_table(rows)
+
+    def close_part(self, kind: str, part: int | str) -> None:
+        if (kind, part) in self._writers:
+            self._writers.pop((kind, part)).close()
 
     def close(self, kind: str) -> None:
         """The end of `kind`'s rows: its partitions can be read."""
         for key in [key for key in self._writers if key[0] == kind]:
             self._writers.pop(key).close()
 
-    def read(self, kind: str, part: int):
+    def size(self, part: int | str) -> int:
+        """A partition's rows on disk (its node and edge files: Arrow IPC, as decompressed and parsed)."""
+        files = (self.folder / f"{kind}-{part}.arrow" for kind in ("node", "edge"))
+        return sum(f.stat().st_size for f in files if f.exists())
+
+    def split(self, part: int | str, ways: int, seed: int) -> list[str]:
+        """Partition `part`, cut into `ways` by another hash (split_key, `seed`), a batch at a time:
+        the new partitions' names (`PART.0`, ...); its own files removed."""
+        names = [f"{part}.{q}" for q in range(ways)]
+        for kind in ("node", "edge"):
+            path = self.folder / f"{kind}-{part}.arrow"
+            if not path.exists():
+                continue
+            with pa.ipc.open_stream(pa.memory_map(str(path))) as reader:
+                for batch in reader:
+                    rows = pa.Table.from_batches([batch])
+                    for q, sub in partition_slices(rows, _hashed(split_key(kind, rows), ways, seed), ways):
+                        self._write(kind, sub, names[q])
+            for name in names:
+                self.close_part(kind, name)
+            path.unlink()
+        return names
+
+    def read(self, kind: str, part: int | str):
         """One partition's rows (memory-mapped), or None when it has none."""
         path = self.folder / f"{kind}-{part}.arrow"
         return pa.ipc.open_stream(pa.memory_map(str(path))).read_all() if path.exists() else None
 
-    def read_all(self, kind: str, part: int) -> list:
+    def read_all(self, kind: str, part: int | str) -> list:
         """One partition's rows as a list of tables (as read tasks hand theirs over)."""
         return [self.read(kind, part)]
 
-    def drop(self, kind: str, part: int) -> None:
+    def drop(self, kind: str, part: int | str) -> None:
         """One partition of `kind` read for the last time: its file removed (the spill's disk peak)."""
         (self.folder / f"{kind}-{part}.arrow").unlink(missing_ok=True)
 
@@ -454,11 +487,25 @@ def partitioned_comments(comments, parts: int) -> list[tuple[str, Any, np.ndarra
     ]
 
 
-def _hashed(keys, parts: int) -> np.ndarray:
+def _hashed(keys, parts: int, seed: int = 0) -> np.ndarray:
     if parts == 1:
         return np.zeros(len(keys), np.int64)
 
-    return (pl.Series(keys).hash(seed=0).to_numpy() % parts).astype(np.int64)
+    return (pl.Series(keys).hash(seed=seed).to_numpy() % parts).astype(np.int64)
+
+
+def _say_recut(count: int, part_bytes: int) -> None:
+    if count:
+        log.info("reddit: %d partition(s) held over %g MiB of rows and were cut again", count, part_bytes / 2**20)
+
+
+def split_key(kind: str, rows):
+    """What a partition's rows are cut again by (with another hash): a node by its id, an edge by its
+    parent's id, so that each reply stays with its parent; a reply to a submission, which has no
+    parent to join, by its line."""
+    if kind == "node":
+        return rows["id"]
+    return pc.coalesce(rows["parent_key"], pc.cast(rows["order"], pa.string()))
 
 
 def key_ranges(pairs, parts: int) -> np.ndarray:
@@ -633,12 +680,14 @@ def _alive(pid: int) -> bool:
 
 def prepare_local(
     paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, out_dir: str | Path,
-    rows_per_shard: int, parts: int,
+    rows_per_shard: int, parts: int, part_bytes: int = PARTITION_ROW_BYTES,
 ) -> dict[str, Any]:  # fmt: skip
     """Comment dumps -> out_dir's train/test shards, in this process, without Ray: the manifest's counts and
     each split's shard records, as write_pairs gives them. The dumps are streamed (CHUNK_BYTES at a time) and
     spilled to a temporary folder on local disk (TMPDIR) in `parts` partitions (spill_partitions of the
-    inputs' size): memory holds a chunk or a partition, not the input."""
+    inputs' size as stored); a partition whose rows came to more than `part_bytes` (a dump that
+    compresses well) is cut again before its join: memory holds a chunk or `part_bytes` of rows,
+    not the input, whatever its compression ratio."""
     remove_abandoned_spills()
     with (
         tempfile.TemporaryDirectory(prefix=f"{SPILL_PREFIX}{os.getpid()}-") as folder,
@@ -648,7 +697,16 @@ def prepare_local(
         read = _spill_comments(spill, paths, cfg)
         counts: list[dict] = []
         later = spill.later_lines()
-        for part in range(spill.parts):
+        todo: list[tuple[int | str, int]] = [(part, 0) for part in range(spill.parts)]  # (partition, its cuts)
+        recut = 0
+        while todo:
+            part, cuts = todo.pop()
+            size = spill.size(part)
+            if size > part_bytes and cuts < MAX_SPLITS:
+                ways = -(-size // part_bytes)
+                todo += [(sub, cuts + 1) for sub in spill.split(part, ways, seed=cuts + 1)]
+                recut += 1
+                continue
             part_counts, pairs = partition_pairs(
                 [spill.read("edge", part)], functools.partial(spill.read_all, "node", part), later, test_share, salt
             )
@@ -657,6 +715,7 @@ def prepare_local(
             counts.append(part_counts)
             for split, table in pairs.items():
                 spill.add_pairs(split, table)
+        _say_recut(recut, part_bytes)
         spill.close("pairs-train")
         spill.close("pairs-test")
         manifest = pairs_manifest([read], counts, sorted(paths))
@@ -675,7 +734,8 @@ def prepare_local(
 # costs per object, so fewer, larger ones).
 FLUSH_BYTES = 256 << 20
 PIECE_BYTES = 64 << 20  # decompressed bytes of a dump per task, where the dumps are fewer than the CPUs
-TASK_PARTITION_BYTES = 256 << 20  # input bytes (as stored) per partition of the distributed path
+TASK_PARTITION_BYTES = 256 << 20  # input bytes (as stored) per partition of the distributed path, at first
+TASK_PARTITION_ROW_BYTES = 256 << 20  # a pairs task's rows at most: a partition over it is cut again
 
 
 KINDS = ("key", "node", "edge")  # what a read task hands over per partition: ids, possible parents, replies
@@ -712,9 +772,11 @@ def _partitioned(chunks: Iterable[Any], parts: int, flush_bytes: int) -> Iterato
     (partitioned_comments): every `flush_bytes` of rows and at the end (at least once), 3 x `parts`
     tables in a fixed order (KINDS, each partition 0..parts-1; None for one without rows): "key", the
     node rows' (id, order) alone, for the repeated ids; "node"; "edge". Then the counts: (lines read,
-    malformed lines, the first MAX_EXAMPLES of them, the largest table's bytes)."""
+    malformed lines, the first MAX_EXAMPLES of them, the largest table's bytes, each partition's
+    node and edge bytes)."""
     held: dict[tuple[str, int], list] = {}
     size, largest, lines_read, malformed_lines, examples, flushed = 0, 0, 0, 0, list[int](), False
+    part_bytes = [0] * parts
     for chunk in chunks:
         lines_read += chunk.num_rows
         chunk, malformed, orders = _without_malformed(chunk, MAX_EXAMPLES - len(examples))
@@ -725,6 +787,7 @@ def _partitioned(chunks: Iterable[Any], parts: int, flush_bytes: int) -> Iterato
                 if kind == "node":
                     held.setdefault(("key", p), []).append(rows.select(["id", "order"]))
                 size += rows.nbytes
+                part_bytes[p] += rows.nbytes
         if size >= flush_bytes:
             largest = max(largest, max(sum(t.nbytes for t in tables) for tables in held.values()))
             yield from _flush(held, parts)
@@ -732,7 +795,7 @@ def _partitioned(chunks: Iterable[Any], parts: int, flush_bytes: int) -> Iterato
     if held or not flushed:
         largest = max([largest, *(sum(t.nbytes for t in tables) for tables in held.values())])
         yield from _flush(held, parts)
-    yield lines_read, malformed_lines, examples, largest
+    yield lines_read, malformed_lines, examples, largest, part_bytes
 
 
 def _flush(held: dict[tuple[str, int], list], parts: int) -> Iterator[Any]:
@@ -778,6 +841,33 @@ def _read_tasks(
             held = item
         ray.get(held)  # the end mark, or the read's error raised here, before a task is given it
     log.info("reddit: %d file(s) on %d CPUs, read in %d pieces", len(paths), cpus, pieces)
+
+
+def _split_task(kind: str, ways: int, rows) -> list[Any]:
+    """A Ray task: one table a read task handed over, cut into `ways` by another hash (split_key)."""
+    if rows is None:
+        return [None] * ways
+    subs = dict(partition_slices(rows, _hashed(split_key(kind, rows), ways, seed=1), ways))
+    return [subs.get(q) for q in range(ways)]
+
+
+def _within_budget(handed: dict[str, list[list]], sizes: list[int], part_bytes: int) -> list[tuple[list, list]]:
+    """Each partition's (node refs, edge refs) for a pairs task; a partition whose rows came to more
+    than `part_bytes` (a dump that compresses well) cut into as many by another hash (split tasks,
+    a table each), each part joined by a task of its own."""
+    import ray
+
+    out, recut = [], 0
+    for p, size in enumerate(sizes):
+        if size <= part_bytes:
+            out.append((handed["node"][p], handed["edge"][p]))
+            continue
+        ways, recut = -(-size // part_bytes), recut + 1
+        split = ray.remote(num_returns=ways)(_split_task)
+        cut = {kind: [split.remote(kind, ways, ref) for ref in handed[kind][p]] for kind in ("node", "edge")}
+        out += [([refs[q] for refs in cut["node"]], [refs[q] for refs in cut["edge"]]) for q in range(ways)]
+    _say_recut(recut, part_bytes)
+    return out
 
 
 def _later_task(*keys):
@@ -875,6 +965,7 @@ def cluster_partitions(stored: int, cpus: int) -> int:
 def prepare_distributed(
     paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, out_dir: str | Path,
     rows_per_shard: int, parts: int, flush_bytes: int = FLUSH_BYTES, piece_bytes: int = PIECE_BYTES, cpus: int = 0,
+    part_bytes: int = TASK_PARTITION_ROW_BYTES,
 ) -> dict[str, Any]:  # fmt: skip
     """prepare_local's steps as Ray tasks on the cluster this process joined: the dumps read (_read_tasks:
     their rows partitioned by hash as they stream, handed to Ray's object store, which spills to disk
@@ -882,7 +973,7 @@ def prepare_distributed(
     join; then the shards written by tasks side by side, a task per key range (_write_split), as
     prepare_local writes them range after range; the driver writes only the manifest, from the
     tasks' records. The same counts, the same shards. Memory: the object store's (configured), a
-    partition per task."""
+    partition per task, at most `part_bytes` of its rows (_within_budget)."""
     import ray
 
     ranked, started = sorted(paths), time.monotonic()
@@ -899,7 +990,8 @@ def prepare_distributed(
     log.info("reddit: repeated ids found in %.1f s", time.monotonic() - started)
     pairs_task = ray.remote(num_returns=2 + 2 * parts)(_pairs_task)
     joined = [
-        pairs_task.remote(test_share, salt, parts, later, handed["node"][p], *handed["edge"][p]) for p in range(parts)
+        pairs_task.remote(test_share, salt, parts, later, nodes, *edges)
+        for nodes, edges in _within_budget(handed, [sum(r[4][p] for r in read) for p in range(parts)], part_bytes)
     ]
 
     manifest = _distributed_manifest(read, ray.get([j[0] for j in joined]), ranked)
@@ -922,6 +1014,6 @@ def prepare_distributed(
 def _distributed_manifest(stats: list, part_counts: list[dict], ranked: list[str]) -> dict[str, Any]:
     """The manifest's counts from the read tasks' stats (in the inputs' order) and each partition's
     counts; logs the largest table a read task handed over."""
-    largest = max((table_bytes for *_, table_bytes in stats), default=0)
+    largest = max((stat[3] for stat in stats), default=0)
     log.info("reddit: read tasks handed over tables of at most %.1f MiB", largest / 2**20)
     return pairs_manifest(stats, part_counts, ranked)

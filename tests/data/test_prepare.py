@@ -244,6 +244,14 @@ def test_the_distributed_prepare_holds_partitions_and_tables_not_the_input(ray_s
     assert cut == engine
     pieces = re.search(r"(\d+) file\(s\) on 64 CPUs, read in (\d+) pieces", caplog.text)
     assert pieces and int(pieces.group(1)) == len(inputs) and int(pieces.group(2)) > 2 * len(inputs), caplog.text
+    # Partitions whose rows outgrow 64 KiB (a dump that compresses well) are cut again before their join.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="convsts"):
+        recut = pushshift.prepare_distributed(*args, tmp_path / "recut", 300, parts=4, part_bytes=64 << 10)
+    assert recut == engine
+    assert re.search(r"reddit: 4 partition\(s\) held over 0.0625 MiB of rows and were cut again", caplog.text), (
+        caplog.text
+    )
 
 
 def test_a_line_over_the_limit_is_malformed_on_the_distributed_path_as_in_the_engine(ray_session, tmp_path):

@@ -219,3 +219,26 @@ def test_shards_written_range_by_range_with_their_pieces_joined_are_the_writers_
     assert [records[i] for i in sorted(records)] == expected and len(expected) == 3
     for record in expected:
         assert (tmp_path / "ranges" / record["file"]).read_bytes() == (tmp_path / "whole" / record["file"]).read_bytes()
+
+
+def test_the_engine_cuts_a_partition_whose_rows_outgrow_the_budget_and_writes_the_same_shards(tmp_path, caplog):
+    """Partitions are sized by their rows as read (decompressed and parsed), not by the input as
+    stored: with a budget of 32 KiB of rows every partition of the synthetic dump is cut again, some
+    more than once, and the manifest and shards are those of one uncut partition."""
+    import logging
+
+    bench = _bench()
+    dump = tmp_path / "RC_synthetic.zst"
+    bench.write_dump(dump, 6000)
+    whole = pushshift.prepare_local([str(dump)], CFG, 0.1, "convsts", tmp_path / "whole", 300, parts=1)
+    with caplog.at_level(logging.INFO, logger="convsts"):
+        cut = pushshift.prepare_local(
+            [str(dump)], CFG, 0.1, "convsts", tmp_path / "cut", 300, parts=2, part_bytes=32 << 10
+        )
+    assert cut == whole
+    recut = [r.getMessage() for r in caplog.records if "were cut again" in r.getMessage()]
+    assert len(recut) == 1 and int(recut[0].split()[1]) > 2, recut
+    for record in whole["shards"]["train"]:
+        assert (tmp_path / "cut" / "train" / record["file"]).read_bytes() == (
+            tmp_path / "whole" / "train" / record["file"]
+        ).read_bytes()

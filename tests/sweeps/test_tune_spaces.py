@@ -217,3 +217,27 @@ def test_a_sweep_takes_the_inputs_its_objective_uses_and_refuses_the_others():
         sweep_inputs(matrix, "C", "R", "P")
     with pytest.raises(ConfigError, match="space snli_fraction trains: --checkpoint names an sts_matrix sweep"):
         sweep_inputs(train, "C", None, None)
+
+
+def test_a_trial_run_again_logs_only_the_steps_its_run_lacks(mlflow_uri):
+    """A trial's second attempt (a resumed sweep) writes into its run only the steps the first did
+    not reach: each metric step once, the values of the first kept."""
+    from convsts.ray_jobs.sweeps.trials import TrialRun
+    from convsts.ray_jobs.tracking import runs as tracking
+
+    run_id = tracking.start_run(mlflow_uri, "trial-steps", "trial", {"eval.tuned.lr": 0.01})
+    first = TrialRun(mlflow_uri, run_id, tracking.last_logged_steps(mlflow_uri, run_id))
+    for epoch in (1, 2, 3):
+        first.log({"stsb_tuned/dev/pearson": 0.1 * epoch}, step=epoch)
+    again = TrialRun(mlflow_uri, run_id, tracking.last_logged_steps(mlflow_uri, run_id))
+    for epoch in (1, 2, 3, 4, 5):
+        again.log({"stsb_tuned/dev/pearson": 0.1 * epoch + 0.001, "epoch": epoch}, step=epoch)
+    history = tracking.client(mlflow_uri).get_metric_history(run_id, "stsb_tuned/dev/pearson")
+    assert sorted((m.step, round(m.value, 4)) for m in history) == [
+        (1, 0.1),
+        (2, 0.2),
+        (3, 0.3),
+        (4, 0.401),
+        (5, 0.501),
+    ]
+    assert sorted(m.step for m in tracking.client(mlflow_uri).get_metric_history(run_id, "epoch")) == [1, 2, 3, 4, 5]
