@@ -73,9 +73,9 @@ def main() -> int:
                    f"trainer.max_failures={args.nodes + 2}", f"trainer.steps={args.steps}", "trainer.checkpoint_every=50",
                    f"trainer.log_every={LOG}", "trainer.eval_every=0", *TINY_DAN]  # fmt: skip
         started = time.time()
-        proc = subprocess.Popen(
-            command, cwd=REPO, env=driver, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        # The run's output to a file: a pipe read only at the end fills and stops the run.
+        output = stack.enter_context(open(work / "train.log", "w+"))
+        proc = subprocess.Popen(command, cwd=REPO, env=driver, stdout=output, stderr=subprocess.STDOUT, text=True)
         client = MlflowClient(uri)
         grown, acted_at = False, -1  # the last logged step when a node was lost or added
         while proc.poll() is None:
@@ -96,7 +96,8 @@ def main() -> int:
                     nodes.append(node())
                     grown, acted_at = True, max(workers)
             time.sleep(1.0)
-        log = proc.communicate()[0]
+        proc.wait()
+        log = (work / "train.log").read_text()
         whole = time.time() - started
         if proc.returncode != 0:
             print(log[-4000:])
@@ -105,7 +106,7 @@ def main() -> int:
         workers, times = _history(client, run_id, "train/workers"), _history(client, run_id, "step_time_s")
     segments: list[tuple[int, list[float]]] = []
     for step in sorted(workers):
-        size = workers[step]
+        size = int(workers[step])
         if not segments or segments[-1][0] != size:
             segments.append((size, []))  # the first window after a restart holds the restart: left out
             continue
