@@ -268,13 +268,18 @@ def split_dump(dump: Path, files: int) -> list[Path]:
     return paths
 
 
-def _ray_workers_rss() -> dict[int, int]:
-    """Resident bytes of each Ray worker process on this host (command line `ray::...`)."""
-    out = {}
+def _ray_workers_rss() -> list[tuple[int, int, str]]:
+    """(pid, private resident bytes, what it runs) of each Ray worker process on this host
+    (`ray::TASK`). Private: RssAnon, without the object store's shared pages that a worker maps as
+    it reads or writes objects (counted once, in the store's peak)."""
+    out = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"ray::"):
-                out[int(entry.name)] = int((entry / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            title = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+            if title.startswith(b"ray::"):
+                status = (entry / "status").read_text()
+                rss = int(status.split("RssAnon:", 1)[1].split()[0]) * 1024
+                out.append((int(entry.name), rss, title.split(b"\0")[0].decode(errors="replace")[5:]))
         except (OSError, IndexError, ValueError):
             continue
     return out
@@ -289,7 +294,8 @@ class StoreWatch:
     SPILLED = re.compile(r"Spilled (\d+) MiB")
 
     def __init__(self, gcs: str):
-        self.gcs, self.peak, self.worker_peak, self._stop = gcs, 0, 0, threading.Event()
+        self.gcs, self.peak, self._stop = gcs, 0, threading.Event()
+        self.workers: dict[int, tuple[int, set]] = {}  # pid: (peak bytes, the tasks seen running there)
         self.spilled_before = self._stats()[1]
         self._threads = [threading.Thread(target=f, daemon=True) for f in (self._sample, self._sample_workers)]
         for thread in self._threads:
@@ -308,14 +314,17 @@ class StoreWatch:
 
     def _sample_workers(self) -> None:
         while not self._stop.wait(0.2):
-            self.worker_peak = max([self.worker_peak, *_ray_workers_rss().values()])
+            for pid, rss, task in _ray_workers_rss():
+                peak, tasks = self.workers.get(pid, (0, set()))
+                self.workers[pid] = (max(peak, rss), tasks | ({task} - {"IDLE"}))
 
-    def stop(self) -> tuple[int, int, int]:
-        """(peak MiB in the store, MiB spilled while watched, the largest worker's peak MiB)."""
+    def stop(self) -> tuple[int, int, str]:
+        """(peak MiB in the store, MiB spilled while watched, the largest worker's peak: 'N MiB (TASK)')."""
         self._stop.set()
         for thread in self._threads:
             thread.join()
-        return self.peak, self._stats()[1] - self.spilled_before, self.worker_peak >> 20
+        rss, tasks = max(self.workers.values(), key=lambda v: v[0], default=(0, set()))
+        return self.peak, self._stats()[1] - self.spilled_before, f"{rss >> 20:,} MiB (ran {', '.join(sorted(tasks))})"
 
 
 def prepared_rows(out: Path) -> set:
@@ -371,12 +380,12 @@ def main() -> int:
             print(f"\nThe distributed path on a running instance ({args.cpus} CPUs on {args.nodes} node(s), object "
                   f"store {args.object_store_gib:g} GiB a node, {args.files} file(s)) against the streaming engine:\n")  # fmt: skip
             print("| comments | engine lines/s | distributed lines/s | per CPU | distributed / engine | same shards "
-                  "| object store peak | spilled | largest worker's peak |")  # fmt: skip
+                  "| object store peak | spilled | largest worker's private peak |")  # fmt: skip
             print("|---|---|---|---|---|---|---|---|---|")
             for n, engine_s, ray_s, same, peak, spilled, worker in rows:
                 print(f"| {n:,} | {n / engine_s:,.0f} | {n / ray_s:,.0f} | {n / ray_s / args.cpus:,.0f} "
                       f"| {engine_s / ray_s:.2f} | {'yes' if same else 'NO'} | {peak:,} MiB | {spilled:,} MiB "
-                      f"| {worker:,} MiB |")  # fmt: skip
+                      f"| {worker} |")  # fmt: skip
     return 0
 
 
@@ -414,7 +423,7 @@ def _bench_size(root: Path, dump: Path, n: int, args, head) -> tuple:
         watch = StoreWatch(head["gcs"]) if path != "this process" else None
         overrides = ("data.dump_local_bytes=0",) if path != "this process" else ()
         prep_s, prep_peak, crashed = run_prepare(inputs[path], out, overrides, head["gcs"] if watch else None)
-        store = watch.stop() if watch else (0, 0, 0)
+        store = watch.stop() if watch else (0, 0, "")
         crashed += crashes(Path(head["temp_dir"])) if watch else 0
         manifest = json.loads((out / "manifest.json").read_text())
         timed[path] = (prep_s, out, manifest, store)
@@ -430,7 +439,7 @@ def _bench_size(root: Path, dump: Path, n: int, args, head) -> tuple:
             flush=True,
         )
     if not head:
-        return n, timed["this process"][0], 0.0, False, 0, 0, 0
+        return n, timed["this process"][0], 0.0, False, 0, 0, ""
     (engine_s, _, engine_m, _), (ray_s, _, dist_m, (peak, spilled, worker)) = timed["this process"], timed["Ray tasks"]
     same = engine_m["shards"] == dist_m["shards"] and engine_m["pairs"] == dist_m["pairs"]
     return n, engine_s, ray_s, same, peak, spilled, worker

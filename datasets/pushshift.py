@@ -72,6 +72,7 @@ PARTITION_INPUT_BYTES = 64 << 20  # input bytes (as stored) per spill partition 
 # cut again by another hash before its join, however well its input compressed (split_key).
 PARTITION_ROW_BYTES = 128 << 20
 MAX_SPLITS = 3  # cuts of a partition at most: one whose rows share a few keys cannot shrink
+KEY_BATCH_ROWS = 100_000  # pairs keyed at once (through pandas) in the pairs step
 ARROW_MIN_LINES = 2048  # a run of lines Arrow refuses is halved down to this size, then parsed line by line
 PARENT = "t1_"  # a parent_id that names a comment (t3_ names a submission)
 # A reply's bucket when it makes no pair although it passed the filters (the manifest's unpaired_by_reason).
@@ -558,8 +559,15 @@ def joined_pairs(edges, parents, later, test_share: float, salt: str):
     links = pc.unique(kept["link_id"])
     test = pa.array([split_of(link, test_share, salt) == "test" for link in links.to_pylist()], pa.bool_())
     is_test = pc.take(test, pc.index_in(kept["link_id"], value_set=links)).to_numpy(zero_copy_only=False)
-    frame = kept.rename_columns(WRITTEN_COLUMNS).to_pandas()
-    pairs = {"train": keyed_table(frame.loc[~is_test]), "test": keyed_table(frame.loc[is_test])}
+    kept = kept.rename_columns(WRITTEN_COLUMNS)
+    pieces: dict[str, list] = {"train": [], "test": []}
+    # Keyed a batch at a time: the key is pandas' hash of each row, and a frame of Python strings
+    # costs several times its Arrow bytes.
+    for start in range(0, max(kept.num_rows, 1), KEY_BATCH_ROWS):
+        frame, test = kept.slice(start, KEY_BATCH_ROWS).to_pandas(), is_test[start : start + KEY_BATCH_ROWS]
+        pieces["train"].append(keyed_table(frame.loc[~test]))
+        pieces["test"].append(keyed_table(frame.loc[test]))
+    pairs = {split: pa.concat_tables(tables, promote_options="default") for split, tables in pieces.items()}
     counts |= {("", split): table.num_rows for split, table in pairs.items()}
     return counts, pairs
 
@@ -735,7 +743,7 @@ def prepare_local(
 FLUSH_BYTES = 256 << 20
 PIECE_BYTES = 64 << 20  # decompressed bytes of a dump per task, where the dumps are fewer than the CPUs
 TASK_PARTITION_BYTES = 256 << 20  # input bytes (as stored) per partition of the distributed path, at first
-TASK_PARTITION_ROW_BYTES = 256 << 20  # a pairs task's rows at most: a partition over it is cut again
+TASK_PARTITION_ROW_BYTES = 128 << 20  # a pairs task's rows at most: a partition over it is cut again
 
 
 KINDS = ("key", "node", "edge")  # what a read task hands over per partition: ids, possible parents, replies
@@ -883,10 +891,10 @@ def _later_task(*keys):
 SPLITS = ("train", "test")
 
 
-def _pairs_task(test_share: float, salt: str, parts: int, later, nodes: list, *edges) -> list[Any]:
+def _pairs_task(test_share: float, salt: str, ranges: int, later, nodes: list, *edges) -> list[Any]:
     """One partition's replies joined to its possible parents: [its counts, its pairs' rows in each
-    key range ({split: [rows of range 0..parts-1]}), then the train pairs by key range
-    0..parts-1, then the test pairs by range (None where a range has none)]. `nodes`: the
+    key range ({split: [rows of range 0..ranges-1]}), then the train pairs by key range
+    0..ranges-1, then the test pairs by range (None where a range has none)]. `nodes`: the
     partition's node tables (refs inside a list: fetched here, after the edges)."""
     import ray
 
@@ -894,9 +902,9 @@ def _pairs_task(test_share: float, salt: str, parts: int, later, nodes: list, *e
     sizes: dict[str, list[int]] = {}
     tables: list[Any] = []
     for split in SPLITS:
-        ranges = dict(partition_slices(pairs[split], key_ranges(pairs[split], parts), parts)) if pairs else {}
-        sizes[split] = [ranges[r].num_rows if r in ranges else 0 for r in range(parts)]
-        tables += [ranges.get(r) for r in range(parts)]
+        by_range = dict(partition_slices(pairs[split], key_ranges(pairs[split], ranges), ranges)) if pairs else {}
+        sizes[split] = [by_range[r].num_rows if r in by_range else 0 for r in range(ranges)]
+        tables += [by_range.get(r) for r in range(ranges)]
     return [counts, sizes, *tables]
 
 
@@ -913,7 +921,7 @@ def _write_pieces_task(folder: str, index: int, *pieces: dict) -> dict:
     return write_pieces(folder, index, [p[index] for p in pieces if index in p])
 
 
-def _write_split(joined: list, split: str, rows: int, out_dir: str | Path, rows_per_shard: int, parts: int) -> list:
+def _write_split(joined: list, split: str, rows: int, out_dir: str | Path, rows_per_shard: int, ranges: int) -> list:
     """One split's shards written by tasks side by side, as ShardWriter writes them in one process:
     a task per key range (its offset from the ranges' sizes), a task per shard that crosses a
     range's end; the driver gathers the records alone."""
@@ -924,7 +932,7 @@ def _write_split(joined: list, split: str, rows: int, out_dir: str | Path, rows_
     fs, inner = storage.resolve(folder)
     fs.create_dir(inner, recursive=True)  # there even when there are no rows
     plan, index = ShardPlan(rows, rows_per_shard), SPLITS.index(split)
-    sizes = [sum(s[split][r] for s in ray.get([j[1] for j in joined])) for r in range(parts)]
+    sizes = [sum(s[split][r] for s in ray.get([j[1] for j in joined])) for r in range(ranges)]
     if sum(sizes) != rows:
         raise RuntimeError(f"{folder}: the key ranges hold {sum(sizes)} rows, not {rows}")
     # A local folder is the command's machine's: the tasks write it there (on that node's CPUs); a
@@ -932,10 +940,10 @@ def _write_split(joined: list, split: str, rows: int, out_dir: str | Path, rows_
     here = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), False)
     place = {} if storage.is_uri(folder) else {"scheduling_strategy": here}
     write = ray.remote(num_returns=2, **place)(_write_range_task)
-    starts = [sum(sizes[:r]) for r in range(parts)]
+    starts = [sum(sizes[:r]) for r in range(ranges)]
     written = {
-        r: write.remote(folder, plan, starts[r], *[j[2 + index * parts + r] for j in joined])
-        for r in range(parts)
+        r: write.remote(folder, plan, starts[r], *[j[2 + index * ranges + r] for j in joined])
+        for r in range(ranges)
         if sizes[r]
     }
     records: dict[int, dict] = {}
@@ -988,11 +996,10 @@ def prepare_distributed(
     found = [ray.remote(num_returns=2)(_later_task).remote(*handed["key"][p]) for p in range(parts)]
     later = ray.put(pa.concat_arrays([pa.array([], pa.int64()), *ray.get([f[0] for f in found])]))
     log.info("reddit: repeated ids found in %.1f s", time.monotonic() - started)
-    pairs_task = ray.remote(num_returns=2 + 2 * parts)(_pairs_task)
-    joined = [
-        pairs_task.remote(test_share, salt, parts, later, nodes, *edges)
-        for nodes, edges in _within_budget(handed, [sum(r[4][p] for r in read) for p in range(parts)], part_bytes)
-    ]
+    jobs = _within_budget(handed, [sum(r[4][p] for r in read) for p in range(parts)], part_bytes)
+    ranges = len(jobs)  # key ranges, a write task each: as many as the joins, each about a join's rows
+    pairs_task = ray.remote(num_returns=2 + 2 * ranges)(_pairs_task)
+    joined = [pairs_task.remote(test_share, salt, ranges, later, nodes, *edges) for nodes, edges in jobs]
 
     manifest = _distributed_manifest(read, ray.get([j[0] for j in joined]), ranked)
     log.info(
@@ -1004,7 +1011,7 @@ def prepare_distributed(
         time.monotonic() - started,
     )
     shards = {
-        split: _write_split(joined, split, manifest[f"{split}_pairs"], out_dir, rows_per_shard, parts)
+        split: _write_split(joined, split, manifest[f"{split}_pairs"], out_dir, rows_per_shard, ranges)
         for split in SPLITS
     }
     log.info("reddit: shards written by tasks in %.1f s", time.monotonic() - started)
