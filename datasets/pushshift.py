@@ -372,7 +372,7 @@ class _Spill:
 
     def __init__(self, folder: Path, parts: int):
         self.folder, self.parts = folder, parts
-        self._writers: dict[tuple[str, int], Any] = {}
+        self._writers: dict[tuple[str, int | str], Any] = {}
 
     def add_comments(self, comments) -> None:
         """A chunk of well-formed comments (COMMENT_COLUMNS, filter rules in `status`)."""
@@ -872,7 +872,10 @@ def _within_budget(handed: dict[str, list[list]], sizes: list[int], part_bytes: 
             continue
         ways, recut = -(-size // part_bytes), recut + 1
         split = ray.remote(num_returns=ways)(_split_task)
-        cut = {kind: [split.remote(kind, ways, ref) for ref in handed[kind][p]] for kind in ("node", "edge")}
+        # num_returns > 1: each call's refs are a list (the stubs: one ref)
+        cut: dict[str, list[Any]] = {
+            kind: [split.remote(kind, ways, ref) for ref in handed[kind][p]] for kind in ("node", "edge")
+        }
         out += [([refs[q] for refs in cut["node"]], [refs[q] for refs in cut["edge"]]) for q in range(ways)]
     _say_recut(recut, part_bytes)
     return out
@@ -938,8 +941,8 @@ def _write_split(joined: list, split: str, rows: int, out_dir: str | Path, rows_
     # A local folder is the command's machine's: the tasks write it there (on that node's CPUs); a
     # bucket takes them from every node.
     here = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), False)
-    place = {} if storage.is_uri(folder) else {"scheduling_strategy": here}
-    write = ray.remote(num_returns=2, **place)(_write_range_task)
+    place: Any = "DEFAULT" if storage.is_uri(folder) else here  # the stubs list no node affinity
+    write = ray.remote(num_returns=2, scheduling_strategy=place)(_write_range_task)
     starts = [sum(sizes[:r]) for r in range(ranges)]
     written = {
         r: write.remote(folder, plan, starts[r], *[j[2 + index * ranges + r] for j in joined])
@@ -949,7 +952,7 @@ def _write_split(joined: list, split: str, rows: int, out_dir: str | Path, rows_
     records: dict[int, dict] = {}
     for recs in ray.get([refs[0] for refs in written.values()]):
         records.update(recs)
-    join = ray.remote(**place)(_write_pieces_task)
+    join = ray.remote(scheduling_strategy=place)(_write_pieces_task)
     crossing = [i for i in range(len(plan.edges) - 1) if plan.size(i) and i not in records]
     joins = {
         i: join.remote(
