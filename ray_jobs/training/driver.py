@@ -239,12 +239,7 @@ def run_training(
     fit_now = check_training_fits(cfg, alive_nodes())  # a layout that fits no node is refused, not left waiting
     if cfg.trainer.elastic:
         log.info("elastic worker group %s: %d fit on the cluster now", list(cfg.trainer.worker_range), fit_now)
-    if prepare_missing is not None:
-        prepare_missing(cfg, prepared)
-    rest = {name: task for name, task in tasks.items() if name not in manifests}
-    manifests |= check_prepared(prepared, rest, cfg)  # complete prepared folders
-    digests = data_digests(manifests)
-    check_resume_data(cfg, digests)
+    manifests, digests = _all_prepared(cfg, prepared, tasks, manifests, prepare_missing)
     # The actions
     begin(out_dir, start, uri, run_id, redact(cfg.to_yaml()))
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
@@ -265,6 +260,20 @@ def run_training(
     if own_run:
         tracking.end_run(uri, mlflow_run.run_id)
     return result
+
+
+def _all_prepared(
+    cfg: RunConfig, prepared: str, tasks: dict, checked: dict, prepare_missing: Callable[[RunConfig, str], Any] | None
+) -> tuple[dict, dict]:
+    """(every task's manifest, their digests): the tasks not `checked` yet prepared where missing
+    and checked; a resume's data checked against its checkpoint's."""
+    if prepare_missing is not None:
+        prepare_missing(cfg, prepared)
+    rest = {name: task for name, task in tasks.items() if name not in checked}
+    manifests = checked | check_prepared(prepared, rest, cfg)  # complete prepared folders
+    digests = data_digests(manifests)
+    check_resume_data(cfg, digests)
+    return manifests, digests
 
 
 def _open_run(cfg: RunConfig, out_dir: Path, uri: str, run_id: str | None, start: RunStart) -> TrackedRun:
