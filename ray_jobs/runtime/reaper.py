@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 POLL_S = 0.5
+REAP_S = 30.0  # the reaper kills the instance's processes again for at most this long
 
 
 def processes() -> dict[int, tuple[int, str]]:
@@ -44,7 +45,8 @@ def instance_processes(session_dir: str, known: set[int]) -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, ended but not yet waited for, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -57,12 +59,17 @@ def _alive(pid: int) -> bool:
 
 def reap(driver: int, session_dir: str) -> None:
     known: set[int] = set()
-    while _alive(driver):
+    while alive(driver):
         known = instance_processes(session_dir, known)
         time.sleep(POLL_S)
-    for pid in instance_processes(session_dir, known):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    # Again until none is left: a process that one killed had started meanwhile is ended too.
+    deadline = time.monotonic() + REAP_S
+    while (left := [p for p in instance_processes(session_dir, known) if alive(p)]) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        known |= set(left)
+        time.sleep(POLL_S / 5)
 
 
 def start_reaper(session_dir: str) -> None:

@@ -58,9 +58,10 @@ def _kill_when(cmd: list[str], env: dict, ready: Callable[[], bool], moment: str
             sweep.kill()
     import ray
 
-    own = ray.get_runtime_context().get_job_id()
+    context = ray.get_runtime_context()  # named: other tests' instances may run beside this one
+    own, address = context.get_job_id(), context.gcs_address
     deadline = time.time() + 60
-    while [a for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True) if a.job_id != own]:
+    while [a for a in list_actors(address, filters=[("state", "=", "ALIVE")], detail=True) if a.job_id != own]:
         assert time.time() < deadline, f"{moment}: the killed sweep's trials are still alive"
         time.sleep(0.5)
 

@@ -20,6 +20,8 @@ import pytest
 from testkit.local_cluster import pids_matching
 from testkit.tiny import TINY_DAN
 
+from convsts.ray_jobs.runtime.reaper import alive
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
@@ -80,9 +82,9 @@ def test_nothing_of_a_stopped_or_finished_run_goes_on_after_its_command(stop, sa
     assert run_id is not None
     status, last, checkpoints = client.get_run(run_id).info.status, _last_step(client, run_id), _checkpoints(out)
     deadline = time.time() + 60  # the instance's own processes end with its driver
-    while time.time() < deadline and (left := [p for p in instance if Path(f"/proc/{p}").exists()]):
+    while time.time() < deadline and (left := [p for p in instance if alive(p)]):
         time.sleep(0.5)
-    left = [p for p in instance if Path(f"/proc/{p}").exists()]
+    left = [p for p in instance if alive(p)]
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left]
     if stop == "SIGKILL":  # no run was marked: what the workers logged until the instance went is the run's
         last, checkpoints = _last_step(client, run_id), _checkpoints(out)
