@@ -924,7 +924,9 @@ def _write_pieces_task(folder: str, index: int, *pieces: dict) -> dict:
     return write_pieces(folder, index, [p[index] for p in pieces if index in p])
 
 
-def _write_split(joined: list, split: str, rows: int, out_dir: str | Path, rows_per_shard: int, ranges: int) -> list:
+def _write_split(
+    joined: list, range_rows: list[dict], split: str, rows: int, out_dir: str | Path, rows_per_shard: int
+) -> list:
     """One split's shards written by tasks side by side, as ShardWriter writes them in one process:
     a task per key range (its offset from the ranges' sizes), a task per shard that crosses a
     range's end; the driver gathers the records alone."""
@@ -935,7 +937,8 @@ def _write_split(joined: list, split: str, rows: int, out_dir: str | Path, rows_
     fs, inner = storage.resolve(folder)
     fs.create_dir(inner, recursive=True)  # there even when there are no rows
     plan, index = ShardPlan(rows, rows_per_shard), SPLITS.index(split)
-    sizes = [sum(s[split][r] for s in ray.get([j[1] for j in joined])) for r in range(ranges)]
+    ranges = len(range_rows[0][split]) if range_rows else 0  # `range_rows`: each join's rows by key range
+    sizes = [sum(s[split][r] for s in range_rows) for r in range(ranges)]
     if sum(sizes) != rows:
         raise RuntimeError(f"{folder}: the key ranges hold {sum(sizes)} rows, not {rows}")
     # A local folder is the command's machine's: the tasks write it there (on that node's CPUs); a
@@ -1013,8 +1016,9 @@ def prepare_distributed(
         max(ray.get([f[1] for f in found]), default=0),
         time.monotonic() - started,
     )
+    range_rows = ray.get([j[1] for j in joined])  # fetched once: small dicts
     shards = {
-        split: _write_split(joined, split, manifest[f"{split}_pairs"], out_dir, rows_per_shard, ranges)
+        split: _write_split(joined, range_rows, split, manifest[f"{split}_pairs"], out_dir, rows_per_shard)
         for split in SPLITS
     }
     log.info("reddit: shards written by tasks in %.1f s", time.monotonic() - started)
