@@ -39,11 +39,19 @@ def _children(out: Path, mlflow_uri: str, experiment: str) -> dict:
     return trial_runs(mlflow_uri, experiment, json.loads(state.read_text())["parent_run_id"])
 
 
-def _kill_when(cmd: list[str], env: dict, ready: Callable[[], bool], moment: str) -> None:
-    """Runs the sweep command until `ready()`, SIGKILLs it, and waits until Ray has ended the
-    killed driver's trials (they would otherwise race the rerun)."""
+def _alive_actors() -> dict[str, str]:
+    """This test's Ray instance's live actors: {actor id: class name}."""
+    import ray
     from ray.util.state import list_actors
 
+    address = ray.get_runtime_context().gcs_address  # named: other tests' instances run beside it
+    return {a.actor_id: a.class_name for a in list_actors(address, filters=[("state", "=", "ALIVE")], limit=10_000)}
+
+
+def _kill_when(cmd: list[str], env: dict, ready: Callable[[], bool], moment: str) -> None:
+    """Runs the sweep command until `ready()`, SIGKILLs it, and waits until Ray has ended the
+    actors the killed driver started (they would otherwise race the rerun)."""
+    before = set(_alive_actors())
     sweep = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 300
@@ -56,13 +64,9 @@ def _kill_when(cmd: list[str], env: dict, ready: Callable[[], bool], moment: str
     finally:
         if sweep.poll() is None:
             sweep.kill()
-    import ray
-
-    context = ray.get_runtime_context()  # named: other tests' instances may run beside this one
-    own, address = context.get_job_id(), context.gcs_address
-    deadline = time.time() + 60
-    while [a for a in list_actors(address, filters=[("state", "=", "ALIVE")], detail=True) if a.job_id != own]:
-        assert time.time() < deadline, f"{moment}: the killed sweep's trials are still alive"
+    deadline = time.time() + 180  # Ray ends a dead driver's actors within seconds, slower under load
+    while left := {i: name for i, name in _alive_actors().items() if i not in before}:
+        assert time.time() < deadline, f"{moment}: the killed sweep's actors are still alive: {left}"
         time.sleep(0.5)
 
 
