@@ -14,7 +14,8 @@ comment, 0.5% of lines repeated, 0.1% malformed; zstd), then on that same file r
 - with --ray, also the same command with `data.dump_local_bytes=0`: the distributed path (Ray tasks)
   a larger input takes on a cluster, joined to a Ray instance started first (`ray start --head
   --num-cpus C --object-store-memory M`, with --cpus and --object-store-gib; its start-up is not
-  counted), the dump cut into --files files; with --nodes N, a cluster of N nodes on this host (a
+  counted), the dump cut into each of --files counts of files (`--files 1 2`: a run from one file, one
+  from two); with --nodes N, a cluster of N nodes on this host (a
   head and N-1 worker nodes, each its own raylet and loopback address) sharing out --cpus.
 
 Prints, per size: both rates (lines/s), their ratio (prepare / reference; >= 1 means prepare is the
@@ -344,7 +345,9 @@ def main() -> int:
     parser.add_argument("--ray", action="store_true", help="also time the distributed path on a running Ray instance")
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1, help="the Ray instance's CPUs (--ray)")
     parser.add_argument("--object-store-gib", type=float, default=1.0, help="its object store (--ray)")
-    parser.add_argument("--files", type=int, default=1, help="the dump cut into this many files (--ray)")
+    parser.add_argument(
+        "--files", nargs="+", type=int, default=[1], help="the dump cut into this many files, a run each (--ray)"
+    )
     parser.add_argument(
         "--nodes", type=int, default=1, help="--cpus spread over this many Ray nodes on this host (--ray)"
     )
@@ -375,15 +378,15 @@ def main() -> int:
                 write_dump(dump, n, kind=args.kind)
             ratio = _decompressed(dump) / dump.stat().st_size
             print(f"{dump.name}: {dump.stat().st_size / 2**20:,.0f} MiB, {ratio:.1f}x in zstd", flush=True)
-            rows.append(_bench_size(root, dump, n, args, head))
+            rows.extend(_bench_size(root, dump, n, args, head))
         if args.ray:
             print(f"\nThe distributed path on a running instance ({args.cpus} CPUs on {args.nodes} node(s), object "
-                  f"store {args.object_store_gib:g} GiB a node, {args.files} file(s)) against the streaming engine:\n")  # fmt: skip
-            print("| comments | engine lines/s | distributed lines/s | per CPU | distributed / engine | same shards "
-                  "| object store peak | spilled | largest worker's private peak |")  # fmt: skip
-            print("|---|---|---|---|---|---|---|---|---|")
-            for n, engine_s, ray_s, same, peak, spilled, worker in rows:
-                print(f"| {n:,} | {n / engine_s:,.0f} | {n / ray_s:,.0f} | {n / ray_s / args.cpus:,.0f} "
+                  f"store {args.object_store_gib:g} GiB a node) against the streaming engine:\n")  # fmt: skip
+            print("| comments | files | engine lines/s | distributed lines/s | per CPU | distributed / engine "
+                  "| same shards | object store peak | spilled | largest worker's private peak |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|---|---|---|")
+            for n, files, engine_s, ray_s, same, peak, spilled, worker in rows:
+                print(f"| {n:,} | {files} | {n / engine_s:,.0f} | {n / ray_s:,.0f} | {n / ray_s / args.cpus:,.0f} "
                       f"| {engine_s / ray_s:.2f} | {'yes' if same else 'NO'} | {peak:,} MiB | {spilled:,} MiB "
                       f"| {worker} |")  # fmt: skip
     return 0
@@ -406,43 +409,50 @@ def _cluster(args):
         yield head
 
 
-def _bench_size(root: Path, dump: Path, n: int, args, head) -> tuple:
+def _bench_size(root: Path, dump: Path, n: int, args, head) -> list[tuple]:
     """One size: the reference (unless --no-reference), the streaming engine and, with --ray, the
-    distributed path; prints a row for each and returns (n, engine s, distributed s, same shards,
-    store peak MiB, spilled MiB)."""
-    if not args.no_reference:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        ref_pairs, ref_s, ref_rows = reference(dump, root / f"reference_{n}.parquet")
-        ref_peak = max(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    distributed path on the dump cut into each of --files; prints a row for each and returns, per
+    file count, (n, files, engine s, distributed s, same shards, store peak MiB, spilled MiB, worker)."""
+    ref = None if args.no_reference else _reference(root, dump, n)
+    runs = [("this process", [dump], 0)] + [("Ray tasks", split_dump(dump, k), k) for k in args.files if head]
     timed = {}
-    inputs = {"this process": [dump], "Ray tasks": split_dump(dump, args.files)}
-    for path in ["this process"] + (["Ray tasks"] if head else []):
-        out = root / f"prepared_{n}_{'ray' if head and path != 'this process' else 'local'}"
+    for path, inputs, files in runs:
+        out = root / (f"prepared_{n}_ray{files}" if files else f"prepared_{n}_local")
         if out.exists():
             shutil.rmtree(out)
-        watch = StoreWatch(head["gcs"]) if path != "this process" else None
-        overrides = ("data.dump_local_bytes=0",) if path != "this process" else ()
-        prep_s, prep_peak, crashed = run_prepare(inputs[path], out, overrides, head["gcs"] if watch else None)
+        watch = StoreWatch(head["gcs"]) if files else None
+        overrides = ("data.dump_local_bytes=0",) if files else ()
+        prep_s, prep_peak, crashed = run_prepare(inputs, out, overrides, head["gcs"] if watch else None)
         store = watch.stop() if watch else (0, 0, "")
         crashed += crashes(Path(head["temp_dir"])) if watch else 0
         manifest = json.loads((out / "manifest.json").read_text())
-        timed[path] = (prep_s, out, manifest, store)
-        if args.no_reference:
-            print(f"{n:,} comments, {path}: {n / prep_s:,.0f} lines/s ({prep_s:.1f} s), {manifest['pairs']:,} pairs, "
+        timed[files] = (prep_s, manifest, store)
+        label = f"{path}, {files} file(s)" if files else path
+        if ref is None:
+            print(f"{n:,} comments, {label}: {n / prep_s:,.0f} lines/s ({prep_s:.1f} s), {manifest['pairs']:,} pairs, "
                   f"peak memory {prep_peak / 2**20:,.0f} MiB, worker crashes {crashed}", flush=True)  # fmt: skip
             continue
+        ref_pairs, ref_s, ref_rows, ref_peak = ref
         same = prepared_rows(out) == ref_rows
         print(
-            f"| {n:,} | {path} | {n / ref_s:,.0f} ({ref_s:.1f} s) | {n / prep_s:,.0f} ({prep_s:.1f} s) "
+            f"| {n:,} | {label} | {n / ref_s:,.0f} ({ref_s:.1f} s) | {n / prep_s:,.0f} ({prep_s:.1f} s) "
             f"| {ref_s / prep_s:.2f} | {ref_pairs:,}, {manifest['pairs']:,} | {'yes' if same else 'NO'} "
             f"| {prep_peak / 2**20:,.0f} MiB | {ref_peak / 2**20:,.0f} MiB (this process) | {crashed} |",
             flush=True,
         )
-    if not head:
-        return n, timed["this process"][0], 0.0, False, 0, 0, ""
-    (engine_s, _, engine_m, _), (ray_s, _, dist_m, (peak, spilled, worker)) = timed["this process"], timed["Ray tasks"]
-    same = engine_m["shards"] == dist_m["shards"] and engine_m["pairs"] == dist_m["pairs"]
-    return n, engine_s, ray_s, same, peak, spilled, worker
+    engine_s, engine_m, _ = timed[0]
+    return [
+        (n, files, engine_s, ray_s, engine_m["shards"] == m["shards"] and engine_m["pairs"] == m["pairs"], *store)
+        for files, (ray_s, m, store) in timed.items()
+        if files
+    ]
+
+
+def _reference(root: Path, dump: Path, n: int) -> tuple:
+    """The single-process reference script on `dump`: (pairs, seconds, rows, peak bytes of this process)."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    ref_pairs, ref_s, ref_rows = reference(dump, root / f"reference_{n}.parquet")
+    return ref_pairs, ref_s, ref_rows, max(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 if __name__ == "__main__":

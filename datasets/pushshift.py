@@ -55,7 +55,7 @@ from convsts.datasets.reddit import (
 )
 from convsts.datasets.shards import ShardPlan, ShardWriter, write_pieces, write_range
 from convsts.io import storage
-from convsts.io.compression import open_lines
+from convsts.io.compression import decompressed_prefix, open_lines
 from convsts.io.redaction import redact
 
 DUMP_FIELDS = {"id": str, "parent_id": str, "link_id": str, "author": str, "body": str}
@@ -741,7 +741,10 @@ def prepare_local(
 # of table per partition, objects of FLUSH_BYTES / (3 x partitions) each (a restore from Ray's spill
 # costs per object, so fewer, larger ones).
 FLUSH_BYTES = 256 << 20
-PIECE_BYTES = 64 << 20  # decompressed bytes of a dump per task, where the dumps are fewer than the CPUs
+PIECE_BYTES = 64 << 20  # decompressed bytes of a dump per task, where whole dumps would leave CPUs idle
+# A task reading a dump whole keeps about this many cores busy (its decompression thread beside
+# Arrow's parser threads): dumps are cut into pieces only where the CPUs outnumber that.
+WHOLE_READ_CPUS = 2
 TASK_PARTITION_BYTES = 256 << 20  # input bytes (as stored) per partition of the distributed path, at first
 TASK_PARTITION_ROW_BYTES = 128 << 20  # a pairs task's rows at most: a partition over it is cut again
 
@@ -749,10 +752,19 @@ TASK_PARTITION_ROW_BYTES = 128 << 20  # a pairs task's rows at most: a partition
 KINDS = ("key", "node", "edge")  # what a read task hands over per partition: ids, possible parents, replies
 
 
-def _read_partitioned(path: str, rank: int, cfg: RedditFilterConfig, parts: int, flush_bytes: int) -> Iterator[Any]:
+def _read_partitioned(
+    path: str, rank: int, cfg: RedditFilterConfig, parts: int, flush_bytes: int, threads: int = 1
+) -> Iterator[Any]:
     """A Ray streaming-generator task: one dump read, filtered and cut into `parts` hash partitions
-    (partitioned_comments), handed over as _partitioned hands them. Memory: `flush_bytes` and a chunk."""
-    yield from _partitioned(_ruled_chunks(path, rank, cfg), parts, flush_bytes)
+    (partitioned_comments), handed over as _partitioned hands them. Memory: `flush_bytes` and a chunk.
+    `threads`: Arrow's parser threads while it runs (Ray sizes a worker's pool by its task's CPU,
+    one; a dump read whole where CPUs would be idle parses on more, as the engine does)."""
+    before = pa.cpu_count()
+    pa.set_cpu_count(threads)
+    try:
+        yield from _partitioned(_ruled_chunks(path, rank, cfg), parts, flush_bytes)
+    finally:
+        pa.set_cpu_count(before)
 
 
 def _cut_dump(path: str, piece_bytes: int) -> Iterator[tuple[int, bytes] | None]:
@@ -807,27 +819,32 @@ def _partitioned(chunks: Iterable[Any], parts: int, flush_bytes: int) -> Iterato
 
 
 def _flush(held: dict[tuple[str, int], list], parts: int) -> Iterator[Any]:
-    """3 x `parts` tables, KINDS in order, each partition 0..parts-1 (None for one with no rows)."""
+    """3 x `parts` tables, KINDS in order, each partition 0..parts-1 (None for one with no rows),
+    each one chunk: Ray serializes a table buffer by buffer, so the slices of every chunk read since
+    the last hand-over would cost several times the copy that joins them."""
     for kind in KINDS:
         for p in range(parts):
-            yield pa.concat_tables(held[kind, p]) if (kind, p) in held else None
+            yield pa.concat_tables(held[kind, p]).combine_chunks() if (kind, p) in held else None
 
 
 def _read_tasks(
     paths: Sequence[str], cfg: RedditFilterConfig, parts: int, flush_bytes: int, piece_bytes: int, cpus: int
 ) -> Iterator[list]:
     """Each read task's refs, the inputs in order and a dump's pieces in line order: its tables (3 x
-    `parts` per hand-over, KINDS in order), then its counts. A read task per dump; with fewer dumps
-    than the cluster's `cpus`, each dump is cut into pieces of `piece_bytes` (_cut_dump, a task that
-    decompresses and holds a tenth of a CPU) parsed by a task each, at most 2 x `cpus` pieces at a time."""
+    `parts` per hand-over, KINDS in order), then its counts. A read task per dump; where the
+    cluster's `cpus` outnumber WHOLE_READ_CPUS a dump (whole dumps would leave CPUs idle), each dump
+    is cut into pieces of `piece_bytes` (_cut_dump, a task that decompresses and holds a tenth of a
+    CPU) parsed by a task each, at most 2 x `cpus` pieces at a time. Not on fewer CPUs: the pieces
+    pass through the object store once more, which costs more than they gain there."""
     import ray
 
     ranked = sorted(paths)
-    if len(paths) >= cpus:
+    if len(paths) * WHOLE_READ_CPUS >= cpus:
+        threads = min(WHOLE_READ_CPUS, max(1, cpus // max(len(paths), 1)))  # the CPUs the reads leave idle
         read = ray.remote(num_returns="streaming")(_read_partitioned)
-        streams = [read.remote(path, ranked.index(path), cfg, parts, flush_bytes) for path in paths]
+        streams = [read.remote(path, ranked.index(path), cfg, parts, flush_bytes, threads) for path in paths]
         for stream in streams:
-            yield list(stream)  # type: ignore[call-overload]  # a streaming generator's refs (the stubs: one ref)
+            yield list(stream)  # a streaming generator's refs
         return
     # Ray's private option (the stubs do not list it): the cutter waits while `cpus` pieces are not taken.
     backpressure: dict[str, Any] = {"_generator_backpressure_num_objects": cpus}
@@ -969,11 +986,35 @@ def _write_split(
     return [records[i] for i in sorted(records)]
 
 
-def cluster_partitions(stored: int, cpus: int) -> int:
-    """The partitions of a distributed prepare of `stored` bytes on `cpus` CPUs: one per
-    TASK_PARTITION_BYTES (about 0.6 GiB in a task's memory: fewer, larger objects than the engine's
-    spill partitions), at least one per CPU."""
-    return max(spill_partitions(stored, TASK_PARTITION_BYTES), cpus)
+SAMPLE_BYTES = 4 << 20  # stored bytes of a dump decompressed and parsed to estimate its rows
+SAMPLED_FILES = 4  # the largest dumps are sampled
+
+
+def row_bytes_estimate(paths: Sequence[str], cfg: RedditFilterConfig) -> int:
+    """The rows (node and edge bytes, as the read tasks count them) the dumps will hold, from the
+    rows of the first SAMPLE_BYTES (as stored) of the SAMPLED_FILES largest, scaled to all their
+    bytes: the monthly dumps compress 8-10x, others 3x, and their comments pass the filters at
+    their own rate."""
+    sizes = {path: stat[0] for path in paths if (stat := storage.file_stat(path)) is not None}
+    rows = read = 0
+    for path in sorted(sizes, key=sizes.__getitem__, reverse=True)[:SAMPLED_FILES]:
+        data, stored = decompressed_prefix(path, SAMPLE_BYTES)
+        data = data[: data.rfind(b"\n") + 1]  # whole lines
+        if data.startswith(BOM):
+            data = data[len(BOM) :]
+        if data:
+            *_, counts = _partitioned([with_rules(numbered_table(data, 1, 0), cfg)], 1, sys.maxsize)
+            rows, read = rows + sum(counts[4]), read + stored
+    return rows * sum(sizes.values()) // read if read else 0
+
+
+def cluster_partitions(stored: int, cpus: int, row_bytes: int = 0) -> int:
+    """The partitions of a distributed prepare of `stored` bytes (as stored) that will hold about
+    `row_bytes` of rows (row_bytes_estimate), on `cpus` CPUs: one per TASK_PARTITION_BYTES stored
+    and at least one per three quarters of TASK_PARTITION_ROW_BYTES of rows (a partition cut again
+    by _within_budget costs a pass of its rows through the object store), at least one per CPU."""
+    by_rows = -(-row_bytes * 4 // (3 * TASK_PARTITION_ROW_BYTES))
+    return max(spill_partitions(stored, TASK_PARTITION_BYTES), by_rows, cpus)
 
 
 def prepare_distributed(

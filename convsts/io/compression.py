@@ -15,7 +15,9 @@ import gzip
 import io
 import lzma
 import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import zstandard
 
@@ -77,6 +79,31 @@ def open_lines(path: str | Path) -> io.BufferedReader:
     if suffix:
         return io.BufferedReader(_StdlibLines(raw, path, *STDLIB[suffix]), buffer_size=BUFFER)
     return raw
+
+
+# Decompressors that take a stream's first bytes alone and give what those hold (open_lines'
+# readers raise on a stream that stops early).
+PREFIX_DECOMPRESSORS: dict[str, Callable[[], Any]] = {
+    ZSTD: lambda: zstandard.ZstdDecompressor(max_window_size=2**31).decompressobj(),
+    ".gz": lambda: zlib.decompressobj(wbits=31),
+    ".bz2": bz2.BZ2Decompressor,
+    ".xz": lzma.LZMADecompressor,
+}
+
+
+def decompressed_prefix(path: str | Path, stored_bytes: int) -> tuple[bytes, int]:
+    """(what a file's first `stored_bytes` as stored decompress to, as far as they go; the stored
+    bytes read): a sample of a file too large to read whole. Data that does not decompress gives
+    b"" (the file's own read names the problem)."""
+    with storage.open_binary(str(path)) as raw:
+        head = raw.read(stored_bytes)
+    suffix = compression_of(path)
+    if not suffix:
+        return head, len(head)
+    try:
+        return PREFIX_DECOMPRESSORS[suffix]().decompress(head), len(head)
+    except (zstandard.ZstdError, zlib.error, lzma.LZMAError, OSError, EOFError):
+        return b"", len(head)
 
 
 def read_text(path: str | Path) -> str:

@@ -152,7 +152,7 @@ def _prepare_pairs(kind: str, in_driver: bool, files: list[str], stored: int, ou
         from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
 
         cpus = cluster_cpus()
-        parts = pushshift.cluster_partitions(stored, cpus)
+        parts = pushshift.cluster_partitions(stored, cpus, pushshift.row_bytes_estimate(files, cfg.filters))
         with reporting_worker_deaths():
             return pushshift.prepare_distributed(*args, out_dir, cfg.data.rows_per_shard, parts=parts, cpus=cpus)
     annotated, lines_read = reddit.pairs_dataset(*args)

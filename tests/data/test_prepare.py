@@ -190,16 +190,11 @@ def test_prepare_through_ray_data_writes_the_shards_the_streaming_engine_writes(
     lines) with the edge-case dumps beside it, prepared by the streaming engine and through Ray Data:
     the same manifest and shards, and the pairs the plain single-process reference finds in the
     synthetic dump plus the edge cases' two, each on the same side of the split (order-insensitive)."""
-    import importlib.util
-    from pathlib import Path
+    from testkit.dumps import prepare_bench
 
     from convsts.datasets.reddit import split_of
 
-    spec = importlib.util.spec_from_file_location(
-        "prepare_pushshift", Path(__file__).resolve().parents[2] / "bench" / "prepare_pushshift.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = prepare_bench()
     dump = tmp_path / "RC_synthetic.zst"
     bench.write_dump(dump, 6000)
     pairs, _, rows = bench.reference(dump, tmp_path / "reference.parquet")
@@ -218,11 +213,11 @@ def test_the_distributed_prepare_holds_partitions_and_tables_not_the_input(ray_s
     import logging
     import re
 
-    from test_pushshift import _bench
+    from testkit.dumps import prepare_bench
 
     from convsts.datasets import pushshift
 
-    bench = _bench()
+    bench = prepare_bench()
     dump = tmp_path / "RC_synthetic.zst"
     bench.write_dump(dump, 6000)
     inputs = [str(dump), *map(str, _edge_case_dumps(tmp_path))]
@@ -254,9 +249,12 @@ def test_the_distributed_prepare_holds_partitions_and_tables_not_the_input(ray_s
     )
 
 
-def test_a_line_over_the_limit_is_malformed_on_the_distributed_path_as_in_the_engine(ray_session, tmp_path):
+def test_a_line_over_the_limit_is_malformed_on_the_distributed_path_as_in_the_engine(ray_session, tmp_path, caplog):
     """Long lines just before every piece edge (2 MiB) and the engine's block edge (8 MiB): one task
-    per file and pieces of 2 or 3 MiB give the engine's manifest and shards, each long line malformed."""
+    per file (one file on 2 CPUs is read whole) and pieces of 2 or 3 MiB (on 8 CPUs) give the
+    engine's manifest and shards, each long line malformed."""
+    import logging
+
     from test_pushshift import long_line_dump
 
     from convsts.datasets import pushshift
@@ -267,12 +265,17 @@ def test_a_line_over_the_limit_is_malformed_on_the_distributed_path_as_in_the_en
     args = ([str(dump)], cfg.filters, cfg.data.test_share, cfg.data.split_salt)
     engine = pushshift.prepare_local(*args, tmp_path / "engine", 300, parts=2)
     assert engine["malformed"] == len(long_at) and engine["pairs"] > 1000
-    assert pushshift.prepare_distributed(*args, tmp_path / "file", 300, parts=2, cpus=1) == engine
+    with caplog.at_level(logging.INFO, logger="convsts"):
+        assert pushshift.prepare_distributed(*args, tmp_path / "file", 300, parts=2, cpus=2) == engine
+    assert "read in" not in caplog.text and "1 file(s) read and partitioned" in caplog.text, caplog.text
     for piece_bytes in (2 << 20, 3 << 20):
-        cut = pushshift.prepare_distributed(
-            *args, tmp_path / f"p{piece_bytes}", 300, parts=2, piece_bytes=piece_bytes, cpus=8
-        )
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="convsts"):
+            cut = pushshift.prepare_distributed(
+                *args, tmp_path / f"p{piece_bytes}", 300, parts=2, piece_bytes=piece_bytes, cpus=8
+            )
         assert cut == engine, piece_bytes
+        assert "1 file(s) on 8 CPUs, read in" in caplog.text, caplog.text
 
 
 def test_prepare_reads_dumps_compressed_as_bz2_xz_or_gzip(tmp_path):

@@ -1,20 +1,19 @@
 """The columnar pushshift reader and filters against their line-by-line definitions (parse_comment,
 failing_rule), and the local engine's spill partitions (no Ray)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from testkit.dumps import prepare_bench
 
 from convsts.datasets import pushshift
 from convsts.datasets.config import RedditFilterConfig
 from convsts.datasets.reddit import failing_rule
 
 CFG = RedditFilterConfig()
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "prepare_pushshift.py"
 
 
 def _line(cid="a1", **fields):
@@ -103,18 +102,11 @@ def test_the_vectorized_filters_give_failing_rule_s_answer_string_for_string():
     assert set(got) >= {"", "deleted", "bot_author", "banned_prefix", "too_long", "low_alpha"}
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("prepare_pushshift", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def test_the_local_engine_finds_the_reference_rows_with_any_number_of_spill_partitions(tmp_path):
     """bench/prepare_pushshift.py's synthetic dump (threads, repeated ids, malformed lines) in one spill
     partition and in five: the same manifest and the same shards byte for byte, and the pairs are the
     rows the plain single-process reference finds."""
-    bench = _bench()
+    bench = prepare_bench()
     dump = tmp_path / "RC_synthetic.zst"
     bench.write_dump(dump, 6000)
     pairs, _, rows = bench.reference(dump, tmp_path / "reference.parquet")
@@ -133,10 +125,62 @@ def test_the_local_engine_finds_the_reference_rows_with_any_number_of_spill_part
 
 
 def test_the_distributed_prepare_cuts_more_partitions_as_the_input_grows():
-    """One partition per 256 MiB of input as stored (one fits a task's memory), at least one per CPU."""
-    step = pushshift.TASK_PARTITION_BYTES
+    """One partition per 256 MiB of input as stored and per three quarters of a task's rows (its
+    budget, TASK_PARTITION_ROW_BYTES), at least one per CPU."""
+    step, rows = pushshift.TASK_PARTITION_BYTES, pushshift.TASK_PARTITION_ROW_BYTES * 3 // 4
     assert [pushshift.cluster_partitions(n * step, cpus=2) for n in (0, 1, 2, 3, 40, 400)] == [2, 2, 2, 3, 40, 400]
     assert pushshift.cluster_partitions(step, cpus=16) == 16
+    assert [pushshift.cluster_partitions(step, 2, n * rows) for n in (1, 2, 3, 10)] == [2, 2, 3, 10]
+    assert pushshift.cluster_partitions(step, 2, 10 * rows + 1) == 11
+
+
+def _rows_read(path: Path) -> int:
+    """The rows (node and edge bytes) a read task counts in one dump, read as a whole."""
+    *_, counts = pushshift._partitioned(pushshift._ruled_chunks(str(path), 0, CFG), 1, 1 << 62)
+    return sum(counts[4])
+
+
+def test_the_rows_of_dumps_are_estimated_from_their_first_bytes_whatever_the_compression(tmp_path):
+    """row_bytes_estimate: a dump smaller than its sample gives the rows its read counts, whatever its
+    compression; a larger one, the rows of its first SAMPLE_BYTES scaled to its size, within a few
+    percent, at 3x and at a monthly dump's 8x (bench/prepare_pushshift.py's two kinds)."""
+    import bz2
+    import gzip
+    import lzma
+
+    import zstandard
+
+    bench = prepare_bench()
+    plain = tmp_path / "RC_small"
+    bench.write_dump(tmp_path / "RC_small.zst", 3000)
+    plain.write_bytes(zstandard.ZstdDecompressor().decompressobj().decompress((tmp_path / "RC_small.zst").read_bytes()))
+    exact = _rows_read(plain)
+    for suffix, compress in ((".zst", None), (".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress)):
+        path = tmp_path / f"RC_small{suffix}"
+        if compress:
+            path.write_bytes(compress(plain.read_bytes()))
+        assert pushshift.row_bytes_estimate([str(path)], CFG) == exact, suffix
+    assert pushshift.row_bytes_estimate([str(plain)], CFG) == exact
+    for kind in ("synthetic", "monthly"):
+        big = tmp_path / f"RC_{kind}.zst"
+        bench.write_dump(big, 80_000, kind=kind)
+        assert big.stat().st_size > 2 * pushshift.SAMPLE_BYTES
+        estimate, rows = pushshift.row_bytes_estimate([str(big)], CFG), _rows_read(big)
+        assert abs(estimate - rows) < 0.05 * rows, (kind, estimate, rows)
+
+
+def test_a_read_task_parses_on_its_threads_and_gives_its_worker_back_as_it_was(tmp_path):
+    """_read_partitioned sets Arrow's pool to `threads` while it reads (a Ray worker's is one CPU's)
+    and restores it, for the tasks that worker runs next; the same tables on any number."""
+    import pyarrow as pa
+
+    dump = tmp_path / "RC_t.zst"
+    prepare_bench().write_dump(dump, 2000)
+    before = pa.cpu_count()
+    one, two = (list(pushshift._read_partitioned(str(dump), 0, CFG, 2, 1 << 62, threads=n)) for n in (1, 3))
+    assert pa.cpu_count() == before
+    assert [t.equals(u) if t is not None else u is None for t, u in zip(one[:-1], two[:-1])] == [True] * 6
+    assert one[-1] == two[-1]
 
 
 LONG_LINE_EDGES = [2 << 20, 4 << 20, 6 << 20, 8 << 20]  # piece edges at 2 MiB, the engine's block at 8 MiB
@@ -227,7 +271,7 @@ def test_the_engine_cuts_a_partition_whose_rows_outgrow_the_budget_and_writes_th
     more than once, and the manifest and shards are those of one uncut partition."""
     import logging
 
-    bench = _bench()
+    bench = prepare_bench()
     dump = tmp_path / "RC_synthetic.zst"
     bench.write_dump(dump, 6000)
     whole = pushshift.prepare_local([str(dump)], CFG, 0.1, "convsts", tmp_path / "whole", 300, parts=1)
