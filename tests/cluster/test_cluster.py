@@ -365,7 +365,7 @@ def test_a_layout_that_fits_no_node_is_refused_before_any_work(cluster, sample_p
     assert not (tmp_path / "c" / "train.json").exists()
 
 
-def test_a_distributed_prepare_writes_a_local_folder_on_the_commands_node(cluster, tmp_path):
+def test_a_distributed_prepare_writes_a_local_folder_on_the_commands_node(cluster, tmp_path, monkeypatch):
     """`convsts prepare reddit` on the Ray path (data.dump_local_bytes=0) joined to the cluster: a
     local --out is the command's machine's, so every task that writes its shards runs on the
     command's node, while the cluster's other nodes are free; a bucket's shards are written from the
@@ -375,7 +375,11 @@ def test_a_distributed_prepare_writes_a_local_folder_on_the_commands_node(cluste
 
     dump = tmp_path / "RC_synthetic.zst"
     prepare_bench().write_dump(dump, 20_000)
-    gcs = cluster["env"]["RAY_ADDRESS"]
+    # Ray's state API asked by the cluster's dashboard URL: an address in the environment would win
+    # over the one given (this process may be joined to the test session's own instance).
+    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    dashboard = cluster["dashboard"]
 
     def prepare(out: str, *overrides: str) -> dict:
         done = subprocess.run(CLI + ["prepare", "reddit", "--input", str(dump), "--out", out, *overrides],
@@ -385,13 +389,13 @@ def test_a_distributed_prepare_writes_a_local_folder_on_the_commands_node(cluste
 
     def writes() -> list:
         return [t for name in ("_write_range_task", "_write_pieces_task")
-                for t in list_tasks(gcs, filters=[("name", "=", name)], detail=True, limit=10_000)]  # fmt: skip
+                for t in list_tasks(dashboard, filters=[("name", "=", name)], detail=True, limit=10_000)]  # fmt: skip
 
     engine = prepare(str(tmp_path / "engine"))  # under data.dump_local_bytes: in the command's process
     assert prepare(str(tmp_path / "local"), "data.dump_local_bytes=0") == engine
     local = writes()
-    node_ip = {n.node_id: n.node_ip for n in list_nodes(gcs, limit=100)}
-    drivers = {j.job_id: j.driver_info.node_ip_address for j in list_jobs(gcs) if j.driver_info}
+    node_ip = {n.node_id: n.node_ip for n in list_nodes(dashboard, limit=100)}
+    drivers = {j.job_id: j.driver_info.node_ip_address for j in list_jobs(dashboard) if j.driver_info}
     assert len(local) >= 4 and {t.job_id for t in local} <= set(drivers), local  # a write task per key range
     assert {node_ip[t.node_id] for t in local} == {drivers[t.job_id] for t in local}, [
         (t.name, node_ip[t.node_id], drivers[t.job_id]) for t in local
