@@ -33,6 +33,7 @@ STDLIB = {
 }
 SUFFIXES = (ZSTD, *STDLIB)  # the compressions an input may have
 BUFFER = 1 << 20
+ZSTD_MAX_WINDOW = 2**31  # pushshift's large dumps need a window above zstd's default limit
 
 
 def compression_of(path: str | Path) -> str:
@@ -84,7 +85,7 @@ def open_lines(path: str | Path) -> io.BufferedReader:
 # Decompressors that take a stream's first bytes alone and give what those hold (open_lines'
 # readers raise on a stream that stops early).
 PREFIX_DECOMPRESSORS: dict[str, Callable[[], Any]] = {
-    ZSTD: lambda: zstandard.ZstdDecompressor(max_window_size=2**31).decompressobj(),
+    ZSTD: lambda: zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).decompressobj(),
     ".gz": lambda: zlib.decompressobj(wbits=31),
     ".bz2": bz2.BZ2Decompressor,
     ".xz": lzma.LZMADecompressor,
@@ -126,8 +127,7 @@ class _ZstdLines(io.RawIOBase):
         self._done = False
 
     def _new_frame(self):
-        # Pushshift's large dumps need a window above zstd's default limit.
-        self._dobj = self._zstd.ZstdDecompressor(max_window_size=2**31).decompressobj()
+        self._dobj = self._zstd.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW).decompressobj()
         self._frame_has_input = False
 
     def readable(self) -> bool:
