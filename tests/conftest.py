@@ -4,8 +4,8 @@ Two tiers: `pytest` runs the unit tier, which starts no Ray (every test that doe
 `ray_session` fixture or in a subprocess, is marked slow; the unit tier points Ray's temp folder
 at a folder of its own and fails a test that starts a Ray instance there); `pytest --slow -m slow`
 runs the Ray / end-to-end tier (`pytest --slow` runs both). Session fixtures: one local Ray
-instance, the sample prepared once, one sqlite MLflow store (each once per process: scripts/test.sh
-runs two pytest-xdist processes)."""
+instance and one sqlite MLflow store (each once per process: scripts/test.sh runs two pytest-xdist
+processes), the sample prepared once for the run."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ("testkit.scheduling",)
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -46,17 +48,23 @@ def ray_session(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def sample_prepared(ray_session, tmp_path_factory) -> Path:
-    """The embedded sample prepared once (Reddit and SNLI, the default filters; SAMPLE_PREPARE) for
-    the tests that train on it without changing its data settings (each `prepare` of it starts Ray
-    Data jobs); training only reads a prepared folder."""
+def sample_prepared(tmp_path_factory) -> Path:
+    """The embedded sample prepared once for the whole run (Reddit and SNLI, the default filters;
+    SAMPLE_PREPARE), for the tests that train on it without changing its data settings: both
+    pytest-xdist processes use one folder, the first to come prepares it (in the driver, without
+    Ray) and the other finds it prepared. Training only reads a prepared folder."""
+    from filelock import FileLock
     from testkit.tiny import SAMPLE_PREPARE
 
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.pipelines.inputs import prepare_all
 
-    out = tmp_path_factory.mktemp("sample_prepared")
-    prepare_all(load_config(None, SAMPLE_PREPARE), str(out))
+    run_root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # basetemp is this process's folder in the run's
+        run_root = run_root.parent
+    out = run_root / "sample_prepared"
+    with FileLock(str(run_root / "sample_prepared.lock")):
+        prepare_all(load_config(None, SAMPLE_PREPARE), str(out))  # a folder already prepared is kept
     return out
 
 
@@ -81,6 +89,12 @@ def mlflow_uri(tmp_path_factory) -> str:
 def pytest_addoption(parser):
     parser.addoption(
         "--slow", action="store_true", default=False, help="also run the slow tier (Ray, Ray Train / Tune jobs)"
+    )
+    parser.addoption(
+        "--release",
+        action="store_true",
+        default=False,
+        help="also run the release tier: long scenarios whose CI-size twins the slow tier runs (docs/testing.md)",
     )
 
 
@@ -117,28 +131,6 @@ def _unit_tier_starts_no_ray(request):
         pytest.fail(f"{request.node.nodeid} started a Ray instance: the unit tier runs without Ray; mark it slow")
 
 
-# The slow tier's longest files, longest first: scripts/test.sh hands the files to its two
-# pytest-xdist processes in collection order (--no-loadscope-reorder), so that the longest start
-# first and the two processes end close together.
-LONGEST_FIRST = (
-    "cluster/test_cluster.py",
-    "sweeps/test_sweeps.py",
-    "sweeps/test_sweep_resume.py",
-    "training/test_run_chain_resume.py",
-    "cli/test_demo.py",
-    "training/test_async_groups.py",
-    "cluster/test_submit.py",
-    "data/test_prepare.py",
-    "data/test_storage.py",
-)
-TESTS = Path(__file__).resolve().parent
-
-
-def _file_rank(item) -> int:
-    name = item.path.relative_to(TESTS).as_posix()
-    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-
-
 @pytest.fixture(autouse=True)
 def _gpu_tests_need_cuda(request):
     """A test marked gpu is skipped where torch sees no CUDA device (torch is imported when such a
@@ -151,10 +143,14 @@ def _gpu_tests_need_cuda(request):
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_file_rank)  # stable: each file keeps its own order
     for item in items:
-        if "ray_session" in item.fixturenames:  # it starts Ray: the slow tier
+        if {"ray_session", "sample_prepared"} & set(item.fixturenames):  # it starts Ray or trains: the slow tier
             item.add_marker(pytest.mark.slow)
+    if not config.getoption("--release"):
+        skip_release = pytest.mark.skip(reason="release: run with --release (scripts/test.sh --release does)")
+        for item in items:
+            if "release" in item.keywords:
+                item.add_marker(skip_release)
     if _slow_tier(config):
         return
     skip = pytest.mark.skip(reason="slow: run with --slow (scripts/test.sh does)")

@@ -74,7 +74,7 @@ def test_trials_at_once_counts_whole_trials_per_node():
         trials_at_once(cfg, [{"CPU": 1.0}, {"CPU": 1.0}])
     packed = load_config(None, ["trainer.cpus_per_worker=0.4", "trainer.placement_strategy=PACK"])
     assert trials_at_once(packed, [{"CPU": 1.0}, {"CPU": 1.0}]) == 1
-    # The cluster of tests/cluster/test_cluster.py: 1 CPU on each of 4 nodes holds one default trial at a time
+    # The cluster of tests/cluster/multinode/: 1 CPU on each of 4 nodes holds one default trial at a time
     # (on 3 nodes, the trial function, the two workers and Ray Data's whole CPU need a node each).
     assert trials_at_once(load_config(None), [{"CPU": 1.0}] * 4) == 1
     with pytest.raises(ConfigError, match="does not fit"):

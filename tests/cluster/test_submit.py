@@ -1,6 +1,6 @@
 """`convsts submit` / `convsts jobs` against a real Ray head started with `ray start --head` on
 127.0.0.1 (own temp dir) with Ray's token authentication, logging to a real MLflow server. A head
-without authentication is the multi-node cluster's (test_cluster.py), where a submitted
+without authentication is the multi-node cluster's (tests/cluster/multinode/), where a submitted
 training job survives a lost node."""
 
 import json

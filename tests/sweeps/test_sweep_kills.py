@@ -1,7 +1,8 @@
-"""A sweep whose driver is SIGKILLed at several moments and rerun each time: it ends with the
-trials an undisturbed sweep of the same seed makes, and MLflow records each trial once, with the
-params it ran with and each metric step once (a file of its own: scripts/test.sh hands out whole
-files to its two processes, and this one is long)."""
+"""A sweep whose driver is SIGKILLed at several moments and rerun each time with the same command,
+from its first seconds (its parent run just opened, Tune's first state just saved) to the middle
+of a trial: it ends under the parent run it opened, with the trials an undisturbed sweep of the
+same seed makes, and MLflow records each trial once, with the params it ran with (one of the
+space's, never "without custom configuration") and each metric step once."""
 
 import json
 import os
@@ -100,7 +101,13 @@ def test_a_sweep_killed_at_several_moments_keeps_its_trials_and_their_mlflow_run
     def finished():
         return [r for r in children().values() if r.info.status == "FINISHED"]
 
+    def tune_state_saved() -> bool:
+        return any((out / "ray_tune" / "sts_matrix").glob("experiment_state*.json"))
+
     # Each moment is reached again from where the last kill left the sweep.
+    _kill_when(cmd, env, (out / "sweep.json").is_file, "the parent run opened")
+    parent = json.loads((out / "sweep.json").read_text())["parent_run_id"]
+    _kill_when(cmd, env, tune_state_saved, "Tune's first state saved")
     _kill_when(cmd, env, lambda: len(children()) >= 1, "the first trial started")
     _kill_when(cmd, env, lambda: len(children()) >= 3, "the third trial started")
     _kill_when(cmd, env, lambda: len(finished()) >= 5, "five trials finished")
@@ -142,7 +149,9 @@ def test_a_sweep_killed_at_several_moments_keeps_its_trials_and_their_mlflow_run
 
     # The parent: its best-trial tag names the run of best_config.yaml's trial and results.json's.
     results = json.loads((out / "results.json").read_text())
-    parent = client.get_run(results["mlflow_run_id"])
+    assert results["mlflow_run_id"] == parent and results["trials"] == TRIALS, results
+    parent = client.get_run(parent)
+    assert parent.info.status == "FINISHED"
     best = client.get_run(parent.data.tags["convsts.best_trial_run"])
     assert best.data.tags["convsts.trial_id"] in results["best_trial"]
     tuned = load_config(out / "best_config.yaml").eval.tuned

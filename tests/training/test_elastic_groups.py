@@ -1,6 +1,6 @@
 """Elastic task groups (trainer.num_workers=[MIN, MAX]), the Ray-free parts: the config's rules, the
 check that MIN fits and how many fit now, the task split and data positions at a new size, the
-generators seeded for it, and the one line a resize prints. tests/cluster/test_elastic.py runs
+generators seeded for it, and the one line a resize prints. tests/cluster/multinode/test_elastic.py runs
 a real elastic group on a multi-node cluster."""
 
 from pathlib import Path

@@ -3,8 +3,7 @@
 first checkpoint, each time continued with `--resume latest` from the newest complete checkpoint of
 the whole chain (once falling back to an earlier run's, the last run's checkpoints damaged); every
 step is logged once along the chain, with the undisturbed run's losses (one worker, task sampling:
-the task draws and generators are restored), and an older checkpoint named logs none again. A sweep killed in its first
-seconds continues with the same command, every trial from its grid."""
+the task draws and generators are restored), and an older checkpoint named logs none again."""
 
 import glob
 import json
@@ -16,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from testkit.checkpoints import sample_dan_checkpoint
 from testkit.tiny import TINY_DAN
 
 from convsts.ray_jobs.tracking import runs as tracking
@@ -25,11 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "convsts"]
 # A checkpoint reported while the previous one is queued waits for the controller's next poll
 # (conftest: every 0.5 s), so a run goes on by a few checkpoints at most in the second after a
-# trigger: each stop below falls before the last step.
-STEPS, EVERY = 240, 20
+# trigger: each stop below falls before the last step. CI runs the chain at 120 steps, a checkpoint
+# every 10; the release tier at 240, every 20 (each stop further from the end).
+CI, RELEASE = (120, 10), (240, 20)
 CHAIN = [
     *TINY_DAN,
-    f"trainer.checkpoint_every={EVERY}",
     "trainer.log_every=5",
     "trainer.eval_every=0",
     "trainer.num_workers=1",  # task sampling: one worker draws both tasks
@@ -42,7 +40,7 @@ def _env(ray_session) -> dict[str, str]:
     return {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
 
 
-def _train(ray_session, out: Path, prepared: Path, mlflow_uri: str, *args: str, steps: int = STEPS) -> subprocess.Popen:
+def _train_chain(ray_session, out: Path, prepared: Path, mlflow_uri: str, *args: str, steps: int) -> subprocess.Popen:
     command = [*CLI, "train", "--out", str(out), "--prepared", str(prepared), *args, *CHAIN,
                f"mlflow.tracking_uri={mlflow_uri}", f"trainer.steps={steps}"]  # fmt: skip
     return subprocess.Popen(
@@ -96,9 +94,17 @@ def _history(client, run_id: str, name: str) -> dict[int, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "length", [pytest.param(CI, id="ci"), pytest.param(RELEASE, id="release", marks=pytest.mark.release)]
+)
 def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpoint(
-    ray_session, sample_prepared, mlflow_uri, tmp_path
+    ray_session, sample_prepared, mlflow_uri, tmp_path, length
 ):
+    total, every = length
+
+    def _train(*args, steps: int = total) -> subprocess.Popen:
+        return _train_chain(*args, f"trainer.checkpoint_every={every}", steps=steps)
+
     undisturbed = _train(ray_session, tmp_path / "u", sample_prepared, mlflow_uri)
     assert undisturbed.wait(timeout=600) == 0, undisturbed.communicate()[1][-3000:]
     reference = json.loads((tmp_path / "u" / "train.json").read_text())["mlflow_run_id"]
@@ -127,13 +133,14 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
     _idle(ray_session)
     # The plain command is refused naming B's newest checkpoint: C's stop hid nothing.
     refused = subprocess.run(
-        [*CLI, "train", "--out", str(out), "--prepared", str(sample_prepared), *CHAIN, f"trainer.steps={STEPS}",
+        [*CLI, "train", "--out", str(out), "--prepared", str(sample_prepared), *CHAIN, f"trainer.steps={total}",
+         f"trainer.checkpoint_every={every}",
          f"mlflow.tracking_uri={mlflow_uri}"],
         cwd=REPO, env=_env(ray_session), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     b_newest = Path(_own_checkpoints(out, 1)[-1]).parent
     b_step = json.loads((b_newest / "config.json").read_text())["step"]
-    assert b_step < STEPS, b_step
+    assert b_step < total, b_step
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert f"its newest complete checkpoint is {b_newest} (step {b_step})" in refused.stderr.splitlines()[-1]
     # D: continues B's checkpoint; SIGKILLed two seconds after its own first one.
@@ -143,7 +150,7 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
     _idle(ray_session)
     d_newest = Path(_own_checkpoints(out, 3)[-1]).parent
     d_step = json.loads((d_newest / "config.json").read_text())["step"]
-    assert b_step < d_step < STEPS, (b_step, d_step)
+    assert b_step < d_step < total, (b_step, d_step)
     # D's checkpoints lose their weights (a partial copy, a bad disk). E: --resume latest falls back
     # to B's newest, says so in one line, and goes on to the end without logging again the steps D
     # logged.
@@ -181,31 +188,3 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
     f_run = client.get_run(json.loads((out / "train.json").read_text())["mlflow_run_id"])
     assert f_run.data.tags["convsts.continues"] == chain[0]
     assert all(_history(client, f_run.info.run_id, name) == {} for name in COMPARED)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("delay", [0.0, 1.5])
-def test_a_sweep_killed_in_its_first_seconds_continues_with_the_same_command(ray_session, mlflow_uri, tmp_path, delay):
-    """SIGKILL once OUT/sweep.json exists (the parent run is open), at two moments before or around
-    Ray Tune's first state: the same command finishes the sweep under the same parent run, and
-    every trial is one of the space's (its parameters logged), none 'without custom configuration'."""
-    out, experiment = tmp_path / "sweep", f"chain-sweep-{delay}"
-    command = [*CLI, "tune", "--space", "sts_matrix", "--checkpoint", str(sample_dan_checkpoint(tmp_path / "ckpt")),
-               "--out", str(out), "--num-samples", "2", "--max-concurrent", "1", "--param", "eval.tuned.epochs=[3]",
-               f"mlflow.tracking_uri={mlflow_uri}", f"mlflow.experiment={experiment}"]  # fmt: skip
-    first = subprocess.Popen(
-        command, cwd=REPO, env=_env(ray_session), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    _stop(first, (out / "sweep.json").is_file, signal.SIGKILL, delay)
-    parent = json.loads((out / "sweep.json").read_text())["parent_run_id"]
-    again = subprocess.run(command, cwd=REPO, env=_env(ray_session), capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
-    assert results["mlflow_run_id"] == parent and results["trials"] == 2, results
-    client = tracking.client(mlflow_uri)
-    exp = client.get_experiment_by_name(experiment).experiment_id
-    children = [r for r in client.search_runs([exp]) if r.data.tags.get("mlflow.parentRunId") == parent]
-    finished = [r for r in children if r.info.status == "FINISHED"]
-    assert len(finished) == 2, [(r.info.status, r.data.params) for r in children]
-    assert all(r.data.params.get("eval.tuned.epochs") == "3" and "eval.tuned.lr" in r.data.params for r in children)
-    assert client.get_run(parent).info.status == "FINISHED"

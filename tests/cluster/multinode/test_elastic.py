@@ -1,66 +1,26 @@
-"""Elastic task groups (trainer.num_workers=[MIN, MAX]) on a real multi-node Ray cluster on this
-host: a head of one CPU and three worker nodes of two, each its own `ray start` raylet with its own
-temp dir, ports and loopback address; checkpoints in an S3 bucket (the local S3 server), metrics in
-an MLflow server on 127.0.0.1; the driver is `convsts train` joined through RAY_ADDRESS. A lost
-machine is a worker node's raylet killed with SIGKILL, everything under it too, and no replacement
-joins until the group has shrunk twice; then one node joins and the group grows at Ray's next
-resize check. Covered: the run finishes every step, each step logged once across the restarts,
-the losses going on from each checkpoint (never from step 0), each resize said in one line and the
-group's size logged as train/workers."""
+"""Elastic task groups (trainer.num_workers=[MIN, MAX]) on the multi-node cluster (conftest.py):
+a head of one CPU and worker nodes of two; the driver is `convsts train` joined through
+RAY_ADDRESS. A lost machine is a worker node's raylet killed with SIGKILL, everything under it
+too, and no replacement joins until the group has shrunk to one worker; then one node joins and
+the group grows at Ray's next resize check. Covered: the run finishes every step, each step logged
+once across the restarts, the losses going on from each checkpoint (never from step 0), each
+resize said in one line and the group's size logged as train/workers."""
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
-import os
 import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
 import pytest
-from testkit.local_cluster import kill_node, mlflow_server, node_processes, poll_until, ray_head, ray_worker_node
-from testkit.s3_server import s3_endpoint
+from testkit.local_cluster import poll_until
+from testkit.multinode import BUCKET, CLI, REPO, training_hosts
 from testkit.tiny import TINY_DAN
 
-REPO = Path(__file__).resolve().parents[2]
-BUCKET = "s3://convsts-elastic"
-CLI = [sys.executable, "-m", "convsts"]
 STEPS, EVERY, LOG = 1200, 40, 10
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """{"env": a driver's environment joined to the cluster, "mlflow": ..., "nodes": the worker
-    nodes, "add_node": a function that starts one more}."""
-    root = tmp_path_factory.mktemp("elastic")
-    with contextlib.ExitStack() as stack:
-        s3_env = stack.enter_context(s3_endpoint(BUCKET[len("s3://") :]))
-        mlflow_url = stack.enter_context(mlflow_server(root / "mlflow"))
-        health = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
-        env = {**s3_env, **health, "RAY_AUTH_MODE": "disabled"}
-        head = stack.enter_context(ray_head(env, num_cpus=1))
-        nodes: list[dict[str, str]] = []
-        addresses = itertools.count(2)
-
-        def add_node() -> dict[str, str]:
-            node = ray_worker_node(head["gcs"], env, num_cpus=2, ip=f"127.0.0.{next(addresses)}")
-            nodes.append(stack.enter_context(node))
-            return nodes[-1]
-
-        # A task worker asks for 2 CPUs: one a node, and the head's CPU stays Ray Data's (Ray sizes an
-        # elastic group by the workers' requests alone; runtime/resources.py refuses a layout where
-        # the group would take it).
-        add_node(), add_node(), add_node()
-        driver = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_"))}
-        # Ray Train waits this long for a group of the size it chose before it chooses again (its
-        # view of a lost node's resources lags; Ray's default is 60 s).
-        driver.update(env, RAY_ADDRESS=head["gcs"], MLFLOW_TRACKING_URI=mlflow_url, RAY_USAGE_STATS_ENABLED="0")
-        driver["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "20"
-        yield {"env": driver, "mlflow": mlflow_url, "nodes": nodes, "add_node": add_node}
 
 
 def _workers_at(client, run_id: str) -> dict[int, int]:
@@ -90,38 +50,45 @@ def _run_id(client, out: Path) -> str | None:
     return runs[-1]["run_id"] if runs else None
 
 
+# The group's largest size: CI's run is [1,2] on two nodes (one shrink, one growth), the release
+# tier's [1,3] on three (3 -> 2 -> 1, then 2).
+@pytest.mark.parametrize("top", [pytest.param(2, id="ci"), pytest.param(3, id="release", marks=pytest.mark.release)])
 def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_each_step_once(
-    cluster, sample_prepared, tmp_path
+    cluster, sample_prepared, tmp_path, top
 ):
     from mlflow.tracking import MlflowClient
 
-    client, out = MlflowClient(cluster["mlflow"]), tmp_path / "run"
+    # Worker nodes of two CPUs beside the one-CPU head. A task worker asks for 2 CPUs: one a node,
+    # and the head's CPU stays Ray Data's (Ray sizes an elastic group by the workers' requests
+    # alone; runtime/resources.py refuses a layout where the group would take it).
+    cluster.layout(cpus=2, count=top)
+    client, out = MlflowClient(cluster.mlflow), tmp_path / "run"
+    # Ray Train waits this long for a group of the size it chose before it chooses again (its view of
+    # a lost node's resources lags; Ray's default is 60 s).
+    env = {**cluster.env, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "20"}
     command = CLI + [
         "train", "--out", str(out), "--prepared", str(sample_prepared), "name=elastic",
-        f"trainer.storage_path={BUCKET}/ray_results", "trainer.num_workers=[1,3]", "trainer.cpus_per_worker=2", "trainer.torch_threads=1",
+        f"trainer.storage_path={BUCKET}/elastic", f"trainer.num_workers=[1,{top}]", "trainer.cpus_per_worker=2", "trainer.torch_threads=1",
         "trainer.resize_interval_s=5", "trainer.max_failures=6", f"trainer.steps={STEPS}",
         f"trainer.checkpoint_every={EVERY}", f"trainer.log_every={LOG}", "trainer.eval_every=0",
         "mlflow.experiment=elastic", *TINY_DAN,
     ]  # fmt: skip
-    proc = subprocess.Popen(
-        command, cwd=REPO, env=cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         run_id = _wait_for("the run's MLflow id", lambda: _run_id(client, out), proc)
         sizes_seen = []
-        for expected in (3, 2):  # lose a node that hosts a task worker at each size, no replacement
+        for expected in range(top, 1, -1):  # lose a node that hosts a task worker at each size, no replacement
             at = _wait_for(
                 f"steps past a checkpoint at {expected} workers",
                 partial(_past_checkpoints, client, run_id, expected),
                 proc,
             )
             sizes_seen.append((expected, at))
-            hosts = [n for n in cluster["nodes"] if node_processes(n, b"ray::RayTrainWorker")]
+            hosts = training_hosts(cluster)
             assert hosts, "no worker node hosts a task worker"
-            kill_node(hosts[0])
-            cluster["nodes"].remove(hosts[0])
+            cluster.lose(hosts[0])
         _wait_for("steps at 1 worker", lambda: 1 in _workers_at(client, run_id).values(), proc)
-        cluster["add_node"]()  # room again: the group grows at Ray's next resize check
+        cluster.add_node(2)  # room again: the group grows at Ray's next resize check
         log = proc.communicate(timeout=900)[0]
     finally:
         if proc.poll() is None:
@@ -130,8 +97,8 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
     workers = _workers_at(client, run_id)
     sizes = [workers[s] for s in sorted(workers)]
     shrunk_then_grew = [n for i, n in enumerate(sizes) if i == 0 or n != sizes[i - 1]]
-    assert shrunk_then_grew[:3] == [3, 2, 1] and shrunk_then_grew[3:4] == [2], (shrunk_then_grew, sizes_seen)
-    for before, after in ((3, 2), (2, 1), (1, 2)):
+    assert shrunk_then_grew[: top + 1] == [*range(top, 0, -1), 2], (shrunk_then_grew, sizes_seen)
+    for before, after in [*((n, n - 1) for n in range(top, 1, -1)), (1, 2)]:
         assert f"worker group resized from {before} to {after} at step" in log, log[-5000:]
     assert "a worker or its node was lost" in log and "Ray's resize check found room" in log
     # Every logged step once, none missing, across the restarts; the losses go on from each
@@ -145,8 +112,8 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
         at_two_or_more = {s for s in expected_steps if workers[s] >= 2}
         assert set(steps) >= (expected_steps if name != "snli/loss" else at_two_or_more), (name, sorted(steps))
     starts = [int(line.rsplit("start step ", 1)[1].split()[0]) for line in log.splitlines() if "start step " in line]
-    assert starts[0] == 0 and len(starts) >= 4 and all(s > 0 and s % EVERY == 0 for s in starts[1:]), starts
+    assert starts[0] == 0 and len(starts) >= top + 1 and all(s > 0 and s % EVERY == 0 for s in starts[1:]), starts
     finished = json.loads((out / "train.json").read_text())
     assert json.loads((out / "checkpoint" / "config.json").read_text())["step"] == STEPS
     assert client.get_run(run_id).info.status == "FINISHED" and finished["mlflow_run_id"] == run_id
-    assert client.get_run(run_id).data.params["trainer.num_workers"] == "[1, 3]"
+    assert client.get_run(run_id).data.params["trainer.num_workers"] == f"[1, {top}]"

@@ -1,0 +1,77 @@
+"""One real multi-node Ray cluster on this host for every test in this folder, made once: a head of
+one CPU and worker nodes, each its own `ray start` raylet with its own temp dir, ports and loopback
+address; checkpoints in an S3 bucket (the local S3 server), metrics in an MLflow server on
+127.0.0.1. The drivers are `convsts` commands joined through RAY_ADDRESS (or submitted to the
+head's dashboard), as on a real cluster. The folder's files run in one pytest-xdist process, one
+after another (testkit.scheduling.SHARED_FOLDERS); each test asks for the worker nodes it needs
+(`Cluster.layout`), and a lost machine is a worker node's raylet killed with SIGKILL, everything
+under it too (`Cluster.lose`). The drivers' tracking URI carries credentials, as a real server's
+may (this server takes them without checking): no line of a run may print them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+import pytest
+from testkit.local_cluster import mlflow_server, ray_head
+from testkit.multinode import BUCKET, KILLABLE, PASSWORD, Cluster, train
+from testkit.s3_server import s3_endpoint
+
+from convsts.ray_jobs.runtime.ray_start import PREEMPTION_WATCHER_ENV
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """The head, the S3 server and the MLflow server; worker nodes come and go with the tests."""
+    root = tmp_path_factory.mktemp("cluster")
+    with contextlib.ExitStack() as stack:
+        s3_env = stack.enter_context(s3_endpoint(BUCKET[len("s3://") :]))
+        mlflow_url = stack.enter_context(mlflow_server(root / "mlflow"))
+        # A lost node is marked dead after 3 failed health checks a second apart (Ray's defaults: 5,
+        # 3 s apart); a busy live node still has Ray's 10 s timeout for each answer.
+        health = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+        # Ray Train's preemption watcher as on a real cluster (a one-node local instance turns it off).
+        node_env = {**s3_env, **health, "RAY_AUTH_MODE": "disabled", PREEMPTION_WATCHER_ENV: "1"}
+        head = stack.enter_context(ray_head(node_env, num_cpus=1))
+        # This process asks Ray's state API by the dashboard's URL: an address in its environment would win.
+        for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+            if name in os.environ:
+                stack.callback(os.environ.__setitem__, name, os.environ.pop(name))
+        driver = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_"))}
+        secret_url = mlflow_url.replace("http://", f"http://alice:{PASSWORD}@")
+        driver.update(node_env, RAY_ADDRESS=head["gcs"], MLFLOW_TRACKING_URI=secret_url, RAY_USAGE_STATS_ENABLED="0")
+        found = Cluster(driver, head["address"], mlflow_url, head["gcs"], node_env)
+        stack.callback(found.close)
+        yield found
+
+
+@pytest.fixture
+def one_cpu_nodes(cluster) -> Cluster:
+    """The cluster with three worker nodes of one CPU beside its one-CPU head (a sweep's trial needs
+    a node each: runtime/resources.py)."""
+    return cluster.layout(cpus=1, count=3)
+
+
+@pytest.fixture(scope="session")
+def undisturbed(cluster, sample_prepared, tmp_path_factory) -> dict:
+    """One undisturbed run of KILLABLE on three one-CPU nodes: the reference the runs that lose a node
+    or their driver are compared with, and the sweep's warm start. Its train.json, with "out", "log"
+    and "worker_nodes" (the nodes of the run's own task workers) added."""
+    from ray.util.state import list_actors
+
+    def workers() -> dict[str, str]:
+        found = list_actors(cluster.dashboard, filters=[("class_name", "=", "RayTrainWorker")], limit=10_000)
+        return {a.actor_id: a.node_id for a in found}
+
+    cluster.layout(cpus=1, count=3)
+    before = workers()
+    out = tmp_path_factory.mktemp("undisturbed") / "a"
+    done = train(cluster, out, sample_prepared, *KILLABLE)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((out / "train.json").read_text())
+    own = [node for actor, node in workers().items() if actor not in before]
+    return {**record, "out": out, "log": done.stdout + done.stderr, "worker_nodes": own}
