@@ -15,6 +15,8 @@ import pytest
 from testkit.local_cluster import mlflow_server, pids_matching, ray_head
 from testkit.tiny import TINY_TRAIN
 
+from convsts.ray_jobs.runtime.ray_start import PREEMPTION_WATCHER_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -39,7 +41,8 @@ def client_env(tmp_path, address, **extra):
 def test_submitted_jobs_with_token_auth_train_stream_list_and_stop(sample_prepared, tmp_path):
     token = secrets.token_hex(16)  # made up for this test cluster only
     with (
-        ray_head({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}) as head,
+        # A one-node head is never drained: its runs start no preemption watcher, as a local instance's.
+        ray_head({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, PREEMPTION_WATCHER_ENV: "0"}) as head,
         mlflow_server(tmp_path / "mlflow") as mlflow_url,
     ):
         # Without the token the client is refused, with a message that says what to do.
@@ -62,7 +65,7 @@ def test_submitted_jobs_with_token_auth_train_stream_list_and_stop(sample_prepar
                     f"mlflow.tracking_uri={mlflow_url}", "mlflow.experiment=submitted"]  # fmt: skip
         started = convsts(["submit", "--no-wait", "--submission-id", "convsts-test-long", *long_job], env)
         assert started.returncode == 0, started.stderr
-        deadline = time.time() + 180
+        deadline = time.time() + 420  # a job's start and first steps take minutes on a busy 2-core machine
         while len(list(out.glob("ray_results/*/checkpoint-*/manifest.json"))) < 2:
             assert time.time() < deadline, convsts(["jobs", "logs", "convsts-test-long"], env).stdout[-3000:]
             time.sleep(0.5)

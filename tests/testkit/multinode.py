@@ -78,8 +78,9 @@ class Cluster:
     def wait_for_live_nodes(self, alive: int) -> None:
         from ray.util.state import list_nodes
 
-        deadline = time.time() + 120
-        while (seen := len(list_nodes(self.dashboard, filters=[("state", "=", "ALIVE")], limit=100))) != alive:
+        deadline = time.time() + 120  # every node the head knows, lost ones too, filtered here (the state
+        # API's own filter counts the lost ones against its limit and raises)
+        while (seen := sum(n.state == "ALIVE" for n in list_nodes(self.dashboard, limit=10_000))) != alive:
             assert time.time() < deadline, f"{seen} live nodes, not {alive}"
             time.sleep(0.5)
 

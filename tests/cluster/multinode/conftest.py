@@ -1,4 +1,5 @@
-"""One real multi-node Ray cluster on this host for every test in this folder, made once: a head of
+"""One real multi-node Ray cluster on this host for every test in this folder (a package, so that
+its fixtures end with its last test), made once: a head of
 one CPU and worker nodes, each its own `ray start` raylet with its own temp dir, ports and loopback
 address; checkpoints in an S3 bucket (the local S3 server), metrics in an MLflow server on
 127.0.0.1. The drivers are `convsts` commands joined through RAY_ADDRESS (or submitted to the
@@ -24,7 +25,7 @@ from convsts.ray_jobs.runtime.ray_start import PREEMPTION_WATCHER_ENV
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory):
     """The head, the S3 server and the MLflow server; worker nodes come and go with the tests."""
     root = tmp_path_factory.mktemp("cluster")
@@ -56,7 +57,7 @@ def one_cpu_nodes(cluster) -> Cluster:
     return cluster.layout(cpus=1, count=3)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def undisturbed(cluster, sample_prepared, tmp_path_factory) -> dict:
     """One undisturbed run of KILLABLE on three one-CPU nodes: the reference the runs that lose a node
     or their driver are compared with, and the sweep's warm start. Its train.json, with "out", "log"
