@@ -8,7 +8,7 @@
 #               whose CI-size twins the slow tier runs (docs/testing.md)
 # Each tier runs in two pytest-xdist processes (-n 2): a test waiting on Ray, a subprocess or a
 # server leaves a core to the other. A scope runs whole in one process: a test file, or a folder
-# whose files share a session fixture (tests/cluster/multinode/: one multi-node cluster);
+# whose files share a package fixture (tests/cluster/multinode/: one multi-node cluster);
 # scopes go out longest first by tests/durations.json (tests/testkit/scheduling.py). After a
 # change to the slow tests, `bash scripts/test.sh --store-durations` records their seconds anew.
 # Extra arguments go to every pytest run, e.g. `bash scripts/test.sh -k prepare`.

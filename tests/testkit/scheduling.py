@@ -1,7 +1,7 @@
 """How the suite is handed out to pytest-xdist's processes (a pytest plugin of tests/conftest.py).
 
 A scope is the unit a process runs whole: a test file, or a shared folder (SHARED_FOLDERS), whose
-files share one process so that its conftest's session fixtures (the multi-node cluster) are made
+files share one process so that its conftest's package fixtures (the multi-node cluster) are made
 once. Scopes are handed out longest first, by the durations one run recorded in tests/durations.json
 (`pytest --store-durations` writes them, as pytest-split does; a test without a record counts as
 the mean of those with one), so that the two processes end close together. No hand-kept list."""
@@ -16,7 +16,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
 DURATIONS = TESTS / "durations.json"
-# Folders whose test files run in one process, one after another (their conftest makes a session
+# Folders whose test files run in one process, one after another (their conftest makes a package
 # fixture that every file uses), as the nodeids name them.
 SHARED_FOLDERS = ("tests/cluster/multinode/",)
 
