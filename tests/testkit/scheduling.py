@@ -32,6 +32,11 @@ def recorded() -> dict[str, float]:
         return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
     except FileNotFoundError:
         return {}
+    except (ValueError, TypeError, AttributeError) as err:  # not JSON, not an object, not numbers
+        raise pytest.UsageError(
+            f"{DURATIONS}: not a JSON object of test ids to seconds ({err}); restore it from git "
+            "or delete it and record it again with --store-durations"
+        ) from None
 
 
 def _skipped(item: pytest.Item) -> bool:
