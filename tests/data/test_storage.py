@@ -4,13 +4,16 @@ S3-protocol server on 127.0.0.1 (tests/s3_server.py), through the same code path
 import bz2
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from testkit.local_cluster import run_watching, still_running
 from testkit.s3_server import keys, s3_endpoint, upload
 from testkit.tiny import TINY_TRAIN
 
@@ -196,17 +199,15 @@ def trained_on_s3(tmp_path_factory):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_TRACKING"))}
         env.update(s3_env, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
         out = tmp_path / "run"
-        train = _convsts(
-            env,
-            "train",
-            "--out",
-            str(out),
-            *data,
-            *TINY_TRAIN,
-            "trainer.eval_every=2",  # STS-B dev read from the bucket inside training
-            f"trainer.storage_path={bucket}/ray_results",
-        )
-        yield {"bucket": bucket, "data": data, "env": env, "out": out, "train": train}
+        # Its own local Ray instance, under a temp dir of its own (short: Ray's sockets live under it),
+        # whose processes are watched while it runs.
+        temp = Path(tempfile.mkdtemp(prefix="cvs3", dir="/tmp"))
+        command = [sys.executable, "-m", "convsts", "train", "--out", str(out), *data, *TINY_TRAIN,
+                   "trainer.eval_every=2",  # STS-B dev read from the bucket inside training
+                   f"trainer.storage_path={bucket}/ray_results"]  # fmt: skip
+        train, instance = run_watching(command, str(temp), cwd=REPO, env={**env, "RAY_TMPDIR": str(temp)}, timeout=600)
+        yield {"bucket": bucket, "data": data, "env": env, "out": out, "train": train, "instance": instance}
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _convsts(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -234,6 +235,16 @@ def test_train_with_data_and_checkpoints_on_s3(trained_on_s3):
     # The test session's own Ray instance runs beside this one: Ray's helpers in this run's workers
     # find their own cluster (RAY_ADDRESS set by convsts' worker setup), not "multiple instances".
     assert "multiple active Ray instances" not in train.stdout + train.stderr
+    # Nothing of a finished run goes on after its command: every process of its own Ray instance
+    # (its task workers among them) ends with it, and its MLflow run ended with its last step.
+    assert len(trained_on_s3["instance"]) > 5, trained_on_s3["instance"]
+    assert not still_running(trained_on_s3["instance"])
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    run = client.get_run(json.loads((out / "train.json").read_text())["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert max(m.step for m in client.get_metric_history(run.info.run_id, "reddit/loss")) == 4
     # Its checkpoints are in a folder of its own under the shared storage path, as train.json says.
     storage_folder = json.loads((out / "train.json").read_text())["storage"]
     assert storage_folder.startswith(f"{bucket}/ray_results/") and keys(storage_folder)

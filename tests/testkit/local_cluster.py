@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,60 @@ def free_ports(n: int) -> list[int]:
 def pids_matching(marker: str) -> list[int]:
     """Processes whose command line contains `marker`, plus all their descendants (the reaper's own rule)."""
     return sorted(instance_processes(marker, set()))
+
+
+def _started(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot), which tells it from a later process given its pid."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def run_watching(
+    command: list[str], marker: str, timeout: float, **kwargs
+) -> tuple[subprocess.CompletedProcess, dict[int, int]]:
+    """`command` run to its exit, its stdout and stderr captured as text, and every process (pid: start
+    time) that named `marker` (a Ray instance's temp dir) or descended from one while it ran: sampled
+    every half second, so that an actor whose process title hides the marker is seen while its raylet
+    is its parent. Killed after `timeout` seconds."""
+    seen: dict[int, int] = {}
+    deadline = time.time() + timeout
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs) as proc:
+        texts: dict[int, str] = {}
+        pumps = [
+            threading.Thread(target=lambda i=i, s=s: texts.__setitem__(i, s.read()))
+            for i, s in enumerate((proc.stdout, proc.stderr))
+        ]
+        for pump in pumps:
+            pump.start()
+        while proc.poll() is None:
+            if time.time() > deadline:
+                proc.kill()
+            for pid in instance_processes(marker, set()) - seen.keys() - {proc.pid}:
+                if (started := _started(pid)) is not None:
+                    seen[pid] = started
+            time.sleep(0.5)
+        for pump in pumps:
+            pump.join()
+    return subprocess.CompletedProcess(command, proc.returncode, texts[0], texts[1]), seen
+
+
+def still_running(seen: dict[int, int], seconds: float = 60) -> list[str]:
+    """The command lines of the processes of `seen` (pid: start time) still running after up to
+    `seconds`: an ended Ray instance's processes end with it."""
+
+    def left() -> list[int]:
+        return [pid for pid, started in seen.items() if _alive(pid) and _started(pid) == started]
+
+    deadline = time.time() + seconds
+    while left() and time.time() < deadline:
+        time.sleep(0.5)
+    lines = []
+    for pid in left():
+        with contextlib.suppress(OSError):  # it ended just now
+            lines.append(Path(f"/proc/{pid}/cmdline").read_bytes()[:100].decode(errors="replace"))
+    return lines
 
 
 def ray_processes(prefix: bytes) -> list[int]:
