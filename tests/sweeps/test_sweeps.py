@@ -10,14 +10,10 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.parquet as pq
 import pytest
 from testkit.checkpoints import sample_dan_checkpoint
 from testkit.tiny import TINY_SWEEP_MODEL, trial_runs
 
-from convsts.datasets.snli import fraction_rank
-from convsts.io.errors import ConfigError
-from convsts.models.checkpoint import save_checkpoint
 from convsts.models.sentence_encoder import load
 from convsts.models.sts_transform import load_sts_transform
 from convsts.ray_jobs.config.loader import load_config
@@ -137,90 +133,6 @@ def test_the_matrix_sweep_is_a_parent_run_with_a_child_run_per_trial_each_run_on
     assert best_child.data.metrics["stsb_tuned/dev/pearson"] == pytest.approx(
         results["stsb_tuned/dev/pearson"], abs=FLOAT32_RESCORE
     )
-
-
-@pytest.mark.slow
-def test_snli_fraction_sweep(ray_session, sample_prepared, mlflow_uri, tmp_path):
-    from convsts.ray_jobs.sweeps.request import SweepRequest, TrainInputs
-    from convsts.ray_jobs.sweeps.trials import grid_overrides
-    from convsts.ray_jobs.sweeps.tuner import run_sweep
-    from convsts.ray_jobs.training.data_feed import build_tokenizer
-    from convsts.ray_jobs.training.start_weights import initial_model
-    from convsts.tune_spaces import get_space
-
-    experiment = "tune-snli-fraction-test"
-    base = TINY_SWEEP_MODEL + [
-        f"mlflow.tracking_uri={mlflow_uri}",
-        f"mlflow.experiment={experiment}",
-        "trainer.num_workers=2",
-    ]
-    prepared = sample_prepared
-    # The Reddit-only checkpoint the trials warm-start from: what a Reddit-only run with
-    # trainer.steps=0 saves (its tokenizer and seeded weights), without a Ray Train job of its own.
-    reddit_cfg = load_config(None, base + ["trainer.steps=0", "trainer.task_weights={reddit: 1.0}"])
-    tokenizer = build_tokenizer(reddit_cfg, str(prepared))
-    reddit_checkpoint = save_checkpoint(
-        tmp_path / "reddit", initial_model(reddit_cfg, tokenizer), tokenizer, reddit_cfg.to_dict()
-    )
-
-    # The trials train with asynchronous task groups (a parameter holder per trial).
-    cfg = load_config(None, base + ["trainer.steps=4", "trainer.checkpoint_every=2", "trainer.task_split=async"])
-    with pytest.raises(ConfigError, match="trainer.cpus_per_worker"):  # 2 x 0.5 + 0.1 leaves Ray Data no CPU
-        run_sweep(
-            SweepRequest(
-                get_space("snli_fraction"),
-                cfg,
-                tmp_path / "infeasible",
-                TrainInputs(str(reddit_checkpoint), str(prepared)),
-            )
-        )
-    cfg.trainer.cpus_per_worker = 0.4
-    # A storage path shared by the trials (as a bucket on a cluster): each trial keeps its own checkpoints.
-    cfg.trainer.storage_path = str(tmp_path / "store")
-    results = run_sweep(
-        SweepRequest(
-            get_space("snli_fraction"),
-            cfg,
-            tmp_path / "sweep",
-            TrainInputs(str(reddit_checkpoint), str(prepared)),
-            param_overrides=grid_overrides(["data.snli_fraction=[0.5,1.0]", "seed=[0]"]),
-        )
-    )
-
-    out = tmp_path / "sweep"
-    curve = pd.read_csv(out / "curve.csv")
-    assert list(curve["fraction"]) == [0.5, 1.0] and list(curve["seed"]) == [0, 0]
-    for name in ("stsb/dev/pearson", "stsb/dev/captions/pearson", "stsb/test/pearson", "stsb/test/captions/pearson"):
-        assert curve[name].between(-1, 1).all(), name
-    # Nested subsets: the 0.5 trial trained on exactly the rows whose seeded rank is below 0.5.
-    snli = pq.read_table(prepared / "snli" / "train").to_pandas()
-    half = sum(fraction_rank(p, h, 0) < 0.5 for p, h in zip(snli["premise"], snli["hypothesis"]))
-    assert list(curve["data/snli_train_pairs"]) == [half, len(snli)]
-    assert (out / "curve.png").stat().st_size > 0
-
-    best = load_config(out / "best_config.yaml")
-    assert best.trainer.warm_start == str(reddit_checkpoint.resolve())
-    assert best.data.snli_fraction in (0.5, 1.0)
-    assert results["trials"] == 2 and -1 <= results["stsb/dev/pearson"] <= 1
-    assert results["checkpoint"].startswith(str(out / "trials"))  # kept with the sweep, not in Ray's temp dir
-
-    client = tracking.client(mlflow_uri)
-    parent = client.get_run(results["mlflow_run_id"])
-    assert parent.info.status == "FINISHED"
-    assert {"curve.png", "curve.csv", "best_config.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
-    children = trial_runs(mlflow_uri, experiment, parent.info.run_id)
-    assert len(children) == 2
-    # Each trial trained from step 0 in a checkpoint folder of its own.
-    assert sorted(p.name for p in (tmp_path / "store" / cfg.name).iterdir()) == sorted(children)
-    for trial_id, run in children.items():
-        steps = [m.step for m in client.get_metric_history(run.info.run_id, "reddit/loss")]
-        assert steps and min(steps) < cfg.trainer.steps, (trial_id, steps)  # it trained, not restored a finished run
-        assert run.data.tags["convsts.storage"] == str(tmp_path / "store" / cfg.name / trial_id)
-    for run in children.values():
-        assert run.info.status == "FINISHED"
-        assert {"reddit/loss", "snli/loss", "stsb/dev/pearson", "data/snli_train_pairs"} <= set(run.data.metrics)
-        assert run.data.params["trainer.warm_start"] == str(reddit_checkpoint.resolve())
-        assert run.data.params["trainer.task_split"] == "async" and "async/snli/updates" in run.data.metrics
 
 
 @pytest.mark.slow
