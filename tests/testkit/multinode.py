@@ -156,7 +156,7 @@ def training_hosts(cluster: Cluster) -> list[dict]:
     return [n for n in cluster.nodes if node_processes(n, b"ray::RayTrainWorker")]
 
 
-def _lose_a_training_node(cluster: Cluster, client, proc: subprocess.Popen, experiment: str) -> dict:
+def lose_a_training_node(cluster: Cluster, client, proc: subprocess.Popen, experiment: str) -> dict:
     """Once the running training has checkpointed and gone on past it, lose a worker node that hosts
     a task worker; returns that node."""
     deadline = time.time() + 300
@@ -179,7 +179,7 @@ def run_losing_a_node(cluster: Cluster, command: list[str], experiment: str = "c
         command, cwd=REPO, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        lost = _lose_a_training_node(cluster, MlflowClient(cluster.mlflow), proc, experiment)
+        lost = lose_a_training_node(cluster, MlflowClient(cluster.mlflow), proc, experiment)
         cluster.add_node(lost["cpus"])
         log = proc.communicate(timeout=600)[0]
     finally:
