@@ -1,7 +1,7 @@
 """`convsts submit` / `convsts jobs` against a real Ray head started with `ray start --head` on
-127.0.0.1 (own temp dir) with Ray's token authentication, logging to a real MLflow server. A head
-without authentication is the multi-node cluster's (tests/cluster/multinode/), where a submitted
-training job survives a lost node."""
+127.0.0.1 (own temp dir) with Ray's token authentication, logging to a real MLflow server: a
+submitted job trains, streams its logs, is listed, stopped, refused and resumed (a job's driver runs
+the same `convsts train` as the multi-node cluster's runs in tests/cluster/multinode/)."""
 
 import json
 import os

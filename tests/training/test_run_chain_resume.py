@@ -1,6 +1,6 @@
-"""A run that fails again and again, on a real local Ray instance with a real MLflow store: killed
-(SIGKILL at several moments), stopped (SIGTERM, Ctrl+C to its process group) before and after its
-first checkpoint, each time continued with `--resume latest` from the newest complete checkpoint of
+"""A run that fails again and again, on a real local Ray instance with a real MLflow store: stopped
+(SIGTERM after its first checkpoint, Ctrl+C to its process group before its first), killed (SIGKILL
+after its first), each time continued with `--resume latest` from the newest complete checkpoint of
 the whole chain (once falling back to an earlier run's, the last run's checkpoints damaged); every
 step is logged once along the chain, with the undisturbed run's losses (one worker, task sampling:
 the task draws and generators are restored), and an older checkpoint named logs none again."""
@@ -24,7 +24,7 @@ CLI = [sys.executable, "-m", "convsts"]
 # A checkpoint reported while the previous one is queued waits for the controller's next poll
 # (conftest: every 0.5 s), so a run goes on by a few checkpoints at most in the second after a
 # trigger: each stop below falls before the last step. A tiny step takes milliseconds: the chain's
-# time is its seven runs' start-up, not its steps, so a shorter chain would save little and lose this margin.
+# time is its six runs' start-up, not its steps, so a shorter chain would save little and lose this margin.
 STEPS, EVERY = 240, 20
 CHAIN = [
     *TINY_DAN,
@@ -103,12 +103,9 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
     reference = json.loads((tmp_path / "u" / "train.json").read_text())["mlflow_run_id"]
 
     out = tmp_path / "out"
-    # A: SIGKILLed once its first checkpoint is complete.
-    _stop(_train(ray_session, out, sample_prepared, mlflow_uri), lambda: _own_checkpoints(out, 0), signal.SIGKILL, 0.0)
-    _idle(ray_session)
-    # B: continues A; SIGTERM a second after its own first checkpoint: one line, exit 143.
-    b = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume", "latest")
-    _, err = _stop(b, lambda: _own_checkpoints(out, 1), signal.SIGTERM, 1.0)
+    # B: SIGTERM a second after its first checkpoint: one line, exit 143.
+    b = _train(ray_session, out, sample_prepared, mlflow_uri)
+    _, err = _stop(b, lambda: _own_checkpoints(out, 0), signal.SIGTERM, 1.0)
     lines = [line for line in err.splitlines() if line.startswith("convsts ")]
     assert b.returncode == 143 and lines == [
         "convsts train: stopped by SIGTERM; add --resume latest to the same command to go on from its newest "
@@ -117,12 +114,12 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
     _idle(ray_session)
     # C: Ctrl+C to its process group as soon as it has joined the chain, before its first checkpoint.
     c = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume")
-    _, err = _stop(c, lambda: len(_links(out)) == 3, signal.SIGINT, 0.0, group=True)
+    _, err = _stop(c, lambda: len(_links(out)) == 2, signal.SIGINT, 0.0, group=True)
     assert c.returncode == 130 and [line for line in err.splitlines() if line.startswith("convsts ")] == [
         "convsts train: stopped by SIGINT; add --resume latest to the same command to go on from its newest "
         "complete checkpoint"
     ], err[-3000:]
-    assert not _own_checkpoints(out, 2)
+    assert not _own_checkpoints(out, 1)
     _idle(ray_session)
     # The plain command is refused naming B's newest checkpoint: C's stop hid nothing.
     refused = subprocess.run(
@@ -130,37 +127,37 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
          f"mlflow.tracking_uri={mlflow_uri}"],
         cwd=REPO, env=_env(ray_session), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    b_newest = Path(_own_checkpoints(out, 1)[-1]).parent
+    b_newest = Path(_own_checkpoints(out, 0)[-1]).parent
     b_step = json.loads((b_newest / "config.json").read_text())["step"]
     assert b_step < STEPS, b_step
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert f"its newest complete checkpoint is {b_newest} (step {b_step})" in refused.stderr.splitlines()[-1]
     # D: continues B's checkpoint; SIGKILLed two seconds after its own first one.
     d = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume", "latest")
-    d_out, d_err = _stop(d, lambda: _own_checkpoints(out, 3), signal.SIGKILL, 2.0)
+    d_out, d_err = _stop(d, lambda: _own_checkpoints(out, 2), signal.SIGKILL, 2.0)
     assert f"start step {b_step}" in d_out + d_err
     _idle(ray_session)
-    d_newest = Path(_own_checkpoints(out, 3)[-1]).parent
+    d_newest = Path(_own_checkpoints(out, 2)[-1]).parent
     d_step = json.loads((d_newest / "config.json").read_text())["step"]
     assert b_step < d_step < STEPS, (b_step, d_step)
     # D's checkpoints lose their weights (a partial copy, a bad disk). E: --resume latest falls back
     # to B's newest, says so in one line, and goes on to the end without logging again the steps D
     # logged.
-    for manifest in _own_checkpoints(out, 3):
+    for manifest in _own_checkpoints(out, 2):
         (Path(manifest).parent / "model.safetensors").unlink()
     e = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume", "latest")
     e_out, e_err = e.communicate(timeout=600)
     assert e.returncode == 0, e_err[-3000:]
     assert f"start step {b_step}" in e_out + e_err
-    fallback = f"continuing run {_links(out)[1]['run_id']}'s at step {b_step}"
+    fallback = f"continuing run {_links(out)[0]['run_id']}'s at step {b_step}"
     assert len([line for line in e_err.splitlines() if fallback in line]) == 1, e_err[-3000:]
 
     client = tracking.client(mlflow_uri)
     chain = [link["run_id"] for link in _links(out)]
-    assert len(chain) == 5 and [link["base"] for link in _links(out)] == ["out"] * 5
+    assert len(chain) == 4 and [link["base"] for link in _links(out)] == ["out"] * 4
     runs = [client.get_run(run_id) for run_id in chain]
-    assert [r.info.status for r in runs] == ["KILLED"] * 4 + ["FINISHED"]
-    assert runs[4].data.tags["convsts.continues"] == chain[1] and runs[1].data.tags["convsts.continues"] == chain[0]
+    assert [r.info.status for r in runs] == ["KILLED"] * 3 + ["FINISHED"]
+    assert [r.data.tags.get("convsts.continues") for r in runs] == [None, chain[0], chain[0], chain[0]]
     for name in COMPARED:
         seen: dict[int, float] = {}
         for run_id in chain:
@@ -170,11 +167,11 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
         assert seen == _history(client, reference, name), name  # the undisturbed run's, at every step
     assert (out / "loss_curves.png").is_file()
 
-    # F: an older checkpoint (A's first) named into this OUT, whose last run reached the end: every
-    # step it replays was logged along the chain, so it logs none; it is tagged as continuing A.
-    a_first = Path(_own_checkpoints(out, 0)[0]).parent
-    a_step = json.loads((a_first / "config.json").read_text())["step"]
-    f = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume", str(a_first), steps=a_step + 10)
+    # F: an older checkpoint (B's first) named into this OUT, whose last run reached the end: every
+    # step it replays was logged along the chain, so it logs none; it is tagged as continuing B.
+    b_first = Path(_own_checkpoints(out, 0)[0]).parent
+    b_first_step = json.loads((b_first / "config.json").read_text())["step"]
+    f = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume", str(b_first), steps=b_first_step + 10)
     f_out, f_err = f.communicate(timeout=600)
     assert f.returncode == 0, f_err[-3000:]
     f_run = client.get_run(json.loads((out / "train.json").read_text())["mlflow_run_id"])
