@@ -22,6 +22,7 @@ from convsts.ray_jobs.runtime.logs import log, setup_logging
 from convsts.ray_jobs.runtime.output_lock import output_lock
 from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.training.lineage import AlreadyFinished
+from convsts.ray_jobs.training.start_checks import prepared_location
 
 # A stopped run is continued from its newest complete checkpoint, not started again.
 GO_ON = f"add --resume {RESUME_LATEST} to the same command to go on from its newest complete checkpoint"
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with output_lock(args.out, "train"):  # before anything is written there: the store, the prepared data
         # A tracking server that is not there fails before prepare, and before the library loads.
         uri = tracking_uri(cfg.mlflow.tracking_uri, args.out)
-        from convsts.ray_jobs.training.driver import prepared_location, run_training
+        from convsts.ray_jobs.training.driver import run_training
 
         prepared = prepared_location(cfg, args.out, args.prepared)
         try:

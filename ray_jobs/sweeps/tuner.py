@@ -45,7 +45,7 @@ from convsts.ray_jobs.sweeps.trials import (
     train_trial,
 )
 from convsts.ray_jobs.tracking import runs as tracking
-from convsts.ray_jobs.training.driver import prepared_location
+from convsts.ray_jobs.training.start_checks import prepared_location
 from convsts.tune_spaces import TuneSpace
 
 STATE_FILE = "sweep.json"  # OUT/sweep.json: the parent run id and what defines the sweep (sweep_record), for resumption

@@ -40,7 +40,7 @@ def test_a_second_run_into_a_used_out_is_refused_unless_resumed_or_fresh(tmp_pat
 def test_resume_names_what_differs_from_the_checkpoint(tmp_path):
     from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models.checkpoint import build_model, read_meta, save_checkpoint
-    from convsts.ray_jobs.training.driver import data_mismatches, resume_mismatches
+    from convsts.ray_jobs.training.start_checks import data_mismatches, resume_mismatches
 
     cfg = load_config(
         None,
@@ -95,7 +95,7 @@ def test_a_checkpoint_without_a_new_builtin_head_resumes_with_that_head_fresh_in
     from convsts.datasets.text import DanTokenizer, count_words
     from convsts.models.checkpoint import build_model, load_weights, read_meta, save_checkpoint
     from convsts.ray_jobs.tasks import model_heads
-    from convsts.ray_jobs.training.driver import check_resumable, resume_mismatches
+    from convsts.ray_jobs.training.start_checks import check_resumable, resume_mismatches
 
     overrides = ["model.dan.output_dim=6", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]"]
     cfg = load_config(None, overrides)
@@ -407,7 +407,7 @@ def test_a_missing_file_or_checkpoint_folder_says_it_is_not_there(tmp_path):
 
 def test_a_warm_start_that_does_not_fit_the_model_is_refused_in_the_driver(tmp_path):
     from convsts.io.errors import ConfigError
-    from convsts.ray_jobs.training.driver import check_warm_start
+    from convsts.ray_jobs.training.start_checks import check_warm_start
 
     dan = tiny_checkpoint(tmp_path / "dan")  # a DAN, embedding_dim 4
     other = load_config(None, [f"trainer.warm_start={dan}", "model.encoder=transformer"])
@@ -504,7 +504,7 @@ def test_a_resume_that_changes_settings_outside_the_checks_names_them_in_one_lin
     named in one line; where the run resumes from and where it logs are not named."""
     import logging
 
-    from convsts.ray_jobs.training.driver import check_resumable
+    from convsts.ray_jobs.training.start_checks import check_resumable
 
     checkpoint = tiny_checkpoint(tmp_path / "c")
     model = ["model.dan.output_dim=6", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]"]

@@ -18,7 +18,6 @@ from convsts.models.checkpoint import folder_name
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.tracking import runs as tracking
-from convsts.ray_jobs.training.driver import _log_loss_curves
 from convsts.ray_jobs.training.lineage import (
     RUN_RECORD,
     AlreadyFinished,
@@ -32,6 +31,7 @@ from convsts.ray_jobs.training.lineage import (
     remove_earlier_outputs,
     run_storage,
 )
+from convsts.ray_jobs.training.reporting import log_loss_curves
 
 BUCKET = "s3://convsts-chain/runs"
 
@@ -192,7 +192,7 @@ def test_the_loss_curves_follow_the_chain_back_through_runs_that_logged_nothing(
         chain = [*chain, new_link(out, run_id, cfg, run_storage(cfg, out, run_id))]
         join_chain(out, RunStart("", None, run_storage(cfg, out), tuple(chain[:-1])), chain[-1])
     assert chain_runs(out, last) == [first, middle, last] and chain_runs(out, middle) == [first, middle]
-    _log_loss_curves(cfg, uri, last, out)
+    log_loss_curves(cfg, uri, last, out)
     assert (out / "loss_curves.png").stat().st_size > 0
     logged = tracking.client(uri).list_artifacts(last, "plots")
     assert [a.path for a in logged] == ["plots/loss_curves.png"]
