@@ -2,7 +2,7 @@
 
 Two input formats:
   * pushshift comment dumps (NDJSON, plain or compressed: .zst, .bz2, .xz, .gz): comments are paired with their parent
-    comment (datasets/pushshift.py);
+    comment (datasets/pushshift/);
   * paired tables (parquet or jsonl) with a context and a response column, such as the
     question/answer tables in ../shared/data/reddit.
 

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from convsts.io.processes import alive
+
 POLL_S = 0.5
 REAP_S = 30.0  # the reaper kills the instance's processes again for at most this long
 
@@ -43,18 +45,6 @@ def instance_processes(session_dir: str, known: set[int]) -> set[int]:
     while children := {pid for pid, (ppid, _) in procs.items() if ppid in found} - found - {os.getpid()}:
         found |= children
     return found
-
-
-def alive(pid: int) -> bool:
-    """The process runs (a zombie, ended but not yet waited for, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")  # a zombie is gone
 
 
 def reap(driver: int, session_dir: str) -> None:

@@ -335,7 +335,7 @@ def test_an_sts_row_missing_a_sentence_is_counted_and_left_out(tmp_path):
 
 
 def test_a_line_longer_than_any_comment_is_counted_malformed_not_held(tmp_path):
-    from convsts.datasets.pushshift import MAX_LINE_BYTES
+    from convsts.datasets.pushshift.reading import MAX_LINE_BYTES
 
     lines = dump_lines(40).splitlines(keepends=True)
     huge = json.dumps({"id": "big", "body": "x" * (3 * MAX_LINE_BYTES), "parent_id": "t3_x"}).encode() + b"\n"

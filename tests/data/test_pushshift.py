@@ -47,7 +47,7 @@ def test_the_chunked_reader_reads_each_line_as_parse_comment_does(tmp_path, chun
     well-shaped lines, the others line by line, each with its line number; malformed exactly where
     parse_comment says so; a byte-order mark at the start of the file is accepted."""
     path = tmp_path / "RC_tricky"
-    path.write_bytes(pushshift.BOM + _dump_bytes(TRICKY_LINES))
+    path.write_bytes(pushshift.reading.BOM + _dump_bytes(TRICKY_LINES))
     rows = sorted(
         (
             r
@@ -58,7 +58,7 @@ def test_the_chunked_reader_reads_each_line_as_parse_comment_does(tmp_path, chun
     )
     raw_lines = _dump_bytes(TRICKY_LINES).split(b"\n")
     assert [r["line"] for r in rows] == list(range(1, len(raw_lines) + 1))
-    assert all(r["order"] == (2 << pushshift.LINE_BITS) + r["line"] for r in rows)
+    assert all(r["order"] == (2 << pushshift.reading.LINE_BITS) + r["line"] for r in rows)
     for row, raw in zip(rows, raw_lines):
         expected = pushshift.parse_comment(raw)
         if expected is None:
@@ -97,7 +97,7 @@ RULE_CASES = [
 def test_the_vectorized_filters_give_failing_rule_s_answer_string_for_string():
     bodies = pa.array([b for b, _ in RULE_CASES], pa.string())
     authors = pa.array([a for _, a in RULE_CASES], pa.string())
-    got = pushshift.rule_status(bodies, authors, CFG)
+    got = pushshift.rules.rule_status(bodies, authors, CFG)
     assert list(got) == [failing_rule(b, a, CFG) for b, a in RULE_CASES]
     assert set(got) >= {"", "deleted", "bot_author", "banned_prefix", "too_long", "low_alpha"}
 
@@ -126,8 +126,8 @@ def test_the_local_engine_finds_the_reference_rows_with_any_number_of_spill_part
 
 def test_the_distributed_prepare_cuts_more_partitions_as_the_input_grows():
     """One partition per 256 MiB of input as stored and per three quarters of a task's rows (its
-    budget, TASK_PARTITION_ROW_BYTES), at least one per CPU."""
-    step, rows = pushshift.TASK_PARTITION_BYTES, pushshift.TASK_PARTITION_ROW_BYTES * 3 // 4
+    budget, PARTITION_ROW_BYTES), at least one per CPU."""
+    step, rows = pushshift.distributed.TASK_PARTITION_BYTES, pushshift.steps.PARTITION_ROW_BYTES * 3 // 4
     assert [pushshift.cluster_partitions(n * step, cpus=2) for n in (0, 1, 2, 3, 40, 400)] == [2, 2, 2, 3, 40, 400]
     assert pushshift.cluster_partitions(step, cpus=16) == 16
     assert [pushshift.cluster_partitions(step, 2, n * rows) for n in (1, 2, 3, 10)] == [2, 2, 3, 10]
@@ -136,7 +136,7 @@ def test_the_distributed_prepare_cuts_more_partitions_as_the_input_grows():
 
 def _rows_read(path: Path) -> int:
     """The rows (node and edge bytes) a read task counts in one dump, read as a whole."""
-    *_, counts = pushshift._partitioned(pushshift._ruled_chunks(str(path), 0, CFG), 1, 1 << 62)
+    *_, counts = pushshift.distributed.partitioned_chunks(pushshift.steps.ruled_chunks(str(path), 0, CFG), 1, 1 << 62)
     return sum(counts[4])
 
 
@@ -164,7 +164,7 @@ def test_the_rows_of_dumps_are_estimated_from_their_first_bytes_whatever_the_com
     for kind in ("synthetic", "monthly"):
         big = tmp_path / f"RC_{kind}.zst"
         bench.write_dump(big, 80_000, kind=kind)
-        assert big.stat().st_size > 2 * pushshift.SAMPLE_BYTES
+        assert big.stat().st_size > 2 * pushshift.distributed.SAMPLE_BYTES
         estimate, rows = pushshift.row_bytes_estimate([str(big)], CFG), _rows_read(big)
         assert abs(estimate - rows) < 0.05 * rows, (kind, estimate, rows)
 
@@ -177,7 +177,7 @@ def test_a_read_task_parses_on_its_threads_and_gives_its_worker_back_as_it_was(t
     dump = tmp_path / "RC_t.zst"
     prepare_bench().write_dump(dump, 2000)
     before = pa.cpu_count()
-    one, two = (list(pushshift._read_partitioned(str(dump), 0, CFG, 2, 1 << 62, threads=n)) for n in (1, 3))
+    one, two = (list(pushshift.distributed.read_partitioned(str(dump), 0, CFG, 2, 1 << 62, threads=n)) for n in (1, 3))
     assert pa.cpu_count() == before
     assert [t.equals(u) if t is not None else u is None for t, u in zip(one[:-1], two[:-1])] == [True] * 6
     assert one[-1] == two[-1]
@@ -190,7 +190,7 @@ def long_line_dump(path: Path) -> set[int]:
     """Short comments with, 0.3 MB before each of LONG_LINE_EDGES, a comment of 1.5 MiB (valid JSON,
     a reply to it after it), and a line of exactly MAX_LINE_BYTES and one of a byte more; returns
     the numbers of the lines over MAX_LINE_BYTES, which are malformed wherever they fall."""
-    limit = pushshift.MAX_LINE_BYTES
+    limit = pushshift.reading.MAX_LINE_BYTES
 
     def sized(cid: str, size: int) -> bytes:
         empty = _line(cid, body="").encode()
@@ -218,7 +218,7 @@ def long_line_dump(path: Path) -> set[int]:
     return long_at
 
 
-@pytest.mark.parametrize("chunk_bytes", [pushshift.CHUNK_BYTES, 2 << 20, 3 << 20, 1 << 20])
+@pytest.mark.parametrize("chunk_bytes", [pushshift.reading.CHUNK_BYTES, 2 << 20, 3 << 20, 1 << 20])
 def test_a_line_over_the_limit_is_malformed_wherever_it_falls(tmp_path, chunk_bytes):
     """The one rule: a line of more than MAX_LINE_BYTES is malformed, inside a block or across its
     end, at every block size; a line of exactly MAX_LINE_BYTES is read."""

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from convsts.io.processes import alive
 from convsts.ray_jobs.runtime.reaper import instance_processes
 
 BIN = Path(sys.executable).parent
@@ -84,7 +85,7 @@ def still_running(seen: dict[int, int], seconds: float = 60) -> list[str]:
     `seconds`: an ended Ray instance's processes end with it."""
 
     def left() -> list[int]:
-        return [pid for pid, started in seen.items() if _alive(pid) and _started(pid) == started]
+        return [pid for pid, started in seen.items() if alive(pid) and _started(pid) == started]
 
     deadline = time.time() + seconds
     while left() and time.time() < deadline:
@@ -118,14 +119,6 @@ def start_train(ray_session, out: Path, args: list[str]) -> subprocess.Popen:
     )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # zombies are gone for our purposes (PID 1 here may not reap them)
-
-
 def poll_until(predicate, proc: subprocess.Popen, seconds: float, every: float = 0.3):
     """`predicate()`'s first true value, polled every `every` seconds while `proc` runs; None when
     `proc` exits or `seconds` pass first."""
@@ -144,9 +137,9 @@ def stop_pids(pids: list[int], grace_s: float = 10.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.time() + grace_s
-        while time.time() < deadline and any(_alive(p) for p in pids):
+        while time.time() < deadline and any(alive(p) for p in pids):
             time.sleep(0.2)
-        if not any(_alive(p) for p in pids):
+        if not any(alive(p) for p in pids):
             return
 
 

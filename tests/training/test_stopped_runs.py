@@ -22,7 +22,7 @@ import pytest
 from testkit.local_cluster import pids_matching
 from testkit.tiny import TINY_DAN
 
-from convsts.ray_jobs.runtime.reaper import alive
+from convsts.io.processes import alive
 
 REPO = Path(__file__).resolve().parents[2]
 
