@@ -329,15 +329,20 @@ RUN_IN_DEMO_FOLDER = ("convsts export ", "python -c ", "MLFLOW_TRACKING_URI=", "
 PLACEHOLDERS = ("OUT", "RUN_ID")  # filled in by the test; a block with any other is the reader's to fill
 
 
+DEMO_OUT = "runs/demo"  # what OUT is in the demo's folder
+
+
 def _runnable_blocks() -> list[tuple[str, list[str]]]:
-    """(page:line, its lines) of each bash block whose every line runs in the demo's folder."""
-    found = []
+    """(page:line, its lines) of each bash block whose every line runs in the demo's folder; blocks
+    that are the same lines once OUT is filled in run once, under all their places ("a+b")."""
+    found: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
     for where, code in blocks("bash"):
         lines = [line.strip() for line in code.replace("\\\n", " ").splitlines() if line.strip()]
         words = {w for line in lines for w in re.findall(r"(?<![\w$/-])[A-Z][A-Z0-9_]*(?![\w=])", line.split(" #")[0])}
         if all(line.startswith(RUN_IN_DEMO_FOLDER) for line in lines) and words <= set(PLACEHOLDERS):
-            found.append((where, lines))
-    return found
+            same = tuple(_filled(line, {"OUT": DEMO_OUT}) for line in lines)
+            found.setdefault(same, ([], lines))[0].append(where)
+    return [("+".join(places), lines) for places, lines in found.values()]
 
 
 def _filled(line: str, places: dict[str, str]) -> str:
@@ -369,7 +374,7 @@ def test_every_export_and_serve_command_runs_in_the_demo_folder(where, lines, de
 
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     run_id = json.loads((demo_folder / "runs" / "demo" / "results.json").read_text())["mlflow_run_id"]
-    places = dict(zip(PLACEHOLDERS, ["runs/demo", run_id]))
+    places = dict(zip(PLACEHOLDERS, [DEMO_OUT, run_id]))
     server = None
     try:
         for line in (_filled(line, places) for line in lines):

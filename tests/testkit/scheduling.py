@@ -1,13 +1,14 @@
 """How the suite is handed out to pytest-xdist's processes (a pytest plugin of tests/conftest.py).
 
-A scope is the unit a process runs whole: a test file, or a shared folder (SHARED_FOLDERS), whose
-files share one process so that its conftest's package fixtures (the multi-node cluster) are made
-once. Scopes are handed out longest first, by the durations one run recorded in tests/durations.json
+A scope is the unit a process runs whole: a test file, or a test package (a folder with an
+`__init__.py`), whose files share one process so that its conftest's package fixtures (the
+multi-node cluster) are made once. Scopes are handed out longest first, by the durations one run recorded in tests/durations.json
 (`pytest --store-durations` writes them, as pytest-split does; a test without a record counts as
 the mean of those with one), so that the two processes end close together. No hand-kept list."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -16,15 +17,23 @@ import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
 DURATIONS = TESTS / "durations.json"
-# Folders whose test files run in one process, one after another (their conftest makes a package
-# fixture that every file uses), as the nodeids name them.
-SHARED_FOLDERS = ("tests/cluster/multinode/",)
+
+
+@functools.cache
+def _package(folder: str) -> str | None:
+    """The outermost test package (a folder with an `__init__.py`, below tests/) that holds `folder`
+    (a path relative to the repository, as nodeids give it), or None."""
+    parts = Path(folder).parts
+    for n in range(2, len(parts) + 1):  # tests/<subsystem>/...: tests/ itself is not a scope
+        if (TESTS.parent.joinpath(*parts[:n]) / "__init__.py").is_file():
+            return "/".join(parts[:n]) + "/"
+    return None
 
 
 def scope_of(nodeid: str) -> str:
-    """The scope of a test: its shared folder, else its file."""
+    """The scope of a test: its test package (whose files share its package fixtures), else its file."""
     path = nodeid.split("::", 1)[0]
-    return next((folder for folder in SHARED_FOLDERS if path.startswith(folder)), path)
+    return _package(str(Path(path).parent)) or path
 
 
 def recorded() -> dict[str, float]:

@@ -1,13 +1,13 @@
 """One real multi-node Ray cluster on this host for every test in this folder (a package, so that
-its fixtures end with its last test), made once: a head of
-one CPU and worker nodes, each its own `ray start` raylet with its own temp dir, ports and loopback
-address; checkpoints in an S3 bucket (the local S3 server), metrics in an MLflow server on
-127.0.0.1. The drivers are `convsts` commands joined through RAY_ADDRESS, as on a real cluster
-(a job submitted to a head's dashboard is tests/cluster/test_submit.py's). The folder's files run in one pytest-xdist process, one
-after another (testkit.scheduling.SHARED_FOLDERS); each test asks for the worker nodes it needs
-(`Cluster.layout`), and a lost machine is a worker node's raylet killed with SIGKILL, everything
-under it too (`Cluster.lose`). The drivers' tracking URI carries credentials, as a real server's
-may (this server takes them without checking): no line of a run may print them."""
+its fixtures end with its last test), made once: a head of one CPU and worker nodes, each its own
+`ray start` raylet with its own temp dir, ports and loopback address; checkpoints in an S3 bucket
+(the local S3 server), metrics in an MLflow server on 127.0.0.1. The drivers are `convsts` commands
+joined through RAY_ADDRESS, as on a real cluster (a job submitted to a head's dashboard is
+tests/cluster/test_submit.py's). The folder's files run in one pytest-xdist process, one after
+another (a test package is one scope of testkit.scheduling); each test asks for the worker nodes it
+needs (`Cluster.layout`), and a lost machine is a worker node's raylet killed with SIGKILL,
+everything under it too (`Cluster.lose`). The drivers' tracking URI carries credentials, as a real
+server's may (this server takes them without checking): no line of a run may print them."""
 
 from __future__ import annotations
 
