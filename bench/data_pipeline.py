@@ -41,7 +41,7 @@ def main() -> int:
     import ray.data
     from testkit.frames import frame_batch
 
-    from convsts.io import storage
+    from convsts.io import tables
     from convsts.models.checkpoint import build_model
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.runtime.ray_start import ensure_ray
@@ -80,7 +80,7 @@ def main() -> int:
                 tokenizer.encode(list(texts[column].iloc[i : i + 1024]), width=cfg.tokenizer.max_words)
         best = max(best, len(texts) / (time.perf_counter() - start))
     print(f"DAN tokenizer, one process: {best:,.0f} rows/s")
-    ds = tokenized(reddit, storage.read_shards(str(work / "reddit" / "train")), tokenizer, cfg.tokenizer.max_words)
+    ds = tokenized(reddit, tables.read_shards(str(work / "reddit" / "train")), tokenizer, cfg.tokenizer.max_words)
     ds.context.execution_options.preserve_order = cfg.trainer.preserve_order  # as the trainer's DataConfig sets it
     started = time.perf_counter()
     first = None

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from convsts.io import storage
+from convsts.io import storage, tables
 from convsts.io.compression import plain_name, read_text
 from convsts.io.errors import BadInputError
 
@@ -25,7 +25,7 @@ def read_stsb(path: str | Path) -> pd.DataFrame:
     file (no quoting; some rows carry extra trailing license columns, which are ignored)."""
     path = str(path)
     if storage.name(path).endswith(".parquet"):
-        df = storage.read_parquet_table(path).to_pandas()
+        df = tables.read_parquet_table(path).to_pandas()
         # A file that pandas wrote from a sample keeps its row labels: the rows are numbered anew.
         return (
             df[["genre", "sentence1", "sentence2", "score"]]
@@ -175,7 +175,7 @@ def read_sts_file(path: str | Path) -> pd.DataFrame:
     if name.startswith(STS_INPUT_PREFIX):
         return _read_sts_input_and_gold(path)
     if name.endswith(".parquet"):
-        return _sts_columns(storage.read_parquet_table(path).to_pandas(), path)
+        return _sts_columns(tables.read_parquet_table(path).to_pandas(), path)
     text = read_text(path)
     if name.endswith((".jsonl", ".json")):
         try:
@@ -219,7 +219,7 @@ def _is_number(text: str) -> bool:
 
 def _sts_columns(df: pd.DataFrame, path: str) -> pd.DataFrame:
     """sentence1, sentence2, score from a table whose columns use one of STS_COLUMN_NAMES' spellings."""
-    picked = {ours: storage.pick_column(df.columns, aliases, path, ours) for ours, aliases in STS_COLUMN_NAMES.items()}
+    picked = {ours: tables.pick_column(df.columns, aliases, path, ours) for ours, aliases in STS_COLUMN_NAMES.items()}
     scores = pd.to_numeric(df[picked["score"]], errors="coerce")
     given = df[picked["score"]]  # empty, null or NaN: no gold (left out and counted); anything else must be a number
     bad = scores.isna() & given.notna() & (given.astype(str).str.strip() != "")
@@ -302,7 +302,7 @@ def read_cqa(path: str | Path, relevancy: str | Path | None = None) -> pd.DataFr
     """
     path = str(path)
     if storage.name(path).endswith(".parquet"):
-        df = storage.read_parquet_table(path).to_pandas()
+        df = tables.read_parquet_table(path).to_pandas()
         missing = set(CQA_COLUMNS) - set(df.columns)
         if missing:
             raise BadInputError(f"{path}: missing columns {sorted(missing)}")

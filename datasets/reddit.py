@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from convsts.datasets.config import RedditFilterConfig
 from convsts.datasets.shards import write_shards, write_table
-from convsts.io import storage
+from convsts.io import storage, tables
 from convsts.io.compression import open_lines, plain_name
 from convsts.io.errors import BadInputError
 
@@ -104,7 +104,7 @@ def read_pairs_file(path: str) -> pd.DataFrame:
     so that the manifest can count and show them.
     """
     if storage.name(path).endswith(".parquet"):
-        df = storage.read_parquet_table(path).to_pandas()
+        df = tables.read_parquet_table(path).to_pandas()
     elif plain_name(path).endswith((".jsonl", ".json")):
         rows, bad = [], []
         with open_lines(path) as fh:
@@ -121,8 +121,8 @@ def read_pairs_file(path: str) -> pd.DataFrame:
         raise BadInputError(f"{path}: paired tables must be .parquet or .jsonl (optionally compressed: .jsonl.gz)")
     if df.empty:
         return pd.DataFrame(columns=["context", "response", "group", "subreddit", "source", "status"])
-    ctx = storage.pick_column(df.columns, CONTEXT_COLUMNS, path, "context")
-    rsp = storage.pick_column(df.columns, RESPONSE_COLUMNS, path, "response")
+    ctx = tables.pick_column(df.columns, CONTEXT_COLUMNS, path, "context")
+    rsp = tables.pick_column(df.columns, RESPONSE_COLUMNS, path, "response")
     line = df["__line"] if "__line" in df.columns else pd.Series(np.arange(1, len(df) + 1), index=df.index)
     ok = df[ctx].map(lambda v: isinstance(v, str)) & df[rsp].map(lambda v: isinstance(v, str))
     if "__bad" in df.columns:
@@ -186,7 +186,7 @@ def detect_format(path: str) -> str | None:
     """ "pushshift" for NDJSON comment dumps, "pairs" for paired tables, None for a file without
     records (empty, or blank lines only); anything else raises BadInputError naming the file."""
     if storage.name(path).endswith(".parquet"):
-        names = storage.read_parquet_schema(path).names
+        names = tables.read_parquet_schema(path).names
         if any(c in names for c in CONTEXT_COLUMNS) and any(c in names for c in RESPONSE_COLUMNS):
             return "pairs"
         raise BadInputError(f"{path}: parquet without a context/response column pair; columns are {names}")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from convsts.io import errors, storage
+from convsts.io import errors, tables
 from convsts.io.compression import SUFFIXES, open_lines, plain_name
 
 LABELS = ("entailment", "neutral", "contradiction")
@@ -47,7 +47,7 @@ def read_snli(path: str | Path) -> pd.DataFrame:
     path = str(path)
     name = plain_name(path)  # snli_1.0_dev.jsonl.gz holds JSON lines
     if name.endswith(".parquet"):
-        df = storage.read_parquet_table(path).to_pandas()
+        df = tables.read_parquet_table(path).to_pandas()
     elif name.endswith((".jsonl", ".json")):
         with io.TextIOWrapper(open_lines(path), encoding="utf-8") as fh:
             df = pd.DataFrame([json.loads(line) for line in fh if line.strip()])
@@ -63,7 +63,7 @@ def read_snli(path: str | Path) -> pd.DataFrame:
             f"{path}: SNLI must be .parquet, .jsonl or .txt (the text ones optionally compressed: "
             f"{', '.join(SUFFIXES)})"
         )
-    picked = {ours: storage.pick_column(df.columns, names, path, ours) for ours, names in SNLI_COLUMN_NAMES.items()}
+    picked = {ours: tables.pick_column(df.columns, names, path, ours) for ours, names in SNLI_COLUMN_NAMES.items()}
     labels = df[picked["label"]].map(_label_name)
     bad = ~labels.isin(LABELS + (NO_GOLD,))
     if bad.any():

@@ -23,14 +23,11 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from convsts.io.errors import BadInputError, ConfigError, StorageError
 from convsts.io.redaction import (
@@ -108,14 +105,6 @@ def add_suffix(path: str | Path, suffix: str) -> str:
     return head + suffix + query
 
 
-def pick_column(columns: Sequence[str], candidates: Sequence[str], path: str, what: str) -> str:
-    """The first of `candidates` (a column's known spellings) among a table's `columns`."""
-    for name in candidates:
-        if name in columns:
-            return name
-    raise BadInputError(f"{path}: no {what} column; expected one of {list(candidates)}, found {list(columns)}")
-
-
 def sibling(path: str | Path, other: str) -> str:
     """The file named `other` in the folder of `path` (a URI's query stays at the end)."""
     if not is_uri(path):
@@ -145,7 +134,8 @@ def name(path: str | Path) -> str:
     return text.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _info(path: str | Path) -> pafs.FileInfo:
+def entry_info(path: str | Path) -> pafs.FileInfo:
+    """What the store says of `path` (its type, size, time); an unreachable store is one line."""
     fs, inner = resolve(path)
     with path_errors(path):
         return fs.get_file_info(inner)
@@ -154,13 +144,13 @@ def _info(path: str | Path) -> pafs.FileInfo:
 def is_dir(path: str | Path) -> bool:
     if not is_uri(path):
         return Path(path).is_dir()
-    return _info(path).type == pafs.FileType.Directory
+    return entry_info(path).type == pafs.FileType.Directory
 
 
 def is_file(path: str | Path) -> bool:
     if not is_uri(path):
         return Path(path).is_file()
-    return _info(path).type == pafs.FileType.File
+    return entry_info(path).type == pafs.FileType.File
 
 
 def file_stat(path: str | Path) -> tuple[int, int] | None:
@@ -172,7 +162,7 @@ def file_stat(path: str | Path) -> tuple[int, int] | None:
         except FileNotFoundError:
             return None
         return (st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
-    info = _info(path)
+    info = entry_info(path)
     return (int(info.size), int(info.mtime_ns or 0)) if info.type == pafs.FileType.File else None
 
 
@@ -384,30 +374,6 @@ def open_text(path: str | Path, encoding: str = "utf-8") -> io.TextIOWrapper:
 
 
 @contextlib.contextmanager
-def _reading_parquet(path: str | Path):
-    """pyarrow's errors while reading a parquet file as one line: an unreachable store as
-    StorageError (checked first for a URI), anything else as BadInputError (a corrupt or truncated file)."""
-    if is_uri(path):
-        _info(path)
-    with path_errors(path, BadInputError, "not a readable parquet file: "):
-        yield
-
-
-def read_parquet_table(path: str | Path, columns: list[str] | None = None):
-    """One parquet file or a folder of shards -> pyarrow.Table."""
-
-    inner, fs = path_and_filesystem(path)
-    with _reading_parquet(path):
-        return pq.read_table(inner, columns=columns, filesystem=fs)
-
-
-def read_parquet_schema(path: str | Path):
-    inner, fs = path_and_filesystem(path)
-    with _reading_parquet(path):
-        return pq.read_schema(inner, filesystem=fs)
-
-
-@contextlib.contextmanager
 def write_errors(path: str | Path):
     """Names `path` in an OSError raised inside that names no file: a write() or close() that fails
     on a full disk (ENOSPC) or quota says only "No space left on device"."""
@@ -520,29 +486,3 @@ def expand_inputs(inputs) -> list[str]:
                 continue
             files[key] = file
     return sorted(files.values())
-
-
-def read_shards(path: str, **kwargs):
-    """ray.data.read_parquet for a local folder or a URI (endpoint options in its query honoured)."""
-    import ray.data
-
-    inner, fs = path_and_filesystem(path)
-    with path_errors(path):
-        return ray.data.read_parquet(inner, filesystem=fs, **kwargs)
-
-
-def read_table_file(path: str):
-    """A parquet or JSON-lines file as a pandas frame."""
-
-    if path.endswith(".parquet"):
-        return read_parquet_table(path).to_pandas()
-    with open_text(path, encoding="utf-8-sig") as fh:  # a byte-order mark is accepted
-        return pd.read_json(fh, lines=True)
-
-
-def parquet_rows(path: str) -> int:
-    """Row count of one parquet file from its footer (local or a URI)."""
-
-    fs, inner = resolve(path)
-    with _reading_parquet(path), fs.open_input_file(inner) as fh:
-        return pq.ParquetFile(fh).metadata.num_rows

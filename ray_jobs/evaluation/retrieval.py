@@ -8,7 +8,7 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from convsts.io import storage
+from convsts.io import storage, tables
 from convsts.ray_jobs.evaluation.metrics import precision_at_n, true_ranks
 from convsts.ray_jobs.evaluation.scorers import scores_matrix
 
@@ -17,7 +17,7 @@ def heldout_pairs(test_dir: str) -> pd.DataFrame | None:
     """The held-out pairs of a prepared folder's test split (local or a URI), or None when absent."""
     if not storage.is_dir(test_dir):
         return None
-    frame = storage.read_parquet_table(test_dir).to_pandas()
+    frame = tables.read_parquet_table(test_dir).to_pandas()
     # Shard order from Ray Data is not fixed: sort so that the seeded P@N sample is reproducible.
     return frame.sort_values(["thread_key", "context", "response"], kind="stable").reset_index(drop=True)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from convsts.datasets.evalsets import check_sts_entries, pair_keys
-from convsts.io import storage
+from convsts.io import storage, tables
 from convsts.io.errors import BadInputError, TrackingError
 from convsts.io.redaction import redact
 from convsts.models.checkpoint import read_meta, save_sts_matrix, verified_folder
@@ -145,7 +145,7 @@ def baseline_scorer(kind: str, cfg: RunConfig, prepared_dir: str | None) -> Lexi
             storage.join(task.prepared_dir(prepared_dir), "test") if prepared_dir and "test" in task.splits else None
         )
         if test_dir and storage.is_dir(test_dir):
-            table = storage.read_parquet_table(test_dir, columns=list(task.pair))
+            table = tables.read_parquet_table(test_dir, columns=list(task.pair))
             for column in task.pair:
                 fit += [str(t) for t in table.column(column).to_pylist()]
     return LexicalScorer(kind, fit)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from convsts.datasets.negatives import MiningConfig, mine
-from convsts.io import redaction, storage
+from convsts.io import redaction, storage, tables
 from convsts.io.errors import BadInputError
 from convsts.models.checkpoint import EMBEDDING_FILES
 from convsts.models.sentence_encoder import load
@@ -280,7 +280,7 @@ def with_negatives(frame, chosen, mining: MiningConfig):
 
 def sampled_training_pairs(prepared: str, pairs: int, mining: MiningConfig):
     """(the training pairs to mine: all, or a seeded sample of `pairs`; the number of training pairs)."""
-    frame = storage.read_parquet_table(REDDIT.train_path(prepared)).to_pandas()
+    frame = tables.read_parquet_table(REDDIT.train_path(prepared)).to_pandas()
     # Shard order from Ray Data is not fixed: sort so that the seeded sample is reproducible.
     frame = frame.sort_values(list(frame.columns), kind="stable").reset_index(drop=True)
     total = len(frame)

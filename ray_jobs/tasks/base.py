@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from convsts.io import storage
+from convsts.io import storage, tables
 from convsts.ray_jobs.tasks.prepared_folder import config_value, write_manifest, write_train_frame
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class Task:
         frames = []
         files = storage.expand_inputs(inputs)
         for path in files:
-            frame = storage.read_table_file(path)
+            frame = tables.read_table_file(path)
             missing = [c for c in columns if c not in frame.columns]
             if missing:
                 raise ValueError(f"{path}: task {self.name} needs columns {columns}; missing {missing}")
@@ -106,7 +106,7 @@ class Task:
             FileShuffleConfig,
         )
 
-        return storage.read_shards(self.train_path(prepared_root), shuffle=FileShuffleConfig(seed=cfg.seed))
+        return tables.read_shards(self.train_path(prepared_root), shuffle=FileShuffleConfig(seed=cfg.seed))
 
     def text_columns(self, cfg: RunConfig | None = None) -> dict[str, str]:
         """Text column -> the prefix of its token-id columns (those a run with `cfg` trains on)."""

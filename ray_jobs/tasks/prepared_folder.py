@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from convsts.datasets.shards import ShardRecord, write_frame
-from convsts.io import redaction, storage
+from convsts.io import redaction, storage, tables
 from convsts.io.dotted import changed_values, flatten
 from convsts.io.errors import BadInputError
 from convsts.io.redaction import redact_tree
@@ -112,7 +112,7 @@ def shard_record(path: str) -> ShardRecord:
     stat = storage.file_stat(path)
     return {
         "file": storage.name(path),
-        "rows": storage.parquet_rows(path),
+        "rows": tables.parquet_rows(path),
         "bytes": stat[0] if stat else 0,
         "sha256": storage.file_sha256(path),
     }
@@ -129,12 +129,12 @@ def shard_problem(task: Task, path: str, listed: dict[str, Any]) -> str | None:
         return f"{now['bytes']} bytes, the manifest says {listed['bytes']}: not the shard `prepare` wrote"
     if now["sha256"] != listed["sha256"]:
         return "its bytes differ from the shard `prepare` wrote (sha256)"
-    names = storage.read_parquet_schema(path).names
+    names = tables.read_parquet_schema(path).names
     missing = [c for c in task.columns if c not in names]
     if missing:
         return f"no column(s) {missing}, which task {task.name} reads"
     if task.label and task.label_classes:
-        labels = storage.read_parquet_table(path, columns=[task.label]).column(0).to_numpy()
+        labels = tables.read_parquet_table(path, columns=[task.label]).column(0).to_numpy()
         bad = (labels < 0) | (labels >= task.label_classes)
         if bad.any():
             row = int(bad.argmax())

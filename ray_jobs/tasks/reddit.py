@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from convsts.datasets import pushshift, reddit
-from convsts.io import storage
+from convsts.io import storage, tables
 from convsts.io.errors import BadInputError
 from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.ray_start import ensure_ray
@@ -95,7 +95,7 @@ class RedditTask(Task):
     def train_rows(self, cfg, prepared_root: str):
         if cfg.data.reddit_hard_negatives:
             shards = shard_files(self.train_path(prepared_root))
-            if shards and NEGATIVE not in storage.read_parquet_schema(shards[0]).names:
+            if shards and NEGATIVE not in tables.read_parquet_schema(shards[0]).names:
                 raise BadInputError(
                     f"{self.train_path(prepared_root)}: no '{NEGATIVE}' column, which "
                     f"data.reddit_hard_negatives=true trains on; write one with `convsts mine-negatives "

@@ -10,7 +10,7 @@ import pandas as pd
 
 from convsts.datasets import snli
 from convsts.datasets.snli import fraction_rank
-from convsts.io import storage
+from convsts.io import storage, tables
 from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.tasks.base import Task, fields
 from convsts.ray_jobs.tasks.prepared_folder import write_manifest, write_train_frame
@@ -66,7 +66,7 @@ class SnliTask(Task):
 
     def train_rows(self, cfg, prepared_root: str):
         """SNLI train shards, cut to the nested subset `data.snli_fraction` drawn with `data.snli_fraction_seed`."""
-        ds = storage.read_shards(self.train_path(prepared_root))
+        ds = tables.read_shards(self.train_path(prepared_root))
         if cfg.data.snli_fraction >= 1.0:
             return ds
         return ds.map_batches(

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from convsts.datasets.text import TOKENIZERS, encode_columns, fit_tokenizer, words
-from convsts.io import storage
+from convsts.io import storage, tables
 from convsts.models.encoders import encoder_class
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
@@ -63,7 +63,7 @@ def _train_bytes(tasks: Sequence[Task], prepared_root: str) -> int:
 def _driver_batches(task: Task, prepared_root: str) -> Iterator[dict[str, np.ndarray]]:
     """The task's text columns, shard by shard, read in this process."""
     for path in shard_files(task.train_path(prepared_root)):
-        table = storage.read_parquet_table(path, columns=list(task.pair))
+        table = tables.read_parquet_table(path, columns=list(task.pair))
         yield {column: table.column(column).to_numpy(zero_copy_only=False) for column in task.pair}
 
 

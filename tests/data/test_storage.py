@@ -18,7 +18,7 @@ from testkit.s3_server import keys, s3_endpoint, upload
 from testkit.tiny import TINY_TRAIN
 
 from convsts.datasets import evalsets, pushshift, reddit, snli
-from convsts.io import cache, storage
+from convsts.io import cache, storage, tables
 from convsts.io.storage import expand_inputs
 from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.config.loader import load_config
@@ -312,7 +312,7 @@ def test_mine_negatives_with_a_checkpoint_in_the_bucket_into_a_prepared_folder_t
     manifest = json.loads(storage.read_text(f"{bucket}/mined/reddit/manifest.json"))
     assert manifest["negatives"]["checkpoint"] == uri and manifest["negatives"]["sampled_pairs"] == 300
     assert 0 < manifest["negatives"]["mined_pairs"] == manifest["train_pairs"] <= 300
-    table = storage.read_parquet_table(f"{bucket}/mined/reddit/train")
+    table = tables.read_parquet_table(f"{bucket}/mined/reddit/train")
     assert "negative" in table.column_names and table.num_rows == manifest["train_pairs"]
     assert any(k.startswith("convsts-data/mined/snli/train/") for k in keys(f"{bucket}/mined"))
 
