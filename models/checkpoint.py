@@ -24,18 +24,13 @@ either. torch is imported by the functions that build or load tensors, so a comm
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import io
 import json
 import logging
-import math
 import re
 import shutil
-import tempfile
-import typing
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -44,7 +39,9 @@ from safetensors import safe_open
 from convsts.datasets.text import save_tokenizer, tokenizer_from_dict
 from convsts.io import cache, storage
 from convsts.io.errors import BadInputError
+from convsts.io.folders import replaced_whole
 from convsts.io.redaction import redact
+from convsts.io.typed_json import dataclass_from_json
 from convsts.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -80,55 +77,9 @@ REQUIRED_MODEL_KEYS = ("encoder", "dan", "transformer", "response_hidden", "nli_
 def model_config_from_dict(data: Any) -> ModelConfig:
     """A checkpoint's `model` section -> ModelConfig, every key and type checked and every size
     bounded before anything is built; ValueError naming the key (`model.dan.hidden_sizes[1]`)."""
-    config = _dataclass_from(ModelConfig, data, "model", REQUIRED_MODEL_KEYS)
+    config = dataclass_from_json(ModelConfig, data, "model", REQUIRED_MODEL_KEYS, MAX_SIZE)
     config.check_sizes()  # the run config's rules: a checkpoint whose sizes no run would make is refused
     return config
-
-
-def _dataclass_from(cls: type, data: Any, key: str, required: tuple[str, ...] = ()) -> Any:
-    if not isinstance(data, dict):
-        raise ValueError(f"{key}: expected an object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{key}.{unknown[0]}: not a key of {cls.__name__}")
-    missing = [name for name in required if name not in data]
-    if missing:
-        raise ValueError(f"{key}.{missing[0]}: missing")
-    values = {}
-    for name, value in data.items():
-        hint = hints[name]
-        if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a nested section (model.dan)
-            values[name] = _dataclass_from(hint, value, f"{key}.{name}")
-        else:
-            _check_value(value, hint, f"{key}.{name}")
-            values[name] = value
-    return cls(**values)
-
-
-def _check_value(value: Any, hint: Any, key: str) -> None:
-    """`value` is of the annotated type (an int not a bool, a finite float, a list of ints, ...)
-    and within MAX_SIZE; ValueError naming the key."""
-    origin = typing.get_origin(hint)
-    if origin is list:
-        if not isinstance(value, list):
-            raise ValueError(f"{key}: expected a list, got {value!r}")
-        for i, item in enumerate(value):
-            _check_value(item, typing.get_args(hint)[0], f"{key}[{i}]")
-        return
-    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
-    if origin is dict:
-        ok = isinstance(value, dict)
-    elif hint in kinds:
-        ok = isinstance(value, kinds[hint]) and (hint is bool or not isinstance(value, bool))
-    else:
-        ok = True  # Any
-    if not ok:
-        raise ValueError(f"{key}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value) or abs(value) > MAX_SIZE:
-            raise ValueError(f"{key}: {value!r} is not a size a convsts model has (at most {MAX_SIZE})")
 
 
 def write_manifest(path: Path, known: dict[str, dict[str, Any]] | None = None) -> None:
@@ -238,43 +189,6 @@ def _first_differing(local: Path, signature: tuple[tuple[str, int, int], ...]) -
         if storage.file_sha256(local / name) != entry["sha256"]:
             return name
     return None
-
-
-def staging_folder(out_dir: Path) -> Path:
-    """A new, empty folder beside out_dir, made by this call (a unique name: never a folder of the
-    user's, which is never removed), to write into and rename into place when complete."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
-
-
-@contextlib.contextmanager
-def replaced_whole(out_dir: Path) -> Iterator[Path]:
-    """A folder written whole or not at all: the caller writes into a new staging folder beside
-    `out_dir` (staging_folder), which then replaces `out_dir`; on any error it is removed (this call's
-    own folder only) and `out_dir` stays as it was. An OSError without a file name (a full disk) names
-    `out_dir`."""
-    partial = staging_folder(out_dir)
-    try:
-        yield partial
-    except BaseException as err:
-        shutil.rmtree(partial, ignore_errors=True)
-        if isinstance(err, OSError) and not err.filename:
-            raise OSError(err.errno, err.strerror or str(err), str(out_dir)) from err
-        raise
-    # Two renames, then the old copy removed: a signal between them puts the old one back, so
-    # `out_dir` is the old folder or the new one, never neither.
-    old = partial.with_suffix(".old") if out_dir.exists() else None
-    try:
-        if old is not None:
-            out_dir.rename(old)
-        partial.rename(out_dir)
-    except BaseException:
-        if old is not None and not out_dir.exists():
-            old.rename(out_dir)
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old)
 
 
 def save_model_folder(checkpoint: str | Path, out_dir: str | Path) -> Path:

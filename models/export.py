@@ -37,7 +37,8 @@ from torch import nn
 
 from convsts.datasets.text import hf_normalizer, save_tokenizer, tokenizer_from_dict
 from convsts.io.errors import BadInputError
-from convsts.models.checkpoint import TOKENIZER_FILE, staging_folder
+from convsts.io.folders import staging_folder
+from convsts.models.checkpoint import TOKENIZER_FILE
 from convsts.models.encoders import PretrainedEncoder
 from convsts.models.heads import MultitaskModel
 from convsts.models.quiet_logging import quiet_loggers

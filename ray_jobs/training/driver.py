@@ -13,8 +13,9 @@ from typing import Any, NamedTuple
 
 from convsts.io import storage
 from convsts.io.dotted import flatten
+from convsts.io.folders import replaced_whole
 from convsts.io.redaction import redact
-from convsts.models.checkpoint import load_model, load_train_state, replaced_whole, save_model_folder
+from convsts.models.checkpoint import load_model, load_train_state, save_model_folder
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.sts import read_stsb_split
 from convsts.ray_jobs.runtime.logs import log

@@ -456,7 +456,7 @@ def test_ctrl_c_during_the_final_copy_leaves_the_earlier_checkpoint(tmp_path):
     import os
     import signal
 
-    from convsts.models.checkpoint import replaced_whole
+    from convsts.io.folders import replaced_whole
 
     target = tmp_path / "out" / "checkpoint"
     target.mkdir(parents=True)
