@@ -69,12 +69,18 @@ class UserErrorLogFilter(logging.Filter):
 class SigtermAsInterrupt:
     """The SIGTERM handler of a command: SIGTERM (`convsts jobs stop`, `kill`, `timeout`, a scheduler)
     unwinds as Ctrl+C does (temporary folders removed, the MLflow run ended KILLED). It remembers the
-    signal, since a library may raise a KeyboardInterrupt of its own for it (Ray's `ray.get` does)."""
+    signal, since a library may raise a KeyboardInterrupt of its own for it (Ray's `ray.get` does).
+    Its one line (`line`) is printed at once: whoever sent SIGTERM may send SIGKILL a few seconds
+    later (a stopped Ray job's driver gets it after RAY_JOB_STOP_WAIT_TIME_S, 3 s), before the
+    clean-up is done."""
 
-    def __init__(self) -> None:
+    def __init__(self, line: str = "") -> None:
         self.received: int | None = None
+        self.line = line
 
     def __call__(self, signum: int, frame) -> None:
+        if self.received is None and self.line:
+            print(self.line, file=sys.stderr, flush=True)
         self.received = signum
         raise KeyboardInterrupt(signum)
 
@@ -96,16 +102,19 @@ def run_main(command: str, main, argv=None, go_on: str = GO_ON) -> int:
     if not debug:
         for name in RAY_DATA_ERROR_LOGGERS:
             logging.getLogger(name).addFilter(UserErrorLogFilter())
-    sigterm = SigtermAsInterrupt()
+
+    def stopped(signum: int) -> str:
+        return f"convsts {command}: stopped by {signal.Signals(signum).name}; {go_on}"
+
+    sigterm = SigtermAsInterrupt(stopped(signal.SIGTERM))
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # a handler of the caller's own stays
         signal.signal(signal.SIGTERM, sigterm)
     try:
         return int(main(argv) or 0)
     except KeyboardInterrupt:  # Ctrl+C or SIGTERM: what the command made is cleaned up on the way out
-        signum = sigterm.received or signal.SIGINT
-        name = signal.Signals(signum).name
-        print(f"convsts {command}: stopped by {name}; {go_on}", file=sys.stderr)
-        return 128 + signum
+        if sigterm.received is None:  # Ctrl+C (SIGTERM's line was printed when it came)
+            print(stopped(signal.SIGINT), file=sys.stderr)
+        return 128 + (sigterm.received or signal.SIGINT)
     except Exception as exc:
         found = None if debug else find_user_error(exc)
         if found is None:  # the traceback, with any credential a message or URI carried redacted
