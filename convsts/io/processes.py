@@ -1,9 +1,18 @@
-"""Whether a process runs, by its pid: what the reaper, the spill cleanup and the tests ask."""
+"""A process asked about by its pid: whether it runs, and when it started (which tells it from a
+later process given the same pid). What the reaper, the spill cleanup and the tests ask."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None where it cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def alive(pid: int) -> bool:
@@ -14,8 +23,11 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's
         return True
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is gone
-    except OSError:  # it ended just now, or this system has no /proc (then kill's answer stands)
-        return not stat.parent.parent.is_dir()
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] != "Z"  # no /proc to ask: kill's answer stands
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start (clock ticks since boot), or None where it is gone or /proc cannot say."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None

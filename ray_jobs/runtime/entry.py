@@ -80,9 +80,20 @@ class SigtermAsInterrupt:
 
     def __call__(self, signum: int, frame) -> None:
         if self.received is None and self.line:
-            print(self.line, file=sys.stderr, flush=True)
+            _write_line(self.line)
         self.received = signum
         raise KeyboardInterrupt(signum)
+
+
+def _write_line(line: str) -> None:
+    """`line` to stderr from a signal handler: straight to its file descriptor, since the handler may
+    run while the main thread is inside a write to sys.stderr (a second write there raises)."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stand-in stream without one (a test's capture)
+        print(line, file=sys.stderr, flush=True)
+    else:
+        os.write(fd, f"{line}\n".encode())
 
 
 GO_ON = "run the same command again to go on"  # what a stopped command's line advises, unless it says its own

@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from convsts.io.processes import alive
+from convsts.io.processes import alive, start_time
 from convsts.ray_jobs.runtime.reaper import instance_processes
 
 BIN = Path(sys.executable).parent
@@ -43,14 +43,6 @@ def pids_matching(marker: str) -> list[int]:
     return sorted(instance_processes(marker, set()))
 
 
-def _started(pid: int) -> int | None:
-    """A process's start time (clock ticks since boot), which tells it from a later process given its pid."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def run_watching(
     command: list[str], marker: str, timeout: float, **kwargs
 ) -> tuple[subprocess.CompletedProcess, dict[int, int]]:
@@ -72,7 +64,7 @@ def run_watching(
             if time.time() > deadline:
                 proc.kill()
             for pid in instance_processes(marker, set()) - seen.keys() - {proc.pid}:
-                if (started := _started(pid)) is not None:
+                if (started := start_time(pid)) is not None:
                     seen[pid] = started
             time.sleep(0.5)
         for pump in pumps:
@@ -85,7 +77,7 @@ def still_running(seen: dict[int, int], seconds: float = 60) -> list[str]:
     `seconds`: an ended Ray instance's processes end with it."""
 
     def left() -> list[int]:
-        return [pid for pid, started in seen.items() if alive(pid) and _started(pid) == started]
+        return [pid for pid, started in seen.items() if alive(pid) and start_time(pid) == started]
 
     deadline = time.time() + seconds
     while left() and time.time() < deadline:
