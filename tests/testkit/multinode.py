@@ -7,15 +7,19 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testkit.local_cluster import kill_node, node_processes, ray_worker_node
-from testkit.s3_server import keys
+from testkit.local_cluster import kill_node, mlflow_server, node_processes, ray_head, ray_worker_node
+from testkit.s3_server import keys, s3_endpoint
 from testkit.tiny import TINY_DAN
+
+from convsts.ray_jobs.runtime.ray_start import PREEMPTION_WATCHER_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "convsts"]
@@ -91,6 +95,32 @@ class Cluster:
     def _remove(self, node: dict) -> None:
         self.nodes.remove(node)
         self.stops.pop(node["temp_dir"]).close()  # its processes stopped by pid
+
+
+@contextlib.contextmanager
+def cluster_on_this_host(root: Path) -> Iterator[Cluster]:
+    """A head of one CPU, an S3 server and an MLflow server (its files under `root`), all stopped by
+    their pids at the end; worker nodes come and go with the tests (`Cluster.layout`, `lose`,
+    `add_node`). A package's conftest makes one for its files."""
+    with contextlib.ExitStack() as stack:
+        s3_env = stack.enter_context(s3_endpoint(BUCKET[len("s3://") :]))
+        mlflow_url = stack.enter_context(mlflow_server(root / "mlflow"))
+        # A lost node is marked dead after 3 failed health checks a second apart (Ray's defaults: 5,
+        # 3 s apart); a busy live node still has Ray's 10 s timeout for each answer.
+        health = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+        # Ray Train's preemption watcher as on a real cluster (a one-node local instance turns it off).
+        node_env = {**s3_env, **health, "RAY_AUTH_MODE": "disabled", PREEMPTION_WATCHER_ENV: "1"}
+        head = stack.enter_context(ray_head(node_env, num_cpus=1))
+        # This process asks Ray's state API by the dashboard's URL: an address in its environment would win.
+        for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+            if name in os.environ:
+                stack.callback(os.environ.__setitem__, name, os.environ.pop(name))
+        driver = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_"))}
+        secret_url = mlflow_url.replace("http://", f"http://alice:{PASSWORD}@")
+        driver.update(node_env, RAY_ADDRESS=head["gcs"], MLFLOW_TRACKING_URI=secret_url, RAY_USAGE_STATS_ENABLED="0")
+        found = Cluster(driver, head["address"], mlflow_url, head["gcs"], node_env)
+        stack.callback(found.close)
+        yield found
 
 
 def train_args(out: Path, prepared: Path, *overrides: str) -> list[str]:

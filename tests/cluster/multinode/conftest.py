@@ -11,16 +11,10 @@ server's may (this server takes them without checking): no line of a run may pri
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 
 import pytest
-from testkit.local_cluster import mlflow_server, ray_head
-from testkit.multinode import BUCKET, KILLABLE, PASSWORD, Cluster, train
-from testkit.s3_server import s3_endpoint
-
-from convsts.ray_jobs.runtime.ray_start import PREEMPTION_WATCHER_ENV
+from testkit.multinode import KILLABLE, Cluster, cluster_on_this_host, train
 
 pytestmark = pytest.mark.slow
 
@@ -28,25 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory):
     """The head, the S3 server and the MLflow server; worker nodes come and go with the tests."""
-    root = tmp_path_factory.mktemp("cluster")
-    with contextlib.ExitStack() as stack:
-        s3_env = stack.enter_context(s3_endpoint(BUCKET[len("s3://") :]))
-        mlflow_url = stack.enter_context(mlflow_server(root / "mlflow"))
-        # A lost node is marked dead after 3 failed health checks a second apart (Ray's defaults: 5,
-        # 3 s apart); a busy live node still has Ray's 10 s timeout for each answer.
-        health = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
-        # Ray Train's preemption watcher as on a real cluster (a one-node local instance turns it off).
-        node_env = {**s3_env, **health, "RAY_AUTH_MODE": "disabled", PREEMPTION_WATCHER_ENV: "1"}
-        head = stack.enter_context(ray_head(node_env, num_cpus=1))
-        # This process asks Ray's state API by the dashboard's URL: an address in its environment would win.
-        for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
-            if name in os.environ:
-                stack.callback(os.environ.__setitem__, name, os.environ.pop(name))
-        driver = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_"))}
-        secret_url = mlflow_url.replace("http://", f"http://alice:{PASSWORD}@")
-        driver.update(node_env, RAY_ADDRESS=head["gcs"], MLFLOW_TRACKING_URI=secret_url, RAY_USAGE_STATS_ENABLED="0")
-        found = Cluster(driver, head["address"], mlflow_url, head["gcs"], node_env)
-        stack.callback(found.close)
+    with cluster_on_this_host(tmp_path_factory.mktemp("cluster")) as found:
         yield found
 
 

@@ -1,4 +1,4 @@
-"""Elastic task groups (trainer.num_workers=[MIN, MAX]) on the multi-node cluster (conftest.py):
+"""Elastic task groups (trainer.num_workers=[MIN, MAX]) on a multi-node cluster of their own (conftest.py):
 a head of one CPU and worker nodes of two; the driver is `convsts train` joined through
 RAY_ADDRESS. A lost machine is a worker node's raylet killed with SIGKILL, everything under it
 too, and no replacement joins until the group has shrunk to one worker; then one node joins and
