@@ -169,12 +169,23 @@ def add_to_manifest(folder: str | Path, file: Path) -> None:
     _write_manifest_files(Path(folder), _manifest(folder) | {file.name: _manifest_entry(file)})
 
 
-def _check_digests(local: Path, shown: str | Path) -> None:
-    """Refused in one line naming `shown` unless every file the manifest lists has its sha256."""
-    signature = tuple(
+def damaged_file(path: str | Path) -> str | None:
+    """The first file of a complete checkpoint or model folder (incomplete_reason None) whose sha256
+    is not its manifest's (replaced or damaged after it was written), or None; hashed as
+    verified_folder hashes it, so that reading the folder next hashes nothing again."""
+    local = checkpoint_folder(path)
+    return _first_differing(local, _signature(local))
+
+
+def _signature(local: Path) -> tuple[tuple[str, int, int], ...]:
+    return tuple(
         (name, (local / name).stat().st_size, (local / name).stat().st_mtime_ns) for name in sorted(_manifest(local))
     )
-    differs = _first_differing(local, signature)
+
+
+def _check_digests(local: Path, shown: str | Path) -> None:
+    """Refused in one line naming `shown` unless every file the manifest lists has its sha256."""
+    differs = _first_differing(local, _signature(local))
     if differs is not None:
         raise BadInputError(
             f"{redact(str(shown))}: {differs} differs from its manifest's sha256 (replaced or damaged after it was "

@@ -22,14 +22,16 @@ def replaced_whole(out_dir: Path) -> Iterator[Path]:
     """A folder written whole or not at all: the caller writes into a new staging folder beside
     `out_dir` (staging_folder), which then replaces `out_dir`; on any error it is removed (this call's
     own folder only) and `out_dir` stays as it was. An OSError without a file name (a full disk) names
-    `out_dir`."""
+    `out_dir`. Where `out_dir` is a link to a folder (a checkpoint kept on another disk), the folder
+    it points to is replaced, and the link stays."""
+    shown, out_dir = out_dir, out_dir.resolve() if out_dir.is_symlink() else out_dir
     partial = staging_folder(out_dir)
     try:
         yield partial
     except BaseException as err:
         shutil.rmtree(partial, ignore_errors=True)
         if isinstance(err, OSError) and not err.filename:
-            raise OSError(err.errno, err.strerror or str(err), str(out_dir)) from err
+            raise OSError(err.errno, err.strerror or str(err), str(shown)) from err
         raise
     # Two renames, then the old copy removed: a signal between them puts the old one back, so
     # `out_dir` is the old folder or the new one, never neither.
@@ -45,3 +47,29 @@ def replaced_whole(out_dir: Path) -> Iterator[Path]:
         raise
     if old is not None:
         shutil.rmtree(old)
+
+
+def removed_together(paths: list[Path]) -> None:
+    """Files and folders of one folder removed all or none: each is first renamed into a new folder
+    beside them (a rename that fails puts back those before it), which is then removed. A link is
+    removed as a link: the folder it points to, outside, is not touched."""
+    if not paths:
+        return
+    trash = Path(tempfile.mkdtemp(prefix=".removed.", dir=paths[0].parent))
+    moved: list[tuple[Path, Path]] = []
+    try:
+        for path in paths:
+            target = trash / path.name
+            path.rename(target)
+            moved.append((path, target))
+    except BaseException:
+        for path, target in reversed(moved):
+            target.rename(path)
+        trash.rmdir()
+        raise
+    for _, target in moved:
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
+    trash.rmdir()

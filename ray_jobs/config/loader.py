@@ -125,15 +125,43 @@ def parse_with_overrides(
     return args
 
 
+def _reads_as_yaml(item: str) -> bool:
+    try:
+        OmegaConf.from_dotlist([item])  # OmegaConf's own YAML reading (it takes `?` and `&` in a URI)
+    except yaml.YAMLError:
+        return False
+    return True
+
+
+def _closed(value: str) -> str | None:
+    """`value` with the brackets and braces it opens and never closes closed, innermost first
+    (`[1,3` -> `[1,3]`); None where it closes all it opens, or more."""
+    unclosed: list[str] = []
+    for ch in value:
+        if ch in "[{":
+            unclosed.append("]" if ch == "[" else "}")
+        elif ch in "]}":
+            if not unclosed or unclosed.pop() != ch:
+                return None
+    return value + "".join(reversed(unclosed)) if unclosed else None
+
+
 def _check_override_yaml(item: str) -> None:
     """An override whose value YAML cannot read (braces or a colon inside a list, an unclosed
-    quote) as one line naming the key and how to quote it, not PyYAML's traceback."""
+    quote, a bracket never closed) as one line naming the key and the value to write instead, not
+    PyYAML's traceback."""
     key, value = item.split("=", 1)
     try:
         OmegaConf.from_dotlist([item])  # OmegaConf's own YAML reading (it takes `?` and `&` in a URI)
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         inner = value.strip()
+        closed = _closed(inner)
+        if closed is not None and _reads_as_yaml(f"{key}={closed}"):  # quoting would make it a string
+            raise ConfigError(
+                f"config key {key!r}: the value {value!r} opens a bracket it never closes; did you mean "
+                f"'{key}={closed}'?"
+            ) from None
         items = inner[1:-1].split(",") if inner.startswith("[") and inner.endswith("]") else None
         quoted = f"[{', '.join(json.dumps(i.strip()) for i in items)}]" if items else json.dumps(inner)
         raise ConfigError(

@@ -38,8 +38,10 @@ def _holder(path: Path) -> dict:
 @contextlib.contextmanager
 def output_lock(out_dir: str | Path, command: str) -> Iterator[None]:
     """Hold out_dir for this run (created when missing); refuse when another process holds it. The
-    lock file is removed when the run ends: a refused or finished run leaves nothing of its own."""
+    lock file is removed when the run ends, and the folders made for it when they are left empty: a
+    refused or finished run leaves nothing of its own."""
     out_dir = Path(out_dir)
+    made = _missing_folders(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / LOCK_FILE
     fd = _acquire(path, out_dir)
@@ -57,6 +59,21 @@ def output_lock(out_dir: str | Path, command: str) -> Iterator[None]:
             path.unlink()  # removed while still held: a process that opened it before sees a removed file
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+        for folder in made:  # innermost first; one that holds anything stays, and so do those above it
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+def _missing_folders(out_dir: Path) -> list[Path]:
+    """The folders of `out_dir` (itself, then its parents) that do not exist yet, innermost first."""
+    missing = []
+    for folder in (out_dir, *out_dir.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing
 
 
 def holds_output(command: str):

@@ -33,12 +33,14 @@ from convsts.ray_jobs.training.lineage import (
     CONTINUES_TAG,
     FINAL_CHECKPOINT,
     MODEL_FOLDER,
+    SUPERSEDED_TAG,
     TRAIN_SUMMARY,
     RunStart,
     begin,
     decide_start,
     join_chain,
     mark_checkpoint,
+    mark_superseded,
     new_link,
 )
 from convsts.ray_jobs.training.loop import SCORE_METRIC
@@ -48,6 +50,7 @@ from convsts.ray_jobs.training.start_checks import (
     check_initial_weights,
     check_resume_data,
     data_digests,
+    history_until,
     prepared_location,
 )
 from convsts.ray_jobs.training.task_groups import plan_for
@@ -96,7 +99,10 @@ def run_training(
     cfg = start.config(cfg)
     check_initial_weights(cfg)
     tasks = prepared_tasks(cfg)
-    manifests = check_prepared(prepared, tasks, cfg, present_only=True)  # the folders there, before Ray starts
+    # Before Ray starts and before any prepare writes: the folders there, and a resume's data in them
+    # against the data its checkpoint was trained on.
+    manifests = check_prepared(prepared, tasks, cfg, present_only=True)
+    check_resume_data(cfg, data_digests(manifests))
     ensure_ray()
     fit_now = check_training_fits(cfg, alive_nodes())  # a layout that fits no node is refused, not left waiting
     if cfg.trainer.elastic:
@@ -128,7 +134,7 @@ def _all_prepared(
     cfg: RunConfig, prepared: str, tasks: dict, checked: dict, prepare_missing: Callable[[RunConfig, str], Any] | None
 ) -> tuple[dict, dict]:
     """(every task's manifest, their digests): the tasks not `checked` yet prepared where missing
-    and checked; a resume's data checked against its checkpoint's."""
+    and checked; a resume's data checked against its checkpoint's (the `checked` tasks' was before)."""
     if prepare_missing is not None:
         prepare_missing(cfg, prepared)
     rest = {name: task for name, task in tasks.items() if name not in checked}
@@ -188,8 +194,16 @@ def _train(
         tracking.log_metrics(uri, run_id, {f"data/{name}_train_pairs": n for name, n in train_rows.items()})
     plan = _said_plan(cfg)
     loop_config = {"run": cfg.to_dict(), "tokenizer": tokenizer.to_dict(), "datasets": sorted(datasets)}
-    # Every step a run of OUT's chain logged is not logged again (a fallback to an older checkpoint too).
-    loop_config.update(tracking_uri=uri, run_id=run_id, continues=mlflow_run.continues, earlier_runs=start.earlier_runs)
+    # Every step a run of OUT's chain logged is not logged again (a fallback to an older checkpoint too),
+    # up to the checkpoint's step where this run takes a new trajectory from it (other settings).
+    until = _history_until(cfg, uri, run_id, start)
+    loop_config.update(
+        tracking_uri=uri,
+        run_id=run_id,
+        continues=mlflow_run.continues,
+        earlier_runs=start.earlier_runs,
+        history_until=until,
+    )
     loop_config["provenance"] = {"data": digests, "run_id": run_id}  # a checkpoint names the run that wrote it
     result = fit(cfg, location, loop_config, datasets, extra_callbacks, plan)
     final, best = _keep_checkpoints(cfg, result, out_dir)
@@ -253,6 +267,23 @@ class KeptCheckpoints(NamedTuple):
 
     final: Path
     best: Path | None
+
+
+def _history_until(cfg: RunConfig, uri: str, run_id: str, start: RunStart) -> int | None:
+    """Where a resume with a new trajectory leaves its chain's history (start_checks.history_until),
+    the chain's runs that logged past it tagged superseded, in one line; None otherwise."""
+    until = history_until(cfg)
+    if until is not None:
+        superseded = mark_superseded(uri, run_id, start, until)
+        if superseded:
+            log.info(
+                "other settings from step %d on: the steps after it that run(s) %s logged are superseded (tagged "
+                "%s); this run logs its own",
+                until,
+                ", ".join(superseded),
+                SUPERSEDED_TAG,
+            )
+    return until
 
 
 def _keep_checkpoints(cfg: RunConfig, result, out_dir: Path) -> KeptCheckpoints:

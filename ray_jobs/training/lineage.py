@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -32,8 +31,16 @@ from typing import Any, NamedTuple
 
 from convsts.io import storage
 from convsts.io.errors import ConfigError
+from convsts.io.folders import removed_together
 from convsts.io.redaction import redact
-from convsts.models.checkpoint import checkpoint_owner, complete_checkpoints, incomplete_reason, newest_complete
+from convsts.models.checkpoint import (
+    checkpoint_owner,
+    complete_checkpoints,
+    damaged_file,
+    incomplete_reason,
+    listed_steps,
+    newest_complete,
+)
 from convsts.ray_jobs.config.schema import RESUME_LATEST, RunConfig
 from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.tracking import runs as tracking
@@ -92,6 +99,7 @@ class Found:
     path: str
     step: int
     run_id: str | None  # the MLflow run that wrote it
+    folder: str | None = None  # the run's checkpoint folder that holds it (None: OUT/checkpoint)
 
 
 class RunStorage(NamedTuple):
@@ -266,7 +274,7 @@ def chain_checkpoints(out_dir: Path, cfg: RunConfig, links: list[Link]) -> tuple
         folder = link.location(out_dir, cfg)
         newest = newest_complete(folder) if folder else None
         if newest is not None:
-            found.append(Found(newest.path, newest.step, checkpoint_owner(newest.path).run_id or link.run_id))
+            found.append(Found(newest.path, newest.step, checkpoint_owner(newest.path).run_id or link.run_id, folder))
         seen.append(replace(link, checkpoint_step=newest.step if newest else link.checkpoint_step))
     final = out_dir / FINAL_CHECKPOINT
     if final.is_dir():
@@ -375,18 +383,58 @@ def _latest(out_dir: Path, cfg: RunConfig, found: list[Found], links: list[Link]
         raise AlreadyFinished(
             f"{out_dir}: already finished at step {newest.step} ({redact(newest.path)}); raise trainer.steps to go on"
         )
-    log.info("--resume %s: %s (step %d)", RESUME_LATEST, redact(newest.path), newest.step)
+    usable = _undamaged_newest(list(found))
+    if usable is None:
+        raise ConfigError(
+            f"--resume {RESUME_LATEST}: every complete checkpoint {out_dir} records is damaged (said above); "
+            "pass --resume CHECKPOINT, or --fresh to start over"
+        )
+    log.info("--resume %s: %s (step %d)", RESUME_LATEST, redact(usable.path), usable.step)
     last = links[-1] if links else None
-    if last is not None and newest.run_id != last.run_id and Path(newest.path) != out_dir / FINAL_CHECKPOINT:
+    if last is not None and usable.run_id != last.run_id and Path(usable.path) != out_dir / FINAL_CHECKPOINT:
         log.warning(
             "--resume %s: the last run into %s (%s) left no newer complete checkpoint; continuing run %s's at step %d",
             RESUME_LATEST,
             out_dir,
             last.run_id,
-            newest.run_id,
-            newest.step,
+            usable.run_id,
+            usable.step,
         )
-    return RunStart(newest.path, newest.run_id, run_storage(cfg, out_dir), tuple(links))
+    return RunStart(usable.path, usable.run_id, run_storage(cfg, out_dir), tuple(links))
+
+
+def _undamaged_newest(found: list[Found]) -> Found | None:
+    """The newest of `found` (oldest step first) whose files have their manifest's sha256: a damaged
+    one is skipped in one line, as one cut short is, and its run's next older complete checkpoint
+    takes its place among the candidates."""
+    while found:
+        newest = found.pop()
+        damaged = damaged_file(newest.path)
+        if damaged is None:
+            return newest
+        log.warning(
+            "%s: skipped, its %s differs from its manifest's sha256 (replaced or damaged after it was written)",
+            redact(newest.path),
+            damaged,
+        )
+        older = _older_complete(newest)
+        if older is not None:
+            found = sorted([*found, older], key=lambda f: f.step)
+    return None
+
+
+def _older_complete(newest: Found) -> Found | None:
+    """The newest complete checkpoint of `newest`'s run folder below its step (each incomplete one met
+    on the way skipped in one line), or None."""
+    for candidate in listed_steps(newest.folder) if newest.folder else []:
+        if candidate.step >= newest.step:
+            continue
+        reason = incomplete_reason(candidate.path)
+        if reason is None:
+            run_id = checkpoint_owner(candidate.path).run_id or newest.run_id
+            return Found(candidate.path, candidate.step, run_id, newest.folder)
+        log.warning("%s: skipped, not a complete checkpoint (%s)", redact(candidate.path), reason)
+    return None
 
 
 def _fresh(out_dir: Path, location: RunStorage) -> RunStart:
@@ -422,12 +470,30 @@ def remove_earlier_outputs(start: RunStart) -> None:
     step) go; a run's own folder in a bucket stays."""
     if not start.fresh_removes or start.fresh_counts is None:
         return
-    for path in start.fresh_removes:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    links = {path: path.resolve() for path in start.fresh_removes if path.is_symlink()}
+    removed_together(list(start.fresh_removes))  # all or none
+    for link, target in links.items():
+        log.info("--fresh: %s was a link: the link removed, the folder it points to kept (%s)", link, target)
     counted = start.fresh_counts
     upto = f", up to step {counted.newest_step}" if counted.newest_step is not None else ""
     removed = ", ".join(str(p) for p in start.fresh_removes)
     log.info("--fresh: removed %d complete checkpoint(s)%s: %s", counted.checkpoints, upto, removed)
+
+
+SUPERSEDED_TAG = "convsts.superseded_after_step"  # on a run whose later steps a resume with other settings replaced
+
+
+def mark_superseded(tracking_uri: str, run_id: str, start: RunStart, step: int) -> list[str]:
+    """The runs of the chain (and the run the checkpoint came from) that logged steps after `step`,
+    tagged as superseded after it by `run_id` (a resume of the checkpoint of `step` with a new
+    trajectory: it logs those steps itself); their ids."""
+    superseded = []
+    for earlier in dict.fromkeys([start.continues, *start.earlier_runs]):
+        if earlier and earlier != run_id and tracking.run_status(tracking_uri, earlier):
+            if max(tracking.last_logged_steps(tracking_uri, earlier).values(), default=-1) > step:
+                tracking.set_tags(tracking_uri, earlier, {SUPERSEDED_TAG: str(step), "convsts.superseded_by": run_id})
+                superseded.append(earlier)
+    return superseded
 
 
 def close_abandoned_runs(out_dir: Path, tracking_uri: str, own_run: str | None, runs: Sequence[str]) -> None:

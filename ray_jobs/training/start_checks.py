@@ -90,6 +90,36 @@ def data_mismatches(meta: dict[str, Any], digests: dict[str, str]) -> list[str]:
     ]
 
 
+# Settings that say what a run is called, where its outputs go and when it saves or evaluates, never
+# what a step computes; trainer.steps too where the lr does not decay toward it.
+TRAJECTORY_NEUTRAL = (
+    "name",
+    "trainer.checkpoint_every",
+    "trainer.keep_checkpoints",
+    "trainer.max_failures",
+    "trainer.storage_path",
+    "trainer.eval_every",
+    "data.prepared_dir",
+)
+
+
+def new_trajectory(meta: dict[str, Any], cfg: RunConfig) -> list[str]:
+    """The other_settings under which the steps after the checkpoint (its config.json, `meta`) are
+    not the ones its chain logged (all but TRAJECTORY_NEUTRAL's)."""
+    neutral = TRAJECTORY_NEUTRAL + (("trainer.steps",) if cfg.trainer.lr_decay == "none" else ())
+    return [s for s in other_settings(meta, cfg) if s.split("=", 1)[0] not in neutral]
+
+
+def history_until(cfg: RunConfig) -> int | None:
+    """Where a resume with a new trajectory (new_trajectory) leaves its chain's history: its
+    checkpoint's step. The steps the chain logged after it are superseded, the run logs its own.
+    None for a run that starts fresh or goes on as its checkpoint's run would have."""
+    if not cfg.trainer.resume_from:
+        return None
+    local = verified_folder(cfg.trainer.resume_from)  # verified once (check_resumable): not hashed again
+    return read_meta(local)["step"] if new_trajectory(read_meta(local), cfg) else None
+
+
 def check_initial_weights(cfg: RunConfig) -> None:
     """The checkpoint a run resumes or warm-starts from, checked here, once, in one line, not in
     every worker after Ray has started (the prepared data is compared later: check_resume_data)."""

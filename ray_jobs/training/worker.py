@@ -48,8 +48,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     tokenizer = tokenizer_from_dict(loop_config["tokenizer"])
     checkpoint = ray.train.get_checkpoint()
     model, state = restored_model(cfg, tokenizer, checkpoint)
-    # The same MLflow run goes on: Ray Train restored it, or a trial run again continues its own checkpoint.
-    restarted = checkpoint is not None or loop_config.get("continues") == loop_config.get("run_id")
+    by_ray = ray_restart(loop_config, checkpoint)
+    # The same MLflow run goes on: Ray Train started its group again, or a trial run again continues its own checkpoint.
+    restarted = by_ray or loop_config.get("continues") == loop_config.get("run_id")
     model.to(device).train()
 
     # Every rank asks for every dataset: the splits are built when rank 0 asks (Train V2).
@@ -69,7 +70,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             pad_id=tokenizer.pad_id,
         )
 
-    hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank, restarted=restarted)
+    hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank)
     if plan.mode is SplitMode.ASYNC:
         holder = loop_config["holder"]
         loop: TrainLoop = AsyncTrainLoop(cfg, model, plan, rank, open_stream, holder, tokenizer, hooks, state)
@@ -79,8 +80,18 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         _announce(loop_config, plan, world, device, loop.step, restarted=restarted)
         before = previous_size(loop_config, state, restarted)
         if before is not None and before != world:
-            print_once(resize_line(before, plan, loop.step, by_ray=checkpoint is not None))
+            print_once(resize_line(before, plan, loop.step, by_ray=by_ray))
     loop.run()
+
+
+def ray_restart(loop_config: dict[str, Any], checkpoint) -> bool:
+    """Whether Ray Train started this worker group again within its fit (a lost worker or node, a
+    resize, a FailureConfig retry): from its last registered checkpoint, or, before the first one,
+    from the run's start, once the run has logged a step (its group size, logged with every step)."""
+    if checkpoint is not None:
+        return True
+    uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
+    return bool(uri and run_id and tracking.latest_value(uri, run_id, WORKERS_METRIC) is not None)
 
 
 def previous_size(loop_config: dict[str, Any], state: TrainState | None, restarted: bool) -> int | None:
@@ -121,22 +132,29 @@ def restored_model(cfg, tokenizer, checkpoint):
     return model, restore(model, resume_from=cfg.trainer.resume_from or None)
 
 
-def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int, restarted: bool) -> LoopHooks:
+def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int) -> LoopHooks:
     """The loop's ties to Ray and MLflow: metrics to the run, checkpoints reported to Ray Train
     (with the model, tokenizer, run config and provenance), the STS-B dev probe on rank 0."""
     import ray.train
 
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
-    # After a restart (a lost node, FailureConfig) the loop replays the steps since its checkpoint:
-    # each metric is logged once per step, so the points the run already holds are not logged again.
-    # A run that continues an earlier one of OUT's chain replays the steps the chain logged after its
-    # checkpoint (a fallback to an older run's checkpoint, an older checkpoint named): across the
-    # chain's MLflow runs each step is logged once (exact resume makes the values equal).
+    # After a restart (a lost node, a resize, FailureConfig) the loop replays the steps since its
+    # checkpoint, or since the run's start before its first checkpoint: each metric is logged once per
+    # step, so the points the run already holds are not logged again (a first start's run holds only
+    # what the driver logged, never a step of the loop). A run that continues an earlier one of OUT's
+    # chain replays the steps the chain logged after its checkpoint (a fallback to an older run's
+    # checkpoint, an older checkpoint named): across the chain's MLflow runs each step is logged once
+    # (exact resume makes the values equal). With other settings than its checkpoint's run (a new
+    # trajectory) the chain's history ends at the checkpoint's step (`history_until`): the run logs
+    # every step after it.
     logged: dict[str, int] = {}
-    earlier_runs = [loop_config.get("continues"), *loop_config.get("earlier_runs", ()), run_id if restarted else None]
+    until = loop_config.get("history_until")
+    earlier_runs = [loop_config.get("continues"), *loop_config.get("earlier_runs", ()), run_id]
     for earlier in dict.fromkeys(earlier_runs):
         if uri and earlier:
             for key, step in tracking.last_logged_steps(uri, earlier).items():
+                if until is not None and earlier != run_id:
+                    step = min(step, until)
                 logged[key] = max(step, logged.get(key, -1))
 
     raylet = os.getppid()  # a Ray worker is its node's raylet's child

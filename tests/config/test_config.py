@@ -114,6 +114,22 @@ def test_an_override_that_is_not_valid_yaml_is_one_line_naming_the_key_and_the_q
     assert quoted.data.reddit_inputs == ["{sample}/reddit_pairs.parquet", str(Path("b:c").resolve())]
 
 
+def test_a_bracket_never_closed_is_one_line_with_the_value_closed_not_quoted():
+    """Quoting `[1,3` would only make it a string that is refused next: the advice closes it."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["trainer.num_workers=[1,3"])
+    assert str(err.value) == (
+        "config key 'trainer.num_workers': the value '[1,3' opens a bracket it never closes; did you mean "
+        "'trainer.num_workers=[1,3]'?"
+    )
+    assert load_config(None, ["trainer.num_workers=[1,3]"]).trainer.worker_range == (1, 3)
+    with pytest.raises(
+        ConfigError,
+        match=r"opens a bracket it never closes; did you mean 'trainer.stages=\[\{start_step: 0, batch_size: 8, lr: 0.1\}\]'",
+    ):
+        load_config(None, ["trainer.stages=[{start_step: 0, batch_size: 8, lr: 0.1"])
+
+
 def test_an_error_inside_a_list_item_names_the_full_key(tmp_path):
     """The full path, not the item's own key ('lr'): the path is what the user edits."""
     stages = "[{start_step: 0, batch_size: 8, lr: 0.1}, {start_step: 10, batch_size: 8, lr: abc}]"

@@ -15,11 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from convsts.ray_jobs.runtime.ray_start import PREEMPTION_WATCHER_ENV
 from testkit.local_cluster import kill_node, mlflow_server, node_processes, ray_head, ray_worker_node
 from testkit.s3_server import keys, s3_endpoint
 from testkit.tiny import TINY_DAN
-
-from convsts.ray_jobs.runtime.ray_start import PREEMPTION_WATCHER_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "convsts"]

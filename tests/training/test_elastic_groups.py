@@ -1,6 +1,6 @@
 """Elastic task groups (trainer.num_workers=[MIN, MAX]), the Ray-free parts: the config's rules, the
 check that MIN fits and how many fit now, the task split and data positions at a new size, the
-generators seeded for it, and the one line a resize prints. tests/cluster/multinode/test_elastic.py runs
+generators seeded for it, and the one line a resize prints. tests/cluster/elastic/test_elastic.py runs
 a real elastic group on a multi-node cluster."""
 
 from pathlib import Path
@@ -11,10 +11,10 @@ import torch
 from convsts.io.errors import ConfigError
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.resources import check_training_fits, elastic_size, workers_that_fit
-from convsts.ray_jobs.training.loop import saved_plan
+from convsts.ray_jobs.training.loop import WORKERS_METRIC, saved_plan
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
 from convsts.ray_jobs.training.train_state import TrainState, set_rng_state
-from convsts.ray_jobs.training.worker import resize_line
+from convsts.ray_jobs.training.worker import previous_size, ray_restart, resize_line
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "configs" / "demo_dan.yaml"
@@ -145,6 +145,26 @@ def test_a_resize_is_one_line_saying_from_to_why_and_the_split():
     assert "from 1 to 2 at step 520 (more workers fit: Ray's resize check found room)" in grew
     resumed = resize_line(2, plan_for(cfg.trainer, 3), 40, by_ray=False)
     assert "(this run's trainer.num_workers)" in resumed
+
+
+def test_a_group_started_again_before_its_first_checkpoint_is_a_restart_that_knows_its_last_size(mlflow_uri):
+    """Ray Train starts a group again without a checkpoint when it loses a worker before the first
+    one: the run's own steps are already logged (the group's size with each), so this start is a
+    restart from step 0 that follows a group of that size; a first start's run holds only what the
+    driver logged before the fit."""
+    from convsts.ray_jobs.tracking import runs as tracking
+
+    client = tracking.client(mlflow_uri)
+    experiment = client.create_experiment("restart-before-checkpoint")
+    run_id = client.create_run(experiment).info.run_id
+    loop_config = {"tracking_uri": mlflow_uri, "run_id": run_id}
+    tracking.log_metrics(mlflow_uri, run_id, {"data/reddit_train_pairs": 100})  # the driver's, before the fit
+    assert not ray_restart(loop_config, checkpoint=None)
+    assert previous_size(loop_config, None, restarted=False) is None
+    tracking.log_metrics(mlflow_uri, run_id, {WORKERS_METRIC: 3, "reddit/loss": 4.8}, 10)  # the first group's step
+    assert ray_restart(loop_config, checkpoint=None)
+    assert previous_size(loop_config, None, restarted=True) == 3
+    assert ray_restart({}, checkpoint=object())  # from a checkpoint Ray registered
 
 
 def test_a_sweep_with_an_elastic_group_is_refused_in_one_line_before_any_work(tmp_path):

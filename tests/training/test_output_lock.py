@@ -80,4 +80,21 @@ def test_a_decorated_run_holds_its_out_dir_from_start_to_end(tmp_path):
 
     assert run(None, fresh=True, out_dir=tmp_path / "o") == "demo"  # out_dir found by name, as a keyword too
     assert run(None, tmp_path / "o") == "demo"
-    assert list((tmp_path / "o").iterdir()) == []
+    assert not (tmp_path / "o").exists()  # made for the run, left empty: gone with its lock
+
+
+def test_a_refused_run_leaves_no_folder_it_made_and_keeps_every_folder_that_was_there(tmp_path):
+    """The folders made for the lock go with it when the run leaves them empty (a refusal); a folder
+    that was there, or one the run wrote into, stays."""
+    nested = tmp_path / "runs" / "a" / "out"
+    with pytest.raises(RuntimeError), output_lock(nested, "train"):
+        assert nested.is_dir()
+        raise RuntimeError("refused")
+    assert list(tmp_path.iterdir()) == []
+    with output_lock(nested, "train"):
+        (nested / "train.json").write_text("{}")
+    assert [p.name for p in nested.iterdir()] == ["train.json"]
+    (tmp_path / "kept").mkdir()
+    with output_lock(tmp_path / "kept", "train"):
+        pass
+    assert (tmp_path / "kept").is_dir()

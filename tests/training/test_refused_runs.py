@@ -356,6 +356,41 @@ def test_a_checkpoint_that_does_not_fit_names_the_file_and_leaves_no_part_of_it(
     assert list((tmp_path / "ckpt").iterdir()) == []
 
 
+def test_a_linked_checkpoint_folder_takes_the_final_checkpoint_and_fresh_removes_only_the_link(tmp_path, caplog):
+    """OUT/checkpoint a link to a folder on another disk: the final copy of a run that goes on is
+    placed whole into the folder the link points to (the link stays, nothing is left beside either);
+    `--fresh` removes OUT's outputs all together and the link as a link, keeping the folder it points to."""
+    import logging
+    from pathlib import Path
+
+    from ray.train import Checkpoint
+
+    from convsts.models.checkpoint import checkpoint_owner
+    from convsts.ray_jobs.training.driver import _copy_whole
+    from convsts.ray_jobs.training.lineage import decide_start, remove_earlier_outputs
+
+    out, elsewhere = tmp_path / "out", tmp_path / "disk" / "kept"
+    tiny_checkpoint(elsewhere)  # step 3
+    out.mkdir()
+    (out / "checkpoint").symlink_to(elsewhere, target_is_directory=True)
+    (out / "train.json").write_text("{}")
+    newer = tiny_checkpoint(tmp_path / "ray" / "checkpoint_850", embedding_dim=5)
+    _copy_whole(Checkpoint.from_directory(str(newer)), out / "checkpoint")
+    assert (out / "checkpoint").is_symlink() and (out / "checkpoint").resolve() == elsewhere.resolve()
+    assert sorted(p.name for p in elsewhere.iterdir()) == sorted(p.name for p in Path(newer).iterdir())
+    assert (elsewhere / "model.safetensors").read_bytes() == (Path(newer) / "model.safetensors").read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "train.json"]  # no stray link or copy
+    assert [p.name for p in elsewhere.parent.iterdir()] == ["kept"]
+    with caplog.at_level(logging.INFO, logger="convsts"):
+        remove_earlier_outputs(decide_start(out, load_config(None, []), fresh=True))
+    assert list(out.iterdir()) == []
+    assert checkpoint_owner(elsewhere).step == 3  # the folder the link pointed to, whole
+    said = [r.getMessage() for r in caplog.records if "was a link" in r.getMessage()]
+    assert said == [
+        f"--fresh: {out / 'checkpoint'} was a link: the link removed, the folder it points to kept ({elsewhere.resolve()})"
+    ]
+
+
 def test_the_final_checkpoint_is_placed_whole_or_not_at_all(tmp_path):
     """A copy that fails half-way (here: no file over 4 kB may be written, RLIMIT_FSIZE's soft limit,
     so the 64 kB weights fail as on a full disk) leaves the earlier checkpoint whole and nothing beside
@@ -523,3 +558,41 @@ def test_a_resume_that_changes_settings_outside_the_checks_names_them_in_one_lin
         with caplog.at_level(logging.INFO, logger="convsts"):
             check_resumable(load_config(None, [*model, *overrides, f"trainer.resume_from={checkpoint}"]))
         assert [r.getMessage() for r in caplog.records if "other settings" in r.getMessage()] == said
+
+
+def test_a_resume_on_other_data_is_refused_before_a_missing_task_is_prepared_or_ray_starts(tmp_path):
+    """A resume whose prepared Reddit data is not what its checkpoint was trained on, into a folder
+    that lacks the SNLI data: refused in one line before the missing task is prepared (which can be a
+    full prepare of the paper's data), before Ray starts (this tier fails a test that starts it), and
+    before OUT or the MLflow store exists."""
+    import shutil
+
+    from testkit.tiny import SAMPLE_PREPARE, TINY_DAN
+
+    from convsts.models.checkpoint import build_model, save_checkpoint
+    from convsts.ray_jobs.pipelines.inputs import ensure_prepared, prepare_all
+    from convsts.ray_jobs.training.data_feed import build_tokenizer
+    from convsts.ray_jobs.training.driver import run_training
+
+    prepared, out, store = tmp_path / "prepared", tmp_path / "runs" / "out", tmp_path / "mlflow.db"
+    cfg = load_config(None, [*TINY_DAN, "trainer.steps=4"])
+    prepare_all(load_config(None, SAMPLE_PREPARE), str(prepared))
+    tokenizer = build_tokenizer(cfg, str(prepared))
+    shutil.rmtree(prepared / "snli")  # a task this folder lacks
+    checkpoint = save_checkpoint(
+        tmp_path / "checkpoint",
+        build_model(cfg.model, tokenizer),
+        tokenizer,
+        cfg.to_dict(),
+        train_state={"step": 2},
+        provenance={"data": {"reddit": "the digest of other data"}},
+    )
+    resumed = load_config(None, [*TINY_DAN, "trainer.steps=4", f"trainer.resume_from={checkpoint}"])
+    with pytest.raises(
+        ConfigError, match="the prepared reddit data differs from the data the checkpoint was trained on"
+    ):
+        run_training(
+            resumed, out, prepared_dir=prepared, mlflow_uri=f"sqlite:///{store}", prepare_missing=ensure_prepared
+        )
+    assert not (prepared / "snli").exists() and not store.exists()
+    assert not out.exists() and not out.parent.exists()  # the folders made for the run went with its refusal

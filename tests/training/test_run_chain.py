@@ -315,3 +315,82 @@ def test_a_link_under_another_storage_path_is_not_looked_at_and_says_so(tmp_path
         "are not looked at: they are under another trainer.storage_path than this run's "
         "(trainer.storage_path=s3://convsts-chain/elsewhere)"
     ]
+
+
+def test_a_damaged_newest_checkpoint_falls_back_like_a_missing_file_and_a_named_one_stays_refused(
+    tmp_path, where, caplog
+):
+    """--resume latest takes a checkpoint whose file differs from its manifest's sha256 (bytes flipped
+    in place: its size unchanged) as it takes one missing a file: skipped in one line saying which and
+    why, and the run's next older complete checkpoint resumed; `--resume` naming it is refused."""
+    from convsts.ray_jobs.training.start_checks import check_initial_weights
+
+    out, source = tmp_path / "out", tmp_path / "src"
+    a = _run(out, where, "run-a", [10, 20, 30], source)
+    weights = storage.join(a[-1], "model.safetensors")
+    data = bytearray(storage.read_bytes(weights))
+    data[-16:] = bytes(255 - b for b in data[-16:])
+    storage.write_bytes(weights, bytes(data))
+    storage.delete_file(storage.join(a[-2], "model.safetensors"))  # the one before: a file missing
+    with caplog.at_level(logging.INFO, logger="convsts"):
+        start = decide_start(out, _latest(where))
+    assert (start.resume_from, start.continues) == (a[0], "run-a")
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned[0] == (
+        f"{a[-1]}: skipped, its model.safetensors differs from its manifest's sha256 (replaced or damaged after "
+        "it was written)"
+    ), warned
+    assert warned[1].startswith(f"{a[-2]}: skipped, not a complete checkpoint (") and len(warned) == 2, warned
+    named = load_config(None, ["name=long", f"trainer.resume_from={a[-1]}"])
+    named.trainer.storage_path = where.trainer.storage_path
+    with pytest.raises(BadInputError, match="model.safetensors differs from its manifest's sha256"):
+        check_initial_weights(decide_start(out, named).config(named))
+
+
+def test_an_older_checkpoint_resumed_with_other_settings_logs_the_steps_after_it_and_supersedes_the_rest(
+    tmp_path, mlflow_uri, caplog
+):
+    """The chain logged to step 100; checkpoint-10 resumed with another learning rate (a new
+    trajectory): the history is the chain's up to step 10 only, the run logs every step after it, and
+    the chain's runs that logged past it are tagged superseded there by the new run. The same
+    checkpoint with only trainer.steps raised goes on as its run would have: the chain's steps stay
+    history (the chain test's run F)."""
+    from convsts.ray_jobs.training.lineage import SUPERSEDED_TAG, mark_superseded
+    from convsts.ray_jobs.training.start_checks import history_until
+    from convsts.ray_jobs.training.worker import worker_hooks
+
+    out, source = tmp_path / "out", tmp_path / "src"
+    client = tracking.client(mlflow_uri)
+    experiment = client.create_experiment("older-checkpoint-other-settings")
+    first, second, new = (client.create_run(experiment).info.run_id for _ in range(3))
+    cfg = load_config(None, ["name=long"])
+    a = _run(out, cfg, first, [10, 20], source)
+    _run(out, cfg, second, [60], source, chain=read_chain(out))
+    for step in range(5, 101, 5):  # the chain's losses: the first run to 30, the second from 25 on
+        tracking.log_metrics(mlflow_uri, first if step <= 30 else second, {"reddit/loss": 1.0 / step}, step)
+    same = load_config(None, ["name=long", "trainer.steps=200", f"trainer.resume_from={a[0]}"])
+    assert history_until(same) is None
+    other = load_config(
+        None, ["name=long", "trainer.stages=[{start_step: 0, batch_size: 128, lr: 0.5}]", f"trainer.resume_from={a[0]}"]
+    )
+    assert history_until(other) == 10
+    start = decide_start(out, other)
+    assert start.continues == first and start.earlier_runs == (first, second)
+    assert mark_superseded(mlflow_uri, new, start, 10) == [first, second]
+    for run_id in (first, second):
+        tags = client.get_run(run_id).data.tags
+        assert tags[SUPERSEDED_TAG] == "10" and tags["convsts.superseded_by"] == new
+    # The new run's hooks log every step after 10; before it, none.
+    loop_config = {"tracking_uri": mlflow_uri, "run_id": new, "continues": first, "earlier_runs": start.earlier_runs}
+    hooks = worker_hooks(
+        {**loop_config, "history_until": 10}, load_config(None, ["trainer.eval_every=0"]), None, None, 0
+    )
+    for step in (10, 15, 30, 95):
+        hooks.log({"reddit/loss": 2.0}, step)
+    assert sorted(m.step for m in client.get_metric_history(new, "reddit/loss")) == [15, 30, 95]
+    # Without a new trajectory the chain's steps are history: none logged again.
+    again = client.create_run(experiment).info.run_id
+    hooks = worker_hooks({**loop_config, "run_id": again}, load_config(None, ["trainer.eval_every=0"]), None, None, 0)
+    for step in (15, 95, 105):
+        hooks.log({"reddit/loss": 2.0}, step)
+    assert [m.step for m in client.get_metric_history(again, "reddit/loss")] == [105]

@@ -2,9 +2,11 @@
 a head of one CPU and worker nodes of two; the driver is `convsts train` joined through
 RAY_ADDRESS. A lost machine is a worker node's raylet killed with SIGKILL, everything under it
 too, and no replacement joins until the group has shrunk to one worker; then one node joins and
-the group grows at Ray's next resize check. Covered: the run finishes every step, each step logged
-once across the restarts, the losses going on from each checkpoint (never from step 0), each
-resize said in one line and the group's size logged as train/workers."""
+the group grows at Ray's next resize check. The first node is lost before the run's first
+checkpoint: the smaller group starts again from step 0. Covered: the run finishes every step, each
+step logged once across the restarts (those before the first checkpoint too), every later restart
+going on from a checkpoint, each resize said in one line and the group's size logged as
+train/workers."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from testkit.local_cluster import poll_until
 from testkit.multinode import BUCKET, CLI, REPO, training_hosts
 from testkit.tiny import TINY_DAN
 
-STEPS, EVERY, LOG = 1200, 40, 10
+# A tiny step takes about 0.1 s on this cluster: the first checkpoint comes seven log windows after
+# the first logged step, time enough to lose a node in between.
+STEPS, EVERY, LOG = 1200, 80, 10
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +37,14 @@ def _past_checkpoints(client, run_id: str, size: int) -> list[int]:
     steps = sorted(s for s, n in _workers_at(client, run_id).items() if n == size)
     first = steps[0] // EVERY if steps else 0
     return steps if any(s // EVERY >= max(first + 1, 2) and s % EVERY >= LOG for s in steps) else []
+
+
+def _before_the_first_checkpoint(client, run_id: str, size: int) -> list[int]:
+    """The steps logged at `size` workers, once there is one and the run is still a log window short
+    of its first checkpoint; fails once the run has gone past it (the loss would come too late)."""
+    steps = sorted(s for s, n in _workers_at(client, run_id).items() if n == size)
+    assert not steps or steps[-1] < EVERY, f"the run passed its first checkpoint before a node was lost: {steps}"
+    return steps if steps and steps[-1] <= EVERY - 2 * LOG else []
 
 
 def _wait_for(what, check, proc: subprocess.Popen):
@@ -78,17 +90,25 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
         run_id = _wait_for("the run's MLflow id", lambda: _run_id(client, out), proc)
         sizes_seen = []
         for expected in range(top, 1, -1):  # lose a node that hosts a task worker at each size, no replacement
-            at = _wait_for(
-                f"steps past a checkpoint at {expected} workers",
-                partial(_past_checkpoints, client, run_id, expected),
-                proc,
-            )
+            if expected == top:  # before the run's first checkpoint: the group starts again from step 0
+                at = _wait_for(
+                    f"a step at {expected} workers before the first checkpoint",
+                    partial(_before_the_first_checkpoint, client, run_id, expected),
+                    proc,
+                )
+            else:
+                at = _wait_for(
+                    f"steps past a checkpoint at {expected} workers",
+                    partial(_past_checkpoints, client, run_id, expected),
+                    proc,
+                )
             sizes_seen.append((expected, at))
             hosts = training_hosts(cluster)
             assert hosts, "no worker node hosts a task worker"
             cluster.lose(hosts[0])
-        _wait_for("steps at 1 worker", lambda: 1 in _workers_at(client, run_id).values(), proc)
-        cluster.add_node(2)  # room again: the group grows at Ray's next resize check
+        # Room again once the single worker has checkpointed: the group grows at Ray's next resize check.
+        _wait_for("steps past a checkpoint at 1 worker", partial(_past_checkpoints, client, run_id, 1), proc)
+        cluster.add_node(2)
         log = proc.communicate(timeout=900)[0]
     finally:
         if proc.poll() is None:
@@ -101,8 +121,8 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
     for before, after in [*((n, n - 1) for n in range(top, 1, -1)), (1, 2)]:
         assert f"worker group resized from {before} to {after} at step" in log, log[-5000:]
     assert "a worker or its node was lost" in log and "Ray's resize check found room" in log
-    # Every logged step once, none missing, across the restarts; the losses go on from each
-    # checkpoint (every restart starts at a checkpoint's step, never at 0).
+    # Every logged step once, none missing, across the restarts; the first restart (before any
+    # checkpoint) starts again from step 0, every later one at a checkpoint's step.
     expected_steps = set(range(LOG, STEPS + 1, LOG))
     for name in ("reddit/loss", "snli/loss", "train/workers"):
         points = client.get_metric_history(run_id, name)
@@ -112,7 +132,10 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
         at_two_or_more = {s for s in expected_steps if workers[s] >= 2}
         assert set(steps) >= (expected_steps if name != "snli/loss" else at_two_or_more), (name, sorted(steps))
     starts = [int(line.rsplit("start step ", 1)[1].split()[0]) for line in log.splitlines() if "start step " in line]
-    assert starts[0] == 0 and len(starts) >= top + 1 and all(s > 0 and s % EVERY == 0 for s in starts[1:]), starts
+    assert starts[:2] == [0, 0] and len(starts) >= top + 1, starts
+    assert all(s > 0 and s % EVERY == 0 for s in starts[2:]), starts
+    restarts = [int(m.value) for m in client.get_metric_history(run_id, "train/restarted_at_step")]
+    assert sorted(restarts) == sorted(starts[1:]), (restarts, starts)
     finished = json.loads((out / "train.json").read_text())
     assert json.loads((out / "checkpoint" / "config.json").read_text())["step"] == STEPS
     assert client.get_run(run_id).info.status == "FINISHED" and finished["mlflow_run_id"] == run_id
