@@ -26,6 +26,10 @@ else
   .venv/bin/pip install -q "${links[@]}" -r requirements.lock
   .venv/bin/pip install -q --no-deps -e .
 fi
+# The project's own modules compiled too (an editable install compiles none, and PYTHONDONTWRITEBYTECODE
+# may keep Python from writing them): every Ray worker that unpickles a convsts function imports them.
+# A module edited later is compiled in memory again, as Python checks each .pyc against its source.
+.venv/bin/python -m compileall -q -j 0 convsts ray_jobs models datasets tune_spaces tests >/dev/null
 rm -f .venv/.convsts-*
 touch "$stamp"
 echo "[bootstrap] done"
