@@ -508,16 +508,18 @@ def load_weights(model: MultitaskModel, path: str | Path) -> HeadChanges:
     return changes
 
 
-def load_train_state(path: str | Path) -> dict[str, Any] | None:
+def load_train_state(path: str | Path, mapped: bool = False) -> dict[str, Any] | None:
     """A checkpoint's optimizer state, step and data position (tensors and plain values only: a
-    pickle never runs), None where it has none; BadInputError for a damaged or foreign file."""
+    pickle never runs), None where it has none; BadInputError for a damaged or foreign file.
+    `mapped`: its tensors mapped from the file, read only where used (a check of it reads none: an
+    optimizer state can be gigabytes)."""
     import torch
 
     file = checkpoint_folder(path) / TRAIN_STATE_FILE
     if not file.is_file():
         return None
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=mapped)
     except Exception as err:  # cut, corrupt, or holding objects weights_only refuses to build
         raise BadInputError(
             f"{file}: not a train state this version reads ({type(err).__name__}); the checkpoint is damaged "

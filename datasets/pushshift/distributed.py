@@ -21,11 +21,11 @@ from convsts.datasets.pushshift.steps import (
     cut_again,
     cut_ways,
     key_ranges,
-    later_lines_of,
     pairs_manifest,
     partition_pairs,
     partition_slices,
     partitioned_comments,
+    repeated_lines_of,
     ruled_chunks,
     say_recut,
     spill_partitions,
@@ -49,7 +49,7 @@ PIECE_BYTES = 64 << 20  # decompressed bytes of a dump per task, where whole dum
 # Arrow's parser threads): dumps are cut into pieces only where the CPUs outnumber that.
 WHOLE_READ_CPUS = 2
 TASK_PARTITION_BYTES = 256 << 20  # input bytes (as stored) per partition of the distributed path, at first
-KINDS = ("key", "node", "edge")  # what a read task hands over per partition: ids, possible parents, replies
+PARTITION_TABLES = ("key", "node", "edge")  # what a read task hands over per partition: ids, possible parents, replies
 
 
 def read_partitioned(
@@ -90,11 +90,11 @@ def _read_piece(piece: tuple[int, bytes], rank: int, cfg: RedditFilterConfig, pa
 def partitioned_chunks(chunks: Iterable[Any], parts: int, flush_bytes: int) -> Iterator[Any]:
     """Ruled chunks of one input (ruled_chunks) cut into `parts` hash partitions
     (partitioned_comments): every `flush_bytes` of rows and at the end (at least once), 3 x `parts`
-    tables in a fixed order (KINDS, each partition 0..parts-1; None for one without rows): "key", the
+    tables in a fixed order (PARTITION_TABLES, each partition 0..parts-1; None for one without rows): "key", the
     node rows' (id, order) alone, for the repeated ids; "node"; "edge". Then the counts: (lines read,
     malformed lines, the first MAX_EXAMPLES of them, the largest table's bytes, each partition's
     node and edge bytes)."""
-    held: dict[tuple[str, int], list] = {}
+    buffered: dict[tuple[str, int], list] = {}
     size, largest, lines_read, malformed_lines, examples, flushed = 0, 0, 0, 0, list[int](), False
     part_bytes = [0] * parts
     for chunk in chunks:
@@ -103,35 +103,35 @@ def partitioned_chunks(chunks: Iterable[Any], parts: int, flush_bytes: int) -> I
         malformed_lines, examples = malformed_lines + malformed, examples + orders
         for kind, table, part in partitioned_comments(chunk, parts):
             for p, rows in partition_slices(table, part, parts):
-                held.setdefault((kind, p), []).append(rows)
+                buffered.setdefault((kind, p), []).append(rows)
                 if kind == "node":
-                    held.setdefault(("key", p), []).append(rows.select(["id", "order"]))
+                    buffered.setdefault(("key", p), []).append(rows.select(["id", "order"]))
                 size += rows.nbytes
                 part_bytes[p] += rows.nbytes
         if size >= flush_bytes:
-            largest = max(largest, max(sum(t.nbytes for t in tables) for tables in held.values()))
-            yield from _flush(held, parts)
-            held, size, flushed = {}, 0, True
-    if held or not flushed:
-        largest = max([largest, *(sum(t.nbytes for t in tables) for tables in held.values())])
-        yield from _flush(held, parts)
+            largest = max(largest, max(sum(t.nbytes for t in tables) for tables in buffered.values()))
+            yield from _flush(buffered, parts)
+            buffered, size, flushed = {}, 0, True
+    if buffered or not flushed:
+        largest = max([largest, *(sum(t.nbytes for t in tables) for tables in buffered.values())])
+        yield from _flush(buffered, parts)
     yield lines_read, malformed_lines, examples, largest, part_bytes
 
 
-def _flush(held: dict[tuple[str, int], list], parts: int) -> Iterator[Any]:
-    """3 x `parts` tables, KINDS in order, each partition 0..parts-1 (None for one with no rows),
+def _flush(buffered: dict[tuple[str, int], list], parts: int) -> Iterator[Any]:
+    """3 x `parts` tables, PARTITION_TABLES in order, each partition 0..parts-1 (None for one with no rows),
     each one chunk: Ray serializes a table buffer by buffer, so the slices of every chunk read since
     the last hand-over would cost several times the copy that joins them."""
-    for kind in KINDS:
+    for kind in PARTITION_TABLES:
         for p in range(parts):
-            yield pa.concat_tables(held[kind, p]).combine_chunks() if (kind, p) in held else None
+            yield pa.concat_tables(buffered[kind, p]).combine_chunks() if (kind, p) in buffered else None
 
 
 def _read_tasks(
     paths: Sequence[str], cfg: RedditFilterConfig, parts: int, flush_bytes: int, piece_bytes: int, cpus: int
 ) -> Iterator[list]:
     """Each read task's refs, the inputs in order and a dump's pieces in line order: its tables (3 x
-    `parts` per hand-over, KINDS in order), then its counts. A read task per dump; where the
+    `parts` per hand-over, PARTITION_TABLES in order), then its counts. A read task per dump; where the
     cluster's `cpus` outnumber WHOLE_READ_CPUS a dump (whole dumps would leave CPUs idle), each dump
     is cut into pieces of `piece_bytes` (_cut_dump, a task that decompresses and holds a tenth of a
     CPU) parsed by a task each, at most 2 x `cpus` pieces at a time. Not on fewer CPUs: the pieces
@@ -149,22 +149,22 @@ def _read_tasks(
     # Ray's private option (the stubs do not list it): the cutter waits while `cpus` pieces are not taken.
     backpressure: dict[str, Any] = {"_generator_backpressure_num_objects": cpus}
     cut = ray.remote(num_returns="streaming", num_cpus=0.1, **backpressure)(_cut_dump)
-    parse = ray.remote(num_returns=len(KINDS) * parts + 1)(_read_piece)
+    parse = ray.remote(num_returns=len(PARTITION_TABLES) * parts + 1)(_read_piece)
     cutters = [cut.remote(path, piece_bytes) for path in paths]
     running: list = []
     pieces = 0
     for path, cutter in zip(paths, cutters):
-        held: Any = None  # a piece is handed to a task once the next item comes: the last is the end or an error
+        previous: Any = None  # a piece is handed to a task once the next item comes: the last is the end or an error
         for item in cutter:  # type: ignore[attr-defined]  # a streaming generator's refs (the stubs: one ref)
-            if held is not None:
+            if previous is not None:
                 if len(running) >= 2 * cpus:
                     running = ray.wait(running, num_returns=1)[1]
-                refs: list = parse.remote(held, ranked.index(path), cfg, parts)  # type: ignore[assignment]  # num_returns > 1: a list
+                refs: list = parse.remote(previous, ranked.index(path), cfg, parts)  # type: ignore[assignment]  # num_returns > 1: a list
                 running.append(refs[-1])
                 pieces += 1
                 yield refs
-            held = item
-        ray.get(held)  # the end mark, or the read's error raised here, before a task is given it
+            previous = item
+        ray.get(previous)  # the end mark, or the read's error raised here, before a task is given it
     log.info("reddit: %d file(s) on %d CPUs, read in %d pieces", len(paths), cpus, pieces)
 
 
@@ -198,27 +198,27 @@ def _within_budget(handed: dict[str, list[list]], sizes: list[int], part_bytes: 
     return out
 
 
-def _later_task(*keys):
+def _repeated_lines_task(*keys):
     """One partition's (id, order) rows, from every read task: (the orders of its later lines of a
     repeated id, its comments)."""
     kept = [k for k in keys if k is not None]
     if not kept:
         return pa.array([], pa.int64()), 0
     table = pa.concat_tables(kept)
-    return later_lines_of(table), table.num_rows
+    return repeated_lines_of(table), table.num_rows
 
 
 SPLITS = ("train", "test")
 
 
-def _pairs_task(test_share: float, salt: str, ranges: int, later, nodes: list, *edges) -> list[Any]:
+def _pairs_task(test_share: float, salt: str, ranges: int, repeats, nodes: list, *edges) -> list[Any]:
     """One partition's replies joined to its possible parents: [its counts, its pairs' rows in each
     key range ({split: [rows of range 0..ranges-1]}), then the train pairs by key range
     0..ranges-1, then the test pairs by range (None where a range has none)]. `nodes`: the
     partition's node tables (refs inside a list: fetched here, after the edges)."""
     import ray
 
-    counts, pairs = partition_pairs(list(edges), lambda: ray.get(nodes), later, test_share, salt)
+    counts, pairs = partition_pairs(list(edges), lambda: ray.get(nodes), repeats, test_share, salt)
     sizes: dict[str, list[int]] = {}
     tables: list[Any] = []
     for split in SPLITS:
@@ -332,21 +332,21 @@ def prepare_distributed(
     import ray
 
     ranked, started = sorted(paths), time.monotonic()
-    handed: dict[str, list[list]] = {kind: [[] for _ in range(parts)] for kind in KINDS}
+    handed: dict[str, list[list]] = {kind: [[] for _ in range(parts)] for kind in PARTITION_TABLES}
     stats = []
     for refs in _read_tasks(paths, cfg, parts, flush_bytes, piece_bytes, cpus):
         for i, ref in enumerate(refs[:-1]):
-            handed[KINDS[(i // parts) % len(KINDS)]][i % parts].append(ref)
+            handed[PARTITION_TABLES[(i // parts) % len(PARTITION_TABLES)]][i % parts].append(ref)
         stats.append(refs[-1])
     read = ray.get(stats)  # a read that failed (a truncated file) raises here, before a word of what follows
     log.info("reddit: %d file(s) read and partitioned in %.1f s", len(paths), time.monotonic() - started)
-    found = [ray.remote(num_returns=2)(_later_task).remote(*handed["key"][p]) for p in range(parts)]
-    later = ray.put(pa.concat_arrays([pa.array([], pa.int64()), *ray.get([f[0] for f in found])]))
+    found = [ray.remote(num_returns=2)(_repeated_lines_task).remote(*handed["key"][p]) for p in range(parts)]
+    repeats = ray.put(pa.concat_arrays([pa.array([], pa.int64()), *ray.get([f[0] for f in found])]))
     log.info("reddit: repeated ids found in %.1f s", time.monotonic() - started)
     jobs = _within_budget(handed, [sum(r[4][p] for r in read) for p in range(parts)], part_bytes)
     ranges = len(jobs)  # key ranges, a write task each: as many as the joins, each about a join's rows
     pairs_task = ray.remote(num_returns=2 + 2 * ranges)(_pairs_task)
-    joined = [pairs_task.remote(test_share, salt, ranges, later, nodes, *edges) for nodes, edges in jobs]
+    joined = [pairs_task.remote(test_share, salt, ranges, repeats, nodes, *edges) for nodes, edges in jobs]
 
     manifest = _distributed_manifest(read, ray.get([j[0] for j in joined]), ranked)
     log.info(

@@ -26,11 +26,11 @@ from convsts.datasets.pushshift.steps import (
     cut_again,
     cut_ways,
     key_ranges,
-    later_lines_of,
     pairs_manifest,
     partition_pairs,
     partition_slices,
     partitioned_comments,
+    repeated_lines_of,
     ruled_chunks,
     say_recut,
     without_malformed,
@@ -124,15 +124,15 @@ class Spill:
         """One partition of `kind` read for the last time: its file removed (the spill's disk peak)."""
         (self.folder / f"{kind}-{part}.arrow").unlink(missing_ok=True)
 
-    def later_lines(self):
+    def repeated_lines(self):
         """The orders of the lines whose comment id was on an earlier line too (an Arrow array): the
         duplicates. Memory: one partition's (id, order), and the repeated lines."""
-        later = [pa.array([], pa.int64())]
+        repeats = [pa.array([], pa.int64())]
         for part in range(self.parts):
             nodes = self.read("node", part)
             if nodes is not None:
-                later.append(later_lines_of(nodes))
-        return pa.concat_arrays(later)
+                repeats.append(repeated_lines_of(nodes))
+        return pa.concat_arrays(repeats)
 
     def write_split(self, split: str, out_dir: str | Path, rows: int, rows_per_shard: int) -> list:
         """The pairs of `split` as its shards, range after range, each range sorted by its key."""
@@ -212,7 +212,7 @@ def prepare_local(
         spill = Spill(Path(folder), parts)
         read = _spill_comments(spill, paths, cfg)
         counts: list[dict] = []
-        later = spill.later_lines()
+        repeats = spill.repeated_lines()
         todo: list[tuple[int | str, int]] = [(part, 0) for part in range(spill.parts)]  # (partition, its cuts)
         recut = 0
         while todo:
@@ -224,7 +224,7 @@ def prepare_local(
                 recut += 1
                 continue
             part_counts, pairs = partition_pairs(
-                [spill.read("edge", part)], functools.partial(spill.read_all, "node", part), later, test_share, salt
+                [spill.read("edge", part)], functools.partial(spill.read_all, "node", part), repeats, test_share, salt
             )
             spill.drop("node", part)
             spill.drop("edge", part)

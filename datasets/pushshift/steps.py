@@ -122,7 +122,7 @@ def partition_slices(table, part: np.ndarray, parts: int) -> Iterator[tuple[int,
         yield p, table.slice(edges[p], edges[p + 1] - edges[p])
 
 
-def later_lines_of(nodes):
+def repeated_lines_of(nodes):
     """The orders of one node partition's lines whose comment id was on an earlier line too."""
     nodes = nodes.select(["id", "order"])
     firsts = nodes.group_by("id").aggregate([("order", "min"), ("order", "count")])
@@ -133,16 +133,16 @@ def later_lines_of(nodes):
     return repeated.filter(pc.not_equal(repeated["order"], repeated["order_min"]))["order"].combine_chunks()
 
 
-def parents_of(nodes, later):
+def parents_of(nodes, repeats):
     """A node partition's comments that can be a parent (not a later line of a repeated id)."""
-    parents = nodes.filter(pc.invert(pc.is_in(nodes["order"], later)))
+    parents = nodes.filter(pc.invert(pc.is_in(nodes["order"], repeats)))
     return pa.table({"parent_key": parents["id"], "parent_status": parents["status"], "context": parents["body"]})
 
 
-def joined_pairs(edges, parents, later, test_share: float, salt: str):
+def joined_pairs(edges, parents, repeats, test_share: float, salt: str):
     """A partition's replies joined to their parents: ({(status, split): lines}, {split: pairs as
     WRITTEN_COLUMNS and ORDER_KEY})."""
-    status = pc.if_else(pc.is_in(edges["order"], later), DUPLICATE, edges["status"])
+    status = pc.if_else(pc.is_in(edges["order"], repeats), DUPLICATE, edges["status"])
     joined = edges.set_column(edges.schema.get_field_index("status"), "status", status)
     joined = joined.join(parents, "parent_key", join_type="left outer")
     statuses = reply_statuses(joined)
@@ -171,17 +171,18 @@ def joined_pairs(edges, parents, later, test_share: float, salt: str):
 NO_PARENTS = pa.table({name: pa.array([], pa.string()) for name in ("parent_key", "parent_status", "context")})
 
 
-def partition_pairs(edges: list, nodes: Callable[[], list], later, test_share: float, salt: str):
+def partition_pairs(edges: list, nodes: Callable[[], list], repeats, test_share: float, salt: str):
     """The pairs step of both engines: one partition's replies (its edge tables, None for none)
     joined to its possible parents (its node tables, fetched only where there are replies; a
     partition where no comment hashed has none: every reply's parent is missing): ({(status,
-    split): lines}, {split: pairs as WRITTEN_COLUMNS and ORDER_KEY}); ({}, {}) without replies."""
+    split): lines}, {split: pairs as WRITTEN_COLUMNS and ORDER_KEY}); ({}, {}) without replies.
+    `repeats`: the orders of every later line of a repeated comment id (repeated_lines_of)."""
     kept = [e for e in edges if e is not None]
     if not kept:
         return {}, {}
     found = [n for n in nodes() if n is not None]
-    parents = parents_of(pa.concat_tables(found), later) if found else NO_PARENTS
-    return joined_pairs(pa.concat_tables(kept), parents, later, test_share, salt)
+    parents = parents_of(pa.concat_tables(found), repeats) if found else NO_PARENTS
+    return joined_pairs(pa.concat_tables(kept), parents, repeats, test_share, salt)
 
 
 def pairs_manifest(reads: Iterable[tuple], part_counts: Iterable[dict], ranked: Sequence[str]) -> dict[str, Any]:

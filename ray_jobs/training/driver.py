@@ -15,7 +15,7 @@ from convsts.io import storage
 from convsts.io.dotted import flatten
 from convsts.io.folders import replaced_whole
 from convsts.io.redaction import redact
-from convsts.models.checkpoint import load_model, load_train_state, save_model_folder
+from convsts.models.checkpoint import load_train_state, read_model_files, save_model_folder
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.sts import read_stsb_split
 from convsts.ray_jobs.runtime.logs import log
@@ -36,7 +36,7 @@ from convsts.ray_jobs.training.lineage import (
     SUPERSEDED_TAG,
     TRAIN_SUMMARY,
     RunStart,
-    begin,
+    apply_start,
     decide_start,
     join_chain,
     mark_checkpoint,
@@ -109,7 +109,7 @@ def run_training(
         log.info("elastic worker group %s: %d fit on the cluster now", list(cfg.trainer.worker_range), fit_now)
     manifests, digests = _all_prepared(cfg, prepared, tasks, manifests, prepare_missing)
     # The actions
-    begin(out_dir, start, uri, run_id, redact(cfg.to_yaml()))
+    apply_start(out_dir, start, uri, run_id, redact(cfg.to_yaml()))
     own_run = run_id is None  # a run we start we also end; a caller's run (demo, tune) is theirs to end
     mlflow_run = _open_run(cfg, out_dir, uri, run_id, start)
     log.info("checkpoints: %s", redact(start.storage.uri))
@@ -192,7 +192,7 @@ def _train(
     train_rows = {n: datasets[n].count() for n in materialized}  # materialized: counting is free
     if train_rows:  # the SNLI-fraction sweep plots against data/snli_train_pairs
         tracking.log_metrics(uri, run_id, {f"data/{name}_train_pairs": n for name, n in train_rows.items()})
-    plan = _said_plan(cfg)
+    plan = _task_split(cfg)
     loop_config = {"run": cfg.to_dict(), "tokenizer": tokenizer.to_dict(), "datasets": sorted(datasets)}
     # Every step a run of OUT's chain logged is not logged again (a fallback to an older checkpoint too),
     # up to the checkpoint's step where this run takes a new trajectory from it (other settings).
@@ -201,14 +201,14 @@ def _train(
         tracking_uri=uri,
         run_id=run_id,
         continues=mlflow_run.continues,
-        earlier_runs=start.earlier_runs,
+        chain_run_ids=start.chain_run_ids,
         history_until=until,
     )
     loop_config["provenance"] = {"data": digests, "run_id": run_id}  # a checkpoint names the run that wrote it
     result = fit(cfg, location, loop_config, datasets, extra_callbacks, plan)
     final, best = _keep_checkpoints(cfg, result, out_dir)
     mode = (
-        (load_train_state(final) or {}).get("mode", plan.mode) if cfg.trainer.elastic else plan.mode
+        (load_train_state(final, mapped=True) or {}).get("mode", plan.mode) if cfg.trainer.elastic else plan.mode
     )  # the last group's
     seconds = time.time() - started
     tracking.log_metrics(uri, run_id, {"train/seconds": seconds}, cfg.trainer.steps)
@@ -236,7 +236,7 @@ def _train(
     return TrainResult(final, run_id, uri, seconds, mode, train_rows, model_dir)
 
 
-def _said_plan(cfg: RunConfig):
+def _task_split(cfg: RunConfig):
     """The task split at trainer.num_workers (an elastic group's MAX), said in one line; an elastic
     group's at MIN beside it (each group Ray starts is planned anew: task_split_data_config, the
     worker)."""
@@ -250,10 +250,11 @@ def _said_plan(cfg: RunConfig):
 
 
 def _tokenizer(cfg: RunConfig, prepared: str):
-    """The checkpoint's tokenizer when the run resumes or warm-starts, else one built from the data."""
+    """The checkpoint's tokenizer when the run resumes or warm-starts (its files read, not its
+    weights: those are the workers' to load), else one built from the data."""
     init = cfg.trainer.resume_from or cfg.trainer.warm_start
     if init:
-        tokenizer = load_model(init).tokenizer
+        tokenizer = read_model_files(init).tokenizer
         log.info("tokenizer and initial weights from %s", init)
     else:
         tokenizer = build_tokenizer(cfg, prepared)

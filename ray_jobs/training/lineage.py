@@ -12,7 +12,7 @@ checkpoint leaves every earlier link in place.
 
 A run's start is checks -> decision -> actions. `decide_start` is the decision, and reads only:
 start, continue checkpoint X (written by MLflow run R), or refuse in one line naming what it found;
-every choice it makes that the user did not spell out is one line. `begin` carries it out once
+every choice it makes that the user did not spell out is one line. `apply_start` carries it out once
 every check has passed. `--resume latest` is the newest complete checkpoint by step across the
 chain, OUT/checkpoint (a finished run's last) one candidate among them. The checkpoints of a run's
 folder are listed by convsts.models.checkpoint (complete_checkpoints: step from the folder's name,
@@ -113,7 +113,7 @@ class RunStorage(NamedTuple):
         return storage.join(self.root, self.name)
 
 
-class Counted(NamedTuple):
+class CheckpointCount(NamedTuple):
     """Complete checkpoints, and the highest step among them."""
 
     checkpoints: int
@@ -128,15 +128,15 @@ class RunStart:
     continues: str | None  # the MLflow run that wrote that checkpoint
     storage: RunStorage  # where its own checkpoints go
     chain: tuple[Link, ...] = ()  # the runs before it, kept in run.json before its own link
-    fresh_removes: tuple[Path, ...] = ()  # --fresh: OUT's earlier outputs, removed by `begin`
-    fresh_counts: Counted | None = None  # --fresh: the complete checkpoints it removes
+    fresh_removes: tuple[Path, ...] = ()  # --fresh: OUT's earlier outputs, removed by `apply_start`
+    fresh_counts: CheckpointCount | None = None  # --fresh: the complete checkpoints it removes
 
     def config(self, cfg: RunConfig) -> RunConfig:
         """The run config as this run trains it: trainer.resume_from the decided checkpoint."""
         return replace(cfg, trainer=replace(cfg.trainer, resume_from=self.resume_from))
 
     @property
-    def earlier_runs(self) -> tuple[str, ...]:
+    def chain_run_ids(self) -> tuple[str, ...]:
         """The MLflow runs of the chain before this run, oldest first, each once: every step they
         logged is not logged again."""
         return tuple(dict.fromkeys(k.run_id for k in self.chain))
@@ -296,7 +296,7 @@ def _finished_run(out_dir: Path) -> str | None:
         return None
 
 
-def _count_local(out_dir: Path) -> Counted:
+def _count_local(out_dir: Path) -> CheckpointCount:
     """What --fresh removes of OUT's complete checkpoints (OUT's final and best checkpoints, and
     every run folder in OUT/ray_results, recorded or not)."""
     paths = [out_dir / n for n in (FINAL_CHECKPOINT, BEST_FOLDER) if (out_dir / n).is_dir()]
@@ -304,7 +304,7 @@ def _count_local(out_dir: Path) -> Counted:
     local = out_dir / LOCAL_RESULTS
     for run in sorted(local.iterdir()) if local.is_dir() else []:
         steps += [c.step for c in complete_checkpoints(str(run))]
-    return Counted(len(steps), max(steps, default=None))
+    return CheckpointCount(len(steps), max(steps, default=None))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,7 +438,7 @@ def _older_complete(newest: Found) -> Found | None:
 
 
 def _fresh(out_dir: Path, location: RunStorage) -> RunStart:
-    """--fresh: OUT's earlier outputs, to be removed by `begin`, counted now (no link is read)."""
+    """--fresh: OUT's earlier outputs, to be removed by `apply_start`, counted now (no link is read)."""
     return RunStart("", None, location, (), tuple(run_outputs(out_dir)), _count_local(out_dir))
 
 
@@ -453,11 +453,11 @@ def _readable_chain(out_dir: Path) -> list[Link]:
 # The actions, once every check has passed
 
 
-def begin(out_dir: Path, start: RunStart, tracking_uri: str, own_run: str | None, config_yaml: str) -> None:
+def apply_start(out_dir: Path, start: RunStart, tracking_uri: str, own_run: str | None, config_yaml: str) -> None:
     """What a decided run does to OUT and MLflow before its MLflow run starts: the runs of OUT's
     chain (and of the checkpoint it continues, where that is in OUT) that a killed process left
     RUNNING end KILLED, --fresh removes OUT's earlier outputs, OUT/config.yaml is the config as run."""
-    runs = [k.run_id for k in _readable_chain(out_dir)] + list(start.earlier_runs)
+    runs = [k.run_id for k in _readable_chain(out_dir)] + list(start.chain_run_ids)
     if start.continues and not storage.is_uri(start.resume_from) and Path(start.resume_from).is_relative_to(out_dir):
         runs.append(start.continues)  # OUT's lock is ours: nobody logs there
     close_abandoned_runs(out_dir, tracking_uri, own_run, runs)
@@ -488,7 +488,7 @@ def mark_superseded(tracking_uri: str, run_id: str, start: RunStart, step: int) 
     tagged as superseded after it by `run_id` (a resume of the checkpoint of `step` with a new
     trajectory: it logs those steps itself); their ids."""
     superseded = []
-    for earlier in dict.fromkeys([start.continues, *start.earlier_runs]):
+    for earlier in dict.fromkeys([start.continues, *start.chain_run_ids]):
         if earlier and earlier != run_id and tracking.run_status(tracking_uri, earlier):
             if max(tracking.last_logged_steps(tracking_uri, earlier).values(), default=-1) > step:
                 tracking.set_tags(tracking_uri, earlier, {SUPERSEDED_TAG: str(step), "convsts.superseded_by": run_id})

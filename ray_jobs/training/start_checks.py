@@ -159,7 +159,7 @@ def check_resumable(cfg: RunConfig) -> None:
     differs = resume_mismatches(meta, cfg)
     if differs:
         raise ConfigError(f"cannot resume {redact(checkpoint)}: " + "; ".join(differs))
-    load_train_state(checkpoint)
+    load_train_state(checkpoint, mapped=True)  # readable; its tensors are the workers' to read
     other = other_settings(meta, cfg)
     if other:
         log.info("resuming %s with other settings than its run's: %s", redact(checkpoint), "; ".join(other))

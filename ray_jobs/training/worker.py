@@ -149,8 +149,8 @@ def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int) 
     # every step after it.
     logged: dict[str, int] = {}
     until = loop_config.get("history_until")
-    earlier_runs = [loop_config.get("continues"), *loop_config.get("earlier_runs", ()), run_id]
-    for earlier in dict.fromkeys(earlier_runs):
+    chain_run_ids = [loop_config.get("continues"), *loop_config.get("chain_run_ids", ()), run_id]
+    for earlier in dict.fromkeys(chain_run_ids):
         if uri and earlier:
             for key, step in tracking.last_logged_steps(uri, earlier).items():
                 if until is not None and earlier != run_id:

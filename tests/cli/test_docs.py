@@ -431,7 +431,7 @@ def test_every_python_block_runs_as_written(where, code, python_blocks):
 
 
 # A dotted name in backticks that starts at one of our packages (or a module of one) names code:
-# `training.driver._copy_whole`, `convsts.models.checkpoint.verified_folder`, `lineage.begin`.
+# `training.driver._copy_whole`, `convsts.models.checkpoint.verified_folder`, `lineage.apply_start`.
 CODE_ROOTS = ("convsts", "convsts.ray_jobs", "convsts.io", "convsts.models", "convsts.ray_jobs.training")
 FILE_SUFFIXES = (".json", ".py", ".md", ".yaml", ".safetensors", ".pt", ".png", ".csv", ".db", ".parquet", ".txt")
 PACKAGE_DIRS = {"convsts": REPO / "convsts", "io": REPO / "convsts" / "io", "datasets": REPO / "datasets",
@@ -508,7 +508,7 @@ def test_every_code_name_in_the_docs_exists():
     assert missing == [], missing
     # The check itself: what exists, what does not, what is not a name of our code.
     assert code_name_exists("training.driver._copy_whole") and code_name_exists("convsts.models.checkpoint.Listed")
-    assert code_name_exists("lineage.RunStart.earlier_runs")
+    assert code_name_exists("lineage.RunStart.chain_run_ids")
     assert (
         code_name_exists("training.driver._place") is False and code_name_exists("checkpoint.check_complete") is False
     )

@@ -596,3 +596,36 @@ def test_a_resume_on_other_data_is_refused_before_a_missing_task_is_prepared_or_
         )
     assert not (prepared / "snli").exists() and not store.exists()
     assert not out.exists() and not out.parent.exists()  # the folders made for the run went with its refusal
+
+
+def test_the_checks_before_a_resume_read_its_optimizer_state_and_weights_no_more_than_their_hash(tmp_path):
+    """A resume's checks and the driver's tokenizer read what they must, once: the files are hashed
+    against the manifest (a read of every byte), then the train state is checked readable with its
+    tensors mapped, not read, and the tokenizer taken without loading the weights (the workers load
+    both). Bytes read are the process's own count (/proc/self/io rchar), not a timing."""
+    from pathlib import Path
+
+    import torch
+
+    from convsts.models.checkpoint import load_model, save_checkpoint, verified_folder
+    from convsts.ray_jobs.training.driver import _tokenizer
+    from convsts.ray_jobs.training.start_checks import check_resumable
+
+    def read_so_far() -> int:
+        return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
+
+    model = ["model.dan.output_dim=6", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]"]
+    small = tiny_checkpoint(tmp_path / "small")
+    loaded = load_model(small)
+    big_state = {"step": 3, "optimizer": {"exp_avg": torch.zeros(16, 2**20)}}  # 64 MiB of optimizer state
+    run_config = json.loads((Path(small) / "config.json").read_text())["run_config"]
+    checkpoint = save_checkpoint(tmp_path / "big", loaded.model, loaded.tokenizer, run_config, big_state)
+    warm = load_config(None, [*model, f"trainer.resume_from={small}"])
+    check_resumable(warm)  # every module imported before the count
+    _tokenizer(warm, str(tmp_path))
+    cfg = load_config(None, [*model, f"trainer.resume_from={checkpoint}"])
+    verified_folder(checkpoint)  # the hash: every byte once
+    before = read_so_far()
+    check_resumable(cfg)
+    _tokenizer(cfg, str(tmp_path))
+    assert read_so_far() - before < 4 * 2**20, read_so_far() - before  # the small files, not the state

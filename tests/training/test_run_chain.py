@@ -242,7 +242,7 @@ def test_a_fallback_an_incomplete_final_checkpoint_and_a_damaged_config_are_each
         f"--resume latest: the last run into {out} (run-b) left no newer complete checkpoint; "
         "continuing run run-a's at step 20"
     ]
-    assert start.earlier_runs == ("run-a", "run-b")  # neither's logged steps are logged again
+    assert start.chain_run_ids == ("run-a", "run-b")  # neither's logged steps are logged again
 
     damaged = Path(a[0])
     (damaged / "config.json").write_text("{not json")
@@ -375,13 +375,13 @@ def test_an_older_checkpoint_resumed_with_other_settings_logs_the_steps_after_it
     )
     assert history_until(other) == 10
     start = decide_start(out, other)
-    assert start.continues == first and start.earlier_runs == (first, second)
+    assert start.continues == first and start.chain_run_ids == (first, second)
     assert mark_superseded(mlflow_uri, new, start, 10) == [first, second]
     for run_id in (first, second):
         tags = client.get_run(run_id).data.tags
         assert tags[SUPERSEDED_TAG] == "10" and tags["convsts.superseded_by"] == new
     # The new run's hooks log every step after 10; before it, none.
-    loop_config = {"tracking_uri": mlflow_uri, "run_id": new, "continues": first, "earlier_runs": start.earlier_runs}
+    loop_config = {"tracking_uri": mlflow_uri, "run_id": new, "continues": first, "chain_run_ids": start.chain_run_ids}
     hooks = worker_hooks(
         {**loop_config, "history_until": 10}, load_config(None, ["trainer.eval_every=0"]), None, None, 0
     )
