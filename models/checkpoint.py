@@ -307,25 +307,33 @@ def folder_name(step: int) -> str:
     return f"{FOLDER_PREFIX}{step}"
 
 
-class Listed(NamedTuple):
-    """A complete checkpoint of a run's folder, and its step as its name gives it."""
+class CheckpointRef(NamedTuple):
+    """A checkpoint: where it is and its step; the MLflow run that wrote it, where that was read (its
+    config.json: checkpoint_owner) and it was written inside a training run; the run's checkpoint
+    folder it was listed in (listed_steps), where it was."""
 
     path: str
     step: int
+    run_id: str | None = None
+    folder: str | None = None
 
 
-def listed_steps(folder: str) -> list[Listed]:
+def listed_steps(folder: str) -> list[CheckpointRef]:
     """The checkpoint-<step> folders in `folder` (local or a URI: one listing), newest step first,
     complete or not; [] where the folder is not there."""
     try:
         names = storage.entry_names(folder)
     except FileNotFoundError:
         return []
-    found = [Listed(storage.join(folder, n), int(m.group(1))) for n in names if (m := FOLDER_NAME.fullmatch(n))]
+    found = [
+        CheckpointRef(storage.join(folder, n), int(m.group(1)), folder=folder)
+        for n in names
+        if (m := FOLDER_NAME.fullmatch(n))
+    ]
     return sorted(found, key=lambda c: c.step, reverse=True)
 
 
-def complete_checkpoints(folder: str, newest_only: bool = False) -> list[Listed]:
+def complete_checkpoints(folder: str, newest_only: bool = False) -> list[CheckpointRef]:
     """The complete checkpoints in `folder`, newest step first (`newest_only`: the first of them);
     each incomplete one met on the way (an upload that stopped midway) is left out with one line."""
     kept = []
@@ -340,29 +348,22 @@ def complete_checkpoints(folder: str, newest_only: bool = False) -> list[Listed]
     return kept
 
 
-def newest_complete(folder: str) -> Listed | None:
+def newest_complete(folder: str) -> CheckpointRef | None:
     """The newest complete checkpoint in `folder` by step, or None."""
     kept = complete_checkpoints(folder, newest_only=True)
     return kept[0] if kept else None
 
 
-class Owner(NamedTuple):
-    """What a checkpoint's config.json says of where it comes from."""
-
-    step: int
-    run_id: str | None  # the MLflow run that wrote it (None: written outside a training run)
-
-
-def checkpoint_owner(path: str | Path) -> Owner:
-    """The step and writing run of the checkpoint at `path` (local or a URI: one small read);
-    BadInputError naming the file where it is missing, not JSON or without an int step."""
+def checkpoint_owner(path: str | Path) -> CheckpointRef:
+    """The checkpoint at `path` with the step and writing run its config.json names (local or a URI:
+    one small read); BadInputError naming the file where it is missing, not JSON or without an int step."""
     file = storage.join(str(path), CONFIG_FILE)
     try:
         meta = json.loads(storage.read_text(file))
         step, provenance = meta["step"], meta.get("provenance") or {}
         run_id = provenance.get("run_id")
         if isinstance(step, int) and not isinstance(step, bool) and (run_id is None or isinstance(run_id, str)):
-            return Owner(step, run_id)
+            return CheckpointRef(str(path), step, run_id)
         reason = "its step or run_id is not of the type convsts writes"
     except FileNotFoundError:
         reason = "missing"

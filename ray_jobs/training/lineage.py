@@ -34,6 +34,7 @@ from convsts.io.errors import ConfigError
 from convsts.io.folders import removed_together
 from convsts.io.redaction import redact
 from convsts.models.checkpoint import (
+    CheckpointRef,
     checkpoint_owner,
     complete_checkpoints,
     damaged_file,
@@ -90,16 +91,6 @@ class Link:
             where,
         )
         return None
-
-
-@dataclass(frozen=True)
-class Found:
-    """A complete checkpoint of the chain."""
-
-    path: str
-    step: int
-    run_id: str | None  # the MLflow run that wrote it
-    folder: str | None = None  # the run's checkpoint folder that holds it (None: OUT/checkpoint)
 
 
 class RunStorage(NamedTuple):
@@ -266,7 +257,7 @@ def chain_runs(out_dir: Path, run_id: str) -> list[str]:
 # Checkpoints of the chain
 
 
-def chain_checkpoints(out_dir: Path, cfg: RunConfig, links: list[Link]) -> tuple[list[Found], list[Link]]:
+def chain_checkpoints(out_dir: Path, cfg: RunConfig, links: list[Link]) -> tuple[list[CheckpointRef], list[Link]]:
     """(the newest complete checkpoint of each run of the chain and OUT/checkpoint, oldest step
     first; the links with the steps seen)."""
     found, seen = [], []
@@ -274,14 +265,14 @@ def chain_checkpoints(out_dir: Path, cfg: RunConfig, links: list[Link]) -> tuple
         folder = link.location(out_dir, cfg)
         newest = newest_complete(folder) if folder else None
         if newest is not None:
-            found.append(Found(newest.path, newest.step, checkpoint_owner(newest.path).run_id or link.run_id, folder))
+            found.append(newest._replace(run_id=checkpoint_owner(newest.path).run_id or link.run_id))
         seen.append(replace(link, checkpoint_step=newest.step if newest else link.checkpoint_step))
     final = out_dir / FINAL_CHECKPOINT
     if final.is_dir():
         reason = incomplete_reason(final)
         if reason is None:
             owner = checkpoint_owner(final)
-            found.append(Found(str(final), owner.step, owner.run_id or _finished_run(out_dir)))
+            found.append(owner._replace(run_id=owner.run_id or _finished_run(out_dir)))
         else:
             log.warning("%s: skipped, not a complete checkpoint (%s)", final, reason)
     # By step (a stable sort): at a tie OUT/checkpoint (local, last in the list) comes last, the one resumed.
@@ -369,7 +360,7 @@ def decide_start(out_dir: Path, cfg: RunConfig, fresh: bool = False, storage_key
     )
 
 
-def _latest(out_dir: Path, cfg: RunConfig, found: list[Found], links: list[Link]) -> RunStart:
+def _latest(out_dir: Path, cfg: RunConfig, found: list[CheckpointRef], links: list[Link]) -> RunStart:
     """--resume latest: the newest complete checkpoint by step across the chain, said in one line,
     with a second where it is not the last run's own newest (a fallback to an earlier run's)."""
     if not found:
@@ -403,7 +394,7 @@ def _latest(out_dir: Path, cfg: RunConfig, found: list[Found], links: list[Link]
     return RunStart(usable.path, usable.run_id, run_storage(cfg, out_dir), tuple(links))
 
 
-def _undamaged_newest(found: list[Found]) -> Found | None:
+def _undamaged_newest(found: list[CheckpointRef]) -> CheckpointRef | None:
     """The newest of `found` (oldest step first) whose files have their manifest's sha256: a damaged
     one is skipped in one line, as one cut short is, and its run's next older complete checkpoint
     takes its place among the candidates."""
@@ -423,7 +414,7 @@ def _undamaged_newest(found: list[Found]) -> Found | None:
     return None
 
 
-def _older_complete(newest: Found) -> Found | None:
+def _older_complete(newest: CheckpointRef) -> CheckpointRef | None:
     """The newest complete checkpoint of `newest`'s run folder below its step (each incomplete one met
     on the way skipped in one line), or None."""
     for candidate in listed_steps(newest.folder) if newest.folder else []:
@@ -431,8 +422,7 @@ def _older_complete(newest: Found) -> Found | None:
             continue
         reason = incomplete_reason(candidate.path)
         if reason is None:
-            run_id = checkpoint_owner(candidate.path).run_id or newest.run_id
-            return Found(candidate.path, candidate.step, run_id, newest.folder)
+            return candidate._replace(run_id=checkpoint_owner(candidate.path).run_id or newest.run_id)
         log.warning("%s: skipped, not a complete checkpoint (%s)", redact(candidate.path), reason)
     return None
 
