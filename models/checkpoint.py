@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import io
 import json
 import logging
@@ -55,7 +56,6 @@ log = logging.getLogger("convsts")
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 WEIGHTS_FILE = "model.safetensors"
-STS_PATTERN = "sts_transform*.safetensors"  # the tuned STS matrices (evaluate's and named ones)
 
 FORMAT_VERSION = 2  # 2: the response head is residual (identity at init)
 TRAIN_STATE_FILE = "train_state.pt"  # what a checkpoint adds to resume a run; a model folder has none
@@ -202,14 +202,37 @@ def _first_differing(local: Path, signature: tuple[tuple[str, int, int], ...]) -
     return None
 
 
+def parameter_counts(folder: str | Path) -> dict[str, int]:
+    """{"encoder": n, "heads": n}: the parameters of a verified checkpoint or model folder on this
+    machine, from its weights file's header (no tensor read)."""
+    counts = {"encoder": 0, "heads": 0}
+    with safe_open(str(Path(folder) / WEIGHTS_FILE), framework="pt") as f:
+        for key in f.keys():
+            n = 1
+            for d in f.get_slice(key).get_shape():
+                n *= d
+            counts["encoder" if key.startswith("encoder.") else "heads"] += n
+    return counts
+
+
+def embeddings_digest(path: str | Path) -> str:
+    """A digest of what a checkpoint's embeddings depend on (EMBEDDING_FILES: its weights and
+    tokenizer), from the sha256 its manifest lists for each (verified_folder checked them): equal for
+    two folders whose those files are equal, read without reading the files again."""
+    listed = _manifest(verified_folder(path))
+    return hashlib.sha1("".join(listed[name]["sha256"] for name in EMBEDDING_FILES).encode()).hexdigest()
+
+
 def save_model_folder(checkpoint: str | Path, out_dir: str | Path) -> Path:
     """The encoder without optimizer state: MODEL_FILES (the STS matrix when present) copied from
     `checkpoint`; written beside `out_dir` and renamed into place, replacing an older copy."""
+    from convsts.models.sts_transform import FILE_PATTERN as STS_FILES  # the matrices' own names (torch)
+
     checkpoint, out_dir = verified_folder(checkpoint), Path(out_dir)
     read_meta(checkpoint)  # a convsts checkpoint of this format
     known = _manifest(checkpoint)
     with replaced_whole(out_dir) as partial:
-        for path in [*(checkpoint / n for n in MODEL_FILES), *sorted(checkpoint.glob(STS_PATTERN))]:
+        for path in [*(checkpoint / n for n in MODEL_FILES), *sorted(checkpoint.glob(STS_FILES))]:
             if path.is_file():
                 shutil.copy2(path, partial / path.name)
         write_manifest(partial, known)  # the model folder is verified as a checkpoint is

@@ -22,7 +22,6 @@ input.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -35,16 +34,16 @@ import torch
 from tokenizers import Tokenizer, normalizers
 from torch import nn
 
-from convsts.datasets.text import hf_normalizer, save_tokenizer, tokenizer_from_dict
+from convsts.datasets.text import hf_normalizer, load_tokenizer, save_tokenizer
 from convsts.io.errors import BadInputError
 from convsts.io.folders import staging_folder
-from convsts.models.checkpoint import TOKENIZER_FILE
 from convsts.models.encoders import PretrainedEncoder
 from convsts.models.heads import MultitaskModel
 from convsts.models.quiet_logging import quiet_loggers
 from convsts.models.sentence_encoder import load
 
 ONNX_FILE = "model.onnx"
+ONNX_TOKENIZER = "tokenizer.json"  # the ONNX folder's tokenizer, in convsts' own format (save_tokenizer)
 ONNX_OUTPUT = "sentence_embedding"
 ONNX_OPSET = 18
 ONNX_TOLERANCE = 1e-4  # max |onnxruntime - torch| accepted by the export's own check
@@ -94,7 +93,7 @@ class OnnxEncoder:
         import onnxruntime as ort
 
         folder = Path(folder)
-        self.tokenizer = tokenizer_from_dict(json.loads((folder / TOKENIZER_FILE).read_text(encoding="utf-8")))
+        self.tokenizer = load_tokenizer(folder / ONNX_TOKENIZER)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads  # 0: onnxruntime's default (one per core)
         self.session = ort.InferenceSession(str(folder / ONNX_FILE), options, providers=["CPUExecutionProvider"])
@@ -158,7 +157,7 @@ def to_onnx(checkpoint: str | Path, out_dir: str | Path) -> Path:
                 external_data=False,
                 verbose=False,
             )
-        save_tokenizer(loaded.tokenizer, partial / TOKENIZER_FILE)
+        save_tokenizer(loaded.tokenizer, partial / ONNX_TOKENIZER)
         got = OnnxEncoder(partial).encode(CHECK_TEXTS, batch_size=2)  # (n, dim); batches of other widths
         diff = float(np.abs(got - loaded.encode(CHECK_TEXTS)).max())
         if not diff <= ONNX_TOLERANCE:

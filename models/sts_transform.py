@@ -28,6 +28,7 @@ from convsts.models.config import StsTransformConfig
 from convsts.models.similarity import angular_score, angular_score_np, pearson, pearson_t
 
 FILE_NAME = "sts_transform.safetensors"
+FILE_PATTERN = "sts_transform*.safetensors"  # every matrix's file, named or not (a glob)
 
 
 def file_name(name: str = "") -> str:

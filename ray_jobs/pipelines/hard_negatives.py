@@ -23,7 +23,7 @@ import torch
 from convsts.datasets.negatives import MiningConfig, mine
 from convsts.io import redaction, storage, tables
 from convsts.io.errors import BadInputError
-from convsts.models.checkpoint import EMBEDDING_FILES
+from convsts.models.checkpoint import embeddings_digest
 from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.ray_start import ensure_ray
@@ -36,16 +36,11 @@ EMBEDDING_CHUNK = 4096  # sentences per cached file: a killed run loses at most 
 
 def embeddings_key(checkpoint: str, frame, chunk: int) -> dict[str, str]:
     """What cached embeddings are of: the checkpoint's weights and tokenizer, the pairs' text, the chunking."""
-    weights = hashlib.sha1()
-    for file in EMBEDDING_FILES:
-        with storage.open_binary(storage.join(checkpoint, file)) as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                weights.update(block)
     texts = hashlib.sha1()
     for context, response in zip(frame["context"], frame["response"]):
         texts.update(f"{context}\x00{response}\x00".encode())
     return {
-        "checkpoint_weights": weights.hexdigest(),
+        "checkpoint_weights": embeddings_digest(checkpoint),
         "pairs_text": texts.hexdigest(),
         "pairs": str(len(frame)),
         "chunk": str(chunk),

@@ -191,7 +191,7 @@ def log_sweep(parent: ParentRun, best, space: TuneSpace, results: dict, out_dir:
         "table.md",
         "curve.png",
         "curve.csv",
-        "sts_transform.safetensors",
+        sts_file(),
     ):
         if (out_dir / name).is_file():
             tracking.log_artifact(uri, run_id, str(out_dir / name))

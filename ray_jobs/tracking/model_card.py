@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from safetensors import safe_open
 
 from convsts.io import storage
 from convsts.io.redaction import redact, redact_tree
-from convsts.models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_meta
+from convsts.models.checkpoint import CONFIG_FILE, parameter_counts, read_meta
 from convsts.models.encoders import PretrainedEncoder
 from convsts.ray_jobs.runtime.provenance import git_commit, library_versions, machine
 
@@ -72,17 +71,6 @@ def run_facts(
         "run_config": redact_tree(dict(run_config)),
         "results": {},
     }
-
-
-def parameter_counts(folder: Path) -> dict[str, int]:
-    counts = {"encoder": 0, "heads": 0}
-    with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as f:
-        for key in f.keys():
-            n = 1
-            for d in f.get_slice(key).get_shape():
-                n *= d
-            counts["encoder" if key.startswith("encoder.") else "heads"] += n
-    return counts
 
 
 def _architecture(meta: dict[str, Any]) -> dict[str, Any]:

@@ -399,7 +399,18 @@ OTHER_LAYOUTS = {
     "convsts.datasets.pretrained": ("model.safetensors", "config.json", "tokenizer.json"),  # a Hugging Face folder
     "convsts.datasets.text": ("tokenizer.json",),  # a Hugging Face model's own tokenizer
     "convsts.ray_jobs.tasks.prepared_folder": ("manifest.json",),  # a prepared data folder's manifest
+    "convsts.models.export": ("tokenizer.json",),  # an ONNX export folder's tokenizer
 }
+# What a checkpoint's files are called, as its owner exports it: another module that imports one
+# builds a path into a checkpoint itself (and reads the file its own way); it asks the owner instead.
+FILE_NAME_CONSTANTS = (
+    "WEIGHTS_FILE",
+    "TOKENIZER_FILE",
+    "TRAIN_STATE_FILE",
+    "MANIFEST_FILE",
+    "EMBEDDING_FILES",
+    "MODEL_FILES",
+)
 
 
 def names_of_checkpoint_files(modules=None) -> list[str]:
@@ -426,8 +437,23 @@ def names_of_checkpoint_files(modules=None) -> list[str]:
     return found
 
 
+def imports_of_checkpoint_file_names(modules=None) -> list[str]:
+    """Each import, outside the checkpoint module, of a name its layout's files go by."""
+    found = []
+    for module, path in (modules or MODULES).items():
+        if path is None or module == "convsts.models.checkpoint":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "convsts.models.checkpoint":
+                found += [
+                    f"{path.name}:{node.lineno} imports {a.name}" for a in node.names if a.name in FILE_NAME_CONSTANTS
+                ]
+    return found
+
+
 def test_only_the_checkpoint_module_names_a_checkpoints_files(tmp_path):
     assert names_of_checkpoint_files() == []
+    assert imports_of_checkpoint_file_names() == []
     # The check itself: a module that names one is found; a docstring that mentions one is not.
     probe = tmp_path / "probe.py"
     probe.write_text('"""Reads train_state.pt."""\nSTATE = "train_state.pt"\nWEIGHTS = f"{1}/model.safetensors"\n')
@@ -435,3 +461,5 @@ def test_only_the_checkpoint_module_names_a_checkpoints_files(tmp_path):
         "probe.py:2 names train_state",
         "probe.py:3 names model.safetensors",
     ]
+    probe.write_text("from convsts.models.checkpoint import WEIGHTS_FILE, read_meta\n")
+    assert imports_of_checkpoint_file_names({"convsts.probe": probe}) == ["probe.py:1 imports WEIGHTS_FILE"]
