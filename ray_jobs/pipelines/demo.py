@@ -26,6 +26,7 @@ from convsts.ray_jobs.pipelines.inputs import prepare_all
 from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.output_lock import holds_output
 from convsts.ray_jobs.runtime.ray_start import ensure_ray
+from convsts.ray_jobs.runtime.run_folder import PREPARED_FOLDER
 from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.tasks import prepared_tasks
 from convsts.ray_jobs.tracking import runs as tracking
@@ -54,7 +55,7 @@ def run_demo(
     MLflow store and runs are kept, and its prepared sample is kept when it verifies)."""
     started, out_dir = time.time(), Path(out_dir).resolve()
     uri = claim_demo_output(cfg, out_dir, fresh)
-    prepared = out_dir / "prepared"
+    prepared = out_dir / PREPARED_FOLDER
     manifests = prepare_sample(cfg, prepared, fresh)
     run_id = tracking.start_run(
         uri,

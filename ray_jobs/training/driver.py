@@ -22,6 +22,13 @@ from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.output_lock import holds_output
 from convsts.ray_jobs.runtime.ray_start import ensure_ray
 from convsts.ray_jobs.runtime.resources import alive_nodes, check_training_fits
+from convsts.ray_jobs.runtime.run_folder import (
+    BEST_FOLDER,
+    FINAL_CHECKPOINT,
+    LOCAL_RESULTS,
+    MODEL_FOLDER,
+    TRAIN_SUMMARY,
+)
 from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
 from convsts.ray_jobs.tracking import runs as tracking
@@ -29,12 +36,8 @@ from convsts.ray_jobs.tracking.mlflow_model import log_model
 from convsts.ray_jobs.tracking.model_card import run_facts, write_card
 from convsts.ray_jobs.training.data_feed import build_tokenizer, check_prepared, task_datasets
 from convsts.ray_jobs.training.lineage import (
-    BEST_FOLDER,
     CONTINUES_TAG,
-    FINAL_CHECKPOINT,
-    MODEL_FOLDER,
     SUPERSEDED_TAG,
-    TRAIN_SUMMARY,
     RunStart,
     apply_start,
     decide_start,
@@ -291,7 +294,7 @@ def _keep_checkpoints(cfg: RunConfig, result, out_dir: Path) -> KeptCheckpoints:
     """The fit's last checkpoint as OUT/checkpoint and, with in-training evaluation, the best one by
     STS-B dev beside it."""
     if result.checkpoint is None:
-        raise RuntimeError(f"training finished without a checkpoint; see {out_dir / 'ray_results'}")
+        raise RuntimeError(f"training finished without a checkpoint; see {out_dir / LOCAL_RESULTS}")
     final = _copy_whole(result.checkpoint, out_dir / FINAL_CHECKPOINT)
     best = None
     if cfg.trainer.eval_every:  # the checkpoint with the best in-training STS-B dev, beside the last

@@ -44,18 +44,20 @@ from convsts.models.checkpoint import (
 )
 from convsts.ray_jobs.config.schema import RESUME_LATEST, RunConfig
 from convsts.ray_jobs.runtime.logs import log
+from convsts.ray_jobs.runtime.run_folder import (
+    BEST_FOLDER,
+    CONFIG_FILE,
+    FINAL_CHECKPOINT,
+    LOCAL_RESULTS,
+    MODEL_FOLDER,
+    RUN_RECORD,
+    TRAIN_SUMMARY,
+)
 from convsts.ray_jobs.tracking import runs as tracking
 
-RUN_RECORD = "run.json"
 RECORD_FORMAT = 3  # 3: checkpoints named checkpoint-<step>; a record of another format is refused
 CONTINUES_TAG = "convsts.continues"
 ENDED_BY_TAG = "convsts.ended_by"
-FINAL_CHECKPOINT = "checkpoint"  # OUT/checkpoint: a finished run's last checkpoint
-MODEL_FOLDER = "model"  # OUT/model
-BEST_FOLDER = "best_checkpoint"  # OUT/best_checkpoint: the best in-training STS-B dev (trainer.eval_every)
-TRAIN_SUMMARY = "train.json"  # OUT/train.json: written when a run finishes
-CONFIG_FILE = "config.yaml"  # OUT/config.yaml: the resolved run config, as run
-LOCAL_RESULTS = "ray_results"  # OUT/ray_results: Ray Train's run folders without a trainer.storage_path
 
 # Where a link's folder is kept relative to
 IN_OUT = "out"  # OUT itself

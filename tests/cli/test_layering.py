@@ -451,6 +451,31 @@ def imports_of_checkpoint_file_names(modules=None) -> list[str]:
     return found
 
 
+# An --out folder's names, said by convsts.ray_jobs.runtime.run_folder alone (the ones that are not
+# also everyday words: "checkpoint", "model" and "prepared" are its too). train.json's own field
+# "best_checkpoint" is a key of that file, not a folder's name.
+RUN_FOLDER_NAMES = ("run.json", "train.json", "config.yaml", "ray_results", "loss_curves.png", "mlflow.db")
+
+
+def names_of_run_folder_files(modules=None) -> list[str]:
+    """Each string that is exactly a run folder's name, in a module other than its owner."""
+    found = []
+    for module, path in (modules or MODULES).items():
+        if path is None or module == "convsts.ray_jobs.runtime.run_folder":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in RUN_FOLDER_NAMES:
+                found.append(f"{path.name}:{node.lineno} names {node.value}")
+    return found
+
+
+def test_only_the_run_folder_module_names_an_outs_files(tmp_path):
+    assert names_of_run_folder_files() == []
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""Reads run.json."""\nRECORD = "run.json"\n')
+    assert names_of_run_folder_files({"convsts.probe": probe}) == ["probe.py:2 names run.json"]
+
+
 def test_only_the_checkpoint_module_names_a_checkpoints_files(tmp_path):
     assert names_of_checkpoint_files() == []
     assert imports_of_checkpoint_file_names() == []
