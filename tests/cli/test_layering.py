@@ -437,18 +437,23 @@ def names_of_checkpoint_files(modules=None) -> list[str]:
     return found
 
 
+def _nodes_outside(owner: str, modules=None):
+    """(the file, each node of its syntax tree) of every module but `owner`."""
+    for module, path in (modules or MODULES).items():
+        if path is not None and module != owner:
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                yield path, node
+
+
 def imports_of_checkpoint_file_names(modules=None) -> list[str]:
     """Each import, outside the checkpoint module, of a name its layout's files go by."""
-    found = []
-    for module, path in (modules or MODULES).items():
-        if path is None or module == "convsts.models.checkpoint":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module == "convsts.models.checkpoint":
-                found += [
-                    f"{path.name}:{node.lineno} imports {a.name}" for a in node.names if a.name in FILE_NAME_CONSTANTS
-                ]
-    return found
+    return [
+        f"{path.name}:{node.lineno} imports {a.name}"
+        for path, node in _nodes_outside("convsts.models.checkpoint", modules)
+        if isinstance(node, ast.ImportFrom) and node.module == "convsts.models.checkpoint"
+        for a in node.names
+        if a.name in FILE_NAME_CONSTANTS
+    ]
 
 
 # An --out folder's names, said by convsts.ray_jobs.runtime.run_folder alone (the ones that are not
@@ -459,14 +464,11 @@ RUN_FOLDER_NAMES = ("run.json", "train.json", "config.yaml", "ray_results", "los
 
 def names_of_run_folder_files(modules=None) -> list[str]:
     """Each string that is exactly a run folder's name, in a module other than its owner."""
-    found = []
-    for module, path in (modules or MODULES).items():
-        if path is None or module == "convsts.ray_jobs.runtime.run_folder":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Constant) and node.value in RUN_FOLDER_NAMES:
-                found.append(f"{path.name}:{node.lineno} names {node.value}")
-    return found
+    return [
+        f"{path.name}:{node.lineno} names {node.value}"
+        for path, node in _nodes_outside("convsts.ray_jobs.runtime.run_folder", modules)
+        if isinstance(node, ast.Constant) and node.value in RUN_FOLDER_NAMES
+    ]
 
 
 def test_only_the_run_folder_module_names_an_outs_files(tmp_path):
