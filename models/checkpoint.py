@@ -32,6 +32,8 @@ import json
 import logging
 import re
 import shutil
+import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -149,17 +151,40 @@ def save_sts_matrix(folder: str | Path, transform: StsTransform, name: str = "")
     return path
 
 
-def verified_folder(path: str | Path) -> Path:
+class Hashed(NamedTuple):
+    """A checkpoint or model folder that one process hashed against its manifest: its machine, its
+    local folder and its files' sizes and times then. Another process on that machine, given it,
+    does not hash the same files again while they keep those sizes and times (a Ray Train worker
+    after its driver's checks)."""
+
+    host: str
+    folder: str
+    signature: tuple[tuple[str, int, int], ...]
+
+    def covers(self, local: Path) -> bool:
+        return self.host == socket.gethostname() and self.folder == str(local) and self.signature == _signature(local)
+
+
+def hashed_here(path: str | Path) -> Hashed:
+    """The folder at `path` verified (verified_folder: hashed once in this process), as a Hashed to
+    hand to another process on this machine."""
+    local = verified_folder(path)
+    return Hashed(socket.gethostname(), str(local), _signature(local))
+
+
+def verified_folder(path: str | Path, hashed: Sequence[Hashed] = ()) -> Path:
     """A checkpoint or model folder on this machine (checkpoint_folder), as every reader takes it:
     refused in one line unless its manifest is there and each file it lists is there at its size
     (always) and with its sha256 (once per version of the files in a process: a folder read again
-    unchanged is not hashed again). A folder without a manifest is refused: nothing tells a whole
-    folder from one cut short."""
+    unchanged is not hashed again; nor one that another process on this machine hashed, `hashed`,
+    unchanged since). A folder without a manifest is refused: nothing tells a whole folder from one
+    cut short."""
     local = checkpoint_folder(path)  # a folder at a URI is read once, into the local cache
     reason = incomplete_reason(local)
     if reason is not None:
         raise BadInputError(f"{redact(str(path))}: not a complete checkpoint or model folder ({reason})")
-    _check_digests(local, path)
+    if not any(h.covers(local) for h in hashed):
+        _check_digests(local, path)
     return local
 
 
@@ -281,11 +306,11 @@ class ModelFiles:
     tokenizer: Any
 
 
-def read_model_files(path: str | Path) -> ModelFiles:
+def read_model_files(path: str | Path, hashed: Sequence[Hashed] = ()) -> ModelFiles:
     """The folder at `path` (local or a URI, verified_folder) checked readable without torch: a
     damaged or foreign folder is refused in one line naming the file, before a model is built (so a
     command refuses it before loading its libraries)."""
-    folder = verified_folder(path)
+    folder = verified_folder(path, hashed)
     meta = read_meta(folder)
     tokenizer_data = _read_json(folder / TOKENIZER_FILE)  # names the file when it is not JSON
     try:
@@ -489,10 +514,10 @@ class LoadedModel(NamedTuple):
     meta: dict[str, Any]
 
 
-def load_model(path: str | Path) -> LoadedModel:
+def load_model(path: str | Path, hashed: Sequence[Hashed] = ()) -> LoadedModel:
     """(model, tokenizer, meta) from a checkpoint or model folder (local or a URI), verified against
     its manifest and checked readable first (read_model_files); the model is in eval mode on CPU."""
-    return model_from_files(read_model_files(path))
+    return model_from_files(read_model_files(path, hashed))
 
 
 def model_from_files(files: ModelFiles) -> LoadedModel:
@@ -509,12 +534,12 @@ def model_from_files(files: ModelFiles) -> LoadedModel:
     return LoadedModel(model, files.tokenizer, files.meta)
 
 
-def load_weights(model: MultitaskModel, path: str | Path) -> HeadChanges:
+def load_weights(model: MultitaskModel, path: str | Path, hashed: Sequence[Hashed] = ()) -> HeadChanges:
     """The checkpoint's weights loaded into `model` (a run's model resuming it): the encoder and each
     head the two share. A head the checkpoint lacks (a built-in task added since it was written)
     keeps its initial weights, one the model has no task for is not loaded; a head of another kind
     is refused (the driver refuses it first, in one line: resume_mismatches)."""
-    files = read_model_files(path)
+    files = read_model_files(path, hashed)
     changes = head_changes(files.heads, model.head_kinds)
     weights = files.folder / WEIGHTS_FILE
     if changes.other_kind:

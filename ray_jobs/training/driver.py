@@ -15,7 +15,7 @@ from convsts.io import storage
 from convsts.io.dotted import flatten
 from convsts.io.folders import replaced_whole
 from convsts.io.redaction import redact
-from convsts.models.checkpoint import load_train_state, read_model_files, save_model_folder
+from convsts.models.checkpoint import hashed_here, load_train_state, read_model_files, save_model_folder
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.sts import read_stsb_split
 from convsts.ray_jobs.runtime.logs import log
@@ -196,18 +196,7 @@ def _train(
     if train_rows:  # the SNLI-fraction sweep plots against data/snli_train_pairs
         tracking.log_metrics(uri, run_id, {f"data/{name}_train_pairs": n for name, n in train_rows.items()})
     plan = _task_split(cfg)
-    loop_config = {"run": cfg.to_dict(), "tokenizer": tokenizer.to_dict(), "datasets": sorted(datasets)}
-    # Every step a run of OUT's chain logged is not logged again (a fallback to an older checkpoint too),
-    # up to the checkpoint's step where this run takes a new trajectory from it (other settings).
-    until = _history_until(cfg, uri, run_id, start)
-    loop_config.update(
-        tracking_uri=uri,
-        run_id=run_id,
-        continues=mlflow_run.continues,
-        chain_run_ids=start.chain_run_ids,
-        history_until=until,
-    )
-    loop_config["provenance"] = {"data": digests, "run_id": run_id}  # a checkpoint names the run that wrote it
+    loop_config = _loop_config(cfg, tokenizer, sorted(datasets), mlflow_run, start, digests)
     result = fit(cfg, location, loop_config, datasets, extra_callbacks, plan)
     final, best = _keep_checkpoints(cfg, result, out_dir)
     mode = (
@@ -237,6 +226,28 @@ def _train(
     storage.write_text(out_dir / TRAIN_SUMMARY, json.dumps(train_json, indent=2))
     mark_checkpoint(out_dir, run_id, cfg.trainer.steps)
     return TrainResult(final, run_id, uri, seconds, mode, train_rows, model_dir)
+
+
+def _loop_config(
+    cfg: RunConfig, tokenizer, datasets: list[str], mlflow_run: TrackedRun, start: RunStart, digests: dict
+) -> dict[str, Any]:
+    """What every worker's loop is a function of (worker.train_loop_per_worker)."""
+    uri, run_id = mlflow_run.uri, mlflow_run.run_id
+    return {
+        "run": cfg.to_dict(),
+        "tokenizer": tokenizer.to_dict(),
+        "datasets": datasets,
+        "tracking_uri": uri,
+        "run_id": run_id,
+        # Every step a run of OUT's chain logged is not logged again (a fallback to an older checkpoint
+        # too), up to the checkpoint's step where this run takes a new trajectory from it.
+        "continues": mlflow_run.continues,
+        "chain_run_ids": start.chain_run_ids,
+        "history_until": _history_until(cfg, uri, run_id, start),
+        "provenance": {"data": digests, "run_id": run_id},  # a checkpoint names the run that wrote it
+        # The checkpoints the checks hashed: a worker on this machine does not hash them again.
+        "hashed": [hashed_here(p) for p in dict.fromkeys([cfg.trainer.resume_from, cfg.trainer.warm_start]) if p],
+    }
 
 
 def _task_split(cfg: RunConfig):

@@ -47,7 +47,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     device = ray.train.torch.get_device()
     tokenizer = tokenizer_from_dict(loop_config["tokenizer"])
     checkpoint = ray.train.get_checkpoint()
-    model, state = restored_model(cfg, tokenizer, checkpoint)
+    model, state = restored_model(cfg, tokenizer, checkpoint, loop_config.get("hashed", ()))
     by_ray = ray_restart(loop_config, checkpoint)
     # The same MLflow run goes on: Ray Train started its group again, or a trial run again continues its own checkpoint.
     restarted = by_ray or loop_config.get("continues") == loop_config.get("run_id")
@@ -118,18 +118,18 @@ def resize_line(before: int, plan, step: int, by_ray: bool) -> str:
     return f"[convsts rank 0] worker group resized from {before} to {plan.world_size} at step {step} ({why}); {plan.describe()}"
 
 
-def restored_model(cfg, tokenizer, checkpoint):
+def restored_model(cfg, tokenizer, checkpoint, hashed=()):
     """(the model, its train state): from Ray Train's checkpoint after a restart or from --resume,
     whichever is further on (a trial run again resumes its own newest complete checkpoint, which Ray
     may not have registered), else fresh (seeded: identical on every rank) or warm-started."""
     fresh = checkpoint is None and not cfg.trainer.resume_from  # else a checkpoint's weights replace these
-    model = initial_model(cfg, tokenizer, warm_start=fresh)
+    model = initial_model(cfg, tokenizer, warm_start=fresh, hashed=hashed)
     if checkpoint is not None:
         with checkpoint.as_directory() as ckpt_dir:
             resumed = checkpoint_owner(cfg.trainer.resume_from).step if cfg.trainer.resume_from else -1
             if checkpoint_owner(ckpt_dir).step >= resumed:
                 return model, restore(model, checkpoint_dir=ckpt_dir)
-    return model, restore(model, resume_from=cfg.trainer.resume_from or None)
+    return model, restore(model, resume_from=cfg.trainer.resume_from or None, hashed=hashed)
 
 
 def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int) -> LoopHooks:

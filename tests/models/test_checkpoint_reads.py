@@ -125,3 +125,35 @@ def test_a_bucket_that_does_not_exist_is_one_line_before_any_work(tmp_path):
             )
             assert "does not exist" in lines[0] and "hunter2" not in stderr + stdout
         assert not (tmp_path / "t" / "prepared").exists() and not (tmp_path / "t" / "mlflow.db").exists()
+
+
+def test_a_folder_another_process_here_hashed_is_not_hashed_again_while_its_files_are_unchanged(tmp_path):
+    """The driver hashes a checkpoint in its checks and hands its workers what it hashed (Hashed): a
+    worker on the same machine reads the files' sizes and times, not their bytes, until one changes.
+    Bytes read are the process's own count (/proc/self/io rchar)."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    import torch
+    from testkit.faults import tiny_checkpoint
+
+    from convsts.models.checkpoint import load_model, save_checkpoint, verified_folder
+
+    def read_so_far() -> int:
+        return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
+
+    small = load_model(tiny_checkpoint(tmp_path / "small"))
+    big = save_checkpoint(tmp_path / "big", small.model, small.tokenizer, {}, {"step": 3, "m": torch.zeros(16, 2**20)})
+    hashing = "import pickle, sys; from convsts.models.checkpoint import hashed_here as h; sys.stdout.buffer.write(pickle.dumps(h(sys.argv[1])))"
+    hashed = pickle.loads(
+        subprocess.run([sys.executable, "-c", hashing, str(big)], capture_output=True, check=True).stdout
+    )
+    before = read_so_far()
+    verified_folder(big, [hashed])
+    assert read_so_far() - before < 2**20, read_so_far() - before  # sizes and times only
+    os.utime(Path(big) / "train_state.pt")  # touched: its time differs from the one hashed
+    before = read_so_far()
+    verified_folder(big, [hashed])
+    assert read_so_far() - before > 64 * 2**20  # hashed here, every byte
