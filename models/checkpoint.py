@@ -381,11 +381,14 @@ def listed_steps(folder: str) -> list[CheckpointRef]:
     return sorted(found, key=lambda c: c.step, reverse=True)
 
 
-def complete_checkpoints(folder: str, newest_only: bool = False) -> list[CheckpointRef]:
-    """The complete checkpoints in `folder`, newest step first (`newest_only`: the first of them);
-    each incomplete one met on the way (an upload that stopped midway) is left out with one line."""
+def complete_checkpoints(folder: str, newest_only: bool = False, below: int | None = None) -> list[CheckpointRef]:
+    """The complete checkpoints in `folder` (those of a step below `below`, where given), newest step
+    first (`newest_only`: the first of them); each incomplete one met on the way (an upload that
+    stopped midway) is left out with one line."""
     kept = []
     for candidate in listed_steps(folder):
+        if below is not None and candidate.step >= below:
+            continue
         reason = incomplete_reason(candidate.path)
         if reason is not None:
             log.warning("%s: skipped, not a complete checkpoint (%s)", redact(candidate.path), reason)

@@ -196,7 +196,8 @@ def _train(
     if train_rows:  # the SNLI-fraction sweep plots against data/snli_train_pairs
         tracking.log_metrics(uri, run_id, {f"data/{name}_train_pairs": n for name, n in train_rows.items()})
     plan = _task_split(cfg)
-    loop_config = _loop_config(cfg, tokenizer, sorted(datasets), mlflow_run, start, digests)
+    until = _history_until(cfg, uri, run_id, start)  # the chain's runs past it tagged superseded
+    loop_config = _loop_config(cfg, tokenizer, sorted(datasets), mlflow_run, start, digests, until)
     result = fit(cfg, location, loop_config, datasets, extra_callbacks, plan)
     final, best = _keep_checkpoints(cfg, result, out_dir)
     mode = (
@@ -229,7 +230,13 @@ def _train(
 
 
 def _loop_config(
-    cfg: RunConfig, tokenizer, datasets: list[str], mlflow_run: TrackedRun, start: RunStart, digests: dict
+    cfg: RunConfig,
+    tokenizer,
+    datasets: list[str],
+    mlflow_run: TrackedRun,
+    start: RunStart,
+    digests: dict,
+    until: int | None,
 ) -> dict[str, Any]:
     """What every worker's loop is a function of (worker.train_loop_per_worker)."""
     uri, run_id = mlflow_run.uri, mlflow_run.run_id
@@ -243,7 +250,7 @@ def _loop_config(
         # too), up to the checkpoint's step where this run takes a new trajectory from it.
         "continues": mlflow_run.continues,
         "chain_run_ids": start.chain_run_ids,
-        "history_until": _history_until(cfg, uri, run_id, start),
+        "history_until": until,
         "provenance": {"data": digests, "run_id": run_id},  # a checkpoint names the run that wrote it
         # The checkpoints the checks hashed: a worker on this machine does not hash them again.
         "hashed": [hashed_here(p) for p in dict.fromkeys([cfg.trainer.resume_from, cfg.trainer.warm_start]) if p],

@@ -39,7 +39,6 @@ from convsts.models.checkpoint import (
     complete_checkpoints,
     damaged_file,
     incomplete_reason,
-    listed_steps,
     newest_complete,
 )
 from convsts.ray_jobs.config.schema import RESUME_LATEST, RunConfig
@@ -419,14 +418,8 @@ def _undamaged_newest(found: list[CheckpointRef]) -> CheckpointRef | None:
 def _older_complete(newest: CheckpointRef) -> CheckpointRef | None:
     """The newest complete checkpoint of `newest`'s run folder below its step (each incomplete one met
     on the way skipped in one line), or None."""
-    for candidate in listed_steps(newest.folder) if newest.folder else []:
-        if candidate.step >= newest.step:
-            continue
-        reason = incomplete_reason(candidate.path)
-        if reason is None:
-            return candidate._replace(run_id=checkpoint_owner(candidate.path).run_id or newest.run_id)
-        log.warning("%s: skipped, not a complete checkpoint (%s)", redact(candidate.path), reason)
-    return None
+    older = complete_checkpoints(newest.folder, newest_only=True, below=newest.step) if newest.folder else []
+    return older[0]._replace(run_id=checkpoint_owner(older[0].path).run_id or newest.run_id) if older else None
 
 
 def _fresh(out_dir: Path, location: RunStorage) -> RunStart:

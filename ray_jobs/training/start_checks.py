@@ -69,14 +69,14 @@ def resume_mismatches(meta: dict[str, Any], cfg: RunConfig) -> list[str]:
 RESUME_UNSAID = ("trainer.resume_from", "trainer.warm_start", "mlflow.")
 
 
-def other_settings(meta: dict[str, Any], cfg: RunConfig) -> list[str]:
+def other_settings(meta: dict[str, Any], cfg: RunConfig, leaving_out: tuple[str, ...] = ()) -> list[str]:
     """The settings outside resume_mismatches' checks in which this run differs from the run that
     wrote the checkpoint (its config.json, `meta`: a batch size, a learning rate, trainer.steps):
-    taken, and named."""
+    taken, and named; the keys `leaving_out` not among them."""
     old = flatten(meta.get("run_config", {}))
     new = flatten(redact_tree(cfg.to_dict()))  # the checkpoint's copy is redacted
     checked = ("model.", "tokenizer.", "trainer.task_weights.", *RESUME_UNSAID)
-    keep = {k for k in old.keys() & new.keys() if not k.startswith(checked)}
+    keep = {k for k in old.keys() & new.keys() if not k.startswith(checked) and k not in leaving_out}
     return changed_values({k: old[k] for k in keep}, {k: new[k] for k in keep}, "this run")
 
 
@@ -108,7 +108,7 @@ def new_trajectory(meta: dict[str, Any], cfg: RunConfig) -> list[str]:
     """The other_settings under which the steps after the checkpoint (its config.json, `meta`) are
     not the ones its chain logged (all but TRAJECTORY_NEUTRAL's)."""
     neutral = TRAJECTORY_NEUTRAL + (("trainer.steps",) if cfg.trainer.lr_decay == "none" else ())
-    return [s for s in other_settings(meta, cfg) if s.split("=", 1)[0] not in neutral]
+    return other_settings(meta, cfg, leaving_out=neutral)
 
 
 def history_until(cfg: RunConfig) -> int | None:
@@ -117,8 +117,8 @@ def history_until(cfg: RunConfig) -> int | None:
     None for a run that starts fresh or goes on as its checkpoint's run would have."""
     if not cfg.trainer.resume_from:
         return None
-    local = verified_folder(cfg.trainer.resume_from)  # verified once (check_resumable): not hashed again
-    return read_meta(local)["step"] if new_trajectory(read_meta(local), cfg) else None
+    meta = read_meta(verified_folder(cfg.trainer.resume_from))  # verified once (check_resumable): not hashed again
+    return meta["step"] if new_trajectory(meta, cfg) else None
 
 
 def check_initial_weights(cfg: RunConfig) -> None:
