@@ -18,6 +18,9 @@ its trial waited forever).
 from __future__ import annotations
 
 import copy
+import itertools
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -126,19 +129,67 @@ def elastic_size(cfg: RunConfig, nodes: list[Node]) -> int:
     return min(held, t.max_workers)
 
 
-def _check_elastic_leaves_data_room(cfg: RunConfig, nodes: list[Node], fit_now: int) -> None:
-    """An elastic group that Ray would size to take the CPU Ray Data's reads need is refused in one
-    line: its reads would wait forever (Ray sizes the group by the workers' requests alone)."""
-    t = cfg.trainer
+HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node alone
+
+
+def clusters_left(nodes: list[Node]) -> Iterator[list[Node]]:
+    """`nodes`, then every cluster their losses can leave, largest first: the head (the node holding
+    HEAD_RESOURCE, else the first) always stays, any number of each shape of the other nodes goes
+    (nodes alike in CPUs and GPUs are one shape, so a cluster of many like nodes gives few cases)."""
+    head = next((i for i, n in enumerate(nodes) if n.get(HEAD_RESOURCE)), 0)
+    shapes = Counter((n.get("CPU", 0.0), n.get("GPU", 0.0)) for i, n in enumerate(nodes) if i != head)
+    kept = sorted(itertools.product(*(range(count, -1, -1) for count in shapes.values())), key=lambda k: -sum(k))
+    for counts in kept:
+        others = [{"CPU": cpu, "GPU": gpu} for (cpu, gpu), k in zip(shapes, counts) for _ in range(k)]
+        yield [nodes[head], *others] if nodes else []
+
+
+def _starved(cfg: RunConfig, nodes: list[Node]) -> int:
+    """The size Ray Train would give an elastic group on `nodes` when that group leaves Ray Data's
+    reads no whole CPU (they would wait forever), else 0 (the group fits beside them, or fewer than
+    MIN fit and Ray waits for room)."""
     size = elastic_size(cfg, nodes)
-    if size > fit_now:
+    if size < cfg.trainer.min_workers or not unplaced(nodes, training_asks(cfg, size))[0]:
+        return 0
+    return size
+
+
+def _check_elastic_leaves_data_room(cfg: RunConfig, nodes: list[Node]) -> None:
+    """An elastic group that Ray would size to take the CPU Ray Data's reads need, on the cluster
+    now or on any cluster its nodes' losses can leave, is refused in one line: its reads would wait
+    forever (Ray sizes the group by the workers' requests alone, at every restart)."""
+    t = cfg.trainer
+    for left in clusters_left(nodes):
+        size = _starved(cfg, left)
+        if not size:
+            continue
+        lost = len(nodes) - len(left)
+        where = (
+            f"on the cluster's {_describe(left)}"
+            if not lost
+            else f"when {lost} of the cluster's {len(nodes)} nodes are lost (on the {_describe(left)} left)"
+        )
+        safe = _largest_safe_max(cfg, nodes)
+        remedy = f", or lower MAX to {safe}" if safe >= t.min_workers else ""
         raise ConfigError(
             f"trainer.num_workers={list(t.worker_range)}: Ray sizes an elastic group by the workers' requests "
-            f"alone and would start {size} worker(s) x {t.cpus_per_worker:g} CPU on the cluster's "
-            f"{_describe(nodes)}, leaving no whole CPU for Ray Data's reads (they would wait forever): set "
-            f"trainer.cpus_per_worker so that some node keeps a CPU no worker fits in (a head with fewer CPUs "
-            f"than a worker asks for), or lower MAX to {fit_now}"
+            f"alone and would start {size} worker(s) x {t.cpus_per_worker:g} CPU {where}, "
+            f"leaving no whole CPU for Ray Data's reads (they would wait forever): set "
+            f"trainer.cpus_per_worker so that the head keeps a CPU in which no worker fits (fewer CPUs "
+            f"than a worker asks for){remedy}"
         )
+
+
+def _largest_safe_max(cfg: RunConfig, nodes: list[Node]) -> int:
+    """The largest MAX from trainer.num_workers' MAX down to MIN whose group leaves Ray Data a CPU on
+    every cluster the nodes' losses can leave (MIN - 1 when none does)."""
+    trial = copy.deepcopy(cfg)
+    t = trial.trainer
+    for top in range(cfg.trainer.max_workers, cfg.trainer.min_workers - 1, -1):
+        t.num_workers = [t.min_workers, top]
+        if not any(_starved(trial, left) for left in clusters_left(nodes)):
+            return top
+    return cfg.trainer.min_workers - 1
 
 
 def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> int:
@@ -162,7 +213,7 @@ def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> int:
         )
     fit_now = workers_that_fit(cfg, nodes)
     if t.elastic:
-        _check_elastic_leaves_data_room(cfg, nodes, fit_now)
+        _check_elastic_leaves_data_room(cfg, nodes)
     return fit_now
 
 

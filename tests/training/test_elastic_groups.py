@@ -10,7 +10,7 @@ import torch
 
 from convsts.io.errors import ConfigError
 from convsts.ray_jobs.config.loader import load_config
-from convsts.ray_jobs.runtime.resources import check_training_fits, elastic_size, workers_that_fit
+from convsts.ray_jobs.runtime.resources import check_training_fits, clusters_left, elastic_size, workers_that_fit
 from convsts.ray_jobs.training.loop import WORKERS_METRIC, saved_plan
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
 from convsts.ray_jobs.training.train_state import TrainState, set_rng_state
@@ -65,8 +65,45 @@ def test_the_check_places_min_workers_says_how_many_fit_now_and_keeps_ray_datas_
     with pytest.raises(ConfigError) as err:
         check_training_fits(cfg, [node, node])
     message = str(err.value)
-    assert "leaving no whole CPU for Ray Data's reads" in message and "lower MAX to 1" in message
-    assert "\n" not in message
+    assert "would start 2 worker(s) x 2 CPU on the cluster's 2 node(s): 2 CPU, 2 CPU" in message
+    assert "leaving no whole CPU for Ray Data's reads" in message and "\n" not in message
+    # Once the other node is lost even one worker fills the head: no MAX helps, cpus_per_worker does.
+    assert "lower MAX" not in message and "trainer.cpus_per_worker" in message
+
+
+def test_an_elastic_group_is_refused_when_a_cluster_its_node_losses_leave_would_starve_ray_datas_reads():
+    """Ray restarts an elastic group at the size that fits whatever nodes are left: every cluster
+    that losses can leave (the head stays) is checked, not only the cluster at the start."""
+    head = {"node:__internal_head__": 1.0}
+    cfg = load_config(DEMO, ["trainer.num_workers=[1,3]", "trainer.cpus_per_worker=1"])
+    # A head of 2 CPUs and two 1-CPU nodes: 3 workers leave Ray Data a CPU now, but a lost node
+    # leaves 3 CPUs that the 3 workers fill; with MAX=1, every cluster left keeps a CPU.
+    nodes = [{"CPU": 2.0, **head}, {"CPU": 1.0}, {"CPU": 1.0}]
+    assert workers_that_fit(cfg, nodes) == 3
+    with pytest.raises(ConfigError) as err:
+        check_training_fits(cfg, nodes)
+    message = str(err.value)
+    assert (
+        "would start 3 worker(s) x 1 CPU when 1 of the cluster's 3 nodes are lost (on the 2 node(s): 2 CPU, 1 CPU left)"
+        in message
+    )
+    assert message.endswith("or lower MAX to 1") and "\n" not in message
+    assert (
+        check_training_fits(load_config(DEMO, ["trainer.num_workers=[1,1]", "trainer.cpus_per_worker=1"]), nodes) == 1
+    )
+    # The layout docs/cluster.md names (a head of 1 CPU, three 2-CPU nodes) with 1-CPU workers: two
+    # nodes lost leave 3 CPUs that 3 workers fill; with 2-CPU workers the head's CPU is never a worker's.
+    nodes = [{"CPU": 1.0, **head}, *[{"CPU": 2.0}] * 3]
+    with pytest.raises(
+        ConfigError, match=r"when 2 of the cluster's 4 nodes are lost \(on the 2 node\(s\): 1 CPU, 2 CPU left\)"
+    ):
+        check_training_fits(cfg, nodes)
+    assert (
+        check_training_fits(load_config(DEMO, ["trainer.num_workers=[1,3]", "trainer.cpus_per_worker=2"]), nodes) == 3
+    )
+    # The head is the node Ray marks as the head, wherever it is listed: the others may all go.
+    assert [len(c) for c in clusters_left([{"CPU": 2.0}, {"CPU": 1.0, **head}, {"CPU": 2.0}])] == [3, 2, 1]
+    assert clusters_left([{"CPU": 2.0}, {"CPU": 1.0, **head}]).__next__()[0]["CPU"] == 1.0
     with pytest.raises(ConfigError) as err:  # MIN does not fit: refused, naming MIN
         check_training_fits(
             load_config(DEMO, ["trainer.num_workers=[2,4]", "trainer.cpus_per_worker=2"]), [{"CPU": 3.0}]
