@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from convsts.io import storage
 from convsts.io.redaction import redact
@@ -92,7 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except AlreadyFinished as finished:  # --resume latest with nothing left to train: said, exit 0
             log.info("%s", finished)
             return 0
-    summary = {"checkpoint": str(result.checkpoint), "model": str(result.model), "mlflow_run_id": result.run_id}
+    summary: dict[str, Any] = {
+        "checkpoint": str(result.checkpoint),
+        "model": str(result.model),
+        "mlflow_run_id": result.run_id,
+    }
     summary.update(seconds=round(result.seconds, 1), task_split_mode=result.mode)
     print(json.dumps(summary, indent=2))
     return 0

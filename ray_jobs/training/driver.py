@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,6 +19,7 @@ from convsts.io.redaction import redact
 from convsts.models.checkpoint import hashed_here, load_train_state, read_model_files, save_model_folder
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.sts import read_stsb_split
+from convsts.ray_jobs.runtime.dead_train_runs import release_dead_fits
 from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.output_lock import holds_output
 from convsts.ray_jobs.runtime.ray_start import ensure_ray
@@ -38,11 +40,13 @@ from convsts.ray_jobs.training.data_feed import build_tokenizer, check_prepared,
 from convsts.ray_jobs.training.lineage import (
     CONTINUES_TAG,
     SUPERSEDED_TAG,
+    Link,
     RunStart,
     apply_start,
     decide_start,
     join_chain,
     mark_checkpoint,
+    mark_ray_train_run,
     mark_superseded,
     new_link,
 )
@@ -68,6 +72,17 @@ class TrainResult:
     mode: str
     train_rows: dict[str, int]  # rows of each materialized task's training set (SNLI after data.snli_fraction)
     model: Path  # OUT/model: the encoder without optimizer state, with its model card
+
+
+def _check_cluster(cfg: RunConfig, chain: Sequence[Link]) -> None:
+    """Ray started or joined; the cluster reservations of the chain's earlier fits released (their
+    drivers are gone: this run holds OUT; a killed one's would hold the cluster for minutes); a
+    layout that fits no node refused, not left waiting."""
+    ensure_ray()
+    release_dead_fits(k.ray_train_run for k in chain if k.ray_train_run)
+    fit_now = check_training_fits(cfg, alive_nodes())
+    if cfg.trainer.elastic:
+        log.info("elastic worker group %s: %d fit on the cluster now", list(cfg.trainer.worker_range), fit_now)
 
 
 @holds_output("train")  # one run at a time in out_dir, for the whole run
@@ -106,10 +121,7 @@ def run_training(
     # against the data its checkpoint was trained on.
     manifests = check_prepared(prepared, tasks, cfg, present_only=True)
     check_resume_data(cfg, data_digests(manifests))
-    ensure_ray()
-    fit_now = check_training_fits(cfg, alive_nodes())  # a layout that fits no node is refused, not left waiting
-    if cfg.trainer.elastic:
-        log.info("elastic worker group %s: %d fit on the cluster now", list(cfg.trainer.worker_range), fit_now)
+    _check_cluster(cfg, start.chain)
     manifests, digests = _all_prepared(cfg, prepared, tasks, manifests, prepare_missing)
     # The actions
     apply_start(out_dir, start, uri, run_id, redact(cfg.to_yaml()))
@@ -198,7 +210,9 @@ def _train(
     plan = _task_split(cfg)
     until = _history_until(cfg, uri, run_id, start)  # the chain's runs past it tagged superseded
     loop_config = _loop_config(cfg, tokenizer, sorted(datasets), mlflow_run, start, digests, until)
-    result = fit(cfg, location, loop_config, datasets, extra_callbacks, plan)
+    result = fit(
+        cfg, location, loop_config, datasets, extra_callbacks, plan, partial(mark_ray_train_run, out_dir, run_id)
+    )
     final, best = _keep_checkpoints(cfg, result, out_dir)
     mode = (
         (load_train_state(final, mapped=True) or {}).get("mode", plan.mode) if cfg.trainer.elastic else plan.mode

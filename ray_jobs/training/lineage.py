@@ -72,6 +72,7 @@ class Link:
     base: str  # IN_OUT or IN_STORAGE_PATH: what `folder` is relative to
     folder: str  # relative, never leaving its base (read_chain refuses one that does)
     checkpoint_step: int | None = None  # its newest complete checkpoint's step, as last seen
+    ray_train_run: str | None = None  # the id Ray Train gave its fit (its cluster reservation's name)
 
     def location(self, out_dir: Path, cfg: RunConfig) -> str | None:
         """The folder on this machine or at its URI, or None, said in one line, where this run
@@ -204,10 +205,12 @@ def _links(record: Any) -> list[Link]:
         raise ValueError("no runs")
     links = []
     for i, entry in enumerate(runs):
-        step = entry.get("checkpoint_step")
-        link = Link(entry["run_id"], entry["storage"], entry["base"], entry["folder"], step)
+        step, fit = entry.get("checkpoint_step"), entry.get("ray_train_run")
+        link = Link(entry["run_id"], entry["storage"], entry["base"], entry["folder"], step, fit)
         if not all(isinstance(v, str) and v for v in (link.run_id, link.storage, link.folder)):
             raise ValueError(f"runs[{i}]: run_id, storage and folder are non-empty strings")
+        if not (fit is None or (isinstance(fit, str) and fit)):
+            raise ValueError(f"runs[{i}]: ray_train_run {fit!r} is not a Ray Train run id")
         if link.base not in (IN_OUT, IN_STORAGE_PATH) or not (step is None or isinstance(step, int)):
             raise ValueError(
                 f"runs[{i}]: base {link.base!r} or checkpoint_step {step!r} is not one this version writes"
@@ -229,6 +232,7 @@ def write_chain(out_dir: Path, links: list[Link] | tuple[Link, ...]) -> None:
             "base": k.base,
             "folder": k.folder,
             "checkpoint_step": k.checkpoint_step,
+            "ray_train_run": k.ray_train_run,
         }
         for k in links
     ]
@@ -245,6 +249,13 @@ def mark_checkpoint(out_dir: Path, run_id: str, step: int) -> None:
     """The run's link records `step` as its newest complete checkpoint (a finished run's last)."""
     links = read_chain(out_dir)
     write_chain(out_dir, [replace(k, checkpoint_step=step) if k.run_id == run_id else k for k in links])
+
+
+def mark_ray_train_run(out_dir: Path, run_id: str, ray_train_run: str) -> None:
+    """The run's link records the id Ray Train gave its fit, once the trainer is made: a later run
+    into OUT releases that fit's cluster reservation if its driver was killed (dead_train_runs)."""
+    links = read_chain(out_dir)
+    write_chain(out_dir, [replace(k, ray_train_run=ray_train_run) if k.run_id == run_id else k for k in links])
 
 
 def chain_runs(out_dir: Path, run_id: str) -> list[str]:

@@ -5,7 +5,7 @@ parameter holder."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -39,14 +39,24 @@ def checkpoint_config(cfg: RunConfig):
     )
 
 
-def fit(cfg: RunConfig, location: RunStorage, loop_config: dict, datasets: dict, extra_callbacks, plan):
-    """The TorchTrainer's fit, with the async split's parameter holder for this fit only. On Ctrl+C,
-    SIGTERM or an error the workers stop before the run is marked KILLED or FAILED (abort_fit)."""
+def fit(
+    cfg: RunConfig,
+    location: RunStorage,
+    loop_config: dict,
+    datasets: dict,
+    extra_callbacks,
+    plan,
+    made: Callable[[str], None] = lambda ray_train_run: None,
+):
+    """The TorchTrainer's fit, with the async split's parameter holder for this fit only; `made` is
+    given the id Ray Train gave the fit before it starts. On Ctrl+C, SIGTERM or an error the workers
+    stop before the run is marked KILLED or FAILED (abort_fit)."""
     uri, run_id = loop_config["tracking_uri"], loop_config["run_id"]
     holder = None
     if plan.mode is SplitMode.ASYNC:
         holder = loop_config["holder"] = start_holder(cfg)
     trainer = torch_trainer(cfg, location, loop_config, datasets, extra_callbacks)
+    made(trainer.train_run_context.run_id)  # Train V2's run context, made with the trainer
     try:
         with tracking.system_metrics(uri, run_id), reporting_worker_deaths():
             return trainer.fit()

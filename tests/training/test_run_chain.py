@@ -119,7 +119,13 @@ def test_a_run_killed_before_its_first_checkpoint_leaves_the_earlier_ones_resuma
 
 @pytest.mark.parametrize(
     "damage",
-    ["{}", '{"format": 3, "runs": [{"run_id": "a", "sto', "\xff\xfe", '{"format": 2, "runs": [{"run_id": "a"}]}'],
+    [
+        "{}",
+        '{"format": 3, "runs": [{"run_id": "a", "sto',
+        "\xff\xfe",
+        '{"format": 2, "runs": [{"run_id": "a"}]}',
+        '{"format": 3, "runs": [{"run_id": "a", "storage": "s", "base": "out", "folder": "f", "ray_train_run": 7}]}',
+    ],
 )
 def test_a_damaged_run_record_is_refused_in_one_line_naming_it(tmp_path, damage):
     out, source = tmp_path / "out", tmp_path / "src"
@@ -354,7 +360,7 @@ def test_an_older_checkpoint_resumed_with_other_settings_logs_the_steps_after_it
     trajectory): the history is the chain's up to step 10 only, the run logs every step after it, and
     the chain's runs that logged past it are tagged superseded there by the new run. The same
     checkpoint with only trainer.steps raised goes on as its run would have: the chain's steps stay
-    history (the chain test's run F)."""
+    history, and none is logged again."""
     from convsts.ray_jobs.training.lineage import SUPERSEDED_TAG, mark_superseded
     from convsts.ray_jobs.training.start_checks import history_until
     from convsts.ray_jobs.training.worker import worker_hooks
@@ -370,6 +376,8 @@ def test_an_older_checkpoint_resumed_with_other_settings_logs_the_steps_after_it
         tracking.log_metrics(mlflow_uri, first if step <= 30 else second, {"reddit/loss": 1.0 / step}, step)
     same = load_config(None, ["name=long", "trainer.steps=200", f"trainer.resume_from={a[0]}"])
     assert history_until(same) is None
+    resumed = decide_start(out, same)  # an older checkpoint of the chain, named: it continues its run
+    assert resumed.continues == first and resumed.chain_run_ids == (first, second)
     other = load_config(
         None, ["name=long", "trainer.stages=[{start_step: 0, batch_size: 128, lr: 0.5}]", f"trainer.resume_from={a[0]}"]
     )
