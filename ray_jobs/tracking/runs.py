@@ -237,12 +237,12 @@ def log_metrics(tracking_uri: str, run_id: str, metrics: Mapping[str, float], st
 
 def last_logged_steps(tracking_uri: str, run_id: str) -> dict[str, int]:
     """{metric: the highest step logged} of a run: what a restarted training has already logged
-    ({} where the store has no such run)."""
+    ({} where the store has no such run). One request: the run's latest metrics, which every MLflow
+    store keeps at each metric's highest step, carry that step (its metric histories are not read)."""
     run = _stored_run(tracking_uri, run_id)
     if run is None:
         return {}
-    c = client(tracking_uri)
-    return {key: max((m.step for m in c.get_metric_history(run_id, key)), default=-1) for key in run.data.metrics}
+    return {m.key: m.step for m in run.data.to_proto().metrics}
 
 
 def latest_value(tracking_uri: str, run_id: str, key: str) -> float | None:

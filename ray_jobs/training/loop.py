@@ -55,8 +55,9 @@ class LoopHooks:
 
 
 def saved_plan(cfg: RunConfig, state: TrainState, plan: TaskPlan) -> TaskPlan:
-    """The plan of the group that wrote `state`: `plan` at the same size, else the weights' plan at
-    its size (a group of another size: an elastic group resized, or a resume on another count)."""
+    """The plan of the group that wrote `state`, rebuilt from the run's settings, for a state written
+    before each task's ranks were kept in it (TrainState.task_ranks): `plan` at the same size, else
+    the weights' plan at its size (an elastic group resized, or a resume on another count)."""
     if state.world_size == plan.world_size:
         return plan
     return plan_tasks(cfg.trainer.task_weights, state.world_size, split=cfg.trainer.task_split)
@@ -96,6 +97,12 @@ class TrainLoop:
                 state.load_optimizers(self.optimizers)
                 self.optimizers.set_lr(self.lr)
             positions = state.positions_of(rank, plan, saved_plan(cfg, state, plan))
+            for task in self.my_tasks:
+                if task not in positions and state.step and self.leaders[task] == rank:
+                    self.hooks.progress(
+                        f"[convsts rank {rank}] {task}: the checkpoint (step {state.step}) holds no position of "
+                        f"this task's data (it was not trained then): its data starts at epoch 0"
+                    )
         self.streams = self._open_streams(self.stage.batch_size, positions)
         self.task_gen = torch.Generator().manual_seed(cfg.seed)
         if state and state.task_draws is not None:  # the draws go on where they stopped
@@ -164,6 +171,7 @@ class TrainLoop:
                 self.plan.mode,
                 task_draws=self.task_gen.get_state(),
                 rng=[g["rng"] for g in gathered],
+                task_ranks={t: self.plan.ranks_of(t) for t in self.plan.tasks},
             )
         self._checkpoint(metrics, state)
 

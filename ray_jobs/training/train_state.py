@@ -53,6 +53,9 @@ class TrainState:
     # rank) and per rank torch's own generators (dropout; CUDA's too on a GPU).
     task_draws: torch.Tensor | None = None
     rng: list[dict[str, Any]] = field(default_factory=list)
+    # The ranks of each task in the group that wrote the state ({} in a checkpoint written before
+    # this was kept: the plan is then rebuilt from the run's settings, loop.saved_plan).
+    task_ranks: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainState:
@@ -67,6 +70,7 @@ class TrainState:
             pushed=data.get("pushed", []),
             task_draws=data.get("task_draws"),
             rng=data.get("rng", []),
+            task_ranks=data.get("task_ranks", {}),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,6 +85,7 @@ class TrainState:
             "pushed": self.pushed,
             "task_draws": self.task_draws,
             "rng": self.rng,
+            "task_ranks": self.task_ranks,
         }
 
     def load_optimizers(self, optimizers) -> None:
@@ -91,21 +96,25 @@ class TrainState:
                 opt.load_state_dict(sd)
 
     def positions_of(self, rank: int, plan: TaskPlan, saved: TaskPlan) -> dict[str, dict[str, int]]:
-        """The stream positions of `rank` of `plan`: its own at the world size the checkpoint was
-        written at (`saved`: that group's plan). At another size (an elastic group resized, or a
-        resume on another count) ranks are not the same ranks: each of the rank's tasks goes on from
-        the task's position, taken from the task's first rank in `saved` (every rank of a task
-        draws one batch a step, so all hold the same): the same epoch, and the same share of it read
-        by the task's ranks together (batch_in_epoch x the task's ranks then / its ranks now; each
-        rank's split of the task's rows grows or shrinks by that factor)."""
-        if len(self.positions) == plan.world_size == saved.world_size:
+        """The stream positions of `rank` of `plan`: its own where the group that wrote the state had
+        the same ranks for the same tasks (its task_ranks; `saved`, the plan rebuilt from the run's
+        settings, for a state without them). Otherwise (an elastic group resized, a resume on another
+        count or other task workers) ranks are not the same ranks: each of the rank's tasks goes on
+        from the task's position, taken from the task's first rank then (every rank of a task draws
+        one batch a step, so all hold the same): the same epoch, and the same share of it read by the
+        task's ranks together (batch_in_epoch x the task's ranks then / its ranks now; each rank's
+        split of the task's rows grows or shrinks by that factor). A task the state holds no
+        position for starts at epoch 0 (positions_missing names it)."""
+        then = self.task_ranks or {t: saved.ranks_of(t) for t in saved.tasks}
+        now = {t: plan.ranks_of(t) for t in plan.tasks}
+        if len(self.positions) == plan.world_size and all(then.get(t) == now[t] for t in plan.tasks_of(rank)):
             return self.positions[rank]
         out = {}
         for task in plan.tasks_of(rank):
-            before = saved.ranks_of(task)
+            before = then.get(task, [])
             position = self.positions[before[0]].get(task) if before and before[0] < len(self.positions) else None
             if position:
-                read = position.get("batch_in_epoch", 0) * len(before) // len(plan.ranks_of(task))
+                read = position.get("batch_in_epoch", 0) * len(before) // len(now[task])
                 out[task] = {**position, "batch_in_epoch": read}
         return out
 

@@ -241,3 +241,27 @@ def test_a_trial_run_again_logs_only_the_steps_its_run_lacks(mlflow_uri):
         (5, 0.501),
     ]
     assert sorted(m.step for m in tracking.client(mlflow_uri).get_metric_history(run_id, "epoch")) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("store", ["sqlite", "server"])
+def test_the_last_logged_step_of_each_metric_is_its_highest_step_in_one_request(store, mlflow_uri, tmp_path):
+    """last_logged_steps reads a run's latest metrics (one request, no metric history): each metric's
+    highest step, whatever order the steps were logged in, in a sqlite store and through an MLflow
+    server on 127.0.0.1."""
+    from testkit.local_cluster import mlflow_server
+
+    from convsts.ray_jobs.tracking import runs as tracking
+
+    def check(uri: str) -> None:
+        run_id = tracking.start_run(uri, "last-steps", "run")
+        for step in (10, 5, 20, 15):  # a restart replays earlier steps after later ones were logged
+            tracking.log_metrics(uri, run_id, {"reddit/loss": 1.0 / step}, step)
+        tracking.log_metrics(uri, run_id, {"lr": 0.1}, 0)
+        assert tracking.last_logged_steps(uri, run_id) == {"reddit/loss": 20, "lr": 0}
+        assert tracking.last_logged_steps(uri, "0" * 32) == {}
+
+    if store == "sqlite":
+        check(mlflow_uri)
+        return
+    with mlflow_server(tmp_path / "server") as url:
+        check(url)

@@ -136,6 +136,34 @@ def _state(world: int, positions: list[dict], step: int = 480) -> TrainState:
     return TrainState(step, positions=positions, world_size=world, rng=rng)
 
 
+def test_positions_follow_the_ranks_the_checkpoint_records_not_a_plan_rebuilt_from_todays_settings():
+    """A state keeps each task's ranks in the group that wrote it: a resume whose plan maps other
+    ranks to the tasks (other task workers, another size) takes each task's position from the ranks
+    that read it, never another task's rank; a state without them (older) rebuilds the plan."""
+    cfg = load_config(DEMO, ["trainer.num_workers=3"])
+    reddit, snli = (
+        {"epoch": 2, "batch_in_epoch": 30, "batch_size": 32},
+        {"epoch": 5, "batch_in_epoch": 8, "batch_size": 32},
+    )
+    # Written with trainer.task_workers={reddit: 1, snli: 2}: reddit on rank 0, snli on ranks 1-2.
+    state = _state(3, [{"reddit": reddit}, {"snli": snli}, {"snli": snli}])
+    state.task_ranks = {"reddit": [0], "snli": [1, 2]}
+    three = plan_for(cfg.trainer, 3)  # today's plan at 3: reddit on ranks 0-1, snli on rank 2
+    assert three.ranks_of("reddit") == [0, 1] and three.ranks_of("snli") == [2]
+    assert state.positions_of(0, three, three) == {"reddit": {**reddit, "batch_in_epoch": 15}}
+    assert state.positions_of(1, three, three) == {"reddit": {**reddit, "batch_in_epoch": 15}}
+    assert state.positions_of(2, three, three) == {"snli": {**snli, "batch_in_epoch": 16}}
+    # The same ranks for the same tasks: each rank's own position, as it was.
+    same = TrainState.from_dict({**state.to_dict(), "task_ranks": {"reddit": [0, 1], "snli": [2]}})
+    same.positions = [{"reddit": reddit}, {"reddit": {**reddit, "batch_in_epoch": 31}}, {"snli": snli}]
+    assert same.positions_of(1, three, three) == {"reddit": {**reddit, "batch_in_epoch": 31}}
+    # A state written before task_ranks was kept reads as the plan rebuilt from the settings.
+    older = TrainState.from_dict({k: v for k, v in same.to_dict().items() if k != "task_ranks"})
+    assert older.task_ranks == {} and older.positions_of(1, three, saved_plan(cfg, older, three)) == {
+        "reddit": {**reddit, "batch_in_epoch": 31}
+    }
+
+
 def test_a_checkpoint_of_another_size_gives_each_rank_its_tasks_position_and_seeded_generators():
     cfg = load_config(DEMO, ["trainer.num_workers=[1,3]"])
     # Written by 3 ranks (reddit 0-1, snli 2), every rank of a task at the same position.

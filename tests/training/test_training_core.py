@@ -25,7 +25,7 @@ from convsts.ray_jobs.tasks.base import fields
 from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
 from convsts.ray_jobs.training.schedule import StageSchedule
 from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks
-from convsts.ray_jobs.training.train_state import resume_skip
+from convsts.ray_jobs.training.train_state import TrainState, resume_skip
 from convsts.ray_jobs.training.train_step import Optimizers, seed_everything, train_step
 
 TINY = [
@@ -163,6 +163,29 @@ def test_resume_from_a_checkpointed_state_logs_the_uninterrupted_runs_losses(enc
     assert logged["resumed"] == after and {k for m in after.values() for k in m} == {"reddit/loss", "snli/loss"}
     for name, value in model.state_dict().items():
         assert torch.equal(value, resumed_model.state_dict()[name]), name
+
+
+def test_a_task_the_checkpoint_holds_no_position_of_starts_at_epoch_0_saying_so():
+    """A resume that trains a task its checkpoint did not (its weight was 0 then): that task's data
+    starts at epoch 0, in one line; the other task goes on from its position, without a line."""
+    cfg = load_config(
+        None,
+        TINY
+        + [
+            "trainer.task_weights={reddit: 0.5, snli: 0.5}",
+            "trainer.steps=4",
+            "trainer.stages=[{start_step: 0, batch_size: 4, lr: 0.01}]",
+        ],
+    )
+    position = {"epoch": 1, "batch_in_epoch": 3, "batch_size": 4}
+    state = TrainState(4, positions=[{"reddit": position}], world_size=1, task_ranks={"reddit": [0]})
+    lines: list[str] = []
+    _, _, opened = _loop(cfg, state=state, hooks=LoopHooks(progress=lines.append))
+    assert sorted(opened) == [("reddit", 4, 1, 3), ("snli", 4, 0, 0)]
+    assert lines == [
+        "[convsts rank 0] snli: the checkpoint (step 4) holds no position of this task's data (it was not "
+        "trained then): its data starts at epoch 0"
+    ]
 
 
 def test_resume_skip_restarts_an_epoch_after_a_batch_size_change():
