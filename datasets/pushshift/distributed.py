@@ -49,7 +49,11 @@ PIECE_BYTES = 64 << 20  # decompressed bytes of a dump per task, where whole dum
 # Arrow's parser threads): dumps are cut into pieces only where the CPUs outnumber that.
 WHOLE_READ_CPUS = 2
 TASK_PARTITION_BYTES = 256 << 20  # input bytes (as stored) per partition of the distributed path, at first
-PARTITION_TABLES = ("key", "node", "edge")  # what a read task hands over per partition: ids, possible parents, replies
+PARTITION_TABLES = (
+    "key",
+    "candidate",
+    "reply",
+)  # what a read task hands over per partition: ids, possible parents, replies
 
 
 def read_partitioned(
@@ -91,9 +95,9 @@ def partitioned_chunks(chunks: Iterable[Any], parts: int, flush_bytes: int) -> I
     """Ruled chunks of one input (ruled_chunks) cut into `parts` hash partitions
     (partitioned_comments): every `flush_bytes` of rows and at the end (at least once), 3 x `parts`
     tables in a fixed order (PARTITION_TABLES, each partition 0..parts-1; None for one without rows): "key", the
-    node rows' (id, order) alone, for the repeated ids; "node"; "edge". Then the counts: (lines read,
+    candidate rows' (id, order) alone, for the repeated ids; "candidate"; "reply". Then the counts: (lines read,
     malformed lines, the first MAX_EXAMPLES of them, the largest table's bytes, each partition's
-    node and edge bytes)."""
+    candidate and reply bytes)."""
     buffered: dict[tuple[str, int], list] = {}
     size, largest, lines_read, malformed_lines, examples, flushed = 0, 0, 0, 0, list[int](), False
     part_bytes = [0] * parts
@@ -104,7 +108,7 @@ def partitioned_chunks(chunks: Iterable[Any], parts: int, flush_bytes: int) -> I
         for kind, table, part in partitioned_comments(chunk, parts):
             for p, rows in partition_slices(table, part, parts):
                 buffered.setdefault((kind, p), []).append(rows)
-                if kind == "node":
+                if kind == "candidate":
                     buffered.setdefault(("key", p), []).append(rows.select(["id", "order"]))
                 size += rows.nbytes
                 part_bytes[p] += rows.nbytes
@@ -177,7 +181,7 @@ def _split_task(kind: str, ways: int, rows) -> list[Any]:
 
 
 def _within_budget(handed: dict[str, list[list]], sizes: list[int], part_bytes: int) -> list[tuple[list, list]]:
-    """Each partition's (node refs, edge refs) for a pairs task; a partition whose rows came to more
+    """Each partition's (candidate refs, reply refs) for a pairs task; a partition whose rows came to more
     than `part_bytes` (a dump that compresses well) cut into as many by another hash (split tasks,
     a table each), each part joined by a task of its own."""
     import ray
@@ -185,15 +189,15 @@ def _within_budget(handed: dict[str, list[list]], sizes: list[int], part_bytes: 
     out, recut = [], 0
     for p, size in enumerate(sizes):
         if size <= part_bytes:
-            out.append((handed["node"][p], handed["edge"][p]))
+            out.append((handed["candidate"][p], handed["reply"][p]))
             continue
         ways, recut = cut_ways(size, part_bytes), recut + 1
         split = ray.remote(num_returns=ways)(_split_task)
         # num_returns > 1: each call's refs are a list (the stubs: one ref)
         cut: dict[str, list[Any]] = {
-            kind: [split.remote(kind, ways, ref) for ref in handed[kind][p]] for kind in ("node", "edge")
+            kind: [split.remote(kind, ways, ref) for ref in handed[kind][p]] for kind in ("candidate", "reply")
         }
-        out += [([refs[q] for refs in cut["node"]], [refs[q] for refs in cut["edge"]]) for q in range(ways)]
+        out += [([refs[q] for refs in cut["candidate"]], [refs[q] for refs in cut["reply"]]) for q in range(ways)]
     say_recut(recut, part_bytes)
     return out
 
@@ -211,14 +215,14 @@ def _repeated_lines_task(*keys):
 SPLITS = ("train", "test")
 
 
-def _pairs_task(test_share: float, salt: str, ranges: int, repeats, nodes: list, *edges) -> list[Any]:
+def _pairs_task(test_share: float, salt: str, ranges: int, repeats, candidates: list, *replies) -> list[Any]:
     """One partition's replies joined to its possible parents: [its counts, its pairs' rows in each
     key range ({split: [rows of range 0..ranges-1]}), then the train pairs by key range
-    0..ranges-1, then the test pairs by range (None where a range has none)]. `nodes`: the
-    partition's node tables (refs inside a list: fetched here, after the edges)."""
+    0..ranges-1, then the test pairs by range (None where a range has none)]. `candidates`: the
+    partition's candidate tables (refs inside a list: fetched here, after the replies)."""
     import ray
 
-    counts, pairs = partition_pairs(list(edges), lambda: ray.get(nodes), repeats, test_share, salt)
+    counts, pairs = partition_pairs(list(replies), lambda: ray.get(candidates), repeats, test_share, salt)
     sizes: dict[str, list[int]] = {}
     tables: list[Any] = []
     for split in SPLITS:
@@ -291,7 +295,7 @@ SAMPLED_FILES = 4  # the largest dumps are sampled
 
 
 def row_bytes_estimate(paths: Sequence[str], cfg: RedditFilterConfig) -> int:
-    """The rows (node and edge bytes, as the read tasks count them) the dumps will hold, from the
+    """The rows (candidate and reply bytes, as the read tasks count them) the dumps will hold, from the
     rows of the first SAMPLE_BYTES (as stored) of the SAMPLED_FILES largest, scaled to all their
     bytes: the monthly dumps compress 8-10x, others 3x, and their comments pass the filters at
     their own rate."""
@@ -346,7 +350,9 @@ def prepare_distributed(
     jobs = _within_budget(handed, [sum(r[4][p] for r in read) for p in range(parts)], part_bytes)
     ranges = len(jobs)  # key ranges, a write task each: as many as the joins, each about a join's rows
     pairs_task = ray.remote(num_returns=2 + 2 * ranges)(_pairs_task)
-    joined = [pairs_task.remote(test_share, salt, ranges, repeats, nodes, *edges) for nodes, edges in jobs]
+    joined = [
+        pairs_task.remote(test_share, salt, ranges, repeats, candidates, *replies) for candidates, replies in jobs
+    ]
 
     manifest = _distributed_manifest(read, ray.get([j[0] for j in joined]), ranked)
     log.info(

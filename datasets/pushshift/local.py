@@ -19,10 +19,10 @@ import pyarrow as pa
 
 from convsts.datasets.config import RedditFilterConfig
 from convsts.datasets.pushshift.steps import (
-    EDGE_COLUMNS,
+    CANDIDATE_COLUMNS,
     MAX_SPLITS,
-    NODE_COLUMNS,
     PARTITION_ROW_BYTES,
+    REPLY_COLUMNS,
     cut_again,
     cut_ways,
     key_ranges,
@@ -49,13 +49,13 @@ PROGRESS_SECONDS = 30.0  # prepare_local logs how far it has read this often
 
 class Spill:
     """Rows spilled to local disk as Arrow IPC streams, in `parts` partitions per kind:
-    * "node": each comment as a possible parent, in the partition of a hash of its id;
-    * "edge": each comment as a reply, in the partition of a hash of its parent's id (a reply to a
+    * "candidate": each comment as a possible parent, in the partition of a hash of its id;
+    * "reply": each comment as a reply, in the partition of a hash of its parent's id (a reply to a
       submission in that of its own id); a body is kept only where its comment passed the filters;
     * "pairs-SPLIT": the pairs found, in ranges of their ORDER_KEY (the top bits), so that writing the
       ranges one after the other, each sorted, writes in_fixed_order's order."""
 
-    NODE, EDGE = NODE_COLUMNS, EDGE_COLUMNS
+    CANDIDATE, REPLY = CANDIDATE_COLUMNS, REPLY_COLUMNS
 
     def __init__(self, folder: Path, parts: int):
         self.folder, self.parts = folder, parts
@@ -89,15 +89,15 @@ class Spill:
             self._writers.pop(key).close()
 
     def size(self, part: int | str) -> int:
-        """A partition's rows on disk (its node and edge files: Arrow IPC, as decompressed and parsed)."""
-        files = (self.folder / f"{kind}-{part}.arrow" for kind in ("node", "edge"))
+        """A partition's rows on disk (its candidate and reply files: Arrow IPC, as decompressed and parsed)."""
+        files = (self.folder / f"{kind}-{part}.arrow" for kind in ("candidate", "reply"))
         return sum(f.stat().st_size for f in files if f.exists())
 
     def split(self, part: int | str, ways: int, seed: int) -> list[str]:
         """Partition `part`, cut into `ways` by another hash (split_key, `seed`), a batch at a time:
         the new partitions' names (`PART.0`, ...); its own files removed."""
         names = [f"{part}.{q}" for q in range(ways)]
-        for kind in ("node", "edge"):
+        for kind in ("candidate", "reply"):
             path = self.folder / f"{kind}-{part}.arrow"
             if not path.exists():
                 continue
@@ -129,9 +129,9 @@ class Spill:
         duplicates. Memory: one partition's (id, order), and the repeated lines."""
         repeats = [pa.array([], pa.int64())]
         for part in range(self.parts):
-            nodes = self.read("node", part)
-            if nodes is not None:
-                repeats.append(repeated_lines_of(nodes))
+            candidates = self.read("candidate", part)
+            if candidates is not None:
+                repeats.append(repeated_lines_of(candidates))
         return pa.concat_arrays(repeats)
 
     def write_split(self, split: str, out_dir: str | Path, rows: int, rows_per_shard: int) -> list:
@@ -169,8 +169,8 @@ def _spill_comments(spill: Spill, paths: Sequence[str], cfg: RedditFilterConfig)
             malformed_lines += malformed
             examples += orders
             spill.add_comments(chunk)
-    spill.close("node")
-    spill.close("edge")
+    spill.close("candidate")
+    spill.close("reply")
     return lines_read, malformed_lines, examples
 
 
@@ -224,10 +224,14 @@ def prepare_local(
                 recut += 1
                 continue
             part_counts, pairs = partition_pairs(
-                [spill.read("edge", part)], functools.partial(spill.read_all, "node", part), repeats, test_share, salt
+                [spill.read("reply", part)],
+                functools.partial(spill.read_all, "candidate", part),
+                repeats,
+                test_share,
+                salt,
             )
-            spill.drop("node", part)
-            spill.drop("edge", part)
+            spill.drop("candidate", part)
+            spill.drop("reply", part)
             counts.append(part_counts)
             for split, table in pairs.items():
                 spill.add_pairs(split, table)

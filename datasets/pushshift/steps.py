@@ -1,5 +1,5 @@
-"""The steps on columns both pushshift engines share: partitioning comments as parents (nodes) and
-replies (edges), cutting an oversized partition again, the repeated ids, the parent join that makes
+"""The steps on columns both pushshift engines share: partitioning comments as possible parents
+(candidates) and replies, cutting an oversized partition again, the repeated ids, the parent join that makes
 the pairs and their splits, and the manifest's counts."""
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from convsts.datasets.reddit import (
 log = logging.getLogger("convsts")
 
 
-# The columns of a partition's rows: a comment as a possible parent (node), as a reply (edge).
-NODE_COLUMNS = ("id", "order", "status", "body")
-EDGE_COLUMNS = ("parent_key", "order", "status", "body", "link_id", "subreddit")
+# The columns of a partition's rows: a comment as a possible parent (candidate), as a reply.
+CANDIDATE_COLUMNS = ("id", "order", "status", "body")
+REPLY_COLUMNS = ("parent_key", "order", "status", "body", "link_id", "subreddit")
 
 
 PARTITION_INPUT_BYTES = 64 << 20  # input bytes (as stored) per spill partition of prepare_local, at first
@@ -57,7 +57,7 @@ def reply_statuses(joined):
 
 def partitioned_comments(comments, parts: int) -> list[tuple[str, Any, np.ndarray]]:
     """A chunk of well-formed comments (COMMENT_COLUMNS, filter rules in `status`) as [(kind, rows,
-    each row's partition)]: "node", each comment as a possible parent by a hash of its id; "edge",
+    each row's partition)]: "candidate", each comment as a possible parent by a hash of its id; "reply",
     each as a reply by a hash of its parent's id (a reply to a submission by its own id); a body is
     kept only where its comment passed the filters."""
     body = pc.if_else(pc.equal(comments["status"], ""), comments["body"], None)
@@ -65,11 +65,11 @@ def partitioned_comments(comments, parts: int) -> list[tuple[str, Any, np.ndarra
     parent_key = pc.if_else(is_comment, pc.utf8_slice_codeunits(comments["parent_id"], len(PARENT)), None)
     columns = {"id": comments["id"], "parent_key": parent_key, "body": body}
     columns |= {name: comments[name] for name in ("order", "status", "link_id", "subreddit")}
-    node = pa.table({name: columns[name] for name in NODE_COLUMNS})
-    edge = pa.table({name: columns[name] for name in EDGE_COLUMNS})
+    candidate = pa.table({name: columns[name] for name in CANDIDATE_COLUMNS})
+    reply = pa.table({name: columns[name] for name in REPLY_COLUMNS})
     return [
-        ("node", node, hashed(comments["id"], parts)),
-        ("edge", edge, hashed(pc.coalesce(parent_key, comments["id"]), parts)),
+        ("candidate", candidate, hashed(comments["id"], parts)),
+        ("reply", reply, hashed(pc.coalesce(parent_key, comments["id"]), parts)),
     ]
 
 
@@ -86,10 +86,10 @@ def say_recut(count: int, part_bytes: int) -> None:
 
 
 def split_key(kind: str, rows):
-    """What a partition's rows are cut again by (with another hash): a node by its id, an edge by its
+    """What a partition's rows are cut again by (with another hash): a candidate by its id, a reply by its
     parent's id, so that each reply stays with its parent; a reply to a submission, which has no
     parent to join, by its line."""
-    if kind == "node":
+    if kind == "candidate":
         return rows["id"]
     return pc.coalesce(rows["parent_key"], pc.cast(rows["order"], pa.string()))
 
@@ -122,28 +122,28 @@ def partition_slices(table, part: np.ndarray, parts: int) -> Iterator[tuple[int,
         yield p, table.slice(edges[p], edges[p + 1] - edges[p])
 
 
-def repeated_lines_of(nodes):
-    """The orders of one node partition's lines whose comment id was on an earlier line too."""
-    nodes = nodes.select(["id", "order"])
-    firsts = nodes.group_by("id").aggregate([("order", "min"), ("order", "count")])
+def repeated_lines_of(candidates):
+    """The orders of one candidate partition's lines whose comment id was on an earlier line too."""
+    candidates = candidates.select(["id", "order"])
+    firsts = candidates.group_by("id").aggregate([("order", "min"), ("order", "count")])
     firsts = firsts.filter(pc.greater(firsts["order_count"], 1))
     if not firsts.num_rows:
-        return nodes["order"].slice(0, 0).combine_chunks()
-    repeated = nodes.join(firsts, "id", join_type="inner")
+        return candidates["order"].slice(0, 0).combine_chunks()
+    repeated = candidates.join(firsts, "id", join_type="inner")
     return repeated.filter(pc.not_equal(repeated["order"], repeated["order_min"]))["order"].combine_chunks()
 
 
-def parents_of(nodes, repeats):
-    """A node partition's comments that can be a parent (not a later line of a repeated id)."""
-    parents = nodes.filter(pc.invert(pc.is_in(nodes["order"], repeats)))
+def parents_of(candidates, repeats):
+    """A candidate partition's comments that can be a parent (not a later line of a repeated id)."""
+    parents = candidates.filter(pc.invert(pc.is_in(candidates["order"], repeats)))
     return pa.table({"parent_key": parents["id"], "parent_status": parents["status"], "context": parents["body"]})
 
 
-def joined_pairs(edges, parents, repeats, test_share: float, salt: str):
+def joined_pairs(replies, parents, repeats, test_share: float, salt: str):
     """A partition's replies joined to their parents: ({(status, split): lines}, {split: pairs as
     WRITTEN_COLUMNS and ORDER_KEY})."""
-    status = pc.if_else(pc.is_in(edges["order"], repeats), DUPLICATE, edges["status"])
-    joined = edges.set_column(edges.schema.get_field_index("status"), "status", status)
+    status = pc.if_else(pc.is_in(replies["order"], repeats), DUPLICATE, replies["status"])
+    joined = replies.set_column(replies.schema.get_field_index("status"), "status", status)
     joined = joined.join(parents, "parent_key", join_type="left outer")
     statuses = reply_statuses(joined)
     counts = {
@@ -171,16 +171,16 @@ def joined_pairs(edges, parents, repeats, test_share: float, salt: str):
 NO_PARENTS = pa.table({name: pa.array([], pa.string()) for name in ("parent_key", "parent_status", "context")})
 
 
-def partition_pairs(edges: list, nodes: Callable[[], list], repeats, test_share: float, salt: str):
-    """The pairs step of both engines: one partition's replies (its edge tables, None for none)
-    joined to its possible parents (its node tables, fetched only where there are replies; a
+def partition_pairs(replies: list, candidates: Callable[[], list], repeats, test_share: float, salt: str):
+    """The pairs step of both engines: one partition's replies (its reply tables, None for none)
+    joined to its possible parents (its candidate tables, fetched only where there are replies; a
     partition where no comment hashed has none: every reply's parent is missing): ({(status,
     split): lines}, {split: pairs as WRITTEN_COLUMNS and ORDER_KEY}); ({}, {}) without replies.
     `repeats`: the orders of every later line of a repeated comment id (repeated_lines_of)."""
-    kept = [e for e in edges if e is not None]
+    kept = [r for r in replies if r is not None]
     if not kept:
         return {}, {}
-    found = [n for n in nodes() if n is not None]
+    found = [c for c in candidates() if c is not None]
     parents = parents_of(pa.concat_tables(found), repeats) if found else NO_PARENTS
     return joined_pairs(pa.concat_tables(kept), parents, repeats, test_share, salt)
 

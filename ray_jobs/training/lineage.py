@@ -68,7 +68,7 @@ class Link:
     """One run of OUT's chain."""
 
     run_id: str  # its MLflow run
-    storage: str  # its checkpoint folder, redacted: for people
+    shown_as: str  # its checkpoint folder as people see it, redacted (run.json's "storage")
     base: str  # IN_OUT or IN_STORAGE_PATH: what `folder` is relative to
     folder: str  # relative, never leaving its base (read_chain refuses one that does)
     checkpoint_step: int | None = None  # its newest complete checkpoint's step, as last seen
@@ -81,7 +81,7 @@ class Link:
             return str(out_dir / self.folder)
         if cfg.trainer.storage_path:
             here = storage.join(cfg.trainer.storage_path, self.folder)
-            if redact(here) == self.storage:
+            if redact(here) == self.shown_as:
                 return here
         where = f"trainer.storage_path={redact(cfg.trainer.storage_path)}" if cfg.trainer.storage_path else "none"
         log.warning(
@@ -89,7 +89,7 @@ class Link:
             "this run's (%s)",
             out_dir / RUN_RECORD,
             self.run_id,
-            self.storage,
+            self.shown_as,
             where,
         )
         return None
@@ -207,7 +207,7 @@ def _links(record: Any) -> list[Link]:
     for i, entry in enumerate(runs):
         step, fit = entry.get("checkpoint_step"), entry.get("ray_train_run")
         link = Link(entry["run_id"], entry["storage"], entry["base"], entry["folder"], step, fit)
-        if not all(isinstance(v, str) and v for v in (link.run_id, link.storage, link.folder)):
+        if not all(isinstance(v, str) and v for v in (link.run_id, link.shown_as, link.folder)):
             raise ValueError(f"runs[{i}]: run_id, storage and folder are non-empty strings")
         if not (fit is None or (isinstance(fit, str) and fit)):
             raise ValueError(f"runs[{i}]: ray_train_run {fit!r} is not a Ray Train run id")
@@ -228,7 +228,7 @@ def write_chain(out_dir: Path, links: list[Link] | tuple[Link, ...]) -> None:
     runs = [
         {
             "run_id": k.run_id,
-            "storage": k.storage,
+            "storage": k.shown_as,
             "base": k.base,
             "folder": k.folder,
             "checkpoint_step": k.checkpoint_step,
@@ -356,7 +356,7 @@ def decide_start(out_dir: Path, cfg: RunConfig, fresh: bool = False, storage_key
     used = run_outputs(out_dir)
     if not (used or found or links):
         return RunStart("", None, run_storage(cfg, out_dir))
-    bucket_folders = [k.storage for k in links if k.base != IN_OUT]
+    bucket_folders = [k.shown_as for k in links if k.base != IN_OUT]
     what = ", ".join([p.name for p in used] + [f"checkpoints in {where}" for where in bucket_folders])
     stopped = "a training run" if (out_dir / TRAIN_SUMMARY).exists() else "an interrupted training run"
     if found:
@@ -378,7 +378,7 @@ def _latest(out_dir: Path, cfg: RunConfig, found: list[CheckpointRef], links: li
     if not found:
         raise ConfigError(
             f"--resume {RESUME_LATEST}: {out_dir} records no run with a complete checkpoint"
-            + (f" (looked in {', '.join(k.storage for k in links)})" if links else "")
+            + (f" (looked in {', '.join(k.shown_as for k in links)})" if links else "")
             + "; pass --resume CHECKPOINT, or train without --resume"
         )
     newest = found[-1]

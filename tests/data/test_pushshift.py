@@ -135,7 +135,7 @@ def test_the_distributed_prepare_cuts_more_partitions_as_the_input_grows():
 
 
 def _rows_read(path: Path) -> int:
-    """The rows (node and edge bytes) a read task counts in one dump, read as a whole."""
+    """The rows (candidate and reply bytes) a read task counts in one dump, read as a whole."""
     *_, counts = pushshift.distributed.partitioned_chunks(pushshift.steps.ruled_chunks(str(path), 0, CFG), 1, 1 << 62)
     return sum(counts[4])
 
