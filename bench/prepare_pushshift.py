@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+SHARED_REDDIT = REPO.parent / "shared" / "data" / "reddit"  # the Reddit pairs beside the project (--kind real)
 sys.path.insert(0, str(REPO))
 
 FIELDS_EXTRA = (
@@ -95,17 +96,27 @@ def write_dump(path: Path, comments: int, seed: int = 0, first: int = 0, kind: s
     texts = pd.read_parquet(sample_dir() / "reddit_pairs.parquet")
     pool = [str(t) for t in texts["question"]] + [str(t) for t in texts["answer"]]
     words = [w for t in pool for w in t.split()]  # as often as the texts use them
+    if kind == "real":  # the 393k Reddit pairs beside the project: real comments, in their order
+        shards = sorted(SHARED_REDDIT.glob("*.parquet"))
+        if not shards:
+            raise SystemExit(f"--kind real: no parquet files in {SHARED_REDDIT}")
+        real = pd.concat([pd.read_parquet(f, columns=["question", "answer"]) for f in shards])
+        pool = [str(t) for pair in zip(real["question"], real["answer"]) for t in pair]
+    drawn = iter(range(10**12))
 
     def body() -> str:
-        """A real text; in a monthly dump, every body its own, as there: words of the sample's texts
-        drawn as often as they use them (its few thousand texts, repeated, would compress far
-        better than a month's)."""
+        """A real text. "synthetic": one of the sample's; "monthly": every body its own, as there:
+        words of the sample's texts drawn as often as they use them (its few thousand texts,
+        repeated, would compress far better than a month's); "real": the real comments beside the
+        project one after another (each about twice in 1.6M lines, as far apart as the dump is long)."""
+        if kind == "real":
+            return pool[next(drawn) % len(pool)]
         return rng.choice(pool) if kind != "monthly" else " ".join(rng.choices(words, k=len(rng.choice(pool).split())))
 
     subs = sorted({str(s) for s in texts["subreddit"]}) or ["AskReddit"]
     rng = random.Random(seed)
     written, next_id, link = 0, 10**8 + first, 10**6 + first
-    if kind == "monthly":  # zstd --long=27, as the monthly files are written
+    if kind != "synthetic":  # zstd --long=27, as the monthly files are written
         params = zstandard.ZstdCompressionParameters.from_level(3, window_log=27, enable_ldm=True)
         compressor = zstandard.ZstdCompressor(compression_params=params)
     else:
@@ -132,7 +143,7 @@ def write_dump(path: Path, comments: int, seed: int = 0, first: int = 0, kind: s
                     "subreddit": sub,
                 }
                 created += rng.randint(0, 3)
-                if kind == "monthly":
+                if kind != "synthetic":
                     record |= monthly_fields(rng, cid, _b36(link), sub, author, created)
                 else:
                     record |= {name: rng.randint(0, 10**9) for name in FIELDS_EXTRA}
@@ -354,9 +365,10 @@ def main() -> int:
     parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference script")
     parser.add_argument(
         "--kind",
-        choices=["synthetic", "monthly"],
+        choices=["synthetic", "monthly", "real"],
         default="synthetic",
-        help="the dump's other fields: random numbers (about 3x in zstd) or as a monthly dump's (about 9-10x)",
+        help="the dump's other fields: random numbers (about 3x in zstd) or as a monthly dump's (about 8x); "
+        '"real": those of a monthly dump with the real comments in ../shared/data/reddit as the bodies (about 9-10x)',
     )
     args = parser.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-pushshift-"))
