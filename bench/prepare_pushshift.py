@@ -83,11 +83,13 @@ def monthly_fields(rng: random.Random, cid: str, link: str, sub: str, author: st
     }  # fmt: skip
 
 
-def write_dump(path: Path, comments: int, seed: int = 0, first: int = 0, kind: str = "synthetic") -> None:
+def write_dump(
+    path: Path, comments: int, seed: int = 0, first: int = 0, kind: str = "synthetic", level: int = 3
+) -> None:
     """A zstd NDJSON dump of `comments` lines in the pushshift comment schema (comment and thread ids
     from `first` on: dumps written with first far apart share none). `kind`: "synthetic", its other
     fields random numbers (it compresses about 3x), or "monthly", as a monthly dump writes them,
-    compressed with zstd's long window as those are (about 8x)."""
+    compressed with zstd's long window as those are (about 8x). `level`: zstd's."""
     import pandas as pd
     import zstandard
 
@@ -117,10 +119,10 @@ def write_dump(path: Path, comments: int, seed: int = 0, first: int = 0, kind: s
     rng = random.Random(seed)
     written, next_id, link = 0, 10**8 + first, 10**6 + first
     if kind != "synthetic":  # zstd --long=27, as the monthly files are written
-        params = zstandard.ZstdCompressionParameters.from_level(3, window_log=27, enable_ldm=True)
+        params = zstandard.ZstdCompressionParameters.from_level(level, window_log=27, enable_ldm=True)
         compressor = zstandard.ZstdCompressor(compression_params=params)
     else:
-        compressor = zstandard.ZstdCompressor(level=3)
+        compressor = zstandard.ZstdCompressor(level=level)
     created = 1_577_836_800
     with open(path, "wb") as raw, compressor.stream_writer(raw) as out:
         while written < comments:
@@ -370,6 +372,9 @@ def main() -> int:
         help="the dump's other fields: random numbers (about 3x in zstd) or as a monthly dump's (about 8x); "
         '"real": those of a monthly dump with the real comments in ../shared/data/reddit as the bodies (about 9-10x)',
     )
+    parser.add_argument(
+        "--zstd-level", type=int, default=3, help="the dump's zstd level (higher: smaller, slower to write)"
+    )
     args = parser.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-pushshift-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -387,7 +392,7 @@ def main() -> int:
         for n in args.sizes:
             dump = root / f"RC_{args.kind}_{n}.zst"
             if not dump.exists():
-                write_dump(dump, n, kind=args.kind)
+                write_dump(dump, n, kind=args.kind, level=args.zstd_level)
             ratio = _decompressed(dump) / dump.stat().st_size
             print(f"{dump.name}: {dump.stat().st_size / 2**20:,.0f} MiB, {ratio:.1f}x in zstd", flush=True)
             rows.extend(_bench_size(root, dump, n, args, head))
