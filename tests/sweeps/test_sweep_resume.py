@@ -1,5 +1,5 @@
-"""The SNLI-fraction sweep run again after its driver died, and the documented custom space, on a
-real local Ray instance at a tiny size."""
+"""The SNLI-fraction sweep run again after its driver died, on a real local Ray instance at a tiny
+size (the documented custom space runs in tests/sweeps/test_tune_spaces.py)."""
 
 import json
 import os
@@ -125,36 +125,3 @@ def test_the_snli_fraction_sweep_killed_mid_trial_restarts_the_trial_and_gives_i
     parent = client.get_run(results["mlflow_run_id"])
     assert parent.info.status == "FINISHED"
     assert {"curve.png", "curve.csv", "best_config.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
-
-
-def _doc_block(path: Path, heading: str) -> str:
-    """The first ```python block under `heading` in a markdown file, as written there."""
-    text = path.read_text(encoding="utf-8").split(f"## {heading}", 1)[1]
-    return text.split("```python\n", 1)[1].split("```", 1)[0]
-
-
-@pytest.mark.slow
-def test_the_documented_custom_space_runs_as_written(ray_session, sample_prepared, mlflow_uri, tmp_path):
-    """docs/tune.md's "Your own space" (a train space over trainer.stages), its module written as the
-    docs show it and passed as --space module:SPACE: no --reddit-checkpoint needed (trials train from
-    scratch), every trial in trials.csv with its searched stages, no fraction curve asked of it."""
-    (tmp_path / "mods").mkdir()
-    (tmp_path / "mods" / "my_spaces.py").write_text(_doc_block(REPO / "docs" / "tune.md", "Your own space"))
-    out = tmp_path / "sweep"
-    # The space as written, its grid of three stages cut to its middle one (--param): a trial's fixed
-    # cost (a TorchTrainer starting) is most of a minute here.
-    one = "trainer.stages=[[{start_step: 0, batch_size: 128, lr: 0.001}]]"
-    cmd = [sys.executable, "-m", "convsts", "tune", "--space", "my_spaces:SPACE", "--out", str(out),
-           "--param", one, "--prepared", str(sample_prepared), "--max-concurrent", "1", *TINY_SWEEP_MODEL, "trainer.steps=4",
-           "trainer.checkpoint_every=4", "trainer.cpus_per_worker=0.4", f"mlflow.tracking_uri={mlflow_uri}",
-           "mlflow.experiment=tune-custom-space"]  # fmt: skip
-    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
-           "PYTHONPATH": os.pathsep.join([str(tmp_path / "mods"), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "every trial starts from scratch (seeded)" in done.stdout + done.stderr
-    trials = pd.read_csv(out / "trials.csv")
-    assert [json.loads(stages)[0]["lr"] for stages in trials["trainer.stages"]] == [0.001], trials
-    assert not (out / "curve.csv").exists()
-    results = json.loads((out / "results.json").read_text())
-    assert results["trials"] == 1 and -1 <= results["stsb/dev/pearson"] <= 1

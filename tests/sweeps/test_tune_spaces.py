@@ -1,13 +1,24 @@
-"""Search spaces and trial configs: no Ray cluster needed."""
+"""Search spaces and trial configs, no Ray cluster needed; and the documented custom space run as
+written on a real local Ray instance (the slow tier)."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
 import pytest
 from ray import tune
+from testkit.tiny import TINY_SWEEP_MODEL
 
 from convsts.io.errors import ConfigError
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.sweeps.trials import check_space_keys, grid_overrides, trial_config
 from convsts.tune_spaces import TuneSpace, builtin_spaces, get_space
 from convsts.tune_spaces.snli_fraction import FRACTIONS
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_builtin_spaces():
@@ -265,3 +276,36 @@ def test_the_last_logged_step_of_each_metric_is_its_highest_step_in_one_request(
         return
     with mlflow_server(tmp_path / "server") as url:
         check(url)
+
+
+def _doc_block(path: Path, heading: str) -> str:
+    """The first ```python block under `heading` in a markdown file, as written there."""
+    text = path.read_text(encoding="utf-8").split(f"## {heading}", 1)[1]
+    return text.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.slow
+def test_the_documented_custom_space_runs_as_written(ray_session, sample_prepared, mlflow_uri, tmp_path):
+    """docs/tune.md's "Your own space" (a train space over trainer.stages), its module written as the
+    docs show it and passed as --space module:SPACE: no --reddit-checkpoint needed (trials train from
+    scratch), every trial in trials.csv with its searched stages, no fraction curve asked of it."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "my_spaces.py").write_text(_doc_block(REPO / "docs" / "tune.md", "Your own space"))
+    out = tmp_path / "sweep"
+    # The space as written, its grid of three stages cut to its middle one (--param): a trial's fixed
+    # cost (a TorchTrainer starting) is most of a minute here.
+    one = "trainer.stages=[[{start_step: 0, batch_size: 128, lr: 0.001}]]"
+    cmd = [sys.executable, "-m", "convsts", "tune", "--space", "my_spaces:SPACE", "--out", str(out),
+           "--param", one, "--prepared", str(sample_prepared), "--max-concurrent", "1", *TINY_SWEEP_MODEL, "trainer.steps=4",
+           "trainer.checkpoint_every=4", "trainer.cpus_per_worker=0.4", f"mlflow.tracking_uri={mlflow_uri}",
+           "mlflow.experiment=tune-custom-space"]  # fmt: skip
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "mods"), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "every trial starts from scratch (seeded)" in done.stdout + done.stderr
+    trials = pd.read_csv(out / "trials.csv")
+    assert [json.loads(stages)[0]["lr"] for stages in trials["trainer.stages"]] == [0.001], trials
+    assert not (out / "curve.csv").exists()
+    results = json.loads((out / "results.json").read_text())
+    assert results["trials"] == 1 and -1 <= results["stsb/dev/pearson"] <= 1
