@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from convsts.io import storage
 from convsts.io.redaction import redact
@@ -93,11 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except AlreadyFinished as finished:  # --resume latest with nothing left to train: said, exit 0
             log.info("%s", finished)
             return 0
-    summary: dict[str, Any] = {
+    summary = {
         "checkpoint": str(result.checkpoint),
         "model": str(result.model),
         "mlflow_run_id": result.run_id,
+        "seconds": round(result.seconds, 1),
+        "task_split_mode": result.mode,
     }
-    summary.update(seconds=round(result.seconds, 1), task_split_mode=result.mode)
     print(json.dumps(summary, indent=2))
     return 0

@@ -6,7 +6,7 @@ renews the request every 20 s; its controller cancels it when the fit ends. A dr
 SIGKILL (or a lost driver machine) takes its controller with it and nothing cancels the request:
 Ray lets it expire after `AUTOSCALING_REQUESTS_EXPIRE_TIME_S` (180 s). Meanwhile the coordinator
 keeps those resources for the dead fit, so an elastic group started then is sized without them: a
-`--resume latest` after a killed driver waited minutes in silence before its first step.
+`--resume latest` after a killed driver would wait minutes in silence before its first step.
 
 A run knows the fits of its OUT's chain (run.json records each one's Ray Train run id), and that
 none of them is running: it holds OUT's lock. Before its own fit it cancels their requests; one
@@ -34,9 +34,9 @@ def _cpus(reserved: dict[str, dict[str, float]]) -> float:
     return sum(float(held.get("CPU", 0.0)) for held in reserved.values())
 
 
-def release_dead_fits(ray_train_runs: Iterable[str]) -> list[str]:
-    """Cancel the coordinator's requests of `ray_train_runs`, fits whose driver is gone; the ids of
-    those that still held resources, each said in one line."""
+def release_dead_fits(ray_train_runs: Iterable[str | None]) -> list[str]:
+    """Cancel the coordinator's requests of `ray_train_runs`, fits whose driver is gone (None: a run
+    that recorded none); the ids of those that still held resources, each said in one line."""
     import ray
     from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
         AUTOSCALING_REQUESTS_EXPIRE_TIME_S,
@@ -51,9 +51,8 @@ def release_dead_fits(ray_train_runs: Iterable[str]) -> list[str]:
         return []
     released: list[str] = []
     for run in runs:
-        held: Any = ray.get(  # {node id: resources}
-            coordinator.get_reserved_resources.remote(requester(run)), timeout=TIMEOUT_S
-        )
+        # {node id: resources}, {} where the coordinator holds no request of that fit
+        held: Any = ray.get(coordinator.get_reserved_resources.remote(requester(run)), timeout=TIMEOUT_S)
         ray.get(coordinator.cancel_request.remote(requester_id=requester(run)), timeout=TIMEOUT_S)
         if held:
             released.append(run)

@@ -174,7 +174,7 @@ class AsyncTrainLoop(TrainLoop):
                 self.plan.mode,
                 snap["task_updates"],
                 [g["pushed"] for g in gathered],
-                task_ranks={t: self.plan.ranks_of(t) for t in self.plan.tasks},
+                task_ranks=self.plan.ranks_by_task(),
             )
         self.combiner.barrier()
         self._checkpoint(metrics, state)

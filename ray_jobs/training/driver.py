@@ -8,7 +8,6 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -45,8 +44,7 @@ from convsts.ray_jobs.training.lineage import (
     apply_start,
     decide_start,
     join_chain,
-    mark_checkpoint,
-    mark_ray_train_run,
+    mark_link,
     mark_superseded,
     new_link,
 )
@@ -79,7 +77,7 @@ def _check_cluster(cfg: RunConfig, chain: Sequence[Link]) -> None:
     drivers are gone: this run holds OUT; a killed one's would hold the cluster for minutes); a
     layout that fits no node refused, not left waiting."""
     ensure_ray()
-    release_dead_fits(k.ray_train_run for k in chain if k.ray_train_run)
+    release_dead_fits(k.ray_train_run for k in chain)
     fit_now = check_training_fits(cfg, alive_nodes())
     if cfg.trainer.elastic:
         log.info("elastic worker group %s: %d fit on the cluster now", list(cfg.trainer.worker_range), fit_now)
@@ -210,8 +208,14 @@ def _train(
     plan = _task_split(cfg)
     until = _history_until(cfg, uri, run_id, start)  # the chain's runs past it tagged superseded
     loop_config = _loop_config(cfg, tokenizer, sorted(datasets), mlflow_run, start, digests, until)
-    result = fit(
-        cfg, location, loop_config, datasets, extra_callbacks, plan, partial(mark_ray_train_run, out_dir, run_id)
+    result = fit(  # the fit's Ray Train id recorded in run.json as soon as the trainer is made
+        cfg,
+        location,
+        loop_config,
+        datasets,
+        extra_callbacks,
+        plan,
+        lambda fit_id: mark_link(out_dir, run_id, ray_train_run=fit_id),
     )
     final, best = _keep_checkpoints(cfg, result, out_dir)
     mode = (
@@ -239,7 +243,7 @@ def _train(
         "storage": redact(location.uri),
     }
     storage.write_text(out_dir / TRAIN_SUMMARY, json.dumps(train_json, indent=2))
-    mark_checkpoint(out_dir, run_id, cfg.trainer.steps)
+    mark_link(out_dir, run_id, checkpoint_step=cfg.trainer.steps)
     return TrainResult(final, run_id, uri, seconds, mode, train_rows, model_dir)
 
 

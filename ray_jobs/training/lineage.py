@@ -245,17 +245,12 @@ def join_chain(out_dir: Path, start: RunStart, link: Link) -> None:
     write_chain(out_dir, [k for k in start.chain if k.run_id != link.run_id] + [link])
 
 
-def mark_checkpoint(out_dir: Path, run_id: str, step: int) -> None:
-    """The run's link records `step` as its newest complete checkpoint (a finished run's last)."""
+def mark_link(out_dir: Path, run_id: str, **fields: Any) -> None:
+    """The run's link in OUT/run.json with `fields` changed: its newest complete checkpoint's step
+    (`checkpoint_step`, a finished run's last), the id Ray Train gave its fit once the trainer is made
+    (`ray_train_run`: a later run into OUT releases that fit's cluster reservation, dead_train_runs)."""
     links = read_chain(out_dir)
-    write_chain(out_dir, [replace(k, checkpoint_step=step) if k.run_id == run_id else k for k in links])
-
-
-def mark_ray_train_run(out_dir: Path, run_id: str, ray_train_run: str) -> None:
-    """The run's link records the id Ray Train gave its fit, once the trainer is made: a later run
-    into OUT releases that fit's cluster reservation if its driver was killed (dead_train_runs)."""
-    links = read_chain(out_dir)
-    write_chain(out_dir, [replace(k, ray_train_run=ray_train_run) if k.run_id == run_id else k for k in links])
+    write_chain(out_dir, [replace(k, **fields) if k.run_id == run_id else k for k in links])
 
 
 def chain_runs(out_dir: Path, run_id: str) -> list[str]:

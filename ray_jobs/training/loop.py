@@ -171,7 +171,7 @@ class TrainLoop:
                 self.plan.mode,
                 task_draws=self.task_gen.get_state(),
                 rng=[g["rng"] for g in gathered],
-                task_ranks={t: self.plan.ranks_of(t) for t in self.plan.tasks},
+                task_ranks=self.plan.ranks_by_task(),
             )
         self._checkpoint(metrics, state)
 

@@ -46,7 +46,7 @@ def fit(
     datasets: dict,
     extra_callbacks,
     plan,
-    made: Callable[[str], None] = lambda ray_train_run: None,
+    made: Callable[[str], None],
 ):
     """The TorchTrainer's fit, with the async split's parameter holder for this fit only; `made` is
     given the id Ray Train gave the fit before it starts. On Ctrl+C, SIGTERM or an error the workers

@@ -42,9 +42,8 @@ def restore(
       warm_start      a checkpoint whose encoder (and the heads of `warm_heads`) initialise a new run."""
     source = checkpoint_dir or resume_from
     if source:
-        load_weights(
-            model, source, hashed
-        )  # a head the checkpoint lacks keeps its initial weights (said by the driver)
+        # A head the checkpoint lacks keeps its initial weights (said by the driver).
+        load_weights(model, source, hashed)
         raw = load_train_state(source)
         return TrainState.from_dict(raw) if raw else None
     if warm_start:

@@ -51,6 +51,10 @@ class TaskPlan:
     def tasks(self) -> list[str]:
         return list(self.weights)
 
+    def ranks_by_task(self) -> dict[str, list[int]]:
+        """{task: its ranks}: what a checkpoint's train state keeps of the plan (TrainState.task_ranks)."""
+        return {t: self.ranks_of(t) for t in self.tasks}
+
     def ranks_of(self, task: str) -> list[int]:
         if self.mode is SplitMode.TASK_SAMPLING:
             return [0]

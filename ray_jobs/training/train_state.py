@@ -104,9 +104,8 @@ class TrainState:
         one batch a step, so all hold the same): the same epoch, and the same share of it read by the
         task's ranks together (batch_in_epoch x the task's ranks then / its ranks now; each rank's
         split of the task's rows grows or shrinks by that factor). A task the state holds no
-        position for starts at epoch 0 (positions_missing names it)."""
-        then = self.task_ranks or {t: saved.ranks_of(t) for t in saved.tasks}
-        now = {t: plan.ranks_of(t) for t in plan.tasks}
+        position for starts at epoch 0 (the loop says so)."""
+        then, now = self.task_ranks or saved.ranks_by_task(), plan.ranks_by_task()
         if len(self.positions) == plan.world_size and all(then.get(t) == now[t] for t in plan.tasks_of(rank)):
             return self.positions[rank]
         out = {}
