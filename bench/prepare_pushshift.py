@@ -376,6 +376,8 @@ def main() -> int:
         "--zstd-level", type=int, default=3, help="the dump's zstd level (higher: smaller, slower to write)"
     )
     args = parser.parse_args()
+    if not 1 <= args.zstd_level <= 22:
+        parser.error(f"--zstd-level {args.zstd_level}: zstd's levels are 1 to 22")
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-pushshift-"))
     root.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
