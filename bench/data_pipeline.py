@@ -1,12 +1,12 @@
-"""Data pipeline throughput: `prepare reddit` on a corpus, and the tokenized Ray Data feed against
-what one DAN training process consumes.
+"""Data pipeline throughput: `prepare reddit` on a corpus, and the training feed against what one
+DAN training process consumes.
 
   .venv/bin/python bench/data_pipeline.py [--input ../shared/data/reddit] [--rows 100000]
 
 Prints: prepare rows/s (lines read / wall time, Ray start-up excluded); the DAN tokenizer's rows/s in
-one process; the feed's rows/s (Ray Data
-read -> map_batches tokenization -> iter_batches, as the trainer streams it, first batch
-included and reported; in order unless trainer.preserve_order=false); DAN pairs/s of a single-process training step (batch 128, paper sizes) on
+one process; the feed's rows/s (the shards read in the epoch's order and tokenized in a thread of
+the process, as a training worker reads them: data_feed.TaskStream, first batch included and
+reported); DAN pairs/s of a single-process training step (batch 128, paper sizes) on
 already-tokenized batches; and the ratio feed / consumption (the target is at least 3).
 """
 
@@ -41,12 +41,12 @@ def main() -> int:
     import ray.data
     from testkit.frames import frame_batch
 
-    from convsts.io import tables
+    from convsts.datasets.sample_order import ShardSet
     from convsts.models.checkpoint import build_model
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.runtime.ray_start import ensure_ray
     from convsts.ray_jobs.tasks import get_task
-    from convsts.ray_jobs.training.data_feed import tokenized
+    from convsts.ray_jobs.training.data_feed import TaskStream, batch_encoder, order_seed
     from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks
     from convsts.ray_jobs.training.train_step import Optimizers, seed_everything, train_step
 
@@ -80,17 +80,18 @@ def main() -> int:
                 tokenizer.encode(list(texts[column].iloc[i : i + 1024]), width=cfg.tokenizer.max_words)
         best = max(best, len(texts) / (time.perf_counter() - start))
     print(f"DAN tokenizer, one process: {best:,.0f} rows/s")
-    ds = tokenized(reddit, tables.read_shards(str(work / "reddit" / "train")), tokenizer, cfg.tokenizer.max_words)
-    ds.context.execution_options.preserve_order = cfg.trainer.preserve_order  # as the trainer's DataConfig sets it
+    records = sorted((s["file"], s["rows"]) for s in manifest["shards"]["train"])
     started = time.perf_counter()
+    shards = ShardSet.of_folder(str(work / "reddit" / "train"), records, reddit.feed_columns(cfg))
+    encode = batch_encoder(reddit, tokenizer, cfg.tokenizer.max_words, cfg)
+    stream = TaskStream("reddit", shards, encode, args.batch, (0, 1), "cpu", order_seed(cfg.seed, reddit.name))
     first = None
     rows = 0
-    for batch in ds.iter_torch_batches(batch_size=args.batch, drop_last=True):
+    while rows < args.rows:
+        rows += len(next(stream)["context__words"])
         if first is None:
             first = time.perf_counter() - started
-        rows += len(batch["context__words"])
-        if rows >= args.rows:
-            break
+    stream.close()
     feed_s = time.perf_counter() - started
     feed = rows / feed_s
     steady = rows / max(feed_s - first, 1e-9)

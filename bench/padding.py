@@ -1,6 +1,6 @@
 """How much of the Transformer's work is padding, with and without length bucketing
 (`trainer.bucket_batches`): real Reddit pairs of the embedded sample, tokenized with the subword
-tokenizer at width 64, streamed through the trainer's own TaskStream over a Ray Data dataset.
+tokenizer at width 64, streamed through the trainer's own TaskStream over a parquet shard written for it.
 
   .venv/bin/python bench/padding.py [--batch 128] [--buckets 0 8 32]
 
@@ -13,7 +13,6 @@ and filter 2048, the dense part dominates up to L of a few hundred).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -26,12 +25,15 @@ def main() -> int:
     parser.add_argument("--buckets", type=int, nargs="+", default=[0, 8, 32])
     args = parser.parse_args()
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import tempfile
+
     import numpy as np
-    import ray
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     from convsts.datasets.config import TokenizerConfig
     from convsts.datasets.reddit import read_pairs_file
+    from convsts.datasets.sample_order import ShardSet
     from convsts.datasets.text import SubwordTokenizer
     from convsts.io.storage import resolve_path
     from convsts.models.config import TransformerConfig
@@ -52,38 +54,34 @@ def main() -> int:
     def flops(length: np.ndarray) -> np.ndarray:  # per row and layer, up to a constant
         return length * (4 * h * h + 2 * h * f) + 2 * length * length * h
 
-    import logging
+    folder = tempfile.mkdtemp(prefix="convsts-bench-padding-")
+    pq.write_table(pa.table({k: list(v[:n]) for k, v in ids.items()}), f"{folder}/part-000000.parquet")
+    shards = ShardSet.of_folder(folder, [("part-000000.parquet", n)], list(ids))
 
-    logging.getLogger("ray.data").setLevel(logging.ERROR)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    try:
-        from ray.data import DataContext
+    def encode(rows: pa.Table) -> dict[str, np.ndarray]:  # already token ids
+        return {k: np.stack(rows.column(k).to_numpy(zero_copy_only=False)) for k in ids}
 
-        DataContext.get_current().enable_progress_bars = False
-        ds = ray.data.from_items([{k: v[i] for k, v in ids.items()} for i in range(n)])
-        print(f"{n} Reddit pairs, batch {args.batch}, width 64; Transformer hidden {h}, filter {f}")
-        for buckets in args.buckets:
-            stream = TaskStream("reddit", ds.iterator(), args.batch, "cpu", 0, bucket_batches=buckets, pad_id=0)
-            real = positions = fixed = real_flops = all_flops = 0.0
-            for _ in range(n // args.batch):
-                batch = next(stream)
-                for side in ("context__ids", "response__ids"):
-                    lengths = (batch[side] != 0).sum(1).numpy()  # (B,)
-                    width = max(1, int(lengths.max()))
-                    real += lengths.sum()
-                    positions += width * len(lengths)
-                    fixed += 64 * len(lengths)
-                    real_flops += flops(lengths).sum()
-                    all_flops += flops(np.full(len(lengths), width)).sum()
-            stream.close()
-            label = f"bucket_batches={buckets}" if buckets else "no bucketing"
-            print(
-                f"  {label:<18} real tokens {100 * real / positions:5.1f}% of positions "
-                f"({100 * real / fixed:4.1f}% at the fixed width 64)   "
-                f"{100 * real_flops / all_flops:5.1f}% of FLOPs on real tokens"
-            )
-    finally:
-        ray.shutdown()
+    print(f"{n} Reddit pairs, batch {args.batch}, width 64; Transformer hidden {h}, filter {f}")
+    for buckets in args.buckets:
+        stream = TaskStream("reddit", shards, encode, args.batch, (0, 1), "cpu", 0, bucket_batches=buckets, pad_id=0)
+        real = positions = fixed = real_flops = all_flops = 0.0
+        for _ in range(n // args.batch):
+            batch = next(stream)
+            for side in ("context__ids", "response__ids"):
+                lengths = (batch[side] != 0).sum(1).numpy()  # (B,)
+                width = max(1, int(lengths.max()))
+                real += lengths.sum()
+                positions += width * len(lengths)
+                fixed += 64 * len(lengths)
+                real_flops += flops(lengths).sum()
+                all_flops += flops(np.full(len(lengths), width)).sum()
+        stream.close()
+        label = f"bucket_batches={buckets}" if buckets else "no bucketing"
+        print(
+            f"  {label:<18} real tokens {100 * real / positions:5.1f}% of positions "
+            f"({100 * real / fixed:4.1f}% at the fixed width 64)   "
+            f"{100 * real_flops / all_flops:5.1f}% of FLOPs on real tokens"
+        )
     return 0
 
 

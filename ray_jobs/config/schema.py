@@ -84,10 +84,10 @@ class TrainerConfig:
     num_workers: Any = 2
     # Elastic groups: how often Ray looks for room to grow the group (Ray's elastic_resize_monitor_interval_s).
     resize_interval_s: float = 60.0
-    cpus_per_worker: float = 0.5  # below 1 so that Ray Data read tasks have room on small nodes
+    cpus_per_worker: float = 0.5  # CPUs Ray reserves for each worker (two fit a 1-CPU node)
     # torch's intra-op threads in each worker; 0 = Ray's choice (the floor of cpus_per_worker, at
-    # least 1). One CPU worker on a small node reserves 1 CPU (Ray Data needs one free) and
-    # computes on every core with torch_threads = the node's cores.
+    # least 1). One worker on a small node can reserve 1 CPU and compute on every core with
+    # torch_threads = the node's cores (it reads and tokenizes its batches in a thread beside its steps).
     torch_threads: int = 0
     use_gpu: bool = False  # one GPU per worker (NCCL between workers)
     # How Ray places the task workers on a cluster's nodes (Ray's placement-group strategies).
@@ -138,12 +138,6 @@ class TrainerConfig:
     # in a shuffled order, so a batch's rows have similar lengths and the Transformer / BiLSTM / the
     # pretrained encoder spend less on padding (each batch is cut to its own longest row); 0 = off.
     bucket_batches: int = 0
-    # Ray Data delivers each task's rows in a fixed order (its files in the seeded order, each in
-    # row order; a small task held in memory, such as SNLI, in the order of its files) instead of as
-    # its read and tokenize tasks finish: a run repeated with the same config, seed and prepared
-    # folder trains the same model, whatever the number of shards (measured with one rank per task).
-    # false lets a fast GPU step take whichever block is ready first.
-    preserve_order: bool = True
     checkpoint_every: int = 500  # steps between checkpoints (Ray Train's, in storage_path)
     keep_checkpoints: int = 2  # checkpoints Ray keeps: the last ones, or the best by STS-B dev with eval_every
     log_every: int = 20  # steps between progress lines and logged metrics

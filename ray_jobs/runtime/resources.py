@@ -1,16 +1,15 @@
 """Whether a run's resource requests fit the cluster node by node.
 
-Ray places each task worker, each Ray Data task and each trial function whole on one node, and
-waits forever for a request that fits on no node ("Cluster resources are not enough to run any
-task"): 2.3 free CPUs spread 0.9/0.4/0.4 over three nodes hold no 1-CPU read task. So a run is
-checked against the nodes that exist, before any work: the workers (trainer.num_workers, the MIN of an elastic group, x
-trainer.cpus_per_worker CPUs, one GPU each with trainer.use_gpu), one whole CPU for Ray Data's
-tasks beside them (its file-listing task asks for a whole CPU, whatever the read asks), and for a
-sweep each trial's function too. The requests are placed in the order Ray reserves them, each as
-Ray may place it, taking the worst case where Ray chooses: a trial function may land on any node
-(the one with the most room: it breaks the largest whole CPU), SPREAD workers go to distinct nodes
-(those with the most room), PACK workers and Ray Data's task to the node with the least room that
-holds them. A request that cannot be placed is refused in one line naming the keys to change (a
+Ray places each task worker and each trial function whole on one node, and waits forever for a
+request that fits on no node: 2.3 free CPUs spread 0.9/0.4/0.4 over three nodes hold no 1-CPU
+worker. So a run is checked against the nodes that exist, before any work: the workers
+(trainer.num_workers, the MIN of an elastic group, x trainer.cpus_per_worker CPUs, one GPU each with
+trainer.use_gpu), and for a sweep each trial's function too. A training worker reads its own data
+(data_feed), so nothing else of a fit asks for a CPU, and an elastic group of any size Ray gives it
+leaves nothing waiting. The requests are placed in the order Ray reserves them, each as Ray may
+place it, taking the worst case where Ray chooses: a trial function may land on any node (the one
+with the most room: it breaks the largest whole CPU), SPREAD workers go to distinct nodes (those
+with the most room), PACK workers to the node with the least room that holds them. A request that cannot be placed is refused in one line naming the keys to change (a
 sweep's trial function on a third node left a 3-node cluster of 1 CPU each with no whole CPU, and
 its trial waited forever).
 """
@@ -18,9 +17,6 @@ its trial waited forever).
 from __future__ import annotations
 
 import copy
-import itertools
-from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,7 +25,6 @@ from convsts.io.errors import ConfigError
 if TYPE_CHECKING:
     from convsts.ray_jobs.config.schema import RunConfig
 
-DATA_TASK_CPU = 1.0  # Ray Data's read tasks (ListFiles, ReadParquet) each ask for a whole CPU
 TRIAL_FUNCTION_CPU = 0.1  # a sweep's trial function only waits on its TorchTrainer
 EPSILON = 1e-9
 
@@ -60,11 +55,11 @@ Node = dict[str, float]  # a node's resources: {"CPU": 16.0, "GPU": 1.0, ...}
 def training_asks(cfg: RunConfig, workers: int | None = None) -> list[Ask]:
     """A training run's requests in the order Ray reserves them: its task workers (`workers`, else
     trainer.num_workers' MIN: an elastic group starts with what fits, at least MIN; as its placement
-    strategy places them), then a Ray Data task beside them."""
+    strategy places them)."""
     t = cfg.trainer
     place = PLACES.get(t.placement_strategy, LEAST)
     worker = Ask("task worker", t.cpus_per_worker, 1.0 if t.use_gpu else 0.0, place)
-    return [worker] * (t.min_workers if workers is None else workers) + [Ask("Ray Data read task", DATA_TASK_CPU)]
+    return [worker] * (t.min_workers if workers is None else workers)
 
 
 def workers_that_fit(cfg: RunConfig, nodes: list[Node]) -> int:
@@ -115,83 +110,6 @@ def _describe(nodes: list[Node]) -> str:
     return f"{len(nodes)} node(s): {', '.join(shown) or 'none'}"
 
 
-def elastic_size(cfg: RunConfig, nodes: list[Node]) -> int:
-    """The size Ray Train's elastic policy starts a group at on `nodes`: as many workers as the
-    nodes hold by the workers' own requests (each node's CPUs and GPUs over a worker's), at most MAX.
-    It leaves no room for Ray Data on purpose: workers_that_fit is what fits beside Ray Data."""
-    t = cfg.trainer
-    held = 0
-    for node in nodes:
-        counts = [int(node.get("CPU", 0.0) / t.cpus_per_worker + EPSILON)]
-        if t.use_gpu:
-            counts.append(int(node.get("GPU", 0.0) + EPSILON))
-        held += min(counts)
-    return min(held, t.max_workers)
-
-
-HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node alone
-
-
-def clusters_left(nodes: list[Node]) -> Iterator[list[Node]]:
-    """`nodes`, then every cluster their losses can leave, largest first: the head (the node holding
-    HEAD_RESOURCE, else the first) always stays, any number of each shape of the other nodes goes
-    (nodes alike in CPUs and GPUs are one shape, so a cluster of many like nodes gives few cases)."""
-    head = next((i for i, n in enumerate(nodes) if n.get(HEAD_RESOURCE)), 0)
-    shapes = Counter((n.get("CPU", 0.0), n.get("GPU", 0.0)) for i, n in enumerate(nodes) if i != head)
-    kept = sorted(itertools.product(*(range(count, -1, -1) for count in shapes.values())), key=lambda k: -sum(k))
-    for counts in kept:
-        others = [{"CPU": cpu, "GPU": gpu} for (cpu, gpu), k in zip(shapes, counts) for _ in range(k)]
-        yield [nodes[head], *others] if nodes else []
-
-
-def _starved(cfg: RunConfig, nodes: list[Node]) -> int:
-    """The size Ray Train would give an elastic group on `nodes` when that group leaves Ray Data's
-    reads no whole CPU (they would wait forever), else 0 (the group fits beside them, or fewer than
-    MIN fit and Ray waits for room)."""
-    size = elastic_size(cfg, nodes)
-    if size < cfg.trainer.min_workers or not unplaced(nodes, training_asks(cfg, size))[0]:
-        return 0
-    return size
-
-
-def _check_elastic_leaves_data_room(cfg: RunConfig, nodes: list[Node]) -> None:
-    """An elastic group that Ray would size to take the CPU Ray Data's reads need, on the cluster
-    now or on any cluster its nodes' losses can leave, is refused in one line: its reads would wait
-    forever (Ray sizes the group by the workers' requests alone, at every restart)."""
-    t = cfg.trainer
-    for left in clusters_left(nodes):
-        size = _starved(cfg, left)
-        if not size:
-            continue
-        lost = len(nodes) - len(left)
-        where = (
-            f"on the cluster's {_describe(left)}"
-            if not lost
-            else f"when {lost} of the cluster's {len(nodes)} nodes are lost (on the {_describe(left)} left)"
-        )
-        safe = _largest_safe_max(cfg, nodes)
-        remedy = f", or lower MAX to {safe}" if safe >= t.min_workers else ""
-        raise ConfigError(
-            f"trainer.num_workers={list(t.worker_range)}: Ray sizes an elastic group by the workers' requests "
-            f"alone and would start {size} worker(s) x {t.cpus_per_worker:g} CPU {where}, "
-            f"leaving no whole CPU for Ray Data's reads (they would wait forever): set "
-            f"trainer.cpus_per_worker so that the head keeps a CPU in which no worker fits (fewer CPUs "
-            f"than a worker asks for){remedy}"
-        )
-
-
-def _largest_safe_max(cfg: RunConfig, nodes: list[Node]) -> int:
-    """The largest MAX from trainer.num_workers' MAX down to MIN whose group leaves Ray Data a CPU on
-    every cluster the nodes' losses can leave (MIN - 1 when none does)."""
-    trial = copy.deepcopy(cfg)
-    t = trial.trainer
-    for top in range(cfg.trainer.max_workers, cfg.trainer.min_workers - 1, -1):
-        t.num_workers = [t.min_workers, top]
-        if not any(_starved(trial, left) for left in clusters_left(nodes)):
-            return top
-    return cfg.trainer.min_workers - 1
-
-
 def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> int:
     """Refuse, in one line, a training run whose requests cannot all be placed on `nodes` (an elastic
     group's MIN); else the number of workers that fit now (workers_that_fit)."""
@@ -206,15 +124,12 @@ def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> int:
         least = f"the elastic group's MIN, {t.min_workers}," if t.elastic else f"{t.min_workers}"
         need = f"{least} task worker(s) x {t.cpus_per_worker:g} CPU" + (" + 1 GPU" if t.use_gpu else "")
         raise ConfigError(
-            f"trainer: {need} and {DATA_TASK_CPU:g} CPU for Ray Data's reads do not fit on the cluster's "
+            f"trainer: {need} do not fit on the cluster's "
             f"{_describe(nodes)} (each is placed whole on one node; {len(left)} would wait forever): lower "
             f"trainer.cpus_per_worker or trainer.num_workers{', or set trainer.use_gpu=false' if t.use_gpu else ''}, "
             f"or add nodes"
         )
-    fit_now = workers_that_fit(cfg, nodes)
-    if t.elastic:
-        _check_elastic_leaves_data_room(cfg, nodes)
-    return fit_now
+    return workers_that_fit(cfg, nodes)
 
 
 def _relaxed(cfg: RunConfig) -> RunConfig:
@@ -233,7 +148,7 @@ def trials_at_once(cfg: RunConfig, nodes: list[Node]) -> int:
         t = cfg.trainer
         raise ConfigError(
             f"a trial ({TRIAL_FUNCTION_CPU:g} CPU for the trial function, {t.min_workers} task worker(s) x "
-            f"{t.cpus_per_worker:g} CPU{' + 1 GPU' if t.use_gpu else ''}, {DATA_TASK_CPU:g} CPU for Ray Data) "
+            f"{t.cpus_per_worker:g} CPU{' + 1 GPU' if t.use_gpu else ''}) "
             f"does not fit on the cluster's {_describe(nodes)}: lower trainer.cpus_per_worker or "
             f"trainer.num_workers, or add nodes"
         )

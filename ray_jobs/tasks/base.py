@@ -10,14 +10,17 @@ of a run; none of them names a task. Adding one (MNLI, a question-answer task) i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from convsts.io import storage, tables
-from convsts.ray_jobs.tasks.prepared_folder import config_value, write_manifest, write_train_frame
+from convsts.io.errors import BadInputError
+from convsts.ray_jobs.tasks.prepared_folder import config_value, shard_files, write_manifest, write_train_frame
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from convsts.ray_jobs.config.schema import RunConfig
@@ -39,7 +42,9 @@ class Task:
     label_classes: int = 0  # its labels are 0 .. label_classes - 1 (checked before a run; 0: not checked)
     keeps_head_on_warm_start: bool = False  # a warm start copies this task's head along with the encoder
     in_every_vocabulary: bool = False  # its training text is counted into every run's tokenizer
-    materialize: bool = False  # small: tokenized once and kept in Ray's object store
+    # The columns its row_filter reads: a run may train on some of its prepared rows only (SNLI's
+    # data.snli_fraction); the driver logs how many it keeps as data/<name>_train_pairs.
+    filter_columns: tuple[str, ...] = ()
     splits: tuple[str, ...] = ("train",)  # folders `prepare` writes under <prepared>/<name>/
     # Dotted run-config keys whose values decide the rows of this task's prepared shards: `prepare`
     # records them in the manifest (under their last name) and a run refuses a folder prepared with
@@ -111,6 +116,25 @@ class Task:
     def text_columns(self, cfg: RunConfig | None = None) -> dict[str, str]:
         """Text column -> the prefix of its token-id columns (those a run with `cfg` trains on)."""
         return {column: column for column in self.pair}
+
+    def feed_columns(self, cfg: RunConfig | None = None) -> list[str]:
+        """The columns a run with `cfg` reads of its training shards: its text columns and its label."""
+        return [*self.text_columns(cfg), *([self.label] if self.label else [])]
+
+    def row_filter(self, cfg: RunConfig) -> Callable[[dict[str, np.ndarray]], np.ndarray] | None:
+        """Which of its prepared training rows a run with `cfg` trains on: the filter_columns of a
+        shard -> a boolean mask of its rows; None: every row."""
+        return None
+
+    def check_feed(self, cfg: RunConfig, prepared_root: str) -> None:
+        """Before a run: its training shards hold the columns the run reads (one line naming what
+        is missing)."""
+        shards = shard_files(self.train_path(prepared_root))
+        if not shards:
+            return
+        missing = [c for c in self.feed_columns(cfg) if c not in tables.read_parquet_schema(shards[0]).names]
+        if missing:
+            raise BadInputError(f"{self.train_path(prepared_root)}: no column {missing}, which the run trains on")
 
     # ---- model
 

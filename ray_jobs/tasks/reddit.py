@@ -92,7 +92,7 @@ class RedditTask(Task):
             columns[NEGATIVE] = NEGATIVE
         return columns
 
-    def train_rows(self, cfg, prepared_root: str):
+    def check_feed(self, cfg, prepared_root: str) -> None:
         if cfg.data.reddit_hard_negatives:
             shards = shard_files(self.train_path(prepared_root))
             if shards and NEGATIVE not in tables.read_parquet_schema(shards[0]).names:
@@ -101,6 +101,10 @@ class RedditTask(Task):
                     f"data.reddit_hard_negatives=true trains on; write one with `convsts mine-negatives "
                     f"--prepared {prepared_root} --out NEW` and train on NEW"
                 )
+        super().check_feed(cfg, prepared_root)
+
+    def train_rows(self, cfg, prepared_root: str):
+        self.check_feed(cfg, prepared_root)
         return super().train_rows(cfg, prepared_root)
 
     def loss(self, model, batch):

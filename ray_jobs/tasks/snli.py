@@ -16,11 +16,16 @@ from convsts.ray_jobs.tasks.base import Task, fields
 from convsts.ray_jobs.tasks.prepared_folder import write_manifest, write_train_frame
 
 
-def _fraction_filter(batch: dict[str, np.ndarray], fraction: float, seed: int) -> dict[str, np.ndarray]:
-    keep = np.array(
+def _kept(batch: dict[str, np.ndarray], fraction: float, seed: int) -> np.ndarray:
+    """A boolean mask of the rows in the nested subset `fraction` drawn with `seed`."""
+    return np.array(
         [fraction_rank(str(p), str(h), seed) < fraction for p, h in zip(batch["premise"], batch["hypothesis"])],
         dtype=bool,
     )
+
+
+def _fraction_filter(batch: dict[str, np.ndarray], fraction: float, seed: int) -> dict[str, np.ndarray]:
+    keep = _kept(batch, fraction, seed)
     return {name: np.asarray(values)[keep] for name, values in batch.items()}
 
 
@@ -33,7 +38,7 @@ class SnliTask(Task):
     # A Reddit-only run's tokenizer is reused by the multitask runs warm-started from it, so SNLI
     # text is in every vocabulary.
     in_every_vocabulary = True
-    materialize = True
+    filter_columns = ("premise", "hypothesis")
 
     def raw_inputs(self, cfg) -> list[str]:
         return [cfg.data.snli_train]
@@ -72,6 +77,13 @@ class SnliTask(Task):
         return ds.map_batches(
             _fraction_filter, fn_args=(float(cfg.data.snli_fraction), int(cfg.data.snli_fraction_seed)), batch_size=4096
         )
+
+    def row_filter(self, cfg):
+        """The nested subset `data.snli_fraction` drawn with `data.snli_fraction_seed`."""
+        if cfg.data.snli_fraction >= 1.0:
+            return None
+        fraction, seed = float(cfg.data.snli_fraction), int(cfg.data.snli_fraction_seed)
+        return lambda columns: _kept(columns, fraction, seed)
 
     def loss(self, model, batch):
         from convsts.models.losses import nli_loss

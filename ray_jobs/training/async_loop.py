@@ -82,7 +82,7 @@ class AsyncTrainLoop(TrainLoop):
             stage = self.schedule.at(self.step)
             if stage is not self.stage:
                 self.stage = stage
-                self.streams = self._open_streams(stage.batch_size, {})
+                self.streams = self._reopened(stage.batch_size)
             batch = next(self.streams[self.task])
             loss, accuracy = train_step(
                 self.model,

@@ -1,23 +1,26 @@
-"""The training feed: the tokenizer counted or trained from the prepared text, one tokenized Ray
-Dataset per task, the DataConfig that splits each over its task's ranks, and the endless per-task
-batch streams a worker draws from."""
+"""The training feed: the tokenizer counted or trained from the prepared text, and the endless
+per-task batch streams a worker reads from its tasks' prepared shards itself (one global order per
+epoch at any number of ranks; a position is a count of rows, and a stream opened at one seeks)."""
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
+from convsts.datasets.sample_order import BLOCK_ROWS, EpochOrder, ShardSet
 from convsts.datasets.text import TOKENIZERS, encode_columns, fit_tokenizer, words
 from convsts.io import storage, tables
+from convsts.io.read_ahead import read_ahead
 from convsts.models.encoders import encoder_class
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
 from convsts.ray_jobs.tasks.prepared_folder import MANIFEST, shard_files, verify_prepared
-from convsts.ray_jobs.training.task_groups import plan_for
 
 
 def check_prepared(
@@ -107,70 +110,48 @@ def build_tokenizer(cfg: RunConfig, prepared_root: str, driver_read_bytes: int =
 
 
 # ---------------------------------------------------------------------------------------------
-# Datasets
+# Feeds: each worker reads its tasks' shards itself, in one global order per epoch (sample_order)
 
 
-def _tokenize_batch(
-    batch: dict[str, np.ndarray], tokenizer, columns: dict[str, str], width: int, passthrough: Sequence[str]
-) -> dict[str, np.ndarray]:
-    out = encode_columns(tokenizer, batch, columns, width)
-    for name in passthrough:
-        out[name] = np.asarray(batch[name])
+def task_listings(cfg: RunConfig, prepared_root: str, manifests: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What a worker reads of each trained task: {task: {"folder": its train folder, "shards":
+    [(file, rows), ...] in file order}}, from the manifests the driver verified (no listing, no
+    footer read in the workers)."""
+    out = {}
+    for name, task in trained_tasks(cfg).items():
+        records = sorted((s["file"], int(s["rows"])) for s in manifests[name]["shards"]["train"])
+        out[name] = {"folder": task.train_path(prepared_root), "shards": records}
     return out
 
 
-def tokenized(task: Task, rows, tokenizer, width: int, cfg: RunConfig | None = None):
-    """A task's rows -> token-id columns (<column>__<field>) plus its label, in Ray Data tasks
-    (the text columns the run trains on: `task.text_columns(cfg)`)."""
-    passthrough = (task.label,) if task.label else ()
-    # The tokenizer object travels once per Ray Data task and serves every batch of it (rebuilding
-    # a 50k-word vocabulary from its dict per batch would cost a quarter of the DAN tokenizer's time).
-    return rows.map_batches(
-        _tokenize_batch, fn_args=(tokenizer, task.text_columns(cfg), width, passthrough), batch_size=1024
+def task_shards(task: Task, cfg: RunConfig, listing: dict[str, Any]) -> ShardSet:
+    """A task's training shards as a run with `cfg` reads them: the columns it trains on, the rows
+    its filter keeps (SNLI's data.snli_fraction)."""
+    keep = task.row_filter(cfg)
+    return ShardSet.of_folder(
+        listing["folder"], listing["shards"], task.feed_columns(cfg), keep, task.filter_columns if keep else ()
     )
 
 
-def task_datasets(cfg: RunConfig, prepared_root: str, tokenizer) -> dict[str, Any]:
-    """{task: tokenized Ray Dataset} for the tasks with a weight; small tasks are materialized."""
-    tasks = trained_tasks(cfg)
-    out = {}
-    for name, task in tasks.items():
-        ds = tokenized(task, task.train_rows(cfg, prepared_root), tokenizer, cfg.tokenizer.max_words, cfg)
-        if task.materialize:  # its blocks kept in the order of its files, as the streamed tasks are fed
-            ds.context.execution_options.preserve_order = cfg.trainer.preserve_order
-            ds = ds.materialize()
-        out[name] = ds
-    return out
+def batch_encoder(task: Task, tokenizer, width: int, cfg: RunConfig) -> Callable[[pa.Table], dict[str, np.ndarray]]:
+    """Rows of a task -> its token-id columns (<column>__<field>, the text columns a run with `cfg`
+    trains on) and its label."""
+    columns = task.text_columns(cfg)
+
+    def encode(rows: pa.Table) -> dict[str, np.ndarray]:
+        out = encode_columns(
+            tokenizer, {c: rows.column(c).to_numpy(zero_copy_only=False) for c in columns}, columns, width
+        )
+        if task.label:
+            out[task.label] = rows.column(task.label).to_numpy(zero_copy_only=False)
+        return out
+
+    return encode
 
 
-def task_split_data_config(trainer):
-    """A DataConfig that splits each task's dataset over that task's ranks only (other ranks get
-    None), planned for the world size of each group Ray starts (an elastic group's size changes at
-    every restart; `trainer`: the run config's section, plan_for). trainer.preserve_order: Ray Data
-    hands each task's rows over in the order of its (seeded) file order rather than as its read and
-    tokenize tasks finish."""
-    from ray.train import DataConfig
-
-    class TaskSplitDataConfig(DataConfig):
-        def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
-            plan = plan_for(trainer, world_size)
-            output: list[dict[str, Any]] = [{} for _ in range(world_size)]
-            for name, ds in datasets.items():
-                if ds.name is None:
-                    ds.set_name(name)
-                ds = ds.copy(ds)
-                ds.context.execution_options = self._resolve_execution_options(name)
-                ranks = plan.ranks_of(name)
-                hints = [worker_node_ids[r] for r in ranks] if worker_node_ids else None
-                for r in range(world_size):
-                    output[r][name] = None
-                for r, split in zip(ranks, ds.streaming_split(len(ranks), equal=True, locality_hints=hints)):
-                    output[r][name] = split
-            return output
-
-    options = DataConfig.default_ingest_options()
-    options.preserve_order = trainer.preserve_order
-    return TaskSplitDataConfig(execution_options=options)
+def order_seed(seed: int, task: str) -> int:
+    """The seed of a task's epoch orders: the run's seed and the task, the same on every rank."""
+    return seed * 1_000_003 + zlib.crc32(task.encode())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,84 +159,96 @@ def task_split_data_config(trainer):
 
 
 class TaskStream:
-    """Endless batches of one task's Ray Data shard, epoch after epoch; remembers its position.
-    With `bucket_batches` > 1, each window of that many batches is sorted by length (the longest
-    text column of a row, `pad_id` not counted), cut back into batches and yielded in a seeded order."""
+    """Endless batches of one task for one rank, epoch after epoch. Each epoch's rows come in one
+    order that does not depend on the number of ranks (EpochOrder); its global batches are
+    `ranks x batch_size` rows, and rank `share[0]` of the task's `share[1]` ranks takes its slice
+    of each. Its position is the rows of the epoch read before its next global batch, so a stream
+    opened at that position, at any number of ranks and any batch size, goes on with the next
+    unread row and reads only the blocks that hold what it yields. The last rows of an epoch that
+    fill no global batch are left out of it. With `bucket_batches` > 1, each window of that many of
+    the rank's batches is sorted by length (the longest text column of a row, `pad_id` not counted),
+    cut back into batches and yielded in a seeded order; the position is then the window's start
+    and the batches yielded of it (a stream opened at the same ranks and batch size rebuilds the
+    window and goes on inside it; at others, it reads the window again from its start)."""
 
     def __init__(
         self,
         task: str,
-        shard,
+        shards: ShardSet,
+        encode: Callable[[pa.Table], dict[str, np.ndarray]],
         batch_size: int,
+        share: tuple[int, int],
         device,
         seed: int,
-        epoch: int = 0,
-        skip: int = 0,
+        position: dict[str, int] | None = None,
         bucket_batches: int = 0,
         pad_id: int = 0,
+        block_rows: int = BLOCK_ROWS,
     ):
-        self.task, self.shard, self.batch_size, self.device, self.seed = task, shard, batch_size, device, seed
-        self.bucket_batches, self.pad_id = bucket_batches, pad_id
-        self.epoch, self.batch_in_epoch = epoch, 0
-        self._it = self._batches(skip)
+        self.task, self.shards, self.encode, self.batch_size = task, shards, encode, batch_size
+        (self.index, self.ranks), self.device, self.seed = share, device, seed
+        self.bucket_batches, self.pad_id, self.block_rows = bucket_batches, pad_id, block_rows
+        position = position or {}
+        self.epoch, self.rows = int(position.get("epoch", 0)), int(position.get("rows", 0))
+        same_window = position.get("batch_size") == batch_size and position.get("ranks") == self.ranks
+        self.in_window = int(position.get("in_window", 0)) if same_window and bucket_batches > 1 else 0
+        if self.shards.rows < self.ranks * batch_size:
+            raise RuntimeError(
+                f"{task}: {self.shards.rows} training rows, fewer than one batch of its {self.ranks} "
+                f"rank(s) ({self.ranks} x {batch_size})"
+            )
+        self._it = read_ahead(self._batches())
 
-    def _epoch(self) -> Iterator[dict[str, torch.Tensor]]:
-        batches = self.shard.iter_torch_batches(
-            batch_size=self.batch_size,
-            drop_last=True,
-            device=self.device,
-            local_shuffle_buffer_size=4 * self.batch_size,
-            local_shuffle_seed=self.seed + self.epoch,
-        )
-        if self.bucket_batches <= 1:
-            yield from batches
-            return
-        window: list[dict[str, torch.Tensor]] = []
-        for number, batch in enumerate(batches):
-            window.append(batch)
-            if len(window) == self.bucket_batches:
-                yield from self._bucketed(window, number)
-                window = []
-        if window:
-            yield from self._bucketed(window, -1)
+    def _slice(self, order: EpochOrder, start: int) -> pa.Table:
+        return order.rows(start + self.index * self.batch_size, self.batch_size)
 
-    def _bucketed(self, window: list[dict[str, torch.Tensor]], salt: int) -> Iterator[dict[str, torch.Tensor]]:
-        rows = {k: torch.cat([b[k] for b in window]) for k in window[0]}  # {name: (W*B, ...)}
+    def _batches(self) -> Generator[tuple[dict[str, int], dict[str, np.ndarray]], None, None]:
+        """(the position after the batch, the batch), produced ahead of the consumer."""
+        step = self.ranks * self.batch_size  # rows of a global batch
+        epoch, rows, skip = self.epoch, self.rows, self.in_window
+        while True:
+            order = EpochOrder(self.shards, self.seed, epoch, self.block_rows)
+            while rows + step <= self.shards.rows:
+                if self.bucket_batches <= 1:
+                    batch = self.encode(self._slice(order, rows))
+                    rows += step
+                    yield self._position(epoch, rows, 0), batch
+                    continue
+                count = min(self.bucket_batches, (self.shards.rows - rows) // step)
+                window = [self.encode(self._slice(order, rows + i * step)) for i in range(count)]
+                for number, batch in enumerate(self._bucketed(window, epoch, rows), start=1):
+                    done = number == count
+                    if number > skip:
+                        yield self._position(epoch, rows + count * step if done else rows, 0 if done else number), batch
+                skip = 0
+                rows += count * step
+            epoch, rows = epoch + 1, 0
+
+    def _position(self, epoch: int, rows: int, in_window: int) -> dict[str, int]:
+        out = {"epoch": epoch, "rows": rows, "batch_size": self.batch_size, "ranks": self.ranks}
+        return {**out, "in_window": in_window} if in_window else out
+
+    def _bucketed(self, window: list[dict[str, np.ndarray]], epoch: int, start: int) -> list[dict[str, np.ndarray]]:
+        rows = {k: np.concatenate([b[k] for b in window]) for k in window[0]}  # {name: (W*B, ...)}
         # The longest text column of each row: every column's batch is cut to its own longest row, and
         # rows whose longest side is alike share a batch.
-        lengths = torch.stack([(v != self.pad_id).sum(1) for v in rows.values() if v.dim() == 2]).amax(0)  # (W*B,)
-        order = torch.argsort(lengths, stable=True)  # (W*B,) shortest first
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch * 7_919 + salt)
-        for j in torch.randperm(len(window), generator=generator).tolist():
-            idx = order[j * self.batch_size : (j + 1) * self.batch_size]  # (B,)
-            yield {k: v[idx] for k, v in rows.items()}
-
-    def _batches(self, skip: int) -> Generator[dict[str, torch.Tensor], None, None]:
-        while True:
-            produced = 0
-            for batch in self._epoch():
-                produced += 1
-                self.batch_in_epoch += 1
-                if skip > 0:
-                    skip -= 1
-                    continue
-                yield batch
-            if produced == 0:
-                raise RuntimeError(
-                    f"{self.task}: this worker's shard has fewer rows than one batch ({self.batch_size})"
-                )
-            self.epoch += 1
-            self.batch_in_epoch = 0
+        lengths = np.stack([(v != self.pad_id).sum(1) for v in rows.values() if v.ndim == 2]).max(0)  # (W*B,)
+        order = np.argsort(lengths, kind="stable")  # (W*B,) shortest first
+        turns = np.random.default_rng([self.seed, epoch, start, self.index]).permutation(len(window))
+        cut = [order[j * self.batch_size : (j + 1) * self.batch_size] for j in turns.tolist()]  # (B,) each
+        return [{k: v[idx] for k, v in rows.items()} for idx in cut]
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        return next(self._it)
+        position, batch = next(self._it)
+        self.epoch, self.rows, self.in_window = position["epoch"], position["rows"], position.get("in_window", 0)
+        return {k: torch.from_numpy(np.require(v, requirements=["C", "W"])).to(self.device) for k, v in batch.items()}
 
     def position(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "batch_size": self.batch_size}
+        return self._position(self.epoch, self.rows, self.in_window)
 
     def close(self) -> None:
-        """Stop reading the shard (while Ray is still up: the iterator reports its stats on close)."""
-        self._it.close()
+        """Stop reading ahead."""
+        self._it.close()  # type: ignore[attr-defined]  # read_ahead's generator

@@ -35,7 +35,7 @@ from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.tracking.mlflow_model import log_model
 from convsts.ray_jobs.tracking.model_card import run_facts, write_card
-from convsts.ray_jobs.training.data_feed import build_tokenizer, check_prepared, task_datasets
+from convsts.ray_jobs.training.data_feed import build_tokenizer, check_prepared, task_listings, task_shards
 from convsts.ray_jobs.training.lineage import (
     CONTINUES_TAG,
     SUPERSEDED_TAG,
@@ -68,7 +68,7 @@ class TrainResult:
     tracking_uri: str
     seconds: float
     mode: str
-    train_rows: dict[str, int]  # rows of each materialized task's training set (SNLI after data.snli_fraction)
+    train_rows: dict[str, int]  # rows of each filtered task's training set (SNLI after data.snli_fraction)
     model: Path  # OUT/model: the encoder without optimizer state, with its model card
 
 
@@ -199,20 +199,21 @@ def _train(
 ) -> TrainResult:
     started, location = time.time(), start.storage
     uri, run_id, manifests, digests = mlflow_run.uri, mlflow_run.run_id, data.manifests, data.digests
+    for task in trained_tasks(cfg).values():
+        task.check_feed(cfg, prepared)
     tokenizer = _tokenizer(cfg, prepared)
-    datasets = task_datasets(cfg, prepared, tokenizer)
-    materialized = [n for n in datasets if trained_tasks(cfg)[n].materialize]
-    train_rows = {n: datasets[n].count() for n in materialized}  # materialized: counting is free
+    listings = task_listings(cfg, prepared, manifests)
+    filtered = {n: t for n, t in trained_tasks(cfg).items() if t.filter_columns}
+    train_rows = {n: task_shards(t, cfg, listings[n]).rows for n, t in filtered.items()}
     if train_rows:  # the SNLI-fraction sweep plots against data/snli_train_pairs
         tracking.log_metrics(uri, run_id, {f"data/{name}_train_pairs": n for name, n in train_rows.items()})
     plan = _task_split(cfg)
     until = _history_until(cfg, uri, run_id, start)  # the chain's runs past it tagged superseded
-    loop_config = _loop_config(cfg, tokenizer, sorted(datasets), mlflow_run, start, digests, until)
+    loop_config = _loop_config(cfg, tokenizer, listings, mlflow_run, start, digests, until)
     result = fit(  # the fit's Ray Train id recorded in run.json as soon as the trainer is made
         cfg,
         location,
         loop_config,
-        datasets,
         extra_callbacks,
         plan,
         lambda fit_id: mark_link(out_dir, run_id, ray_train_run=fit_id),
@@ -250,7 +251,7 @@ def _train(
 def _loop_config(
     cfg: RunConfig,
     tokenizer,
-    datasets: list[str],
+    listings: dict[str, Any],
     mlflow_run: TrackedRun,
     start: RunStart,
     digests: dict,
@@ -261,7 +262,7 @@ def _loop_config(
     return {
         "run": cfg.to_dict(),
         "tokenizer": tokenizer.to_dict(),
-        "datasets": datasets,
+        "listings": listings,  # each trained task's shards (data_feed.task_listings)
         "tracking_uri": uri,
         "run_id": run_id,
         # Every step a run of OUT's chain logged is not logged again (a fallback to an older checkpoint
@@ -277,8 +278,8 @@ def _loop_config(
 
 def _task_split(cfg: RunConfig):
     """The task split at trainer.num_workers (an elastic group's MAX), said in one line; an elastic
-    group's at MIN beside it (each group Ray starts is planned anew: task_split_data_config, the
-    worker)."""
+    group's at MIN beside it (each group Ray starts is planned anew by its
+    workers)."""
     plan = plan_for(cfg.trainer, cfg.trainer.max_workers)
     if cfg.trainer.elastic:
         low = plan_for(cfg.trainer, cfg.trainer.min_workers)

@@ -17,11 +17,12 @@ from convsts.ray_jobs.tasks import trained_tasks
 from convsts.ray_jobs.training.metric_window import MetricWindow, format_eta
 from convsts.ray_jobs.training.schedule import StageSchedule
 from convsts.ray_jobs.training.task_groups import GradientCombiner, SplitMode, TaskPlan, draw_task, plan_tasks
-from convsts.ray_jobs.training.train_state import TrainState, resume_skip, rng_state, set_rng_state
+from convsts.ray_jobs.training.train_state import TrainState, rng_state, set_rng_state
 from convsts.ray_jobs.training.train_step import Optimizers, train_step
 
-# open_stream(task, batch_size, epoch, skip) -> an iterator of batches with .position()
-StreamFactory = Callable[[str, int, int, int], Iterator[dict[str, torch.Tensor]]]
+# open_stream(task, batch_size, position) -> an iterator of batches with .position() (a position as
+# .position() gave it, or {} for the start)
+StreamFactory = Callable[[str, int, dict[str, int]], Iterator[dict[str, torch.Tensor]]]
 
 
 SCORE_METRIC = StsDevProbe.METRIC  # ranks checkpoints when in-training evaluation is on
@@ -119,9 +120,14 @@ class TrainLoop:
         self.last_eval: dict[str, float] = {}  # rank 0's latest in-training evaluation
 
     def _open_streams(self, batch_size: int, positions: dict[str, dict[str, int]]):
-        return {
-            t: self.open_stream(t, batch_size, *resume_skip(positions.get(t, {}), batch_size)) for t in self.my_tasks
-        }
+        return {t: self.open_stream(t, batch_size, positions.get(t, {})) for t in self.my_tasks}
+
+    def _reopened(self, batch_size: int):
+        """The streams at a new stage's batch size, each going on from its position."""
+        positions = {t: s.position() for t, s in self.streams.items()}
+        for stream in self.streams.values():
+            getattr(stream, "close", lambda: None)()
+        return self._open_streams(batch_size, positions)
 
     def _next_task(self) -> str:
         return draw_task(self.plan, self.task_gen) if self.plan.mode is SplitMode.TASK_SAMPLING else self.my_tasks[0]
@@ -218,7 +224,7 @@ class TrainLoop:
             stage = self.schedule.at(self.step)
             if stage is not self.stage:
                 self.stage = stage
-                self.streams = self._open_streams(stage.batch_size, {})
+                self.streams = self._reopened(stage.batch_size)
             lr = self.schedule.lr_at(self.step)
             if lr != self.lr:  # a stage change, or a warm-up step
                 self.lr = lr

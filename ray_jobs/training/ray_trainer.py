@@ -14,7 +14,6 @@ from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.runtime.logs import train_log_level
 from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
 from convsts.ray_jobs.tracking import runs as tracking
-from convsts.ray_jobs.training.data_feed import task_split_data_config
 from convsts.ray_jobs.training.lineage import RunStorage
 from convsts.ray_jobs.training.loop import SCORE_METRIC
 from convsts.ray_jobs.training.parameter_holder import start_holder
@@ -43,7 +42,6 @@ def fit(
     cfg: RunConfig,
     location: RunStorage,
     loop_config: dict,
-    datasets: dict,
     extra_callbacks,
     plan,
     made: Callable[[str], None],
@@ -55,7 +53,7 @@ def fit(
     holder = None
     if plan.mode is SplitMode.ASYNC:
         holder = loop_config["holder"] = start_holder(cfg)
-    trainer = torch_trainer(cfg, location, loop_config, datasets, extra_callbacks)
+    trainer = torch_trainer(cfg, location, loop_config, extra_callbacks)
     made(trainer.train_run_context.run_id)  # Train V2's run context, made with the trainer
     try:
         with tracking.system_metrics(uri, run_id), reporting_worker_deaths():
@@ -68,9 +66,7 @@ def fit(
             ray.kill(holder)
 
 
-def torch_trainer(
-    cfg: RunConfig, location: RunStorage, loop_config: dict, datasets: dict, extra_callbacks: Sequence[Any]
-):
+def torch_trainer(cfg: RunConfig, location: RunStorage, loop_config: dict, extra_callbacks: Sequence[Any]):
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -103,8 +99,6 @@ def torch_trainer(
             resources_per_worker={"CPU": cfg.trainer.cpus_per_worker},
             placement_strategy=cfg.trainer.placement_strategy,
         ),
-        datasets=datasets,
-        dataset_config=task_split_data_config(cfg.trainer),
         run_config=ray.train.RunConfig(  # type: ignore[call-arg]  # Train V2's (RAY_TRAIN_V2_ENABLED); stubs: V1's
             storage_path=location.root,
             name=location.name,

@@ -10,13 +10,6 @@ import torch
 from convsts.ray_jobs.training.task_groups import TaskPlan
 
 
-def resume_skip(position: dict[str, int], batch_size: int) -> tuple[int, int]:
-    """(epoch, batches to skip) to continue a task stream from a saved position. A position saved
-    at another batch size (a stage change since) restarts its epoch."""
-    skip = position.get("batch_in_epoch", 0) if position.get("batch_size") == batch_size else 0
-    return position.get("epoch", 0), skip
-
-
 def rng_state() -> dict[str, Any]:
     """torch's generators of this process: the CPU one (dropout on CPU) and, on a GPU, CUDA's."""
     state: dict[str, Any] = {"cpu": torch.get_rng_state()}
@@ -33,6 +26,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _in_rows(position: dict[str, int], ranks: int) -> dict[str, int]:
+    """A stream position as rows read of its epoch (one saved as batches read: each global batch
+    was `ranks` x its batch size)."""
+    if "rows" in position or "batch_in_epoch" not in position:
+        return position
+    rows = position["batch_in_epoch"] * position.get("batch_size", 0) * ranks
+    return {"epoch": position.get("epoch", 0), "rows": rows, "batch_size": position.get("batch_size", 0)}
 
 
 @dataclass
@@ -99,22 +101,21 @@ class TrainState:
         """The stream positions of `rank` of `plan`: its own where the group that wrote the state had
         the same ranks for the same tasks (its task_ranks; `saved`, the plan rebuilt from the run's
         settings, for a state without them). Otherwise (an elastic group resized, a resume on another
-        count or other task workers) ranks are not the same ranks: each of the rank's tasks goes on
-        from the task's position, taken from the task's first rank then (every rank of a task draws
-        one batch a step, so all hold the same): the same epoch, and the same share of it read by the
-        task's ranks together (batch_in_epoch x the task's ranks then / its ranks now; each rank's
-        split of the task's rows grows or shrinks by that factor). A task the state holds no
-        position for starts at epoch 0 (the loop says so)."""
+        count or other task workers) each of the rank's tasks goes on from the task's position: a
+        count of the epoch's rows read, the same on every rank of a task that draws together (the
+        earliest of them where the ranks went at their own pace: the async split), which a stream
+        at any number of ranks continues from (data_feed.TaskStream). A position written before
+        positions were counts of rows (batch_in_epoch) counts the batches of its task's ranks then.
+        A task the state holds no position for starts at epoch 0 (the loop says so)."""
         then, now = self.task_ranks or saved.ranks_by_task(), plan.ranks_by_task()
         if len(self.positions) == plan.world_size and all(then.get(t) == now[t] for t in plan.tasks_of(rank)):
-            return self.positions[rank]
+            return {t: _in_rows(p, len(then.get(t, [1]))) for t, p in self.positions[rank].items()}
         out = {}
         for task in plan.tasks_of(rank):
-            before = then.get(task, [])
-            position = self.positions[before[0]].get(task) if before and before[0] < len(self.positions) else None
-            if position:
-                read = position.get("batch_in_epoch", 0) * len(before) // len(now[task])
-                out[task] = {**position, "batch_in_epoch": read}
+            before = [r for r in then.get(task, []) if r < len(self.positions) and task in self.positions[r]]
+            held = [_in_rows(self.positions[r][task], len(then[task])) for r in before]
+            if held:
+                out[task] = min(held, key=lambda p: (p.get("epoch", 0), p.get("rows", 0)))
         return out
 
     def rng_of(self, rank: int, world: int, seed: int) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The Ray Train worker: wires the Ray-free TrainLoop to Ray Train (dataset shards, device,
+"""The Ray Train worker: wires the Ray-free TrainLoop to Ray Train (its tasks' streams, device,
 checkpoints, reports) and to MLflow. Resumes from `ray.train.get_checkpoint()` after a restart."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from convsts.io.redaction import redact_tree
 from convsts.models.checkpoint import checkpoint_owner, folder_name, save_checkpoint
 from convsts.ray_jobs.config.loader import from_dict
 from convsts.ray_jobs.evaluation.sts import StsDevProbe
+from convsts.ray_jobs.tasks import trained_tasks
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
-from convsts.ray_jobs.training.data_feed import TaskStream
+from convsts.ray_jobs.training.data_feed import TaskStream, batch_encoder, order_seed, task_shards
 from convsts.ray_jobs.training.loop import WORKERS_METRIC, LoopHooks, TrainLoop
 from convsts.ray_jobs.training.start_weights import initial_model, restore
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
@@ -53,19 +54,21 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     restarted = by_ray or loop_config.get("continues") == loop_config.get("run_id")
     model.to(device).train()
 
-    # Every rank asks for every dataset: the splits are built when rank 0 asks (Train V2).
-    shards = {name: ray.train.get_dataset_shard(name) for name in loop_config["datasets"]}
+    # This rank's tasks' shards, read by the rank itself (no Ray Data in the fit).
+    tasks = trained_tasks(cfg)
+    shards = {name: task_shards(tasks[name], cfg, loop_config["listings"][name]) for name in plan.tasks_of(rank)}
 
-    def open_stream(task: str, batch_size: int, epoch: int, skip: int) -> TaskStream:
-        seed = cfg.seed * 1000 + rank
+    def open_stream(task: str, batch_size: int, position: dict[str, int]) -> TaskStream:
+        ranks = plan.ranks_of(task)
         return TaskStream(
             task,
             shards[task],
+            batch_encoder(tasks[task], tokenizer, cfg.tokenizer.max_words, cfg),
             batch_size,
+            (ranks.index(rank), len(ranks)),
             device,
-            seed,
-            epoch=epoch,
-            skip=skip,
+            order_seed(cfg.seed, task),
+            position,
             bucket_batches=cfg.trainer.bucket_batches,
             pad_id=tokenizer.pad_id,
         )
@@ -81,7 +84,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         before = previous_size(loop_config, state, restarted)
         if before is not None and before != world:
             print_once(resize_line(before, plan, loop.step, by_ray=by_ray))
-    loop.run()
+    try:
+        loop.run()
+    finally:
+        for stream in loop.streams.values():
+            stream.close()
 
 
 def ray_restart(loop_config: dict[str, Any], checkpoint) -> bool:

@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_requests_are_placed_whole_on_one_node():
-    # 2.3 free CPUs over three nodes hold no 1-CPU task: the case that left Ray Data waiting forever.
-    left, _ = unplaced([{"CPU": 0.9}, {"CPU": 0.4}, {"CPU": 0.4}], [Ask("Ray Data read task", 1.0)])
-    assert left == [Ask("Ray Data read task", 1.0)]
+    # 2.3 free CPUs over three nodes hold no 1-CPU worker: it would wait forever.
+    left, _ = unplaced([{"CPU": 0.9}, {"CPU": 0.4}, {"CPU": 0.4}], [Ask("task worker", 1.0)])
+    assert left == [Ask("task worker", 1.0)]
     # Largest first, each on the node with the least room that holds it: 3 + 1 + 1 on nodes of 4 and 1.
     left, room = unplaced([{"CPU": 4.0}, {"CPU": 1.0}], [Ask("a", 1.0), Ask("b", 3.0), Ask("c", 1.0)])
     assert left == [] and sorted(r["CPU"] for r in room) == [0.0, 0.0]
@@ -27,19 +27,20 @@ def test_requests_are_placed_whole_on_one_node():
 
 def test_a_training_layout_that_fits_no_node_is_refused_in_one_line():
     gpu = load_config(REPO / "configs" / "transformer_gpu.yaml", ["trainer.use_gpu=false"])
-    with pytest.raises(ConfigError) as refused:  # 2 CPUs for the worker and 1 for Ray Data on a 2-CPU machine
-        check_training_fits(gpu, [{"CPU": 2.0}])
+    with pytest.raises(ConfigError) as refused:  # a worker of 2 CPUs on a 1-CPU machine
+        check_training_fits(gpu, [{"CPU": 1.0}])
     message = str(refused.value)
-    assert "\n" not in message and "1 node(s): 2 CPU" in message and "trainer.cpus_per_worker" in message
+    assert "\n" not in message and "1 node(s): 1 CPU" in message and "trainer.cpus_per_worker" in message
+    assert check_training_fits(gpu, [{"CPU": 2.0}]) == 1  # the worker reads its own data: nothing else asks
     check_training_fits(gpu, [{"CPU": 16.0}])
     with pytest.raises(ConfigError, match="trainer.use_gpu=false"):
         check_training_fits(load_config(REPO / "configs" / "transformer_gpu.yaml"), [{"CPU": 16.0}])
     check_training_fits(load_config(REPO / "configs" / "transformer_gpu.yaml"), [{"CPU": 16.0, "GPU": 1.0}])
-    # The default layout (2 x 0.5 CPU + 1 for Ray Data) fits one 2-CPU machine, but not three 0.9/0.4/0.4 nodes.
+    # The default layout (2 x 0.5 CPU) fits one 1-CPU machine, but not three 0.4-CPU nodes.
     default = load_config(None)
-    check_training_fits(default, [{"CPU": 2.0}])
+    check_training_fits(default, [{"CPU": 1.0}])
     with pytest.raises(ConfigError, match="3 node"):
-        check_training_fits(default, [{"CPU": 0.9}, {"CPU": 0.4}, {"CPU": 0.4}])
+        check_training_fits(default, [{"CPU": 0.4}, {"CPU": 0.4}, {"CPU": 0.4}])
     # The paper-scale cluster (cluster/aws-gpu.yaml: 20 nodes of 8 CPUs and one GPU) holds its config.
     paper = load_config(REPO / "configs" / "paper_scale.yaml")
     check_training_fits(paper, [{"CPU": 0.0}] + [{"CPU": 8.0, "GPU": 1.0}] * 20)
@@ -63,24 +64,20 @@ def test_strict_spread_that_only_the_strategy_refuses_names_the_strategy():
 
 
 def test_trials_at_once_counts_whole_trials_per_node():
-    cfg = load_config(None, ["trainer.cpus_per_worker=0.4"])  # a trial: 0.1 + 2 x 0.4 + 1 = 1.9 CPUs
-    assert trials_at_once(cfg, [{"CPU": 2.0}]) == 1
-    assert trials_at_once(cfg, [{"CPU": 2.0}, {"CPU": 2.0}, {"CPU": 1.0}]) == 2
-    assert trials_at_once(cfg, [{"CPU": 8.0}]) == 4
-    # Each request is placed as Ray may place it: the trial function anywhere, SPREAD workers on distinct
-    # nodes. On two nodes of 1 CPU that leaves no whole CPU for Ray Data's task (a trial that waits
-    # forever), so the sweep is refused; PACK puts both workers on one node and the trial fits.
-    with pytest.raises(ConfigError, match="does not fit"):
-        trials_at_once(cfg, [{"CPU": 1.0}, {"CPU": 1.0}])
-    packed = load_config(None, ["trainer.cpus_per_worker=0.4", "trainer.placement_strategy=PACK"])
-    assert trials_at_once(packed, [{"CPU": 1.0}, {"CPU": 1.0}]) == 1
-    # The cluster of tests/cluster/multinode/: 1 CPU on each of 4 nodes holds one default trial at a time
-    # (on 3 nodes, the trial function, the two workers and Ray Data's whole CPU need a node each).
-    assert trials_at_once(load_config(None), [{"CPU": 1.0}] * 4) == 1
-    with pytest.raises(ConfigError, match="does not fit"):
-        trials_at_once(load_config(None), [{"CPU": 1.0}] * 3)
-    with pytest.raises(ConfigError, match="does not fit"):  # the second 0.4-CPU worker has no room
-        trials_at_once(cfg, [{"CPU": 1.0}, {"CPU": 0.5}])
+    cfg = load_config(None, ["trainer.cpus_per_worker=0.4"])  # a trial: 0.1 + 2 x 0.4 = 0.9 CPUs
+    assert trials_at_once(cfg, [{"CPU": 1.0}]) == 1
+    assert trials_at_once(cfg, [{"CPU": 2.0}]) == 2
+    assert trials_at_once(cfg, [{"CPU": 8.0}]) == 8
+    assert trials_at_once(cfg, [{"CPU": 2.0}, {"CPU": 2.0}, {"CPU": 1.0}]) == 5
+    # Each request is placed whole on one node: two nodes of 0.45 CPU hold the trial function and
+    # one worker, and the second worker waits forever, so the sweep is refused, in one line.
+    with pytest.raises(ConfigError, match="does not fit") as refused:
+        trials_at_once(cfg, [{"CPU": 0.45}, {"CPU": 0.45}])
+    assert "\n" not in str(refused.value)
+    # The cluster of tests/cluster/multinode/ (1 CPU on each of 4 nodes) holds two default trials at a
+    # time (0.1 + 2 x 0.5 CPU each).
+    assert trials_at_once(load_config(None), [{"CPU": 1.0}] * 4) == 2
+    assert trials_at_once(load_config(None), [{"CPU": 2.0}]) == 1
 
 
 def test_every_run_owns_its_checkpoint_location(tmp_path):

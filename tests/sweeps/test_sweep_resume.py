@@ -46,15 +46,15 @@ def test_the_snli_fraction_sweep_killed_mid_trial_restarts_the_trial_and_gives_i
     reddit_cfg = load_config(None, [*TINY_SWEEP_MODEL, "trainer.steps=0", "trainer.task_weights={reddit: 1.0}"])
     tokenizer = build_tokenizer(reddit_cfg, str(sample_prepared))
     reddit = save_checkpoint(tmp_path / "reddit", initial_model(reddit_cfg, tokenizer), tokenizer, reddit_cfg.to_dict())
-    # Two workers of 0.5 CPU and the parameter holder's 0.1 leave Ray Data no CPU on this instance:
-    # refused before any trial.
+    # Two workers of 1 CPU and the trial function's 0.1 do not fit this 2-CPU instance: refused
+    # before any trial.
     trials = [*TINY_SWEEP_MODEL, "trainer.num_workers=2", "trainer.task_split=async", "trainer.steps=60",
               "trainer.checkpoint_every=20", "trainer.log_every=5"]  # fmt: skip
     with pytest.raises(ConfigError, match="trainer.cpus_per_worker"):
         run_sweep(
             SweepRequest(
                 get_space("snli_fraction"),
-                load_config(None, [*trials, f"mlflow.tracking_uri={mlflow_uri}"]),
+                load_config(None, [*trials, "trainer.cpus_per_worker=1", f"mlflow.tracking_uri={mlflow_uri}"]),
                 tmp_path / "infeasible",
                 TrainInputs(str(reddit), str(sample_prepared)),
             )

@@ -1,7 +1,7 @@
 """The training feed over an in-memory frame, without Ray, for single-process loops (tests, and
 the benches that time the step alone): a batch tokenized as the Ray Data feed tokenizes it, and
 TaskStream's contract (consecutive batches, epoch after epoch, each epoch's rows shuffled with
-seed + epoch) over a pandas frame."""
+seed + epoch, a position counted in rows) over a pandas frame."""
 
 from __future__ import annotations
 
@@ -39,8 +39,7 @@ class FrameStream:
         batch_size: int,
         width: int,
         seed: int = 0,
-        epoch: int = 0,
-        skip: int = 0,
+        position: dict[str, int] | None = None,
         device=None,
         cfg: RunConfig | None = None,
     ):
@@ -48,7 +47,8 @@ class FrameStream:
             raise RuntimeError(f"{task.name}: {len(frame)} rows, fewer than one batch ({batch_size})")
         self.task, self.frame, self.tokenizer, self.batch_size, self.width = task, frame, tokenizer, batch_size, width
         self.seed, self.device, self.cfg = seed, device, cfg
-        self.epoch, self.batch_in_epoch = epoch, skip
+        position = position or {}
+        self.epoch, self.batch_in_epoch = position.get("epoch", 0), position.get("rows", 0) // batch_size
         self._order = self._shuffled()
 
     def _shuffled(self) -> np.ndarray:
@@ -67,4 +67,4 @@ class FrameStream:
         return frame_batch(self.tokenizer, self.task, self.frame.iloc[rows], self.width, self.device, self.cfg)
 
     def position(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "batch_size": self.batch_size}
+        return {"epoch": self.epoch, "rows": self.batch_in_epoch * self.batch_size, "batch_size": self.batch_size}

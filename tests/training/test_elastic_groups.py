@@ -10,7 +10,7 @@ import torch
 
 from convsts.io.errors import ConfigError
 from convsts.ray_jobs.config.loader import load_config
-from convsts.ray_jobs.runtime.resources import check_training_fits, clusters_left, elastic_size, workers_that_fit
+from convsts.ray_jobs.runtime.resources import check_training_fits, workers_that_fit
 from convsts.ray_jobs.training.loop import WORKERS_METRIC, saved_plan
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
 from convsts.ray_jobs.training.train_state import TrainState, set_rng_state
@@ -53,67 +53,29 @@ def test_num_workers_is_one_number_or_min_max_and_each_refusal_is_one_line():
             load_config(DEMO, [*three_tasks, f"trainer.num_workers={sizes}"])
 
 
-def test_the_check_places_min_workers_says_how_many_fit_now_and_keeps_ray_datas_cpu():
-    cfg = load_config(DEMO, ["trainer.num_workers=[1,3]", "trainer.cpus_per_worker=2"])
-    head, node = {"CPU": 1.0}, {"CPU": 2.0}  # the head keeps a CPU no 2-CPU worker fits in: Ray Data's
-    assert check_training_fits(cfg, [head, node, node, node]) == 3
-    assert check_training_fits(cfg, [head, node]) == 1
-    assert workers_that_fit(cfg, [{"CPU": 16.0}]) == 3
-    # Ray sizes an elastic group by the workers' requests alone: on nodes that the workers fill
-    # exactly, the group would take the CPU Ray Data's reads need, which would wait forever.
-    assert elastic_size(cfg, [node, node]) == 2
-    with pytest.raises(ConfigError) as err:
-        check_training_fits(cfg, [node, node])
-    message = str(err.value)
-    assert "would start 2 worker(s) x 2 CPU on the cluster's 2 node(s): 2 CPU, 2 CPU" in message
-    assert "leaving no whole CPU for Ray Data's reads" in message and "\n" not in message
-    # Once the other node is lost even one worker fills the head: no MAX helps, cpus_per_worker does.
-    assert "lower MAX" not in message and "trainer.cpus_per_worker" in message
-
-
-def test_an_elastic_group_is_refused_when_a_cluster_its_node_losses_leave_would_starve_ray_datas_reads():
-    """Ray restarts an elastic group at the size that fits whatever nodes are left: every cluster
-    that losses can leave (the head stays) is checked, not only the cluster at the start."""
-    head = {"node:__internal_head__": 1.0}
+def test_the_check_places_min_workers_and_says_how_many_fit_now_with_every_cpu_a_workers():
+    """A worker reads its own data, so a group may take every CPU: the issue's layouts that starved
+    Ray Data's reads (a head of 2 CPUs and two 1-CPU nodes at [1,3] x 1 CPU; a head of 1 CPU and
+    three 2-CPU nodes) are accepted, and so is any cluster their node losses leave."""
     cfg = load_config(DEMO, ["trainer.num_workers=[1,3]", "trainer.cpus_per_worker=1"])
-    # A head of 2 CPUs and two 1-CPU nodes: 3 workers leave Ray Data a CPU now, but a lost node
-    # leaves 3 CPUs that the 3 workers fill; with MAX=1, every cluster left keeps a CPU.
-    nodes = [{"CPU": 2.0, **head}, {"CPU": 1.0}, {"CPU": 1.0}]
-    assert workers_that_fit(cfg, nodes) == 3
-    with pytest.raises(ConfigError) as err:
-        check_training_fits(cfg, nodes)
-    message = str(err.value)
-    assert (
-        "would start 3 worker(s) x 1 CPU when 1 of the cluster's 3 nodes are lost (on the 2 node(s): 2 CPU, 1 CPU left)"
-        in message
-    )
-    assert message.endswith("or lower MAX to 1") and "\n" not in message
-    assert (
-        check_training_fits(load_config(DEMO, ["trainer.num_workers=[1,1]", "trainer.cpus_per_worker=1"]), nodes) == 1
-    )
-    # The layout docs/cluster.md names (a head of 1 CPU, three 2-CPU nodes) with 1-CPU workers: two
-    # nodes lost leave 3 CPUs that 3 workers fill; with 2-CPU workers the head's CPU is never a worker's.
-    nodes = [{"CPU": 1.0, **head}, *[{"CPU": 2.0}] * 3]
-    with pytest.raises(
-        ConfigError, match=r"when 2 of the cluster's 4 nodes are lost \(on the 2 node\(s\): 1 CPU, 2 CPU left\)"
-    ):
-        check_training_fits(cfg, nodes)
-    assert (
-        check_training_fits(load_config(DEMO, ["trainer.num_workers=[1,3]", "trainer.cpus_per_worker=2"]), nodes) == 3
-    )
-    # The head is the node Ray marks as the head, wherever it is listed: the others may all go.
-    assert [len(c) for c in clusters_left([{"CPU": 2.0}, {"CPU": 1.0, **head}, {"CPU": 2.0}])] == [3, 2, 1]
-    assert clusters_left([{"CPU": 2.0}, {"CPU": 1.0, **head}]).__next__()[0]["CPU"] == 1.0
+    nodes = [{"CPU": 2.0}, {"CPU": 1.0}, {"CPU": 1.0}]
+    assert check_training_fits(cfg, nodes) == 3
+    assert check_training_fits(cfg, nodes[:2]) == 3  # a node lost: 3 workers fill the 3 CPUs left
+    assert check_training_fits(cfg, nodes[:1]) == 2  # down to the head
+    assert check_training_fits(cfg, [{"CPU": 1.0}, *[{"CPU": 2.0}] * 3]) == 3
+    two = load_config(DEMO, ["trainer.num_workers=[1,3]", "trainer.cpus_per_worker=2"])
+    assert check_training_fits(two, [{"CPU": 2.0}, {"CPU": 2.0}]) == 2
+    assert check_training_fits(two, [{"CPU": 1.0}, {"CPU": 2.0}]) == 1
+    assert workers_that_fit(two, [{"CPU": 16.0}]) == 3
     with pytest.raises(ConfigError) as err:  # MIN does not fit: refused, naming MIN
         check_training_fits(
             load_config(DEMO, ["trainer.num_workers=[2,4]", "trainer.cpus_per_worker=2"]), [{"CPU": 3.0}]
         )
     assert "the elastic group's MIN, 2," in str(err.value) and "\n" not in str(err.value)
     fixed = load_config(DEMO, ["trainer.num_workers=2", "trainer.cpus_per_worker=1"])
-    assert check_training_fits(fixed, [{"CPU": 8.0}]) == 2
+    assert check_training_fits(fixed, [{"CPU": 2.0}]) == 2
     gpu = load_config(DEMO, ["trainer.num_workers=[1,4]", "trainer.use_gpu=true", "trainer.cpus_per_worker=4"])
-    assert elastic_size(gpu, [{"CPU": 8.0, "GPU": 1.0}] * 3) == 3  # one worker per GPU, CPUs left over
-    assert check_training_fits(gpu, [{"CPU": 8.0, "GPU": 1.0}] * 3) == 3
+    assert check_training_fits(gpu, [{"CPU": 8.0, "GPU": 1.0}] * 3) == 3  # one worker per GPU
 
 
 def test_each_size_is_planned_with_the_same_rules():
@@ -138,59 +100,56 @@ def _state(world: int, positions: list[dict], step: int = 480) -> TrainState:
 
 def test_positions_follow_the_ranks_the_checkpoint_records_not_a_plan_rebuilt_from_todays_settings():
     """A state keeps each task's ranks in the group that wrote it: a resume whose plan maps other
-    ranks to the tasks (other task workers, another size) takes each task's position from the ranks
-    that read it, never another task's rank; a state without them (older) rebuilds the plan."""
+    ranks to the tasks (other task workers, another size) takes each task's position (the rows of
+    its epoch read) from the ranks that read it, never another task's rank; a state without them
+    (older) rebuilds the plan."""
     cfg = load_config(DEMO, ["trainer.num_workers=3"])
-    reddit, snli = (
-        {"epoch": 2, "batch_in_epoch": 30, "batch_size": 32},
-        {"epoch": 5, "batch_in_epoch": 8, "batch_size": 32},
-    )
+    reddit = {"epoch": 2, "rows": 960, "batch_size": 32, "ranks": 1}
+    snli = {"epoch": 5, "rows": 512, "batch_size": 32, "ranks": 2}
     # Written with trainer.task_workers={reddit: 1, snli: 2}: reddit on rank 0, snli on ranks 1-2.
     state = _state(3, [{"reddit": reddit}, {"snli": snli}, {"snli": snli}])
     state.task_ranks = {"reddit": [0], "snli": [1, 2]}
     three = plan_for(cfg.trainer, 3)  # today's plan at 3: reddit on ranks 0-1, snli on rank 2
     assert three.ranks_of("reddit") == [0, 1] and three.ranks_of("snli") == [2]
-    assert state.positions_of(0, three, three) == {"reddit": {**reddit, "batch_in_epoch": 15}}
-    assert state.positions_of(1, three, three) == {"reddit": {**reddit, "batch_in_epoch": 15}}
-    assert state.positions_of(2, three, three) == {"snli": {**snli, "batch_in_epoch": 16}}
+    assert state.positions_of(0, three, three) == {"reddit": reddit}  # the task's rows, at any ranks
+    assert state.positions_of(1, three, three) == {"reddit": reddit}
+    assert state.positions_of(2, three, three) == {"snli": snli}
     # The same ranks for the same tasks: each rank's own position, as it was.
     same = TrainState.from_dict({**state.to_dict(), "task_ranks": {"reddit": [0, 1], "snli": [2]}})
-    same.positions = [{"reddit": reddit}, {"reddit": {**reddit, "batch_in_epoch": 31}}, {"snli": snli}]
-    assert same.positions_of(1, three, three) == {"reddit": {**reddit, "batch_in_epoch": 31}}
+    same.positions = [{"reddit": reddit}, {"reddit": {**reddit, "rows": 992}}, {"snli": snli}]
+    assert same.positions_of(1, three, three) == {"reddit": {**reddit, "rows": 992}}
     # A state written before task_ranks was kept reads as the plan rebuilt from the settings.
     older = TrainState.from_dict({k: v for k, v in same.to_dict().items() if k != "task_ranks"})
     assert older.task_ranks == {} and older.positions_of(1, three, saved_plan(cfg, older, three)) == {
-        "reddit": {**reddit, "batch_in_epoch": 31}
+        "reddit": {**reddit, "rows": 992}
     }
+    # A position written as batches read (before positions were rows): its task's ranks' batches.
+    batches = _state(3, [{"reddit": {"epoch": 2, "batch_in_epoch": 15, "batch_size": 32}}, {"snli": snli}, {}])
+    batches.task_ranks = {"reddit": [0], "snli": [1]}
+    assert batches.positions_of(0, three, three) == {"reddit": {"epoch": 2, "rows": 480, "batch_size": 32}}
 
 
 def test_a_checkpoint_of_another_size_gives_each_rank_its_tasks_position_and_seeded_generators():
     cfg = load_config(DEMO, ["trainer.num_workers=[1,3]"])
     # Written by 3 ranks (reddit 0-1, snli 2), every rank of a task at the same position.
-    reddit, snli = (
-        {"epoch": 2, "batch_in_epoch": 30, "batch_size": 32},
-        {"epoch": 5, "batch_in_epoch": 7, "batch_size": 32},
-    )
+    reddit = {"epoch": 2, "rows": 1920, "batch_size": 32, "ranks": 2}
+    snli = {"epoch": 5, "rows": 224, "batch_size": 32, "ranks": 1}
     state = _state(3, [{"reddit": reddit}, {"reddit": reddit}, {"snli": snli}])
     three = plan_for(cfg.trainer, 3)
     assert saved_plan(cfg, state, three) is three
     assert state.positions_of(1, three, three) == {"reddit": reddit}  # the same size: its own
-    # At 2 ranks (reddit 0, snli 1): reddit's one rank reads a split twice as long, as far in as
-    # its two ranks had read together.
+    # At 2 ranks (reddit 0, snli 1) and at 1 (each step's task drawn: both on rank 0), each task
+    # goes on from the rows its ranks had read together.
     two = plan_for(cfg.trainer, 2)
     before = saved_plan(cfg, state, two)
     assert before.ranks_of("reddit") == [0, 1]
-    assert state.positions_of(0, two, before) == {"reddit": {**reddit, "batch_in_epoch": 60}}
+    assert state.positions_of(0, two, before) == {"reddit": reddit}
     assert state.positions_of(1, two, before) == {"snli": snli}
-    # At 1 rank (each step's task drawn): both tasks on rank 0.
     one = plan_for(cfg.trainer, 1)
-    assert state.positions_of(0, one, saved_plan(cfg, state, one)) == {
-        "reddit": {**reddit, "batch_in_epoch": 60},
-        "snli": snli,
-    }
-    # Back up from 1 rank to 3: reddit's 2 ranks each read half of it in their halves.
-    alone = _state(1, [{"reddit": {**reddit, "batch_in_epoch": 61}, "snli": snli}])
-    assert alone.positions_of(1, three, saved_plan(cfg, alone, three)) == {"reddit": {**reddit, "batch_in_epoch": 30}}
+    assert state.positions_of(0, one, saved_plan(cfg, state, one)) == {"reddit": reddit, "snli": snli}
+    # Ranks of a task that went at their own pace (the async split): the earliest, so none is skipped.
+    ahead = _state(3, [{"reddit": reddit}, {"reddit": {**reddit, "rows": 2048}}, {"snli": snli}])
+    assert ahead.positions_of(0, one, saved_plan(cfg, ahead, one))["reddit"] == reddit
     # Generators: each rank's own at the same size, seeded from (seed, step, rank) at another, the
     # same on every restart at that size and different between ranks.
     assert state.rng_of(2, 3, cfg.seed) is state.rng[2]

@@ -129,8 +129,8 @@ def _nan_worker(config):
     model = build_model(cfg.model, tokenizer, model_heads(cfg))
     tasks = trained_tasks(cfg)
 
-    def open_stream(task, batch_size, epoch, skip):
-        return FrameStream(tasks[task], core.FRAMES[task], tokenizer, batch_size, 16, epoch=epoch, skip=skip)
+    def open_stream(task, batch_size, position):
+        return FrameStream(tasks[task], core.FRAMES[task], tokenizer, batch_size, 16, position=position)
 
     plan = plan_tasks(cfg.trainer.task_weights, 2)
     saved = []

@@ -71,8 +71,7 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
     from mlflow.tracking import MlflowClient
 
     # Worker nodes of two CPUs beside the one-CPU head. A task worker asks for 2 CPUs: one a node,
-    # and the head's CPU stays Ray Data's (Ray sizes an elastic group by the workers' requests
-    # alone; runtime/resources.py refuses a layout where the group would take it).
+    # none on the head, so the group's size is the worker nodes left.
     cluster.layout(cpus=2, count=top)
     client, out = MlflowClient(cluster.mlflow), tmp_path / "run"
     # Ray Train waits this long for a group of the size it chose before it chooses again (its view of
