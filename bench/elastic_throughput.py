@@ -1,5 +1,5 @@
 """One elastic run's pairs/s at each size it takes: `convsts train "trainer.num_workers=[1,N]"` on a
-cluster on this host (a head of one CPU, kept for Ray Data, and N worker nodes of two CPUs, one
+cluster on this host (a head of one CPU, which no task worker fits, and N worker nodes of two CPUs, one
 2-CPU task worker each; each node its own raylet, as the cluster tests do), losing one node each time the group has logged --windows windows at its size,
 down to one worker, then a node joining again so the group grows.
 

@@ -7,8 +7,8 @@ same process right before and after the timed steps (2048^3, median of 10), with
 
 The step is the Reddit input-response step of the multitask model (context and response through
 the shared encoder, the response-side network, in-batch softmax, backward, optimizer step) on
-real Reddit pairs from the embedded sample, tokenized before the timed steps (as Ray Data does it
-outside the training step). FLOPs are counted by torch's FlopCounterMode on one
+real Reddit pairs from the embedded sample, tokenized before the timed steps (as a worker's feed does it
+in a thread beside the training step). FLOPs are counted by torch's FlopCounterMode on one
 step (matmuls, attention, LSTM cells; embedding-table lookups and sparse updates do no FLOPs in
 that count, so the share of peak says how much of the step is dense math). Then `encode` (the
 inference API evaluation and users call) over real sentences: sentences/s. Each encoder runs in
@@ -94,7 +94,7 @@ def run_encoder(encoder: str, batch: int, device: str, bf16: bool, optimizer: st
         return out
 
     steps = STEPS[encoder] * (10 if device == "cuda" else 1)
-    # Tokenized up front: in training, tokenization runs in Ray Data tasks, not in the step.
+    # Tokenized up front: in training, tokenization runs in the feed's thread, not in the step.
     batches = [batch_at(i) for i in range(steps + 2)]
 
     def step(i):

@@ -1,5 +1,5 @@
 """The training feed over an in-memory frame, without Ray, for single-process loops (tests, and
-the benches that time the step alone): a batch tokenized as the Ray Data feed tokenizes it, and
+the benches that time the step alone): a batch tokenized as the workers' feed tokenizes it, and
 TaskStream's contract (consecutive batches, epoch after epoch, each epoch's rows shuffled with
 seed + epoch, a position counted in rows) over a pandas frame."""
 
@@ -16,7 +16,7 @@ from convsts.ray_jobs.tasks.base import Task
 def frame_batch(
     tokenizer, task: Task, part, width: int, device=None, cfg: RunConfig | None = None
 ) -> dict[str, torch.Tensor]:
-    """One task's batch from rows of a pandas frame, tokenized as the Ray Data feed does (the text
+    """One task's batch from rows of a pandas frame, tokenized as the workers' feed does (the text
     columns a run with `cfg` trains on: `task.text_columns(cfg)`)."""
     columns = task.text_columns(cfg)
     ids = encode_columns(tokenizer, {c: part[c].to_numpy() for c in columns}, columns, width)

@@ -80,7 +80,7 @@ def test_reddit_loss_runs_over_the_batch_responses_and_its_negatives():
     task = get_task("reddit")
     assert task.text_columns(cfg) == {"context": "context", "response": "response", "negative": "negative"}
     assert "negative" not in task.text_columns(load_config(None, TINY_DAN))  # off by default
-    # The single-process feed (benches, tests) tokenizes the run's columns as the Ray Data feed does.
+    # The single-process feed (benches, tests) tokenizes the run's columns as the workers' feed does.
     batch = frame_batch(tokenizer, task, rows, 16, cfg=cfg)
     ids = encode_columns(tokenizer, {c: rows[c].to_numpy() for c in rows}, task.text_columns(cfg), 16)
     assert batch.keys() == ids.keys() and all(torch.equal(batch[k], torch.from_numpy(v)) for k, v in ids.items())
