@@ -31,7 +31,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 from testkit.local_cluster import kill_node, mlflow_server, node_processes, ray_head, ray_worker_node  # noqa: E402
 from testkit.tiny import TINY_DAN  # noqa: E402
 
-from convsts.ray_jobs.runtime.run_folder import RUN_RECORD  # noqa: E402
+from convsts.ray_jobs.runtime.run_folder import RunFolder  # noqa: E402
 
 BATCH = 32  # TINY_DAN's stage batch size
 LOG = 10
@@ -42,7 +42,7 @@ def _history(client, run_id: str, name: str) -> dict[int, float]:
 
 
 def _run_id(out: Path) -> str | None:
-    record = out / RUN_RECORD
+    record = RunFolder(out).run_record
     runs = json.loads(record.read_text()).get("runs", []) if record.exists() else []
     return runs[-1]["run_id"] if runs else None
 

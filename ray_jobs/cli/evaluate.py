@@ -28,7 +28,7 @@ from convsts.models.checkpoint import read_model_files
 from convsts.ray_jobs.config.loader import load_config, parse_with_overrides
 from convsts.ray_jobs.evaluation import BASELINES
 from convsts.ray_jobs.runtime.logs import setup_logging
-from convsts.ray_jobs.runtime.run_folder import PREPARED_FOLDER
+from convsts.ray_jobs.runtime.run_folder import RunFolder
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     prepared = args.prepared
     if prepared is None and args.checkpoint:
-        guess = Path(args.checkpoint).resolve().parent / PREPARED_FOLDER
+        guess = RunFolder(Path(args.checkpoint).resolve().parent).prepared
         prepared = str(guess) if guess.is_dir() else (resolve_path(cfg.data.prepared_dir) or None)
     run_id, uri = args.run_id, None
     if args.checkpoint and run_id is None:

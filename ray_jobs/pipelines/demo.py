@@ -26,12 +26,12 @@ from convsts.ray_jobs.pipelines.inputs import prepare_all
 from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.output_lock import holds_output
 from convsts.ray_jobs.runtime.ray_start import ensure_ray
-from convsts.ray_jobs.runtime.run_folder import PREPARED_FOLDER
+from convsts.ray_jobs.runtime.run_folder import RunFolder
 from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.tasks import prepared_tasks
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.driver import run_training
-from convsts.ray_jobs.training.lineage import decide_start, remove_earlier_outputs, run_outputs
+from convsts.ray_jobs.training.lineage import decide_start, remove_earlier_outputs
 from convsts.ray_jobs.training.start_weights import initial_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -55,7 +55,7 @@ def run_demo(
     MLflow store and runs are kept, and its prepared sample is kept when it verifies)."""
     started, out_dir = time.time(), Path(out_dir).resolve()
     uri = claim_demo_output(cfg, out_dir, fresh)
-    prepared = out_dir / PREPARED_FOLDER
+    prepared = RunFolder(out_dir).prepared
     manifests = prepare_sample(cfg, prepared, fresh)
     run_id = tracking.start_run(
         uri,
@@ -103,7 +103,7 @@ def run_demo(
 def claim_demo_output(cfg: RunConfig, out_dir: Path, fresh: bool) -> str:
     """out_dir for this demo (an earlier demo there is refused unless `fresh`, which removes its
     training outputs); Ray started; returns the tracking store's URI."""
-    earlier = run_outputs(out_dir)
+    earlier = RunFolder(out_dir).run_outputs()
     if earlier and not fresh:
         raise FileExistsError(
             f"{out_dir} already holds a demo run ({', '.join(p.name for p in earlier)}): pass "

@@ -36,7 +36,7 @@ from convsts.ray_jobs.evaluation.sts import (
     tuned_sts_metrics,
 )
 from convsts.ray_jobs.runtime.logs import log
-from convsts.ray_jobs.runtime.run_folder import TRAIN_SUMMARY
+from convsts.ray_jobs.runtime.run_folder import RunFolder
 from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.tasks import get_task, model_heads
 from convsts.ray_jobs.tasks.prepared_folder import MANIFEST, config_value, settings_mismatches, verify_prepared
@@ -418,7 +418,7 @@ def training_info(checkpoint: str) -> dict[str, str]:
     """The train.json of the training job whose final weights `checkpoint` holds: its OUT/checkpoint,
     or OUT/model (the same weights without optimizer state); {} for any other folder (OUT/best_checkpoint
     holds other weights)."""
-    info = Path(checkpoint).resolve().parent / TRAIN_SUMMARY
+    info = RunFolder(Path(checkpoint).resolve().parent).train_summary
     if not info.is_file():
         return {}
     again = f"restore or delete it to evaluate {checkpoint}"

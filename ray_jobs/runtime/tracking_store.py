@@ -10,7 +10,7 @@ import requests
 
 from convsts.io.errors import ConfigError
 from convsts.io.redaction import redact
-from convsts.ray_jobs.runtime.run_folder import TRACKING_DB
+from convsts.ray_jobs.runtime.run_folder import RunFolder
 
 TRACKING_PROBE_TIMEOUT_S = 10.0  # one request before any work; MLflow's own client retries for minutes
 
@@ -28,7 +28,7 @@ def tracking_uri(configured: str, out_dir: str | Path | None) -> str:
         return uri
     if out_dir is None:
         raise ValueError("no MLflow tracking URI: set mlflow.tracking_uri or MLFLOW_TRACKING_URI, or give --out")
-    db = Path(out_dir).resolve() / TRACKING_DB
+    db = RunFolder(Path(out_dir).resolve()).tracking_db
     db.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{db}"
 

@@ -25,7 +25,7 @@ from convsts.ray_jobs.evaluation.scorers import EmbeddingScorer
 from convsts.ray_jobs.evaluation.sts import read_stsb_split, stsb_embeddings
 from convsts.ray_jobs.pipelines.evaluate import evaluate
 from convsts.ray_jobs.runtime.logs import log
-from convsts.ray_jobs.runtime.run_folder import LOCAL_RESULTS
+from convsts.ray_jobs.runtime.run_folder import RunFolder
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.driver import run_training
 from convsts.tune_spaces import TuneSpace
@@ -200,7 +200,7 @@ def train_trial(
     # The trial's checkpoints: its own folder, keyed by its id, under trainer.storage_path (shared by
     # the sweep's nodes) or else the sweep's trials/ray_results. A retry (FailureConfig) or a
     # resumed sweep restarts the trial from its own last checkpoint there, never from another's.
-    cfg.trainer.storage_path = cfg.trainer.storage_path or str(Path(trials_dir) / LOCAL_RESULTS)
+    cfg.trainer.storage_path = cfg.trainer.storage_path or str(RunFolder(Path(trials_dir)).ray_results)
     try:
         # fresh: the trial's earlier outputs in trial_dir/run (a restart's) are replaced.
         trained = run_training(

@@ -23,13 +23,7 @@ from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.output_lock import holds_output
 from convsts.ray_jobs.runtime.ray_start import ensure_ray
 from convsts.ray_jobs.runtime.resources import alive_nodes, check_training_fits
-from convsts.ray_jobs.runtime.run_folder import (
-    BEST_FOLDER,
-    FINAL_CHECKPOINT,
-    LOCAL_RESULTS,
-    MODEL_FOLDER,
-    TRAIN_SUMMARY,
-)
+from convsts.ray_jobs.runtime.run_folder import RunFolder
 from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.tasks import prepared_tasks, trained_tasks
 from convsts.ray_jobs.tracking import runs as tracking
@@ -227,7 +221,7 @@ def _train(
     log_loss_curves(cfg, uri, run_id, out_dir)
     # What users take away: the encoder without optimizer state, with its model card, as the run's
     # MLflow model (the full checkpoint stays in OUT/checkpoint for --resume).
-    model_dir = save_model_folder(final, out_dir / MODEL_FOLDER)
+    model_dir = save_model_folder(final, RunFolder(out_dir).model)
     write_card(model_dir, run_facts(cfg.to_dict(), manifests, digests, run_id, uri, seconds))
     model_uri = log_model(uri, run_id, model_dir, cfg.mlflow.register_as, step=cfg.trainer.steps)
     registered = f", registered as {cfg.mlflow.register_as}" if cfg.mlflow.register_as else ""
@@ -243,8 +237,7 @@ def _train(
         "task_split_mode": mode,
         "storage": redact(location.uri),
     }
-    storage.write_text(out_dir / TRAIN_SUMMARY, json.dumps(train_json, indent=2))
-    mark_link(out_dir, run_id, checkpoint_step=cfg.trainer.steps)
+    storage.write_text(RunFolder(out_dir).train_summary, json.dumps(train_json, indent=2))
     return TrainResult(final, run_id, uri, seconds, mode, train_rows, model_dir)
 
 
@@ -331,13 +324,13 @@ def _keep_checkpoints(cfg: RunConfig, result, out_dir: Path) -> KeptCheckpoints:
     """The fit's last checkpoint as OUT/checkpoint and, with in-training evaluation, the best one by
     STS-B dev beside it."""
     if result.checkpoint is None:
-        raise RuntimeError(f"training finished without a checkpoint; see {out_dir / LOCAL_RESULTS}")
-    final = _copy_whole(result.checkpoint, out_dir / FINAL_CHECKPOINT)
+        raise RuntimeError(f"training finished without a checkpoint; see {RunFolder(out_dir).ray_results}")
+    final = _copy_whole(result.checkpoint, RunFolder(out_dir).final_checkpoint)
     best = None
     if cfg.trainer.eval_every:  # the checkpoint with the best in-training STS-B dev, beside the last
         chosen = result.get_best_checkpoint(SCORE_METRIC, "max")
         if chosen is not None:
-            best = _copy_whole(chosen, out_dir / BEST_FOLDER)
+            best = _copy_whole(chosen, RunFolder(out_dir).best_checkpoint)
             log.info("best checkpoint by %s: %s", SCORE_METRIC, best)
     return KeptCheckpoints(final, best)
 

@@ -34,8 +34,7 @@ from convsts.io.errors import ConfigError
 from convsts.io.folders import removed_together
 from convsts.io.redaction import redact
 from convsts.models.checkpoint import (
-    CheckpointRef,
-    checkpoint_owner,
+    Checkpoint,
     complete_checkpoints,
     damaged_file,
     incomplete_reason,
@@ -43,15 +42,7 @@ from convsts.models.checkpoint import (
 )
 from convsts.ray_jobs.config.schema import RESUME_LATEST, RunConfig
 from convsts.ray_jobs.runtime.logs import log
-from convsts.ray_jobs.runtime.run_folder import (
-    BEST_FOLDER,
-    CONFIG_FILE,
-    FINAL_CHECKPOINT,
-    LOCAL_RESULTS,
-    MODEL_FOLDER,
-    RUN_RECORD,
-    TRAIN_SUMMARY,
-)
+from convsts.ray_jobs.runtime.run_folder import RunFolder
 from convsts.ray_jobs.tracking import runs as tracking
 
 RECORD_FORMAT = 3  # 3: checkpoints named checkpoint-<step>; a record of another format is refused
@@ -71,7 +62,6 @@ class Link:
     shown_as: str  # its checkpoint folder as people see it, redacted (run.json's "storage")
     base: str  # IN_OUT or IN_STORAGE_PATH: what `folder` is relative to
     folder: str  # relative, never leaving its base (read_chain refuses one that does)
-    checkpoint_step: int | None = None  # its newest complete checkpoint's step, as last seen
     ray_train_run: str | None = None  # the id Ray Train gave its fit (its cluster reservation's name)
 
     def location(self, out_dir: Path, cfg: RunConfig) -> str | None:
@@ -87,7 +77,7 @@ class Link:
         log.warning(
             "%s: run %s's checkpoints (%s) are not looked at: they are under another trainer.storage_path than "
             "this run's (%s)",
-            out_dir / RUN_RECORD,
+            RunFolder(out_dir).run_record,
             self.run_id,
             self.shown_as,
             where,
@@ -157,7 +147,7 @@ def run_storage(cfg: RunConfig, out_dir: Path, key: str | None = None) -> RunSto
     if not cfg.trainer.storage_path:
         if cfg.trainer.resume_from and key is None:
             key = new_run_key()  # a folder of its own: Ray Train would restore the resumed run's own checkpoint
-        return RunStorage(str(out_dir / LOCAL_RESULTS), cfg.name if key is None else f"{cfg.name}-{key}")
+        return RunStorage(str(RunFolder(out_dir).ray_results), cfg.name if key is None else f"{cfg.name}-{key}")
     return RunStorage(storage.join(cfg.trainer.storage_path, cfg.name), key or new_run_key())
 
 
@@ -182,7 +172,7 @@ def read_chain(out_dir: Path) -> list[Link]:
     """OUT's chain, oldest first; [] when OUT has no run.json. DamagedRecord (one line naming the
     file and the ways on) when it cannot be read, is of another format, or names a folder outside
     OUT or trainer.storage_path."""
-    path = out_dir / RUN_RECORD
+    path = RunFolder(out_dir).run_record
     if not path.is_file():
         return []
     try:
@@ -205,16 +195,14 @@ def _links(record: Any) -> list[Link]:
         raise ValueError("no runs")
     links = []
     for i, entry in enumerate(runs):
-        step, fit = entry.get("checkpoint_step"), entry.get("ray_train_run")
-        link = Link(entry["run_id"], entry["storage"], entry["base"], entry["folder"], step, fit)
+        fit = entry.get("ray_train_run")  # a record's "checkpoint_step" (written before) is left unread
+        link = Link(entry["run_id"], entry["storage"], entry["base"], entry["folder"], fit)
         if not all(isinstance(v, str) and v for v in (link.run_id, link.shown_as, link.folder)):
             raise ValueError(f"runs[{i}]: run_id, storage and folder are non-empty strings")
         if not (fit is None or (isinstance(fit, str) and fit)):
             raise ValueError(f"runs[{i}]: ray_train_run {fit!r} is not a Ray Train run id")
-        if link.base not in (IN_OUT, IN_STORAGE_PATH) or not (step is None or isinstance(step, int)):
-            raise ValueError(
-                f"runs[{i}]: base {link.base!r} or checkpoint_step {step!r} is not one this version writes"
-            )
+        if link.base not in (IN_OUT, IN_STORAGE_PATH):
+            raise ValueError(f"runs[{i}]: base {link.base!r} is not one this version writes")
         folder = PurePosixPath(link.folder)
         if storage.is_uri(link.folder) or folder.is_absolute() or ".." in folder.parts:
             base = "OUT" if link.base == IN_OUT else "trainer.storage_path"
@@ -231,12 +219,13 @@ def write_chain(out_dir: Path, links: list[Link] | tuple[Link, ...]) -> None:
             "storage": k.shown_as,
             "base": k.base,
             "folder": k.folder,
-            "checkpoint_step": k.checkpoint_step,
             "ray_train_run": k.ray_train_run,
         }
         for k in links
     ]
-    storage.write_text(out_dir / RUN_RECORD, json.dumps({"format": RECORD_FORMAT, "runs": runs}, indent=1) + "\n")
+    storage.write_text(
+        RunFolder(out_dir).run_record, json.dumps({"format": RECORD_FORMAT, "runs": runs}, indent=1) + "\n"
+    )
 
 
 def join_chain(out_dir: Path, start: RunStart, link: Link) -> None:
@@ -246,9 +235,9 @@ def join_chain(out_dir: Path, start: RunStart, link: Link) -> None:
 
 
 def mark_link(out_dir: Path, run_id: str, **fields: Any) -> None:
-    """The run's link in OUT/run.json with `fields` changed: its newest complete checkpoint's step
-    (`checkpoint_step`, a finished run's last), the id Ray Train gave its fit once the trainer is made
-    (`ray_train_run`: a later run into OUT releases that fit's cluster reservation, dead_train_runs)."""
+    """The run's link in OUT/run.json with `fields` changed: the id Ray Train gave its fit once the
+    trainer is made (`ray_train_run`: a later run into OUT releases that fit's cluster reservation,
+    dead_train_runs)."""
     links = read_chain(out_dir)
     write_chain(out_dir, [replace(k, **fields) if k.run_id == run_id else k for k in links])
 
@@ -264,32 +253,30 @@ def chain_runs(out_dir: Path, run_id: str) -> list[str]:
 # Checkpoints of the chain
 
 
-def chain_checkpoints(out_dir: Path, cfg: RunConfig, links: list[Link]) -> tuple[list[CheckpointRef], list[Link]]:
-    """(the newest complete checkpoint of each run of the chain and OUT/checkpoint, oldest step
-    first; the links with the steps seen)."""
-    found, seen = [], []
+def chain_checkpoints(out_dir: Path, cfg: RunConfig, links: list[Link]) -> list[Checkpoint]:
+    """The newest complete checkpoint of each run of the chain and OUT/checkpoint, oldest step first."""
+    found = []
     for link in links:
         folder = link.location(out_dir, cfg)
         newest = newest_complete(folder) if folder else None
         if newest is not None:
-            found.append(newest._replace(run_id=checkpoint_owner(newest.path).run_id or link.run_id))
-        seen.append(replace(link, checkpoint_step=newest.step if newest else link.checkpoint_step))
-    final = out_dir / FINAL_CHECKPOINT
+            found.append(newest.with_run(Checkpoint.at(newest.path).run_id or link.run_id))
+    final = RunFolder(out_dir).final_checkpoint
     if final.is_dir():
         reason = incomplete_reason(final)
         if reason is None:
-            owner = checkpoint_owner(final)
-            found.append(owner._replace(run_id=owner.run_id or _finished_run(out_dir)))
+            owner = Checkpoint.at(final)
+            found.append(owner.with_run(owner.run_id or _finished_run(out_dir)))
         else:
             log.warning("%s: skipped, not a complete checkpoint (%s)", final, reason)
     # By step (a stable sort): at a tie OUT/checkpoint (local, last in the list) comes last, the one resumed.
-    return sorted(found, key=lambda f: f.step), seen
+    return sorted(found, key=lambda f: f.step)
 
 
 def _finished_run(out_dir: Path) -> str | None:
     """The MLflow run of OUT's finished run (train.json), for a checkpoint that does not name it."""
     try:
-        return json.loads((out_dir / TRAIN_SUMMARY).read_text(encoding="utf-8")).get("mlflow_run_id")
+        return json.loads((RunFolder(out_dir).train_summary).read_text(encoding="utf-8")).get("mlflow_run_id")
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -297,9 +284,9 @@ def _finished_run(out_dir: Path) -> str | None:
 def _count_local(out_dir: Path) -> CheckpointCount:
     """What --fresh removes of OUT's complete checkpoints (OUT's final and best checkpoints, and
     every run folder in OUT/ray_results, recorded or not)."""
-    paths = [out_dir / n for n in (FINAL_CHECKPOINT, BEST_FOLDER) if (out_dir / n).is_dir()]
-    steps = [checkpoint_owner(p).step for p in paths if incomplete_reason(p) is None]
-    local = out_dir / LOCAL_RESULTS
+    paths = [p for p in (RunFolder(out_dir).final_checkpoint, RunFolder(out_dir).best_checkpoint) if p.is_dir()]
+    steps = [Checkpoint.at(p).step for p in paths if incomplete_reason(p) is None]
+    local = RunFolder(out_dir).ray_results
     for run in sorted(local.iterdir()) if local.is_dir() else []:
         steps += [c.step for c in complete_checkpoints(str(run))]
     return CheckpointCount(len(steps), max(steps, default=None))
@@ -307,13 +294,6 @@ def _count_local(out_dir: Path) -> CheckpointCount:
 
 # ---------------------------------------------------------------------------------------------
 # The decision
-
-
-def run_outputs(out_dir: Path) -> list[Path]:
-    """What earlier training runs left in out_dir: their record, train.json, checkpoints and model
-    folder, Ray Train's own run folders (when they are local)."""
-    names = (RUN_RECORD, TRAIN_SUMMARY, FINAL_CHECKPOINT, MODEL_FOLDER, BEST_FOLDER, LOCAL_RESULTS)
-    return [out_dir / n for n in names if (out_dir / n).exists()]
 
 
 def decide_start(out_dir: Path, cfg: RunConfig, fresh: bool = False, storage_key: str | None = None) -> RunStart:
@@ -331,8 +311,8 @@ def decide_start(out_dir: Path, cfg: RunConfig, fresh: bool = False, storage_key
         chain = tuple(_readable_chain(out_dir))
         if own is not None:
             log.info("continuing from %s, the newest complete checkpoint of this run", redact(own.path))
-            return replace(cleared, resume_from=own.path, continues=checkpoint_owner(own.path).run_id, chain=chain)
-        continues = checkpoint_owner(asked).run_id if asked else None
+            return replace(cleared, resume_from=own.path, continues=Checkpoint.at(own.path).run_id, chain=chain)
+        continues = Checkpoint.at(asked).run_id if asked else None
         return replace(cleared, resume_from=asked, continues=continues, chain=chain)
     if fresh:
         return _fresh(out_dir, run_storage(cfg, out_dir))
@@ -344,16 +324,16 @@ def decide_start(out_dir: Path, cfg: RunConfig, fresh: bool = False, storage_key
         log.warning("%s; continuing %s in a new chain", damaged, redact(asked))
         links = []
     if asked and asked != RESUME_LATEST:  # the checkpoint named: no link's folder is read
-        return RunStart(asked, checkpoint_owner(asked).run_id, run_storage(cfg, out_dir), tuple(links))
-    found, links = chain_checkpoints(out_dir, cfg, links)
+        return RunStart(asked, Checkpoint.at(asked).run_id, run_storage(cfg, out_dir), tuple(links))
+    found = chain_checkpoints(out_dir, cfg, links)
     if asked == RESUME_LATEST:
         return _latest(out_dir, cfg, found, links)
-    used = run_outputs(out_dir)
+    used = RunFolder(out_dir).run_outputs()
     if not (used or found or links):
         return RunStart("", None, run_storage(cfg, out_dir))
     bucket_folders = [k.shown_as for k in links if k.base != IN_OUT]
     what = ", ".join([p.name for p in used] + [f"checkpoints in {where}" for where in bucket_folders])
-    stopped = "a training run" if (out_dir / TRAIN_SUMMARY).exists() else "an interrupted training run"
+    stopped = "a training run" if (RunFolder(out_dir).train_summary).exists() else "an interrupted training run"
     if found:
         newest = found[-1]
         advice = (
@@ -367,7 +347,7 @@ def decide_start(out_dir: Path, cfg: RunConfig, fresh: bool = False, storage_key
     )
 
 
-def _latest(out_dir: Path, cfg: RunConfig, found: list[CheckpointRef], links: list[Link]) -> RunStart:
+def _latest(out_dir: Path, cfg: RunConfig, found: list[Checkpoint], links: list[Link]) -> RunStart:
     """--resume latest: the newest complete checkpoint by step across the chain, said in one line,
     with a second where it is not the last run's own newest (a fallback to an earlier run's)."""
     if not found:
@@ -389,7 +369,7 @@ def _latest(out_dir: Path, cfg: RunConfig, found: list[CheckpointRef], links: li
         )
     log.info("--resume %s: %s (step %d)", RESUME_LATEST, redact(usable.path), usable.step)
     last = links[-1] if links else None
-    if last is not None and usable.run_id != last.run_id and Path(usable.path) != out_dir / FINAL_CHECKPOINT:
+    if last is not None and usable.run_id != last.run_id and Path(usable.path) != RunFolder(out_dir).final_checkpoint:
         log.warning(
             "--resume %s: the last run into %s (%s) left no newer complete checkpoint; continuing run %s's at step %d",
             RESUME_LATEST,
@@ -401,7 +381,7 @@ def _latest(out_dir: Path, cfg: RunConfig, found: list[CheckpointRef], links: li
     return RunStart(usable.path, usable.run_id, run_storage(cfg, out_dir), tuple(links))
 
 
-def _undamaged_newest(found: list[CheckpointRef]) -> CheckpointRef | None:
+def _undamaged_newest(found: list[Checkpoint]) -> Checkpoint | None:
     """The newest of `found` (oldest step first) whose files have their manifest's sha256: a damaged
     one is skipped in one line, as one cut short is, and its run's next older complete checkpoint
     takes its place among the candidates."""
@@ -421,16 +401,16 @@ def _undamaged_newest(found: list[CheckpointRef]) -> CheckpointRef | None:
     return None
 
 
-def _older_complete(newest: CheckpointRef) -> CheckpointRef | None:
+def _older_complete(newest: Checkpoint) -> Checkpoint | None:
     """The newest complete checkpoint of `newest`'s run folder below its step (each incomplete one met
     on the way skipped in one line), or None."""
     older = complete_checkpoints(newest.folder, newest_only=True, below=newest.step) if newest.folder else []
-    return older[0]._replace(run_id=checkpoint_owner(older[0].path).run_id or newest.run_id) if older else None
+    return older[0].with_run(Checkpoint.at(older[0].path).run_id or newest.run_id) if older else None
 
 
 def _fresh(out_dir: Path, location: RunStorage) -> RunStart:
     """--fresh: OUT's earlier outputs, to be removed by `apply_start`, counted now (no link is read)."""
-    return RunStart("", None, location, (), tuple(run_outputs(out_dir)), _count_local(out_dir))
+    return RunStart("", None, location, (), tuple(RunFolder(out_dir).run_outputs()), _count_local(out_dir))
 
 
 def _readable_chain(out_dir: Path) -> list[Link]:
@@ -453,7 +433,7 @@ def apply_start(out_dir: Path, start: RunStart, tracking_uri: str, own_run: str 
         runs.append(start.continues)  # OUT's lock is ours: nobody logs there
     close_abandoned_runs(out_dir, tracking_uri, own_run, runs)
     remove_earlier_outputs(start)
-    storage.write_text(out_dir / CONFIG_FILE, config_yaml)
+    storage.write_text(RunFolder(out_dir).config, config_yaml)
 
 
 def remove_earlier_outputs(start: RunStart) -> None:

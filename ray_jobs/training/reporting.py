@@ -8,7 +8,7 @@ from pathlib import Path
 from convsts.io import storage
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.plots import loss_curves_plot
-from convsts.ray_jobs.runtime.run_folder import LOSS_CURVES
+from convsts.ray_jobs.runtime.run_folder import RunFolder
 from convsts.ray_jobs.tasks import prepared_tasks
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.lineage import chain_runs
@@ -37,7 +37,7 @@ def log_loss_curves(cfg: RunConfig, uri: str, run_id: str, out_dir: Path) -> Non
     (lineage.chain_runs: each run logged the steps no run before it had), logged under plots/. A run
     the store no longer has adds no points."""
     c = tracking.client(uri)
-    path = out_dir / LOSS_CURVES
+    path = RunFolder(out_dir).loss_curves
     path.unlink(missing_ok=True)  # an earlier run's plot is never shown as this run's
     names = [f"{task}/{m}" for task in cfg.trainer.task_weights for m in ("loss", "batch_accuracy")]
     chain = [r for r in chain_runs(out_dir, run_id) if tracking.run_status(uri, r)]

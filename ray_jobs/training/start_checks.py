@@ -26,13 +26,13 @@ from convsts.models.checkpoint import (
 )
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.runtime.logs import log
-from convsts.ray_jobs.runtime.run_folder import PREPARED_FOLDER
+from convsts.ray_jobs.runtime.run_folder import RunFolder
 from convsts.ray_jobs.tasks import model_heads
 
 
 def prepared_location(cfg: RunConfig, out_dir: str | Path, given: str | Path | None = None) -> str:
     """Prepared shards: `given` (--prepared), else data.prepared_dir, else <out>/prepared; local or a URI."""
-    location = str(given or resolve_path(cfg.data.prepared_dir) or Path(out_dir) / PREPARED_FOLDER)
+    location = str(given or resolve_path(cfg.data.prepared_dir) or RunFolder(Path(out_dir)).prepared)
     return location if storage.is_uri(location) else str(Path(location).resolve())
 
 

@@ -12,7 +12,7 @@ import torch
 
 from convsts.datasets.text import tokenizer_from_dict
 from convsts.io.redaction import redact_tree
-from convsts.models.checkpoint import checkpoint_owner, folder_name, save_checkpoint
+from convsts.models.checkpoint import Checkpoint, folder_name, save_checkpoint
 from convsts.ray_jobs.config.loader import from_dict
 from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.tasks import trained_tasks
@@ -133,8 +133,8 @@ def restored_model(cfg, tokenizer, checkpoint, hashed=()):
     model = initial_model(cfg, tokenizer, warm_start=fresh, hashed=hashed)
     if checkpoint is not None:
         with checkpoint.as_directory() as ckpt_dir:
-            resumed = checkpoint_owner(cfg.trainer.resume_from).step if cfg.trainer.resume_from else -1
-            if checkpoint_owner(ckpt_dir).step >= resumed:
+            resumed = Checkpoint.at(cfg.trainer.resume_from).step if cfg.trainer.resume_from else -1
+            if Checkpoint.at(ckpt_dir).step >= resumed:
                 return model, restore(model, checkpoint_dir=ckpt_dir)
     return model, restore(model, resume_from=cfg.trainer.resume_from or None, hashed=hashed)
 

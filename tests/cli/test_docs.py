@@ -507,9 +507,7 @@ def test_every_code_name_in_the_docs_exists():
     missing = sorted((str(page), name) for page, name in names if code_name_exists(name) is False)
     assert missing == [], missing
     # The check itself: what exists, what does not, what is not a name of our code.
-    assert code_name_exists("training.driver._copy_whole") and code_name_exists(
-        "convsts.models.checkpoint.CheckpointRef"
-    )
+    assert code_name_exists("training.driver._copy_whole") and code_name_exists("convsts.models.checkpoint.Checkpoint")
     assert code_name_exists("lineage.RunStart.chain_run_ids")
     assert (
         code_name_exists("training.driver._place") is False and code_name_exists("checkpoint.check_complete") is False

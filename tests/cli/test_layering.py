@@ -391,8 +391,9 @@ def test_every_package_of_the_tree_is_listed_for_the_wheel():
     )
 
 
-# A checkpoint's files are named by convsts.models.checkpoint alone (its layout's one owner). The
-# other modules that name a file of the same name name another layout's, each said here.
+# A checkpoint's files are named by convsts.models.checkpoint alone (its layout's one owner: a
+# package, its modules included). The other modules that name a file of the same name name another
+# layout's, each said here.
 CHECKPOINT_FILES = ("train_state", "model.safetensors", "manifest.json", "config.json", "tokenizer.json")
 OTHER_LAYOUTS = {
     "convsts.models.checkpoint": CHECKPOINT_FILES,  # the owner
@@ -429,18 +430,27 @@ def names_of_checkpoint_files(modules=None) -> list[str]:
             and isinstance(node.body[0], ast.Expr)
             and isinstance(node.body[0].value, ast.Constant)
         }
+        owned = OTHER_LAYOUTS.get(module, ()) or (CHECKPOINT_FILES if _within(module, CHECKPOINT_OWNER) else ())
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
                 for name in CHECKPOINT_FILES:
-                    if name in node.value and name not in OTHER_LAYOUTS.get(module, ()):
+                    if name in node.value and name not in owned:
                         found.append(f"{path.name}:{node.lineno} names {name}")
     return found
 
 
+CHECKPOINT_OWNER, RUN_FOLDER_OWNER = "convsts.models.checkpoint", "convsts.ray_jobs.runtime.run_folder"
+
+
+def _within(module: str, owner: str) -> bool:
+    """`module` is `owner` or one of its modules (an owner may be a package)."""
+    return module == owner or module.startswith(owner + ".")
+
+
 def _nodes_outside(owner: str, modules=None):
-    """(the file, each node of its syntax tree) of every module but `owner`."""
+    """(the file, each node of its syntax tree) of every module but `owner` (and its modules)."""
     for module, path in (modules or MODULES).items():
-        if path is not None and module != owner:
+        if path is not None and not _within(module, owner):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 yield path, node
 
@@ -449,8 +459,8 @@ def imports_of_checkpoint_file_names(modules=None) -> list[str]:
     """Each import, outside the checkpoint module, of a name its layout's files go by."""
     return [
         f"{path.name}:{node.lineno} imports {a.name}"
-        for path, node in _nodes_outside("convsts.models.checkpoint", modules)
-        if isinstance(node, ast.ImportFrom) and node.module == "convsts.models.checkpoint"
+        for path, node in _nodes_outside(CHECKPOINT_OWNER, modules)
+        if isinstance(node, ast.ImportFrom) and node.module and _within(node.module, CHECKPOINT_OWNER)
         for a in node.names
         if a.name in FILE_NAME_CONSTANTS
     ]
@@ -466,16 +476,31 @@ def names_of_run_folder_files(modules=None) -> list[str]:
     """Each string that is exactly a run folder's name, in a module other than its owner."""
     return [
         f"{path.name}:{node.lineno} names {node.value}"
-        for path, node in _nodes_outside("convsts.ray_jobs.runtime.run_folder", modules)
+        for path, node in _nodes_outside(RUN_FOLDER_OWNER, modules)
         if isinstance(node, ast.Constant) and node.value in RUN_FOLDER_NAMES
+    ]
+
+
+def imports_from_the_run_folder_module(modules=None) -> list[str]:
+    """Each import, outside the run folder module, of anything but RunFolder: OUT's paths are asked
+    of a RunFolder, so no other module builds one from a name."""
+    return [
+        f"{path.name}:{node.lineno} imports {a.name}"
+        for path, node in _nodes_outside(RUN_FOLDER_OWNER, modules)
+        if isinstance(node, ast.ImportFrom) and node.module == RUN_FOLDER_OWNER
+        for a in node.names
+        if a.name != "RunFolder"
     ]
 
 
 def test_only_the_run_folder_module_names_an_outs_files(tmp_path):
     assert names_of_run_folder_files() == []
+    assert imports_from_the_run_folder_module() == []
     probe = tmp_path / "probe.py"
     probe.write_text('"""Reads run.json."""\nRECORD = "run.json"\n')
     assert names_of_run_folder_files({"convsts.probe": probe}) == ["probe.py:2 names run.json"]
+    probe.write_text("from convsts.ray_jobs.runtime.run_folder import RunFolder, TRACKING_DB\n")
+    assert imports_from_the_run_folder_module({"convsts.probe": probe}) == ["probe.py:1 imports TRACKING_DB"]
 
 
 def test_only_the_checkpoint_module_names_a_checkpoints_files(tmp_path):

@@ -18,10 +18,10 @@ from convsts.io import storage
 from convsts.io.errors import BadInputError, ConfigError
 from convsts.models.checkpoint import folder_name
 from convsts.ray_jobs.config.loader import load_config
+from convsts.ray_jobs.runtime.run_folder import RunFolder
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.lineage import (
     ENDED_BY_TAG,
-    RUN_RECORD,
     DamagedRecord,
     RunStart,
     RunStorage,
@@ -129,7 +129,7 @@ def test_a_killed_runs_mlflow_run_ends_killed_and_the_refusal_names_a_complete_c
     assert start.resume_from == kept[1] and start.config(latest).trainer.resume_from == kept[1]
     assert latest.trainer.resume_from == "latest"  # the decision changes no config in place
     remove_earlier_outputs(decide_start(out, cfg, fresh=True))
-    assert not (out / "ray_results").exists() and not (out / RUN_RECORD).exists()
+    assert not (out / "ray_results").exists() and not RunFolder(out).run_record.exists()
 
 
 def test_a_finished_runs_checkpoint_comes_first_and_a_folder_without_one_says_so(tmp_path):
@@ -151,8 +151,8 @@ def test_a_finished_runs_checkpoint_comes_first_and_a_folder_without_one_says_so
 
 
 def test_a_run_record_that_is_not_ours_is_refused_naming_it(tmp_path):
-    (tmp_path / RUN_RECORD).write_text("[1, 2]")
-    with pytest.raises(DamagedRecord, match=f"{tmp_path / RUN_RECORD}: not a run record this version reads"):
+    RunFolder(tmp_path).run_record.write_text("[1, 2]")
+    with pytest.raises(DamagedRecord, match=f"{RunFolder(tmp_path).run_record}: not a run record this version reads"):
         decide_start(tmp_path, load_config(None))
 
 
@@ -170,7 +170,7 @@ def test_a_killed_run_in_a_bucket_is_found_from_its_record_and_read_in_large_req
         root, key = run_storage(cfg, out)
         source = chain_checkpoint(tmp_path / "src", bigram_buckets=400_000)  # 400k x 16 floats: a 25.6 MB table
         kept = _killed_run(out, storage.join(root, key), cfg, source)
-        record = json.loads((out / RUN_RECORD).read_text())["runs"]
+        record = json.loads(RunFolder(out).run_record.read_text())["runs"]
         assert [(r["storage"], r["base"], r["folder"]) for r in record] == [
             (f"s3://convsts-resume/runs/long/{key}", "storage_path", f"long/{key}")
         ]
@@ -202,7 +202,7 @@ def test_a_killed_run_in_a_bucket_is_found_from_its_record_and_read_in_large_req
             verified_folder(kept[2])  # the one cut short, named by hand
         # Each file in requests of 8 MiB (a HEAD, then the GETs); the two small files also once before,
         # as each run's newest complete checkpoint is found: its manifest (incomplete_reason), its step
-        # and run (checkpoint_owner).
+        # and run (Checkpoint.at).
         owner = {"manifest.json": 2, "config.json": 2}
         for name, size in sizes.items():
             asked = [m for m, path in seen if path.endswith(f"{key}/{folder}/{name}")]

@@ -363,9 +363,9 @@ def test_a_linked_checkpoint_folder_takes_the_final_checkpoint_and_fresh_removes
     import logging
     from pathlib import Path
 
-    from ray.train import Checkpoint
+    from ray.train import Checkpoint as RayCheckpoint
 
-    from convsts.models.checkpoint import checkpoint_owner
+    from convsts.models.checkpoint import Checkpoint
     from convsts.ray_jobs.training.driver import _copy_whole
     from convsts.ray_jobs.training.lineage import decide_start, remove_earlier_outputs
 
@@ -375,7 +375,7 @@ def test_a_linked_checkpoint_folder_takes_the_final_checkpoint_and_fresh_removes
     (out / "checkpoint").symlink_to(elsewhere, target_is_directory=True)
     (out / "train.json").write_text("{}")
     newer = tiny_checkpoint(tmp_path / "ray" / "checkpoint_850", embedding_dim=5)
-    _copy_whole(Checkpoint.from_directory(str(newer)), out / "checkpoint")
+    _copy_whole(RayCheckpoint.from_directory(str(newer)), out / "checkpoint")
     assert (out / "checkpoint").is_symlink() and (out / "checkpoint").resolve() == elsewhere.resolve()
     assert sorted(p.name for p in elsewhere.iterdir()) == sorted(p.name for p in Path(newer).iterdir())
     assert (elsewhere / "model.safetensors").read_bytes() == (Path(newer) / "model.safetensors").read_bytes()
@@ -384,7 +384,7 @@ def test_a_linked_checkpoint_folder_takes_the_final_checkpoint_and_fresh_removes
     with caplog.at_level(logging.INFO, logger="convsts"):
         remove_earlier_outputs(decide_start(out, load_config(None, []), fresh=True))
     assert list(out.iterdir()) == []
-    assert checkpoint_owner(elsewhere).step == 3  # the folder the link pointed to, whole
+    assert Checkpoint.at(elsewhere).step == 3  # the folder the link pointed to, whole
     said = [r.getMessage() for r in caplog.records if "was a link" in r.getMessage()]
     assert said == [
         f"--fresh: {out / 'checkpoint'} was a link: the link removed, the folder it points to kept ({elsewhere.resolve()})"

