@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -139,6 +140,20 @@ def restored_model(cfg, tokenizer, checkpoint, hashed=()):
     return model, restore(model, resume_from=cfg.trainer.resume_from or None, hashed=hashed)
 
 
+def chain_logged(uri: str, run_id: str, chain: Sequence[str | None], until: int | None) -> dict[str, int]:
+    """{metric: the highest step logged} by the runs of OUT's chain before this one (`chain`: the run
+    it continues first), each read in one request, once per fit (the driver's, for every rank).
+    With other settings than its checkpoint's run (a new trajectory), the chain's history ends at the
+    checkpoint's step (`until`): the run logs every step after it."""
+    logged: dict[str, int] = {}
+    for earlier in dict.fromkeys(chain):
+        if uri and earlier and earlier != run_id:
+            for key, step in tracking.last_logged_steps(uri, earlier).items():
+                step = step if until is None else min(step, until)
+                logged[key] = max(step, logged.get(key, -1))
+    return logged
+
+
 def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int) -> LoopHooks:
     """The loop's ties to Ray and MLflow: metrics to the run, checkpoints reported to Ray Train
     (with the model, tokenizer, run config and provenance), the STS-B dev probe on rank 0."""
@@ -152,17 +167,11 @@ def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int) 
     # chain replays the steps the chain logged after its checkpoint (a fallback to an older run's
     # checkpoint, an older checkpoint named): across the chain's MLflow runs each step is logged once
     # (exact resume makes the values equal). With other settings than its checkpoint's run (a new
-    # trajectory) the chain's history ends at the checkpoint's step (`history_until`): the run logs
-    # every step after it.
-    logged: dict[str, int] = {}
-    until = loop_config.get("history_until")
-    chain_run_ids = [loop_config.get("continues"), *loop_config.get("chain_run_ids", ()), run_id]
-    for earlier in dict.fromkeys(chain_run_ids):
-        if uri and earlier:
-            for key, step in tracking.last_logged_steps(uri, earlier).items():
-                if until is not None and earlier != run_id:
-                    step = min(step, until)
-                logged[key] = max(step, logged.get(key, -1))
+    # trajectory) the chain's history ends at the checkpoint's step (chain_logged).
+    logged = dict(loop_config.get("chain_logged") or {})  # the chain's earlier runs', read once by the driver
+    if uri and run_id:  # the run's own: after a restart it holds the steps it replays
+        for key, step in tracking.last_logged_steps(uri, run_id).items():
+            logged[key] = max(step, logged.get(key, -1))
 
     raylet = os.getppid()  # a Ray worker is its node's raylet's child
 
@@ -195,13 +204,20 @@ def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int) 
 
 
 def _announce(loop_config: dict[str, Any], plan, world: int, device, step: int, restarted: bool) -> None:
-    """Rank 0's line of what only a worker knows (the task split itself is the driver's line),
-    the run's tags at a first start, the restart step after a restart (FailureConfig)."""
+    """Rank 0's line of what only a worker knows (the task split itself is the driver's line), the
+    run's tags at every start (the split's mode at this size), the restart step after a restart and
+    the steps it replays without logging them again."""
     uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
     threads = torch.get_num_threads()
     print_once(f"[convsts rank 0] world size {world}; device {device}; torch threads {threads}; start step {step}")
-    if step == 0 and uri and run_id:
+    if uri and run_id:  # at every start: an elastic group's mode follows its size
         tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode, "torch_threads": str(threads)})
+    replayed = max(tracking.last_logged_steps(uri, run_id).values(), default=0) if restarted and uri and run_id else 0
+    if replayed > step:
+        print_once(
+            f"[convsts rank 0] steps {step + 1}-{replayed} are replayed from step {step}; the run logged them "
+            f"before, so they are not logged again (train/workers there stays the earlier group's size)"
+        )
     # The restart is an event, logged directly: hooks.log drops points at steps the run already holds, so a
     # second resume from the same checkpoint would vanish.
     if restarted and uri and run_id:

@@ -204,3 +204,25 @@ def test_a_sweep_with_an_elastic_group_is_refused_in_one_line_before_any_work(tm
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
     assert "trainer.num_workers=[1, 2]: a sweep's trials are fixed-size groups" in lines[0]
     assert not (tmp_path / "sweep" / "sweep.json").exists()
+
+
+def test_a_restart_sets_the_modes_tag_for_its_size_and_says_which_steps_it_replays(mlflow_uri, capfd):
+    """The task_split_mode tag follows the group's size at every start; a restart from a checkpoint
+    behind the run's last logged step says which steps it replays without logging them again."""
+    from convsts.ray_jobs.tracking import runs as tracking
+    from convsts.ray_jobs.training.worker import _announce
+
+    cfg = load_config(DEMO, ["trainer.num_workers=[1,2]"])
+    client = tracking.client(mlflow_uri)
+    run_id = client.create_run(client.create_experiment("replayed-steps")).info.run_id
+    loop_config = {"tracking_uri": mlflow_uri, "run_id": run_id}
+    _announce(loop_config, plan_for(cfg.trainer, 2), 2, "cpu", 0, restarted=False)
+    assert client.get_run(run_id).data.tags["task_split_mode"] == "gradient_weighting"
+    tracking.log_metrics(mlflow_uri, run_id, {WORKERS_METRIC: 2, "reddit/loss": 4.8}, 60)
+    _announce(loop_config, plan_for(cfg.trainer, 1), 1, "cpu", 40, restarted=True)
+    assert client.get_run(run_id).data.tags["task_split_mode"] == "task_sampling"
+    lines = capfd.readouterr().out.splitlines()
+    assert lines[-1] == (
+        "[convsts rank 0] steps 41-60 are replayed from step 40; the run logged them before, so they are not "
+        "logged again (train/workers there stays the earlier group's size)"
+    )

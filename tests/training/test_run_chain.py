@@ -366,7 +366,7 @@ def test_an_older_checkpoint_resumed_with_other_settings_logs_the_steps_after_it
     history, and none is logged again."""
     from convsts.ray_jobs.training.lineage import SUPERSEDED_TAG, mark_superseded
     from convsts.ray_jobs.training.start_checks import history_until
-    from convsts.ray_jobs.training.worker import worker_hooks
+    from convsts.ray_jobs.training.worker import chain_logged, worker_hooks
 
     out, source = tmp_path / "out", tmp_path / "src"
     client = tracking.client(mlflow_uri)
@@ -392,16 +392,28 @@ def test_an_older_checkpoint_resumed_with_other_settings_logs_the_steps_after_it
         tags = client.get_run(run_id).data.tags
         assert tags[SUPERSEDED_TAG] == "10" and tags["convsts.superseded_by"] == new
     # The new run's hooks log every step after 10; before it, none.
-    loop_config = {"tracking_uri": mlflow_uri, "run_id": new, "continues": first, "chain_run_ids": start.chain_run_ids}
+    chain = [start.continues, *start.chain_run_ids]
+    loop_config = {"tracking_uri": mlflow_uri, "run_id": new, "continues": first}
     hooks = worker_hooks(
-        {**loop_config, "history_until": 10}, load_config(None, ["trainer.eval_every=0"]), None, None, 0
+        {**loop_config, "chain_logged": chain_logged(mlflow_uri, new, chain, 10)},
+        load_config(None, ["trainer.eval_every=0"]),
+        None,
+        None,
+        0,
     )
     for step in (10, 15, 30, 95):
         hooks.log({"reddit/loss": 2.0}, step)
     assert sorted(m.step for m in client.get_metric_history(new, "reddit/loss")) == [15, 30, 95]
     # Without a new trajectory the chain's steps are history: none logged again.
     again = client.create_run(experiment).info.run_id
-    hooks = worker_hooks({**loop_config, "run_id": again}, load_config(None, ["trainer.eval_every=0"]), None, None, 0)
+    logged = chain_logged(mlflow_uri, again, chain, None)
+    hooks = worker_hooks(
+        {**loop_config, "run_id": again, "chain_logged": logged},
+        load_config(None, ["trainer.eval_every=0"]),
+        None,
+        None,
+        0,
+    )
     for step in (15, 95, 105):
         hooks.log({"reddit/loss": 2.0}, step)
     assert [m.step for m in client.get_metric_history(again, "reddit/loss")] == [105]
