@@ -89,6 +89,9 @@ class TrainerConfig:
     # least 1). One worker on a small node can reserve 1 CPU and compute on every core with
     # torch_threads = the node's cores (it reads and tokenizes its batches in a thread beside its steps).
     torch_threads: int = 0
+    # Processes each worker reads and tokenizes its batches in, beside its steps; 0 = a thread of the
+    # worker. A Python tokenizer (the DAN's) holds one core: on a GPU, give the feed the worker's other CPUs.
+    feed_processes: int = 0
     use_gpu: bool = False  # one GPU per worker (NCCL between workers)
     # How Ray places the task workers on a cluster's nodes (Ray's placement-group strategies).
     # SPREAD (default): over distinct nodes where it can, so losing a node loses few workers and the
@@ -306,6 +309,7 @@ def _validate_trainer_numbers(t: TrainerConfig) -> None:
     _require(t.steps >= 0, "trainer.steps", ">= 0 (0 = save the untrained model)", t.steps)
     _require(t.cpus_per_worker > 0, "trainer.cpus_per_worker", "> 0", t.cpus_per_worker)
     _require(t.torch_threads >= 0, "trainer.torch_threads", ">= 0 (0 = Ray's choice)", t.torch_threads)
+    _require(t.feed_processes >= 0, "trainer.feed_processes", ">= 0 (0 = a thread of the worker)", t.feed_processes)
     for key in ("checkpoint_every", "log_every", "keep_checkpoints"):
         _require(getattr(t, key) >= 1, f"trainer.{key}", ">= 1", getattr(t, key))
     _require(t.eval_every >= 0, "trainer.eval_every", ">= 0 (0 = off)", t.eval_every)

@@ -13,14 +13,15 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from convsts.datasets.sample_order import BLOCK_ROWS, EpochOrder, ShardSet
-from convsts.datasets.text import TOKENIZERS, encode_columns, fit_tokenizer, words
+from convsts.datasets.sample_order import BLOCK_ROWS, ShardSet
+from convsts.datasets.text import TOKENIZERS, fit_tokenizer, words
 from convsts.io import storage, tables
 from convsts.io.read_ahead import read_ahead
 from convsts.models.encoders import encoder_class
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
 from convsts.ray_jobs.tasks.prepared_folder import MANIFEST, shard_files, verify_prepared
+from convsts.ray_jobs.training.feed_reader import BatchEncoder, Reader, Unit, in_processes, in_this_process
 
 
 def check_prepared(
@@ -133,20 +134,10 @@ def task_shards(task: Task, cfg: RunConfig, listing: dict[str, Any]) -> ShardSet
     )
 
 
-def batch_encoder(task: Task, tokenizer, width: int, cfg: RunConfig) -> Callable[[pa.Table], dict[str, np.ndarray]]:
+def batch_encoder(task: Task, tokenizer, width: int, cfg: RunConfig) -> BatchEncoder:
     """Rows of a task -> its token-id columns (<column>__<field>, the text columns a run with `cfg`
     trains on) and its label."""
-    columns = task.text_columns(cfg)
-
-    def encode(rows: pa.Table) -> dict[str, np.ndarray]:
-        out = encode_columns(
-            tokenizer, {c: rows.column(c).to_numpy(zero_copy_only=False) for c in columns}, columns, width
-        )
-        if task.label:
-            out[task.label] = rows.column(task.label).to_numpy(zero_copy_only=False)
-        return out
-
-    return encode
+    return BatchEncoder(tokenizer, task.text_columns(cfg), width, task.label)
 
 
 def order_seed(seed: int, task: str) -> int:
@@ -169,7 +160,9 @@ class TaskStream:
     the rank's batches is sorted by length (the longest text column of a row, `pad_id` not counted),
     cut back into batches and yielded in a seeded order; the position is then the window's start
     and the batches yielded of it (a stream opened at the same ranks and batch size rebuilds the
-    window and goes on inside it; at others, it reads the window again from its start)."""
+    window and goes on inside it; at others, it reads the window again from its start). The rows
+    are read and tokenized ahead of the consumer: in a thread, or in `processes` processes (the
+    same batches either way)."""
 
     def __init__(
         self,
@@ -184,10 +177,11 @@ class TaskStream:
         bucket_batches: int = 0,
         pad_id: int = 0,
         block_rows: int = BLOCK_ROWS,
+        processes: int = 0,
     ):
-        self.task, self.shards, self.encode, self.batch_size = task, shards, encode, batch_size
-        (self.index, self.ranks), self.device, self.seed = share, device, seed
-        self.bucket_batches, self.pad_id, self.block_rows = bucket_batches, pad_id, block_rows
+        self.task, self.shards, self.batch_size, self.device = task, shards, batch_size, device
+        (index, self.ranks), self.bucket_batches = share, bucket_batches
+        self.reader = Reader(shards, encode, seed, block_rows, batch_size, index, pad_id)
         position = position or {}
         self.epoch, self.rows = int(position.get("epoch", 0)), int(position.get("rows", 0))
         same_window = position.get("batch_size") == batch_size and position.get("ranks") == self.ranks
@@ -197,46 +191,38 @@ class TaskStream:
                 f"{task}: {self.shards.rows} training rows, fewer than one batch of its {self.ranks} "
                 f"rank(s) ({self.ranks} x {batch_size})"
             )
-        self._it = read_ahead(self._batches())
+        units = self._units()
+        read = in_processes(self.reader, units, processes) if processes else in_this_process(self.reader, units)
+        self._it = read_ahead(self._positioned(read))
 
-    def _slice(self, order: EpochOrder, start: int) -> pa.Table:
-        return order.rows(start + self.index * self.batch_size, self.batch_size)
-
-    def _batches(self) -> Generator[tuple[dict[str, int], dict[str, np.ndarray]], None, None]:
-        """(the position after the batch, the batch), produced ahead of the consumer."""
+    def _units(self) -> Generator[Unit, None, None]:
+        """The units of work from the stream's position on: each global batch, or each window."""
         step = self.ranks * self.batch_size  # rows of a global batch
-        epoch, rows, skip = self.epoch, self.rows, self.in_window
+        epoch, rows = self.epoch, self.rows
         while True:
-            order = EpochOrder(self.shards, self.seed, epoch, self.block_rows)
             while rows + step <= self.shards.rows:
-                if self.bucket_batches <= 1:
-                    batch = self.encode(self._slice(order, rows))
-                    rows += step
-                    yield self._position(epoch, rows, 0), batch
-                    continue
-                count = min(self.bucket_batches, (self.shards.rows - rows) // step)
-                window = [self.encode(self._slice(order, rows + i * step)) for i in range(count)]
-                for number, batch in enumerate(self._bucketed(window, epoch, rows), start=1):
-                    done = number == count
-                    if number > skip:
-                        yield self._position(epoch, rows + count * step if done else rows, 0 if done else number), batch
-                skip = 0
+                count = min(max(self.bucket_batches, 1), (self.shards.rows - rows) // step)
+                yield epoch, tuple(rows + i * step for i in range(count)), self.bucket_batches > 1
                 rows += count * step
             epoch, rows = epoch + 1, 0
+
+    def _positioned(self, read: Iterator[tuple[Unit, list[dict[str, np.ndarray]]]]) -> Generator[tuple, None, None]:
+        """(the position after the batch, the batch), the first window's yielded batches skipped."""
+        step, skip = self.ranks * self.batch_size, self.in_window
+        try:
+            for (epoch, starts, _), batches in read:
+                after = starts[-1] + step  # the unit's last global batch read
+                for number, batch in enumerate(batches, start=1):
+                    done = number == len(batches)
+                    if number > skip:
+                        yield self._position(epoch, after if done else starts[0], 0 if done else number), batch
+                skip = 0
+        finally:
+            read.close()  # type: ignore[attr-defined]  # a generator: its processes end with it
 
     def _position(self, epoch: int, rows: int, in_window: int) -> dict[str, int]:
         out = {"epoch": epoch, "rows": rows, "batch_size": self.batch_size, "ranks": self.ranks}
         return {**out, "in_window": in_window} if in_window else out
-
-    def _bucketed(self, window: list[dict[str, np.ndarray]], epoch: int, start: int) -> list[dict[str, np.ndarray]]:
-        rows = {k: np.concatenate([b[k] for b in window]) for k in window[0]}  # {name: (W*B, ...)}
-        # The longest text column of each row: every column's batch is cut to its own longest row, and
-        # rows whose longest side is alike share a batch.
-        lengths = np.stack([(v != self.pad_id).sum(1) for v in rows.values() if v.ndim == 2]).max(0)  # (W*B,)
-        order = np.argsort(lengths, kind="stable")  # (W*B,) shortest first
-        turns = np.random.default_rng([self.seed, epoch, start, self.index]).permutation(len(window))
-        cut = [order[j * self.batch_size : (j + 1) * self.batch_size] for j in turns.tolist()]  # (B,) each
-        return [{k: v[idx] for k, v in rows.items()} for idx in cut]
 
     def __iter__(self):
         return self
@@ -250,5 +236,5 @@ class TaskStream:
         return self._position(self.epoch, self.rows, self.in_window)
 
     def close(self) -> None:
-        """Stop reading ahead."""
+        """Stop reading ahead (and the processes that read)."""
         self._it.close()  # type: ignore[attr-defined]  # read_ahead's generator

@@ -72,6 +72,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             position,
             bucket_batches=cfg.trainer.bucket_batches,
             pad_id=tokenizer.pad_id,
+            processes=cfg.trainer.feed_processes,
         )
 
     hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank)

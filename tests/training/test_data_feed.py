@@ -15,6 +15,7 @@ from convsts.datasets.text import DanTokenizer, count_words
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import get_task
 from convsts.ray_jobs.training.data_feed import TaskStream, batch_encoder, task_shards
+from convsts.ray_jobs.training.feed_reader import BatchEncoder
 
 ROWS, PER_SHARD = 240, 20
 
@@ -169,3 +170,28 @@ def test_a_rank_share_smaller_than_a_batch_is_one_line(tmp_path):
     folder, records = _folder(tmp_path, rows=20)
     with pytest.raises(RuntimeError, match=r"reddit: 20 training rows, fewer than one batch of its 3 rank\(s\)"):
         _stream(ShardSet.of_folder(folder, records, ["row", "context"]), (0, 3))
+
+
+def test_a_stream_read_in_processes_gives_the_batches_and_positions_of_one_read_in_a_thread(tmp_path):
+    """trainer.feed_processes: the same batches, in the same order, with the same positions, whether
+    the rows are read and tokenized in the worker's thread or in two processes; bucketed and resumed
+    inside a window too."""
+    folder, records = _folder(tmp_path)
+    shards = ShardSet.of_folder(folder, records, ["row", "context", "label"])
+    cfg = load_config(None, ["model.encoder=dan"])
+    texts = [t for i in range(len(shards.shards)) for t in shards.read(i).column("context").to_pylist()]
+    encode = BatchEncoder(DanTokenizer.build(count_words(texts), cfg.tokenizer), {"context": "context"}, 12, "label")
+
+    def read(processes, position=None, bucket_batches=0):
+        stream = TaskStream("reddit", shards, encode, 8, (1, 2), "cpu", 7, position, bucket_batches, 0, 60, processes)
+        out = [(next(stream), stream.position()) for _ in range(20)]  # past an epoch's end (15 batches a rank)
+        stream.close()
+        return out
+
+    for position, bucket_batches in ((None, 0), ({"epoch": 0, "rows": 32, "batch_size": 8, "ranks": 2,
+                                                    "in_window": 2}, 4)):  # fmt: skip
+        here, there = read(0, position, bucket_batches), read(2, position, bucket_batches)
+        assert [p for _, p in here] == [p for _, p in there]
+        for (a, _), (b, _) in zip(here, there):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert here[0][1] == {"epoch": 0, "rows": 32, "batch_size": 8, "ranks": 2, "in_window": 3}
