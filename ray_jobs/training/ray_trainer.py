@@ -12,6 +12,7 @@ import ray
 
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.runtime.logs import train_log_level
+from convsts.ray_jobs.runtime.resource_waits import saying_resource_waits
 from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.lineage import RunStorage
@@ -47,8 +48,9 @@ def fit(
     made: Callable[[str], None],
 ):
     """The TorchTrainer's fit, with the async split's parameter holder for this fit only; `made` is
-    given the id Ray Train gave the fit before it starts. On Ctrl+C, SIGTERM or an error the workers
-    stop before the run is marked KILLED or FAILED (abort_fit)."""
+    given the id Ray Train gave the fit before it starts. A worker group that waits for resources is
+    said in one line (saying_resource_waits). On Ctrl+C, SIGTERM or an error the workers stop before
+    the run is marked KILLED or FAILED (abort_fit)."""
     uri, run_id = loop_config["tracking_uri"], loop_config["run_id"]
     holder = None
     if plan.mode is SplitMode.ASYNC:
@@ -56,7 +58,7 @@ def fit(
     trainer = torch_trainer(cfg, location, loop_config, extra_callbacks)
     made(trainer.train_run_context.run_id)  # Train V2's run context, made with the trainer
     try:
-        with tracking.system_metrics(uri, run_id), reporting_worker_deaths():
+        with tracking.system_metrics(uri, run_id), reporting_worker_deaths(), saying_resource_waits():
             return trainer.fit()
     except BaseException:
         trainer.abort_fit()

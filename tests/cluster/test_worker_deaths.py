@@ -58,3 +58,28 @@ def test_a_worker_death_in_work_that_fails_says_the_work_ended_and_earlier_death
     (line,) = _died(caplog)
     assert f"pid {pid} on " in line and f"pid {earlier} " not in line
     assert line.endswith("the work ended with it"), line
+
+
+def test_a_worker_group_that_waits_for_resources_is_one_line_saying_what_and_for_how_long(ray_session, caplog):
+    """A placement group made while the work runs that Ray cannot place (here: more CPUs than the
+    instance has) is said once, naming what it asks for and Ray Train's wait; one placed at once is
+    not, nor one that was there before."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from convsts.ray_jobs.runtime.resource_waits import saying_resource_waits
+
+    earlier = placement_group([{"CPU": 64}])  # pending before the block: not this work's
+    try:
+        with caplog.at_level(logging.WARNING, logger="convsts"), saying_resource_waits(after_s=1.0, poll_s=0.2):
+            placed = placement_group([{"CPU": 0.1}])
+            ray.get(placed.ready(), timeout=30)
+            waiting = placement_group([{"CPU": 64}, {"CPU": 64}])
+            time.sleep(3)
+            remove_placement_group(waiting)
+            remove_placement_group(placed)
+    finally:
+        remove_placement_group(earlier)
+    said = [r.getMessage() for r in caplog.records if "waits for resources" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert said[0].startswith("the worker group waits for resources Ray cannot place now: 2 worker(s) of {CPU 64}")
+    assert "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S" in said[0] and "Ctrl+C stops the run" in said[0]
