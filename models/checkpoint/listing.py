@@ -13,13 +13,19 @@ from typing import TYPE_CHECKING, Any
 from convsts.io import storage
 from convsts.io.errors import BadInputError
 from convsts.io.redaction import redact
-from convsts.models.checkpoint.manifest import Hashed, damaged_file, embeddings_digest, incomplete_reason
+from convsts.models.checkpoint.manifest import (
+    Hashed,
+    damaged_file,
+    embeddings_digest,
+    incomplete_reason,
+    verified_folder,
+)
 from convsts.models.checkpoint.names import CONFIG_FILE, FOLDER_NAME
 from convsts.models.checkpoint.reading import ModelFiles, read_model_files
 from convsts.models.checkpoint.tensors import LoadedModel, load_model, load_train_state
 
 if TYPE_CHECKING:
-    pass
+    from convsts.models.sts_transform import StsTransform
 
 log = logging.getLogger("convsts")
 
@@ -78,6 +84,12 @@ class Checkpoint:
     def train_state(self, mapped: bool = False) -> dict[str, Any] | None:
         """Its optimizer state, step and data positions (load_train_state), None where it has none."""
         return load_train_state(self.path, mapped)
+
+    def sts_matrix(self, name: str = "") -> StsTransform | None:
+        """Its tuned STS matrix `name` ("": the default one), verified with the folder; None where it has none."""
+        from convsts.models.sts_transform import load_sts_transform  # torch
+
+        return load_sts_transform(verified_folder(self.path), name)
 
     def embeddings_digest(self) -> str:
         """What its embeddings depend on (its weights and tokenizer), from its manifest's sha256."""

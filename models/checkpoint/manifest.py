@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import logging
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,8 +19,6 @@ from convsts.models.checkpoint.names import EMBEDDING_FILES, MANIFEST_FILE, chec
 
 if TYPE_CHECKING:
     from convsts.models.sts_transform import StsTransform
-
-log = logging.getLogger("convsts")
 
 
 def write_manifest(path: Path, known: dict[str, dict[str, Any]] | None = None) -> None:

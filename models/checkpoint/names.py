@@ -4,21 +4,14 @@ a folder at a URI copied to this machine."""
 from __future__ import annotations
 
 import json
-import logging
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from convsts.io import cache, storage
 from convsts.io.errors import BadInputError
 from convsts.io.typed_json import dataclass_from_json
 from convsts.models.config import ModelConfig
-
-if TYPE_CHECKING:
-    pass
-
-log = logging.getLogger("convsts")
-
 
 CONFIG_FILE = "config.json"
 

@@ -4,11 +4,10 @@ weights' header), its parameter counts, and the model folder copied from a check
 from __future__ import annotations
 
 import dataclasses
-import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from safetensors import safe_open
 
@@ -26,11 +25,6 @@ from convsts.models.checkpoint.names import (
     read_meta,
 )
 from convsts.models.config import ModelConfig
-
-if TYPE_CHECKING:
-    pass
-
-log = logging.getLogger("convsts")
 
 
 def parameter_counts(folder: str | Path) -> dict[str, int]:

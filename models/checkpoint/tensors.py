@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -30,8 +29,6 @@ if TYPE_CHECKING:
     import torch
 
     from convsts.models.heads import MultitaskModel
-
-log = logging.getLogger("convsts")
 
 
 class HeadChanges(NamedTuple):
