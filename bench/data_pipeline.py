@@ -1,12 +1,12 @@
 """Data pipeline throughput: `prepare reddit` on a corpus, and the training feed against what one
 DAN training process consumes.
 
-  .venv/bin/python bench/data_pipeline.py [--input ../shared/data/reddit] [--rows 100000]
+  .venv/bin/python bench/data_pipeline.py [--input ../shared/data/reddit] [--rows 100000] [--processes 0 2]
 
 Prints: prepare rows/s (lines read / wall time, Ray start-up excluded); the DAN tokenizer's rows/s in
 one process; the feed's rows/s (the shards read in the epoch's order and tokenized in a thread of
-the process, as a training worker reads them: data_feed.TaskStream, first batch included and
-reported); DAN pairs/s of a single-process training step (batch 128, paper sizes) on
+the process or in --processes processes, as a training worker reads them: data_feed.TaskStream,
+first batch included and reported); DAN pairs/s of a single-process training step (batch 128, paper sizes) on
 already-tokenized batches; and the ratio feed / consumption (the target is at least 3).
 """
 
@@ -31,6 +31,9 @@ def main() -> int:
     parser.add_argument("--input", nargs="+", default=[str(Path(__file__).resolve().parents[2] / "shared/data/reddit")])
     parser.add_argument("--rows", type=int, default=100_000, help="rows of the feed to stream")
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument(
+        "--processes", type=int, nargs="+", default=[0], help="trainer.feed_processes values to time (0: a thread)"
+    )
     parser.add_argument(
         "--config", default=None, help="run config (filters, tokenizer, optimizer); default: the defaults"
     )
@@ -81,24 +84,27 @@ def main() -> int:
         best = max(best, len(texts) / (time.perf_counter() - start))
     print(f"DAN tokenizer, one process: {best:,.0f} rows/s")
     records = sorted((s["file"], s["rows"]) for s in manifest["shards"]["train"])
-    started = time.perf_counter()
-    shards = ShardSet.of_folder(str(work / "reddit" / "train"), records, reddit.feed_columns(cfg))
     encode = batch_encoder(reddit, tokenizer, cfg.tokenizer.max_words, cfg)
-    stream = TaskStream("reddit", shards, encode, args.batch, (0, 1), "cpu", order_seed(cfg.seed, reddit.name))
-    first = None
-    rows = 0
-    while rows < args.rows:
-        rows += len(next(stream)["context__words"])
-        if first is None:
-            first = time.perf_counter() - started
-    stream.close()
-    feed_s = time.perf_counter() - started
-    feed = rows / feed_s
-    steady = rows / max(feed_s - first, 1e-9)
-    print(
-        f"tokenized feed: {rows} rows in {feed_s:.1f} s = {feed:,.0f} rows/s "
-        f"(first batch after {first:.1f} s; {steady:,.0f} rows/s after it)"
-    )
+    feeds = {}  # processes -> (rows/s over the stream, rows/s after the first batch)
+    for processes in args.processes:
+        started = time.perf_counter()
+        shards = ShardSet.of_folder(str(work / "reddit" / "train"), records, reddit.feed_columns(cfg))
+        stream = TaskStream(
+            "reddit", shards, encode, args.batch, (0, 1), "cpu", order_seed(cfg.seed, reddit.name), processes=processes
+        )
+        first = 0.0
+        rows = 0
+        while rows < args.rows:
+            rows += len(next(stream)["context__words"])
+            first = first or time.perf_counter() - started
+        stream.close()
+        feed_s = time.perf_counter() - started
+        feeds[processes] = (rows / feed_s, rows / max(feed_s - first, 1e-9))
+        where = f"{processes} processes" if processes else "the worker's thread"
+        print(
+            f"tokenized feed ({where}): {rows} rows in {feed_s:.1f} s = {feeds[processes][0]:,.0f} rows/s "
+            f"(first batch after {first:.1f} s; {feeds[processes][1]:,.0f} rows/s after it)"
+        )
 
     seed_everything(0)
     model = build_model(cfg.model, tokenizer)
@@ -118,9 +124,11 @@ def main() -> int:
         times.append(time.perf_counter() - start)
     consume = args.batch / statistics.median(times[5:])
     print(f"DAN training step (one process, batch {args.batch}, {cfg.trainer.optimizer}): {consume:,.0f} pairs/s")
-    print(
-        f"ratio feed / DAN consumption: {feed / consume:.1f} (whole stream), {steady / consume:.1f} (after the first batch); target >= 3"
-    )
+    for processes, (feed, steady) in feeds.items():
+        print(
+            f"ratio feed ({processes} processes) / DAN consumption: {feed / consume:.1f} (whole stream), "
+            f"{steady / consume:.1f} (after the first batch); target >= 3"
+        )
     return 0
 
 
