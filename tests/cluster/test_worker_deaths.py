@@ -2,6 +2,7 @@
 with whether the work went on without it (the end-to-end case, a Train worker and the parameter
 holder killed during a run, is in test_async_groups.py)."""
 
+import json
 import logging
 import os
 import signal
@@ -83,3 +84,56 @@ def test_a_worker_group_that_waits_for_resources_is_one_line_saying_what_and_for
     assert len(said) == 1 and "\n" not in said[0], said
     assert said[0].startswith("the worker group waits for resources Ray cannot place now: 2 worker(s) of {CPU 64}")
     assert "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S" in said[0] and "Ctrl+C stops the run" in said[0]
+
+
+def test_a_run_whose_workers_wait_says_so_and_ctrl_c_ends_it_killed_in_seconds(ray_session, sample_prepared, tmp_path):
+    """`convsts train` joined to an instance whose CPUs another placement group holds: its worker group
+    waits, the run says so in one line, and Ctrl+C then ends it within seconds (exit 130), its MLflow
+    run KILLED."""
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    from mlflow.tracking import MlflowClient
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from testkit.tiny import TINY_DAN
+
+    holder = placement_group([{"CPU": 2}])
+    ray.get(holder.ready(), timeout=60)
+    out = tmp_path / "run"
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    command = [sys.executable, "-m", "convsts", "train", "--out", str(out), "--prepared", str(sample_prepared),
+               "trainer.num_workers=1", "trainer.cpus_per_worker=1", "trainer.steps=40", *TINY_DAN]  # fmt: skip
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.time() + 180
+        while not any("waits for resources" in line for line in lines) and proc.poll() is None:
+            assert time.time() < deadline, "".join(lines)[-3000:]
+            time.sleep(0.2)
+        assert proc.poll() is None, "".join(lines)[-3000:]
+        stopped = time.time()
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl+C in a terminal
+        proc.wait(timeout=60)
+        took = time.time() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        remove_placement_group(holder)
+    reader.join(timeout=10)
+    said = [line for line in lines if "waits for resources" in line]
+    assert len(said) == 1 and "1 worker(s) of {CPU 1}" in said[0], "".join(lines)[-3000:]
+    assert proc.returncode == 130 and took < 30, (proc.returncode, took, "".join(lines)[-3000:])
+    run_id = json.loads((out / "run.json").read_text())["runs"][-1]["run_id"]
+    assert MlflowClient(f"sqlite:///{out / 'mlflow.db'}").get_run(run_id).info.status == "KILLED"
