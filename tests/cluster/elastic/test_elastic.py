@@ -20,9 +20,11 @@ from testkit.local_cluster import poll_until
 from testkit.multinode import BUCKET, CLI, REPO, training_hosts
 from testkit.tiny import TINY_DAN
 
-# A tiny step takes about 0.1 s on this cluster: the first checkpoint comes seven log windows after
-# the first logged step, time enough to lose a node in between.
-STEPS, EVERY, LOG = 1200, 80, 10
+# A tiny step of one worker takes under 10 ms here (the worker reads its own data): the run is long
+# enough that the single worker is still training when the node it grows onto has joined (Ray's
+# resize check, a new group's start), and its first checkpoint comes seven log windows after the
+# first logged step, time enough to lose a node in between at 2 workers (the group's start-up).
+STEPS, EVERY, LOG = 6000, 80, 10
 
 pytestmark = pytest.mark.slow
 
