@@ -260,25 +260,16 @@ def chain_checkpoints(out_dir: Path, cfg: RunConfig, links: list[Link]) -> list[
         folder = link.location(out_dir, cfg)
         newest = newest_complete(folder) if folder else None
         if newest is not None:
-            found.append(newest.with_run(Checkpoint.at(newest.path).run_id or link.run_id))
+            found.append(newest.with_run(Checkpoint.at(newest.path).run_id))  # as its own record names it
     final = RunFolder(out_dir).final_checkpoint
     if final.is_dir():
         reason = incomplete_reason(final)
         if reason is None:
-            owner = Checkpoint.at(final)
-            found.append(owner.with_run(owner.run_id or _finished_run(out_dir)))
+            found.append(Checkpoint.at(final))
         else:
             log.warning("%s: skipped, not a complete checkpoint (%s)", final, reason)
     # By step (a stable sort): at a tie OUT/checkpoint (local, last in the list) comes last, the one resumed.
     return sorted(found, key=lambda f: f.step)
-
-
-def _finished_run(out_dir: Path) -> str | None:
-    """The MLflow run of OUT's finished run (train.json), for a checkpoint that does not name it."""
-    try:
-        return json.loads((RunFolder(out_dir).train_summary).read_text(encoding="utf-8")).get("mlflow_run_id")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _count_local(out_dir: Path) -> CheckpointCount:
@@ -405,7 +396,7 @@ def _older_complete(newest: Checkpoint) -> Checkpoint | None:
     """The newest complete checkpoint of `newest`'s run folder below its step (each incomplete one met
     on the way skipped in one line), or None."""
     older = complete_checkpoints(newest.folder, newest_only=True, below=newest.step) if newest.folder else []
-    return older[0].with_run(Checkpoint.at(older[0].path).run_id or newest.run_id) if older else None
+    return older[0].with_run(Checkpoint.at(older[0].path).run_id) if older else None
 
 
 def _fresh(out_dir: Path, location: RunStorage) -> RunStart:
