@@ -217,6 +217,15 @@ class GradientCombiner:
         return out
 
 
+def from_rank_0(obj, world: int):
+    """`obj` as rank 0 has it, on every rank of the group (one broadcast; as given without a group)."""
+    if world <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _all_reduce_sparse(p: torch.nn.Parameter, scale: float) -> torch.Tensor:
     """Sum of every rank's scaled sparse gradient: gather (indices, values), add, coalesce. Every
     buffer lives on the parameter's device (NCCL exchanges CUDA tensors only)."""

@@ -22,7 +22,7 @@ from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
 from convsts.ray_jobs.training.data_feed import TaskStream, batch_encoder, order_seed, task_shards
 from convsts.ray_jobs.training.loop import WORKERS_METRIC, LoopHooks, TrainLoop
 from convsts.ray_jobs.training.start_weights import initial_model, restore
-from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
+from convsts.ray_jobs.training.task_groups import SplitMode, from_rank_0, plan_for
 from convsts.ray_jobs.training.train_state import TrainState
 
 
@@ -50,7 +50,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     tokenizer = tokenizer_from_dict(loop_config["tokenizer"])
     checkpoint = ray.train.get_checkpoint()
     model, state = restored_model(cfg, tokenizer, checkpoint, loop_config.get("hashed", ()))
-    by_ray = ray_restart(loop_config, checkpoint)
+    # What the run itself has logged (after a restart: the steps it replays), read once by rank 0.
+    own = from_rank_0(own_logged(loop_config) if rank == 0 else None, world)
+    by_ray = ray_restart(own, checkpoint)
     # The same MLflow run goes on: Ray Train started its group again, or a trial run again continues its own checkpoint.
     restarted = by_ray or loop_config.get("continues") == loop_config.get("run_id")
     model.to(device).train()
@@ -75,14 +77,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             processes=cfg.trainer.feed_processes,
         )
 
-    hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank)
+    hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank, own)
     if plan.mode is SplitMode.ASYNC:
         holder = loop_config["holder"]
         loop: TrainLoop = AsyncTrainLoop(cfg, model, plan, rank, open_stream, holder, tokenizer, hooks, state)
     else:
         loop = TrainLoop(cfg, model, plan, rank, open_stream, hooks, state)
     if rank == 0:
-        _announce(loop_config, plan, world, device, loop.step, restarted=restarted)
+        _announce(loop_config, plan, world, device, loop.step, restarted=restarted, own=own)
         before = previous_size(loop_config, state, restarted)
         if before is not None and before != world:
             print_once(resize_line(before, plan, loop.step, by_ray=by_ray))
@@ -93,14 +95,21 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             stream.close()
 
 
-def ray_restart(loop_config: dict[str, Any], checkpoint) -> bool:
+def own_logged(loop_config: dict[str, Any]) -> dict[str, int]:
+    """{metric: the highest step logged} by this run so far ({} at its first start, where the driver
+    has logged no step of the loop). After a restart (a lost worker or node, a resize, a
+    FailureConfig retry, from a checkpoint or before the first one), it holds the group's size at its
+    steps (train/workers)."""
+    uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
+    return tracking.last_logged_steps(uri, run_id) if uri and run_id else {}
+
+
+def ray_restart(own: dict[str, int], checkpoint) -> bool:
     """Whether Ray Train started this worker group again within its fit (a lost worker or node, a
     resize, a FailureConfig retry): from its last registered checkpoint, or, before the first one,
-    from the run's start, once the run has logged a step (its group size, logged with every step)."""
-    if checkpoint is not None:
-        return True
-    uri, run_id = loop_config.get("tracking_uri"), loop_config.get("run_id")
-    return bool(uri and run_id and tracking.latest_value(uri, run_id, WORKERS_METRIC) is not None)
+    from the run's start, once the run has logged a step (`own`, own_logged: its group size is logged
+    with every step)."""
+    return checkpoint is not None or WORKERS_METRIC in own
 
 
 def previous_size(loop_config: dict[str, Any], state: TrainState | None, restarted: bool) -> int | None:
@@ -155,7 +164,9 @@ def chain_logged(uri: str, run_id: str, chain: Sequence[str | None], until: int 
     return logged
 
 
-def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int) -> LoopHooks:
+def worker_hooks(
+    loop_config: dict[str, Any], cfg, model, tokenizer, rank: int, own: dict[str, int] | None = None
+) -> LoopHooks:
     """The loop's ties to Ray and MLflow: metrics to the run, checkpoints reported to Ray Train
     (with the model, tokenizer, run config and provenance), the STS-B dev probe on rank 0."""
     import ray.train
@@ -170,9 +181,8 @@ def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int) 
     # (exact resume makes the values equal). With other settings than its checkpoint's run (a new
     # trajectory) the chain's history ends at the checkpoint's step (chain_logged).
     logged = dict(loop_config.get("chain_logged") or {})  # the chain's earlier runs', read once by the driver
-    if uri and run_id:  # the run's own: after a restart it holds the steps it replays
-        for key, step in tracking.last_logged_steps(uri, run_id).items():
-            logged[key] = max(step, logged.get(key, -1))
+    for key, step in (own_logged(loop_config) if own is None else own).items():  # the run's own (rank 0's read)
+        logged[key] = max(step, logged.get(key, -1))
 
     raylet = os.getppid()  # a Ray worker is its node's raylet's child
 
@@ -204,7 +214,9 @@ def worker_hooks(loop_config: dict[str, Any], cfg, model, tokenizer, rank: int) 
     return LoopHooks(log=log, checkpoint=report, evaluate=evaluate, progress=print_once)
 
 
-def _announce(loop_config: dict[str, Any], plan, world: int, device, step: int, restarted: bool) -> None:
+def _announce(
+    loop_config: dict[str, Any], plan, world: int, device, step: int, restarted: bool, own: dict[str, int]
+) -> None:
     """Rank 0's line of what only a worker knows (the task split itself is the driver's line), the
     run's tags at every start (the split's mode at this size), the restart step after a restart and
     the steps it replays without logging them again."""
@@ -213,7 +225,7 @@ def _announce(loop_config: dict[str, Any], plan, world: int, device, step: int, 
     print_once(f"[convsts rank 0] world size {world}; device {device}; torch threads {threads}; start step {step}")
     if uri and run_id:  # at every start: an elastic group's mode follows its size
         tracking.set_tags(uri, run_id, {"task_split_mode": plan.mode, "torch_threads": str(threads)})
-    replayed = max(tracking.last_logged_steps(uri, run_id).values(), default=0) if restarted and uri and run_id else 0
+    replayed = max(own.values(), default=0) if restarted else 0
     if replayed > step:
         print_once(
             f"[convsts rank 0] steps {step + 1}-{replayed} are replayed from step {step}; the run logged them "

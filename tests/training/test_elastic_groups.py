@@ -14,7 +14,7 @@ from convsts.ray_jobs.runtime.resources import check_training_fits, workers_that
 from convsts.ray_jobs.training.loop import WORKERS_METRIC, saved_plan
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
 from convsts.ray_jobs.training.train_state import TrainState, set_rng_state
-from convsts.ray_jobs.training.worker import previous_size, ray_restart, resize_line
+from convsts.ray_jobs.training.worker import own_logged, previous_size, ray_restart, resize_line
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "configs" / "demo_dan.yaml"
@@ -183,10 +183,10 @@ def test_a_group_started_again_before_its_first_checkpoint_is_a_restart_that_kno
     run_id = client.create_run(experiment).info.run_id
     loop_config = {"tracking_uri": mlflow_uri, "run_id": run_id}
     tracking.log_metrics(mlflow_uri, run_id, {"data/reddit_train_pairs": 100})  # the driver's, before the fit
-    assert not ray_restart(loop_config, checkpoint=None)
+    assert not ray_restart(own_logged(loop_config), checkpoint=None)
     assert previous_size(loop_config, None, restarted=False) is None
     tracking.log_metrics(mlflow_uri, run_id, {WORKERS_METRIC: 3, "reddit/loss": 4.8}, 10)  # the first group's step
-    assert ray_restart(loop_config, checkpoint=None)
+    assert ray_restart(own_logged(loop_config), checkpoint=None)
     assert previous_size(loop_config, None, restarted=True) == 3
     assert ray_restart({}, checkpoint=object())  # from a checkpoint Ray registered
 
@@ -216,10 +216,10 @@ def test_a_restart_sets_the_modes_tag_for_its_size_and_says_which_steps_it_repla
     client = tracking.client(mlflow_uri)
     run_id = client.create_run(client.create_experiment("replayed-steps")).info.run_id
     loop_config = {"tracking_uri": mlflow_uri, "run_id": run_id}
-    _announce(loop_config, plan_for(cfg.trainer, 2), 2, "cpu", 0, restarted=False)
+    _announce(loop_config, plan_for(cfg.trainer, 2), 2, "cpu", 0, restarted=False, own={})
     assert client.get_run(run_id).data.tags["task_split_mode"] == "gradient_weighting"
     tracking.log_metrics(mlflow_uri, run_id, {WORKERS_METRIC: 2, "reddit/loss": 4.8}, 60)
-    _announce(loop_config, plan_for(cfg.trainer, 1), 1, "cpu", 40, restarted=True)
+    _announce(loop_config, plan_for(cfg.trainer, 1), 1, "cpu", 40, restarted=True, own=own_logged(loop_config))
     assert client.get_run(run_id).data.tags["task_split_mode"] == "task_sampling"
     lines = capfd.readouterr().out.splitlines()
     assert lines[-1] == (
