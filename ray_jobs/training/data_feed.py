@@ -181,7 +181,7 @@ class TaskStream:
     ):
         self.task, self.shards, self.batch_size, self.device = task, shards, batch_size, device
         (index, self.ranks), self.bucket_batches = share, bucket_batches
-        self.reader = Reader(shards, encode, seed, block_rows, batch_size, index, pad_id)
+        self.reader = Reader(shards, encode, seed, block_rows, batch_size, index, pad_id, bucket_batches > 1)
         position = position or {}
         self.epoch, self.rows = int(position.get("epoch", 0)), int(position.get("rows", 0))
         same_window = position.get("batch_size") == batch_size and position.get("ranks") == self.ranks
@@ -202,7 +202,7 @@ class TaskStream:
         while True:
             while rows + step <= self.shards.rows:
                 count = min(max(self.bucket_batches, 1), (self.shards.rows - rows) // step)
-                yield epoch, tuple(rows + i * step for i in range(count)), self.bucket_batches > 1
+                yield epoch, tuple(rows + i * step for i in range(count))
                 rows += count * step
             epoch, rows = epoch + 1, 0
 
@@ -210,7 +210,7 @@ class TaskStream:
         """(the position after the batch, the batch), the first window's yielded batches skipped."""
         step, skip = self.ranks * self.batch_size, self.in_window
         try:
-            for (epoch, starts, _), batches in read:
+            for (epoch, starts), batches in read:
                 after = starts[-1] + step  # the unit's last global batch read
                 for number, batch in enumerate(batches, start=1):
                     done = number == len(batches)

@@ -40,8 +40,8 @@ class BatchEncoder:
 @dataclass
 class Reader:
     """One rank's reads of one task: its slice (`index`) of each global batch, read in the epoch's
-    order (the last epoch's EpochOrder kept, with the block it holds) and encoded; a window of
-    batches sorted by length where bucketed."""
+    order (the last epoch's EpochOrder kept, with the block it holds) and encoded; with `bucketed`,
+    each unit is a window of batches sorted by length."""
 
     shards: ShardSet
     encode: Callable[[pa.Table], Batch]
@@ -50,15 +50,16 @@ class Reader:
     batch_size: int
     index: int
     pad_id: int = 0
+    bucketed: bool = False
     _order: EpochOrder | None = None
 
-    def unit(self, epoch: int, starts: tuple[int, ...], bucketed: bool) -> list[Batch]:
+    def unit(self, epoch: int, starts: tuple[int, ...]) -> list[Batch]:
         """The batches of the global batches that start at `starts` of epoch `epoch`'s order."""
         if self._order is None or self._order.epoch != epoch:
             self._order = EpochOrder(self.shards, self.seed, epoch, self.block_rows)
         order = self._order
         window = [self.encode(order.rows(s + self.index * self.batch_size, self.batch_size)) for s in starts]
-        return self._bucketed(window, epoch, starts[0]) if bucketed else window
+        return self._bucketed(window, epoch, starts[0]) if self.bucketed else window
 
     def _bucketed(self, window: list[Batch], epoch: int, start: int) -> list[Batch]:
         rows = {k: np.concatenate([b[k] for b in window]) for k in window[0]}  # {name: (W*B, ...)}
@@ -80,11 +81,11 @@ def _hold(reader: Reader) -> None:
     _POOL_READER[:] = [reader]
 
 
-def _read(epoch: int, starts: tuple[int, ...], bucketed: bool) -> list[Batch]:
-    return _POOL_READER[0].unit(epoch, starts, bucketed)
+def _read(epoch: int, starts: tuple[int, ...]) -> list[Batch]:
+    return _POOL_READER[0].unit(epoch, starts)
 
 
-Unit = tuple[int, tuple[int, ...], bool]  # (epoch, the starts of its global batches, bucketed)
+Unit = tuple[int, tuple[int, ...]]  # (epoch, the starts of its global batches in the epoch's order)
 
 
 def in_this_process(reader: Reader, units: Iterator[Unit]) -> Iterator[tuple[Unit, list[Batch]]]:
