@@ -40,7 +40,7 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
 
-    from convsts.models.checkpoint import load_train_state
+    from convsts.models.checkpoint import Checkpoint
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.pipelines.evaluate import run_evaluation
     from convsts.ray_jobs.runtime.ray_start import ensure_ray
@@ -89,10 +89,10 @@ def main() -> int:
         cfg = config(steps, f"split-{mode}")
         result = run_training(cfg, out / mode, prepared_dir=args.prepared, fresh=True)
         client = tracking.client(result.tracking_uri)
-        state = load_train_state(result.checkpoint)
+        state = Checkpoint.at(result.checkpoint).train_state()
         row: dict[str, float] = {"updates": steps, "seconds": result.seconds}
         if mode == "async":
-            updates = state["task_updates"]
+            updates = state.task_updates
             row["ratio"] = updates["reddit"] / max(updates["snli"], 1)
             for task in ("reddit", "snli"):
                 row[f"{task}_pairs_s"] = _mean(_history(client, result.run_id, f"async/{task}/pairs_per_s")[1:])

@@ -10,7 +10,7 @@ Layout of a checkpoint folder, `checkpoint-<step>` in a run's folder (Ray Train'
                      resolved run config, provenance (the data digests, the MLflow run that wrote it)
   tokenizer.json     the tokenizer (convsts.datasets.text)
   model.safetensors  encoder + task heads (safe to load: no pickle)
-  train_state.pt     optimizer state, step, data positions, every rank's RNG (weights_only=True)
+  train_state.pt     TrainState: optimizer state, step, data positions, every rank's RNG (weights_only=True)
   sts_transform*.safetensors   optional: tuned STS matrices (`convsts evaluate`, a sweep); listed in
                      the manifest once written (add_to_manifest)
   manifest.json      written last: each file above with its size and sha256. Every reader requires it
@@ -69,6 +69,7 @@ from convsts.models.checkpoint.tensors import (
     save_checkpoint,
     vocab_sizes,
 )
+from convsts.models.checkpoint.train_state import TrainState
 
 __all__ = [
     "CONFIG_FILE",
@@ -87,6 +88,7 @@ __all__ = [
     "REQUIRED_MODEL_KEYS",
     "TOKENIZER_FILE",
     "TRAIN_STATE_FILE",
+    "TrainState",
     "WEIGHTS_FILE",
     "add_to_manifest",
     "build_model",

@@ -8,7 +8,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from convsts.io import storage
 from convsts.io.errors import BadInputError
@@ -23,6 +23,7 @@ from convsts.models.checkpoint.manifest import (
 from convsts.models.checkpoint.names import CONFIG_FILE, FOLDER_NAME
 from convsts.models.checkpoint.reading import ModelFiles, read_model_files
 from convsts.models.checkpoint.tensors import LoadedModel, load_model, load_train_state
+from convsts.models.checkpoint.train_state import TrainState
 
 if TYPE_CHECKING:
     from convsts.models.sts_transform import StsTransform
@@ -81,7 +82,7 @@ class Checkpoint:
         """The model it holds (eval mode, CPU), its tokenizer and config.json."""
         return load_model(self.path, hashed)
 
-    def train_state(self, mapped: bool = False) -> dict[str, Any] | None:
+    def train_state(self, mapped: bool = False) -> TrainState | None:
         """Its optimizer state, step and data positions (load_train_state), None where it has none."""
         return load_train_state(self.path, mapped)
 

@@ -23,6 +23,7 @@ from convsts.models.checkpoint.names import (
     checkpoint_folder,
 )
 from convsts.models.checkpoint.reading import ModelFiles, read_model_files
+from convsts.models.checkpoint.train_state import TrainState
 from convsts.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def save_checkpoint(
     model: MultitaskModel,
     tokenizer,
     run_config: dict[str, Any] | None = None,
-    train_state: dict[str, Any] | None = None,
+    train_state: TrainState | None = None,
     provenance: dict[str, Any] | None = None,
 ) -> Path:
     """A checkpoint folder at `path`: weights, tokenizer, config.json (with the step of
@@ -87,7 +88,7 @@ def save_checkpoint(
     save_tokenizer(tokenizer, path / TOKENIZER_FILE)
     meta = {
         "format": FORMAT_VERSION,
-        "step": int(train_state["step"]) if train_state is not None and "step" in train_state else 0,
+        "step": train_state.step if train_state is not None else 0,
         "model": dataclasses.asdict(model.config),
         "heads": model.head_kinds,
         "run_config": run_config or {},
@@ -96,7 +97,7 @@ def save_checkpoint(
     storage.write_text(path / CONFIG_FILE, json.dumps(meta, indent=2))
     if train_state is not None:
         buffer = io.BytesIO()
-        torch.save(train_state, buffer)
+        torch.save(train_state.to_dict(), buffer)
         storage.write_bytes(path / TRAIN_STATE_FILE, buffer.getbuffer())
     write_manifest(path)
     return path
@@ -164,7 +165,7 @@ def load_weights(model: MultitaskModel, path: str | Path, hashed: Sequence[Hashe
     return changes
 
 
-def load_train_state(path: str | Path, mapped: bool = False) -> dict[str, Any] | None:
+def load_train_state(path: str | Path, mapped: bool = False) -> TrainState | None:
     """A checkpoint's optimizer state, step and data position (tensors and plain values only: a
     pickle never runs), None where it has none; BadInputError for a damaged or foreign file.
     `mapped`: its tensors mapped from the file, read only where used (a check of it reads none: an
@@ -185,4 +186,4 @@ def load_train_state(path: str | Path, mapped: bool = False) -> dict[str, Any] |
         raise BadInputError(
             f"{file}: not a train state (no int 'step'); the checkpoint is damaged or from another program"
         )
-    return state
+    return TrainState.from_dict(state)

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
+from convsts.models.checkpoint import TrainState
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.training.loop import NON_FINITE_ADVICE, LoopHooks, NonFiniteLossError, StreamFactory, TrainLoop
 from convsts.ray_jobs.training.parameter_holder import HolderUpdate, holder_stats_metrics
 from convsts.ray_jobs.training.task_groups import TaskPlan
-from convsts.ray_jobs.training.train_state import TrainState
 from convsts.ray_jobs.training.train_step import Optimizers, train_step
 
 

@@ -15,7 +15,7 @@ from convsts.io import storage
 from convsts.io.dotted import flatten
 from convsts.io.folders import replaced_whole
 from convsts.io.redaction import redact
-from convsts.models.checkpoint import hashed_here, load_train_state, read_model_files, save_model_folder
+from convsts.models.checkpoint import Checkpoint, hashed_here, read_model_files, save_model_folder
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.evaluation.sts import read_stsb_split
 from convsts.ray_jobs.runtime.dead_train_runs import release_dead_fits
@@ -214,9 +214,8 @@ def _train(
         lambda fit_id: mark_link(out_dir, run_id, ray_train_run=fit_id),
     )
     final, best = _keep_checkpoints(cfg, result, out_dir)
-    mode = (
-        (load_train_state(final, mapped=True) or {}).get("mode", plan.mode) if cfg.trainer.elastic else plan.mode
-    )  # the last group's
+    last_state = Checkpoint.at(final).train_state(mapped=True) if cfg.trainer.elastic else None
+    mode = last_state.mode if last_state is not None else plan.mode  # the last group's
     seconds = time.time() - started
     tracking.log_metrics(uri, run_id, {"train/seconds": seconds}, cfg.trainer.steps)
     log_loss_curves(cfg, uri, run_id, out_dir)

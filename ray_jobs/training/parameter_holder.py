@@ -27,12 +27,12 @@ from typing import Any
 import torch
 
 from convsts.datasets.text import tokenizer_from_dict
+from convsts.models.checkpoint import TrainState
 from convsts.ray_jobs.config.loader import from_dict
 from convsts.ray_jobs.tasks import trained_tasks
 from convsts.ray_jobs.training.schedule import StageSchedule
 from convsts.ray_jobs.training.start_weights import initial_model
 from convsts.ray_jobs.training.task_groups import plan_for
-from convsts.ray_jobs.training.train_state import TrainState
 from convsts.ray_jobs.training.train_step import Optimizers
 
 # A pushed or pulled tensor: dense, or a sparse table's (row indices (nnz,), rows (nnz, D)).

@@ -5,10 +5,9 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-from convsts.models.checkpoint import Hashed, build_model, load_model, load_train_state, load_weights
+from convsts.models.checkpoint import Hashed, TrainState, build_model, load_model, load_train_state, load_weights
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.tasks import model_heads, trained_tasks
-from convsts.ray_jobs.training.train_state import TrainState
 from convsts.ray_jobs.training.train_step import seed_everything
 
 
@@ -44,8 +43,7 @@ def restore(
     if source:
         # A head the checkpoint lacks keeps its initial weights (said by the driver).
         load_weights(model, source, hashed)
-        raw = load_train_state(source)
-        return TrainState.from_dict(raw) if raw else None
+        return load_train_state(source)
     if warm_start:
         warm = load_model(warm_start, hashed).model
         model.encoder.load_state_dict(warm.encoder.state_dict())

@@ -13,7 +13,7 @@ import torch
 
 from convsts.datasets.text import tokenizer_from_dict
 from convsts.io.redaction import redact_tree
-from convsts.models.checkpoint import Checkpoint, folder_name, save_checkpoint
+from convsts.models.checkpoint import Checkpoint, TrainState, folder_name, save_checkpoint
 from convsts.ray_jobs.config.loader import from_dict
 from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.tasks import trained_tasks
@@ -23,7 +23,6 @@ from convsts.ray_jobs.training.data_feed import TaskStream, batch_encoder, order
 from convsts.ray_jobs.training.loop import WORKERS_METRIC, LoopHooks, TrainLoop
 from convsts.ray_jobs.training.start_weights import initial_model, restore
 from convsts.ray_jobs.training.task_groups import SplitMode, from_rank_0, plan_for
-from convsts.ray_jobs.training.train_state import TrainState
 
 
 def print_once(line: str) -> None:
@@ -206,7 +205,7 @@ def worker_hooks(
             return
         run, provenance = redact_tree(loop_config["run"]), redact_tree(loop_config["provenance"])
         with tempfile.TemporaryDirectory() as tmp:
-            save_checkpoint(tmp, model, tokenizer, run, train_state.to_dict(), provenance)
+            save_checkpoint(tmp, model, tokenizer, run, train_state, provenance)
             checkpoint = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report({**metrics, "step": step}, checkpoint=checkpoint, checkpoint_dir_name=folder_name(step))
 

@@ -46,7 +46,7 @@ def demo_folder(tmp_path_factory) -> Path:
     MiniLM), untrained here."""
     from convsts.datasets.config import TokenizerConfig
     from convsts.datasets.text import PretrainedTokenizer
-    from convsts.models.checkpoint import build_model, save_checkpoint, save_model_folder
+    from convsts.models.checkpoint import TrainState, build_model, save_checkpoint, save_model_folder
     from convsts.models.config import ModelConfig
     from convsts.ray_jobs.tracking import runs as tracking
     from convsts.ray_jobs.tracking.mlflow_model import log_model
@@ -55,7 +55,7 @@ def demo_folder(tmp_path_factory) -> Path:
     demo = cwd / "runs" / "demo"
     config = ModelConfig(encoder="pretrained")
     tokenizer = PretrainedTokenizer.from_model(config, TokenizerConfig(max_words=128))
-    save_checkpoint(demo / "checkpoint", build_model(config, tokenizer).eval(), tokenizer, {}, {"step": 4})
+    save_checkpoint(demo / "checkpoint", build_model(config, tokenizer).eval(), tokenizer, {}, TrainState(4))
     save_model_folder(demo / "checkpoint", demo / "model")
     uri = f"sqlite:///{demo / 'mlflow.db'}"
     run_id = tracking.start_run(uri, "convsts", "demo")

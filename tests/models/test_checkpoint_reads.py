@@ -139,13 +139,15 @@ def test_a_folder_another_process_here_hashed_is_not_hashed_again_while_its_file
     import torch
     from testkit.faults import tiny_checkpoint
 
-    from convsts.models.checkpoint import load_model, save_checkpoint, verified_folder
+    from convsts.models.checkpoint import TrainState, load_model, save_checkpoint, verified_folder
 
     def read_so_far() -> int:
         return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
 
     small = load_model(tiny_checkpoint(tmp_path / "small"))
-    big = save_checkpoint(tmp_path / "big", small.model, small.tokenizer, {}, {"step": 3, "m": torch.zeros(16, 2**20)})
+    big = save_checkpoint(
+        tmp_path / "big", small.model, small.tokenizer, {}, TrainState(3, [{"m": torch.zeros(16, 2**20)}])
+    )
     hashing = "import pickle, sys; from convsts.models.checkpoint import hashed_here as h; sys.stdout.buffer.write(pickle.dumps(h(sys.argv[1])))"
     hashed = pickle.loads(
         subprocess.run([sys.executable, "-c", hashing, str(big)], capture_output=True, check=True).stdout

@@ -5,7 +5,7 @@ from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.evalsets import read_stsb, stsb_split_path
 from convsts.datasets.text import DanTokenizer, count_words
 from convsts.io.storage import resolve_path
-from convsts.models.checkpoint import build_model, save_checkpoint
+from convsts.models.checkpoint import TrainState, build_model, save_checkpoint
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.ray_jobs.config.loader import load_config
 
@@ -29,5 +29,10 @@ def chain_checkpoint(path, bigram_buckets: int = 64, step: int = 3, run_id: str 
     tok = DanTokenizer.build(count_words(["a man plays a guitar", "a woman sings"]), cfg.tokenizer)
     provenance = {"run_id": run_id} if run_id else None
     return save_checkpoint(
-        path, build_model(cfg.model, tok).eval(), tok, cfg.to_dict(), train_state={"step": step}, provenance=provenance
+        path,
+        build_model(cfg.model, tok).eval(),
+        tok,
+        cfg.to_dict(),
+        train_state=TrainState(step),
+        provenance=provenance,
     )

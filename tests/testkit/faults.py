@@ -69,10 +69,10 @@ def start_python(*args, cwd=None, env=None) -> subprocess.Popen:
 def tiny_checkpoint(path: Path, embedding_dim: int = 4) -> Path:
     """A tiny DAN checkpoint with a run config and a train state (step 3)."""
     from convsts.datasets.text import DanTokenizer, count_words
-    from convsts.models.checkpoint import build_model, save_checkpoint
+    from convsts.models.checkpoint import TrainState, build_model, save_checkpoint
 
     cfg = load_config(
         None, ["model.dan.output_dim=6", f"model.dan.embedding_dim={embedding_dim}", "model.dan.hidden_sizes=[4]"]
     )
     tok = DanTokenizer.build(count_words(["a man plays a guitar", "a woman sings"]), cfg.tokenizer)
-    return save_checkpoint(path, build_model(cfg.model, tok).eval(), tok, cfg.to_dict(), train_state={"step": 3})
+    return save_checkpoint(path, build_model(cfg.model, tok).eval(), tok, cfg.to_dict(), train_state=TrainState(3))

@@ -19,7 +19,7 @@ from testkit.tiny import EXPORT_PROBES
 
 from convsts.datasets.config import TokenizerConfig
 from convsts.datasets.text import DanTokenizer, count_words
-from convsts.models.checkpoint import build_model, save_checkpoint, save_model_folder
+from convsts.models.checkpoint import TrainState, build_model, save_checkpoint, save_model_folder
 from convsts.models.config import DanConfig, ModelConfig
 from convsts.models.sentence_encoder import load
 from convsts.models.sts_transform import StsTransform, StsTransformConfig
@@ -54,7 +54,7 @@ def model_folder(tmp_path):
         build_model(config, tokenizer, {"reddit": "response", "snli": "nli"}),
         tokenizer,
         {"name": "tiny"},
-        train_state={"step": 3},
+        train_state=TrainState(3),
     )
     rotation = np.linalg.qr(np.random.default_rng(0).normal(size=(12, 12)))[0]  # a tuned STS matrix, as evaluate saves
     StsTransform(rotation, StsTransformConfig(), 0.5, 1).save(ckpt)

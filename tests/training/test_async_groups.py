@@ -12,7 +12,7 @@ import pytest
 from testkit.local_cluster import poll_until, ray_processes, start_train
 from testkit.tiny import TINY_DAN
 
-from convsts.models.checkpoint import load_model, load_train_state
+from convsts.models.checkpoint import Checkpoint, load_model
 from convsts.ray_jobs.tracking import runs as tracking
 
 STEPS, EVERY, SLACK = 500, 100, 2
@@ -84,10 +84,10 @@ def test_async_groups_train_both_tasks_and_resume_after_killing_the_holder_and_a
 
     train = json.loads((out / "train.json").read_text())
     assert train["task_split_mode"] == "async"
-    state = load_train_state(train["checkpoint"])
-    updates, pushed = state["task_updates"], state["pushed"]
+    state = Checkpoint.at(train["checkpoint"]).train_state()
+    updates, pushed = state.task_updates, state.pushed
     # Exactly trainer.steps updates, each one a worker pushed (the restarts rolled both back together).
-    assert state["step"] == STEPS == sum(updates.values()) == sum(pushed), (state["step"], updates, pushed)
+    assert state.step == STEPS == sum(updates.values()) == sum(pushed), (state.step, updates, pushed)
     # The weights' 19:1: SNLI's 5% of the updates, within the holder's tolerance.
     assert updates["snli"] >= 1 and abs(updates["snli"] - 0.05 * STEPS) <= TOLERANCE, updates
     # Both restarts resumed from a checkpoint: its update count is at a checkpoint_every multiple, plus at

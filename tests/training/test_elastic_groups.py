@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from convsts.io.errors import ConfigError
+from convsts.models.checkpoint import TrainState
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.resources import check_training_fits, workers_that_fit
 from convsts.ray_jobs.training.loop import WORKERS_METRIC, saved_plan
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
-from convsts.ray_jobs.training.train_state import TrainState, set_rng_state
+from convsts.ray_jobs.training.train_state import positions_of, set_rng_state
 from convsts.ray_jobs.training.worker import own_logged, previous_size, ray_restart, resize_line
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,22 +112,22 @@ def test_positions_follow_the_ranks_the_checkpoint_records_not_a_plan_rebuilt_fr
     state.task_ranks = {"reddit": [0], "snli": [1, 2]}
     three = plan_for(cfg.trainer, 3)  # today's plan at 3: reddit on ranks 0-1, snli on rank 2
     assert three.ranks_of("reddit") == [0, 1] and three.ranks_of("snli") == [2]
-    assert state.positions_of(0, three, three) == {"reddit": reddit}  # the task's rows, at any ranks
-    assert state.positions_of(1, three, three) == {"reddit": reddit}
-    assert state.positions_of(2, three, three) == {"snli": snli}
+    assert positions_of(state, 0, three, three) == {"reddit": reddit}  # the task's rows, at any ranks
+    assert positions_of(state, 1, three, three) == {"reddit": reddit}
+    assert positions_of(state, 2, three, three) == {"snli": snli}
     # The same ranks for the same tasks: each rank's own position, as it was.
     same = TrainState.from_dict({**state.to_dict(), "task_ranks": {"reddit": [0, 1], "snli": [2]}})
     same.positions = [{"reddit": reddit}, {"reddit": {**reddit, "rows": 992}}, {"snli": snli}]
-    assert same.positions_of(1, three, three) == {"reddit": {**reddit, "rows": 992}}
+    assert positions_of(same, 1, three, three) == {"reddit": {**reddit, "rows": 992}}
     # A state written before task_ranks was kept reads as the plan rebuilt from the settings.
     older = TrainState.from_dict({k: v for k, v in same.to_dict().items() if k != "task_ranks"})
-    assert older.task_ranks == {} and older.positions_of(1, three, saved_plan(cfg, older, three)) == {
+    assert older.task_ranks == {} and positions_of(older, 1, three, saved_plan(cfg, older, three)) == {
         "reddit": {**reddit, "rows": 992}
     }
     # A position written as batches read (before positions were rows): its task's ranks' batches.
     batches = _state(3, [{"reddit": {"epoch": 2, "batch_in_epoch": 15, "batch_size": 32}}, {"snli": snli}, {}])
     batches.task_ranks = {"reddit": [0], "snli": [1]}
-    assert batches.positions_of(0, three, three) == {"reddit": {"epoch": 2, "rows": 480, "batch_size": 32}}
+    assert positions_of(batches, 0, three, three) == {"reddit": {"epoch": 2, "rows": 480, "batch_size": 32}}
 
 
 def test_a_checkpoint_of_another_size_gives_each_rank_its_tasks_position_and_seeded_generators():
@@ -137,19 +138,19 @@ def test_a_checkpoint_of_another_size_gives_each_rank_its_tasks_position_and_see
     state = _state(3, [{"reddit": reddit}, {"reddit": reddit}, {"snli": snli}])
     three = plan_for(cfg.trainer, 3)
     assert saved_plan(cfg, state, three) is three
-    assert state.positions_of(1, three, three) == {"reddit": reddit}  # the same size: its own
+    assert positions_of(state, 1, three, three) == {"reddit": reddit}  # the same size: its own
     # At 2 ranks (reddit 0, snli 1) and at 1 (each step's task drawn: both on rank 0), each task
     # goes on from the rows its ranks had read together.
     two = plan_for(cfg.trainer, 2)
     before = saved_plan(cfg, state, two)
     assert before.ranks_of("reddit") == [0, 1]
-    assert state.positions_of(0, two, before) == {"reddit": reddit}
-    assert state.positions_of(1, two, before) == {"snli": snli}
+    assert positions_of(state, 0, two, before) == {"reddit": reddit}
+    assert positions_of(state, 1, two, before) == {"snli": snli}
     one = plan_for(cfg.trainer, 1)
-    assert state.positions_of(0, one, saved_plan(cfg, state, one)) == {"reddit": reddit, "snli": snli}
+    assert positions_of(state, 0, one, saved_plan(cfg, state, one)) == {"reddit": reddit, "snli": snli}
     # Ranks of a task that went at their own pace (the async split): the earliest, so none is skipped.
     ahead = _state(3, [{"reddit": reddit}, {"reddit": {**reddit, "rows": 2048}}, {"snli": snli}])
-    assert ahead.positions_of(0, one, saved_plan(cfg, ahead, one))["reddit"] == reddit
+    assert positions_of(ahead, 0, one, saved_plan(cfg, ahead, one))["reddit"] == reddit
     # Generators: each rank's own at the same size, seeded from (seed, step, rank) at another, the
     # same on every restart at that size and different between ranks.
     assert state.rng_of(2, 3, cfg.seed) is state.rng[2]

@@ -191,7 +191,7 @@ def test_a_killed_run_in_a_bucket_is_found_from_its_record_and_read_in_large_req
             assert decide_start(out, latest).resume_from == kept[1]
         with request_log() as later:
             encoder = load(kept[1])
-            assert load_train_state(kept[1])["step"] == 3  # from the local copy: no request
+            assert load_train_state(kept[1]).step == 3  # from the local copy: no request
         assert encoder.encode("a man plays a guitar").shape == (6,)
         folder = kept[1].rsplit("/", 1)[1]
         reread = [p for m, p in later if m == "GET" and f"/{folder}/" in p and "?" not in p]

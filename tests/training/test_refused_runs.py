@@ -93,7 +93,7 @@ def test_a_checkpoint_without_a_new_builtin_head_resumes_with_that_head_fresh_in
     import logging
 
     from convsts.datasets.text import DanTokenizer, count_words
-    from convsts.models.checkpoint import build_model, load_weights, read_meta, save_checkpoint
+    from convsts.models.checkpoint import TrainState, build_model, load_weights, read_meta, save_checkpoint
     from convsts.ray_jobs.tasks import model_heads
     from convsts.ray_jobs.training.start_checks import check_resumable, resume_mismatches
 
@@ -104,7 +104,7 @@ def test_a_checkpoint_without_a_new_builtin_head_resumes_with_that_head_fresh_in
     older = dict(list(heads.items())[:-1])  # written before the last built-in head existed
     new_head = list(heads)[-1]
     trained = build_model(cfg.model, tok, older)
-    save_checkpoint(tmp_path / "old", trained, tok, cfg.to_dict(), train_state={"step": 7})
+    save_checkpoint(tmp_path / "old", trained, tok, cfg.to_dict(), train_state=TrainState(7))
     resumed = load_config(None, [*overrides, f"trainer.resume_from={tmp_path / 'old'}"])
     with caplog.at_level(logging.INFO, logger="convsts"):
         check_resumable(resumed)
@@ -285,7 +285,7 @@ def test_a_damaged_train_state_is_one_line_in_the_driver(tmp_path):
     from convsts.models.checkpoint import load_train_state
 
     checkpoint = tiny_checkpoint(tmp_path / "c")
-    assert load_train_state(checkpoint)["step"] == 3
+    assert load_train_state(checkpoint).step == 3
     state = checkpoint / "train_state.pt"
     state.write_bytes(state.read_bytes()[:40])  # cut short
     with pytest.raises(BadInputError, match=r"train_state.pt: not a train state this version reads \(\w+\)"):
@@ -569,7 +569,7 @@ def test_a_resume_on_other_data_is_refused_before_a_missing_task_is_prepared_or_
 
     from testkit.tiny import SAMPLE_PREPARE, TINY_DAN
 
-    from convsts.models.checkpoint import build_model, save_checkpoint
+    from convsts.models.checkpoint import TrainState, build_model, save_checkpoint
     from convsts.ray_jobs.pipelines.inputs import ensure_prepared, prepare_all
     from convsts.ray_jobs.training.data_feed import build_tokenizer
     from convsts.ray_jobs.training.driver import run_training
@@ -584,7 +584,7 @@ def test_a_resume_on_other_data_is_refused_before_a_missing_task_is_prepared_or_
         build_model(cfg.model, tokenizer),
         tokenizer,
         cfg.to_dict(),
-        train_state={"step": 2},
+        train_state=TrainState(2),
         provenance={"data": {"reddit": "the digest of other data"}},
     )
     resumed = load_config(None, [*TINY_DAN, "trainer.steps=4", f"trainer.resume_from={checkpoint}"])
@@ -607,7 +607,7 @@ def test_the_checks_before_a_resume_read_its_optimizer_state_and_weights_no_more
 
     import torch
 
-    from convsts.models.checkpoint import load_model, save_checkpoint, verified_folder
+    from convsts.models.checkpoint import TrainState, load_model, save_checkpoint, verified_folder
     from convsts.ray_jobs.training.driver import _tokenizer
     from convsts.ray_jobs.training.start_checks import check_resumable
 
@@ -617,7 +617,7 @@ def test_the_checks_before_a_resume_read_its_optimizer_state_and_weights_no_more
     model = ["model.dan.output_dim=6", "model.dan.embedding_dim=4", "model.dan.hidden_sizes=[4]"]
     small = tiny_checkpoint(tmp_path / "small")
     loaded = load_model(small)
-    big_state = {"step": 3, "optimizer": {"exp_avg": torch.zeros(16, 2**20)}}  # 64 MiB of optimizer state
+    big_state = TrainState(3, [{"exp_avg": torch.zeros(16, 2**20)}])  # 64 MiB of optimizer state
     run_config = json.loads((Path(small) / "config.json").read_text())["run_config"]
     checkpoint = save_checkpoint(tmp_path / "big", loaded.model, loaded.tokenizer, run_config, big_state)
     warm = load_config(None, [*model, f"trainer.resume_from={small}"])

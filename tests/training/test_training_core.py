@@ -15,7 +15,7 @@ from testkit.frames import FrameStream
 
 from convsts.datasets.text import DanTokenizer, count_words
 from convsts.io.errors import ConfigError
-from convsts.models.checkpoint import build_model, save_checkpoint
+from convsts.models.checkpoint import TrainState, build_model, save_checkpoint
 from convsts.models.encoders import ENCODERS
 from convsts.models.losses import in_batch_softmax_loss
 from convsts.models.sentence_encoder import load
@@ -25,7 +25,6 @@ from convsts.ray_jobs.tasks.base import fields
 from convsts.ray_jobs.training.loop import LoopHooks, TrainLoop
 from convsts.ray_jobs.training.schedule import StageSchedule
 from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks
-from convsts.ray_jobs.training.train_state import TrainState
 from convsts.ray_jobs.training.train_step import Optimizers, seed_everything, train_step
 
 TINY = [
