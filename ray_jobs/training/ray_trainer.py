@@ -11,6 +11,7 @@ from typing import Any
 import ray
 
 from convsts.ray_jobs.config.schema import RunConfig
+from convsts.ray_jobs.runtime.dead_train_runs import record_fit
 from convsts.ray_jobs.runtime.logs import train_log_level
 from convsts.ray_jobs.runtime.resource_waits import saying_resource_waits
 from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
@@ -57,6 +58,7 @@ def fit(
         holder = loop_config["holder"] = start_holder(cfg)
     trainer = torch_trainer(cfg, location, loop_config, extra_callbacks)
     made(trainer.train_run_context.run_id)  # Train V2's run context, made with the trainer
+    record_fit(trainer.train_run_context.run_id)  # a later run releases its reservation if this driver dies
     try:
         with tracking.system_metrics(uri, run_id), reporting_worker_deaths(), saying_resource_waits():
             return trainer.fit()

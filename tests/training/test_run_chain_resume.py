@@ -4,7 +4,9 @@ after its first), each time continued with `--resume latest` from the newest com
 the whole chain (once falling back to an earlier run's, the last run's checkpoints damaged); every
 step is logged once along the chain, with the undisturbed run's losses (one worker, task sampling:
 the task draws and generators are restored). An older checkpoint named into the chain logs none of
-its steps again: tests/training/test_run_chain.py, on the worker's own hooks and the chain's runs."""
+its steps again: tests/training/test_run_chain.py, on the worker's own hooks and the chain's runs.
+The undisturbed run, started into another OUT after the SIGKILL, releases the killed fit's cluster
+reservation."""
 
 import glob
 import json
@@ -99,10 +101,6 @@ def _history(client, run_id: str, name: str) -> dict[int, float]:
 def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpoint(
     ray_session, sample_prepared, mlflow_uri, tmp_path
 ):
-    undisturbed = _train(ray_session, tmp_path / "u", sample_prepared, mlflow_uri)
-    assert undisturbed.wait(timeout=600) == 0, undisturbed.communicate()[1][-3000:]
-    reference = json.loads((tmp_path / "u" / "train.json").read_text())["mlflow_run_id"]
-
     out = tmp_path / "out"
     # B: SIGTERM a second after its first checkpoint: one line, exit 143.
     b = _train(ray_session, out, sample_prepared, mlflow_uri)
@@ -142,6 +140,16 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
     d_newest = Path(_own_checkpoints(out, 2)[-1]).parent
     d_step = json.loads((d_newest / "config.json").read_text())["step"]
     assert b_step < d_step < STEPS, (b_step, d_step)
+    # The undisturbed run, into another OUT: D's driver took its Ray Train controller with it, and
+    # nothing cancelled D's request to Ray's autoscaling coordinator (it would hold D's CPU for
+    # 180 s): this run's start, which knows nothing of D's OUT, releases it in one line.
+    undisturbed = _train(ray_session, tmp_path / "u", sample_prepared, mlflow_uri)
+    _, u_err = undisturbed.communicate(timeout=600)
+    assert undisturbed.returncode == 0, u_err[-3000:]
+    reference = json.loads((tmp_path / "u" / "train.json").read_text())["mlflow_run_id"]
+    released = [line for line in u_err.splitlines() if "released the cluster reservation of" in line]
+    assert len(released) == 1 and _links(out)[2]["ray_train_run"] in released[0], u_err[-3000:]
+    assert "of another run's fit" in released[0], released
     # D's checkpoints lose their weights (a partial copy, a bad disk). E: --resume latest falls back
     # to B's newest, says so in one line, and goes on to the end without logging again the steps D
     # logged.
@@ -153,10 +161,7 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
     assert f"start step {b_step}" in e_out + e_err
     fallback = f"continuing run {_links(out)[0]['run_id']}'s at step {b_step}"
     assert len([line for line in e_err.splitlines() if fallback in line]) == 1, e_err[-3000:]
-    # D's driver took its Ray Train controller with it, and nothing cancelled D's request to Ray's
-    # autoscaling coordinator (it would hold D's CPU for 180 s): E's start released it, in one line.
-    released = [line for line in e_err.splitlines() if "released the cluster reservation of" in line]
-    assert [_links(out)[2]["ray_train_run"] in line for line in released].count(True) == 1, e_err[-3000:]
+    assert "released the cluster reservation of" not in e_err  # D's, released once: by the undisturbed run
 
     client = tracking.client(mlflow_uri)
     chain = [link["run_id"] for link in _links(out)]
