@@ -51,6 +51,7 @@ class Cluster:
     node_env: dict[str, str]
     nodes: list[dict] = field(default_factory=list)
     stops: dict[str, contextlib.ExitStack] = field(default_factory=dict)
+    row_trace: Path | None = None  # where the nodes' workers write testkit.counted_task's trace, if they do
     addresses: itertools.count = field(default_factory=lambda: itertools.count(2))
 
     def add_node(self, cpus: int) -> dict:
@@ -97,10 +98,11 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster_on_this_host(root: Path) -> Iterator[Cluster]:
+def cluster_on_this_host(root: Path, extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
     """A head of one CPU, an S3 server and an MLflow server (its files under `root`), all stopped by
     their pids at the end; worker nodes come and go with the tests (`Cluster.layout`, `lose`,
-    `add_node`). A package's conftest makes one for its files."""
+    `add_node`). `extra_env`: more of every node's and driver's environment. A package's conftest
+    makes one for its files."""
     with contextlib.ExitStack() as stack:
         s3_env = stack.enter_context(s3_endpoint(BUCKET[len("s3://") :]))
         mlflow_url = stack.enter_context(mlflow_server(root / "mlflow"))
@@ -108,7 +110,7 @@ def cluster_on_this_host(root: Path) -> Iterator[Cluster]:
         # 3 s apart); a busy live node still has Ray's 10 s timeout for each answer.
         health = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
         # Ray Train's preemption watcher as on a real cluster (a one-node local instance turns it off).
-        node_env = {**s3_env, **health, "RAY_AUTH_MODE": "disabled", PREEMPTION_WATCHER_ENV: "1"}
+        node_env = {**s3_env, **health, "RAY_AUTH_MODE": "disabled", PREEMPTION_WATCHER_ENV: "1", **(extra_env or {})}
         head = stack.enter_context(ray_head(node_env, num_cpus=1))
         # This process asks Ray's state API by the dashboard's URL: an address in its environment would win.
         for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):

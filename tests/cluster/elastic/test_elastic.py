@@ -6,7 +6,11 @@ the group grows at Ray's next resize check. The first node is lost before the ru
 checkpoint: the smaller group starts again from step 0. Covered: the run finishes every step, each
 step logged once across the restarts (those before the first checkpoint too), every later restart
 going on from a checkpoint, each resize said in one line and the group's size logged as
-train/workers."""
+train/workers. CI's run (3 -> 2 -> 1 -> 2, its last single worker on the head, which it takes
+whole) trains one task whose rows carry their ids (testkit.counted_task) on every rank: the rows
+its committed steps trained on (2 -> 1 -> 2), counted from the workers' trace, are the epochs' one
+order read exactly once, whatever the group's size; the release tier's run (3 -> 2 -> 1 -> 2, on
+worker nodes only) trains Reddit and SNLI, their ranks planned anew at each size."""
 
 from __future__ import annotations
 
@@ -64,27 +68,41 @@ def _run_id(client, out: Path) -> str | None:
     return runs[-1]["run_id"] if runs else None
 
 
-# The group's largest size: CI's run is [1,2] on two nodes (one shrink, one growth), the release
-# tier's [1,3] on three (3 -> 2 -> 1, then 2).
-@pytest.mark.parametrize("top", [pytest.param(2, id="ci"), pytest.param(3, id="release", marks=pytest.mark.release)])
+# Each variant: the group's largest size, its worker nodes (CPUs each, how many), a task worker's
+# CPUs, the tasks and their prepared data, their losses.
+# - CI's: [1,3] on the one-CPU head and two one-CPU nodes, a task worker a CPU, so the head hosts
+#   one: 3 -> 2 -> 1 (the last on the head, which it takes whole: nothing else of the run needs a
+#   CPU) -> 2, of counted_task on every rank (its rows counted);
+# - the release tier's: [1,3] on three two-CPU nodes, a task worker two CPUs (none on the head, so
+#   the group's size is the worker nodes left): 3 -> 2 -> 1 -> 2, of Reddit and SNLI.
+COUNTED = ["task_modules=[testkit.counted_task]", "trainer.task_weights={counted: 1.0}"]
+VARIANTS = {
+    "ci": (3, (1, 2), 1, COUNTED, "counted_prepared", ("counted/loss",)),
+    "release": (3, (2, 3), 2, [], "sample_prepared", ("reddit/loss", "snli/loss")),
+}
+
+
+@pytest.mark.parametrize("variant", [pytest.param("ci"), pytest.param("release", marks=pytest.mark.release)])
 def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_each_step_once(
-    cluster, sample_prepared, tmp_path, top
+    cluster, request, tmp_path, variant
 ):
     from mlflow.tracking import MlflowClient
 
-    # Worker nodes of two CPUs beside the one-CPU head. A task worker asks for 2 CPUs: one a node,
-    # none on the head, so the group's size is the worker nodes left.
-    cluster.layout(cpus=2, count=top)
+    top, (node_cpus, nodes), worker_cpus, tasks, prepared_fixture, losses = VARIANTS[variant]
+    prepared = request.getfixturevalue(prepared_fixture)
+    for old in cluster.row_trace.glob("*.jsonl"):
+        old.unlink()
+    cluster.layout(cpus=node_cpus, count=nodes)
     client, out = MlflowClient(cluster.mlflow), tmp_path / "run"
     # Ray Train waits this long for a group of the size it chose before it chooses again (its view of
     # a lost node's resources lags; Ray's default is 60 s).
     env = {**cluster.env, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "20"}
     command = CLI + [
-        "train", "--out", str(out), "--prepared", str(sample_prepared), "name=elastic",
-        f"trainer.storage_path={BUCKET}/elastic", f"trainer.num_workers=[1,{top}]", "trainer.cpus_per_worker=2", "trainer.torch_threads=1",
+        "train", "--out", str(out), "--prepared", str(prepared), "name=elastic",
+        f"trainer.storage_path={BUCKET}/elastic", f"trainer.num_workers=[1,{top}]", f"trainer.cpus_per_worker={worker_cpus}", "trainer.torch_threads=1",
         "trainer.resize_interval_s=5", "trainer.max_failures=6", f"trainer.steps={STEPS}",
         f"trainer.checkpoint_every={EVERY}", f"trainer.log_every={LOG}", "trainer.eval_every=0",
-        "mlflow.experiment=elastic", *TINY_DAN,
+        "mlflow.experiment=elastic", *TINY_DAN, *tasks,
     ]  # fmt: skip
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -109,7 +127,7 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
             cluster.lose(hosts[0])
         # Room again once the single worker has checkpointed: the group grows at Ray's next resize check.
         _wait_for("steps past a checkpoint at 1 worker", partial(_past_checkpoints, client, run_id, 1), proc)
-        cluster.add_node(2)
+        cluster.add_node(node_cpus)
         log = proc.communicate(timeout=900)[0]
     finally:
         if proc.poll() is None:
@@ -126,7 +144,7 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
     # checkpoint) starts again from step 0, every later one at a checkpoint's step.
     expected_steps = set(range(LOG, STEPS + 1, LOG))
     starts = [int(line.rsplit("start step ", 1)[1].split()[0]) for line in log.splitlines() if "start step " in line]
-    for name in ("reddit/loss", "snli/loss", "train/workers"):
+    for name in (*losses, "train/workers"):
         points = client.get_metric_history(run_id, name)
         steps = [m.step for m in points]
         assert len(steps) == len(set(steps)) and set(steps) <= expected_steps, (name, sorted(steps))
@@ -143,3 +161,44 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
     assert json.loads((out / "checkpoint" / "config.json").read_text())["step"] == STEPS
     assert client.get_run(run_id).info.status == "FINISHED" and finished["mlflow_run_id"] == run_id
     assert client.get_run(run_id).data.params["trainer.num_workers"] == f"[1, {top}]"
+    if variant == "ci":
+        _each_row_once_per_epoch(cluster.row_trace, prepared, starts)
+
+
+def _each_row_once_per_epoch(trace: Path, prepared: Path, starts: list[int]) -> None:
+    """The rows of the committed steps (a group's steps up to the checkpoint the next group started
+    from), each step's global batch its ranks' batches in rank order, are the epochs' one order
+    (sample_order.EpochOrder, seeded by the run's seed and the task), read from each epoch's start
+    in global batches of 32 rows a rank, an epoch's last rows that fill no global batch left out:
+    every row of an epoch once, in order, across the group's sizes."""
+    from convsts.datasets.sample_order import BLOCK_ROWS, EpochOrder, ShardSet
+    from convsts.ray_jobs.config.loader import load_config
+    from convsts.ray_jobs.training.data_feed import order_seed
+
+    groups: dict[tuple[int, int], dict] = {}  # (start step, size) -> {"t": first batch's time, rank: its batches}
+    for file in trace.glob("*.jsonl"):
+        lines = [json.loads(line) for line in file.read_text().splitlines()]
+        first = lines[0]
+        group = groups.setdefault((first["start"], first["world"]), {"t": first["t"]})
+        assert first["rank"] not in group, f"two workers of rank {first['rank']} in the group at {first}"
+        group[first["rank"]], group["t"] = [line["rows"] for line in lines], min(group["t"], first["t"])
+    ordered = sorted(groups.items(), key=lambda item: item[1]["t"])
+    assert [start for (start, _), _ in ordered] == starts, (sorted(groups), starts)  # one group a start line
+    manifest = json.loads((prepared / "counted" / "manifest.json").read_text())
+    records = [(s["file"], int(s["rows"])) for s in manifest["shards"]["train"]]
+    shards = ShardSet.of_folder(str(prepared / "counted" / "train"), records, ["row"])
+    total, seed = sum(rows for _, rows in records), order_seed(load_config(None, []).seed, "counted")
+    orders: dict[int, list[int]] = {}
+    epoch, read, committed_at = 0, 0, []  # the sizes of the groups whose steps were kept, in turn
+    for index, ((start, world), group) in enumerate(ordered):
+        end = ordered[index + 1][0][0] if index + 1 < len(ordered) else STEPS
+        for step in range(end - start):
+            got = [row for rank in range(world) for row in group[rank][step]]
+            if read + len(got) > total:  # the epoch's last rows fill no global batch: the next epoch
+                epoch, read = epoch + 1, 0
+            if epoch not in orders:
+                orders[epoch] = EpochOrder(shards, seed, epoch, BLOCK_ROWS).rows(0, total).column("row").to_pylist()
+            assert got == orders[epoch][read : read + len(got)], (start, world, step, epoch, read)
+            read += len(got)
+        committed_at += [world] if end > start else []
+    assert committed_at == [2, 1, 2] and epoch > 0, (committed_at, epoch)  # epochs across the sizes
