@@ -2,15 +2,16 @@
 Reddit data: a `convsts train` (one worker, the tiny DAN, Reddit only) stopped at a checkpoint at
 each position, then the same command with `--resume latest`, timed from its launch to its first
 step's end (the MLflow timestamp of that step's loss, logged every step), beside a fresh run's
-launch to its first step (what every start costs: the driver, the worker group, the model). The
-extra time of a restart is what reaching its data position costs.
+launch to its first step. What a restart costs beyond the driver, the worker group and the model is
+reaching its data position: a feed that seeks costs the same at every position, one that reads
+through to it costs in proportion to how far the epoch has gone.
 
   .venv/bin/python bench/restart_first_step.py [--input ../shared/data/reddit] [--at 0.05 0.95]
       [--source DIR]  # time another checkout of convsts (its folder; e.g. `git worktree add`)
 
 Every command joins one local Ray instance the bench starts (RAY_ADDRESS), so no restart pays for a
-Ray start. Prints one row per position: the step, the fresh start's and the restart's seconds to
-their first step, and the difference.
+Ray start. Prints a fresh run's seconds to its first step, then one row per position: the step, the
+restart's seconds to its first step, and how much longer than at the first position.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def main() -> int:
     import ray
 
     work = Path(tempfile.mkdtemp(prefix="convsts-bench-restart-"))
+    os.environ["PYTHONPATH"] = args.source  # the instance's workers import the timed checkout too
     ray.init(num_cpus=2, include_dashboard=True, logging_level="ERROR")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "MLFLOW_"))}
     env.update(RAY_ADDRESS=ray.get_runtime_context().gcs_address, PYTHONPATH=args.source, RAY_USAGE_STATS_ENABLED="0")
@@ -72,8 +74,8 @@ def main() -> int:
             raise SystemExit(f"convsts {' '.join(argv[:3])} failed:\n{done.stderr[-3000:]}")
         return launched
 
-    prepared = work / "prepared"
-    convsts("prepare", "reddit", "--out", str(prepared / "reddit"), f"data.reddit_inputs=[{args.input}]")
+    prepared, inputs = work / "prepared", f"data.reddit_inputs=[{args.input}]"
+    convsts("prepare", "reddit", "--out", str(prepared / "reddit"), inputs)
     manifest = json.loads((prepared / "reddit" / "manifest.json").read_text())
     rows = sum(int(s["rows"]) for s in manifest["shards"]["train"])
     epoch_steps = rows // args.batch
@@ -81,23 +83,23 @@ def main() -> int:
     print(f"{rows:,} Reddit training pairs: {epoch_steps} steps of {args.batch} an epoch; timed: {args.source}")
 
     def train(out: Path, steps: int, *extra: str) -> float:
-        return convsts("train", "--out", str(out), "--prepared", str(prepared), *extra, *TINY, stage,
+        return convsts("train", "--out", str(out), "--prepared", str(prepared), *extra, *TINY, stage, inputs,
                        f"trainer.steps={steps}", "trainer.log_every=1")  # fmt: skip
 
     fresh = work / "fresh"
     fresh_s = _first_step_seconds(fresh, 1, train(fresh, 2, "trainer.checkpoint_every=2"))
-    print("| position in the epoch | step | fresh run: first step | restart: first step | restart's extra |")
-    print("|---|---|---|---|---|")
+    print(f"a fresh run: {fresh_s:.1f} s to its first step (its tokenizer fitted on the data)")
+    print("| position in the epoch | step | restart: first step | beside the first position's |")
+    print("|---|---|---|---|")
+    first_s = None
     for share in args.at:
         at = max(1, int(epoch_steps * share))
         out = work / f"at{at}"
         train(out, at, f"trainer.checkpoint_every={at}")
-        restart_s = _first_step_seconds(
-            out, at + 1, train(out, at + 2, "--resume", "latest", f"trainer.checkpoint_every={at}")
-        )
-        print(
-            f"| {share:.0%} | {at} | {fresh_s:.1f} s | {restart_s:.1f} s | {restart_s - fresh_s:+.1f} s |", flush=True
-        )
+        resumed = train(out, at + 2, "--resume", "latest", f"trainer.checkpoint_every={at}")
+        restart_s = _first_step_seconds(out, at + 1, resumed)
+        first_s = restart_s if first_s is None else first_s
+        print(f"| {share:.0%} | {at} | {restart_s:.1f} s | {restart_s - first_s:+.1f} s |", flush=True)
     ray.shutdown()
     return 0
 
