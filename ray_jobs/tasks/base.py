@@ -128,13 +128,17 @@ class Task:
 
     def check_feed(self, cfg: RunConfig, prepared_root: str) -> None:
         """Before a run: its training shards hold the columns the run reads (one line naming what
-        is missing)."""
+        is missing, missing_columns_line)."""
         shards = shard_files(self.train_path(prepared_root))
         if not shards:
             return
         missing = [c for c in self.feed_columns(cfg) if c not in tables.read_parquet_schema(shards[0]).names]
         if missing:
-            raise BadInputError(f"{self.train_path(prepared_root)}: no column {missing}, which the run trains on")
+            raise BadInputError(self.missing_columns_line(missing, prepared_root))
+
+    def missing_columns_line(self, missing: list[str], prepared_root: str) -> str:
+        """The line that refuses a run whose training shards lack the columns `missing`."""
+        return f"{self.train_path(prepared_root)}: no column {missing}, which the run trains on"
 
     # ---- model
 

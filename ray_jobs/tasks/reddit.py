@@ -7,13 +7,13 @@ import time
 from typing import Any
 
 from convsts.datasets import pushshift, reddit
-from convsts.io import storage, tables
+from convsts.io import storage
 from convsts.io.errors import BadInputError
 from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.ray_start import ensure_ray
 from convsts.ray_jobs.runtime.resources import cluster_cpus
 from convsts.ray_jobs.tasks.base import Task, fields
-from convsts.ray_jobs.tasks.prepared_folder import shard_files, write_manifest
+from convsts.ray_jobs.tasks.prepared_folder import write_manifest
 
 NEGATIVE = "negative"  # the column of mined hard negatives (`convsts mine-negatives`)
 
@@ -92,16 +92,14 @@ class RedditTask(Task):
             columns[NEGATIVE] = NEGATIVE
         return columns
 
-    def check_feed(self, cfg, prepared_root: str) -> None:
-        if cfg.data.reddit_hard_negatives:
-            shards = shard_files(self.train_path(prepared_root))
-            if shards and NEGATIVE not in tables.read_parquet_schema(shards[0]).names:
-                raise BadInputError(
-                    f"{self.train_path(prepared_root)}: no '{NEGATIVE}' column, which "
-                    f"data.reddit_hard_negatives=true trains on; write one with `convsts mine-negatives "
-                    f"--prepared {prepared_root} --out NEW` and train on NEW"
-                )
-        super().check_feed(cfg, prepared_root)
+    def missing_columns_line(self, missing: list[str], prepared_root: str) -> str:
+        if NEGATIVE in missing:
+            return (
+                f"{self.train_path(prepared_root)}: no '{NEGATIVE}' column, which "
+                f"data.reddit_hard_negatives=true trains on; write one with `convsts mine-negatives "
+                f"--prepared {prepared_root} --out NEW` and train on NEW"
+            )
+        return super().missing_columns_line(missing, prepared_root)
 
     def train_rows(self, cfg, prepared_root: str):
         self.check_feed(cfg, prepared_root)

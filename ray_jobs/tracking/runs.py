@@ -10,7 +10,7 @@ import os
 import sqlite3
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +243,20 @@ def last_logged_steps(tracking_uri: str, run_id: str) -> dict[str, int]:
     if run is None:
         return {}
     return {m.key: m.step for m in run.data.to_proto().metrics}
+
+
+def chain_logged(uri: str, run_id: str, chain: Sequence[str | None], until: int | None) -> dict[str, int]:
+    """{metric: the highest step logged} by the runs of OUT's chain before this one (`chain`: the run
+    it continues first), each read in one request, once per fit (the driver's, for every rank).
+    With other settings than its checkpoint's run (a new trajectory), the chain's history ends at the
+    checkpoint's step (`until`): the run logs every step after it."""
+    logged: dict[str, int] = {}
+    for earlier in dict.fromkeys(chain):
+        if uri and earlier and earlier != run_id:
+            for key, step in last_logged_steps(uri, earlier).items():
+                step = step if until is None else min(step, until)
+                logged[key] = max(step, logged.get(key, -1))
+    return logged
 
 
 def latest_value(tracking_uri: str, run_id: str, key: str) -> float | None:

@@ -53,7 +53,6 @@ from convsts.ray_jobs.training.start_checks import (
     prepared_location,
 )
 from convsts.ray_jobs.training.task_groups import plan_for
-from convsts.ray_jobs.training.worker import chain_logged
 
 
 @dataclass
@@ -261,7 +260,7 @@ def _loop_config(
         # Every step a run of OUT's chain logged is not logged again (a fallback to an older checkpoint
         # too), up to the checkpoint's step where this run takes a new trajectory from it.
         "continues": mlflow_run.continues,
-        "chain_logged": chain_logged(uri, run_id, [mlflow_run.continues, *start.chain_run_ids], until),
+        "chain_logged": tracking.chain_logged(uri, run_id, [mlflow_run.continues, *start.chain_run_ids], until),
         "provenance": {"data": digests, "run_id": run_id},  # a checkpoint names the run that wrote it
         # The checkpoints the checks hashed: a worker on this machine does not hash them again.
         "hashed": [hashed_here(p) for p in dict.fromkeys([cfg.trainer.resume_from, cfg.trainer.warm_start]) if p],

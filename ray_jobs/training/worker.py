@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -149,20 +148,6 @@ def restored_model(cfg, tokenizer, checkpoint, hashed=()):
     return model, restore(model, resume_from=cfg.trainer.resume_from or None, hashed=hashed)
 
 
-def chain_logged(uri: str, run_id: str, chain: Sequence[str | None], until: int | None) -> dict[str, int]:
-    """{metric: the highest step logged} by the runs of OUT's chain before this one (`chain`: the run
-    it continues first), each read in one request, once per fit (the driver's, for every rank).
-    With other settings than its checkpoint's run (a new trajectory), the chain's history ends at the
-    checkpoint's step (`until`): the run logs every step after it."""
-    logged: dict[str, int] = {}
-    for earlier in dict.fromkeys(chain):
-        if uri and earlier and earlier != run_id:
-            for key, step in tracking.last_logged_steps(uri, earlier).items():
-                step = step if until is None else min(step, until)
-                logged[key] = max(step, logged.get(key, -1))
-    return logged
-
-
 def worker_hooks(
     loop_config: dict[str, Any], cfg, model, tokenizer, rank: int, own: dict[str, int] | None = None
 ) -> LoopHooks:
@@ -178,7 +163,7 @@ def worker_hooks(
     # chain replays the steps the chain logged after its checkpoint (a fallback to an older run's
     # checkpoint, an older checkpoint named): across the chain's MLflow runs each step is logged once
     # (exact resume makes the values equal). With other settings than its checkpoint's run (a new
-    # trajectory) the chain's history ends at the checkpoint's step (chain_logged).
+    # trajectory) the chain's history ends at the checkpoint's step (tracking.runs.chain_logged).
     logged = dict(loop_config.get("chain_logged") or {})  # the chain's earlier runs', read once by the driver
     for key, step in (own_logged(loop_config) if own is None else own).items():  # the run's own (rank 0's read)
         logged[key] = max(step, logged.get(key, -1))

@@ -364,9 +364,10 @@ def test_an_older_checkpoint_resumed_with_other_settings_logs_the_steps_after_it
     the chain's runs that logged past it are tagged superseded there by the new run. The same
     checkpoint with only trainer.steps raised goes on as its run would have: the chain's steps stay
     history, and none is logged again."""
+    from convsts.ray_jobs.tracking.runs import chain_logged
     from convsts.ray_jobs.training.lineage import SUPERSEDED_TAG, mark_superseded
     from convsts.ray_jobs.training.start_checks import history_until
-    from convsts.ray_jobs.training.worker import chain_logged, worker_hooks
+    from convsts.ray_jobs.training.worker import worker_hooks
 
     out, source = tmp_path / "out", tmp_path / "src"
     client = tracking.client(mlflow_uri)
