@@ -90,7 +90,15 @@ def main() -> int:
         started = time.perf_counter()
         shards = ShardSet.of_folder(str(work / "reddit" / "train"), records, reddit.feed_columns(cfg))
         stream = TaskStream(
-            "reddit", shards, encode, args.batch, (0, 1), "cpu", order_seed(cfg.seed, reddit.name), processes=processes
+            "reddit",
+            shards,
+            encode,
+            args.batch,
+            (0, 1),
+            "cpu",
+            order_seed(cfg.seed, reddit.name),
+            cfg.trainer.shuffle_block_rows,
+            processes=processes,
         )
         first = 0.0
         rows = 0

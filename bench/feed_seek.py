@@ -52,13 +52,15 @@ def main() -> int:
     ]
     tokenizer = DanTokenizer.build(count_words(texts), cfg.tokenizer)
     encode = batch_encoder(reddit, tokenizer, cfg.tokenizer.max_words, cfg)
-    rows = sum(r for _, r in records)
+    rows, block = sum(r for _, r in records), cfg.trainer.shuffle_block_rows
     print(f"{rows} Reddit training pairs in {len(records)} shards; batch {args.batch} a rank")
 
     def first_batch(ranks: int, position: dict[str, int]) -> tuple[float, int]:
         shards = ShardSet.of_folder(folder, records, columns)
         started = time.perf_counter()
-        stream = TaskStream("reddit", shards, encode, args.batch, (0, ranks), "cpu", order_seed(0, "reddit"), position)
+        stream = TaskStream(
+            "reddit", shards, encode, args.batch, (0, ranks), "cpu", order_seed(0, "reddit"), block, position
+        )
         next(stream)
         seconds = time.perf_counter() - started
         stream.close()
@@ -67,7 +69,7 @@ def main() -> int:
     def read_through(ranks: int, target: int) -> float:
         shards = ShardSet.of_folder(folder, records, columns)
         started = time.perf_counter()
-        stream = TaskStream("reddit", shards, encode, args.batch, (0, ranks), "cpu", order_seed(0, "reddit"))
+        stream = TaskStream("reddit", shards, encode, args.batch, (0, ranks), "cpu", order_seed(0, "reddit"), block)
         while stream.position()["rows"] < target:
             next(stream)
         next(stream)

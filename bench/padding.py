@@ -37,6 +37,7 @@ def main() -> int:
     from convsts.datasets.text import SubwordTokenizer
     from convsts.io.storage import resolve_path
     from convsts.models.config import TransformerConfig
+    from convsts.ray_jobs.config.schema import TrainerConfig
     from convsts.ray_jobs.training.data_feed import TaskStream
 
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))
@@ -63,7 +64,10 @@ def main() -> int:
 
     print(f"{n} Reddit pairs, batch {args.batch}, width 64; Transformer hidden {h}, filter {f}")
     for buckets in args.buckets:
-        stream = TaskStream("reddit", shards, encode, args.batch, (0, 1), "cpu", 0, bucket_batches=buckets, pad_id=0)
+        stream = TaskStream(
+            "reddit", shards, encode, args.batch, (0, 1), "cpu", 0, TrainerConfig().shuffle_block_rows,
+            bucket_batches=buckets, pad_id=0,
+        )  # fmt: skip
         real = positions = fixed = real_flops = all_flops = 0.0
         for _ in range(n // args.batch):
             batch = next(stream)

@@ -1,8 +1,8 @@
 """A folder of parquet shards read in one global order per epoch, the same for any number of readers
 (MosaicML Streaming's elastic determinism): the shards in a seeded order, cut into blocks of about
-`block_rows` rows, each block's rows in a seeded order of their own. A reader asks for rows by their
-index in the epoch's order and reads only the blocks that hold them (a resume seeks; it reads
-nothing it skips)."""
+`block_rows` rows (trainer.shuffle_block_rows), each block's rows in a seeded order of their own. A
+reader asks for rows by their index in the epoch's order and reads only the blocks that hold them,
+each read whole and kept while it is read (a resume seeks; it reads nothing it skips)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,6 @@ import pyarrow as pa
 
 from convsts.io import storage, tables
 from convsts.io.errors import BadInputError
-
-# Rows shuffled together: a block is read whole (its shards' columns) and kept while it is read.
-BLOCK_ROWS = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,7 @@ class EpochOrder:
     """Epoch `epoch`'s order of a ShardSet's rows, from `seed`: rows(start, count) gives the rows at
     those indices of the order, reading the blocks that hold them (the last one read is kept)."""
 
-    def __init__(self, shards: ShardSet, seed: int, epoch: int, block_rows: int = BLOCK_ROWS):
+    def __init__(self, shards: ShardSet, seed: int, epoch: int, block_rows: int):
         self.shards, self.seed, self.epoch = shards, seed, epoch
         self.units = np.random.default_rng([seed, epoch]).permutation(len(shards.shards))  # shard order
         self.blocks: list[list[int]] = []  # shard indices of each block

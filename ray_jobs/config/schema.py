@@ -92,6 +92,11 @@ class TrainerConfig:
     # Processes each worker reads and tokenizes its batches in, beside its steps; 0 = a thread of the
     # worker. A Python tokenizer (the DAN's) holds one core: on a GPU, give the feed the worker's other CPUs.
     feed_processes: int = 0
+    # Rows shuffled together in each task's epoch order (MosaicML Streaming's shuffle_block_size):
+    # the shards in a seeded order, cut into blocks of about this many rows (whole shards), each
+    # block's rows shuffled. A restart reads the one block that holds its next row; larger blocks
+    # mix the rows of more shards and cost a restart more reading.
+    shuffle_block_rows: int = 131072
     use_gpu: bool = False  # one GPU per worker (NCCL between workers)
     # How Ray places the task workers on a cluster's nodes (Ray's placement-group strategies).
     # SPREAD (default): over distinct nodes where it can, so losing a node loses few workers and the
@@ -309,6 +314,7 @@ def _validate_trainer_numbers(t: TrainerConfig) -> None:
     _require(t.steps >= 0, "trainer.steps", ">= 0 (0 = save the untrained model)", t.steps)
     _require(t.cpus_per_worker > 0, "trainer.cpus_per_worker", "> 0", t.cpus_per_worker)
     _require(t.torch_threads >= 0, "trainer.torch_threads", ">= 0 (0 = Ray's choice)", t.torch_threads)
+    _require(t.shuffle_block_rows >= 1, "trainer.shuffle_block_rows", ">= 1", t.shuffle_block_rows)
     _require(t.feed_processes >= 0, "trainer.feed_processes", ">= 0 (0 = a thread of the worker)", t.feed_processes)
     for key in ("checkpoint_every", "log_every", "keep_checkpoints"):
         _require(getattr(t, key) >= 1, f"trainer.{key}", ">= 1", getattr(t, key))

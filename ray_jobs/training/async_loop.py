@@ -83,7 +83,7 @@ class AsyncTrainLoop(TrainLoop):
             if stage is not self.stage:
                 self.stage = stage
                 self.streams = self._reopened(stage.batch_size)
-            batch = next(self.streams[self.task])
+            batch = self.next_batch(self.task)
             loss, accuracy = train_step(
                 self.model,
                 self.tasks[self.task],

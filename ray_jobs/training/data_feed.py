@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from convsts.datasets.sample_order import BLOCK_ROWS, ShardSet
+from convsts.datasets.sample_order import ShardSet
 from convsts.datasets.text import TOKENIZERS, fit_tokenizer, words
 from convsts.io import storage, tables
 from convsts.io.read_ahead import read_ahead
@@ -21,7 +21,7 @@ from convsts.models.encoders import encoder_class
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.tasks import Task, prepared_tasks, trained_tasks
 from convsts.ray_jobs.tasks.prepared_folder import MANIFEST, shard_files, verify_prepared
-from convsts.ray_jobs.training.feed_reader import BatchEncoder, Reader, Unit, in_processes, in_this_process
+from convsts.ray_jobs.training.feed_reader import BatchEncoder, Read, Reader, Unit, in_processes, in_this_process
 
 
 def check_prepared(
@@ -173,10 +173,10 @@ class TaskStream:
         share: tuple[int, int],
         device,
         seed: int,
+        block_rows: int,
         position: dict[str, int] | None = None,
         bucket_batches: int = 0,
         pad_id: int = 0,
-        block_rows: int = BLOCK_ROWS,
         processes: int = 0,
     ):
         self.task, self.shards, self.batch_size, self.device = task, shards, batch_size, device
@@ -191,6 +191,9 @@ class TaskStream:
                 f"{task}: {self.shards.rows} training rows, fewer than one batch of its {self.ranks} "
                 f"rank(s) ({self.ranks} x {batch_size})"
             )
+        # The rows of the shards read for the stream's first batch (None before it): a stream opened at
+        # a position reads the block that holds it, not the rows before it.
+        self.opening_rows_read: int | None = None
         units = self._units()
         read = in_processes(self.reader, units, processes) if processes else in_this_process(self.reader, units)
         self._it = read_ahead(self._positioned(read))
@@ -206,16 +209,22 @@ class TaskStream:
                 rows += count * step
             epoch, rows = epoch + 1, 0
 
-    def _positioned(self, read: Iterator[tuple[Unit, list[dict[str, np.ndarray]]]]) -> Generator[tuple, None, None]:
-        """(the position after the batch, the batch), the first window's yielded batches skipped."""
+    def _positioned(self, read: Iterator[tuple[Unit, Read]]) -> Generator[tuple, None, None]:
+        """(the position after the batch, the batch, the rows of the shards read for it: those of
+        its unit with the unit's first batch, else 0), the first window's yielded batches skipped."""
         step, skip = self.ranks * self.batch_size, self.in_window
         try:
-            for (epoch, starts), batches in read:
+            for (epoch, starts), (batches, rows_read) in read:
                 after = starts[-1] + step  # the unit's last global batch read
                 for number, batch in enumerate(batches, start=1):
                     done = number == len(batches)
                     if number > skip:
-                        yield self._position(epoch, after if done else starts[0], 0 if done else number), batch
+                        yield (
+                            self._position(epoch, after if done else starts[0], 0 if done else number),
+                            batch,
+                            rows_read,
+                        )
+                        rows_read = 0
                 skip = 0
         finally:
             read.close()  # type: ignore[attr-defined]  # a generator: its processes end with it
@@ -228,7 +237,9 @@ class TaskStream:
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        position, batch = next(self._it)
+        position, batch, rows_read = next(self._it)
+        if self.opening_rows_read is None:  # the first batch: what reaching the stream's position read
+            self.opening_rows_read = rows_read
         self.epoch, self.rows, self.in_window = position["epoch"], position["rows"], position.get("in_window", 0)
         return {k: torch.from_numpy(np.require(v, requirements=["C", "W"])).to(self.device) for k, v in batch.items()}
 

@@ -61,6 +61,13 @@ class Reader:
         window = [self.encode(order.rows(s + self.index * self.batch_size, self.batch_size)) for s in starts]
         return self._bucketed(window, epoch, starts[0]) if self.bucketed else window
 
+    def read(self, epoch: int, starts: tuple[int, ...]) -> tuple[list[Batch], int]:
+        """unit's batches, and the rows it read of the shards for them (0 where the block it needs is
+        the one already held)."""
+        before = self.shards.rows_read
+        batches = self.unit(epoch, starts)
+        return batches, self.shards.rows_read - before
+
     def _bucketed(self, window: list[Batch], epoch: int, start: int) -> list[Batch]:
         rows = {k: np.concatenate([b[k] for b in window]) for k in window[0]}  # {name: (W*B, ...)}
         # The longest text column of each row: every column's batch is cut to its own longest row, and
@@ -81,21 +88,22 @@ def _hold(reader: Reader) -> None:
     _POOL_READER[:] = [reader]
 
 
-def _read(epoch: int, starts: tuple[int, ...]) -> list[Batch]:
-    return _POOL_READER[0].unit(epoch, starts)
+def _read(epoch: int, starts: tuple[int, ...]) -> Read:
+    return _POOL_READER[0].read(epoch, starts)
 
 
 Unit = tuple[int, tuple[int, ...]]  # (epoch, the starts of its global batches in the epoch's order)
+Read = tuple[list[Batch], int]  # a unit's batches, and the rows it read of the shards (Reader.read)
 
 
-def in_this_process(reader: Reader, units: Iterator[Unit]) -> Iterator[tuple[Unit, list[Batch]]]:
-    """(each unit, its batches), read here."""
+def in_this_process(reader: Reader, units: Iterator[Unit]) -> Iterator[tuple[Unit, Read]]:
+    """(each unit, what Reader.read gives of it), read here."""
     for unit in units:
-        yield unit, reader.unit(*unit)
+        yield unit, reader.read(*unit)
 
 
-def in_processes(reader: Reader, units: Iterator[Unit], processes: int) -> Iterator[tuple[Unit, list[Batch]]]:
-    """(each unit, its batches), in the units' order, read by `processes` processes (spawned: no copy
+def in_processes(reader: Reader, units: Iterator[Unit], processes: int) -> Iterator[tuple[Unit, Read]]:
+    """(each unit, what Reader.read gives of it), in the units' order, read by `processes` processes (spawned: no copy
     of the worker's CUDA state or threads), up to twice as many units ahead of the consumer."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(processes, mp_context=context, initializer=_hold, initargs=(reader,)) as pool:

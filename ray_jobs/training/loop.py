@@ -22,7 +22,8 @@ from convsts.ray_jobs.training.train_state import positions_of, rng_state, set_r
 from convsts.ray_jobs.training.train_step import Optimizers, train_step
 
 # open_stream(task, batch_size, position) -> an iterator of batches with .position() (a position as
-# .position() gave it, or {} for the start)
+# .position() gave it, or {} for the start) and .opening_rows_read (the rows of the shards read for
+# its first batch once it has given it; None for batches not read from shards)
 StreamFactory = Callable[[str, int, dict[str, int]], Iterator[dict[str, torch.Tensor]]]
 
 
@@ -106,6 +107,7 @@ class TrainLoop:
                         f"this task's data (it was not trained then): its data starts at epoch 0"
                     )
         self.streams = self._open_streams(self.stage.batch_size, positions)
+        self.resumed = {t: p for t, p in positions.items() if t in self.streams and (p.get("epoch") or p.get("rows"))}
         self.task_gen = torch.Generator().manual_seed(cfg.seed)
         if state and state.task_draws is not None:  # the draws go on where they stopped
             self.task_gen.set_state(state.task_draws)
@@ -129,6 +131,19 @@ class TrainLoop:
         for stream in self.streams.values():
             getattr(stream, "close", lambda: None)()
         return self._open_streams(batch_size, positions)
+
+    def next_batch(self, task: str):
+        """`task`'s next batch; the first of a task that goes on from a position is said by its
+        leader: where in its epoch's order, and the rows of its shards read to reach it."""
+        batch = next(self.streams[task])
+        position = self.resumed.pop(task, None)
+        read = self.streams[task].opening_rows_read
+        if position is not None and read is not None and self.leaders[task] == self.rank:
+            self.hooks.progress(
+                f"[convsts rank {self.rank}] {task}: goes on at row {position.get('rows', 0)} of epoch "
+                f"{position.get('epoch', 0)}'s order; read {read} rows of its shards to reach it"
+            )
+        return batch
 
     def _next_task(self) -> str:
         return draw_task(self.plan, self.task_gen) if self.plan.mode is SplitMode.TASK_SAMPLING else self.my_tasks[0]
@@ -231,7 +246,7 @@ class TrainLoop:
                 self.lr = lr
                 self.optimizers.set_lr(lr)
             name = self._next_task()
-            batch = next(self.streams[name])
+            batch = self.next_batch(name)
             loss, accuracy = train_step(
                 self.model,
                 self.tasks[name],

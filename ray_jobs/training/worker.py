@@ -69,6 +69,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             (ranks.index(rank), len(ranks)),
             device,
             order_seed(cfg.seed, task),
+            cfg.trainer.shuffle_block_rows,
             position,
             bucket_batches=cfg.trainer.bucket_batches,
             pad_id=tokenizer.pad_id,

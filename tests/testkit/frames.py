@@ -50,6 +50,7 @@ class FrameStream:
         position = position or {}
         self.epoch, self.batch_in_epoch = position.get("epoch", 0), position.get("rows", 0) // batch_size
         self._order = self._shuffled()
+        self.opening_rows_read = None  # a frame in memory reads no shard
 
     def _shuffled(self) -> np.ndarray:
         return np.random.default_rng(self.seed + self.epoch).permutation(len(self.frame))

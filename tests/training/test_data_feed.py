@@ -44,7 +44,7 @@ def _rows_of(table: pa.Table) -> dict[str, np.ndarray]:
 
 
 def _stream(shards, share, position=None, batch_size=8, bucket_batches=0, block_rows=60):
-    return TaskStream("reddit", shards, _rows_of, batch_size, share, "cpu", 7, position, bucket_batches, 0, block_rows)
+    return TaskStream("reddit", shards, _rows_of, batch_size, share, "cpu", 7, block_rows, position, bucket_batches, 0)
 
 
 def _take(streams, steps):
@@ -107,6 +107,7 @@ def test_a_resume_seeks_and_reads_no_row_it_skips(tmp_path):
     resumed = _stream(late, (0, 2), {"epoch": 0, "rows": 200, "batch_size": 4, "ranks": 1})
     assert [int(r) for r in next(resumed)["row"]] == [int(r) for r in batches[25]["row"]]  # rows 200-207
     assert late.rows_read <= 60 + PER_SHARD  # the last block (three shards, or four), nothing before it
+    assert 0 < resumed.opening_rows_read <= 60 + PER_SHARD  # what the stream says it read to reach row 200
     resumed.close()
     position = {"epoch": 0, "rows": 80, "batch_size": 8, "ranks": 1}
     again = _stream(ShardSet.of_folder(folder, records, ["row", "context"]), (0, 1), position)
@@ -157,7 +158,7 @@ def test_a_filtered_task_reads_its_kept_rows_tokenized_by_the_runs_tokenizer(tmp
     assert 70 < shards.rows < 130
     tokenizer = DanTokenizer.build(count_words([t for r in rows for t in r[:2]]), cfg.tokenizer)
     encode = batch_encoder(task, tokenizer, 8, cfg)
-    stream = TaskStream("snli", shards, encode, 10, (0, 1), "cpu", 3)
+    stream = TaskStream("snli", shards, encode, 10, (0, 1), "cpu", 3, 60)
     batches = [next(stream) for _ in range(shards.rows // 10)]
     stream.close()
     assert {"premise__words", "hypothesis__words", "label"} <= set(batches[0])
@@ -183,7 +184,7 @@ def test_a_stream_read_in_processes_gives_the_batches_and_positions_of_one_read_
     encode = BatchEncoder(DanTokenizer.build(count_words(texts), cfg.tokenizer), {"context": "context"}, 12, "label")
 
     def read(processes, position=None, bucket_batches=0):
-        stream = TaskStream("reddit", shards, encode, 8, (1, 2), "cpu", 7, position, bucket_batches, 0, 60, processes)
+        stream = TaskStream("reddit", shards, encode, 8, (1, 2), "cpu", 7, 60, position, bucket_batches, 0, processes)
         out = [(next(stream), stream.position()) for _ in range(20)]  # past an epoch's end (15 batches a rank)
         stream.close()
         return out

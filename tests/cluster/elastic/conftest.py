@@ -34,15 +34,15 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="package")
 def counted_prepared(tmp_path_factory) -> Path:
-    """A prepared folder holding counted_task's COUNTED_ROWS rows (prepared as `convsts prepare counted` does)."""
+    """A prepared folder holding counted_task's COUNTED_ROWS rows in shards of 100 rows (prepared as
+    `convsts prepare counted` does)."""
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.tasks import get_task
 
     root = tmp_path_factory.mktemp("counted")
     counted_task.rows(COUNTED_ROWS).to_json(root / "counted.jsonl", orient="records", lines=True)
-    cfg = load_config(
-        None, ["task_modules=[testkit.counted_task]", f"data.task_inputs={{counted: [{root / 'counted.jsonl'}]}}"]
-    )
+    inputs = f"data.task_inputs={{counted: [{root / 'counted.jsonl'}]}}"
+    cfg = load_config(None, ["task_modules=[testkit.counted_task]", inputs, "data.rows_per_shard=100"])
     task = get_task("counted", cfg.task_modules)
     task.prepare(task.raw_inputs(cfg), task.prepared_dir(str(root / "prepared")), cfg)
     return root / "prepared"

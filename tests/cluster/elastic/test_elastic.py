@@ -15,6 +15,7 @@ worker nodes only) trains Reddit and SNLI, their ranks planned anew at each size
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from functools import partial
 from pathlib import Path
@@ -75,7 +76,13 @@ def _run_id(client, out: Path) -> str | None:
 #   CPU) -> 2, of counted_task on every rank (its rows counted);
 # - the release tier's: [1,3] on three two-CPU nodes, a task worker two CPUs (none on the head, so
 #   the group's size is the worker nodes left): 3 -> 2 -> 1 -> 2, of Reddit and SNLI.
-COUNTED = ["task_modules=[testkit.counted_task]", "trainer.task_weights={counted: 1.0}"]
+# counted_task's order in blocks of one 100-row shard (conftest), so that a restart's seek is seen.
+BLOCK = 100
+COUNTED = [
+    "task_modules=[testkit.counted_task]",
+    "trainer.task_weights={counted: 1.0}",
+    f"trainer.shuffle_block_rows={BLOCK}",
+]
 VARIANTS = {
     "ci": (3, (1, 2), 1, COUNTED, "counted_prepared", ("counted/loss",)),
     "release": (3, (2, 3), 2, [], "sample_prepared", ("reddit/loss", "snli/loss")),
@@ -162,16 +169,22 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
     assert client.get_run(run_id).info.status == "FINISHED" and finished["mlflow_run_id"] == run_id
     assert client.get_run(run_id).data.params["trainer.num_workers"] == f"[1, {top}]"
     if variant == "ci":
-        _each_row_once_per_epoch(cluster.row_trace, prepared, starts)
+        at_restarts = _each_row_once_per_epoch(cluster.row_trace, prepared, starts)
+        # Each restart from a checkpoint went on where the kept steps had read to, reading the block
+        # that holds that row (a slice of a global batch may end in the next): none of the rows before it.
+        seeks = re.findall(r"counted: goes on at row (\d+) of epoch (\d+)'s order; read (\d+) rows of its shards", log)
+        assert [(int(e), int(r)) for r, e, _ in seeks] == [at_restarts[s] for s in starts[2:]], (seeks, at_restarts)
+        assert all(0 < int(k) <= 2 * BLOCK for _, _, k in seeks), seeks
 
 
-def _each_row_once_per_epoch(trace: Path, prepared: Path, starts: list[int]) -> None:
+def _each_row_once_per_epoch(trace: Path, prepared: Path, starts: list[int]) -> dict[int, tuple[int, int]]:
     """The rows of the committed steps (a group's steps up to the checkpoint the next group started
     from), each step's global batch its ranks' batches in rank order, are the epochs' one order
     (sample_order.EpochOrder, seeded by the run's seed and the task), read from each epoch's start
     in global batches of 32 rows a rank, an epoch's last rows that fill no global batch left out:
-    every row of an epoch once, in order, across the group's sizes."""
-    from convsts.datasets.sample_order import BLOCK_ROWS, EpochOrder, ShardSet
+    every row of an epoch once, in order, across the group's sizes. Returns, for each group's start
+    step, where in the order its first step went on from: (epoch, rows of it read)."""
+    from convsts.datasets.sample_order import EpochOrder, ShardSet
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.training.data_feed import order_seed
 
@@ -190,15 +203,18 @@ def _each_row_once_per_epoch(trace: Path, prepared: Path, starts: list[int]) -> 
     total, seed = sum(rows for _, rows in records), order_seed(load_config(None, []).seed, "counted")
     orders: dict[int, list[int]] = {}
     epoch, read, committed_at = 0, 0, []  # the sizes of the groups whose steps were kept, in turn
+    at_start = {}
     for index, ((start, world), group) in enumerate(ordered):
         end = ordered[index + 1][0][0] if index + 1 < len(ordered) else STEPS
+        at_start[start] = (epoch, read)
         for step in range(end - start):
             got = [row for rank in range(world) for row in group[rank][step]]
             if read + len(got) > total:  # the epoch's last rows fill no global batch: the next epoch
                 epoch, read = epoch + 1, 0
             if epoch not in orders:
-                orders[epoch] = EpochOrder(shards, seed, epoch, BLOCK_ROWS).rows(0, total).column("row").to_pylist()
+                orders[epoch] = EpochOrder(shards, seed, epoch, BLOCK).rows(0, total).column("row").to_pylist()
             assert got == orders[epoch][read : read + len(got)], (start, world, step, epoch, read)
             read += len(got)
         committed_at += [world] if end > start else []
     assert committed_at == [2, 1, 2] and epoch > 0, (committed_at, epoch)  # epochs across the sizes
+    return at_start
