@@ -96,19 +96,33 @@ class EpochOrder:
             rows += shards.shards[unit].size
         self._held: tuple[int, pa.Table] | None = None
 
-    def _block(self, index: int) -> pa.Table:
+    def block(self, index: int) -> pa.Table:
+        """Block `index` of the epoch: its shards' rows in the block's own seeded order (kept while it
+        is the block read last)."""
         if self._held is None or self._held[0] != index:
             table = pa.concat_tables([self.shards.read(u) for u in self.blocks[index]])
             order = np.random.default_rng([self.seed, self.epoch, index]).permutation(table.num_rows)
             self._held = (index, table.take(pa.array(order)))
         return self._held[1]
 
+    def blocks_in(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        """(block, first row, row after the last) of each block that holds rows [start, end) of the
+        epoch's order, the rows counted within the block."""
+        out = []
+        index = bisect.bisect_right(self.starts, start) - 1
+        while start < end:
+            first = self.starts[index]
+            last = self.starts[index + 1] if index + 1 < len(self.starts) else self.shards.rows
+            out.append((index, start - first, min(end, last) - first))
+            start, index = min(end, last), index + 1
+        return out
+
     def rows(self, start: int, count: int) -> pa.Table:
         """Rows [start, start + count) of the epoch's order."""
         pieces = []
         while count > 0:
             index = bisect.bisect_right(self.starts, start) - 1
-            block = self._block(index)
+            block = self.block(index)
             offset = start - self.starts[index]
             n = min(count, block.num_rows - offset)
             pieces.append(block.slice(offset, n))

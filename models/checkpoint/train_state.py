@@ -16,7 +16,7 @@ class TrainState:
     step: int
     encoder_optimizers: list[dict[str, Any]] = field(default_factory=list)
     head_optimizers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    positions: list[dict[str, dict[str, int]]] = field(default_factory=list)  # per rank: {task: position}
+    positions: list[dict[str, dict[str, Any]]] = field(default_factory=list)  # per rank: {task: position}
     world_size: int = 1
     mode: str = ""
     # async (trainer.task_split=async): the parameter holder's applied updates per task, and per

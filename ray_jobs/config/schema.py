@@ -68,6 +68,7 @@ OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw")
 PRECISIONS = ("fp32", "bf16")
 LR_DECAYS = ("none", "linear", "cosine")
 TASK_SPLITS = ("sync", "async")
+FEEDS = ("ray_data", "local")
 RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 PLACEMENT_STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
 MLFLOW_NAME_CHARS = 500  # the longest experiment name MLflow takes
@@ -89,8 +90,13 @@ class TrainerConfig:
     # least 1). One worker on a small node can reserve 1 CPU and compute on every core with
     # torch_threads = the node's cores (it reads and tokenizes its batches in a thread beside its steps).
     torch_threads: int = 0
-    # Processes each worker reads and tokenizes its batches in, beside its steps; 0 = a thread of the
-    # worker. A Python tokenizer (the DAN's) holds one core: on a GPU, give the feed the worker's other CPUs.
+    # How the training rows reach the workers, in each task's one order (docs/design.md):
+    # ray_data: one Ray Data pipeline per task reads each block once and tokenizes on any node with
+    # CPUs the workers left, and the task's dealer hands each rank its own batches;
+    # local: each worker reads and tokenizes its own slices itself (every rank reads the data).
+    feed: str = "ray_data"
+    # trainer.feed=local: processes each worker reads and tokenizes its batches in, beside its steps;
+    # 0 = a thread of the worker. At most the worker's CPUs (trainer.cpus_per_worker).
     feed_processes: int = 0
     # Rows shuffled together in each task's epoch order (MosaicML Streaming's shuffle_block_size):
     # the shards in a seeded order, cut into blocks of about this many rows (whole shards), each
@@ -315,7 +321,20 @@ def _validate_trainer_numbers(t: TrainerConfig) -> None:
     _require(t.cpus_per_worker > 0, "trainer.cpus_per_worker", "> 0", t.cpus_per_worker)
     _require(t.torch_threads >= 0, "trainer.torch_threads", ">= 0 (0 = Ray's choice)", t.torch_threads)
     _require(t.shuffle_block_rows >= 1, "trainer.shuffle_block_rows", ">= 1", t.shuffle_block_rows)
+    _require(t.feed in FEEDS, "trainer.feed", "|".join(FEEDS), t.feed)
     _require(t.feed_processes >= 0, "trainer.feed_processes", ">= 0 (0 = a thread of the worker)", t.feed_processes)
+    _require(
+        t.feed_processes <= max(1, int(t.cpus_per_worker)),
+        "trainer.feed_processes",
+        f"at most the worker's CPUs (trainer.cpus_per_worker={t.cpus_per_worker:g})",
+        t.feed_processes,
+    )
+    _require(
+        t.feed == "local" or not t.feed_processes,
+        "trainer.feed_processes",
+        "0 with trainer.feed=ray_data (its pipeline's tasks read and tokenize; feed_processes is the local feed's)",
+        t.feed_processes,
+    )
     for key in ("checkpoint_every", "log_every", "keep_checkpoints"):
         _require(getattr(t, key) >= 1, f"trainer.{key}", ">= 1", getattr(t, key))
     _require(t.eval_every >= 0, "trainer.eval_every", ">= 0 (0 = off)", t.eval_every)

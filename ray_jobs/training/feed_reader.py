@@ -1,6 +1,6 @@
-"""What a training worker's feed reads and tokenizes, without torch, so that it can run in processes
-beside the worker (trainer.feed_processes): a unit of work is one global batch's slice for one rank,
-or a length-bucketing window of them, and gives the unit's batches in the order they are yielded."""
+"""The local feed's reader (trainer.feed=local): what a training worker reads and tokenizes itself,
+without torch, so that it can run in processes beside the worker (trainer.feed_processes); a unit of
+work is one global batch, of which the reader gives its rank's slice."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from convsts.datasets.sample_order import EpochOrder, ShardSet
+from convsts.datasets.sample_order import EpochOrder
 from convsts.datasets.text import encode_columns
+from convsts.ray_jobs.training.feed_order import FeedOrder
 
 Batch = dict[str, np.ndarray]
 
@@ -39,44 +40,50 @@ class BatchEncoder:
 
 @dataclass
 class Reader:
-    """One rank's reads of one task: its slice (`index`) of each global batch, read in the epoch's
-    order (the last epoch's EpochOrder kept, with the block it holds) and encoded; with `bucketed`,
-    each unit is a window of batches sorted by length."""
+    """One rank's reads of one task (trainer.feed=local): its slice (`index`) of each global batch of
+    the task's trained order (feed_order.FeedOrder), read from the epoch's order (the last epoch's
+    EpochOrder kept, with the block it holds) and encoded; with bucketing, the window that holds the
+    slice is read, encoded and bucketed whole (the last one kept)."""
 
-    shards: ShardSet
+    order: FeedOrder
     encode: Callable[[pa.Table], Batch]
-    seed: int
-    block_rows: int
     batch_size: int
     index: int
-    pad_id: int = 0
-    bucketed: bool = False
-    _order: EpochOrder | None = None
+    _epoch: EpochOrder | None = None
+    _window: tuple[int, int, Batch] | None = None  # (epoch, the window's first row, its bucketed rows)
 
-    def unit(self, epoch: int, starts: tuple[int, ...]) -> list[Batch]:
-        """The batches of the global batches that start at `starts` of epoch `epoch`'s order."""
-        if self._order is None or self._order.epoch != epoch:
-            self._order = EpochOrder(self.shards, self.seed, epoch, self.block_rows)
-        order = self._order
-        window = [self.encode(order.rows(s + self.index * self.batch_size, self.batch_size)) for s in starts]
-        return self._bucketed(window, epoch, starts[0]) if self.bucketed else window
+    def _epoch_order(self, epoch: int) -> EpochOrder:
+        if self._epoch is None or self._epoch.epoch != epoch:
+            self._epoch = EpochOrder(self.order.shards, self.order.seed, epoch, self.order.block_rows)
+        return self._epoch
 
-    def read(self, epoch: int, starts: tuple[int, ...]) -> tuple[list[Batch], int]:
-        """unit's batches, and the rows it read of the shards for them (0 where the block it needs is
-        the one already held)."""
-        before = self.shards.rows_read
-        batches = self.unit(epoch, starts)
-        return batches, self.shards.rows_read - before
+    def _bucketed_window(self, epoch: int, first: int) -> Batch:
+        if self._window is None or self._window[:2] != (epoch, first):
+            count = min(self.order.window, self.order.rows - first)
+            rows = self.encode(self._epoch_order(epoch).rows(first, count))
+            self._window = (epoch, first, self.order.bucketed(rows, epoch, first))
+        return self._window[2]
 
-    def _bucketed(self, window: list[Batch], epoch: int, start: int) -> list[Batch]:
-        rows = {k: np.concatenate([b[k] for b in window]) for k in window[0]}  # {name: (W*B, ...)}
-        # The longest text column of each row: every column's batch is cut to its own longest row, and
-        # rows whose longest side is alike share a batch.
-        lengths = np.stack([(v != self.pad_id).sum(1) for v in rows.values() if v.ndim == 2]).max(0)  # (W*B,)
-        order = np.argsort(lengths, kind="stable")  # (W*B,) shortest first
-        turns = np.random.default_rng([self.seed, epoch, start, self.index]).permutation(len(window))
-        cut = [order[j * self.batch_size : (j + 1) * self.batch_size] for j in turns.tolist()]  # (B,) each
-        return [{k: v[idx] for k, v in rows.items()} for idx in cut]
+    def unit(self, epoch: int, start: int) -> Batch:
+        """The rank's batch of the global batch at row `start` of epoch `epoch`'s trained order."""
+        first = start + self.index * self.batch_size
+        if not self.order.window:
+            return self.encode(self._epoch_order(epoch).rows(first, self.batch_size))
+        pieces, row, end = [], first, first + self.batch_size
+        while row < end:
+            window_start = row // self.order.window * self.order.window
+            window = self._bucketed_window(epoch, window_start)
+            stop = min(end, window_start + self.order.window)
+            pieces.append({k: v[row - window_start : stop - window_start] for k, v in window.items()})
+            row = stop
+        return pieces[0] if len(pieces) == 1 else {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+
+    def read(self, epoch: int, start: int) -> tuple[Batch, int]:
+        """unit's batch, and the rows it read of the shards for it (0 where the blocks it needs are
+        the ones already held)."""
+        before = self.order.shards.rows_read
+        batch = self.unit(epoch, start)
+        return batch, self.order.shards.rows_read - before
 
 
 # A pool process's reader, set once by the pool's initializer (a process-wide value by design: each
@@ -88,12 +95,12 @@ def _hold(reader: Reader) -> None:
     _POOL_READER[:] = [reader]
 
 
-def _read(epoch: int, starts: tuple[int, ...]) -> Read:
-    return _POOL_READER[0].read(epoch, starts)
+def _read(epoch: int, start: int) -> Read:
+    return _POOL_READER[0].read(epoch, start)
 
 
-Unit = tuple[int, tuple[int, ...]]  # (epoch, the starts of its global batches in the epoch's order)
-Read = tuple[list[Batch], int]  # a unit's batches, and the rows it read of the shards (Reader.read)
+Unit = tuple[int, int]  # (epoch, the row of its trained order a global batch starts at)
+Read = tuple[Batch, int]  # a rank's batch of a unit, and the rows it read of the shards (Reader.read)
 
 
 def in_this_process(reader: Reader, units: Iterator[Unit]) -> Iterator[tuple[Unit, Read]]:

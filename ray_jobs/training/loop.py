@@ -24,7 +24,7 @@ from convsts.ray_jobs.training.train_step import Optimizers, train_step
 # open_stream(task, batch_size, position) -> an iterator of batches with .position() (a position as
 # .position() gave it, or {} for the start) and .opening_rows_read (the rows of the shards read for
 # its first batch once it has given it; None for batches not read from shards)
-StreamFactory = Callable[[str, int, dict[str, int]], Iterator[dict[str, torch.Tensor]]]
+StreamFactory = Callable[[str, int, dict[str, Any]], Iterator[dict[str, torch.Tensor]]]
 
 
 SCORE_METRIC = StsDevProbe.METRIC  # ranks checkpoints when in-training evaluation is on
@@ -94,7 +94,7 @@ class TrainLoop:
         self.stage = self.schedule.at(self.step)
         self.lr = self.schedule.lr_at(self.step)
         self.optimizers = optimizers or Optimizers.build(cfg.trainer, model, self.my_tasks, self.lr)
-        positions: dict[str, dict[str, int]] = {}
+        positions: dict[str, dict[str, Any]] = {}
         if state:
             if optimizers is None:
                 state.load_optimizers(self.optimizers)
@@ -107,7 +107,11 @@ class TrainLoop:
                         f"this task's data (it was not trained then): its data starts at epoch 0"
                     )
         self.streams = self._open_streams(self.stage.batch_size, positions)
-        self.resumed = {t: p for t, p in positions.items() if t in self.streams and (p.get("epoch") or p.get("rows"))}
+        self.resumed = {
+            t: p
+            for t, p in positions.items()
+            if t in self.streams and (p.get("epoch") or p.get("rows")) and not getattr(self.streams[t], "order_changed", None)
+        }
         self.task_gen = torch.Generator().manual_seed(cfg.seed)
         if state and state.task_draws is not None:  # the draws go on where they stopped
             self.task_gen.set_state(state.task_draws)
@@ -122,8 +126,15 @@ class TrainLoop:
         self.bad = torch.zeros((), dtype=torch.bool)
         self.last_eval: dict[str, float] = {}  # rank 0's latest in-training evaluation
 
-    def _open_streams(self, batch_size: int, positions: dict[str, dict[str, int]]):
-        return {t: self.open_stream(t, batch_size, positions.get(t, {})) for t in self.my_tasks}
+    def _open_streams(self, batch_size: int, positions: dict[str, dict[str, Any]]):
+        """Each of the rank's tasks' streams from its position; a task's leader says in one line where
+        a position counted rows of another order than the task's now (the stream starts the epoch over)."""
+        streams = {t: self.open_stream(t, batch_size, positions.get(t, {})) for t in self.my_tasks}
+        for task, stream in streams.items():
+            changed = getattr(stream, "order_changed", None)
+            if changed and self.leaders[task] == self.rank:
+                self.hooks.progress(f"[convsts rank {self.rank}] {changed}")
+        return streams
 
     def _reopened(self, batch_size: int):
         """The streams at a new stage's batch size, each going on from its position."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import uuid
 from typing import Any
 
 import torch
@@ -18,7 +19,9 @@ from convsts.ray_jobs.evaluation.sts import StsDevProbe
 from convsts.ray_jobs.tasks import trained_tasks
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
-from convsts.ray_jobs.training.data_feed import TaskStream, batch_encoder, order_seed, task_shards
+from convsts.ray_jobs.training.data_feed import batch_encoder, feed_order, task_shards
+from convsts.ray_jobs.training.feed_dealer import DealtStream
+from convsts.ray_jobs.training.local_feed import LocalStream
 from convsts.ray_jobs.training.loop import WORKERS_METRIC, LoopHooks, TrainLoop
 from convsts.ray_jobs.training.start_weights import initial_model, restore
 from convsts.ray_jobs.training.task_groups import SplitMode, from_rank_0, plan_for
@@ -55,26 +58,28 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     restarted = by_ray or loop_config.get("continues") == loop_config.get("run_id")
     model.to(device).train()
 
-    # This rank's tasks' shards, read by the rank itself (no Ray Data in the fit).
+    # The rank's tasks' orders, and their streams: from each task's Ray Data pipeline through its
+    # dealer (trainer.feed=ray_data; named per group start, the same name on every rank), or read by
+    # the rank itself (local; an async group's ranks go at their own pace, which one dealer cannot).
     tasks = trained_tasks(cfg)
-    shards = {name: task_shards(tasks[name], cfg, loop_config["listings"][name]) for name in plan.tasks_of(rank)}
+    orders = {
+        name: feed_order(cfg, name, task_shards(tasks[name], cfg, loop_config["listings"][name]), tokenizer.pad_id)
+        for name in plan.tasks_of(rank)
+    }
+    feed = "local" if plan.mode is SplitMode.ASYNC else cfg.trainer.feed
+    group = from_rank_0(uuid.uuid4().hex[:12], world) if feed == "ray_data" else ""
+    if rank == 0 and feed != cfg.trainer.feed:
+        print_once(f"[convsts rank 0] {plan.mode} task split: each rank reads its own data (trainer.feed=local)")
 
-    def open_stream(task: str, batch_size: int, position: dict[str, int]) -> TaskStream:
+    def open_stream(task: str, batch_size: int, position: dict[str, Any]):
         ranks = plan.ranks_of(task)
-        return TaskStream(
-            task,
-            shards[task],
-            batch_encoder(tasks[task], tokenizer, cfg.tokenizer.max_words, cfg),
-            batch_size,
-            (ranks.index(rank), len(ranks)),
-            device,
-            order_seed(cfg.seed, task),
-            cfg.trainer.shuffle_block_rows,
-            position,
-            bucket_batches=cfg.trainer.bucket_batches,
-            pad_id=tokenizer.pad_id,
-            processes=cfg.trainer.feed_processes,
-        )
+        share, encode = (ranks.index(rank), len(ranks)), batch_encoder(tasks[task], tokenizer, cfg.tokenizer.max_words, cfg)
+        if feed == "ray_data":
+            name = f"{group}-{task}-{position.get('epoch', 0)}-{position.get('rows', 0)}-{batch_size}"
+            owner = rank == ranks[0]
+            return DealtStream(task, name, orders[task], encode, batch_size, share, device, position, owner)
+        processes = cfg.trainer.feed_processes
+        return LocalStream(task, orders[task], encode, batch_size, share, device, position, processes)
 
     hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank, own)
     if plan.mode is SplitMode.ASYNC:

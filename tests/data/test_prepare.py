@@ -319,7 +319,7 @@ def test_the_vocabulary_counted_in_ray_data_counts_every_word_of_the_training_te
     import pandas as pd
 
     from convsts.datasets.text import DanTokenizer, words
-    from convsts.ray_jobs.training.data_feed import build_tokenizer
+    from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer
 
     cfg = load_config(None, ["model.encoder=dan"])
     total: Counter = Counter()
@@ -344,7 +344,7 @@ def test_the_transformers_wordpiece_is_trained_on_the_training_text_read_through
     import pandas as pd
 
     from convsts.datasets.text import SubwordTokenizer
-    from convsts.ray_jobs.training.data_feed import build_tokenizer
+    from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer
 
     cfg = load_config(None, ["model.encoder=transformer", "tokenizer.subword_vocab_size=2000"])
     tokenizer = build_tokenizer(cfg, str(sample_prepared), driver_read_bytes=0)  # in Ray Data, as at scale

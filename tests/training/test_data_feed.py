@@ -1,6 +1,8 @@
-"""The training feed read by the workers themselves (data_feed.TaskStream over sample_order): one order
-per epoch at any number of ranks, positions counted in rows, exactly-once reads across sizes, a
-resume that seeks, length bucketing. On parquet shards written here; no Ray."""
+"""The training feed's order and its local reader (local_feed.LocalStream over feed_order and
+sample_order): one order per epoch at any number of ranks, positions counted in rows, exactly-once
+reads across sizes (bucketing included), a resume that seeks, a position that names its order. On
+parquet shards written here; no Ray (tests/training/test_ray_data_feed.py: the Ray Data feed gives
+the same batches)."""
 
 from __future__ import annotations
 
@@ -9,30 +11,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from testkit.shard_folder import write_shards
 
 from convsts.datasets.sample_order import EpochOrder, ShardSet
 from convsts.datasets.text import DanTokenizer, count_words
 from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.tasks import get_task
-from convsts.ray_jobs.training.data_feed import TaskStream, batch_encoder, task_shards
+from convsts.ray_jobs.training.data_feed import batch_encoder, task_shards
+from convsts.ray_jobs.training.feed_order import FeedOrder
 from convsts.ray_jobs.training.feed_reader import BatchEncoder
+from convsts.ray_jobs.training.local_feed import LocalStream
 
 ROWS, PER_SHARD = 240, 20
 
 
 def _folder(tmp_path, rows=ROWS, per_shard=PER_SHARD):
-    """Shards of rows with an id, a text of 1-12 words and a label; their (file, rows) records."""
-    rng = np.random.default_rng(0)
-    folder = tmp_path / "train"
-    folder.mkdir(parents=True, exist_ok=True)
-    records = []
-    for index, start in enumerate(range(0, rows, per_shard)):
-        ids = list(range(start, min(rows, start + per_shard)))
-        texts = [" ".join(f"w{int(w)}" for w in rng.integers(0, 50, size=int(rng.integers(1, 13)))) for _ in ids]
-        name = f"part-{index:06d}.parquet"
-        pq.write_table(pa.table({"row": ids, "context": texts, "label": [i % 3 for i in ids]}), folder / name)
-        records.append((name, len(ids)))
-    return str(folder), records
+    return write_shards(tmp_path, rows, per_shard)
 
 
 def _rows_of(table: pa.Table) -> dict[str, np.ndarray]:
@@ -43,8 +37,19 @@ def _rows_of(table: pa.Table) -> dict[str, np.ndarray]:
     return {"row": table.column("row").to_numpy(), "context__ids": ids}
 
 
+def _order(shards, bucket_batches=0, block_rows=60, chunk=8, seed=7):
+    window = bucket_batches * chunk if bucket_batches > 1 else 0
+    return FeedOrder(shards, seed, block_rows, window, chunk)
+
+
 def _stream(shards, share, position=None, batch_size=8, bucket_batches=0, block_rows=60):
-    return TaskStream("reddit", shards, _rows_of, batch_size, share, "cpu", 7, block_rows, position, bucket_batches, 0)
+    order = _order(shards, bucket_batches, block_rows)
+    return LocalStream("reddit", order, _rows_of, batch_size, share, "cpu", position)
+
+
+def _plain(position):
+    """A position without its order's record."""
+    return {k: v for k, v in position.items() if k != "order"}
 
 
 def _take(streams, steps):
@@ -84,14 +89,15 @@ def test_a_group_resized_2_1_2_reads_each_row_of_an_epoch_exactly_once(tmp_path)
         read += _take(streams, steps)
         position = streams[0].position()
         assert all(s.position() == position for s in streams)  # the ranks of a task share it
+        assert position["order"] == _order(shards).inputs  # and name their order
         for stream in streams:
             stream.close()
     assert read == whole[:232] and len(set(read)) == 232
-    assert position == {"epoch": 0, "rows": 232, "batch_size": 8, "ranks": 2}
+    assert _plain(position) == {"epoch": 0, "rows": 232, "batch_size": 8, "ranks": 2}
     stream = _stream(shards, (0, 1), position)  # one rank: the last 8 rows are a global batch of its own
     assert [int(r) for r in next(stream)["row"]] == whole[232:]
     assert [int(r) for r in next(stream)["row"]] == EpochOrder(shards, 7, 1, 60).rows(0, 8).column("row").to_pylist()
-    assert stream.position() == {"epoch": 1, "rows": 8, "batch_size": 8, "ranks": 1}
+    assert _plain(stream.position()) == {"epoch": 1, "rows": 8, "batch_size": 8, "ranks": 1}
     stream.close()
 
 
@@ -138,10 +144,68 @@ def test_length_bucketing_keeps_every_row_groups_similar_lengths_and_resumes_ins
         next(stream)
     position = stream.position()
     stream.close()
-    assert position == {"epoch": 0, "rows": 80, "batch_size": 8, "ranks": 1, "in_window": 4}
+    assert _plain(position) == {"epoch": 0, "rows": 112, "batch_size": 8, "ranks": 1}
     resumed = _stream(shards, (0, 1), position, bucket_batches=10)
     assert all(torch.equal(next(resumed)["row"], b["row"]) for b in bucketed[14:30])
     resumed.close()
+
+
+def test_a_bucketed_group_resized_inside_a_window_neither_repeats_nor_skips_a_row(tmp_path):
+    """A bucketing window is rows of the epoch's order, whatever the group's size: 2 ranks, then 1 and
+    then 3 from positions inside windows of 80 rows, read the one bucketed order of a single rank,
+    each row of the epoch once."""
+    folder, records = _folder(tmp_path)
+    shards = ShardSet.of_folder(folder, records, ["row", "context"])
+    alone = _stream(shards, (0, 1), bucket_batches=10)
+    one_rank = [int(r) for _ in range(30) for r in next(alone)["row"]]
+    alone.close()
+    read, position = [], None
+    for ranks, steps in ((2, 3), (1, 5), (3, 7)):  # 48 + 40 + 168 rows: 232 of 240, then the next epoch
+        streams = [_stream(shards, (i, ranks), position, bucket_batches=10) for i in range(ranks)]
+        read += _take(streams, steps)
+        position = streams[0].position()
+        for stream in streams:
+            stream.close()
+    assert read[:232] == one_rank[:232] and len(set(read[:232])) == 232
+    assert position["epoch"] == 1 and position["rows"] == 24
+
+
+def test_a_position_names_its_order_and_one_of_another_order_starts_the_epoch_over(tmp_path):
+    """A position keeps what fixed its order; opened under another seed, trainer.shuffle_block_rows,
+    shard list, kept rows (data.snli_fraction) or bucketing, a stream says in one line what changed
+    and starts that epoch over rather than go on at a row count of another order."""
+    folder, records = _folder(tmp_path)
+    shards = ShardSet.of_folder(folder, records, ["row", "context"])
+    stream = _stream(shards, (0, 1))
+    for _ in range(5):
+        next(stream)
+    position = stream.position()
+    stream.close()
+    same = _stream(shards, (0, 2), position)
+    assert same.order_changed is None and (same.epoch, same.rows) == (0, 40)
+    same.close()
+    fewer = ShardSet.of_folder(folder, records[:-1], ["row", "context"])
+    kept = ShardSet.of_folder(folder, records, ["row", "context"], lambda c: c["row"] % 2 == 0, ["row"])
+    changes = {
+        "the seed (seed)": LocalStream("reddit", _order(shards, seed=8), _rows_of, 8, (0, 1), "cpu", position),
+        "trainer.shuffle_block_rows": _stream(shards, (0, 1), position, block_rows=100),
+        "the prepared shards": _stream(fewer, (0, 1), position),
+        "the rows kept of them (data.snli_fraction": _stream(kept, (0, 1), position),
+        "the length bucketing": _stream(shards, (0, 1), position, bucket_batches=4),
+    }
+    whole = EpochOrder(shards, 7, 0, 100).rows(0, 8).column("row").to_pylist()
+    for named, changed in changes.items():
+        assert changed.order_changed is not None and named in changed.order_changed, changed.order_changed
+        assert changed.order_changed.startswith("reddit: the checkpoint's data position (40 rows of epoch 0)")
+        assert changed.order_changed.endswith("the task starts epoch 0 over")
+        assert (changed.epoch, changed.rows) == (0, 0)
+        changed.close()
+    again = _stream(shards, (0, 1), position, block_rows=100)
+    assert [int(r) for r in next(again)["row"]] == whole  # epoch 0 of the order now, from its first row
+    again.close()
+    legacy = _stream(shards, (0, 1), _plain(position), block_rows=100)  # written before positions named it
+    assert legacy.order_changed is None and legacy.rows == 40
+    legacy.close()
 
 
 def test_a_filtered_task_reads_its_kept_rows_tokenized_by_the_runs_tokenizer(tmp_path):
@@ -158,7 +222,7 @@ def test_a_filtered_task_reads_its_kept_rows_tokenized_by_the_runs_tokenizer(tmp
     assert 70 < shards.rows < 130
     tokenizer = DanTokenizer.build(count_words([t for r in rows for t in r[:2]]), cfg.tokenizer)
     encode = batch_encoder(task, tokenizer, 8, cfg)
-    stream = TaskStream("snli", shards, encode, 10, (0, 1), "cpu", 3, 60)
+    stream = LocalStream("snli", FeedOrder(shards, 3, 60), encode, 10, (0, 1), "cpu")
     batches = [next(stream) for _ in range(shards.rows // 10)]
     stream.close()
     assert {"premise__words", "hypothesis__words", "label"} <= set(batches[0])
@@ -184,15 +248,15 @@ def test_a_stream_read_in_processes_gives_the_batches_and_positions_of_one_read_
     encode = BatchEncoder(DanTokenizer.build(count_words(texts), cfg.tokenizer), {"context": "context"}, 12, "label")
 
     def read(processes, position=None, bucket_batches=0):
-        stream = TaskStream("reddit", shards, encode, 8, (1, 2), "cpu", 7, 60, position, bucket_batches, 0, processes)
+        order = _order(shards, bucket_batches)
+        stream = LocalStream("reddit", order, encode, 8, (1, 2), "cpu", position, processes)
         out = [(next(stream), stream.position()) for _ in range(20)]  # past an epoch's end (15 batches a rank)
         stream.close()
         return out
 
-    for position, bucket_batches in ((None, 0), ({"epoch": 0, "rows": 32, "batch_size": 8, "ranks": 2,
-                                                    "in_window": 2}, 4)):  # fmt: skip
+    for position, bucket_batches in ((None, 0), ({"epoch": 0, "rows": 48, "batch_size": 8, "ranks": 2}, 4)):
         here, there = read(0, position, bucket_batches), read(2, position, bucket_batches)
         assert [p for _, p in here] == [p for _, p in there]
         for (a, _), (b, _) in zip(here, there):
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert here[0][1] == {"epoch": 0, "rows": 32, "batch_size": 8, "ranks": 2, "in_window": 3}
+    assert _plain(here[0][1]) == {"epoch": 0, "rows": 64, "batch_size": 8, "ranks": 2}

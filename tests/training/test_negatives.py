@@ -102,7 +102,7 @@ def test_reddit_loss_runs_over_the_batch_responses_and_its_negatives():
 def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(ray_session, sample_prepared, tmp_path):
     from convsts.models.checkpoint import save_checkpoint
     from convsts.ray_jobs.cli.mine import main as mine_main
-    from convsts.ray_jobs.training.data_feed import build_tokenizer
+    from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer
     from convsts.ray_jobs.training.driver import run_training
 
     base = TINY_DAN + [
@@ -176,7 +176,7 @@ def test_mined_embeddings_are_cached_resumed_and_never_reused_for_another_model(
     from convsts.models.checkpoint import save_checkpoint
     from convsts.models.sentence_encoder import load
     from convsts.ray_jobs.pipelines.hard_negatives import EncodePool, mine_prepared
-    from convsts.ray_jobs.training.data_feed import build_tokenizer
+    from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer
 
     cfg = load_config(None, TINY_DAN)
     tokenizer = build_tokenizer(cfg, str(sample_prepared))

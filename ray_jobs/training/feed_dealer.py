@@ -1,0 +1,239 @@
+"""A task's dealer (trainer.feed=ray_data): one small actor per task and group start that consumes the
+task's Ray Data pipeline (feed_pipeline) in order, buckets its windows, cuts the trained order into
+global batches of `ranks x batch_size` rows and hands rank i the i-th slice of each, a few global
+batches ahead of the slowest rank; and the stream each rank reads it through (DealtStream). The
+rows cross storage once per task and epoch and reach each rank's node once, as its own batches."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from convsts.ray_jobs.training import feed_pipeline
+from convsts.ray_jobs.training.data_feed import as_tensors, too_few_rows
+from convsts.ray_jobs.training.feed_order import ORDER_KEY, Batch, FeedOrder, reconciled
+
+NAMESPACE = "convsts-feed"  # the dealers' Ray namespace
+AHEAD = 8  # global batches the dealer holds ahead of its slowest rank
+PREFETCH = 2  # batches a rank asks for ahead of the one it trains on
+# Blocks a pipeline reads at least before the dealer starts the next one (whole epochs: a small
+# task's epochs go into one pipeline, whose start costs about a second).
+PIPELINE_BLOCKS = 256
+
+
+class _Rows:
+    """Rows in order, from `blocks` (the pipeline's) or pushed, taken `count` at a time: views of one
+    piece where they lie in one, else the pieces joined; with the rows read from storage for them."""
+
+    def __init__(self, blocks: Iterator[Batch] | None = None):
+        self.blocks, self.pieces, self.offset = blocks or iter(()), collections.deque(), 0
+        self.count = 0  # rows pushed and not yet taken
+
+    def push(self, piece: Batch) -> None:
+        self.pieces.append(piece)
+        self.count += _length(piece)
+
+    def take(self, count: int) -> tuple[Batch, int]:
+        out, read = [], 0
+        while count:
+            if not self.pieces:
+                self.push(next(self.blocks))
+            head = self.pieces[0]
+            n = min(count, _length(head) - self.offset)
+            piece = {k: v[self.offset : self.offset + n] for k, v in head.items()}
+            read += int(piece.pop(feed_pipeline.READ_COLUMN, np.zeros(1, dtype=np.int64)).sum())
+            out.append(piece)
+            self.offset, count, self.count = self.offset + n, count - n, self.count - n
+            if self.offset == _length(head):
+                self.pieces.popleft()
+                self.offset = 0
+        rows = out[0] if len(out) == 1 else {k: np.concatenate([p[k] for p in out]) for k in out[0]}
+        return rows, read
+
+
+def _length(batch: Batch) -> int:
+    return len(next(iter(batch.values())))
+
+
+class Dealer:
+    """The actor (feed_dealer.start makes it): a thread runs the task's pipelines from the position on
+    and keeps up to AHEAD global batches; take(rank, k) gives rank `rank` its slice of global batch k
+    (counted from the position), with the position after it and the rows read from storage for it."""
+
+    def __init__(self, order: FeedOrder, encode, batch_size: int, ranks: int, position: dict[str, Any], cpus: float):
+        import ray.data
+
+        self.order, self.encode, self.batch_size, self.ranks = order, encode, batch_size, ranks
+        self.cpus = cpus
+        feed_pipeline.configure(ray.data.DataContext.get_current(), self._cpus_left())
+        # global batch k -> (the position after it, its ranks' slices, the rows read for it, the ranks yet to take it)
+        self.ready: dict[int, tuple[tuple[int, int], list[Batch], int, set[int]]] = {}
+        self.produced = 0
+        self.error: BaseException | None = None
+        self.changed = threading.Condition()
+        self.stopped = False
+        self.rows_read = 0
+        start = (int(position.get("epoch", 0)), int(position.get("rows", 0)))
+        threading.Thread(target=self._produce, args=start, daemon=True, name="convsts-dealer").start()
+
+    def _cpus_left(self) -> float:
+        import ray
+
+        return ray.available_resources().get("CPU", 0.0) if self.cpus else 0.0
+
+    def _produce(self, epoch: int, start: int) -> None:
+        step = self.ranks * self.batch_size
+        try:
+            while not self.stopped:
+                parts, items = feed_pipeline.stretches(self.order, epoch, start, step, PIPELINE_BLOCKS)
+                ds = feed_pipeline.dataset(self.order, self.encode, items, self.cpus)
+                rows = _Rows(iter(ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=2)))
+                for part in parts:
+                    self._deal(part, rows, step)
+                epoch, start = parts[-1].epoch + 1, 0
+        except BaseException as err:  # noqa: BLE001 - handed to the ranks, raised there
+            with self.changed:
+                self.error = err
+                self.changed.notify_all()
+
+    def _deal(self, part: feed_pipeline.Stretch, rows: _Rows, step: int) -> None:
+        """The stretch's global batches, from its rows read a window at a time (bucketed), else a
+        block's worth at a time."""
+        window = self.order.window or max(step, self.order.block_rows // step * step)
+        kept, read, at = _Rows(), 0, part.start  # `at`: the trained order's row of the next global batch
+        row = part.lo
+        while row < part.hi:
+            stop = min(part.hi, (row // window + 1) * window)
+            got, got_read = rows.take(stop - row)
+            if self.order.window:
+                got = self.order.bucketed(got, part.epoch, row)
+            first, last = max(row, part.start) - row, min(stop, part.end) - row
+            if last > first:
+                kept.push({k: v[first:last] for k, v in got.items()})
+            read += got_read
+            while kept.count >= step:
+                batch, _ = kept.take(step)
+                at += step
+                slices = [
+                    {k: v[i * self.batch_size : (i + 1) * self.batch_size] for k, v in batch.items()}
+                    for i in range(self.ranks)
+                ]
+                self._put((part.epoch, at), slices, read)
+                read = 0
+            row = stop
+
+    def _put(self, position: tuple[int, int], slices: list[Batch], read: int) -> None:
+        with self.changed:
+            while not self.stopped and self.produced - min(self.ready, default=self.produced) >= AHEAD:
+                self.changed.wait()
+            self.ready[self.produced] = (position, slices, read, set(range(self.ranks)))
+            self.rows_read += read
+            self.produced += 1
+            self.changed.notify_all()
+
+    def take(self, rank: int, k: int) -> tuple[tuple[int, int], Batch, int]:
+        with self.changed:
+            while k >= self.produced and self.error is None:
+                self.changed.wait()
+            if k >= self.produced:
+                raise RuntimeError(f"the feed's pipeline failed: {self.error!r}") from self.error
+            position, slices, read, waiting = self.ready[k]
+            waiting.discard(rank)
+            if not waiting:
+                del self.ready[k]
+            self.changed.notify_all()
+            return position, slices[rank], read
+
+    def stats(self) -> dict[str, Any]:
+        """The rows read from storage so far and the CPUs each of the pipeline's tasks takes."""
+        return {"rows_read": self.rows_read, "cpus": self.cpus}
+
+    def stop(self) -> None:
+        with self.changed:
+            self.stopped = True
+            self.changed.notify_all()
+
+
+def feed_cpus(cpus_left: float) -> float:
+    """The CPUs of each pipeline task: one where the trainers left one free in the cluster; else none
+    (the tasks share the trainers' CPUs, as the local feed's reading does, rather than wait forever)."""
+    return 1.0 if cpus_left >= 1.0 else 0.0
+
+
+def start(name: str, order: FeedOrder, encode, batch_size: int, ranks: int, position: dict[str, Any]):
+    """The dealer named `name` (every rank of the task asks for it with the same arguments; the first
+    makes it, the others get it), its pipeline's tasks sized to the CPUs the trainers left."""
+    import ray
+
+    cpus = feed_cpus(ray.available_resources().get("CPU", 0.0))
+    actor = ray.remote(Dealer).options(
+        name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, max_concurrency=2 * ranks + 4
+    )
+    return actor.remote(order, encode, batch_size, ranks, position, cpus)
+
+
+class DealtStream:
+    """A rank's batches of a task from the task's dealer, with the local stream's interface
+    (local_feed.LocalStream): positions, the rows read for the first batch, close."""
+
+    def __init__(self, task: str, name: str, order: FeedOrder, encode, batch_size: int, share, device,
+                 position: dict[str, Any] | None = None, owner: bool = False):  # fmt: skip
+        index, self.ranks = share
+        too_few = too_few_rows(task, order.rows, self.ranks, batch_size)
+        if too_few:
+            raise RuntimeError(too_few)
+        position, self.order_changed = reconciled(task, order, position or {})
+        self.task, self.order, self.batch_size, self.device, self.index, self.owner = (
+            task, order, batch_size, device, index, owner
+        )  # fmt: skip
+        self.epoch, self.rows = int(position.get("epoch", 0)), int(position.get("rows", 0))
+        self.dealer = start(name, order, encode, batch_size, self.ranks, {"epoch": self.epoch, "rows": self.rows})
+        self.asked, self.rows_read = 0, 0  # rows_read: those read from storage for the batches taken
+        self.pending: collections.deque = collections.deque()
+        for _ in range(PREFETCH):
+            self._ask()
+        self.opening_rows_read: int | None = None
+
+    def _ask(self) -> None:
+        self.pending.append(self.dealer.take.remote(self.index, self.asked))
+        self.asked += 1
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import ray
+
+        ref = self.pending.popleft()
+        self._ask()
+        (self.epoch, self.rows), batch, read = ray.get(ref)
+        if self.opening_rows_read is None:
+            self.opening_rows_read = read
+        self.rows_read += read
+        return as_tensors(batch, self.device)
+
+    def position(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "rows": self.rows,
+            "batch_size": self.batch_size,
+            "ranks": self.ranks,
+            ORDER_KEY: self.order.inputs,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.dealer.stats.remote())
+
+    def close(self) -> None:
+        """The task's owner rank ends the dealer (and its pipeline); the others drop their requests."""
+        import ray
+
+        self.pending.clear()
+        if self.owner:
+            ray.kill(self.dealer)

@@ -1,0 +1,87 @@
+"""A task's Ray Data pipeline (trainer.feed=ray_data): the blocks of its epoch orders that a stretch of
+training needs, each read once from storage, its rows put in the block's seeded order and
+tokenized, in Ray Data tasks that run on any node with CPUs, in order (preserve_order) and within
+the CPUs the trainers left (DataContext.execution_options). Its dealer (feed_dealer) consumes it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from convsts.datasets.sample_order import EpochOrder
+from convsts.ray_jobs.training.feed_order import Batch, FeedOrder
+
+READ_COLUMN = "__rows_read"  # a block's rows read from storage, on its first row (0 on the others)
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """Rows [lo, hi) of epoch `epoch`'s order, read to train rows [start, end) of its trained order
+    (feed_order.FeedOrder.span: the same rows, or the whole bucketing windows that hold them)."""
+
+    epoch: int
+    start: int
+    end: int
+    lo: int
+    hi: int
+
+
+def stretches(order: FeedOrder, epoch: int, start: int, step: int, blocks: int) -> tuple[list[Stretch], list[dict]]:
+    """The stretches of the epochs from row `start` of epoch `epoch` on, in global batches of `step`
+    rows, until they read at least `blocks` blocks (at least one stretch), and their block items: one
+    a block of each stretch, with the epoch, the block and its rows read (within the block)."""
+    parts: list[Stretch] = []
+    items: list[dict] = []
+    while len(items) < blocks or not parts:
+        end = order.end(start, step)
+        if end > start:
+            part = Stretch(epoch, start, end, *order.span(start, end))
+            epoch_order = EpochOrder(order.shards, order.seed, epoch, order.block_rows)
+            items += [{"epoch": epoch, "block": b, "first": lo, "last": hi} for b, lo, hi in epoch_order.blocks_in(part.lo, part.hi)]
+            parts.append(part)
+        epoch, start = epoch + 1, 0
+    return parts, items
+
+
+@dataclass
+class BlockReader:
+    """Ray Data's map over block items: each block read whole from its shards (the order's ShardSet),
+    its rows in the block's seeded order, the item's rows of it encoded; READ_COLUMN holds the rows
+    read from storage for it."""
+
+    order: FeedOrder
+    encode: Callable[[pa.Table], Batch]
+
+    def __call__(self, items: dict[str, np.ndarray]) -> Batch:
+        pieces = []
+        for epoch, block, first, last in zip(items["epoch"], items["block"], items["first"], items["last"]):
+            epoch_order = EpochOrder(self.order.shards, self.order.seed, int(epoch), self.order.block_rows)
+            before = self.order.shards.rows_read
+            rows = self.encode(epoch_order.block(int(block)).slice(int(first), int(last) - int(first)))
+            read = np.zeros(int(last) - int(first), dtype=np.int64)  # (n,)
+            read[0] = self.order.shards.rows_read - before
+            pieces.append({**rows, READ_COLUMN: read})
+        return pieces[0] if len(pieces) == 1 else {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+
+
+def dataset(order: FeedOrder, encode: Callable[[pa.Table], Batch], items: Sequence[dict], cpus: float):
+    """The Ray Data dataset of the block items' rows (stretches), in order: each block read by a task
+    of `cpus` CPUs (0: the CPUs the trainers reserved are shared, as the local feed shares them)."""
+    import ray.data
+
+    ds = ray.data.from_items(items, override_num_blocks=len(items))
+    return ds.map_batches(BlockReader(order, encode), batch_size=1, num_cpus=cpus, zero_copy_batch=True)
+
+
+def configure(context, cpus_left: float) -> None:
+    """The dealer's DataContext: blocks in order, at most the CPUs the trainers left, no progress bars
+    in the workers' logs."""
+    from ray.data import ExecutionResources
+
+    context.execution_options.preserve_order = True
+    context.execution_options.resource_limits = ExecutionResources(cpu=max(cpus_left, 0.0))
+    context.execution_options.verbose_progress = False
+    context.enable_progress_bars = False
