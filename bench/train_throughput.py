@@ -28,9 +28,9 @@ from convsts.models.checkpoint import build_model  # noqa: E402
 from convsts.ray_jobs.config.loader import load_config  # noqa: E402
 from convsts.ray_jobs.pipelines.inputs import prepare_all  # noqa: E402
 from convsts.ray_jobs.tasks import model_heads, trained_tasks  # noqa: E402
-from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer  # noqa: E402
 from convsts.ray_jobs.training.driver import run_training  # noqa: E402
 from convsts.ray_jobs.training.task_groups import GradientCombiner, draw_task, plan_tasks  # noqa: E402
+from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer  # noqa: E402
 from convsts.ray_jobs.training.train_step import Optimizers, seed_everything, train_step  # noqa: E402
 
 

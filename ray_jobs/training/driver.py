@@ -30,7 +30,6 @@ from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.tracking.mlflow_model import log_model
 from convsts.ray_jobs.tracking.model_card import run_facts, write_card
 from convsts.ray_jobs.training.data_feed import check_prepared, task_listings, task_shards
-from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer
 from convsts.ray_jobs.training.lineage import (
     CONTINUES_TAG,
     SUPERSEDED_TAG,
@@ -54,6 +53,7 @@ from convsts.ray_jobs.training.start_checks import (
     prepared_location,
 )
 from convsts.ray_jobs.training.task_groups import plan_for
+from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer
 
 
 @dataclass

@@ -40,7 +40,10 @@ def stretches(order: FeedOrder, epoch: int, start: int, step: int, blocks: int) 
         if end > start:
             part = Stretch(epoch, start, end, *order.span(start, end))
             epoch_order = EpochOrder(order.shards, order.seed, epoch, order.block_rows)
-            items += [{"epoch": epoch, "block": b, "first": lo, "last": hi} for b, lo, hi in epoch_order.blocks_in(part.lo, part.hi)]
+            items += [
+                {"epoch": epoch, "block": b, "first": lo, "last": hi}
+                for b, lo, hi in epoch_order.blocks_in(part.lo, part.hi)
+            ]
             parts.append(part)
         epoch, start = epoch + 1, 0
     return parts, items

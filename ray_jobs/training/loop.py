@@ -110,7 +110,9 @@ class TrainLoop:
         self.resumed = {
             t: p
             for t, p in positions.items()
-            if t in self.streams and (p.get("epoch") or p.get("rows")) and not getattr(self.streams[t], "order_changed", None)
+            if t in self.streams
+            and (p.get("epoch") or p.get("rows"))
+            and not getattr(self.streams[t], "order_changed", None)
         }
         self.task_gen = torch.Generator().manual_seed(cfg.seed)
         if state and state.task_draws is not None:  # the draws go on where they stopped

@@ -73,7 +73,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
     def open_stream(task: str, batch_size: int, position: dict[str, Any]):
         ranks = plan.ranks_of(task)
-        share, encode = (ranks.index(rank), len(ranks)), batch_encoder(tasks[task], tokenizer, cfg.tokenizer.max_words, cfg)
+        share, encode = (
+            (ranks.index(rank), len(ranks)),
+            batch_encoder(tasks[task], tokenizer, cfg.tokenizer.max_words, cfg),
+        )
         if feed == "ray_data":
             name = f"{group}-{task}-{position.get('epoch', 0)}-{position.get('rows', 0)}-{batch_size}"
             owner = rank == ranks[0]

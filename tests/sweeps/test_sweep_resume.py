@@ -36,8 +36,8 @@ def test_the_snli_fraction_sweep_killed_mid_trial_restarts_the_trial_and_gives_i
 
     from convsts.ray_jobs.sweeps.request import SweepRequest, TrainInputs
     from convsts.ray_jobs.sweeps.tuner import run_sweep
-    from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer
     from convsts.ray_jobs.training.start_weights import initial_model
+    from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer
     from convsts.tune_spaces import get_space
 
     experiment = "tune-snli-fraction"

@@ -102,8 +102,8 @@ def test_reddit_loss_runs_over_the_batch_responses_and_its_negatives():
 def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(ray_session, sample_prepared, tmp_path):
     from convsts.models.checkpoint import save_checkpoint
     from convsts.ray_jobs.cli.mine import main as mine_main
-    from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer
     from convsts.ray_jobs.training.driver import run_training
+    from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer
 
     base = TINY_DAN + [
         "trainer.log_every=1",

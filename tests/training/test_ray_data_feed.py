@@ -63,6 +63,7 @@ def test_the_dealer_gives_each_rank_the_local_feeds_batches_and_reads_each_block
     folder, records, encode = task_data
     for ranks in (1, 2, 3):
         for position in (None, {"epoch": 0, "rows": 72}):  # row 72: inside the epoch's second block
+
             def order():  # each rank its own shards, as each worker has
                 shards = ShardSet.of_folder(folder, records, ["row", "context", "label"])
                 return FeedOrder(shards, 7, BLOCK, bucket * BATCH, BATCH)

@@ -571,8 +571,8 @@ def test_a_resume_on_other_data_is_refused_before_a_missing_task_is_prepared_or_
 
     from convsts.models.checkpoint import TrainState, build_model, save_checkpoint
     from convsts.ray_jobs.pipelines.inputs import ensure_prepared, prepare_all
-    from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer
     from convsts.ray_jobs.training.driver import run_training
+    from convsts.ray_jobs.training.tokenizer_fit import build_tokenizer
 
     prepared, out, store = tmp_path / "prepared", tmp_path / "runs" / "out", tmp_path / "mlflow.db"
     cfg = load_config(None, [*TINY_DAN, "trainer.steps=4"])
