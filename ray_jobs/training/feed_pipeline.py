@@ -72,11 +72,14 @@ class BlockReader:
 
 def dataset(order: FeedOrder, encode: Callable[[pa.Table], Batch], items: Sequence[dict], cpus: float):
     """The Ray Data dataset of the block items' rows (stretches), in order: each block read by a task
-    of `cpus` CPUs (0: the CPUs the trainers reserved are shared, as the local feed shares them)."""
+    of `cpus` CPUs (0: the CPUs the trainers reserved are shared, as the local feed shares them, by
+    one task at a time: nothing else bounds how many tasks of no CPU Ray starts)."""
     import ray.data
 
     ds = ray.data.from_items(items, override_num_blocks=len(items))
-    return ds.map_batches(BlockReader(order, encode), batch_size=1, num_cpus=cpus, zero_copy_batch=True)
+    return ds.map_batches(
+        BlockReader(order, encode), batch_size=1, num_cpus=cpus, concurrency=None if cpus else 1, zero_copy_batch=True
+    )
 
 
 def configure(context, cpus_left: float) -> None:

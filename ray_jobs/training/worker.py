@@ -20,7 +20,7 @@ from convsts.ray_jobs.tasks import trained_tasks
 from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
 from convsts.ray_jobs.training.data_feed import batch_encoder, feed_order, task_shards
-from convsts.ray_jobs.training.feed_dealer import DealtStream
+from convsts.ray_jobs.training.dealt_stream import DealtStream
 from convsts.ray_jobs.training.local_feed import LocalStream
 from convsts.ray_jobs.training.loop import WORKERS_METRIC, LoopHooks, TrainLoop
 from convsts.ray_jobs.training.start_weights import initial_model, restore

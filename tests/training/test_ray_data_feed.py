@@ -16,7 +16,7 @@ from testkit.shard_folder import write_shards
 from convsts.datasets.sample_order import ShardSet
 from convsts.datasets.text import DanTokenizer, count_words
 from convsts.ray_jobs.config.loader import load_config
-from convsts.ray_jobs.training.feed_dealer import DealtStream
+from convsts.ray_jobs.training.dealt_stream import DealtStream
 from convsts.ray_jobs.training.feed_order import FeedOrder
 from convsts.ray_jobs.training.feed_reader import BatchEncoder
 from convsts.ray_jobs.training.local_feed import LocalStream
