@@ -78,6 +78,14 @@ class Reader:
             row = stop
         return pieces[0] if len(pieces) == 1 else {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
 
+    def epoch_rows(self, epoch: int) -> Batch:
+        """Every row of epoch `epoch`'s trained order, encoded (what a test or a benchmark checks a
+        feed's batches against)."""
+        if not self.order.window:
+            return self.encode(self._epoch_order(epoch).rows(0, self.order.rows))
+        windows = [self._bucketed_window(epoch, w) for w in range(0, self.order.rows, self.order.window)]
+        return {k: np.concatenate([w[k] for w in windows]) for k in windows[0]}
+
     def read(self, epoch: int, start: int) -> tuple[Batch, int]:
         """unit's batch, and the rows it read of the shards for it (0 where the blocks it needs are
         the ones already held)."""

@@ -2,7 +2,10 @@
 sidecar (test-only: where CONVSTS_TEST_ROW_TRACE names a folder in the workers' environment), so that a
 test can count which rows a run trained on: each rank's batches in order, one JSON line a batch,
 with the rank, the group's size, the step its group started from (the checkpoint Ray Train gave
-it) and the time. Added as a user adds a task (`task_modules: [testkit.counted_task]`); rows: `rows(n)`."""
+it) and the time. A test paces the run by events: while that folder holds a file HOLD with a step,
+a worker waits before it trains past that step (every rank trains this task at every step).
+Added as a user adds a task (`task_modules: [testkit.counted_task]`); rows: `rows(n)`, their texts of
+one to four words more on the left, so that length bucketing has lengths to sort."""
 
 from __future__ import annotations
 
@@ -17,17 +20,30 @@ from torch import nn
 from convsts.ray_jobs.tasks.base import Task, fields
 
 TRACE_ENV = "CONVSTS_TEST_ROW_TRACE"
+HOLD = "hold"  # in the trace folder: the step the workers wait at (a number), while it is there
+
+
+def _wait_at_hold(folder: Path, step: int) -> None:
+    """Before training step `step` + 1: wait while the folder's HOLD names a step <= `step`."""
+    while True:
+        try:
+            limit = int((folder / HOLD).read_text())
+        except (OSError, ValueError):
+            return
+        if step < limit:
+            return
+        time.sleep(0.05)
 
 
 @functools.cache
-def _group() -> dict[str, int]:
+def _group() -> dict[str, int]:  # its batches traced so far counted in it
     """This worker's rank, its group's size and the step the group started from (a worker process
     serves one group)."""
     import ray.train
 
     context, checkpoint = ray.train.get_context(), ray.train.get_checkpoint()
     start = int(checkpoint.path.rstrip("/").rsplit("-", 1)[1]) if checkpoint else 0  # checkpoint-<step>
-    return {"rank": context.get_world_rank(), "world": context.get_world_size(), "start": start}
+    return {"rank": context.get_world_rank(), "world": context.get_world_size(), "start": start, "batches": 0}
 
 
 class CountedTask(Task):
@@ -40,8 +56,12 @@ class CountedTask(Task):
         rows = batch[self.label]  # (B,)
         folder = os.environ.get(TRACE_ENV)
         if folder:
+            group = _group()
+            _wait_at_hold(Path(folder), group["start"] + group["batches"])
             with open(Path(folder) / f"{os.getpid()}.jsonl", "a") as trace:
-                trace.write(json.dumps({**_group(), "t": time.time(), "rows": rows.tolist()}) + "\n")
+                line = {k: v for k, v in group.items() if k != "batches"}
+                trace.write(json.dumps({**line, "t": time.time(), "rows": rows.tolist()}) + "\n")
+            group["batches"] += 1
         u, v = model.encode_both(fields(batch, "left"), fields(batch, "right"))
         logits = model.heads[self.name](u, v)  # (B,)
         target = (rows % 2).float()
@@ -59,7 +79,11 @@ def rows(n: int):
     words = ["red", "blue", "green", "small", "large", "quick", "slow", "happy"]
     return pd.DataFrame(
         [
-            {"left": f"{words[i % 8]} {words[(i // 8) % 8]} thing", "right": f"{words[(i * 3) % 8]} other", "row": i}
+            {
+                "left": f"{words[i % 8]} {words[(i // 8) % 8]} thing" + " more" * (i % 4),
+                "right": f"{words[(i * 3) % 8]} other",
+                "row": i,
+            }
             for i in range(n)
         ]
     )

@@ -7,9 +7,13 @@ checkpoint: the smaller group starts again from step 0. Covered: the run finishe
 step logged once across the restarts (those before the first checkpoint too), every later restart
 going on from a checkpoint, each resize said in one line and the group's size logged as
 train/workers. CI's run (3 -> 2 -> 1 -> 2, its last single worker on the head, which it takes
-whole) trains one task whose rows carry their ids (testkit.counted_task) on every rank: the rows
-its committed steps trained on (2 -> 1 -> 2), counted from the workers' trace, are the epochs' one
-order read exactly once, whatever the group's size; the release tier's run (3 -> 2 -> 1 -> 2, on
+whole) trains one task whose rows carry their ids (testkit.counted_task) on every rank, bucketed by
+length, fed by the task's Ray Data pipeline and dealer (trainer.feed=ray_data, whose tasks then
+share the trainers' CPUs: none is left): the rows its committed steps trained on (2 -> 1 -> 2),
+counted from the workers' trace, are the epochs' one trained order read exactly once, whatever the
+group's size. It is paced by events, not by a step count sized to one machine: each group waits at
+a step of its own (counted_task's hold) until the test has lost its node, and the last single
+worker until the node it grows onto hosts a worker. The release tier's run (3 -> 2 -> 1 -> 2, on
 worker nodes only) trains Reddit and SNLI, their ranks planned anew at each size."""
 
 from __future__ import annotations
@@ -21,15 +25,17 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from testkit import counted_task
 from testkit.local_cluster import poll_until
 from testkit.multinode import BUCKET, CLI, REPO, training_hosts
 from testkit.tiny import TINY_DAN
 
-# A tiny step of one worker takes under 10 ms here (the worker reads its own data): the run is long
-# enough that the single worker is still training when the node it grows onto has joined (Ray's
-# resize check, a new group's start), and its first checkpoint comes seven log windows after the
-# first logged step, time enough to lose a node in between at 2 workers (the group's start-up).
-STEPS, EVERY, LOG = 6000, 80, 10
+# The release tier's run: a tiny step of one worker takes under 10 ms, so the run is long enough that
+# the single worker is still training when the node it grows onto has joined (Ray's resize check, a
+# new group's start), and its first checkpoint comes seven log windows after the first logged step.
+# CI's run is held at each size's step (HOLDS) until the test has done what that size waits for.
+STEPS, EVERY, LOG = {"ci": 640, "release": 6000}, 80, 10
+HOLDS = {3: 40, 2: 200, 1: 400}  # before the first checkpoint at 3; past checkpoints at 2 and at 1
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +58,11 @@ def _before_the_first_checkpoint(client, run_id: str, size: int) -> list[int]:
     steps = sorted(s for s, n in _workers_at(client, run_id).items() if n == size)
     assert not steps or steps[-1] < EVERY, f"the run passed its first checkpoint before a node was lost: {steps}"
     return steps if steps and steps[-1] <= EVERY - 2 * LOG else []
+
+
+def _reached(client, run_id: str, size: int, step: int) -> bool:
+    """The group at `size` workers has logged `step`."""
+    return _workers_at(client, run_id).get(step) == size
 
 
 def _wait_for(what, check, proc: subprocess.Popen):
@@ -82,6 +93,8 @@ COUNTED = [
     "task_modules=[testkit.counted_task]",
     "trainer.task_weights={counted: 1.0}",
     f"trainer.shuffle_block_rows={BLOCK}",
+    "trainer.feed=ray_data",
+    "trainer.bucket_batches=4",  # windows of 128 rows (4 batches of 32) sorted by length
 ]
 VARIANTS = {
     "ci": (3, (1, 2), 1, COUNTED, "counted_prepared", ("counted/loss",)),
@@ -96,9 +109,13 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
     from mlflow.tracking import MlflowClient
 
     top, (node_cpus, nodes), worker_cpus, tasks, prepared_fixture, losses = VARIANTS[variant]
-    prepared = request.getfixturevalue(prepared_fixture)
+    prepared, steps_total, held = request.getfixturevalue(prepared_fixture), STEPS[variant], variant == "ci"
     for old in cluster.row_trace.glob("*.jsonl"):
         old.unlink()
+    hold = cluster.row_trace / counted_task.HOLD
+    hold.unlink(missing_ok=True)
+    if held:
+        hold.write_text(str(HOLDS[top]))
     cluster.layout(cpus=node_cpus, count=nodes)
     client, out = MlflowClient(cluster.mlflow), tmp_path / "run"
     # Ray Train waits this long for a group of the size it chose before it chooses again (its view of
@@ -107,7 +124,7 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
     command = CLI + [
         "train", "--out", str(out), "--prepared", str(prepared), "name=elastic",
         f"trainer.storage_path={BUCKET}/elastic", f"trainer.num_workers=[1,{top}]", f"trainer.cpus_per_worker={worker_cpus}", "trainer.torch_threads=1",
-        "trainer.resize_interval_s=5", "trainer.max_failures=6", f"trainer.steps={STEPS}",
+        "trainer.resize_interval_s=5", "trainer.max_failures=6", f"trainer.steps={steps_total}",
         f"trainer.checkpoint_every={EVERY}", f"trainer.log_every={LOG}", "trainer.eval_every=0",
         "mlflow.experiment=elastic", *TINY_DAN, *tasks,
     ]  # fmt: skip
@@ -116,7 +133,13 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
         run_id = _wait_for("the run's MLflow id", lambda: _run_id(client, out), proc)
         sizes_seen = []
         for expected in range(top, 1, -1):  # lose a node that hosts a task worker at each size, no replacement
-            if expected == top:  # before the run's first checkpoint: the group starts again from step 0
+            if held:  # the group waits at its step: past its checkpoints, or before the first one at 3
+                at = _wait_for(
+                    f"step {HOLDS[expected]} at {expected} workers",
+                    partial(_reached, client, run_id, expected, HOLDS[expected]),
+                    proc,
+                )
+            elif expected == top:  # before the run's first checkpoint: the group starts again from step 0
                 at = _wait_for(
                     f"a step at {expected} workers before the first checkpoint",
                     partial(_before_the_first_checkpoint, client, run_id, expected),
@@ -132,11 +155,20 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
             hosts = training_hosts(cluster)
             assert hosts, "no worker node hosts a task worker"
             cluster.lose(hosts[0])
+            if held:
+                hold.write_text(str(HOLDS[expected - 1]))
         # Room again once the single worker has checkpointed: the group grows at Ray's next resize check.
-        _wait_for("steps past a checkpoint at 1 worker", partial(_past_checkpoints, client, run_id, 1), proc)
-        cluster.add_node(node_cpus)
+        if held:
+            _wait_for(f"step {HOLDS[1]} at 1 worker", partial(_reached, client, run_id, 1, HOLDS[1]), proc)
+        else:
+            _wait_for("steps past a checkpoint at 1 worker", partial(_past_checkpoints, client, run_id, 1), proc)
+        joined = cluster.add_node(node_cpus)
+        if held:  # the single worker waits until the group of two has a worker on the node that joined
+            _wait_for("a task worker on the node that joined", lambda: joined in training_hosts(cluster), proc)
+            hold.unlink()
         log = proc.communicate(timeout=900)[0]
     finally:
+        hold.unlink(missing_ok=True)
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, log[-5000:]
@@ -149,7 +181,7 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
     assert "a worker or its node was lost" in log and "Ray's resize check found room" in log
     # Every logged step once, none missing, across the restarts; the first restart (before any
     # checkpoint) starts again from step 0, every later one at a checkpoint's step.
-    expected_steps = set(range(LOG, STEPS + 1, LOG))
+    expected_steps = set(range(LOG, steps_total + 1, LOG))
     starts = [int(line.rsplit("start step ", 1)[1].split()[0]) for line in log.splitlines() if "start step " in line]
     for name in (*losses, "train/workers"):
         points = client.get_metric_history(run_id, name)
@@ -165,28 +197,34 @@ def test_an_elastic_run_shrinks_as_nodes_are_lost_grows_when_one_joins_and_logs_
     restarts = [int(m.value) for m in client.get_metric_history(run_id, "train/restarted_at_step")]
     assert sorted(restarts) == sorted(starts[1:]), (restarts, starts)
     finished = json.loads((out / "train.json").read_text())
-    assert json.loads((out / "checkpoint" / "config.json").read_text())["step"] == STEPS
+    assert json.loads((out / "checkpoint" / "config.json").read_text())["step"] == steps_total
     assert client.get_run(run_id).info.status == "FINISHED" and finished["mlflow_run_id"] == run_id
     assert client.get_run(run_id).data.params["trainer.num_workers"] == f"[1, {top}]"
     if variant == "ci":
-        at_restarts = _each_row_once_per_epoch(cluster.row_trace, prepared, starts)
-        # Each restart from a checkpoint went on where the kept steps had read to, reading the block
-        # that holds that row (a slice of a global batch may end in the next): none of the rows before it.
+        at_restarts = _each_row_once_per_epoch(cluster.row_trace, prepared, starts, out, steps_total)
+        # Each restart from a checkpoint went on where the kept steps had read to, reading the blocks
+        # that hold that row's bucketing window (128 rows: at most three blocks of 100): none before them.
         seeks = re.findall(r"counted: goes on at row (\d+) of epoch (\d+)'s order; read (\d+) rows of its shards", log)
         assert [(int(e), int(r)) for r, e, _ in seeks] == [at_restarts[s] for s in starts[2:]], (seeks, at_restarts)
-        assert all(0 < int(k) <= 2 * BLOCK for _, _, k in seeks), seeks
+        assert all(0 < int(k) <= 3 * BLOCK for _, _, k in seeks), seeks
 
 
-def _each_row_once_per_epoch(trace: Path, prepared: Path, starts: list[int]) -> dict[int, tuple[int, int]]:
+def _each_row_once_per_epoch(
+    trace: Path, prepared: Path, starts: list[int], out: Path, steps_total: int
+) -> dict[int, tuple[int, int]]:
     """The rows of the committed steps (a group's steps up to the checkpoint the next group started
-    from), each step's global batch its ranks' batches in rank order, are the epochs' one order
-    (sample_order.EpochOrder, seeded by the run's seed and the task), read from each epoch's start
-    in global batches of 32 rows a rank, an epoch's last rows that fill no global batch left out:
-    every row of an epoch once, in order, across the group's sizes. Returns, for each group's start
-    step, where in the order its first step went on from: (epoch, rows of it read)."""
-    from convsts.datasets.sample_order import EpochOrder, ShardSet
+    from), each step's global batch its ranks' batches in rank order, are the epochs' one trained
+    order (feed_order: sample_order's EpochOrder seeded by the run's seed and the task, its windows of
+    128 rows bucketed by the lengths the run's tokenizer gives), read from each epoch's start in
+    global batches of 32 rows a rank, an epoch's last rows that fill no global batch left out: every
+    row of an epoch once, in order, across the group's sizes. Returns, for each group's start step,
+    where in the order its first step went on from: (epoch, rows of it read)."""
+    from convsts.datasets.sample_order import ShardSet
+    from convsts.models.checkpoint import Checkpoint
     from convsts.ray_jobs.config.loader import load_config
-    from convsts.ray_jobs.training.data_feed import order_seed
+    from convsts.ray_jobs.tasks import get_task
+    from convsts.ray_jobs.training.data_feed import batch_encoder, feed_order
+    from convsts.ray_jobs.training.feed_reader import Reader
 
     groups: dict[tuple[int, int], dict] = {}  # (start step, size) -> {"t": first batch's time, rank: its batches}
     for file in trace.glob("*.jsonl"):
@@ -199,20 +237,24 @@ def _each_row_once_per_epoch(trace: Path, prepared: Path, starts: list[int]) -> 
     assert [start for (start, _), _ in ordered] == starts, (sorted(groups), starts)  # one group a start line
     manifest = json.loads((prepared / "counted" / "manifest.json").read_text())
     records = [(s["file"], int(s["rows"])) for s in manifest["shards"]["train"]]
-    shards = ShardSet.of_folder(str(prepared / "counted" / "train"), records, ["row"])
-    total, seed = sum(rows for _, rows in records), order_seed(load_config(None, []).seed, "counted")
+    cfg = load_config(None, [*TINY_DAN, *COUNTED])
+    task = get_task("counted", cfg.task_modules)
+    shards = ShardSet.of_folder(str(prepared / "counted" / "train"), records, task.feed_columns(cfg))
+    tokenizer = Checkpoint.at(out / "checkpoint").files().tokenizer
+    order = feed_order(cfg, "counted", shards, tokenizer.pad_id)
+    reader = Reader(order, batch_encoder(task, tokenizer, cfg.tokenizer.max_words, cfg), 32, 0)
     orders: dict[int, list[int]] = {}
     epoch, read, committed_at = 0, 0, []  # the sizes of the groups whose steps were kept, in turn
     at_start = {}
     for index, ((start, world), group) in enumerate(ordered):
-        end = ordered[index + 1][0][0] if index + 1 < len(ordered) else STEPS
+        end = ordered[index + 1][0][0] if index + 1 < len(ordered) else steps_total
         at_start[start] = (epoch, read)
         for step in range(end - start):
             got = [row for rank in range(world) for row in group[rank][step]]
-            if read + len(got) > total:  # the epoch's last rows fill no global batch: the next epoch
+            if read + len(got) > order.rows:  # the epoch's last rows fill no global batch: the next epoch
                 epoch, read = epoch + 1, 0
             if epoch not in orders:
-                orders[epoch] = EpochOrder(shards, seed, epoch, BLOCK).rows(0, total).column("row").to_pylist()
+                orders[epoch] = reader.epoch_rows(epoch)["row"].tolist()
             assert got == orders[epoch][read : read + len(got)], (start, world, step, epoch, read)
             read += len(got)
         committed_at += [world] if end > start else []
