@@ -5,7 +5,7 @@ DAN training process consumes.
 
 Prints: prepare rows/s (lines read / wall time, Ray start-up excluded); the DAN tokenizer's rows/s in
 one process; the feed's rows/s (the shards read in the epoch's order and tokenized in a thread of
-the process or in --processes processes, as a training worker reads them: data_feed.TaskStream,
+the process or in --processes processes, as a training worker reads them: local_feed.LocalStream,
 first batch included and reported); DAN pairs/s of a single-process training step (batch 128, paper sizes) on
 already-tokenized batches; and the ratio feed / consumption (the target is at least 3).
 """
@@ -49,7 +49,8 @@ def main() -> int:
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.runtime.ray_start import ensure_ray
     from convsts.ray_jobs.tasks import get_task
-    from convsts.ray_jobs.training.data_feed import TaskStream, batch_encoder, order_seed
+    from convsts.ray_jobs.training.data_feed import batch_encoder, feed_order
+    from convsts.ray_jobs.training.local_feed import LocalStream
     from convsts.ray_jobs.training.task_groups import GradientCombiner, plan_tasks
     from convsts.ray_jobs.training.train_step import Optimizers, seed_everything, train_step
 
@@ -89,17 +90,8 @@ def main() -> int:
     for processes in args.processes:
         started = time.perf_counter()
         shards = ShardSet.of_folder(str(work / "reddit" / "train"), records, reddit.feed_columns(cfg))
-        stream = TaskStream(
-            "reddit",
-            shards,
-            encode,
-            args.batch,
-            (0, 1),
-            "cpu",
-            order_seed(cfg.seed, reddit.name),
-            cfg.trainer.shuffle_block_rows,
-            processes=processes,
-        )
+        order = feed_order(cfg, reddit.name, shards, tokenizer.pad_id)
+        stream = LocalStream("reddit", order, encode, args.batch, (0, 1), "cpu", processes=processes)
         first = 0.0
         rows = 0
         while rows < args.rows:

@@ -1,5 +1,5 @@
 """How long a restart's feed takes to give its first batch, early and late in an epoch: the Reddit
-pairs beside the project prepared as a run prepares them, a worker's TaskStream opened at a position
+pairs beside the project prepared as a run prepares them, a worker's local stream (local_feed.LocalStream) opened at a position
 (it seeks: it reads the block of shards that holds its next row), against reading the epoch from its
 start up to that position and dropping what it skips (what a feed that cannot seek does).
 
@@ -34,7 +34,8 @@ def main() -> int:
     from convsts.datasets.text import DanTokenizer, count_words
     from convsts.ray_jobs.config.loader import load_config
     from convsts.ray_jobs.tasks import get_task
-    from convsts.ray_jobs.training.data_feed import TaskStream, batch_encoder, order_seed
+    from convsts.ray_jobs.training.data_feed import batch_encoder, feed_order
+    from convsts.ray_jobs.training.local_feed import LocalStream
 
     cfg = load_config(None, ["data.driver_bytes=100000000000"])  # prepared in this process, no Ray
     reddit = get_task("reddit")
@@ -52,15 +53,14 @@ def main() -> int:
     ]
     tokenizer = DanTokenizer.build(count_words(texts), cfg.tokenizer)
     encode = batch_encoder(reddit, tokenizer, cfg.tokenizer.max_words, cfg)
-    rows, block = sum(r for _, r in records), cfg.trainer.shuffle_block_rows
+    rows = sum(r for _, r in records)
     print(f"{rows} Reddit training pairs in {len(records)} shards; batch {args.batch} a rank")
 
     def first_batch(ranks: int, position: dict[str, int]) -> tuple[float, int]:
         shards = ShardSet.of_folder(folder, records, columns)
         started = time.perf_counter()
-        stream = TaskStream(
-            "reddit", shards, encode, args.batch, (0, ranks), "cpu", order_seed(0, "reddit"), block, position
-        )
+        order = feed_order(cfg, "reddit", shards, tokenizer.pad_id)
+        stream = LocalStream("reddit", order, encode, args.batch, (0, ranks), "cpu", position)
         next(stream)
         seconds = time.perf_counter() - started
         stream.close()
@@ -69,7 +69,8 @@ def main() -> int:
     def read_through(ranks: int, target: int) -> float:
         shards = ShardSet.of_folder(folder, records, columns)
         started = time.perf_counter()
-        stream = TaskStream("reddit", shards, encode, args.batch, (0, ranks), "cpu", order_seed(0, "reddit"), block)
+        order = feed_order(cfg, "reddit", shards, tokenizer.pad_id)
+        stream = LocalStream("reddit", order, encode, args.batch, (0, ranks), "cpu")
         while stream.position()["rows"] < target:
             next(stream)
         next(stream)

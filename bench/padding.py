@@ -1,6 +1,6 @@
 """How much of the Transformer's work is padding, with and without length bucketing
 (`trainer.bucket_batches`): real Reddit pairs of the embedded sample, tokenized with the subword
-tokenizer at width 64, streamed through the trainer's own TaskStream over a parquet shard written for it.
+tokenizer at width 64, streamed through the trainer's local feed (local_feed.LocalStream, the Ray Data feed's batches) over a parquet shard written for it.
 
   .venv/bin/python bench/padding.py [--batch 128] [--buckets 0 8 32]
 
@@ -38,7 +38,8 @@ def main() -> int:
     from convsts.io.storage import resolve_path
     from convsts.models.config import TransformerConfig
     from convsts.ray_jobs.config.schema import TrainerConfig
-    from convsts.ray_jobs.training.data_feed import TaskStream
+    from convsts.ray_jobs.training.feed_order import FeedOrder
+    from convsts.ray_jobs.training.local_feed import LocalStream
 
     pairs = read_pairs_file(resolve_path("{sample}/reddit_pairs.parquet"))
     pairs = pairs[pairs["status"] == ""]
@@ -64,10 +65,9 @@ def main() -> int:
 
     print(f"{n} Reddit pairs, batch {args.batch}, width 64; Transformer hidden {h}, filter {f}")
     for buckets in args.buckets:
-        stream = TaskStream(
-            "reddit", shards, encode, args.batch, (0, 1), "cpu", 0, TrainerConfig().shuffle_block_rows,
-            bucket_batches=buckets, pad_id=0,
-        )  # fmt: skip
+        window = buckets * args.batch if buckets > 1 else 0
+        order = FeedOrder(shards, 0, TrainerConfig().shuffle_block_rows, window, args.batch, pad_id=0)
+        stream = LocalStream("reddit", order, encode, args.batch, (0, 1), "cpu")
         real = positions = fixed = real_flops = all_flops = 0.0
         for _ in range(n // args.batch):
             batch = next(stream)

@@ -4,9 +4,10 @@ Ray places each task worker and each trial function whole on one node, and waits
 request that fits on no node: 2.3 free CPUs spread 0.9/0.4/0.4 over three nodes hold no 1-CPU
 worker. So a run is checked against the nodes that exist, before any work: the workers
 (trainer.num_workers, the MIN of an elastic group, x trainer.cpus_per_worker CPUs, one GPU each with
-trainer.use_gpu), and for a sweep each trial's function too. A training worker reads its own data
-(data_feed), so nothing else of a fit asks for a CPU, and an elastic group of any size Ray gives it
-leaves nothing waiting. The requests are placed in the order Ray reserves them, each as Ray may
+trainer.use_gpu), and for a sweep each trial's function too. The feed asks for no CPU a fit must
+have: each task's dealer takes none, and its Ray Data tasks take a CPU only where the workers left
+one free (else they share the workers', one at a time: feed_dealer), so an elastic group of any size
+Ray gives it leaves nothing waiting. The requests are placed in the order Ray reserves them, each as Ray may
 place it, taking the worst case where Ray chooses: a trial function may land on any node (the one
 with the most room: it breaks the largest whole CPU), SPREAD workers go to distinct nodes (those
 with the most room), PACK workers to the node with the least room that holds them. A request that cannot be placed is refused in one line naming the keys to change (a

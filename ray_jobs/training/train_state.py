@@ -45,7 +45,7 @@ def positions_of(state: TrainState, rank: int, plan: TaskPlan, saved: TaskPlan) 
     count or other task workers) each of the rank's tasks goes on from the task's position: a
     count of the epoch's rows read, the same on every rank of a task that draws together (the
     earliest of them where the ranks went at their own pace: the async split), which a stream
-    at any number of ranks continues from (data_feed.TaskStream). A position written before
+    at any number of ranks continues from (local_feed.LocalStream, dealt_stream.DealtStream). A position written before
     positions were counts of rows (batch_in_epoch) counts the batches of its task's ranks then.
     A task the state holds no position for starts at epoch 0 (the loop says so)."""
     then, now = state.task_ranks or saved.ranks_by_task(), plan.ranks_by_task()

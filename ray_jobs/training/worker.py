@@ -58,32 +58,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     restarted = by_ray or loop_config.get("continues") == loop_config.get("run_id")
     model.to(device).train()
 
-    # The rank's tasks' orders, and their streams: from each task's Ray Data pipeline through its
-    # dealer (trainer.feed=ray_data; named per group start, the same name on every rank), or read by
-    # the rank itself (local; an async group's ranks go at their own pace, which one dealer cannot).
-    tasks = trained_tasks(cfg)
-    orders = {
-        name: feed_order(cfg, name, task_shards(tasks[name], cfg, loop_config["listings"][name]), tokenizer.pad_id)
-        for name in plan.tasks_of(rank)
-    }
-    feed = "local" if plan.mode is SplitMode.ASYNC else cfg.trainer.feed
-    group = from_rank_0(uuid.uuid4().hex[:12], world) if feed == "ray_data" else ""
-    if rank == 0 and feed != cfg.trainer.feed:
-        print_once(f"[convsts rank 0] {plan.mode} task split: each rank reads its own data (trainer.feed=local)")
-
-    def open_stream(task: str, batch_size: int, position: dict[str, Any]):
-        ranks = plan.ranks_of(task)
-        share, encode = (
-            (ranks.index(rank), len(ranks)),
-            batch_encoder(tasks[task], tokenizer, cfg.tokenizer.max_words, cfg),
-        )
-        if feed == "ray_data":
-            name = f"{group}-{task}-{position.get('epoch', 0)}-{position.get('rows', 0)}-{batch_size}"
-            owner = rank == ranks[0]
-            return DealtStream(task, name, orders[task], encode, batch_size, share, device, position, owner)
-        processes = cfg.trainer.feed_processes
-        return LocalStream(task, orders[task], encode, batch_size, share, device, position, processes)
-
+    open_stream = stream_factory(cfg, plan, rank, tokenizer, device, loop_config["listings"])
     hooks = worker_hooks(loop_config, cfg, model, tokenizer, rank, own)
     if plan.mode is SplitMode.ASYNC:
         holder = loop_config["holder"]
@@ -100,6 +75,35 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     finally:
         for stream in loop.streams.values():
             stream.close()
+
+
+def stream_factory(cfg, plan, rank: int, tokenizer, device, listings: dict[str, Any]):
+    """open_stream(task, batch_size, position) for the rank's tasks (TrainLoop's StreamFactory): from
+    each task's Ray Data pipeline through its dealer (trainer.feed=ray_data; named per group start,
+    the same name on every rank), or read by the rank itself (local; an async group's ranks go at
+    their own pace, which one dealer cannot follow)."""
+    tasks = trained_tasks(cfg)
+    orders = {
+        name: feed_order(cfg, name, task_shards(tasks[name], cfg, listings[name]), tokenizer.pad_id)
+        for name in plan.tasks_of(rank)
+    }
+    feed = "local" if plan.mode is SplitMode.ASYNC else cfg.trainer.feed
+    group = from_rank_0(uuid.uuid4().hex[:12], plan.world_size) if feed == "ray_data" else ""
+    if rank == 0 and feed != cfg.trainer.feed:
+        print_once(f"[convsts rank 0] {plan.mode} task split: each rank reads its own data (trainer.feed=local)")
+
+    def open_stream(task: str, batch_size: int, position: dict[str, Any]):
+        ranks = plan.ranks_of(task)
+        share, encode = (
+            (ranks.index(rank), len(ranks)),
+            batch_encoder(tasks[task], tokenizer, cfg.tokenizer.max_words, cfg),
+        )
+        if feed == "ray_data":
+            name = f"{group}-{task}-{position.get('epoch', 0)}-{position.get('rows', 0)}-{batch_size}"
+            return DealtStream(task, name, orders[task], encode, batch_size, share, device, position, rank == ranks[0])
+        return LocalStream(task, orders[task], encode, batch_size, share, device, position, cfg.trainer.feed_processes)
+
+    return open_stream
 
 
 def own_logged(loop_config: dict[str, Any]) -> dict[str, int]:

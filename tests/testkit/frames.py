@@ -1,6 +1,6 @@
 """The training feed over an in-memory frame, without Ray, for single-process loops (tests, and
 the benches that time the step alone): a batch tokenized as the workers' feed tokenizes it, and
-TaskStream's contract (consecutive batches, epoch after epoch, each epoch's rows shuffled with
+A feed stream's contract (consecutive batches, epoch after epoch, each epoch's rows shuffled with
 seed + epoch, a position counted in rows) over a pandas frame."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def frame_batch(
 
 
 class FrameStream:
-    """TaskStream's contract over an in-memory frame (no Ray): consecutive batches in the frame's
+    """A feed stream's contract over an in-memory frame (no Ray): consecutive batches in the frame's
     order, epoch after epoch, each epoch's rows shuffled with seed + epoch; with `cfg`, the text
     columns that run trains on (a mined Reddit folder's negatives with data.reddit_hard_negatives)."""
 

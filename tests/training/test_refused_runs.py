@@ -156,6 +156,23 @@ def test_out_of_range_numbers_are_refused_naming_the_key(override, key):
         load_config(None, [override])
 
 
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        (["trainer.feed=spark"], "'trainer.feed': must be ray_data|local, got 'spark'"),
+        (["trainer.feed=local", "trainer.cpus_per_worker=2", "trainer.feed_processes=3"],
+         "'trainer.feed_processes': must be at most the worker's CPUs (trainer.cpus_per_worker=2), got 3"),
+        (["trainer.feed_processes=1"], "'trainer.feed_processes': must be 0 with trainer.feed=ray_data"),
+    ],
+)  # fmt: skip
+def test_a_feed_setting_it_cannot_use_is_refused_in_one_line_naming_the_key(overrides, said):
+    """trainer.feed is one of the two feeds; the local feed's processes are at most the worker's CPUs
+    (each is queued two units ahead), and do nothing with the Ray Data feed, so they are refused there."""
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        load_config(None, overrides)
+    assert load_config(None, ["trainer.feed=local", "trainer.cpus_per_worker=2", "trainer.feed_processes=2"])
+
+
 def test_zero_steps_is_allowed_and_means_untrained():
     assert load_config(None, ["trainer.steps=0"]).trainer.steps == 0
 
