@@ -101,6 +101,8 @@ TRAJECTORY_NEUTRAL = (
     "trainer.storage_path",
     "trainer.eval_every",
     "data.prepared_dir",
+    "trainer.feed",  # either feed gives the same batches
+    "trainer.feed_processes",
 )
 
 

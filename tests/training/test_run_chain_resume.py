@@ -3,7 +3,8 @@
 after its first), each time continued with `--resume latest` from the newest complete checkpoint of
 the whole chain (once falling back to an earlier run's, the last run's checkpoints damaged); every
 step is logged once along the chain, with the undisturbed run's losses (one worker, task sampling:
-the task draws and generators are restored). An older checkpoint named into the chain logs none of
+the task draws and generators are restored). The chain reads with the Ray Data feed, the undisturbed
+run with the local feed: the same losses at every step are the two feeds' same batches too. An older checkpoint named into the chain logs none of
 its steps again: tests/training/test_run_chain.py, on the worker's own hooks and the chain's runs.
 The undisturbed run, started into another OUT after the SIGKILL, releases the killed fit's cluster
 reservation."""
@@ -36,6 +37,7 @@ CHAIN = [
     "trainer.eval_every=0",
     "trainer.num_workers=1",  # task sampling: one worker draws both tasks
     "mlflow.experiment=chain",
+    "trainer.feed=ray_data",  # the chain's runs; the undisturbed run reads with the local feed
 ]
 COMPARED = ("reddit/loss", "snli/loss", "lr")
 
@@ -44,9 +46,11 @@ def _env(ray_session) -> dict[str, str]:
     return {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
 
 
-def _train(ray_session, out: Path, prepared: Path, mlflow_uri: str, *args: str, steps: int = STEPS) -> subprocess.Popen:
+def _train(
+    ray_session, out: Path, prepared: Path, mlflow_uri: str, *args: str, steps: int = STEPS, feed: str = "ray_data"
+) -> subprocess.Popen:
     command = [*CLI, "train", "--out", str(out), "--prepared", str(prepared), *args, *CHAIN,
-               f"mlflow.tracking_uri={mlflow_uri}", f"trainer.steps={steps}"]  # fmt: skip
+               f"mlflow.tracking_uri={mlflow_uri}", f"trainer.steps={steps}", f"trainer.feed={feed}"]  # fmt: skip
     return subprocess.Popen(
         command, cwd=REPO, env=_env(ray_session), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # a process group of its own, as a terminal's foreground job has
@@ -143,7 +147,7 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
     # The undisturbed run, into another OUT: D's driver took its Ray Train controller with it, and
     # nothing cancelled D's request to Ray's autoscaling coordinator (it would hold D's CPU for
     # 180 s): this run's start, which knows nothing of D's OUT, releases it in one line.
-    undisturbed = _train(ray_session, tmp_path / "u", sample_prepared, mlflow_uri)
+    undisturbed = _train(ray_session, tmp_path / "u", sample_prepared, mlflow_uri, feed="local")
     _, u_err = undisturbed.communicate(timeout=600)
     assert undisturbed.returncode == 0, u_err[-3000:]
     reference = json.loads((tmp_path / "u" / "train.json").read_text())["mlflow_run_id"]
