@@ -15,6 +15,9 @@ from convsts.datasets.sample_order import EpochOrder
 from convsts.ray_jobs.training.feed_order import Batch, FeedOrder
 
 READ_COLUMN = "__rows_read"  # a block's rows read from storage, on its first row (0 on the others)
+# Rows a pipeline task reads at least: blocks of fewer rows go several to a task (a task's start costs
+# more than reading a small block).
+TASK_ROWS = 16384
 
 
 @dataclass(frozen=True)
@@ -71,14 +74,19 @@ class BlockReader:
 
 
 def dataset(order: FeedOrder, encode: Callable[[pa.Table], Batch], items: Sequence[dict], cpus: float):
-    """The Ray Data dataset of the block items' rows (stretches), in order: each block read by a task
-    of `cpus` CPUs (0: the CPUs the trainers reserved are shared, as the local feed shares them, by
+    """The Ray Data dataset of the block items' rows (stretches), in order: each block (or several small
+    ones: TASK_ROWS) read by a task of `cpus` CPUs (0: the CPUs the trainers reserved are shared, as the local feed shares them, by
     one task at a time: nothing else bounds how many tasks of no CPU Ray starts)."""
     import ray.data
 
-    ds = ray.data.from_items(items, override_num_blocks=len(items))
+    blocks_a_task = max(1, TASK_ROWS // order.block_rows)
+    ds = ray.data.from_items(items, override_num_blocks=-(-len(items) // blocks_a_task))
     return ds.map_batches(
-        BlockReader(order, encode), batch_size=1, num_cpus=cpus, concurrency=None if cpus else 1, zero_copy_batch=True
+        BlockReader(order, encode),
+        batch_size=blocks_a_task,
+        num_cpus=cpus,
+        concurrency=None if cpus else 1,
+        zero_copy_batch=True,
     )
 
 
