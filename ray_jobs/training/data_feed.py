@@ -16,7 +16,7 @@ from convsts.io import storage
 from convsts.ray_jobs.config.schema import RunConfig
 from convsts.ray_jobs.tasks import Task, trained_tasks
 from convsts.ray_jobs.tasks.prepared_folder import MANIFEST, verify_prepared
-from convsts.ray_jobs.training.feed_order import FeedOrder
+from convsts.ray_jobs.training.feed_order import ORDER_KEY, FeedOrder, reconciled
 from convsts.ray_jobs.training.feed_reader import Batch, BatchEncoder
 
 
@@ -73,13 +73,42 @@ def feed_order(cfg: RunConfig, task: str, shards: ShardSet, pad_id: int) -> Feed
     return FeedOrder(shards, order_seed(cfg.seed, task), cfg.trainer.shuffle_block_rows, window, chunk, pad_id)
 
 
-def too_few_rows(task: str, rows: int, ranks: int, batch_size: int) -> str | None:
-    """The line for a task with fewer rows than one global batch; None when it has enough."""
-    if rows >= ranks * batch_size:
-        return None
-    return f"{task}: {rows} training rows, fewer than one batch of its {ranks} rank(s) ({ranks} x {batch_size})"
+class FeedStream:
+    """What both feeds' streams of one task for one rank share (local_feed.LocalStream,
+    dealt_stream.DealtStream): rank `share[0]` of the task's `share[1]` ranks, a start position
+    reconciled with the task's order (`order_changed`: the line when it counted another order's
+    rows), the position after each batch taken with the order's inputs, and the rows read from
+    storage for the batches taken (`opening_rows_read`: for the first, None before it)."""
 
+    def __init__(self, task: str, order: FeedOrder, batch_size: int, share: tuple[int, int], device, position):
+        self.index, self.ranks = share
+        if order.rows < self.ranks * batch_size:
+            raise RuntimeError(
+                f"{task}: {order.rows} training rows, fewer than one batch of its {self.ranks} rank(s) "
+                f"({self.ranks} x {batch_size})"
+            )
+        self.task, self.order, self.batch_size, self.device = task, order, batch_size, device
+        start, self.order_changed = reconciled(task, order, position or {})
+        self.epoch, self.rows = int(start.get("epoch", 0)), int(start.get("rows", 0))
+        self.opening_rows_read: int | None = None
+        self.rows_read = 0
 
-def as_tensors(batch: Batch, device) -> dict[str, torch.Tensor]:
-    """A batch's arrays as tensors on `device`."""
-    return {k: torch.from_numpy(np.require(v, requirements=["C", "W"])).to(device) for k, v in batch.items()}
+    def _took(self, position: tuple[int, int], batch: Batch, read: int) -> dict[str, torch.Tensor]:
+        """A batch taken: the position after it, the rows read for it; its arrays as tensors."""
+        self.epoch, self.rows = position
+        if self.opening_rows_read is None:  # the first batch: what reaching the stream's position read
+            self.opening_rows_read = read
+        self.rows_read += read
+        return {k: torch.from_numpy(np.require(v, requirements=["C", "W"])).to(self.device) for k, v in batch.items()}
+
+    def __iter__(self):
+        return self
+
+    def position(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "rows": self.rows,
+            "batch_size": self.batch_size,
+            "ranks": self.ranks,
+            ORDER_KEY: self.order.inputs,
+        }

@@ -28,7 +28,8 @@ class _Rows:
     piece where they lie in one, else the pieces joined; with the rows read from storage for them."""
 
     def __init__(self, blocks: Iterator[Batch] | None = None):
-        self.blocks, self.pieces, self.offset = blocks or iter(()), collections.deque(), 0
+        self.blocks, self.offset = blocks or iter(()), 0
+        self.pieces: collections.deque[Batch] = collections.deque()
         self.count = 0  # rows pushed and not yet taken
 
     def push(self, piece: Batch) -> None:
@@ -74,7 +75,6 @@ class Dealer:
         self.error: BaseException | None = None
         self.changed = threading.Condition()
         self.stopped = False
-        self.rows_read = 0
         start = (int(position.get("epoch", 0)), int(position.get("rows", 0)))
         threading.Thread(target=self._produce, args=start, daemon=True, name="convsts-dealer").start()
 
@@ -129,7 +129,6 @@ class Dealer:
             while not self.stopped and self.produced - min(self.ready, default=self.produced) >= AHEAD:
                 self.changed.wait()
             self.ready[self.produced] = (position, slices, read, set(range(self.ranks)))
-            self.rows_read += read
             self.produced += 1
             self.changed.notify_all()
 
@@ -145,10 +144,6 @@ class Dealer:
                 del self.ready[k]
             self.changed.notify_all()
             return position, slices[rank], read
-
-    def stats(self) -> dict[str, Any]:
-        """The rows read from storage so far and the CPUs each of the pipeline's tasks takes."""
-        return {"rows_read": self.rows_read, "cpus": self.cpus}
 
     def stop(self) -> None:
         with self.changed:

@@ -80,7 +80,7 @@ def dataset(order: FeedOrder, encode: Callable[[pa.Table], Batch], items: Sequen
     import ray.data
 
     blocks_a_task = max(1, TASK_ROWS // order.block_rows)
-    ds = ray.data.from_items(items, override_num_blocks=-(-len(items) // blocks_a_task))
+    ds = ray.data.from_items(list(items), override_num_blocks=-(-len(items) // blocks_a_task))
     return ds.map_batches(
         BlockReader(order, encode),
         batch_size=blocks_a_task,

@@ -13,12 +13,12 @@ import pyarrow as pa
 import torch
 
 from convsts.io.read_ahead import read_ahead
-from convsts.ray_jobs.training.data_feed import as_tensors, too_few_rows
-from convsts.ray_jobs.training.feed_order import ORDER_KEY, FeedOrder, reconciled
+from convsts.ray_jobs.training.data_feed import FeedStream
+from convsts.ray_jobs.training.feed_order import FeedOrder
 from convsts.ray_jobs.training.feed_reader import Read, Reader, Unit, in_processes, in_this_process
 
 
-class LocalStream:
+class LocalStream(FeedStream):
     """Endless batches of one task for one rank, epoch after epoch, in the task's order (FeedOrder):
     rank `share[0]` of the task's `share[1]` ranks takes its slice of each global batch of
     `ranks x batch_size` rows. Its position is the rows of the epoch's trained order before its next
@@ -39,18 +39,8 @@ class LocalStream:
         position: dict[str, Any] | None = None,
         processes: int = 0,
     ):
-        self.task, self.order, self.batch_size, self.device = task, order, batch_size, device
-        index, self.ranks = share
-        too_few = too_few_rows(task, order.rows, self.ranks, batch_size)
-        if too_few:
-            raise RuntimeError(too_few)
-        position, self.order_changed = reconciled(task, order, position or {})
-        self.epoch, self.rows = int(position.get("epoch", 0)), int(position.get("rows", 0))
-        self.reader = Reader(order, encode, batch_size, index)
-        # The rows of the shards read for the stream's first batch (None before it): a stream opened at
-        # a position reads the block that holds it, not the rows before it.
-        self.opening_rows_read: int | None = None
-        self.rows_read = 0  # rows of the shards read for the batches taken
+        super().__init__(task, order, batch_size, share, device, position)
+        self.reader = Reader(order, encode, batch_size, self.index)
         units = self._units()
         read = in_processes(self.reader, units, processes) if processes else in_this_process(self.reader, units)
         self._it = read_ahead(self._positioned(read))
@@ -74,24 +64,8 @@ class LocalStream:
         finally:
             read.close()  # type: ignore[attr-defined]  # a generator: its processes end with it
 
-    def __iter__(self):
-        return self
-
     def __next__(self) -> dict[str, torch.Tensor]:
-        (self.epoch, self.rows), batch, rows_read = next(self._it)
-        if self.opening_rows_read is None:  # the first batch: what reaching the stream's position read
-            self.opening_rows_read = rows_read
-        self.rows_read += rows_read
-        return as_tensors(batch, self.device)
-
-    def position(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "rows": self.rows,
-            "batch_size": self.batch_size,
-            "ranks": self.ranks,
-            ORDER_KEY: self.order.inputs,
-        }
+        return self._took(*next(self._it))
 
     def close(self) -> None:
         """Stop reading ahead (and the processes that read)."""
