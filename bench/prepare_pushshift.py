@@ -4,7 +4,9 @@
 
 For each size N: writes a synthetic monthly dump of N comments in the pushshift schema (25 fields,
 real texts from the embedded sample, threads of 5-35 comments, 80% of comments replying to a
-comment, 0.5% of lines repeated, 0.1% malformed; zstd), then on that same file runs
+comment, 0.5% of lines repeated, 0.1% malformed; zstd), then on that same file runs (--kind dense: a
+pair-dense dump, bodies of 20-300 characters drawn from 20,000 real comments and no bot author, so
+that about 7 lines in 10 make a pair: the engine's memory at its most pairs per line)
 
 - the reference: one Python process, the zstd stream, `json.loads` per line, convsts' own filters
   (`failing_rule`), the first line of each id, a dict from id to comment for the parent join, the
@@ -56,6 +58,10 @@ FIELDS_EXTRA = (
 )  # fmt: skip
 
 
+AUTHORS = ("alice", "bob", "carol", "dave", "AutoModerator", "erin")  # "dense": no bot, most replies make a pair
+DENSE_POOL = 20_000  # --kind dense: the real texts its bodies are drawn from
+
+
 def _b36(n: int) -> str:
     digits = "0123456789abcdefghijklmnopqrstuvwxyz"
     out = ""
@@ -98,12 +104,14 @@ def write_dump(
     texts = pd.read_parquet(sample_dir() / "reddit_pairs.parquet")
     pool = [str(t) for t in texts["question"]] + [str(t) for t in texts["answer"]]
     words = [w for t in pool for w in t.split()]  # as often as the texts use them
-    if kind == "real":  # the 393k Reddit pairs beside the project: real comments, in their order
+    if kind in ("real", "dense"):  # the 393k Reddit pairs beside the project: real comments, in their order
         shards = sorted(SHARED_REDDIT.glob("*.parquet"))
         if not shards:
-            raise SystemExit(f"--kind real: no parquet files in {SHARED_REDDIT}")
+            raise SystemExit(f"--kind {kind}: no parquet files in {SHARED_REDDIT}")
         real = pd.concat([pd.read_parquet(f, columns=["question", "answer"]) for f in shards])
         pool = [str(t) for pair in zip(real["question"], real["answer"]) for t in pair]
+    if kind == "dense":  # 20,000 of them of 20-300 characters, each drawn again and again
+        pool = random.Random(seed).sample(sorted({t for t in pool if 20 <= len(t) <= 300}), DENSE_POOL)
     drawn = iter(range(10**12))
 
     def body() -> str:
@@ -113,6 +121,8 @@ def write_dump(
         project one after another (each about twice in 1.6M lines, as far apart as the dump is long)."""
         if kind == "real":
             return pool[next(drawn) % len(pool)]
+        if kind == "dense":
+            return rng.choice(pool)
         return rng.choice(pool) if kind != "monthly" else " ".join(rng.choices(words, k=len(rng.choice(pool).split())))
 
     subs = sorted({str(s) for s in texts["subreddit"]}) or ["AskReddit"]
@@ -135,7 +145,7 @@ def write_dump(
                 next_id += 1
                 cid = _b36(next_id)
                 parent = f"t1_{rng.choice(thread)}" if thread and rng.random() < 0.8 else f"t3_{_b36(link)}"
-                author = rng.choice(["alice", "bob", "carol", "dave", "AutoModerator", "erin"])
+                author = rng.choice(AUTHORS if kind != "dense" else AUTHORS[:4])
                 record = {
                     "id": cid,
                     "parent_id": parent,
@@ -367,10 +377,12 @@ def main() -> int:
     parser.add_argument("--no-reference", action="store_true", help="skip the single-process reference script")
     parser.add_argument(
         "--kind",
-        choices=["synthetic", "monthly", "real"],
+        choices=["synthetic", "monthly", "real", "dense"],
         default="synthetic",
         help="the dump's other fields: random numbers (about 3x in zstd) or as a monthly dump's (about 8x); "
-        '"real": those of a monthly dump with the real comments in ../shared/data/reddit as the bodies (about 9-10x)',
+        '"real": those of a monthly dump with the real comments in ../shared/data/reddit as the bodies (about 9-10x); '
+        '"dense": pair-dense, a monthly dump\'s fields with bodies drawn from 20,000 of those comments of 20-300 '
+        "characters and no bot author, so that most of the 80%% of replies to a comment make a pair",
     )
     parser.add_argument(
         "--zstd-level", type=int, default=3, help="the dump's zstd level (higher: smaller, slower to write)"

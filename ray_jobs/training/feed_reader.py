@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
@@ -99,8 +102,21 @@ class Reader:
 _POOL_READER: list[Reader] = []
 
 
-def _hold(reader: Reader) -> None:
+PARENT_POLL_S = 1.0  # how often a pool process checks that its worker is alive
+
+
+def _hold(reader: Reader, parent: int) -> None:
+    """A pool process's start: it keeps `reader`, and ends itself once its worker (`parent`) is
+    gone. A worker killed with SIGKILL (a lost driver, Ray ending its job) cannot shut its pool
+    down, and the pool's processes would wait on its queue for ever."""
     _POOL_READER[:] = [reader]
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="convsts-feed-parent").start()
 
 
 def _read(epoch: int, start: int) -> Read:
@@ -121,7 +137,7 @@ def in_processes(reader: Reader, units: Iterator[Unit], processes: int) -> Itera
     """(each unit, what Reader.read gives of it), in the units' order, read by `processes` processes (spawned: no copy
     of the worker's CUDA state or threads), up to twice as many units ahead of the consumer."""
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(processes, mp_context=context, initializer=_hold, initargs=(reader,)) as pool:
+    with ProcessPoolExecutor(processes, mp_context=context, initializer=_hold, initargs=(reader, os.getpid())) as pool:
         ahead: collections.deque[tuple[Unit, Future]] = collections.deque()
         try:
             for unit in units:

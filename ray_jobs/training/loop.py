@@ -18,7 +18,7 @@ from convsts.ray_jobs.tasks import trained_tasks
 from convsts.ray_jobs.training.metric_window import MetricWindow, format_eta
 from convsts.ray_jobs.training.schedule import StageSchedule
 from convsts.ray_jobs.training.task_groups import GradientCombiner, SplitMode, TaskPlan, draw_task, plan_tasks
-from convsts.ray_jobs.training.train_state import positions_of, rng_state, set_rng_state
+from convsts.ray_jobs.training.train_state import positions_of, repeated_rows, rng_state, set_rng_state
 from convsts.ray_jobs.training.train_step import Optimizers, train_step
 
 # open_stream(task, batch_size, position) -> an iterator of batches with .position() (a position as
@@ -99,7 +99,11 @@ class TrainLoop:
             if optimizers is None:
                 state.load_optimizers(self.optimizers)
                 self.optimizers.set_lr(self.lr)
-            positions = positions_of(state, rank, plan, saved_plan(cfg, state, plan))
+            saved = saved_plan(cfg, state, plan)
+            positions = positions_of(state, rank, plan, saved)
+            for task, line in repeated_rows(state, plan, saved).items():
+                if self.leaders[task] == rank:
+                    self.hooks.progress(f"[convsts rank {rank}] {line}")
             for task in self.my_tasks:
                 if task not in positions and state.step and self.leaders[task] == rank:
                     self.hooks.progress(

@@ -38,6 +38,22 @@ def _in_rows(position: dict[str, int], ranks: int) -> dict[str, int]:
     return {"epoch": position.get("epoch", 0), "rows": rows, "batch_size": position.get("batch_size", 0)}
 
 
+def _same_ranks(state: TrainState, plan: TaskPlan, saved: TaskPlan, tasks) -> bool:
+    """The group that wrote `state` had the same ranks for `tasks` as `plan`: each rank's own position holds."""
+    then, now = state.task_ranks or saved.ranks_by_task(), plan.ranks_by_task()
+    return len(state.positions) == plan.world_size and all(then.get(t) == now[t] for t in tasks)
+
+
+def _saved_positions(state: TrainState, task: str, then: dict[str, list[int]]) -> list[dict[str, int]]:
+    """The positions in `state` of the ranks that read `task`, in rows."""
+    before = [r for r in then.get(task, []) if r < len(state.positions) and task in state.positions[r]]
+    return [_in_rows(state.positions[r][task], len(then[task])) for r in before]
+
+
+def _at(position: dict[str, int]) -> tuple[int, int]:
+    return position.get("epoch", 0), position.get("rows", 0)
+
+
 def positions_of(state: TrainState, rank: int, plan: TaskPlan, saved: TaskPlan) -> dict[str, dict[str, int]]:
     """The stream positions of `rank` of `plan` in `state`: its own where the group that wrote it had
     the same ranks for the same tasks (its task_ranks; `saved`, the plan rebuilt from the run's
@@ -48,13 +64,37 @@ def positions_of(state: TrainState, rank: int, plan: TaskPlan, saved: TaskPlan) 
     at any number of ranks continues from (local_feed.LocalStream, dealt_stream.DealtStream). A position written before
     positions were counts of rows (batch_in_epoch) counts the batches of its task's ranks then.
     A task the state holds no position for starts at epoch 0 (the loop says so)."""
-    then, now = state.task_ranks or saved.ranks_by_task(), plan.ranks_by_task()
-    if len(state.positions) == plan.world_size and all(then.get(t) == now[t] for t in plan.tasks_of(rank)):
+    then = state.task_ranks or saved.ranks_by_task()
+    if _same_ranks(state, plan, saved, plan.tasks_of(rank)):
         return {t: _in_rows(p, len(then.get(t, [1]))) for t, p in state.positions[rank].items()}
     out = {}
     for task in plan.tasks_of(rank):
-        before = [r for r in then.get(task, []) if r < len(state.positions) and task in state.positions[r]]
-        saved_positions = [_in_rows(state.positions[r][task], len(then[task])) for r in before]
-        if saved_positions:
-            out[task] = min(saved_positions, key=lambda p: (p.get("epoch", 0), p.get("rows", 0)))
+        if saved_positions := _saved_positions(state, task, then):
+            out[task] = min(saved_positions, key=_at)
     return out
+
+
+def repeated_rows(state: TrainState, plan: TaskPlan, saved: TaskPlan) -> dict[str, str]:
+    """For each task whose ranks had gone at their own pace (the async split) and that goes on at
+    other ranks: one line saying which rows come again. It goes on from its slowest rank's
+    position (positions_of), so the rows of the epoch's order between that and its fastest rank's
+    were read by some ranks and are read again."""
+    then = state.task_ranks or saved.ranks_by_task()
+    lines = {}
+    for task in plan.tasks:
+        found = _saved_positions(state, task, then)
+        if not found or _same_ranks(state, plan, saved, [task]):
+            continue
+        slowest, fastest = min(found, key=_at), max(found, key=_at)
+        if _at(slowest) == _at(fastest):
+            continue
+        until = f"row {fastest.get('rows', 0)}" + (
+            f" of epoch {fastest.get('epoch', 0)}" if fastest.get("epoch", 0) != slowest.get("epoch", 0) else ""
+        )
+        lines[task] = (
+            f"{task}: its {len(found)} ranks had gone at their own pace (the async split) and it goes on at "
+            f"{len(plan.ranks_of(task))} from its slowest rank's row {slowest.get('rows', 0)} of epoch "
+            f"{slowest.get('epoch', 0)}'s order: the rows from there to {until}, which its faster ranks had "
+            f"read in part, are read again"
+        )
+    return lines

@@ -51,32 +51,54 @@ def test_accuracy():
     assert M.accuracy(np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1]]), [1, 1]) == 0.5
 
 
-def _scorer_map(queries, th=10):
-    """MAP the way the SemEval-2016/2017 Task 3 scorer (ev.py) computes it, written out
-    independently: rank by score (stable), precision at each 'true' within the first th,
-    averaged over the 'true' ones found; a query with none scores 0 and still counts."""
-    total = 0.0
-    for scores, relevant in queries:
-        ranked = [r for _, r in sorted(zip(scores, relevant), key=lambda t: -t[0])]
-        precisions, correct = [], 0
-        for i, rel in enumerate(ranked[:th]):
-            if rel:
-                correct += 1
-                precisions.append(correct / (i + 1))
-        total += sum(precisions) / len(precisions) if precisions else 0.0
-    return total / len(queries)
+def test_ap_and_p_at_n_agree_with_scikit_learn_where_their_definitions_meet():
+    """Distinct scores (no tie rule in play), at most 10 candidates (no cut-off) and a relevant one in
+    each list: the scorer's AP is scikit-learn's average_precision_score, and P@N its top_k_accuracy_score."""
+    from sklearn.metrics import average_precision_score, top_k_accuracy_score
 
-
-def test_map_matches_the_official_scorer_definition():
     rng = np.random.default_rng(0)
-    queries = []
     for _ in range(200):
-        n = int(rng.integers(1, 15))  # some lists longer than the scorer's cut-off of 10
-        scores = rng.integers(0, 4, size=n) / 4.0  # many ties
-        relevant = rng.random(n) < 0.3  # some queries have no relevant item
-        queries.append((list(scores), list(relevant)))
-    assert any(not any(r) for _, r in queries) and any(len(s) > 10 for s, _ in queries)
-    assert M.mean_average_precision(queries) == pytest.approx(_scorer_map(queries), abs=1e-12)
+        n = int(rng.integers(2, 11))
+        scores = rng.permutation(n) / n + rng.random() * 1e-3  # distinct
+        relevant = rng.random(n) < 0.4
+        relevant[int(rng.integers(n))] = True
+        assert M.average_precision(scores, relevant) == pytest.approx(average_precision_score(relevant, scores))
+    scores = rng.random((300, 12))  # (queries, candidates): the true one in column 0, distinct scores
+    p = M.precision_at_n(scores, (1, 3, 10))
+    for n in (1, 3, 10):
+        assert p[n] == pytest.approx(top_k_accuracy_score(np.zeros(300), scores, k=n, labels=range(12)))
+
+
+def test_map_and_p_at_n_on_small_lists_worked_out_by_hand():
+    """The SemEval-2016 Task 3 scorer's rules (ev.py): rank by score, ties in file order; precision at
+    each relevant candidate within the first 10, averaged over those; a query with none scores 0 and
+    still counts. Each expected value is worked out in the comment beside it."""
+    queries = [
+        # ranked: rel, non, rel, non -> (1/1 + 2/3) / 2 = 5/6
+        ([0.9, 0.8, 0.7, 0.1], [True, False, True, False]),
+        # a tie keeps file order: non(0.5), rel(0.5), rel(0.2) -> (1/2 + 2/3) / 2 = 7/12
+        ([0.5, 0.5, 0.2], [False, True, True]),
+        # no relevant candidate: 0
+        ([0.3, 0.2], [False, False]),
+        # 12 candidates, relevant at ranks 2 and 11: only rank 2 is within the first 10 -> (1/2) / 1 = 1/2
+        ([12 - i for i in range(12)], [i in (1, 10) for i in range(12)]),
+    ]
+    expected = [5 / 6, 7 / 12, 0.0, 1 / 2]
+    assert [M.average_precision(s, r) for s, r in queries] == pytest.approx(expected)
+    assert M.mean_average_precision(queries) == pytest.approx(23 / 48)  # (10/12 + 7/12 + 0 + 6/12) / 4
+    # P@N, the true candidate in column 0: ranks 1; 3 (a tie with one other counts against it); 2
+    scores = np.array([[0.9, 0.1, 0.2], [0.4, 0.4, 0.6], [0.5, 0.7, 0.1]])
+    assert M.precision_at_n(scores, (1, 2, 3)) == pytest.approx({1: 1 / 3, 2: 2 / 3, 3: 1.0})
+
+
+def test_pearson_and_spearman_agree_with_scipy():
+    from scipy import stats
+
+    rng = np.random.default_rng(1)
+    gold = rng.integers(0, 6, size=400).astype(float)  # STS gold scores 0-5: many ties
+    pred = gold + rng.normal(0, 2, size=400)
+    assert M.pearson(pred, gold) == pytest.approx(stats.pearsonr(pred, gold).statistic, abs=1e-12)
+    assert M.spearman(pred, gold) == pytest.approx(stats.spearmanr(pred, gold).statistic, abs=1e-12)
 
 
 def test_pearson_of_huge_scores_is_their_correlation_not_an_overflow():

@@ -14,7 +14,7 @@ from convsts.ray_jobs.config.loader import load_config
 from convsts.ray_jobs.runtime.resources import check_training_fits, workers_that_fit
 from convsts.ray_jobs.training.loop import WORKERS_METRIC, saved_plan
 from convsts.ray_jobs.training.task_groups import SplitMode, plan_for
-from convsts.ray_jobs.training.train_state import positions_of, set_rng_state
+from convsts.ray_jobs.training.train_state import positions_of, repeated_rows, set_rng_state
 from convsts.ray_jobs.training.worker import own_logged, previous_size, ray_restart, resize_line
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,6 +151,14 @@ def test_a_checkpoint_of_another_size_gives_each_rank_its_tasks_position_and_see
     # Ranks of a task that went at their own pace (the async split): the earliest, so none is skipped.
     ahead = _state(3, [{"reddit": reddit}, {"reddit": {**reddit, "rows": 2048}}, {"snli": snli}])
     assert positions_of(ahead, 0, one, saved_plan(cfg, ahead, one))["reddit"] == reddit
+    # ... and the rows its faster rank had read come again, said in one line (the task's leader says it).
+    assert repeated_rows(ahead, one, saved_plan(cfg, ahead, one)) == {
+        "reddit": "reddit: its 2 ranks had gone at their own pace (the async split) and it goes on at 1 from its "
+        "slowest rank's row 1920 of epoch 2's order: the rows from there to row 2048, which its faster ranks had "
+        "read in part, are read again"
+    }
+    assert repeated_rows(ahead, three, three) == {}  # the same ranks: each goes on from its own
+    assert repeated_rows(state, one, saved_plan(cfg, state, one)) == {}  # ranks that drew together
     # Generators: each rank's own at the same size, seeded from (seed, step, rank) at another, the
     # same on every restart at that size and different between ranks.
     assert state.rng_of(2, 3, cfg.seed) is state.rng[2]

@@ -6,12 +6,14 @@ once, with the losses and the final weights of the undisturbed run, bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
 
 import pytest
 import torch
+from testkit.local_cluster import node_processes
 from testkit.multinode import (
     BUCKET,
     CLI,
@@ -37,6 +39,18 @@ def _complete_checkpoints(folder_uri: str) -> list[str]:
     """The checkpoint folders under a bucket prefix whose manifest (written last) is there, oldest step first."""
     folders = [k.rsplit("/", 1)[0] for k in keys(folder_uri) if k.endswith("/manifest.json")]
     return sorted(folders, key=lambda f: int(f.rsplit("-", 1)[1]))
+
+
+def _feed_processes(cluster) -> list:
+    """The processes the training workers spawned to read their feed (trainer.feed_processes)."""
+    import psutil
+
+    found = []
+    for node in cluster.nodes:
+        for pid in node_processes(node, b"ray::RayTrainWorker"):
+            with contextlib.suppress(psutil.Error):
+                found += [c for c in psutil.Process(pid).children() if "multiprocessing.spawn" in " ".join(c.cmdline())]
+    return found
 
 
 def _step(folder: str) -> int:
@@ -67,8 +81,10 @@ def test_a_run_that_loses_a_node_then_its_driver_goes_on_with_the_undisturbed_ru
     # Past a registered checkpoint it loses a worker node that hosts a task worker; a replacement
     # node joins and the group goes on from that checkpoint. Once it has completed a checkpoint
     # after its restart, its driver is SIGKILLed (a killed job, a closed laptop, an OOM on the head).
+    # Its workers read in a feed process each (trainer.feed_processes=1): none of those may outlive
+    # the SIGKILL either (same batches: the losses stay the undisturbed run's).
     out = tmp_path / "k"
-    command = CLI + train_args(out, sample_prepared, *KILLABLE, *NAMED)
+    command = CLI + train_args(out, sample_prepared, *KILLABLE, *NAMED, "trainer.feed_processes=1")
     log_file = tmp_path / "k.log"  # a file, not a pipe: nothing blocks the driver while the test polls
     with log_file.open("w") as sink:
         proc = subprocess.Popen(command, cwd=REPO, env=cluster.env, stdout=sink, stderr=subprocess.STDOUT, text=True)
@@ -86,11 +102,17 @@ def test_a_run_that_loses_a_node_then_its_driver_goes_on_with_the_undisturbed_ru
         while time.time() < deadline and proc.poll() is None and not restarted_and_checkpointed():
             time.sleep(0.3)
         assert proc.poll() is None, log_file.read_text()[-3000:]
+        feed_processes = _feed_processes(cluster)
+        assert feed_processes, "the workers read in no feed process"
         proc.kill()
+        killed_at = time.time()
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
+    while (left := [p for p in feed_processes if p.is_running()]) and time.time() < killed_at + 30:
+        time.sleep(0.5)
+    assert not left, f"feed processes left 30 s after the driver's SIGKILL: {[p.pid for p in left]}"
     log = log_file.read_text()
     deadline = time.time() + 60  # Ray ends the dead driver's workers
     while training_hosts(cluster) and time.time() < deadline:
@@ -121,6 +143,15 @@ def test_a_run_that_loses_a_node_then_its_driver_goes_on_with_the_undisturbed_ru
     resumed = train(cluster, out, sample_prepared, *KILLABLE, *NAMED, "--resume")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"start step {at}" in resumed.stdout + resumed.stderr
+    # The killed driver took its Ray Train controller with it: this OUT's next run to reach the
+    # cluster (the refused one never does) releases that fit's reservation, in one line.
+    released = [
+        line
+        for line in (again.stdout + again.stderr + resumed.stdout + resumed.stderr).splitlines()
+        if "released the cluster reservation of" in line
+    ]
+    assert len(released) == 1, released
+    assert f"of an earlier fit of this OUT, Ray Train run {record['ray_train_run']} " in released[0], released
     finished = json.loads((out / "train.json").read_text())
     assert json.loads((out / "checkpoint" / "config.json").read_text())["step"] == STEPS
     assert finished["storage"] != record["storage"]  # the continuing run owns its folder too
