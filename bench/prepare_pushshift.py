@@ -95,7 +95,8 @@ def write_dump(
     """A zstd NDJSON dump of `comments` lines in the pushshift comment schema (comment and thread ids
     from `first` on: dumps written with first far apart share none). `kind`: "synthetic", its other
     fields random numbers (it compresses about 3x), or "monthly", as a monthly dump writes them,
-    compressed with zstd's long window as those are (about 8x). `level`: zstd's."""
+    compressed with zstd's long window as those are (about 8x); "real" and "dense" (--kind's help)
+    with a monthly dump's fields, "dense" in zstd's default window. `level`: zstd's."""
     import pandas as pd
     import zstandard
 
@@ -128,7 +129,7 @@ def write_dump(
     subs = sorted({str(s) for s in texts["subreddit"]}) or ["AskReddit"]
     rng = random.Random(seed)
     written, next_id, link = 0, 10**8 + first, 10**6 + first
-    if kind != "synthetic":  # zstd --long=27, as the monthly files are written
+    if kind in ("monthly", "real"):  # zstd --long=27, as the monthly files are written
         params = zstandard.ZstdCompressionParameters.from_level(level, window_log=27, enable_ldm=True)
         compressor = zstandard.ZstdCompressor(compression_params=params)
     else:

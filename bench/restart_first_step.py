@@ -7,11 +7,12 @@ reaching its data position: a feed that seeks costs the same at every position, 
 through to it costs in proportion to how far the epoch has gone.
 
   .venv/bin/python bench/restart_first_step.py [--input ../shared/data/reddit] [--at 0.05 0.95]
+      [--feeds ray_data local]  # trainer.feed: each timed at every position
       [--source DIR]  # time another checkout of convsts (its folder; e.g. `git worktree add`)
 
 Every command joins one local Ray instance the bench starts (RAY_ADDRESS), so no restart pays for a
-Ray start. Prints a fresh run's seconds to its first step, then one row per position: the step, the
-restart's seconds to its first step, and how much longer than at the first position.
+Ray start. Prints, for each feed, a fresh run's seconds to its first step, then one row per position:
+the step, the restart's seconds to its first step, and how much longer than at the first position.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def main() -> int:
     parser.add_argument("--at", type=float, nargs="+", default=[0.05, 0.95], help="positions, as shares of an epoch")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--source", default=str(REPO), help="the convsts checkout whose commands are timed")
+    parser.add_argument("--feeds", nargs="+", default=[None], help="trainer.feed values (default: the config's)")
     args = parser.parse_args()
 
     import ray
@@ -86,20 +88,24 @@ def main() -> int:
         return convsts("train", "--out", str(out), "--prepared", str(prepared), *extra, *TINY, stage, inputs,
                        f"trainer.steps={steps}", "trainer.log_every=1")  # fmt: skip
 
-    fresh = work / "fresh"
-    fresh_s = _first_step_seconds(fresh, 1, train(fresh, 2, "trainer.checkpoint_every=2"))
-    print(f"a fresh run: {fresh_s:.1f} s to its first step (its tokenizer fitted on the data)")
-    print("| position in the epoch | step | restart: first step | beside the first position's |")
-    print("|---|---|---|---|")
-    first_s = None
-    for share in args.at:
-        at = max(1, int(epoch_steps * share))
-        out = work / f"at{at}"
-        train(out, at, f"trainer.checkpoint_every={at}")
-        resumed = train(out, at + 2, "--resume", "latest", f"trainer.checkpoint_every={at}")
-        restart_s = _first_step_seconds(out, at + 1, resumed)
-        first_s = restart_s if first_s is None else first_s
-        print(f"| {share:.0%} | {at} | {restart_s:.1f} s | {restart_s - first_s:+.1f} s |", flush=True)
+    for feed in args.feeds:
+        chosen = (f"trainer.feed={feed}",) if feed else ()
+        fresh = work / f"fresh-{feed}"
+        fresh_s = _first_step_seconds(fresh, 1, train(fresh, 2, "trainer.checkpoint_every=2", *chosen))
+        print(
+            f"\nfeed {feed or 'as configured'}: a fresh run: {fresh_s:.1f} s to its first step (its tokenizer fitted)"
+        )
+        print("| feed | position in the epoch | step | restart: first step | beside the first position's |")
+        print("|---|---|---|---|---|")
+        first_s = None
+        for share in args.at:
+            at = max(1, int(epoch_steps * share))
+            out = work / f"at{at}-{feed}"
+            train(out, at, f"trainer.checkpoint_every={at}", *chosen)
+            resumed = train(out, at + 2, "--resume", "latest", f"trainer.checkpoint_every={at}", *chosen)
+            restart_s = _first_step_seconds(out, at + 1, resumed)
+            first_s = restart_s if first_s is None else first_s
+            print(f"| {feed} | {share:.0%} | {at} | {restart_s:.1f} s | {restart_s - first_s:+.1f} s |", flush=True)
     ray.shutdown()
     return 0
 

@@ -1,10 +1,13 @@
 """Training throughput: the Ray Train job against a plain single-process PyTorch loop on the same
-model, config and prepared data; and larger groups (--workers) against 1 worker.
+model, config and prepared data; larger groups (--workers) against 1 worker; and with --feeds, each
+feed (trainer.feed: ray_data, local) at each group size.
 
   .venv/bin/python bench/train_throughput.py [--config configs/demo_dan.yaml] [--prepared DIR] [--steps 300]
+      [--workers 1,2] [--feeds ray_data local]
 
 Prints steady-state pairs/s (median step time after warm-up; Ray's start-up is reported
-separately) and the ratios. The plain loop tokenizes with the same tokenizer and draws each
+separately, as the whole fit's seconds) and the ratios: the first feed's against each other's at
+each size. The plain loop tokenizes with the same tokenizer and draws each
 step's task by weight, as the 1-worker Ray job does (task_sampling mode).
 """
 
@@ -71,10 +74,12 @@ def plain_loop(cfg, prepared: Path, tokenizer, steps: int, warmup: int) -> float
     return batch_size / statistics.median(times[warmup:])
 
 
-def ray_job(cfg, prepared: Path, workers: int, steps: int, out: Path) -> tuple[float, float]:
-    """(steady-state pairs/s, seconds of the whole fit) of the Ray Train job with `workers` workers."""
+def ray_job(cfg, prepared: Path, workers: int, steps: int, out: Path, feed: str) -> tuple[float, float]:
+    """(steady-state pairs/s, seconds of the whole fit) of the Ray Train job with `workers` workers
+    reading with `feed`."""
     from mlflow.tracking import MlflowClient
 
+    cfg.trainer.feed = feed
     cfg.trainer.num_workers = workers
     cfg.trainer.steps = steps
     cfg.trainer.log_every = 10
@@ -100,6 +105,10 @@ def main() -> int:
         default=[1, 2],
         help="Ray Train group sizes to time, comma-separated (default 1,2; 1 on a one-GPU node)",
     )
+    parser.add_argument(
+        "--feeds", nargs="+", default=["ray_data"], help="trainer.feed values to time at each size (ray_data, local)"
+    )
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain single-process loop")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -115,31 +124,39 @@ def main() -> int:
     tokenizer = build_tokenizer(cfg, prepared)
     torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_worker)) if cfg.trainer.cpus_per_worker >= 1 else 1)
 
-    plain = plain_loop(cfg, prepared, tokenizer, args.steps, args.warmup)
+    plain = None if args.no_plain else plain_loop(cfg, prepared, tokenizer, args.steps, args.warmup)
     print(
         f"config {args.config}, {args.steps} steps, batch {cfg.trainer.stages[0].batch_size}, "
         f"{os.cpu_count()} CPUs, torch threads in the plain loop: 1 (a Ray worker gets "
         f"{cfg.trainer.cpus_per_worker} CPU)"
     )
-    print(f"plain single-process loop   {plain:9.1f} pairs/s", flush=True)
+    if plain is not None:
+        print(f"plain single-process loop   {plain:9.1f} pairs/s", flush=True)
     torch.set_num_threads(os.cpu_count() or 1)
     rates = {}
     for workers in args.workers:
-        rates[workers], fit_s = ray_job(
-            load_config(args.config, args.overrides + [f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}"]),
-            prepared,
-            workers,
-            args.steps,
-            work / f"ray{workers}",
-        )
-        print(
-            f"Ray Train, {workers} worker(s)      {rates[workers]:9.1f} pairs/s   (whole fit incl. start-up {fit_s:.0f} s)",
-            flush=True,
-        )
-    first = args.workers[0]
-    print(f"ratio Ray {first} worker(s) / plain  {rates[first] / plain:9.2f}")
+        for feed in args.feeds:
+            rates[workers, feed], fit_s = ray_job(
+                load_config(args.config, args.overrides + [f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}"]),
+                prepared,
+                workers,
+                args.steps,
+                work / f"ray{workers}-{feed}",
+                feed,
+            )
+            print(
+                f"Ray Train, {workers} worker(s), feed {feed:8s} {rates[workers, feed]:9.1f} pairs/s   "
+                f"(whole fit incl. start-up {fit_s:.0f} s)",
+                flush=True,
+            )
+    first, feed = args.workers[0], args.feeds[0]
+    if plain is not None:
+        print(f"ratio Ray {first} worker(s) / plain  {rates[first, feed] / plain:9.2f}")
     for workers in args.workers[1:]:
-        print(f"ratio {workers} workers / {first} worker(s)  {rates[workers] / rates[first]:9.2f}")
+        print(f"ratio {workers} workers / {first} worker(s)  {rates[workers, feed] / rates[first, feed]:9.2f}")
+    for workers in args.workers:
+        for other in args.feeds[1:]:
+            print(f"ratio {feed} / {other} at {workers} worker(s)  {rates[workers, feed] / rates[workers, other]:9.2f}")
     return 0
 
 

@@ -20,8 +20,8 @@ import pyarrow as pa
 from convsts.datasets.config import RedditFilterConfig
 from convsts.datasets.pushshift.steps import (
     CANDIDATE_COLUMNS,
+    LOCAL_PARTITION_ROW_BYTES,
     MAX_SPLITS,
-    PARTITION_ROW_BYTES,
     REPLY_COLUMNS,
     cut_again,
     cut_ways,
@@ -52,13 +52,15 @@ class Spill:
     * "candidate": each comment as a possible parent, in the partition of a hash of its id;
     * "reply": each comment as a reply, in the partition of a hash of its parent's id (a reply to a
       submission in that of its own id); a body is kept only where its comment passed the filters;
-    * "pairs-SPLIT": the pairs found, in ranges of their ORDER_KEY (the top bits), so that writing the
-      ranges one after the other, each sorted, writes in_fixed_order's order."""
+    * "pairs-SPLIT": the pairs found, in `ranges` ranges of their ORDER_KEY (the top bits), so that
+      writing the ranges one after the other, each sorted, writes in_fixed_order's order; as many as
+      keep a range within a partition's row bytes (set_ranges: a dump where most comments make a
+      pair holds about as many bytes of pairs as of comments)."""
 
     CANDIDATE, REPLY = CANDIDATE_COLUMNS, REPLY_COLUMNS
 
     def __init__(self, folder: Path, parts: int):
-        self.folder, self.parts = folder, parts
+        self.folder, self.parts, self.ranges = folder, parts, parts
         self._writers: dict[tuple[str, int | str], Any] = {}
 
     def add_comments(self, comments) -> None:
@@ -68,10 +70,16 @@ class Spill:
 
     def add_pairs(self, split: str, pairs) -> None:
         """Pairs of one split (WRITTEN_COLUMNS and ORDER_KEY), by ranges of their key."""
-        self._write_parts(f"pairs-{split}", pairs, key_ranges(pairs, self.parts))
+        self._write_parts(f"pairs-{split}", pairs, key_ranges(pairs, self.ranges), self.ranges)
 
-    def _write_parts(self, kind: str, table, part: np.ndarray) -> None:
-        for p, rows in partition_slices(table, part, self.parts):
+    def set_ranges(self, part_bytes: int) -> None:
+        """As many key ranges of pairs as keep each within `part_bytes`, were every comment spilled
+        (its rows as a candidate and as a reply) to make a pair: at least one a partition."""
+        spilled = sum(self.size(part) for part in range(self.parts))
+        self.ranges = max(self.parts, cut_ways(spilled, part_bytes))
+
+    def _write_parts(self, kind: str, table, part: np.ndarray, parts: int | None = None) -> None:
+        for p, rows in partition_slices(table, part, parts or self.parts):
             self._write(kind, rows, p)
 
     def _write(self, kind: str, rows, part: int | str) -> None:
@@ -137,7 +145,7 @@ class Spill:
     def write_split(self, split: str, out_dir: str | Path, rows: int, rows_per_shard: int) -> list:
         """The pairs of `split` as its shards, range after range, each range sorted by its key."""
         writer = ShardWriter(storage.join(out_dir, split), rows, rows_per_shard)
-        for part in range(self.parts):
+        for part in range(self.ranges):
             pairs = self.read(f"pairs-{split}", part)
             if pairs is not None:
                 writer.add(pairs.sort_by([(ORDER_KEY, "ascending")]).drop_columns([ORDER_KEY]))
@@ -196,7 +204,7 @@ def remove_abandoned_spills() -> list[str]:
 
 def prepare_local(
     paths: Sequence[str], cfg: RedditFilterConfig, test_share: float, salt: str, out_dir: str | Path,
-    rows_per_shard: int, parts: int, part_bytes: int = PARTITION_ROW_BYTES,
+    rows_per_shard: int, parts: int, part_bytes: int = LOCAL_PARTITION_ROW_BYTES,
 ) -> dict[str, Any]:  # fmt: skip
     """Comment dumps -> out_dir's train/test shards, in this process, without Ray: the manifest's counts and
     each split's shard records, as write_pairs gives them. The dumps are streamed (CHUNK_BYTES at a time) and
@@ -211,6 +219,7 @@ def prepare_local(
     ):
         spill = Spill(Path(folder), parts)
         read = _spill_comments(spill, paths, cfg)
+        spill.set_ranges(part_bytes)
         counts: list[dict] = []
         repeats = spill.repeated_lines()
         todo: list[tuple[int | str, int]] = [(part, 0) for part in range(spill.parts)]  # (partition, its cuts)

@@ -39,6 +39,10 @@ PARTITION_INPUT_BYTES = 64 << 20  # input bytes (as stored) per spill partition 
 # engine: one larger is cut again by another hash before its join, however well its input
 # compressed (cut_again).
 PARTITION_ROW_BYTES = 128 << 20
+# The engine's own budget (prepare_local, one process): a join holds about four times its rows'
+# bytes at its peak, and the process keeps what Arrow freed for the next; 64 MiB keeps a 1.6M-comment
+# dump where most replies make a pair under 600 MiB (docs/performance.md), 128 MiB took it to 860.
+LOCAL_PARTITION_ROW_BYTES = 64 << 20
 MAX_SPLITS = 3  # cuts of a partition at most: one whose rows share a few keys cannot shrink
 KEY_BATCH_ROWS = 100_000  # pairs keyed at once (through pandas) in the pairs step
 PARENT = "t1_"  # a parent_id that names a comment (t3_ names a submission)

@@ -24,7 +24,8 @@ either. torch is imported by the functions that build or load tensors, so a comm
 (read_model_files) before loading it.
 """
 
-from convsts.models.checkpoint.listing import Checkpoint, complete_checkpoints, listed_steps, newest_complete
+from convsts.models.checkpoint.checkpoint import Checkpoint
+from convsts.models.checkpoint.listing import complete_checkpoints, listed_steps, newest_complete
 from convsts.models.checkpoint.manifest import (
     Hashed,
     add_to_manifest,

@@ -2,9 +2,11 @@
 
   convsts train --config configs/dan_multitask.yaml --out DIR [dotted.overrides=...]
 
-Data flows one way: prepared parquet shards -> Ray Data (tokenized in map_batches) -> one
-stream per task group -> shared encoder + heads -> losses -> combined gradients -> checkpoints and
-MLflow (docs/design.md has the module map). The final checkpoint is copied to DIR/checkpoint.
+Data flows one way: prepared parquet shards -> each task's Ray Data pipeline (each block read once,
+in the epoch's order, tokenized in map_batches) -> the task's dealer, which hands each rank its
+slice of every global batch (trainer.feed=local: each worker reads its own slices) -> shared
+encoder + heads -> losses -> combined gradients -> checkpoints and MLflow (docs/design.md has the
+module map). The final checkpoint is copied to DIR/checkpoint.
 """
 
 from __future__ import annotations

@@ -286,3 +286,40 @@ def test_the_engine_cuts_a_partition_whose_rows_outgrow_the_budget_and_writes_th
         assert (tmp_path / "cut" / "train" / record["file"]).read_bytes() == (
             tmp_path / "whole" / "train" / record["file"]
         ).read_bytes()
+
+
+def test_the_engines_pairs_are_written_in_ranges_within_the_budget_however_many_comments_pair(tmp_path):
+    """The pairs spilled for writing are cut into key ranges by the rows spilled, not by the input as
+    stored: a dump of one stored partition whose comments come to many budgets of rows has as many
+    ranges, each within about a budget (a dump where most replies pair holds about as many bytes of
+    pairs as of comments); written one after another, they give the shards of one range."""
+    from convsts.datasets.pushshift.local import Spill
+    from convsts.datasets.pushshift.steps import cut_ways, partition_pairs, ruled_chunks
+
+    bench = prepare_bench()
+    dump = tmp_path / "RC_synthetic.zst"
+    bench.write_dump(dump, 6000)
+    budget = 32 << 10
+    spill = Spill(tmp_path, parts=1)
+    for chunk in ruled_chunks(str(dump), 0, CFG):
+        spill.add_comments(pushshift.steps.without_malformed(chunk, 0)[0])
+    spill.close("candidate")
+    spill.close("reply")
+    spilled = spill.size(0)
+    spill.set_ranges(budget)
+    assert spill.ranges == cut_ways(spilled, budget) > 10
+    _, pairs = partition_pairs(
+        [spill.read("reply", 0)], lambda: [spill.read("candidate", 0)], pa.array([], pa.int64()), 0.1, "s"
+    )
+    for split, table in pairs.items():
+        spill.add_pairs(split, table)
+    spill.close("pairs-train")
+    sizes = [f.stat().st_size for f in tmp_path.glob("pairs-train-*.arrow")]
+    assert len(sizes) > 10 and max(sizes) <= 1.5 * budget, (len(sizes), max(sizes))
+    one = pushshift.prepare_local([str(dump)], CFG, 0.1, "s", tmp_path / "one", 300, parts=1, part_bytes=1 << 30)
+    cut = pushshift.prepare_local([str(dump)], CFG, 0.1, "s", tmp_path / "cut", 300, parts=1, part_bytes=budget)
+    assert cut == one
+    for record in one["shards"]["train"]:
+        assert (tmp_path / "cut" / "train" / record["file"]).read_bytes() == (
+            tmp_path / "one" / "train" / record["file"]
+        ).read_bytes()
