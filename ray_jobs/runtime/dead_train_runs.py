@@ -30,6 +30,7 @@ from typing import Any
 from convsts.ray_jobs.runtime.logs import log
 
 TIMEOUT_S = 5.0  # each call to the coordinator and the state API
+STATE_LIMIT = 10_000  # the most rows Ray's state API gives in one answer (it refuses more)
 KV_NAMESPACE, FIT_KEY_PREFIX = "convsts", "fit/"  # record_fit's records: fit/<Ray Train run id> -> driver's job id
 COORDINATOR = ("AutoscalingCoordinator", "AutoscalingCoordinator")  # its actor name and namespace (Ray Data's)
 EXPIRY_MODULE = "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
@@ -101,7 +102,7 @@ def ended_jobs() -> set[str] | None:
     from ray.util.state import list_jobs
 
     try:
-        jobs = list_jobs(limit=100_000, timeout=int(TIMEOUT_S), raise_on_missing_output=False)
+        jobs = list_jobs(limit=STATE_LIMIT, timeout=int(TIMEOUT_S), raise_on_missing_output=False)
     except Exception as err:  # no dashboard, or it did not answer: other runs' fits are left to expire
         log.debug("Ray's job list did not answer (%s): other runs' dead fits are not released", err)
         return None

@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from convsts.ray_jobs.runtime.dead_train_runs import STATE_LIMIT
+
 log = logging.getLogger("convsts")
 
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
@@ -47,7 +49,7 @@ def own_groups(job_id: str) -> set[str] | None:
 
     try:
         groups = list_placement_groups(
-            filters=[("creator_job_id", "=", job_id)], limit=10_000, timeout=5, raise_on_missing_output=False
+            filters=[("creator_job_id", "=", job_id)], limit=STATE_LIMIT, timeout=5, raise_on_missing_output=False
         )
     except Exception as err:  # noqa: BLE001 - no dashboard, or it did not answer
         log.debug("Ray's state API did not say which placement groups are this run's (%s)", err)

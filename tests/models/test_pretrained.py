@@ -246,6 +246,7 @@ PRETRAINED_TINY = [
     "trainer.steps=4",
     "trainer.log_every=2",
     "trainer.checkpoint_every=2",
+    "trainer.feed=local",  # not the feed's guarantee (testkit.tiny.TINY_DAN)
     "trainer.eval_every=0",
     "trainer.num_workers=2",
     "trainer.cpus_per_worker=0.5",

@@ -37,6 +37,7 @@ TINY = [
     "trainer.optimizer=adam",
     "trainer.log_every=1000",
     "trainer.checkpoint_every=1000",
+    "trainer.feed=local",  # not the feed's guarantee (testkit.tiny.TINY_DAN)
 ]
 REDDIT = pd.DataFrame(
     {
