@@ -84,8 +84,11 @@ def saying_resource_waits(after_s: float = AFTER_S, poll_s: float = POLL_S) -> I
                     continue
                 since = pending_since.setdefault(group, now)
                 if now - since >= after_s:
-                    said.add(group)  # asked once: another job's stays unsaid
-                    if group in (own_groups(job_id) or set()):
+                    owned = own_groups(job_id)
+                    if owned is None:  # the state API did not answer: asked again at the next poll
+                        continue
+                    said.add(group)  # decided once: another job's stays unsaid
+                    if group in owned:
                         log.warning("%s", wait_line(info, now - since))
 
     thread = threading.Thread(target=watch, daemon=True, name="convsts-resource-waits")

@@ -89,7 +89,11 @@ def test_a_worker_group_that_waits_for_resources_is_one_line_saying_what_and_for
             placed = placement_group([{"CPU": 0.1}])
             ray.get(placed.ready(), timeout=30)
             waiting = placement_group([{"CPU": 64}, {"CPU": 64}])
-            time.sleep(3)
+            deadline = time.time() + 60  # said once it has waited 1 s and the state API has answered
+            while not [r for r in caplog.records if "waits for resources" in r.getMessage()]:
+                assert time.time() < deadline, "the waiting group was not said"
+                time.sleep(0.2)
+            time.sleep(1)  # a few more polls: nothing more is said
             remove_placement_group(waiting)
             remove_placement_group(placed)
     finally:

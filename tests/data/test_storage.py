@@ -317,30 +317,6 @@ def test_mine_negatives_with_a_checkpoint_in_the_bucket_into_a_prepared_folder_t
     assert any(k.startswith("convsts-data/mined/snli/train/") for k in keys(f"{bucket}/mined"))
 
 
-@pytest.mark.slow
-def test_two_reddit_ranks_read_the_shards_in_the_bucket_no_more_often_than_one(trained_on_s3, tmp_path):
-    """trainer.feed=ray_data reads each block of a task's order once, whatever its ranks: a fit with
-    2 Reddit ranks for S/2 steps reads the Reddit shards in the bucket no more often than a fit
-    with 1 Reddit rank for S steps (the same rows trained). With the local feed every rank read
-    every block it took a slice of: twice as often at 2 ranks."""
-    from testkit.s3_server import request_log
-    from testkit.tiny import TINY_DAN
-
-    steps = 40
-    reads = {}
-    for workers in (1, 2):
-        command = ["train", "--out", str(tmp_path / f"ranks{workers}"), *trained_on_s3["data"], *TINY_DAN,
-                   "trainer.feed=ray_data", "trainer.task_weights={reddit: 1.0}", f"trainer.num_workers={workers}",
-                   f"trainer.steps={steps // workers}", "trainer.eval_every=0", "trainer.log_every=10",
-                   "eval.reddit_pairs=200", "data.cqa_test=''"]  # fmt: skip
-        with request_log() as seen:
-            run = _convsts(trained_on_s3["env"], *command)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        reads[workers] = [path for method, path in seen if method == "GET" and "/prepared/reddit/train/" in path]
-    assert reads[1], "the fit read no Reddit shard from the bucket"
-    assert len(reads[2]) <= len(reads[1]), (len(reads[2]), len(reads[1]))
-
-
 def test_the_cache_of_uri_folders_keeps_the_most_recently_used_copies(tmp_path, monkeypatch):
     """Each checkpoint read from a bucket is copied once to this machine; evaluating a sweep's
     checkpoints one after another must not fill the disk: past CACHE_ENTRIES copies per kind, the

@@ -49,9 +49,12 @@ def test_the_internals_it_names_release_a_held_request_once_in_one_line(ray_sess
 
 
 # `python -m convsts` with the release's Ray internals gone, as a Ray release that moved them would
-# leave them: imported first (Ray's own modules keep what they hold), then named missing.
+# leave them: Ray's and the command's own modules imported first (Ray imports the key-value store
+# itself, and keeps what it holds), then the internals named missing to any later import.
 WITHOUT_INTERNALS = f"""
 import importlib, runpy, sys
+import ray.autoscaler.v2.utils, ray.data, ray.train.torch, ray.train.v2.api.data_parallel_trainer
+import convsts.ray_jobs.cli.train, convsts.ray_jobs.training.driver, convsts.ray_jobs.training.ray_trainer
 for name in ({dead.KV_MODULE!r}, {dead.EXPIRY_MODULE!r}):
     importlib.import_module(name)
     sys.modules[name] = None
