@@ -19,10 +19,12 @@ class DealtStream(FeedStream):
     (data_feed.FeedStream): positions, the rows read for the first batch, close."""
 
     def __init__(self, task: str, name: str, order: FeedOrder, encode, batch_size: int, share, device,
-                 position: dict[str, Any] | None = None, owner: bool = False):  # fmt: skip
+                 position: dict[str, Any] | None = None, owner: bool = False, pipelines: int = 1):  # fmt: skip
+        """`pipelines`: the group's tasks, whose pipelines share the CPUs the workers left."""
         super().__init__(task, order, batch_size, share, device, position)
         self.owner = owner
-        self.dealer = start(name, order, encode, batch_size, self.ranks, {"epoch": self.epoch, "rows": self.rows})
+        at = {"epoch": self.epoch, "rows": self.rows}
+        self.dealer = start(name, order, encode, batch_size, self.ranks, at, pipelines)
         self.asked = 0
         self.pending: collections.deque = collections.deque()
         for _ in range(PREFETCH):

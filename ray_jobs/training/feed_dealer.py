@@ -63,12 +63,15 @@ class Dealer:
     and keeps up to AHEAD global batches; take(rank, k) gives rank `rank` its slice of global batch k
     (counted from the position), with the position after it and the rows read from storage for it."""
 
-    def __init__(self, order: FeedOrder, encode, batch_size: int, ranks: int, position: dict[str, Any], cpus: float):
+    def __init__(
+        self, order: FeedOrder, encode, batch_size: int, ranks: int, position: dict[str, Any], cpus: float, left: float
+    ):
+        """`cpus`: each pipeline task's CPUs (feed_cpus); `left`: this pipeline's share of the CPUs the workers left."""
         import ray.data
 
         self.order, self.encode, self.batch_size, self.ranks = order, encode, batch_size, ranks
         self.cpus = cpus
-        feed_pipeline.configure(ray.data.DataContext.get_current(), self._cpus_left())
+        feed_pipeline.configure(ray.data.DataContext.get_current(), left if cpus else 0.0)
         # global batch k -> (the position after it, its ranks' slices, the rows read for it, the ranks yet to take it)
         self.ready: dict[int, tuple[tuple[int, int], list[Batch], int, set[int]]] = {}
         self.produced = 0
@@ -77,11 +80,6 @@ class Dealer:
         self.stopped = False
         start = (int(position.get("epoch", 0)), int(position.get("rows", 0)))
         threading.Thread(target=self._produce, args=start, daemon=True, name="convsts-dealer").start()
-
-    def _cpus_left(self) -> float:
-        import ray
-
-        return ray.available_resources().get("CPU", 0.0) if self.cpus else 0.0
 
     def _produce(self, epoch: int, start: int) -> None:
         step = self.ranks * self.batch_size
@@ -152,18 +150,22 @@ class Dealer:
 
 
 def feed_cpus(cpus_left: float) -> float:
-    """The CPUs of each pipeline task: one where the trainers left one free in the cluster; else none
-    (the tasks share the trainers' CPUs, as the local feed's reading does, rather than wait forever)."""
+    """The CPUs of each pipeline task: one where the pipeline's share of the CPUs the trainers left
+    is one or more; else none (the tasks share the trainers' CPUs, as the local feed's reading does,
+    one at a time, rather than wait for a CPU another task's pipeline holds)."""
     return 1.0 if cpus_left >= 1.0 else 0.0
 
 
-def start(name: str, order: FeedOrder, encode, batch_size: int, ranks: int, position: dict[str, Any]):
+def start(
+    name: str, order: FeedOrder, encode, batch_size: int, ranks: int, position: dict[str, Any], pipelines: int = 1
+):
     """The dealer named `name` (every rank of the task asks for it with the same arguments; the first
-    makes it, the others get it), its pipeline's tasks sized to the CPUs the trainers left."""
+    makes it, the others get it), its pipeline's tasks sized to its share of the CPUs the trainers
+    left: the group's `pipelines` (one a task) split them."""
     import ray
 
-    cpus = feed_cpus(ray.available_resources().get("CPU", 0.0))
+    left = ray.available_resources().get("CPU", 0.0) / max(pipelines, 1)
     actor = ray.remote(Dealer).options(
         name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, max_concurrency=2 * ranks + 4
     )
-    return actor.remote(order, encode, batch_size, ranks, position, cpus)
+    return actor.remote(order, encode, batch_size, ranks, position, feed_cpus(left), left)

@@ -100,7 +100,10 @@ def stream_factory(cfg, plan, rank: int, tokenizer, device, listings: dict[str, 
         )
         if feed == "ray_data":
             name = f"{group}-{task}-{position.get('epoch', 0)}-{position.get('rows', 0)}-{batch_size}"
-            return DealtStream(task, name, orders[task], encode, batch_size, share, device, position, rank == ranks[0])
+            return DealtStream(
+                task, name, orders[task], encode, batch_size, share, device, position, rank == ranks[0],
+                pipelines=len(plan.tasks),
+            )  # fmt: skip
         return LocalStream(task, orders[task], encode, batch_size, share, device, position, cfg.trainer.feed_processes)
 
     return open_stream
