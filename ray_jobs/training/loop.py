@@ -99,17 +99,7 @@ class TrainLoop:
             if optimizers is None:
                 state.load_optimizers(self.optimizers)
                 self.optimizers.set_lr(self.lr)
-            saved = saved_plan(cfg, state, plan)
-            positions = positions_of(state, rank, plan, saved)
-            for task, line in repeated_rows(state, plan, saved).items():
-                if self.leaders[task] == rank:
-                    self.hooks.progress(f"[convsts rank {rank}] {line}")
-            for task in self.my_tasks:
-                if task not in positions and state.step and self.leaders[task] == rank:
-                    self.hooks.progress(
-                        f"[convsts rank {rank}] {task}: the checkpoint (step {state.step}) holds no position of "
-                        f"this task's data (it was not trained then): its data starts at epoch 0"
-                    )
+            positions = self._positions(state, saved_plan(cfg, state, plan))
         self.streams = self._open_streams(self.stage.batch_size, positions)
         self.resumed = {
             t: p
@@ -131,6 +121,22 @@ class TrainLoop:
         self.window_steps: list = []  # (step, task) of the steps since the last check
         self.bad = torch.zeros((), dtype=torch.bool)
         self.last_eval: dict[str, float] = {}  # rank 0's latest in-training evaluation
+
+    def _positions(self, state, saved) -> dict[str, dict[str, Any]]:
+        """The rank's tasks' positions in `state`; each task's leader says in one line which rows
+        come again (an async group resumed at other ranks) or that the state holds none of it."""
+        rank, plan = self.rank, self.plan
+        positions = positions_of(state, rank, plan, saved)
+        for task, line in repeated_rows(state, plan, saved).items():
+            if self.leaders[task] == rank:
+                self.hooks.progress(f"[convsts rank {rank}] {line}")
+        for task in self.my_tasks:
+            if task not in positions and state.step and self.leaders[task] == rank:
+                self.hooks.progress(
+                    f"[convsts rank {rank}] {task}: the checkpoint (step {state.step}) holds no position of "
+                    f"this task's data (it was not trained then): its data starts at epoch 0"
+                )
+        return positions
 
     def _open_streams(self, batch_size: int, positions: dict[str, dict[str, Any]]):
         """Each of the rank's tasks' streams from its position; a task's leader says in one line where
