@@ -85,7 +85,7 @@ def dataset(order: FeedOrder, encode: Callable[[pa.Table], Batch], items: Sequen
         BlockReader(order, encode),
         batch_size=blocks_a_task,
         num_cpus=cpus,
-        concurrency=None if cpus else 1,
+        compute=None if cpus else ray.data.TaskPoolStrategy(size=1),
         zero_copy_batch=True,
     )
 
