@@ -4,11 +4,8 @@ Ray Train places a worker group as one placement group and waits up to
 `RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S` (60 s by default) for it: after a lost node its view of the
 node lags, a killed run's reservation may still stand, a cluster may be too busy. Meanwhile nothing
 of the run moves and nothing says why. `saying_resource_waits` watches the cluster's placement
-groups while a fit runs; one of its own (made since the fit started, by this driver's Ray job: Ray
-Train's controller and the trials of a sweep belong to it) that stays pending `after_s` is said once:
-what it asks for, how long it has waited, and how long Ray Train gives it before it tries again.
-Another driver's groups on the same cluster are never said: which job made a group comes from Ray's
-state API, and where that does not answer (a cluster without the dashboard) nothing is said."""
+groups while a fit runs; one made since the fit started that stays pending `after_s` is said once:
+what it asks for, how long it has waited, and how long Ray Train gives it before it tries again."""
 
 from __future__ import annotations
 
@@ -19,8 +16,6 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
-
-from convsts.ray_jobs.runtime.dead_train_runs import STATE_LIMIT
 
 log = logging.getLogger("convsts")
 
@@ -42,29 +37,13 @@ def wait_line(info: dict[str, Any], waited_s: float) -> str:
     )
 
 
-def own_groups(job_id: str) -> set[str] | None:
-    """The ids of the placement groups that the Ray job `job_id` made; None where Ray's state API
-    does not answer."""
-    from ray.util.state import list_placement_groups
-
-    try:
-        groups = list_placement_groups(
-            filters=[("creator_job_id", "=", job_id)], limit=STATE_LIMIT, timeout=5, raise_on_missing_output=False
-        )
-    except Exception as err:  # noqa: BLE001 - no dashboard, or it did not answer
-        log.debug("Ray's state API did not say which placement groups are this run's (%s)", err)
-        return None
-    return {group.placement_group_id for group in groups}
-
-
 @contextlib.contextmanager
 def saying_resource_waits(after_s: float = AFTER_S, poll_s: float = POLL_S) -> Iterator[None]:
-    """While the block runs, each placement group this driver's job made since it started that stays
-    pending `after_s` is said in one line (wait_line), once."""
+    """While the block runs, each placement group made since it started that stays pending `after_s`
+    is said in one line (wait_line), once."""
     import ray
 
     before = set(ray.util.placement_group_table())
-    job_id = ray.get_runtime_context().get_job_id()
     stop = threading.Event()
 
     def watch() -> None:
@@ -84,12 +63,8 @@ def saying_resource_waits(after_s: float = AFTER_S, poll_s: float = POLL_S) -> I
                     continue
                 since = pending_since.setdefault(group, now)
                 if now - since >= after_s:
-                    owned = own_groups(job_id)
-                    if owned is None:  # the state API did not answer: asked again at the next poll
-                        continue
-                    said.add(group)  # decided once: another job's stays unsaid
-                    if group in owned:
-                        log.warning("%s", wait_line(info, now - since))
+                    said.add(group)
+                    log.warning("%s", wait_line(info, now - since))
 
     thread = threading.Thread(target=watch, daemon=True, name="convsts-resource-waits")
     thread.start()

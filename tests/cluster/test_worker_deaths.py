@@ -64,42 +64,22 @@ def test_a_worker_death_in_work_that_fails_says_the_work_ended_and_earlier_death
 def test_a_worker_group_that_waits_for_resources_is_one_line_saying_what_and_for_how_long(ray_session, caplog):
     """A placement group made while the work runs that Ray cannot place (here: more CPUs than the
     instance has) is said once, naming what it asks for and Ray Train's wait; one placed at once is
-    not, nor one that was there before, nor another driver's on the same cluster made meanwhile
-    (it asks for 3 workers: a line for it would say so)."""
-    import subprocess
-    import sys
-
+    not, nor one that was there before."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
     from convsts.ray_jobs.runtime.resource_waits import saying_resource_waits
 
-    other_driver = (
-        "import sys, ray; from ray.util.placement_group import placement_group;"
-        f"ray.init(address={ray_session.get_runtime_context().gcs_address!r}, logging_level='ERROR');"
-        "group = placement_group([{'CPU': 64}] * 3); print('made', flush=True); sys.stdin.read()"
-    )
     earlier = placement_group([{"CPU": 64}])  # pending before the block: not this work's
-    other = None
     try:
         with caplog.at_level(logging.WARNING, logger="convsts"), saying_resource_waits(after_s=1.0, poll_s=0.2):
-            other = subprocess.Popen(
-                [sys.executable, "-c", other_driver], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-            )
-            assert other.stdout is not None and other.stdout.readline().strip() == "made"
             placed = placement_group([{"CPU": 0.1}])
             ray.get(placed.ready(), timeout=30)
             waiting = placement_group([{"CPU": 64}, {"CPU": 64}])
-            deadline = time.time() + 60  # said once it has waited 1 s and the state API has answered
-            while not [r for r in caplog.records if "waits for resources" in r.getMessage()]:
-                assert time.time() < deadline, "the waiting group was not said"
-                time.sleep(0.2)
-            time.sleep(1)  # a few more polls: nothing more is said
+            time.sleep(3)
             remove_placement_group(waiting)
             remove_placement_group(placed)
     finally:
         remove_placement_group(earlier)
-        if other is not None:
-            other.communicate(timeout=60)  # its stdin closed: the other driver ends, its group with it
     said = [r.getMessage() for r in caplog.records if "waits for resources" in r.getMessage()]
     assert len(said) == 1 and "\n" not in said[0], said
     assert said[0].startswith("the worker group waits for resources Ray cannot place now: 2 worker(s) of {CPU 64}")
