@@ -16,7 +16,8 @@ API) says which drivers have ended. One line names each fit that still held reso
 already expired or cancelled is left as is, and a live driver's fit is never touched.
 
 Ray has no public API for the coordinator or the key-value store: those parts use Ray internals,
-each named in INTERNALS (and in docs/design.md, for whoever upgrades Ray). A release that moves or
+named in docs/design.md for whoever upgrades Ray (the constants above, the coordinator's methods and
+its requester id) and pinned by tests/training/test_dead_fit_release.py. A release that moves or
 changes one makes this step say so in one warning line and the run go on without it (a group after
 a killed driver may then wait for the dead fit's reservation to expire); it never stops a run.
 """
@@ -36,14 +37,6 @@ COORDINATOR = ("AutoscalingCoordinator", "AutoscalingCoordinator")  # its actor 
 EXPIRY_MODULE = "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
 KV_MODULE = "ray.experimental.internal_kv"
 KV_FUNCTIONS = ("_internal_kv_put", "_internal_kv_list", "_internal_kv_get", "_internal_kv_del")
-# The Ray internals this module relies on (Ray 2.60), checked by tests/training/test_dead_fit_release.py.
-INTERNALS = (
-    f"{KV_MODULE}: {', '.join(KV_FUNCTIONS)} (the fits' records)",
-    f"the actor {COORDINATOR[0]!r} in namespace {COORDINATOR[1]!r}: get_reserved_resources(requester_id), "
-    "cancel_request(requester_id=...)",
-    "the coordinator's requester id of a fit: train-<Ray Train run id> (Train V2's scaling policy)",
-    f"{EXPIRY_MODULE}.AUTOSCALING_REQUESTS_EXPIRE_TIME_S (only in the line that says what was released)",
-)
 
 
 class RayInternalsMissing(RuntimeError):
