@@ -4,8 +4,16 @@ Ray Train places a worker group as one placement group and waits up to
 `RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S` (60 s by default) for it: after a lost node its view of the
 node lags, a killed run's reservation may still stand, a cluster may be too busy. Meanwhile nothing
 of the run moves and nothing says why. `saying_resource_waits` watches the cluster's placement
-groups while a fit runs; one made since the fit started that stays pending `after_s` is said once:
-what it asks for, how long it has waited, and how long Ray Train gives it before it tries again."""
+groups while a fit runs; one of this driver's job (Ray Train's controller is an actor of it) made
+since the fit started that stays pending `after_s` is said once: what it asks for, how long it has
+waited, and how long Ray Train gives it before it tries again. Another driver's group on the same
+cluster is never said.
+
+A placement group's id ends with its job's id (Ray's `PlacementGroupID.of(job)`): the one way to
+tell a group's job that does not ask Ray's state API, which may not answer on a loaded cluster. The
+layout is checked once against `PlacementGroupID.of` itself; where it does not hold (a Ray release
+that changed it) the run says so in one warning line and says any new group's wait, as it cannot
+tell them apart (docs/design.md, "Ray internals the project relies on")."""
 
 from __future__ import annotations
 
@@ -25,6 +33,25 @@ AFTER_S = 10.0  # a worker group pending this long is said
 POLL_S = 2.0
 
 
+def own_job_suffix() -> str | None:
+    """The hex that the ids of this driver's job's placement groups end with, or None (said in one
+    warning line) where Ray's ids no longer end with their job's."""
+    import ray
+
+    job = ray.get_runtime_context().get_job_id()
+    try:
+        holds = ray.PlacementGroupID.of(ray.JobID.from_hex(job)).hex().endswith(job)
+    except Exception:  # noqa: BLE001 - a changed or missing id API: the same fallback
+        holds = False
+    if not holds:
+        log.warning(
+            "this Ray's placement group ids do not end with their job's id: a wait of any placement group made "
+            "during the fit is said as this fit's, even another driver's (docs/design.md: Ray internals)"
+        )
+        return None
+    return job
+
+
 def wait_line(info: dict[str, Any], waited_s: float) -> str:
     """The one line of a placement group that has waited `waited_s`."""
     bundles = list((info.get("bundles") or {}).values())
@@ -39,11 +66,12 @@ def wait_line(info: dict[str, Any], waited_s: float) -> str:
 
 @contextlib.contextmanager
 def saying_resource_waits(after_s: float = AFTER_S, poll_s: float = POLL_S) -> Iterator[None]:
-    """While the block runs, each placement group made since it started that stays pending `after_s`
-    is said in one line (wait_line), once."""
+    """While the block runs, each placement group of this driver's job made since it started that
+    stays pending `after_s` is said in one line (wait_line), once."""
     import ray
 
-    before = set(ray.util.placement_group_table())
+    own = own_job_suffix()
+    before = {group for group in ray.util.placement_group_table() if own is None or group.endswith(own)}
     stop = threading.Event()
 
     def watch() -> None:
@@ -56,7 +84,7 @@ def saying_resource_waits(after_s: float = AFTER_S, poll_s: float = POLL_S) -> I
                 continue
             now = time.monotonic()
             for group, info in table.items():
-                if group in before or group in said:
+                if group in before or group in said or (own is not None and not group.endswith(own)):
                     continue
                 if info.get("state") != "PENDING":
                     pending_since.pop(group, None)

@@ -61,25 +61,53 @@ def test_a_worker_death_in_work_that_fails_says_the_work_ended_and_earlier_death
     assert line.endswith("the work ended with it"), line
 
 
+OTHER_DRIVER = """
+import sys, ray
+from ray.util.placement_group import placement_group
+ray.init(address=sys.argv[1], logging_level="ERROR")
+print("ready", flush=True)
+sys.stdin.readline()
+group = placement_group([{"CPU": 48}])  # pending while this driver lives; removed with its job
+print("made", group.id.hex(), flush=True)
+sys.stdin.read()
+"""
+
+
 def test_a_worker_group_that_waits_for_resources_is_one_line_saying_what_and_for_how_long(ray_session, caplog):
     """A placement group made while the work runs that Ray cannot place (here: more CPUs than the
     instance has) is said once, naming what it asks for and Ray Train's wait; one placed at once is
-    not, nor one that was there before."""
+    not, nor one that was there before, nor one that another driver on the same cluster made meanwhile
+    and that waits as long."""
+    import subprocess
+    import sys
+
     from ray.util.placement_group import placement_group, remove_placement_group
 
     from convsts.ray_jobs.runtime.resource_waits import saying_resource_waits
 
+    other = subprocess.Popen(
+        [sys.executable, "-c", OTHER_DRIVER, ray_session.get_runtime_context().gcs_address],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     earlier = placement_group([{"CPU": 64}])  # pending before the block: not this work's
     try:
+        assert other.stdout.readline().strip() == "ready"
         with caplog.at_level(logging.WARNING, logger="convsts"), saying_resource_waits(after_s=1.0, poll_s=0.2):
+            other.stdin.write("go\n")
+            other.stdin.flush()
+            others = other.stdout.readline().split()[-1]  # the other driver's group, pending from now on
             placed = placement_group([{"CPU": 0.1}])
             ray.get(placed.ready(), timeout=30)
             waiting = placement_group([{"CPU": 64}, {"CPU": 64}])
             time.sleep(3)
+            table = ray.util.placement_group_table()
             remove_placement_group(waiting)
             remove_placement_group(placed)
     finally:
         remove_placement_group(earlier)
+        other.stdin.close()
+        other.wait(timeout=60)
+    assert table[others]["state"] == "PENDING"  # it waited as long as this work's, and was not said
     said = [r.getMessage() for r in caplog.records if "waits for resources" in r.getMessage()]
     assert len(said) == 1 and "\n" not in said[0], said
     assert said[0].startswith("the worker group waits for resources Ray cannot place now: 2 worker(s) of {CPU 64}")

@@ -9,7 +9,6 @@ its steps again: tests/training/test_run_chain.py, on the worker's own hooks and
 The undisturbed run, started into another OUT after the SIGKILL, releases the killed fit's cluster
 reservation."""
 
-import glob
 import json
 import os
 import random
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 from testkit.tiny import TINY_DAN
 
+from convsts.models.checkpoint import complete_checkpoints
 from convsts.ray_jobs.tracking import runs as tracking
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,13 +70,15 @@ def _links(out: Path) -> list[dict]:
         return []
 
 
-def _own_checkpoints(out: Path, link: int) -> list[str]:
-    """The complete checkpoints (manifest written last) of the chain's `link`-th run."""
+def _own_checkpoints(out: Path, link: int) -> list[Path]:
+    """The complete checkpoints of the chain's `link`-th run, oldest step first. Complete, not just
+    with a manifest: Ray Train copies a checkpoint's files into the run folder in no fixed order, and
+    a stop that falls after the manifest's copy and before the weights' leaves a checkpoint that
+    --resume latest rightly passes over."""
     links = _links(out)
     if len(links) <= link:
         return []
-    found = glob.glob(str(out / links[link]["folder"] / "checkpoint-*" / "manifest.json"))
-    return sorted(found, key=lambda f: int(Path(f).parent.name.rsplit("-", 1)[1]))  # by step
+    return [Path(c.path) for c in reversed(complete_checkpoints(str(out / links[link]["folder"])))]
 
 
 def _stop(proc: subprocess.Popen, until, signum: int, delay: float, group: bool = False) -> tuple[str, str]:
@@ -139,7 +141,7 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
          f"mlflow.tracking_uri={mlflow_uri}"],
         cwd=REPO, env=_env(ray_session), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    b_newest = Path(_own_checkpoints(out, 0)[-1]).parent
+    b_newest = _own_checkpoints(out, 0)[-1]
     b_step = json.loads((b_newest / "config.json").read_text())["step"]
     assert b_step < STEPS, b_step
     assert refused.returncode == 2, refused.stderr[-2000:]
@@ -150,7 +152,7 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
     d_out, d_err = _stop(d, lambda: _own_checkpoints(out, 2), signal.SIGKILL, delays["D"])
     assert f"start step {b_step}" in d_out + d_err
     _idle(ray_session)
-    d_newest = Path(_own_checkpoints(out, 2)[-1]).parent
+    d_newest = _own_checkpoints(out, 2)[-1]
     d_step = json.loads((d_newest / "config.json").read_text())["step"]
     assert b_step < d_step < STEPS, (b_step, d_step)
     # The undisturbed run, into another OUT: D's driver took its Ray Train controller with it, and
@@ -166,8 +168,8 @@ def test_a_run_that_fails_again_and_again_goes_on_from_the_chains_newest_checkpo
     # D's checkpoints lose their weights (a partial copy, a bad disk). E: --resume latest falls back
     # to B's newest, says so in one line, and goes on to the end without logging again the steps D
     # logged.
-    for manifest in _own_checkpoints(out, 2):
-        (Path(manifest).parent / "model.safetensors").unlink()
+    for checkpoint in _own_checkpoints(out, 2):
+        (checkpoint / "model.safetensors").unlink()
     e = _train(ray_session, out, sample_prepared, mlflow_uri, "--resume", "latest")
     e_out, e_err = e.communicate(timeout=600)
     assert e.returncode == 0, e_err[-3000:]
