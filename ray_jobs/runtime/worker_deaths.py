@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import ray
@@ -96,15 +96,25 @@ def worker_deaths(since_s: float) -> list[WorkerDeath]:
         return []
 
 
+OWNER_ENDED = "SIGTERM"  # Ray's exit detail of a worker the raylet ended because the task's owner ended
+
+
 @contextlib.contextmanager
-def reporting_worker_deaths() -> Iterator[None]:
+def reporting_worker_deaths(owned_tasks: Sequence[str] = ()) -> Iterator[None]:
     """Around a command's Ray work (a Train fit, a sweep, a distributed prepare): when it ends, a
-    warning per worker process that died unexpectedly meanwhile, saying whether the work went on."""
+    warning per worker process that died unexpectedly meanwhile, saying whether the work went on.
+    `owned_tasks`: the names of tasks the work's own actors run and end by ending (the feed's
+    pipeline tasks, whose dealer is killed at its group's end): Ray ends the workers running them
+    with a SIGTERM, an exit it counts as unexpected; those are not said."""
     started = time.time()
     went_on = False
+    ended_with_owner = {f"task {name}" for name in owned_tasks}
     try:
         yield
         went_on = True
     finally:
         for death in worker_deaths(started):
+            if death.ran in ended_with_owner and OWNER_ENDED in death.detail:
+                log.debug("%s (its owner ended it)", death.line(went_on))
+                continue
             log.warning("%s", death.line(went_on))

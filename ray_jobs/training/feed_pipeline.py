@@ -73,6 +73,11 @@ class BlockReader:
         return pieces[0] if len(pieces) == 1 else {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
 
 
+# The name Ray gives the pipeline's tasks (Ray Data's map over BlockReader): a dealer killed at its
+# group's end ends the workers running them (runtime.worker_deaths passes over those deaths).
+TASK_NAME = f"MapBatches({BlockReader.__name__})"
+
+
 def dataset(order: FeedOrder, encode: Callable[[pa.Table], Batch], items: Sequence[dict], cpus: float):
     """The Ray Data dataset of the block items' rows (stretches), in order: each block (or several small
     ones: TASK_ROWS) read by a task of `cpus` CPUs (0: the CPUs the trainers reserved are shared, as the local feed shares them, by

@@ -16,6 +16,7 @@ from convsts.ray_jobs.runtime.logs import train_log_level
 from convsts.ray_jobs.runtime.resource_waits import saying_resource_waits
 from convsts.ray_jobs.runtime.worker_deaths import reporting_worker_deaths
 from convsts.ray_jobs.tracking import runs as tracking
+from convsts.ray_jobs.training import feed_pipeline
 from convsts.ray_jobs.training.lineage import RunStorage
 from convsts.ray_jobs.training.loop import SCORE_METRIC
 from convsts.ray_jobs.training.parameter_holder import start_holder
@@ -60,7 +61,11 @@ def fit(
     made(trainer.train_run_context.run_id)  # Train V2's run context, made with the trainer
     record_fit(trainer.train_run_context.run_id)  # a later run releases its reservation if this driver dies
     try:
-        with tracking.system_metrics(uri, run_id), reporting_worker_deaths(), saying_resource_waits():
+        with (
+            tracking.system_metrics(uri, run_id),
+            reporting_worker_deaths((feed_pipeline.TASK_NAME,)),
+            saying_resource_waits(),
+        ):
             return trainer.fit()
     except BaseException:
         trainer.abort_fit()
