@@ -8,10 +8,11 @@ import collections
 from typing import Any
 
 from convsts.ray_jobs.training.data_feed import FeedStream
-from convsts.ray_jobs.training.feed_dealer import start
+from convsts.ray_jobs.training.feed_dealer import STOP_S, start
 from convsts.ray_jobs.training.feed_order import FeedOrder
 
-PREFETCH = 2  # batches a rank asks for ahead of the one it trains on
+CHUNK = 4  # batches a rank takes in one call to its dealer (a call costs more than handing a batch over)
+PREFETCH = 2  # calls a rank keeps asking ahead of the batches it trains on
 
 
 class DealtStream(FeedStream):
@@ -26,25 +27,36 @@ class DealtStream(FeedStream):
         at = {"epoch": self.epoch, "rows": self.rows}
         self.dealer = start(name, order, encode, batch_size, self.ranks, at, pipelines)
         self.asked = 0
-        self.pending: collections.deque = collections.deque()
+        self.pending: collections.deque = collections.deque()  # calls asked, oldest first
+        self.taken: collections.deque = collections.deque()  # batches received, not yet trained on
         for _ in range(PREFETCH):
             self._ask()
 
     def _ask(self) -> None:
-        self.pending.append(self.dealer.take.remote(self.index, self.asked))
-        self.asked += 1
+        self.pending.append(self.dealer.take.remote(self.index, self.asked, CHUNK))
+        self.asked += CHUNK
 
     def __next__(self):
         import ray
 
-        ref = self.pending.popleft()
-        self._ask()
-        return self._took(*ray.get(ref))
+        if not self.taken:
+            ref = self.pending.popleft()
+            self._ask()
+            self.taken.extend(ray.get(ref))
+        return self._took(*self.taken.popleft())
 
     def close(self) -> None:
-        """The task's owner rank ends the dealer (and its pipeline); the others drop their requests."""
+        """The task's owner rank ends the dealer (and its pipeline, whose running tasks end first: the
+        dealer's stop), killing it where the stop takes longer than feed_dealer.STOP_S; the others drop
+        their requests."""
         import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
 
         self.pending.clear()
+        self.taken.clear()
         if self.owner:
+            try:
+                ray.get(self.dealer.stop.remote(), timeout=2 * STOP_S)
+            except (RayActorError, GetTimeoutError):  # RayActorError: it ended, as the stop ends it
+                pass
             ray.kill(self.dealer)

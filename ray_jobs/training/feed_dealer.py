@@ -17,10 +17,11 @@ from convsts.ray_jobs.training import feed_pipeline
 from convsts.ray_jobs.training.feed_order import Batch, FeedOrder
 
 NAMESPACE = "convsts-feed"  # the dealers' Ray namespace
-AHEAD = 8  # global batches the dealer holds ahead of its slowest rank
+AHEAD = 16  # global batches the dealer holds ahead of its slowest rank (at least a rank's call: dealt_stream.CHUNK)
 # Blocks a pipeline reads at least before the dealer starts the next one (whole epochs: a small
 # task's epochs go into one pipeline, whose start costs about a second).
 PIPELINE_BLOCKS = 256
+STOP_S = 10.0  # how long a stop waits for the pipeline to shut down before the dealer is killed
 
 
 class _Rows:
@@ -79,7 +80,8 @@ class Dealer:
         self.changed = threading.Condition()
         self.stopped = False
         start = (int(position.get("epoch", 0)), int(position.get("rows", 0)))
-        threading.Thread(target=self._produce, args=start, daemon=True, name="convsts-dealer").start()
+        self.producer = threading.Thread(target=self._produce, args=start, daemon=True, name="convsts-dealer")
+        self.producer.start()
 
     def _produce(self, epoch: int, start: int) -> None:
         step = self.ranks * self.batch_size
@@ -87,10 +89,16 @@ class Dealer:
             while not self.stopped:
                 parts, items = feed_pipeline.stretches(self.order, epoch, start, step, PIPELINE_BLOCKS)
                 ds = feed_pipeline.dataset(self.order, self.encode, items, self.cpus)
-                rows = _Rows(iter(ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=2)))
-                for part in parts:
-                    self._deal(part, rows, step)
+                batches = iter(ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=2))
+                try:
+                    rows = _Rows(batches)
+                    for part in parts:
+                        self._deal(part, rows, step)
+                finally:  # on a stop too: Ray Data shuts its execution down and cancels its running tasks
+                    batches.close()  # type: ignore[attr-defined]  # Ray Data's generator
                 epoch, start = parts[-1].epoch + 1, 0
+        except _Stopped:
+            return
         except BaseException as err:  # noqa: BLE001 - handed to the ranks, raised there
             with self.changed:
                 self.error = err
@@ -126,27 +134,46 @@ class Dealer:
         with self.changed:
             while not self.stopped and self.produced - min(self.ready, default=self.produced) >= AHEAD:
                 self.changed.wait()
+            if self.stopped:
+                raise _Stopped
             self.ready[self.produced] = (position, slices, read, set(range(self.ranks)))
             self.produced += 1
             self.changed.notify_all()
 
-    def take(self, rank: int, k: int) -> tuple[tuple[int, int], Batch, int]:
+    def take(self, rank: int, k: int, count: int = 1) -> list[tuple[tuple[int, int], Batch, int]]:
+        """Rank `rank`'s slices of global batches k .. k+count-1, each with the position after it and
+        the rows read from storage for it; once all are produced (those produced before a failure of
+        the pipeline, which is raised where none is)."""
         with self.changed:
-            while k >= self.produced and self.error is None:
+            while k + count > self.produced and self.error is None:
                 self.changed.wait()
             if k >= self.produced:
                 raise RuntimeError(f"the feed's pipeline failed: {self.error!r}") from self.error
-            position, slices, read, waiting = self.ready[k]
-            waiting.discard(rank)
-            if not waiting:
-                del self.ready[k]
+            out = []
+            for i in range(k, min(k + count, self.produced)):
+                position, slices, read, waiting = self.ready[i]
+                waiting.discard(rank)
+                if not waiting:
+                    del self.ready[i]
+                out.append((position, slices[rank], read))
             self.changed.notify_all()
-            return position, slices[rank], read
+            return out
 
     def stop(self) -> None:
+        """The pipeline shut down (Ray Data cancels its running tasks), then the actor ends the way
+        Ray lets an actor end on its own, once the tasks it owns have ended: killed, it would take
+        the workers running them with it (Ray ends them with a SIGTERM, mid-task)."""
+        import ray
+
         with self.changed:
             self.stopped = True
             self.changed.notify_all()
+        self.producer.join(timeout=STOP_S)
+        ray.actor.exit_actor()
+
+
+class _Stopped(Exception):
+    """The dealer was stopped: its producer ends."""
 
 
 def feed_cpus(cpus_left: float) -> float:

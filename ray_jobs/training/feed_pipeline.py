@@ -5,7 +5,7 @@ the CPUs the trainers left (DataContext.execution_options). Its dealer (feed_dea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +18,12 @@ READ_COLUMN = "__rows_read"  # a block's rows read from storage, on its first ro
 # Rows a pipeline task reads at least: blocks of fewer rows go several to a task (a task's start costs
 # more than reading a small block).
 TASK_ROWS = 16384
+# Rows a task encodes and hands on at a time, each its own output (Ray Data streams a task's outputs
+# as they come, joined up to OUTPUT_BYTES; its default target is 128 MiB): the first batch waits for
+# one chunk, not a whole block. The pipeline's read-ahead is not bounded by an output budget: Ray
+# Data's scheduling loop spins while a budget holds a task's ready outputs back (a CPU of its own).
+CHUNK_ROWS = 2048
+OUTPUT_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -55,22 +61,24 @@ def stretches(order: FeedOrder, epoch: int, start: int, step: int, blocks: int) 
 @dataclass
 class BlockReader:
     """Ray Data's map over block items: each block read whole from its shards (the order's ShardSet),
-    its rows in the block's seeded order, the item's rows of it encoded; READ_COLUMN holds the rows
-    read from storage for it."""
+    its rows in the block's seeded order, the item's rows of it encoded and handed on CHUNK_ROWS at a
+    time; READ_COLUMN holds the rows read from storage for the block (on its first chunk's first row)."""
 
     order: FeedOrder
     encode: Callable[[pa.Table], Batch]
+    chunk_rows: int = CHUNK_ROWS
 
-    def __call__(self, items: dict[str, np.ndarray]) -> Batch:
-        pieces = []
+    def __call__(self, items: dict[str, np.ndarray]) -> Iterator[Batch]:
         for epoch, block, first, last in zip(items["epoch"], items["block"], items["first"], items["last"]):
             epoch_order = EpochOrder(self.order.shards, self.order.seed, int(epoch), self.order.block_rows)
             before = self.order.shards.rows_read
-            rows = self.encode(epoch_order.block(int(block)).slice(int(first), int(last) - int(first)))
-            read = np.zeros(int(last) - int(first), dtype=np.int64)  # (n,)
-            read[0] = self.order.shards.rows_read - before
-            pieces.append({**rows, READ_COLUMN: read})
-        return pieces[0] if len(pieces) == 1 else {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+            rows = epoch_order.block(int(block))
+            read = self.order.shards.rows_read - before
+            for lo in range(int(first), int(last), self.chunk_rows):
+                n = min(self.chunk_rows, int(last) - lo)
+                counted = np.zeros(n, dtype=np.int64)  # (n,)
+                counted[0], read = read, 0
+                yield {**self.encode(rows.slice(lo, n)), READ_COLUMN: counted}
 
 
 # The name Ray gives the pipeline's tasks (Ray Data's map over BlockReader): a dealer killed at its
@@ -96,11 +104,12 @@ def dataset(order: FeedOrder, encode: Callable[[pa.Table], Batch], items: Sequen
 
 
 def configure(context, cpus_left: float) -> None:
-    """The dealer's DataContext: blocks in order, at most the CPUs the trainers left, no progress bars
-    in the workers' logs."""
+    """The dealer's DataContext: blocks in order, at most the CPUs the trainers left, outputs of at
+    most OUTPUT_BYTES, no progress bars in the workers' logs."""
     from ray.data import ExecutionResources
 
     context.execution_options.preserve_order = True
     context.execution_options.resource_limits = ExecutionResources(cpu=max(cpus_left, 0.0))
+    context.target_max_block_size = OUTPUT_BYTES
     context.execution_options.verbose_progress = False
     context.enable_progress_bars = False

@@ -7,6 +7,7 @@ import os
 import sys
 import tempfile
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -72,9 +73,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             print_once(resize_line(before, plan, loop.step, by_ray=by_ray))
     try:
         loop.run()
-    finally:
-        for stream in loop.streams.values():
-            stream.close()
+    finally:  # together: a dealer's stop waits for its pipeline to shut down (about 2 s)
+        with ThreadPoolExecutor(max_workers=max(1, len(loop.streams))) as closing:
+            list(closing.map(lambda stream: stream.close(), loop.streams.values()))
 
 
 def stream_factory(cfg, plan, rank: int, tokenizer, device, listings: dict[str, Any]):
