@@ -18,9 +18,12 @@ from convsts.ray_jobs.training.feed_order import Batch, FeedOrder
 
 NAMESPACE = "convsts-feed"  # the dealers' Ray namespace
 AHEAD = 16  # global batches the dealer holds ahead of its slowest rank (at least a rank's call: dealt_stream.CHUNK)
-# Blocks a pipeline reads at least before the dealer starts the next one (whole epochs: a small
-# task's epochs go into one pipeline, whose start costs about a second).
-PIPELINE_BLOCKS = 256
+# Rows a pipeline reads at least (whole epochs' rests) before the dealer starts the next one, once it
+# has dealt them: a pipeline's start costs about a second, and its tasks run through its rows as fast
+# as its CPUs allow, so this bounds how far the feed tokenizes ahead of training (an epoch's rest at
+# most beyond it). One pipeline, not one ahead of need: Ray Data's scheduling loop spins while an
+# output budget holds it back (docs/performance.md).
+PIPELINE_ROWS = 16384
 STOP_S = 10.0  # how long a stop waits for the pipeline to shut down before the dealer is killed
 
 
@@ -87,7 +90,7 @@ class Dealer:
         step = self.ranks * self.batch_size
         try:
             while not self.stopped:
-                parts, items = feed_pipeline.stretches(self.order, epoch, start, step, PIPELINE_BLOCKS)
+                parts, items = feed_pipeline.stretches(self.order, epoch, start, step, PIPELINE_ROWS)
                 ds = feed_pipeline.dataset(self.order, self.encode, items, self.cpus)
                 batches = iter(ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=2))
                 try:

@@ -38,13 +38,14 @@ class Stretch:
     hi: int
 
 
-def stretches(order: FeedOrder, epoch: int, start: int, step: int, blocks: int) -> tuple[list[Stretch], list[dict]]:
+def stretches(order: FeedOrder, epoch: int, start: int, step: int, rows: int) -> tuple[list[Stretch], list[dict]]:
     """The stretches of the epochs from row `start` of epoch `epoch` on, in global batches of `step`
-    rows, until they read at least `blocks` blocks (at least one stretch), and their block items: one
-    a block of each stretch, with the epoch, the block and its rows read (within the block)."""
+    rows, until they read at least `rows` rows (at least one stretch: the rest of an epoch), and their
+    block items: one a block of each stretch, with the epoch, the block and its rows read (within the
+    block)."""
     parts: list[Stretch] = []
     items: list[dict] = []
-    while len(items) < blocks or not parts:
+    while sum(item["last"] - item["first"] for item in items) < rows or not parts:
         end = order.end(start, step)
         if end > start:
             part = Stretch(epoch, start, end, *order.span(start, end))

@@ -25,7 +25,7 @@ def test_a_block_is_read_once_and_handed_on_in_chunks_of_its_encoded_rows_in_ord
         DanTokenizer.build(count_words(texts), load_config(None, []).tokenizer), {"context": "context"}, 12, "label"
     )
     order = FeedOrder(ShardSet.of_folder(folder, records, columns), 7, BLOCK, 0, 8)
-    _, items = stretches(order, 0, 72, 16, 2)  # from row 72: the rest of block 1, then blocks 2 and 3
+    _, items = stretches(order, 0, 72, 16, 100)  # from row 72: the rest of block 1, then blocks 2 and 3
     assert [(i["block"], i["first"], i["last"]) for i in items[:2]] == [(1, 12, 60), (2, 0, 60)]
     batch = {k: np.array([i[k] for i in items[:2]]) for k in items[0]}
     chunks = list(BlockReader(order, encode, chunk_rows=CHUNK)(batch))
