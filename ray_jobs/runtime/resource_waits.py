@@ -71,7 +71,11 @@ def saying_resource_waits(after_s: float = AFTER_S, poll_s: float = POLL_S) -> I
     import ray
 
     own = own_job_suffix()
-    before = {group for group in ray.util.placement_group_table() if own is None or group.endswith(own)}
+
+    def mine(group: str) -> bool:
+        return own is None or group.endswith(own)
+
+    before = {group for group in ray.util.placement_group_table() if mine(group)}
     stop = threading.Event()
 
     def watch() -> None:
@@ -84,7 +88,7 @@ def saying_resource_waits(after_s: float = AFTER_S, poll_s: float = POLL_S) -> I
                 continue
             now = time.monotonic()
             for group, info in table.items():
-                if group in before or group in said or (own is not None and not group.endswith(own)):
+                if group in before or group in said or not mine(group):
                     continue
                 if info.get("state") != "PENDING":
                     pending_since.pop(group, None)

@@ -104,8 +104,8 @@ def reporting_worker_deaths(owned_tasks: Sequence[str] = ()) -> Iterator[None]:
     """Around a command's Ray work (a Train fit, a sweep, a distributed prepare): when it ends, a
     warning per worker process that died unexpectedly meanwhile, saying whether the work went on.
     `owned_tasks`: the names of tasks the work's own actors run and end by ending (the feed's
-    pipeline tasks, whose dealer is killed at its group's end): Ray ends the workers running them
-    with a SIGTERM, an exit it counts as unexpected; those are not said."""
+    pipeline tasks, whose dealer goes with a group that ends abruptly): Ray ends the workers running
+    them with a SIGTERM, an exit it counts as unexpected; those are not said."""
     started = time.time()
     went_on = False
     ended_with_owner = {f"task {name}" for name in owned_tasks}

@@ -45,7 +45,8 @@ def stretches(order: FeedOrder, epoch: int, start: int, step: int, rows: int) ->
     block)."""
     parts: list[Stretch] = []
     items: list[dict] = []
-    while sum(item["last"] - item["first"] for item in items) < rows or not parts:
+    covered = 0  # the rows the items read
+    while covered < rows or not parts:
         end = order.end(start, step)
         if end > start:
             part = Stretch(epoch, start, end, *order.span(start, end))
@@ -54,6 +55,7 @@ def stretches(order: FeedOrder, epoch: int, start: int, step: int, rows: int) ->
                 {"epoch": epoch, "block": b, "first": lo, "last": hi}
                 for b, lo, hi in epoch_order.blocks_in(part.lo, part.hi)
             ]
+            covered += part.hi - part.lo
             parts.append(part)
         epoch, start = epoch + 1, 0
     return parts, items
@@ -82,8 +84,8 @@ class BlockReader:
                 yield {**self.encode(rows.slice(lo, n)), READ_COLUMN: counted}
 
 
-# The name Ray gives the pipeline's tasks (Ray Data's map over BlockReader): a dealer killed at its
-# group's end ends the workers running them (runtime.worker_deaths passes over those deaths).
+# The name Ray gives the pipeline's tasks (Ray Data's map over BlockReader): a dealer that goes with
+# a group ended abruptly ends the workers running them (runtime.worker_deaths passes over those deaths).
 TASK_NAME = f"MapBatches({BlockReader.__name__})"
 
 
