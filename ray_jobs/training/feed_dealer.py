@@ -98,7 +98,7 @@ class Dealer:
                     for part in parts:
                         self._deal(part, rows, step)
                 finally:  # on a stop too: Ray Data shuts its execution down and cancels its running tasks
-                    batches.close()  # type: ignore[attr-defined]  # Ray Data's generator
+                    batches.close()  # Ray Data's generator
                 epoch, start = parts[-1].epoch + 1, 0
         except _Stopped:
             return
