@@ -86,6 +86,10 @@ class TrainerConfig:
     # Elastic groups: how often Ray looks for room to grow the group (Ray's elastic_resize_monitor_interval_s).
     resize_interval_s: float = 60.0
     cpus_per_worker: float = 0.5  # CPUs Ray reserves for each worker (two fit a 1-CPU node)
+    # Custom resources each worker asks for besides its CPUs (and GPU), e.g. {trainer_node: 1} to
+    # keep the workers on the nodes started with `ray start --resources='{"trainer_node": 8}'` and
+    # leave the others' CPUs to the feed's tasks (docs/cluster.md). Ray's resources_per_worker.
+    worker_resources: dict[str, float] = field(default_factory=dict)
     # torch's intra-op threads in each worker; 0 = Ray's choice (the floor of cpus_per_worker, at
     # least 1). One worker on a small node can reserve 1 CPU and compute on every core with
     # torch_threads = the node's cores (it reads and tokenizes its batches in a thread beside its steps).
@@ -316,9 +320,23 @@ def _validate_worker_count(n: Any) -> None:
     )
 
 
+def _validate_worker_resources(resources: dict[str, float]) -> None:
+    """trainer.worker_resources: custom resources only, each finite and > 0."""
+    for name, amount in resources.items():
+        key = f"trainer.worker_resources.{name}"
+        _require(
+            name not in ("CPU", "GPU"),
+            key,
+            "a custom resource (CPUs: trainer.cpus_per_worker; a GPU: trainer.use_gpu)",
+            amount,
+        )
+        _finite_positive(key, amount)
+
+
 def _validate_trainer_numbers(t: TrainerConfig) -> None:
     _require(t.steps >= 0, "trainer.steps", ">= 0 (0 = save the untrained model)", t.steps)
     _require(t.cpus_per_worker > 0, "trainer.cpus_per_worker", "> 0", t.cpus_per_worker)
+    _validate_worker_resources(t.worker_resources)
     _require(t.torch_threads >= 0, "trainer.torch_threads", ">= 0 (0 = Ray's choice)", t.torch_threads)
     _require(t.shuffle_block_rows >= 1, "trainer.shuffle_block_rows", ">= 1", t.shuffle_block_rows)
     _require(t.feed in FEEDS, "trainer.feed", "|".join(FEEDS), t.feed)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from convsts.io.errors import ConfigError
 
 if TYPE_CHECKING:
-    from convsts.ray_jobs.config.schema import RunConfig
+    from convsts.ray_jobs.config.schema import RunConfig, TrainerConfig
 
 TRIAL_FUNCTION_CPU = 0.1  # a sweep's trial function only waits on its TorchTrainer
 EPSILON = 1e-9
@@ -39,6 +39,11 @@ class Ask:
     cpu: float
     gpu: float = 0.0
     place: str = "least"
+    custom: tuple[tuple[str, float], ...] = ()  # trainer.worker_resources, as (name, amount) pairs
+
+    def needs(self) -> dict[str, float]:
+        """Every resource this request takes: {"CPU": ..., "GPU": ..., custom ones}."""
+        return {"CPU": self.cpu, "GPU": self.gpu, **dict(self.custom)}
 
 
 LEAST, MOST, SPREAD, STRICT_SPREAD = "least", "most", "spread", "strict_spread"
@@ -58,9 +63,16 @@ def training_asks(cfg: RunConfig, workers: int | None = None) -> list[Ask]:
     trainer.num_workers' MIN: an elastic group starts with what fits, at least MIN; as its placement
     strategy places them)."""
     t = cfg.trainer
-    place = PLACES.get(t.placement_strategy, LEAST)
-    worker = Ask("task worker", t.cpus_per_worker, 1.0 if t.use_gpu else 0.0, place)
-    return [worker] * (t.min_workers if workers is None else workers)
+    return [worker_ask(t)] * (t.min_workers if workers is None else workers)
+
+
+def worker_ask(t: TrainerConfig) -> Ask:
+    """One task worker's request: trainer.cpus_per_worker, a GPU with trainer.use_gpu,
+    trainer.worker_resources, placed by trainer.placement_strategy."""
+    custom = tuple(sorted(t.worker_resources.items()))
+    return Ask(
+        "task worker", t.cpus_per_worker, 1.0 if t.use_gpu else 0.0, PLACES.get(t.placement_strategy, LEAST), custom
+    )
 
 
 def workers_that_fit(cfg: RunConfig, nodes: list[Node]) -> int:
@@ -83,11 +95,12 @@ def unplaced(nodes: list[Node], asks: list[Ask]) -> tuple[list[Ask], list[Node]]
     on the node with the least room that still holds it, MOST on the one with the most, SPREAD on the
     one with the most among the nodes this call's SPREAD asks have not used yet (any, once all have;
     STRICT_SPREAD only those)."""
-    room = [{"CPU": n.get("CPU", 0.0), "GPU": n.get("GPU", 0.0)} for n in nodes]
+    room = [{"CPU": 0.0, "GPU": 0.0, **n} for n in nodes]
     left: list[Ask] = []
     spread_used: set[int] = set()
     for ask in asks:
-        fits = [i for i, r in enumerate(room) if r["CPU"] + EPSILON >= ask.cpu and r["GPU"] + EPSILON >= ask.gpu]
+        needs = ask.needs()
+        fits = [i for i, r in enumerate(room) if all(r.get(k, 0.0) + EPSILON >= v for k, v in needs.items())]
         if ask.place == STRICT_SPREAD:
             fits = [i for i in fits if i not in spread_used]
         if not fits:
@@ -101,14 +114,30 @@ def unplaced(nodes: list[Node], asks: list[Ask]) -> tuple[list[Ask], list[Node]]
             node = max(choices, key=lambda i: (room[i]["CPU"], room[i]["GPU"]))
             if ask.place != MOST:
                 spread_used.add(node)
-        room[node]["CPU"] -= ask.cpu
-        room[node]["GPU"] -= ask.gpu
+        for key, amount in needs.items():
+            room[node][key] = room[node].get(key, 0.0) - amount
     return left, room
 
 
-def _describe(nodes: list[Node]) -> str:
-    shown = [f"{n.get('CPU', 0.0):g} CPU" + (f" + {n.get('GPU', 0.0):g} GPU" if n.get("GPU") else "") for n in nodes]
+def _amounts(resources: dict[str, float], custom: list[str]) -> str:
+    """ "2 CPU + 1 GPU + 1 trainer_node": the CPUs, and the GPUs and `custom` resources where there are any."""
+    shown = [f"{resources.get('CPU', 0.0):g} CPU"] + [
+        f"{resources[key]:g} {key}" for key in ["GPU", *custom] if resources.get(key)
+    ]
+    return " + ".join(shown)
+
+
+def _describe(nodes: list[Node], custom: list[str]) -> str:
+    shown = [_amounts(n, custom) for n in nodes]
     return f"{len(nodes)} node(s): {', '.join(shown) or 'none'}"
+
+
+def _worker(t: TrainerConfig) -> tuple[str, list[str], str]:
+    """(one worker's request, its custom resources' names, the keys that lower it) for a refusal line."""
+    ask = worker_ask(t)
+    custom = [name for name, _ in ask.custom]
+    keys = "trainer.cpus_per_worker" + (", trainer.worker_resources" if custom else "")
+    return _amounts(ask.needs(), custom), custom, keys
 
 
 def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> int:
@@ -116,18 +145,18 @@ def check_training_fits(cfg: RunConfig, nodes: list[Node]) -> int:
     group's MIN); else the number of workers that fit now (workers_that_fit)."""
     left, _ = unplaced(nodes, training_asks(cfg))
     t = cfg.trainer
+    worker, custom, keys = _worker(t)
     if left and t.placement_strategy in STRICT_ADVICE and not unplaced(nodes, training_asks(_relaxed(cfg)))[0]:
         raise ConfigError(
-            f"trainer: {t.min_workers} task worker(s) do not fit on the cluster's {_describe(nodes)}: "
+            f"trainer: {t.min_workers} task worker(s) do not fit on the cluster's {_describe(nodes, custom)}: "
             f"{STRICT_ADVICE[t.placement_strategy]}"
         )
     if left:
         least = f"the elastic group's MIN, {t.min_workers}," if t.elastic else f"{t.min_workers}"
-        need = f"{least} task worker(s) x {t.cpus_per_worker:g} CPU" + (" + 1 GPU" if t.use_gpu else "")
         raise ConfigError(
-            f"trainer: {need} do not fit on the cluster's "
-            f"{_describe(nodes)} (each is placed whole on one node; {len(left)} would wait forever): lower "
-            f"trainer.cpus_per_worker or trainer.num_workers{', or set trainer.use_gpu=false' if t.use_gpu else ''}, "
+            f"trainer: {least} task worker(s) x {worker} do not fit on the cluster's "
+            f"{_describe(nodes, custom)} (each is placed whole on one node; {len(left)} would wait forever): lower "
+            f"{keys} or trainer.num_workers{', or set trainer.use_gpu=false' if t.use_gpu else ''}, "
             f"or add nodes"
         )
     return workers_that_fit(cfg, nodes)
@@ -147,10 +176,10 @@ def trials_at_once(cfg: RunConfig, nodes: list[Node]) -> int:
         count, room = count + 1, placed[1]
     if not count:
         t = cfg.trainer
+        worker, custom, keys = _worker(t)
         raise ConfigError(
             f"a trial ({TRIAL_FUNCTION_CPU:g} CPU for the trial function, {t.min_workers} task worker(s) x "
-            f"{t.cpus_per_worker:g} CPU{' + 1 GPU' if t.use_gpu else ''}) "
-            f"does not fit on the cluster's {_describe(nodes)}: lower trainer.cpus_per_worker or "
+            f"{worker}) does not fit on the cluster's {_describe(nodes, custom)}: lower {keys} or "
             f"trainer.num_workers, or add nodes"
         )
     return count

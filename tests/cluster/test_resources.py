@@ -48,6 +48,27 @@ def test_a_training_layout_that_fits_no_node_is_refused_in_one_line():
         check_training_fits(paper, [{"CPU": 8.0, "GPU": 1.0}] * 19)
 
 
+def test_worker_resources_keep_the_workers_on_the_nodes_that_have_them():
+    # trainer.worker_resources: a custom resource each worker asks for, e.g. only the training nodes
+    # (`ray start --resources='{"trainer_node": 1}'`) hold workers; the others' CPUs go to the feed.
+    cfg = load_config(
+        None, ["trainer.num_workers=2", "trainer.cpus_per_worker=1", "trainer.worker_resources={trainer_node: 1}"]
+    )
+    feed_node, training_node = {"CPU": 8.0}, {"CPU": 2.0, "trainer_node": 2.0}
+    assert check_training_fits(cfg, [feed_node, training_node]) == 2
+    with pytest.raises(ConfigError) as refused:  # 1 trainer_node: the second worker would wait forever
+        check_training_fits(cfg, [feed_node, {"CPU": 2.0, "trainer_node": 1.0}])
+    message = str(refused.value)
+    assert "\n" not in message and "x 1 CPU + 1 trainer_node" in message, message
+    assert "2 node(s): 8 CPU, 2 CPU + 1 trainer_node" in message and "trainer.worker_resources" in message
+    with pytest.raises(ConfigError, match="trainer_node"):  # nor does a sweep's trial fit
+        trials_at_once(cfg, [feed_node, {"CPU": 2.0, "trainer_node": 1.0}])
+    assert trials_at_once(cfg, [feed_node, {"CPU": 4.0, "trainer_node": 4.0}]) == 2
+    for bad, rule in (("{CPU: 1}", "a custom resource"), ("{trainer_node: 0}", "finite and > 0")):
+        with pytest.raises(ConfigError, match=rule):
+            load_config(None, [f"trainer.worker_resources={bad}"])
+
+
 def test_strict_spread_that_only_the_strategy_refuses_names_the_strategy():
     strict = load_config(None, ["trainer.placement_strategy=STRICT_SPREAD", "trainer.num_workers=3"])
     with pytest.raises(ConfigError) as refused:  # 3 workers, 2 nodes: lowering the CPUs cannot help
