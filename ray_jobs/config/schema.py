@@ -193,6 +193,10 @@ class TrainerConfig:
         low, high = self.worker_range
         return f"{low}-{high}" if self.elastic else str(high)
 
+    def worker_request(self) -> dict[str, float]:
+        """What Ray reserves for each task worker (ScalingConfig's resources_per_worker, with its GPU)."""
+        return {"CPU": self.cpus_per_worker, **({"GPU": 1.0} if self.use_gpu else {}), **self.worker_resources}
+
     def ray_num_workers(self) -> int | tuple[int, int]:
         """ScalingConfig's num_workers: N, or (MIN, MAX) for an elastic group."""
         return self.worker_range if self.elastic else self.max_workers

@@ -6,8 +6,9 @@ worker. So a run is checked against the nodes that exist, before any work: the w
 (trainer.num_workers, the MIN of an elastic group, x trainer.cpus_per_worker CPUs, one GPU each with
 trainer.use_gpu), and for a sweep each trial's function too. The feed asks for no CPU a fit must
 have: each task's dealer takes none, and its Ray Data tasks take a CPU only where the workers left
-one free (else they share the workers', one at a time: feed_dealer), so an elastic group of any size
-Ray gives it leaves nothing waiting. The requests are placed in the order Ray reserves them, each as Ray may
+one free (else they share the workers', one at a time: feed_dealer), less those an elastic group
+may still grow into (feed_dealer.CpuShare), so an elastic group of any size Ray gives it leaves
+nothing waiting and can still grow. The requests are placed in the order Ray reserves them, each as Ray may
 place it, taking the worst case where Ray chooses: a trial function may land on any node (the one
 with the most room: it breaks the largest whole CPU), SPREAD workers go to distinct nodes (those
 with the most room), PACK workers to the node with the least room that holds them. A request that cannot be placed is refused in one line naming the keys to change (a

@@ -8,7 +8,7 @@ import collections
 from typing import Any
 
 from convsts.ray_jobs.training.data_feed import FeedStream
-from convsts.ray_jobs.training.feed_dealer import STOP_S, start
+from convsts.ray_jobs.training.feed_dealer import STOP_S, CpuShare, start
 from convsts.ray_jobs.training.feed_order import FeedOrder
 
 CHUNK = 4  # batches a rank takes in one call to its dealer (a call costs more than handing a batch over)
@@ -20,12 +20,12 @@ class DealtStream(FeedStream):
     (data_feed.FeedStream): positions, the rows read for the first batch, close."""
 
     def __init__(self, task: str, name: str, order: FeedOrder, encode, batch_size: int, share, device,
-                 position: dict[str, Any] | None = None, owner: bool = False, pipelines: int = 1):  # fmt: skip
-        """`pipelines`: the group's tasks, whose pipelines share the CPUs the workers left."""
+                 position: dict[str, Any] | None = None, owner: bool = False, cpus: CpuShare | None = None):  # fmt: skip
+        """`cpus`: how the group's pipelines share the CPUs the workers left (feed_dealer.CpuShare)."""
         super().__init__(task, order, batch_size, share, device, position)
         self.owner = owner
         at = {"epoch": self.epoch, "rows": self.rows}
-        self.dealer = start(name, order, encode, batch_size, self.ranks, at, pipelines)
+        self.dealer = start(name, order, encode, batch_size, self.ranks, at, cpus or CpuShare())
         self.asked = 0
         self.pending: collections.deque = collections.deque()  # calls asked, oldest first
         self.taken: collections.deque = collections.deque()  # batches received, not yet trained on

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -186,15 +187,40 @@ def feed_cpus(cpus_left: float) -> float:
     return 1.0 if cpus_left >= 1.0 else 0.0
 
 
+@dataclass(frozen=True)
+class CpuShare:
+    """How a group's pipelines share the CPUs its workers left: `pipelines` (one a task) split them,
+    less the CPUs of the workers an elastic group may still grow by (`grow_by` more, each asking
+    `per_worker`, as many as the cluster's free resources hold now): a pipeline's task that took a
+    CPU of a free node would keep the group from growing onto it."""
+
+    pipelines: int = 1
+    grow_by: int = 0
+    per_worker: tuple[tuple[str, float], ...] = (("CPU", 1.0),)
+
+    def cpus_left(self, available: dict[str, float]) -> float:
+        """Each pipeline's CPUs of `available` (Ray's free resources, cluster-wide)."""
+        need = dict(self.per_worker)
+        room = min([self.grow_by, *(int(available.get(k, 0.0) // v) for k, v in need.items() if v > 0)])
+        free = available.get("CPU", 0.0) - max(room, 0) * need.get("CPU", 0.0)
+        return max(free, 0.0) / max(self.pipelines, 1)
+
+
 def start(
-    name: str, order: FeedOrder, encode, batch_size: int, ranks: int, position: dict[str, Any], pipelines: int = 1
+    name: str,
+    order: FeedOrder,
+    encode,
+    batch_size: int,
+    ranks: int,
+    position: dict[str, Any],
+    cpus: CpuShare | None = None,
 ):
     """The dealer named `name` (every rank of the task asks for it with the same arguments; the first
     makes it, the others get it), its pipeline's tasks sized to its share of the CPUs the trainers
-    left: the group's `pipelines` (one a task) split them."""
+    left (`cpus`)."""
     import ray
 
-    left = ray.available_resources().get("CPU", 0.0) / max(pipelines, 1)
+    left = (cpus or CpuShare()).cpus_left(ray.available_resources())
     actor = ray.remote(Dealer).options(
         name=name, namespace=NAMESPACE, get_if_exists=True, num_cpus=0, max_concurrency=2 * ranks + 4
     )

@@ -105,7 +105,9 @@ def torch_trainer(cfg: RunConfig, location: RunStorage, loop_config: dict, extra
             num_workers=cfg.trainer.ray_num_workers(),  # type: ignore[arg-type]  # (MIN, MAX): V2's elastic group
             elastic_resize_monitor_interval_s=cfg.trainer.resize_interval_s,
             use_gpu=cfg.trainer.use_gpu,
-            resources_per_worker={"CPU": cfg.trainer.cpus_per_worker, **cfg.trainer.worker_resources},
+            resources_per_worker={
+                k: v for k, v in cfg.trainer.worker_request().items() if k != "GPU"
+            },  # use_gpu: its GPU
             placement_strategy=cfg.trainer.placement_strategy,
         ),
         run_config=ray.train.RunConfig(  # type: ignore[call-arg]  # Train V2's (RAY_TRAIN_V2_ENABLED); stubs: V1's

@@ -22,6 +22,7 @@ from convsts.ray_jobs.tracking import runs as tracking
 from convsts.ray_jobs.training.async_loop import AsyncTrainLoop
 from convsts.ray_jobs.training.data_feed import batch_encoder, feed_order, task_shards
 from convsts.ray_jobs.training.dealt_stream import DealtStream
+from convsts.ray_jobs.training.feed_dealer import CpuShare
 from convsts.ray_jobs.training.local_feed import LocalStream
 from convsts.ray_jobs.training.loop import WORKERS_METRIC, LoopHooks, TrainLoop
 from convsts.ray_jobs.training.start_weights import initial_model, restore
@@ -90,6 +91,10 @@ def stream_factory(cfg, plan, rank: int, tokenizer, device, listings: dict[str, 
     }
     feed = "local" if plan.mode is SplitMode.ASYNC else cfg.trainer.feed
     group = from_rank_0(uuid.uuid4().hex[:12], plan.world_size) if feed == "ray_data" else ""
+    # An elastic group below its MAX leaves the CPUs it may grow into to its next workers.
+    cpus = CpuShare(
+        len(plan.tasks), cfg.trainer.max_workers - plan.world_size, tuple(cfg.trainer.worker_request().items())
+    )
     if rank == 0 and feed != cfg.trainer.feed:
         print_once(f"[convsts rank 0] {plan.mode} task split: each rank reads its own data (trainer.feed=local)")
 
@@ -103,7 +108,7 @@ def stream_factory(cfg, plan, rank: int, tokenizer, device, listings: dict[str, 
             name = f"{group}-{task}-{position.get('epoch', 0)}-{position.get('rows', 0)}-{batch_size}"
             return DealtStream(
                 task, name, orders[task], encode, batch_size, share, device, position, rank == ranks[0],
-                pipelines=len(plan.tasks),
+                cpus,
             )  # fmt: skip
         return LocalStream(task, orders[task], encode, batch_size, share, device, position, cfg.trainer.feed_processes)
 

@@ -317,6 +317,67 @@ def test_mine_negatives_with_a_checkpoint_in_the_bucket_into_a_prepared_folder_t
     assert any(k.startswith("convsts-data/mined/snli/train/") for k in keys(f"{bucket}/mined"))
 
 
+@pytest.mark.slow
+def test_two_reddit_ranks_read_each_shard_from_the_bucket_once_an_epoch_as_one_rank_does(trained_on_s3):
+    """The fit's checkpoint resumed with two Reddit ranks (trainer.feed=ray_data) for more than an
+    epoch of Reddit rows: beyond the driver's checks before Ray starts (the same at any group size),
+    the GET requests the S3 server answers for each Reddit training shard are one read of it (measured
+    here, read as the feed reads it) for each epoch the task's one pipeline covers, as one rank
+    reads it; ranks that each read the data themselves (the local feed) read it once a rank an
+    epoch. Resumed, the run reads its tokenizer from the checkpoint, not from the shards."""
+    from testkit.s3_server import request_log
+
+    from convsts.datasets.sample_order import ShardSet
+    from convsts.models.checkpoint import load_train_state
+    from convsts.ray_jobs.training.data_feed import check_prepared
+    from convsts.ray_jobs.training.feed_dealer import PIPELINE_ROWS
+
+    bucket, data, env, out = (trained_on_s3[k] for k in ("bucket", "data", "env", "out"))
+    folder, manifest = (
+        f"{bucket}/prepared/reddit/train",
+        json.loads(storage.read_text(f"{bucket}/prepared/reddit/manifest.json")),
+    )
+    records = [(s["file"], int(s["rows"])) for s in manifest["shards"]["train"]]
+    cfg = load_config(None, [*data, *TINY_TRAIN])
+    task = get_task("reddit")
+    shards = ShardSet.of_folder(folder, records, task.feed_columns(cfg))
+    with request_log() as once:  # one read of each shard, the feed's own read
+        for index in range(len(records)):
+            shards.read(index)
+    with request_log() as checks:  # the driver's checks before Ray starts: the shards' bytes and columns
+        check_prepared(f"{bucket}/prepared", {"reddit": task}, cfg)
+        task.check_feed(cfg, f"{bucket}/prepared")
+    train_path = "/" + folder.removeprefix("s3://") + "/"
+
+    def gets(seen) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for method, path in seen:
+            if method == "GET" and path.startswith(train_path) and "?" not in path:
+                counts[path] = counts.get(path, 0) + 1
+        return counts
+
+    one_read, rows = gets(once), manifest["train_pairs"]
+    assert sorted(one_read) == sorted(train_path + name for name, _ in records), once
+    uri = _last_checkpoint_uri(bucket)
+    start = next(p["reddit"]["rows"] for p in load_train_state(uri).positions if "reddit" in p)  # its Reddit rank's
+    covered, epochs = rows - start, 1  # the rows the task's first pipeline deals: whole epochs' rests
+    while covered < PIPELINE_ROWS:
+        covered, epochs = covered + rows, epochs + 1
+    steps = 4 + (rows * 5 // 4) // 64 + 1  # past the checkpoint's step 4: 1.25 epochs at 2 x 32 rows
+    assert rows - start < (steps - 4) * 64 <= covered and epochs >= 2  # more than an epoch, one pipeline
+    with request_log() as seen:
+        resumed = _convsts(env, "train", "--out", str(out.parent / "two_ranks"), "--resume", uri, *data, *TINY_TRAIN,
+                           "trainer.feed=ray_data", "trainer.num_workers=3", "trainer.task_workers={reddit: 2, snli: 1}",
+                           f"trainer.steps={steps}", f"trainer.checkpoint_every={steps}")  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-4000:]
+    checked = gets(checks)
+    read = {path: n - checked.get(path, 0) for path, n in gets(seen).items()}
+    assert read and set(read) <= set(one_read), read
+    # Each shard read at least once and at most once an epoch of the pipeline; two ranks that each
+    # read the trained rows themselves read every shard twice an epoch (here 4 reads: 2 x 2 epochs).
+    assert all(one_read[path] <= read[path] <= epochs * one_read[path] for path in read), (read, one_read, epochs)
+
+
 def test_the_cache_of_uri_folders_keeps_the_most_recently_used_copies(tmp_path, monkeypatch):
     """Each checkpoint read from a bucket is copied once to this machine; evaluating a sweep's
     checkpoints one after another must not fill the disk: past CACHE_ENTRIES copies per kind, the

@@ -66,9 +66,13 @@ def _reached(client, run_id: str, size: int, step: int) -> bool:
 
 
 def _wait_for(what, check, proc: subprocess.Popen):
-    """`check()`'s first true value while the driver runs, else fail naming `what`."""
+    """`check()`'s first true value while the driver runs, else fail naming `what`, with the end of
+    the driver's output (the driver is stopped to read it)."""
     found = poll_until(check, proc, 420.0, every=0.5)
-    assert found, f"{what}: not seen (driver exit code {proc.poll()})"
+    if not found:
+        code = proc.poll()
+        proc.kill()
+        assert found, f"{what}: not seen (driver exit code {code}); its output ends:\n{proc.communicate()[0][-6000:]}"
     return found
 
 
