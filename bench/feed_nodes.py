@@ -8,6 +8,7 @@ them. Each node's Ray processes (and the workers and tasks they start) run on co
 rest, so the 1-CPU node computes on one core.
 
   .venv/bin/python bench/feed_nodes.py [--config configs/demo_dan.yaml] [--prepared DIR] [--steps 300] [--feed-cpus 2]
+      [overrides ...]  # dotted overrides for both fits, e.g. a smaller model
 
 With `local` the worker reads and tokenizes its batches on its own core beside its steps; with
 `ray_data` its task's pipeline tokenizes on the feed node. Prints each feed's steady-state pairs/s
@@ -46,7 +47,14 @@ def pin(node: dict[str, str], cores: set[int]) -> None:
 
 
 def fit(
-    config: str, prepared: Path, out: Path, feed: str, steps: int, env: dict[str, str], cores: set[int]
+    config: str,
+    overrides: list[str],
+    prepared: Path,
+    out: Path,
+    feed: str,
+    steps: int,
+    env: dict[str, str],
+    cores: set[int],
 ) -> tuple[float, float]:
     """(steady-state pairs/s, whole fit's seconds) of `convsts train` with `feed` on the cluster, its
     driver on `cores`."""
@@ -59,7 +67,7 @@ def fit(
     command = [sys.executable, "-m", "convsts", "train", "--config", config, "--out", str(out), "--prepared", str(prepared),
                f"trainer.feed={feed}", "trainer.num_workers=1", "trainer.cpus_per_worker=1", "trainer.torch_threads=1",
                f"trainer.worker_resources={{{RESOURCE}: 1}}", f"trainer.steps={steps}", f"trainer.log_every={LOG}",
-               "trainer.eval_every=0", f"trainer.checkpoint_every={steps}", f"mlflow.tracking_uri={uri}"]  # fmt: skip
+               "trainer.eval_every=0", f"trainer.checkpoint_every={steps}", f"mlflow.tracking_uri={uri}", *overrides]  # fmt: skip
     started = time.time()
     with open(out.parent / f"{feed}.log", "w") as log:
         done = subprocess.run(
@@ -71,7 +79,7 @@ def fit(
         raise SystemExit(f"convsts train with trainer.feed={feed} failed: see {out.parent / f'{feed}.log'}")
     run_id = json.loads(RunFolder(out).run_record.read_text())["runs"][-1]["run_id"]
     history = sorted(MlflowClient(uri).get_metric_history(run_id, "step_time_s"), key=lambda m: m.step)
-    batch = load_config(config).trainer.stages[0].batch_size
+    batch = load_config(config, overrides).trainer.stages[0].batch_size
     return batch / statistics.median(m.value for m in history[2:]), whole
 
 
@@ -82,6 +90,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--feed-cpus", type=int, default=2, help="CPUs of the node that holds no worker")
     parser.add_argument("--feeds", nargs="+", default=["ray_data", "local"])
+    parser.add_argument("overrides", nargs="*", help="dotted overrides for both fits")
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
@@ -105,12 +114,14 @@ def main() -> int:
         pin(stack.enter_context(ray_worker_node(head["gcs"], base, num_cpus=args.feed_cpus, ip="127.0.0.3")), rest)
         driver = {**base, "RAY_ADDRESS": head["gcs"]}
         for feed in args.feeds:
-            rates[feed] = fit(args.config, prepared, work / f"run-{feed}", feed, args.steps, driver, rest)
+            rates[feed] = fit(
+                args.config, args.overrides, prepared, work / f"run-{feed}", feed, args.steps, driver, rest
+            )
             print(
                 f"feed {feed:8s} {rates[feed][0]:9.1f} pairs/s   (whole fit incl. start-up {rates[feed][1]:.0f} s)",
                 flush=True,
             )
-    print(f"config {args.config}, {args.steps} steps, 1 worker of 1 CPU on core {cores[0]}; "
+    print(f"config {args.config} {' '.join(args.overrides)}, {args.steps} steps, 1 worker of 1 CPU on core {cores[0]}; "
           f"a {args.feed_cpus}-CPU node with no worker on cores {cores[1:]}")  # fmt: skip
     if "ray_data" in rates and "local" in rates:
         print(f"ratio ray_data / local  {rates['ray_data'][0] / rates['local'][0]:9.2f}")
