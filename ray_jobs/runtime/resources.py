@@ -68,12 +68,11 @@ def training_asks(cfg: RunConfig, workers: int | None = None) -> list[Ask]:
 
 
 def worker_ask(t: TrainerConfig) -> Ask:
-    """One task worker's request: trainer.cpus_per_worker, a GPU with trainer.use_gpu,
-    trainer.worker_resources, placed by trainer.placement_strategy."""
-    custom = tuple(sorted(t.worker_resources.items()))
-    return Ask(
-        "task worker", t.cpus_per_worker, 1.0 if t.use_gpu else 0.0, PLACES.get(t.placement_strategy, LEAST), custom
-    )
+    """One task worker's request (TrainerConfig.worker_request: its CPUs, a GPU with trainer.use_gpu,
+    trainer.worker_resources), placed by trainer.placement_strategy."""
+    need = t.worker_request()
+    custom = tuple(sorted((k, v) for k, v in need.items() if k not in ("CPU", "GPU")))
+    return Ask("task worker", need["CPU"], need.get("GPU", 0.0), PLACES.get(t.placement_strategy, LEAST), custom)
 
 
 def workers_that_fit(cfg: RunConfig, nodes: list[Node]) -> int:
