@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats
 
 from convsts.models.similarity import pearson  # the one Pearson, part of this module's API
 
@@ -25,6 +24,8 @@ def spearman(pred: Sequence[float] | np.ndarray, gold: Sequence[float] | np.ndar
     x, y = np.asarray(pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
     if len(x) < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()) or np.std(x) == 0 or np.std(y) == 0:
         return float("nan")
+    from scipy import stats  # here: a training worker imports this module for its STS-B probe, scipy costs a second
+
     return float(stats.spearmanr(x, y)[0])
 
 

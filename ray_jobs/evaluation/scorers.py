@@ -7,7 +7,6 @@ from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import sparse
 
 from convsts.datasets.text import words
 from convsts.models.similarity import cosine
@@ -50,6 +49,8 @@ class LexicalScorer:
         self.idf = np.array([np.log((1 + n) / (1 + df[w])) + 1.0 for w in sorted(df)], dtype=np.float32)
 
     def _vectors(self, texts: Sequence[str]):
+        from scipy import sparse  # here: a training worker imports this module for its STS-B probe alone
+
         rows, cols, vals = [], [], []
         for r, text in enumerate(texts):
             counts: dict[int, int] = {}

@@ -25,21 +25,29 @@ POLL_S = 0.5
 REAP_S = 30.0  # the reaper kills the instance's processes again for at most this long
 
 
-def processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line), from /proc."""
+def processes(names: dict[tuple[int, int], str] | None = None) -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line), from /proc. `names` keeps each process's command line by
+    (pid, start time) between calls: a poll then reads one file of a process it has seen, not two."""
+    names = {} if names is None else names
     out = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError, ValueError, IndexError):
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                out[int(entry)] = (ppid, cmd)
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                key = (int(entry), int(fields[19]))  # the pid and its start time: a reused pid is another process
+                if key not in names:
+                    names[key] = (
+                        Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    )
+                out[int(entry)] = (int(fields[1]), names[key])
+    for gone in [key for key in names if key[0] not in out]:
+        del names[gone]
     return out
 
 
-def instance_processes(session_dir: str, known: set[int]) -> set[int]:
+def instance_processes(session_dir: str, known: set[int], names: dict[tuple[int, int], str] | None = None) -> set[int]:
     """The processes naming `session_dir`, the ones in `known` still there, and all their descendants."""
-    procs = processes()
+    procs = processes(names)
     found = {pid for pid, (_, cmd) in procs.items() if session_dir in cmd} | (known & procs.keys())
     found.discard(os.getpid())
     while children := {pid for pid, (ppid, _) in procs.items() if ppid in found} - found - {os.getpid()}:
@@ -49,8 +57,9 @@ def instance_processes(session_dir: str, known: set[int]) -> set[int]:
 
 def reap(driver: int, session_dir: str) -> None:
     known: set[int] = set()
+    names: dict[tuple[int, int], str] = {}
     while alive(driver):
-        known = instance_processes(session_dir, known)
+        known = instance_processes(session_dir, known, names)
         time.sleep(POLL_S)
     # Again until none is left: a process that one killed had started meanwhile is ended too.
     deadline = time.monotonic() + REAP_S

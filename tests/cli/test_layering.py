@@ -31,6 +31,7 @@ LAYERS = (
 SLOW_UNITS = {
     "ray", "ray.data", "ray.train", "ray.tune", "mlflow", "torch", "transformers", "sentence_transformers",
     "matplotlib", "sklearn", "onnx", "onnxruntime", "onnxscript", "sqlalchemy",
+    "scipy",  # scipy.stats and scipy.sparse: over a second of every Ray Train worker's start (its STS-B probe's)
 }  # fmt: skip
 RAY_UNITS = ("ray.data", "ray.train", "ray.tune")
 
