@@ -42,7 +42,7 @@ def _kind(cmdline: str, driver: int, pid: int) -> str | None:
     if cmdline.startswith("ray::"):
         return cmdline.split()[0].split(".")[0]  # an actor by its class, whichever method it runs
     if "setup_worker.py" in cmdline or "default_worker.py" in cmdline:
-        return "ray worker, before its task (runtime env setup, imports)"
+        return "ray worker, ahead of its task (runtime env setup, imports)"
     return None
 
 
@@ -56,14 +56,14 @@ def _sample(seen: dict[tuple[int, float], tuple[str, float]]) -> None:
 
 def fit_cost(prepared: Path, feed: str, workers: int, env: dict[str, str]) -> tuple[float, collections.Counter]:
     """(wall seconds, core-seconds by process kind) of one tiny fit."""
-    before: dict[tuple[int, float], tuple[str, float]] = {}
-    _sample(before)
+    at_start: dict[tuple[int, float], tuple[str, float]] = {}
+    _sample(at_start)
     with tempfile.TemporaryDirectory(prefix="fitcost-") as out:
         command = [sys.executable, "-m", "convsts", "train", "--out", out, "--prepared", str(prepared), *TINY_DAN,
                    *STEPS, f"trainer.feed={feed}", f"trainer.num_workers={workers}"]  # fmt: skip
         began = time.perf_counter()
         driver = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        seen = dict(before)
+        seen = dict(at_start)
         while driver.poll() is None:
             _sample(seen)
             time.sleep(0.1)
@@ -72,7 +72,7 @@ def fit_cost(prepared: Path, feed: str, workers: int, env: dict[str, str]) -> tu
             raise SystemExit(f"fit_cost: {feed}:{workers} failed:\n{driver.stderr.read().decode()[-3000:]}")
     costs: collections.Counter = collections.Counter()
     for key, (cmdline, cpu) in seen.items():
-        spent = cpu - before.get(key, ("", 0.0))[1]
+        spent = cpu - at_start.get(key, ("", 0.0))[1]
         kind = _kind(cmdline, driver.pid, key[0])
         if kind is not None and spent > 0.05:
             costs[kind] += spent

@@ -9,8 +9,10 @@ processes), the sample prepared once for the run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -44,7 +46,33 @@ def ray_session(tmp_path_factory):
     ray.init(num_cpus=2, include_dashboard=True, logging_level="WARNING", runtime_env={"env_vars": env})
     DataContext.get_current().enable_progress_bars = False
     yield ray
+    _shutdown_whole(ray)
+
+
+def _shutdown_whole(ray) -> None:
+    """ray.shutdown(), then every process the instance had (its actors too, noted while their raylet
+    is their parent: Ray renames them) gone within 15 s, or SIGKILLed with a warning naming them: one
+    left asleep would hold its memory, and one left busy the CPUs of the tests that follow."""
+    import warnings
+
+    from ray._private.worker import _global_node
+    from testkit.local_cluster import still_running
+
+    from convsts.io.processes import start_time
+    from convsts.ray_jobs.runtime.reaper import instance_processes
+
+    pids = instance_processes(_global_node.get_session_dir_path(), set()) - {os.getpid()}
+    seen = {pid: started for pid in pids if (started := start_time(pid)) is not None}
     ray.shutdown()
+    left = still_running(seen, seconds=15)
+    if left:
+        for pid, started in seen.items():
+            if start_time(pid) == started:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        warnings.warn(
+            f"{len(left)} processes of the session's Ray instance outlived its shutdown, killed: {left}", stacklevel=1
+        )
 
 
 @pytest.fixture(scope="session")
