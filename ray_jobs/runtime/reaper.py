@@ -27,7 +27,9 @@ REAP_S = 30.0  # the reaper kills the instance's processes again for at most thi
 
 def processes(names: dict[tuple[int, int], str] | None = None) -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, command line), from /proc. `names` keeps each process's command line by
-    (pid, start time) between calls: a poll then reads one file of a process it has seen, not two."""
+    (pid, start time) between calls: a poll then reads one file of a process it has seen, not two. A
+    name read between a fork and its exec stays its parent's: a child of the instance's processes is
+    theirs as a descendant, and the instance's own first processes were started before the reaper."""
     names = {} if names is None else names
     out = {}
     for entry in os.listdir("/proc"):
