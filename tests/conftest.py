@@ -9,10 +9,8 @@ processes), the sample prepared once for the run."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import tempfile
 from pathlib import Path
 
@@ -51,27 +49,23 @@ def ray_session(tmp_path_factory):
 
 def _shutdown_whole(ray) -> None:
     """ray.shutdown(), then every process the instance had (its actors too, noted while their raylet
-    is their parent: Ray renames them) gone within 15 s, or SIGKILLed with a warning naming them: one
+    is their parent: Ray renames them) gone within 15 s, or stopped with a warning naming them: one
     left asleep would hold its memory, and one left busy the CPUs of the tests that follow."""
     import warnings
 
     from ray._private.worker import _global_node
-    from testkit.local_cluster import still_running
+    from testkit.local_cluster import pids_matching, still_running, stop_pids
 
     from convsts.io.processes import start_time
-    from convsts.ray_jobs.runtime.reaper import instance_processes
 
-    pids = instance_processes(_global_node.get_session_dir_path(), set()) - {os.getpid()}
+    pids = pids_matching(_global_node.get_session_dir_path())  # without this process
     seen = {pid: started for pid in pids if (started := start_time(pid)) is not None}
     ray.shutdown()
     left = still_running(seen, seconds=15)
     if left:
-        for pid, started in seen.items():
-            if start_time(pid) == started:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        stop_pids([pid for pid, started in seen.items() if start_time(pid) == started], grace_s=2)
         warnings.warn(
-            f"{len(left)} processes of the session's Ray instance outlived its shutdown, killed: {left}", stacklevel=1
+            f"{len(left)} processes of the session's Ray instance outlived its shutdown, stopped: {left}", stacklevel=1
         )
 
 

@@ -29,5 +29,11 @@ def alive(pid: int) -> bool:
 
 def start_time(pid: int) -> int | None:
     """The process's start (clock ticks since boot), or None where it is gone or /proc cannot say."""
+    found = parent_and_start(pid)
+    return found[1] if found is not None else None
+
+
+def parent_and_start(pid: int) -> tuple[int, int] | None:
+    """(its parent's pid, its start in clock ticks since boot), or None where it is gone or /proc cannot say."""
     fields = _stat_fields(pid)
-    return int(fields[19]) if fields is not None and len(fields) > 19 else None
+    return (int(fields[1]), int(fields[19])) if fields is not None and len(fields) > 19 else None

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from convsts.io.processes import alive
+from convsts.io.processes import alive, parent_and_start
 
 POLL_S = 0.5
 REAP_S = 30.0  # the reaper kills the instance's processes again for at most this long
@@ -33,15 +33,14 @@ def processes(names: dict[tuple[int, int], str] | None = None) -> dict[int, tupl
     names = {} if names is None else names
     out = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                key = (int(entry), int(fields[19]))  # the pid and its start time: a reused pid is another process
-                if key not in names:
-                    names[key] = (
-                        Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                    )
-                out[int(entry)] = (int(fields[1]), names[key])
+        if not entry.isdigit() or (found := parent_and_start(int(entry))) is None:
+            continue
+        key = (int(entry), found[1])  # the pid and its start time: a reused pid is another process
+        if key not in names:
+            with contextlib.suppress(OSError):
+                names[key] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        if key in names:
+            out[int(entry)] = (found[0], names[key])
     for gone in [key for key in names if key[0] not in out]:
         del names[gone]
     return out
