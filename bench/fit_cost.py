@@ -79,10 +79,18 @@ def fit_cost(prepared: Path, feed: str, workers: int, env: dict[str, str]) -> tu
     return wall, costs
 
 
+def variant(text: str) -> tuple[str, int]:
+    """FEED:WORKERS, e.g. local:2."""
+    feed, _, workers = text.partition(":")
+    if feed not in ("local", "ray_data") or not workers.isdigit() or int(workers) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a variant is FEED:WORKERS, FEED local or ray_data, e.g. local:2")
+    return feed, int(workers)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prepared", help="a prepared folder (default: the embedded sample, prepared here)")
-    parser.add_argument("--variants", nargs="+", default=["local:1", "local:2", "ray_data:1"])
+    parser.add_argument("--variants", nargs="+", type=variant, default=[("local", 1), ("local", 2), ("ray_data", 1)])
     args = parser.parse_args()
     import ray
 
@@ -96,10 +104,9 @@ def main() -> int:
         ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
         try:
             env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
-            for variant in args.variants:
-                feed, workers = variant.split(":")
-                wall, costs = fit_cost(prepared, feed, int(workers), env)
-                print(f"\n{variant}: wall {wall:.1f} s, {sum(costs.values()):.1f} core-s")
+            for feed, workers in args.variants:
+                wall, costs = fit_cost(prepared, feed, workers, env)
+                print(f"\n{feed}:{workers}: wall {wall:.1f} s, {sum(costs.values()):.1f} core-s")
                 print("| process | core-s |\n|---|---|")
                 for kind, seconds in costs.most_common():
                     print(f"| {kind} | {seconds:.1f} |")
