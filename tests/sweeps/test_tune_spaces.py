@@ -297,7 +297,7 @@ def test_the_documented_custom_space_runs_as_written(ray_session, sample_prepare
     one = "trainer.stages=[[{start_step: 0, batch_size: 128, lr: 0.001}]]"
     cmd = [sys.executable, "-m", "convsts", "tune", "--space", "my_spaces:SPACE", "--out", str(out),
            "--param", one, "--prepared", str(sample_prepared), "--max-concurrent", "1", *TINY_SWEEP_MODEL, "trainer.steps=4",
-           "trainer.checkpoint_every=4", "trainer.cpus_per_worker=0.4", f"mlflow.tracking_uri={mlflow_uri}",
+           "trainer.checkpoint_every=4", "trainer.num_workers=1", "trainer.cpus_per_worker=0.4", f"mlflow.tracking_uri={mlflow_uri}",
            "mlflow.experiment=tune-custom-space"]  # fmt: skip
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
            "PYTHONPATH": os.pathsep.join([str(tmp_path / "mods"), os.environ.get("PYTHONPATH", "")])}  # fmt: skip

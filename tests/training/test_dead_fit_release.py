@@ -71,7 +71,7 @@ def test_a_run_without_the_internals_says_so_in_one_warning_line_and_trains(
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     done = subprocess.run(
         [sys.executable, "-c", WITHOUT_INTERNALS, "train", "--out", str(out), "--prepared", str(sample_prepared),
-         *TINY_TRAIN, f"mlflow.tracking_uri={mlflow_uri}"],
+         *TINY_TRAIN, "trainer.num_workers=1", f"mlflow.tracking_uri={mlflow_uri}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -156,7 +156,7 @@ def test_mine_negatives_writes_a_prepared_folder_that_trains_through_ray_train(r
     with pytest.raises(FileExistsError, match="not empty"):
         mine_main(["--checkpoint", str(untrained), "--prepared", str(prepared), "--out", str(mined)])
 
-    hard = load_config(None, base + ["trainer.steps=2", "data.reddit_hard_negatives=true"])
+    hard = load_config(None, base + ["trainer.steps=2", "data.reddit_hard_negatives=true", "trainer.num_workers=1"])
     with pytest.raises(BadInputError, match="no 'negative' column, which data.reddit_hard_negatives=true"):
         run_training(hard, tmp_path / "refused", prepared_dir=prepared)
     result = run_training(hard, tmp_path / "hard", prepared_dir=mined)

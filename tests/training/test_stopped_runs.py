@@ -53,7 +53,7 @@ def test_nothing_of_a_stopped_or_finished_run_goes_on_after_its_command(stop, sa
     env["RAY_TMPDIR"] = str(temp)
     command = [sys.executable, "-m", "convsts", "train", "--out", str(out), "--prepared", str(sample_prepared),
                "trainer.steps=100000", "trainer.log_every=5", "trainer.checkpoint_every=20", "trainer.eval_every=0",
-               *TINY_DAN]  # fmt: skip
+               "trainer.num_workers=1", *TINY_DAN]  # fmt: skip
     proc = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
