@@ -34,7 +34,7 @@ from testkit.tiny import TINY_DAN
 # the single worker is still training when the node it grows onto has joined (Ray's resize check, a
 # new group's start), and its first checkpoint comes seven log windows after the first logged step.
 # CI's run is held at each size's step (HOLDS) until the test has done what that size waits for.
-STEPS, EVERY, LOG = {"ci": 640, "release": 6000}, 80, 10
+STEPS, EVERY, LOG = {"ci": 480, "release": 6000}, 80, 10
 HOLDS = {3: 40, 2: 200, 1: 400}  # before the first checkpoint at 3; past checkpoints at 2 and at 1
 
 pytestmark = pytest.mark.slow
