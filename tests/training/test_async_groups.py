@@ -15,7 +15,7 @@ from testkit.tiny import TINY_DAN
 from convsts.models.checkpoint import Checkpoint, load_model
 from convsts.ray_jobs.tracking import runs as tracking
 
-STEPS, EVERY, SLACK = 500, 100, 2
+STEPS, EVERY, SLACK = 250, 50, 2
 ARGS = [
     f"trainer.steps={STEPS}",
     f"trainer.checkpoint_every={EVERY}",
