@@ -3,10 +3,10 @@ rerun each time with the same command, from its first seconds (its parent run ju
 first state just saved) to the middle of a trial: it ends under the parent run it opened, with the
 trials an undisturbed sweep of the same seed makes, and MLflow records each trial once, with the
 params it ran with (one of the space's, never "without custom configuration") and each metric step
-once. Ctrl+C is one line; a finished trial is never run again; the chosen matrix goes to the
-sweep's OUT, never into the checkpoint; the sweep is resumed only by the command that started it.
-One module fixture runs the sweep (each sitting is a Tune driver's start, most of its time) and the
-tests below read it."""
+once. Ctrl+C is one line; a trial Tune's state holds finished is never started again; the chosen
+matrix goes to the sweep's OUT, never into the checkpoint; the sweep is resumed only by the command
+that started it. One module fixture runs the sweep (each sitting is a Tune driver's start, most of
+its time) and the tests below read it."""
 
 import json
 import os
