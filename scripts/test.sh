@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # README command 2 (and CI's): install, then lint, type-check, the unit tier, the slow tier.
+#   machine speed (first): bench/machine_speed.py's one line, to read the run's times against
+#               (the same machine type is up to twice as fast on one day as on another)
 #   lint:       ruff check and ruff format --check (pyproject's [tool.ruff])
 #   types:      mypy on the whole convsts package, basedpyright on every import (scripts/typecheck.sh)
 #   unit tier:  `pytest`, no Ray (a test that starts Ray fails there)
@@ -31,6 +33,8 @@ tests() {  # pytest's exit code 5 (no test collected) is a failure too
   return "$rc"
 }
 
+stage "machine speed: bench/machine_speed.py"
+.venv/bin/python bench/machine_speed.py || exit 1
 stage "lint: ruff check, ruff format --check"
 .venv/bin/ruff check . && .venv/bin/ruff format --check . || exit 1
 stage "types: mypy on the convsts package, basedpyright on imports"
