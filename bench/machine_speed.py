@@ -3,8 +3,8 @@
   .venv/bin/python bench/machine_speed.py
 
 The slow tier's time is process starts (docs/performance.md: a fit is about 50 core-seconds of
-interpreters importing Ray, torch and MLflow), and the same machine type runs the same code in
-anything from 2.5 to 5 minutes for the unit tier on different days. So a suite's time says little
+interpreters importing Ray, torch and MLflow), and the same machine type runs about the same unit
+tier in anything from 2.5 to 5 minutes on different days. So a suite's time says little
 without its machine's speed: scripts/test.sh prints this line first, and docs/performance.md gives
 it beside each measured run. Two fresh interpreters at once (the suite runs two pytest-xdist
 processes) each import what a Ray Train worker imports (`ray.train.torch`: Ray, Ray Train, Ray Data,
@@ -33,9 +33,10 @@ def imports() -> tuple[float, float]:
     """(mean CPU seconds of the two interpreters' imports, wall seconds of the pair)."""
     began = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, "-c", PROBE], stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    seconds = [json.loads(p.communicate()[0]) for p in procs]
+    outputs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
-        raise SystemExit("machine_speed: the import probe failed")
+        raise SystemExit("machine_speed: the import probe failed (`import ray.train.torch` in a fresh interpreter)")
+    seconds = [json.loads(out) for out in outputs]
     return sum(seconds) / len(seconds), time.perf_counter() - began
 
 
