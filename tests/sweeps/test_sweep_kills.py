@@ -166,7 +166,6 @@ def test_a_sweep_killed_at_several_moments_keeps_its_trials_and_their_mlflow_run
     for trial, params in folders.items():
         assert all(p == params[0] for p in params), (trial, params)
     assert _by_index({t: p[0] for t, p in folders.items()}) == _by_index({t: p[0] for t, p in reference.items()})
-    assert any(len(params) > 1 for params in folders.values()), "no trial ran in two sittings: the stops missed"
 
     # MLflow: one FINISHED child run per trial, its params those of the trial's folders, each
     # metric step once, every epoch up to its last (all of them unless ASHA stopped it at a rung).
@@ -183,7 +182,11 @@ def test_a_sweep_killed_at_several_moments_keeps_its_trials_and_their_mlflow_run
         epochs = [m.step for m in client.get_metric_history(run.info.run_id, "stsb_tuned/dev/pearson_epoch")]
         last = EPOCHS if run.data.tags.get("convsts.stopped_early") != "true" else max(epochs)  # ASHA's rungs
         assert sorted(epochs) == list(range(1, last + 1)), (trial, sorted(epochs))
-    assert max(len(client.get_metric_history(r.info.run_id, "trial/started")) for r in runs.values()) > 1
+    # A stop landed inside a trial: that trial started again in a later sitting (its `trial/started`
+    # logged twice). Tune restores it in its own folder once its state had saved it, in a new one
+    # otherwise, so the folders do not tell.
+    started = {t: len(client.get_metric_history(r.info.run_id, "trial/started")) for t, r in runs.items()}
+    assert max(started.values()) > 1, f"no trial ran in two sittings: the stops missed {started}"
 
     # The parent: its best-trial tag names the run of best_config.yaml's trial and results.json's.
     results = json.loads((out / "results.json").read_text())
