@@ -27,7 +27,7 @@ from convsts.models.checkpoint import embeddings_digest
 from convsts.models.sentence_encoder import load
 from convsts.ray_jobs.runtime.logs import log
 from convsts.ray_jobs.runtime.ray_start import ensure_ray
-from convsts.ray_jobs.tasks.prepared_folder import verify_prepared, write_manifest, write_train_frame
+from convsts.ray_jobs.tasks.prepared_folder import copy_prepared, verify_prepared, write_manifest, write_train_frame
 from convsts.ray_jobs.tasks.reddit import NEGATIVE
 from convsts.ray_jobs.tasks.reddit import TASK as REDDIT
 
@@ -291,11 +291,12 @@ def sampled_training_pairs(prepared: str, pairs: int, mining: MiningConfig):
 
 
 def write_mined_folder(prepared: str, out: str, mined, manifest: dict, negatives: dict) -> dict:
-    """OUT as a complete prepared folder: every other task's folder and the Reddit test split copied
-    as they are, reddit/train the mined pairs; returns OUT's Reddit manifest."""
+    """OUT as a complete prepared folder: every other task's folder (its manifest's shard times
+    those of the copies: copy_prepared) and the Reddit test split copied as they are, reddit/train
+    the mined pairs; returns OUT's Reddit manifest."""
     for entry in storage.entry_names(prepared):  # every other task's folder (custom tasks too), as it is
         if entry != REDDIT.name:
-            storage.copy_tree(storage.join(prepared, entry), storage.join(out, entry))
+            copy_prepared(storage.join(prepared, entry), storage.join(out, entry))
     reddit_out = REDDIT.prepared_dir(out)
     storage.copy_tree(storage.join(REDDIT.prepared_dir(prepared), "test"), storage.join(reddit_out, "test"))
     rows_per_shard = max([shard["rows"] for shard in manifest["shards"]["train"]], default=1)  # as prepared

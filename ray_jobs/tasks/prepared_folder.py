@@ -72,13 +72,19 @@ INPUT_ENTRY = {"file": str, "size": int, "mtime_ns": int}
 def manifest_shape_problem(manifest: Any) -> str | None:
     """What makes a manifest unreadable to verify_prepared (a hand-edited or foreign file), as
     'KEY: what is wrong', or None: a JSON object whose `shards` maps splits to lists of
-    {file, rows, bytes, sha256} and whose `input_files`, where present, is a list of {file, size, mtime_ns}."""
+    {file, rows, bytes, sha256} and whose `input_files`, where present, is a list of {file, size, mtime_ns}
+    (`shard_times`, where present, maps splits to {shard: int})."""
     if not isinstance(manifest, dict):
         return f"not a JSON object but {type(manifest).__name__}"
     if "shards" not in manifest:
         return "lists no shards"
     if not isinstance(manifest["shards"], dict):
         return "shards: not a mapping of splits to shard lists"
+    times = manifest.get("shard_times", {})
+    if not isinstance(times, dict) or not all(
+        isinstance(t, dict) and all(type(v) is int for v in t.values()) for t in times.values()
+    ):
+        return "shard_times: not a mapping of splits to {shard: modification time in ns}"
     lists = [(f"shards.{split}", listed, SHARD_ENTRY) for split, listed in manifest["shards"].items()]
     if "input_files" in manifest:
         lists.append(("input_files", manifest["input_files"], INPUT_ENTRY))
@@ -106,23 +112,80 @@ def write_train_frame(frame, out_dir: str, rows_per_shard: int) -> list[ShardRec
     return write_frame(frame, storage.join(out_dir, "train"), rows_per_shard)
 
 
-def shard_record(path: str) -> ShardRecord:
-    """A shard file's record as it is now (rows from its footer, its bytes read for the sha256), to
-    compare with the one its manifest lists (written as the shard was)."""
+def shard_record(path: str, sha256: str | None = None) -> ShardRecord:
+    """A shard file's record as it is now (rows from its footer, its bytes read for the sha256 unless
+    given), to compare with the one its manifest lists (written as the shard was)."""
     stat = storage.file_stat(path)
     return {
         "file": storage.name(path),
         "rows": tables.parquet_rows(path),
         "bytes": stat[0] if stat else 0,
-        "sha256": storage.file_sha256(path),
+        "sha256": sha256 or storage.file_sha256(path),
     }
 
 
-def shard_problem(task: Task, path: str, listed: dict[str, Any]) -> str | None:
+def stored_times(out_dir: str, shards: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
+    """{split: {shard: modification time in ns}} of the shards just written, as the store lists them
+    (one listing a split) at the size their records give: the manifest's `shard_times`, so that a
+    later check knows a shard still listed so for the one `prepare` wrote without reading it."""
+    times: dict[str, dict[str, int]] = {}
+    for split, listed in shards.items():
+        sizes = {s["file"]: s["bytes"] for s in listed}
+        split_dir = storage.join(out_dir, split)
+        found = storage.folder_stats(split_dir) if storage.is_dir(split_dir) else []
+        times[split] = {name: mtime for name, size, mtime in found if sizes.get(name) == size}
+    return times
+
+
+def listed_shards(folder: str, manifest: dict[str, Any]) -> dict[str, dict[str, tuple[int, int, bool]]]:
+    """{split: {shard file: (size, modification time in ns, as_written)}} of the parquet files the
+    store lists in each split folder of the manifest (one listing a split); `as_written`: listed at
+    the size of the shard's record and the time `shard_times` recorded, the file `prepare` wrote."""
+    found: dict[str, dict[str, tuple[int, int, bool]]] = {}
+    for split, listed in manifest["shards"].items():
+        split_dir = storage.join(folder, split)
+        records = {s["file"]: s["bytes"] for s in listed}
+        recorded = manifest.get("shard_times", {}).get(split, {})
+        stats = storage.folder_stats(split_dir) if storage.is_dir(split_dir) else []
+        found[split] = {
+            name: (size, mtime, records.get(name) == size and recorded.get(name) == mtime)
+            for name, size, mtime in stats
+            if name.endswith(".parquet")
+        }
+    return found
+
+
+def copy_prepared(source: str, target: str) -> None:
+    """A prepared folder (a task's) copied file by file, its manifest's `shard_times` those of the
+    copies of the shards `source` lists as written (listed_shards); the others' copies are read
+    for their sha256 when checked, as the originals would be. A folder without a readable manifest
+    is copied as it is."""
+    storage.copy_tree(source, target)
+    path = storage.join(target, MANIFEST)
+    if not storage.is_file(path):
+        return
+    try:
+        manifest = json.loads(storage.read_text(path))
+    except ValueError:
+        return
+    if manifest_shape_problem(manifest):
+        return
+    before, after = listed_shards(source, manifest), listed_shards(target, manifest)
+    times = {
+        split: {
+            name: after[split][name][1] for name, (*_, written) in listed.items() if written and name in after[split]
+        }
+        for split, listed in before.items()
+    }
+    storage.write_text(path, json.dumps({**manifest, "shard_times": times}, indent=2))
+
+
+def shard_problem(task: Task, path: str, listed: dict[str, Any], as_written: bool = False) -> str | None:
     """What differs between a shard and its manifest entry, or between its rows and what the task
-    reads (its columns; labels of the task's classes), or None. The content is checked by its sha256:
-    a shard replaced by other rows of the same count is refused before Ray starts."""
-    now = shard_record(path)  # BadInputError for a corrupt footer, a truncated file
+    reads (its columns; labels of the task's classes), or None. The content is checked by its sha256
+    (a shard replaced by other rows of the same count is refused before Ray starts), unless the shard
+    is `as_written`: listed at the size and time recorded when `prepare` wrote it (verify_prepared)."""
+    now = shard_record(path, listed["sha256"] if as_written else None)  # BadInputError for a corrupt footer
     if now["rows"] != listed["rows"]:
         return f"{now['rows']} rows, the manifest says {listed['rows']}"
     if now["bytes"] != listed["bytes"]:
@@ -153,6 +216,7 @@ def write_manifest(task: Task, out_dir: str, manifest: dict[str, Any], inputs: S
         raise RuntimeError(
             f"{task.name}: the manifest lists shards of {sorted(manifest.get('shards', ()))}, not of {list(task.splits)}"
         )
+    manifest = {**manifest, "shard_times": stored_times(out_dir, manifest["shards"])}
     if inputs:
         manifest = {**manifest, "input_files": input_record(inputs, digests=True)}
     manifest = redact_tree(manifest)  # input URIs lose their credentials
@@ -291,10 +355,46 @@ def count_problem(task: Task, manifest: dict[str, Any]) -> str | None:
     return task.count_problem(manifest)
 
 
+def _check_shards(task: Task, folder: str, manifest: dict[str, Any], manifest_path: str, again: str) -> None:
+    """verify_prepared's shard checks: each split folder holds exactly the manifest's shards, each
+    as its record says (shard_problem: read for its sha256 unless listed as written, with one line
+    for those that were)."""
+    hashed, stats = 0, listed_shards(folder, manifest)
+    for split, listed in manifest["shards"].items():
+        split_dir = storage.join(folder, split)
+        missing, extra = (
+            sorted({s["file"] for s in listed} - set(stats[split])),
+            sorted(set(stats[split]) - {s["file"] for s in listed}),
+        )
+        if missing or extra:
+            raise BadInputError(
+                f"{split_dir}: shards do not match {manifest_path} (missing {missing[:3]}, "
+                f"not listed {extra[:3]}); {again}"
+            )
+        for shard in listed:
+            path, as_written = storage.join(split_dir, shard["file"]), stats[split][shard["file"]][2]
+            hashed += not as_written
+            try:
+                problem = shard_problem(task, path, shard, as_written)
+            except BadInputError as err:  # a corrupt footer, a truncated file
+                raise BadInputError(f"{err}; {again}") from None
+            if problem:
+                raise BadInputError(f"{path}: {problem}; {again}")
+    if hashed:
+        log.info(
+            "%s: %d shard(s) listed at other times than `prepare` wrote them (a copy, a folder prepared before "
+            "shard times were recorded): read whole for their sha256, on every run",
+            folder,
+            hashed,
+        )
+
+
 def verify_prepared(task: Task, prepared_root: str, cfg: RunConfig | None = None) -> dict[str, Any]:
     """The task's prepared folder is complete and unchanged: its manifest exists and lists exactly
-    the shard files present with their row counts, sizes and sha256 (shard_problem); with `cfg`, it was also prepared with the run's values
-    of prepared_keys. Returns the manifest; raises naming what is wrong."""
+    the shard files present with their row counts, sizes and sha256 (shard_problem; a shard listed at
+    the size and time `prepare` recorded is not read for its sha256, any other is); with `cfg`, it
+    was also prepared with the run's values of prepared_keys. Returns the manifest; raises naming
+    what is wrong."""
     folder = task.prepared_dir(prepared_root)
     manifest_path = storage.join(folder, MANIFEST)
     again = f"delete {folder} and run `convsts prepare` again"
@@ -313,24 +413,7 @@ def verify_prepared(task: Task, prepared_root: str, cfg: RunConfig | None = None
     problem = manifest_shape_problem(manifest)
     if problem:
         raise BadInputError(f"{manifest_path}: {problem}; {again}")
-    for split, listed in manifest["shards"].items():
-        split_dir = storage.join(folder, split)
-        present = {storage.name(f) for f in shard_files(split_dir)}
-        expected = {s["file"] for s in listed}
-        if present != expected:
-            missing, extra = sorted(expected - present), sorted(present - expected)
-            raise BadInputError(
-                f"{split_dir}: shards do not match {manifest_path} (missing {missing[:3]}, "
-                f"not listed {extra[:3]}); {again}"
-            )
-        for shard in listed:
-            path = storage.join(split_dir, shard["file"])
-            try:
-                problem = shard_problem(task, path, shard)
-            except BadInputError as err:  # a corrupt footer, a truncated file
-                raise BadInputError(f"{err}; {again}") from None
-            if problem:
-                raise BadInputError(f"{path}: {problem}; {again}")
+    _check_shards(task, folder, manifest, manifest_path, again)
     problem = count_problem(task, manifest)
     if problem:
         raise BadInputError(f"{manifest_path}: {problem}; {again}")

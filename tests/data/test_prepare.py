@@ -20,14 +20,17 @@ def prepare_reddit(inputs, out, cfg, fmt="auto"):
 
 def prepare_both_ways(inputs, out, cfg):
     """prepare_reddit in the driver (a small input) and through Ray Data (data.driver_bytes=0 and
-    data.dump_local_bytes=0): the same manifest (but its timing), so the same shards byte for byte
-    (their sha256). Returns it."""
+    data.dump_local_bytes=0): the same manifest (but its timing and the shards' times), so the same
+    shards byte for byte (their sha256). Returns it."""
     manifests = []
     limits = (cfg.data.driver_bytes, cfg.data.dump_local_bytes)
     for way, (driver_bytes, dump_bytes) in (("driver", limits), ("ray", (0, 0))):
         cfg.data.driver_bytes, cfg.data.dump_local_bytes = driver_bytes, dump_bytes
         manifests.append(prepare_reddit(inputs, out / way, cfg))
-    driver, ray = ({**m, "seconds": 0, "malformed_examples": sorted(m["malformed_examples"])} for m in manifests)
+    driver, ray = (
+        {**m, "seconds": 0, "shard_times": None, "malformed_examples": sorted(m["malformed_examples"])}
+        for m in manifests
+    )
     assert driver == ray
     for split in ("train", "test"):
         assert _shards(out / "driver" / split) == _shards(out / "ray" / split), split

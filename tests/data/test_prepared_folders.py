@@ -10,7 +10,7 @@ from testkit.faults import REPO, run_convsts
 
 from convsts.io.errors import BadInputError
 from convsts.ray_jobs.config.loader import load_config
-from convsts.ray_jobs.tasks.prepared_folder import verify_prepared
+from convsts.ray_jobs.tasks.prepared_folder import copy_prepared, verify_prepared
 
 
 @pytest.mark.parametrize(
@@ -84,6 +84,60 @@ def test_a_damaged_prepared_folder_is_refused(sample_prepared, tmp_path, damage,
         shard.write_bytes(shard.read_bytes()[:-100])
     with pytest.raises(BadInputError, match=message):
         verify_prepared(snli, str(root))
+
+
+def test_a_shard_listed_as_prepare_wrote_it_is_not_read_again_and_a_copy_is_read_for_its_sha256(
+    sample_prepared, tmp_path, caplog
+):
+    """A run's check reads a shard whole for its sha256 only where the store lists it at another
+    size or time than `prepare` recorded (the manifest's `shard_times`): a folder trained from where
+    it was prepared (at paper scale, a bucket) is not downloaded on every start. A copy with new
+    times is read for its sha256, on every run, and one line says so; a rewrite is refused."""
+    import shutil
+
+    from convsts.ray_jobs.tasks import get_task
+
+    snli = get_task("snli")
+    root = tmp_path / "p"
+    shutil.copytree(sample_prepared / "snli", root / "snli")  # sizes and times kept
+    shards = sorted((root / "snli" / "train").glob("*.parquet"))
+    manifest = json.loads((root / "snli" / "manifest.json").read_text())
+    assert sorted(manifest["shard_times"]["train"]) == [s.name for s in shards]
+    with caplog.at_level("INFO", logger="convsts"):
+        verify_prepared(snli, str(root))
+    assert "read whole for their sha256" not in caplog.text
+    # Its bytes are not read: a byte changed with the size and time put back (which no writer does)
+    # passes, as `make` and `rsync` take a file at its recorded size and time for unchanged.
+    stat, data = shards[0].stat(), bytearray(shards[0].read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    shards[0].write_bytes(bytes(data))
+    os.utime(shards[0], ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    verify_prepared(snli, str(root))
+    os.utime(shards[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))  # listed at another time: hashed, refused
+    with pytest.raises(BadInputError, match=r"its bytes differ from the shard `prepare` wrote \(sha256\)"):
+        verify_prepared(snli, str(root))
+    # copy_prepared (mine-negatives' copy of the other tasks) gives the copies of the shards listed as
+    # written their new times, and not the changed one's: that copy is still read, and refused.
+    copy_prepared(str(root / "snli"), str(tmp_path / "relay" / "snli"))
+    relayed = json.loads((tmp_path / "relay" / "snli" / "manifest.json").read_text())["shard_times"]["train"]
+    assert sorted(relayed) == [s.name for s in shards[1:]]
+    with pytest.raises(BadInputError, match=rf"{shards[0].name}: its bytes differ from the shard `prepare` wrote"):
+        verify_prepared(snli, str(tmp_path / "relay"))
+    # A copy with new times (cp, a fresh download): every shard read for its sha256, one line saying so.
+    copy = tmp_path / "copy"
+    (copy / "snli" / "train").mkdir(parents=True)
+    shutil.copyfile(sample_prepared / "snli" / "manifest.json", copy / "snli" / "manifest.json")
+    for shard in shards:
+        shutil.copyfile(sample_prepared / "snli" / "train" / shard.name, copy / "snli" / "train" / shard.name)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="convsts"):
+        verify_prepared(snli, str(copy))
+    assert f"{copy / 'snli'}: {len(shards)} shard(s) listed at other times than `prepare` wrote them" in caplog.text
+    data = bytearray((copy / "snli" / "train" / shards[1].name).read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    (copy / "snli" / "train" / shards[1].name).write_bytes(bytes(data))
+    with pytest.raises(BadInputError, match=rf"{shards[1].name}: its bytes differ from the shard `prepare` wrote"):
+        verify_prepared(snli, str(copy))
 
 
 @pytest.mark.slow

@@ -318,7 +318,7 @@ def test_mine_negatives_with_a_checkpoint_in_the_bucket_into_a_prepared_folder_t
 
 
 @pytest.mark.slow
-def test_two_reddit_ranks_read_each_shard_from_the_bucket_once_an_epoch_as_one_rank_does(trained_on_s3):
+def test_two_reddit_ranks_read_each_shard_from_the_bucket_once_an_epoch_as_one_rank_does(trained_on_s3, caplog):
     """The fit's checkpoint resumed with two Reddit ranks (trainer.feed=ray_data) for more than an
     epoch of Reddit rows: beyond the driver's checks before Ray starts (the same at any group size),
     the GET requests the S3 server answers for each Reddit training shard are one read of it (measured
@@ -344,9 +344,13 @@ def test_two_reddit_ranks_read_each_shard_from_the_bucket_once_an_epoch_as_one_r
     with request_log() as once:  # one read of each shard, the feed's own read
         for index in range(len(records)):
             shards.read(index)
-    with request_log() as checks:  # the driver's checks before Ray starts: the shards' bytes and columns
+    with request_log() as checks, caplog.at_level("INFO", logger="convsts"):  # the driver's checks before Ray starts
         check_prepared(f"{bucket}/prepared", {"reddit": task}, cfg)
         task.check_feed(cfg, f"{bucket}/prepared")
+    # The shards are listed at the times `prepare` recorded, so the checks read their footers, not
+    # their bytes: a folder in a bucket is not downloaded on every start.
+    assert manifest["shard_times"]["train"] == {n: t for n, _, t in storage.folder_stats(folder)}
+    assert "read whole for their sha256" not in caplog.text
     train_path = "/" + folder.removeprefix("s3://") + "/"
 
     def gets(seen) -> dict[str, int]:
