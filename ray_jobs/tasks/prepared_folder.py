@@ -112,15 +112,15 @@ def write_train_frame(frame, out_dir: str, rows_per_shard: int) -> list[ShardRec
     return write_frame(frame, storage.join(out_dir, "train"), rows_per_shard)
 
 
-def shard_record(path: str, sha256: str | None = None) -> ShardRecord:
-    """A shard file's record as it is now (rows from its footer, its bytes read for the sha256 unless
-    given), to compare with the one its manifest lists (written as the shard was)."""
+def shard_record(path: str) -> ShardRecord:
+    """A shard file's record as it is now (rows from its footer, its bytes read for the sha256), to
+    compare with the one its manifest lists (written as the shard was)."""
     stat = storage.file_stat(path)
     return {
         "file": storage.name(path),
         "rows": tables.parquet_rows(path),
         "bytes": stat[0] if stat else 0,
-        "sha256": sha256 or storage.file_sha256(path),
+        "sha256": storage.file_sha256(path),
     }
 
 
@@ -180,12 +180,11 @@ def copy_prepared(source: str, target: str) -> None:
     storage.write_text(path, json.dumps({**manifest, "shard_times": times}, indent=2))
 
 
-def shard_problem(task: Task, path: str, listed: dict[str, Any], as_written: bool = False) -> str | None:
+def shard_problem(task: Task, path: str, listed: dict[str, Any]) -> str | None:
     """What differs between a shard and its manifest entry, or between its rows and what the task
-    reads (its columns; labels of the task's classes), or None. The content is checked by its sha256
-    (a shard replaced by other rows of the same count is refused before Ray starts), unless the shard
-    is `as_written`: listed at the size and time recorded when `prepare` wrote it (verify_prepared)."""
-    now = shard_record(path, listed["sha256"] if as_written else None)  # BadInputError for a corrupt footer
+    reads (its columns; labels of the task's classes), or None. The content is checked by its sha256:
+    a shard replaced by other rows of the same count is refused before Ray starts."""
+    now = shard_record(path)  # BadInputError for a corrupt footer, a truncated file
     if now["rows"] != listed["rows"]:
         return f"{now['rows']} rows, the manifest says {listed['rows']}"
     if now["bytes"] != listed["bytes"]:
@@ -357,8 +356,9 @@ def count_problem(task: Task, manifest: dict[str, Any]) -> str | None:
 
 def _check_shards(task: Task, folder: str, manifest: dict[str, Any], manifest_path: str, again: str) -> None:
     """verify_prepared's shard checks: each split folder holds exactly the manifest's shards, each
-    as its record says (shard_problem: read for its sha256 unless listed as written, with one line
-    for those that were)."""
+    as its record says. A shard listed as written (listed_shards: at the size and time recorded when
+    `prepare` wrote it) is that file, its record `prepare`'s: nothing of it is read. Any other is
+    read whole (shard_problem: its footer, sha256, columns and labels), with one line for those."""
     hashed, stats = 0, listed_shards(folder, manifest)
     for split, listed in manifest["shards"].items():
         split_dir = storage.join(folder, split)
@@ -372,10 +372,12 @@ def _check_shards(task: Task, folder: str, manifest: dict[str, Any], manifest_pa
                 f"not listed {extra[:3]}); {again}"
             )
         for shard in listed:
-            path, as_written = storage.join(split_dir, shard["file"]), stats[split][shard["file"]][2]
-            hashed += not as_written
+            path = storage.join(split_dir, shard["file"])
+            if stats[split][shard["file"]][2]:  # as written
+                continue
+            hashed += 1
             try:
-                problem = shard_problem(task, path, shard, as_written)
+                problem = shard_problem(task, path, shard)
             except BadInputError as err:  # a corrupt footer, a truncated file
                 raise BadInputError(f"{err}; {again}") from None
             if problem:
@@ -391,8 +393,8 @@ def _check_shards(task: Task, folder: str, manifest: dict[str, Any], manifest_pa
 
 def verify_prepared(task: Task, prepared_root: str, cfg: RunConfig | None = None) -> dict[str, Any]:
     """The task's prepared folder is complete and unchanged: its manifest exists and lists exactly
-    the shard files present with their row counts, sizes and sha256 (shard_problem; a shard listed at
-    the size and time `prepare` recorded is not read for its sha256, any other is); with `cfg`, it
+    the shard files present with their row counts, sizes and sha256 (_check_shards: a shard listed
+    at the size and time `prepare` recorded is not read, any other is read whole); with `cfg`, it
     was also prepared with the run's values of prepared_keys. Returns the manifest; raises naming
     what is wrong."""
     folder = task.prepared_dir(prepared_root)
