@@ -384,8 +384,9 @@ def _check_shards(task: Task, folder: str, manifest: dict[str, Any], manifest_pa
                 raise BadInputError(f"{path}: {problem}; {again}")
     if hashed:
         log.info(
-            "%s: %d shard(s) listed at other times than `prepare` wrote them (a copy, a folder prepared before "
-            "shard times were recorded): read whole for their sha256, on every run",
+            "%s: %d shard(s) listed at other times than `prepare` wrote them (a copy, or a folder prepared before "
+            "shard times were recorded): read whole for their sha256, on every run; prepare where you train, or "
+            "copy keeping the times (cp -p), to skip it",
             folder,
             hashed,
         )
