@@ -1,14 +1,14 @@
 """What a run's check of a prepared folder costs before Ray starts (`verify_prepared`): a Reddit
 folder of `--mib` MiB of shards, checked where `prepare` wrote it (each shard listed at the size
-and time the manifest's `shard_times` recorded: its footer read, not its bytes) and as a copy with
-new times (every shard read whole for its sha256), on local disk and in a bucket of the local S3
-server (moto on 127.0.0.1, as the tests use it).
+and time the manifest's `shard_times` recorded: nothing of it read) and as a copy with new times
+(every shard read whole for its sha256), on local disk and in a bucket of the local S3 server (moto
+on 127.0.0.1, as the tests use it).
 
   .venv/bin/python bench/prepared_check.py [--mib 256] [--repeats 3]
 
-Prints, for each place and way, the median seconds of the check and the bytes the S3 server sent
-(from its request log: the requests, and the shards' bytes read back whole or not), and the ratio
-copy / as written.
+Prints, for each place and way, the median seconds of the check and, in the bucket, the requests
+of one check and those that GET a shard (from the server's request log), and the ratio copy / as
+written.
 """
 
 from __future__ import annotations
