@@ -113,7 +113,7 @@ def test_a_shard_listed_as_prepare_wrote_it_is_not_read_again_and_a_copy_is_read
     shards[0].write_bytes(bytes(data))
     os.utime(shards[0], ns=(stat.st_atime_ns, stat.st_mtime_ns))
     verify_prepared(snli, str(root))
-    os.utime(shards[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))  # listed at another time: hashed, refused
+    os.utime(shards[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # listed at another time: read, refused
     with pytest.raises(BadInputError, match=r"its bytes differ from the shard `prepare` wrote \(sha256\)"):
         verify_prepared(snli, str(root))
     # copy_prepared (mine-negatives' copy of the other tasks) gives the copies of the shards listed as
