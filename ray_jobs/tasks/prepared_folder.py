@@ -124,42 +124,48 @@ def shard_record(path: str) -> ShardRecord:
     }
 
 
-def stored_times(out_dir: str, shards: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
-    """{split: {shard: modification time in ns}} of the shards just written, as the store lists them
-    (one listing a split) at the size their records give: the manifest's `shard_times`, so that a
-    later check knows a shard still listed so for the one `prepare` wrote without reading it."""
-    times: dict[str, dict[str, int]] = {}
-    for split, listed in shards.items():
-        sizes = {s["file"]: s["bytes"] for s in listed}
-        split_dir = storage.join(out_dir, split)
-        found = storage.folder_stats(split_dir) if storage.is_dir(split_dir) else []
-        times[split] = {name: mtime for name, size, mtime in found if sizes.get(name) == size}
-    return times
-
-
-def listed_shards(folder: str, manifest: dict[str, Any]) -> dict[str, dict[str, tuple[int, int, bool]]]:
-    """{split: {shard file: (size, modification time in ns, as_written)}} of the parquet files the
-    store lists in each split folder of the manifest (one listing a split); `as_written`: listed at
-    the size of the shard's record and the time `shard_times` recorded, the file `prepare` wrote."""
-    found: dict[str, dict[str, tuple[int, int, bool]]] = {}
-    for split, listed in manifest["shards"].items():
+def listed_shards(folder: str, shards: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, tuple[int, int]]]:
+    """{split: {file: (size, modification time in ns)}} of the parquet files the store lists in the
+    folder of each split of `shards` (a manifest's), one listing a split."""
+    found: dict[str, dict[str, tuple[int, int]]] = {}
+    for split in shards:
         split_dir = storage.join(folder, split)
-        records = {s["file"]: s["bytes"] for s in listed}
-        recorded = manifest.get("shard_times", {}).get(split, {})
         stats = storage.folder_stats(split_dir) if storage.is_dir(split_dir) else []
-        found[split] = {
-            name: (size, mtime, records.get(name) == size and recorded.get(name) == mtime)
-            for name, size, mtime in stats
-            if name.endswith(".parquet")
-        }
+        found[split] = {name: (size, mtime) for name, size, mtime in stats if name.endswith(".parquet")}
     return found
 
 
+def shard_times(
+    shards: dict[str, list[dict[str, Any]]], listed: dict[str, dict[str, tuple[int, int]]]
+) -> dict[str, dict[str, int]]:
+    """{split: {file: modification time in ns}} of the shards `listed` (listed_shards) at the size
+    their records give: a manifest's `shard_times` when taken right after `prepare` wrote them. A
+    later check takes a shard whose time is still the recorded one for that file, unread."""
+    return {
+        split: {
+            s["file"]: listed[split][s["file"]][1]
+            for s in records
+            if listed[split].get(s["file"], (-1,))[0] == s["bytes"]
+        }
+        for split, records in shards.items()
+    }
+
+
+def as_written(manifest: dict[str, Any], listed: dict[str, dict[str, tuple[int, int]]]) -> dict[str, set[str]]:
+    """{split: the shards `listed` (listed_shards) at their record's size and the time the manifest's
+    `shard_times` recorded}: the files `prepare` wrote, taken unread."""
+    recorded = manifest.get("shard_times", {})
+    return {
+        split: {file for file, t in now.items() if recorded.get(split, {}).get(file) == t}
+        for split, now in shard_times(manifest["shards"], listed).items()
+    }
+
+
 def copy_prepared(source: str, target: str) -> None:
-    """A prepared folder (a task's) copied file by file, its manifest's `shard_times` those of the
-    copies of the shards `source` lists as written (listed_shards); the others' copies are read
-    for their sha256 when checked, as the originals would be. A folder without a readable manifest
-    is copied as it is."""
+    """A prepared folder (a task's) copied file by file, its manifest's `shard_times` the copies'
+    times of the shards `source` holds as written (as_written); the others' copies are read for
+    their sha256 when checked, as the originals would be. A folder without a readable manifest is
+    copied as it is."""
     storage.copy_tree(source, target)
     path = storage.join(target, MANIFEST)
     if not storage.is_file(path):
@@ -170,13 +176,12 @@ def copy_prepared(source: str, target: str) -> None:
         return
     if manifest_shape_problem(manifest):
         return
-    before, after = listed_shards(source, manifest), listed_shards(target, manifest)
-    times = {
-        split: {
-            name: after[split][name][1] for name, (*_, written) in listed.items() if written and name in after[split]
-        }
-        for split, listed in before.items()
-    }
+    shards = manifest["shards"]
+    written, copies = (
+        as_written(manifest, listed_shards(source, shards)),
+        shard_times(shards, listed_shards(target, shards)),
+    )
+    times = {split: {file: t for file, t in copies[split].items() if file in written[split]} for split in shards}
     storage.write_text(path, json.dumps({**manifest, "shard_times": times}, indent=2))
 
 
@@ -215,7 +220,7 @@ def write_manifest(task: Task, out_dir: str, manifest: dict[str, Any], inputs: S
         raise RuntimeError(
             f"{task.name}: the manifest lists shards of {sorted(manifest.get('shards', ()))}, not of {list(task.splits)}"
         )
-    manifest = {**manifest, "shard_times": stored_times(out_dir, manifest["shards"])}
+    manifest = {**manifest, "shard_times": shard_times(manifest["shards"], listed_shards(out_dir, manifest["shards"]))}
     if inputs:
         manifest = {**manifest, "input_files": input_record(inputs, digests=True)}
     manifest = redact_tree(manifest)  # input URIs lose their credentials
@@ -356,26 +361,25 @@ def count_problem(task: Task, manifest: dict[str, Any]) -> str | None:
 
 def _check_shards(task: Task, folder: str, manifest: dict[str, Any], manifest_path: str, again: str) -> None:
     """verify_prepared's shard checks: each split folder holds exactly the manifest's shards, each
-    as its record says. A shard listed as written (listed_shards: at the size and time recorded when
-    `prepare` wrote it) is that file, its record `prepare`'s: nothing of it is read. Any other is
-    read whole (shard_problem: its footer, sha256, columns and labels), with one line for those."""
-    hashed, stats = 0, listed_shards(folder, manifest)
-    for split, listed in manifest["shards"].items():
+    as its record says. A shard listed at its record's size and the time `shard_times` recorded is
+    the file `prepare` wrote, its record `prepare`'s: nothing of it is read. Any other is read whole
+    (shard_problem: its footer, sha256, columns and labels), with one line for those."""
+    listed = listed_shards(folder, manifest["shards"])
+    written, hashed = as_written(manifest, listed), 0
+    for split, records in manifest["shards"].items():
         split_dir = storage.join(folder, split)
-        missing, extra = (
-            sorted({s["file"] for s in listed} - set(stats[split])),
-            sorted(set(stats[split]) - {s["file"] for s in listed}),
-        )
-        if missing or extra:
+        present, expected = set(listed[split]), {s["file"] for s in records}
+        if present != expected:
+            missing, extra = sorted(expected - present), sorted(present - expected)
             raise BadInputError(
                 f"{split_dir}: shards do not match {manifest_path} (missing {missing[:3]}, "
                 f"not listed {extra[:3]}); {again}"
             )
-        for shard in listed:
-            path = storage.join(split_dir, shard["file"])
-            if stats[split][shard["file"]][2]:  # as written
+        for shard in records:
+            if shard["file"] in written[split]:
                 continue
             hashed += 1
+            path = storage.join(split_dir, shard["file"])
             try:
                 problem = shard_problem(task, path, shard)
             except BadInputError as err:  # a corrupt footer, a truncated file

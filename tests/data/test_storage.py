@@ -347,8 +347,8 @@ def test_two_reddit_ranks_read_each_shard_from_the_bucket_once_an_epoch_as_one_r
     with request_log() as checks, caplog.at_level("INFO", logger="convsts"):  # the driver's checks before Ray starts
         check_prepared(f"{bucket}/prepared", {"reddit": task}, cfg)
         task.check_feed(cfg, f"{bucket}/prepared")
-    # The shards are listed at the times `prepare` recorded, so the checks read their footers, not
-    # their bytes: a folder in a bucket is not downloaded on every start.
+    # The shards are listed at the times `prepare` recorded, so the prepared folder's check reads none
+    # of them (the feed's check reads one footer): a folder in a bucket is not downloaded on every start.
     assert manifest["shard_times"]["train"] == {n: t for n, _, t in storage.folder_stats(folder)}
     assert "read whole for their sha256" not in caplog.text
     train_path = "/" + folder.removeprefix("s3://") + "/"
