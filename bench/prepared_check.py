@@ -82,6 +82,9 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    for key in ("mib", "repeats"):
+        if getattr(args, key) < 1:
+            parser.error(f"--{key} {getattr(args, key)}: must be 1 or more")
     from convsts.io import storage
 
     logging.getLogger("convsts").setLevel(logging.WARNING)  # the check's line on a copy, once a repeat
